@@ -1,0 +1,79 @@
+"""gRPC plumbing shared by the four services: server construction (health + reflection), validation,
+client channels, graceful stop."""
+
+from __future__ import annotations
+
+import signal
+import threading
+from concurrent import futures
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+MAX_MESSAGE_BYTES = 256 * 1024 * 1024
+_OPTIONS = [
+    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+]
+
+
+class InvalidArgument(ValueError):
+    """Raised by request validation; services turn it into INVALID_ARGUMENT naming the field."""
+
+    def __init__(self, field: str, problem: str):
+        super().__init__(f"{field}: {problem}")
+        self.field = field
+
+
+def require(condition: bool, field: str, problem: str) -> None:
+    if not condition:
+        raise InvalidArgument(field, problem)
+
+
+def abort_invalid(context: grpc.ServicerContext, err: InvalidArgument):
+    context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
+
+
+def build_server(
+    host: str,
+    port: int,
+    register: list,
+    service_names: list[str],
+    max_workers: int = 16,
+) -> tuple[grpc.Server, int, health.HealthServicer]:
+    """A started-ready (not yet started) server with `register` callbacks applied, grpc.health.v1 and
+    reflection registered for `service_names` (full names, e.g. "asyncrl.v1.Controller")."""
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers), options=_OPTIONS)
+    for add in register:
+        add(server)
+    health_servicer = health.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    for name in [*service_names, ""]:
+        health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+    reflection.enable_server_reflection([*service_names, health.SERVICE_NAME, reflection.SERVICE_NAME], server)
+    bound = server.add_insecure_port(f"{host}:{port}")
+    if bound == 0:
+        raise OSError(f"could not bind gRPC server to {host}:{port}")
+    return server, bound, health_servicer
+
+
+def channel(address: str) -> grpc.Channel:
+    return grpc.insecure_channel(address, options=_OPTIONS)
+
+
+def wait_for_channel(address: str, timeout_s: float) -> grpc.Channel:
+    ch = channel(address)
+    grpc.channel_ready_future(ch).result(timeout=timeout_s)
+    return ch
+
+
+def wait_until_stopped(server: grpc.Server, on_stop=None, grace_s: float = 5.0) -> None:
+    """Block until SIGTERM/SIGINT, then stop gracefully: `on_stop` first, then the server with a grace period."""
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    stop.wait()
+    if on_stop is not None:
+        on_stop()
+    server.stop(grace_s).wait()

@@ -1,0 +1,196 @@
+from asyncrl.v1 import weights_pb2 as _weights_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class RegisterReplicaRequest(_message.Message):
+    __slots__ = ("address", "replica_id", "weight_version", "engine")
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
+    WEIGHT_VERSION_FIELD_NUMBER: _ClassVar[int]
+    ENGINE_FIELD_NUMBER: _ClassVar[int]
+    address: str
+    replica_id: str
+    weight_version: int
+    engine: str
+    def __init__(self, address: _Optional[str] = ..., replica_id: _Optional[str] = ..., weight_version: _Optional[int] = ..., engine: _Optional[str] = ...) -> None: ...
+
+class RegisterReplicaResponse(_message.Message):
+    __slots__ = ("replica_id", "current_version", "needs_sync", "heartbeat_interval_s")
+    REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
+    CURRENT_VERSION_FIELD_NUMBER: _ClassVar[int]
+    NEEDS_SYNC_FIELD_NUMBER: _ClassVar[int]
+    HEARTBEAT_INTERVAL_S_FIELD_NUMBER: _ClassVar[int]
+    replica_id: str
+    current_version: int
+    needs_sync: bool
+    heartbeat_interval_s: float
+    def __init__(self, replica_id: _Optional[str] = ..., current_version: _Optional[int] = ..., needs_sync: _Optional[bool] = ..., heartbeat_interval_s: _Optional[float] = ...) -> None: ...
+
+class HeartbeatRequest(_message.Message):
+    __slots__ = ("replica_id", "weight_version")
+    REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
+    WEIGHT_VERSION_FIELD_NUMBER: _ClassVar[int]
+    replica_id: str
+    weight_version: int
+    def __init__(self, replica_id: _Optional[str] = ..., weight_version: _Optional[int] = ...) -> None: ...
+
+class HeartbeatResponse(_message.Message):
+    __slots__ = ("current_version", "needs_sync")
+    CURRENT_VERSION_FIELD_NUMBER: _ClassVar[int]
+    NEEDS_SYNC_FIELD_NUMBER: _ClassVar[int]
+    current_version: int
+    needs_sync: bool
+    def __init__(self, current_version: _Optional[int] = ..., needs_sync: _Optional[bool] = ...) -> None: ...
+
+class AcquireLeaseRequest(_message.Message):
+    __slots__ = ("replica_id", "num_trajectories", "wait_s")
+    REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
+    NUM_TRAJECTORIES_FIELD_NUMBER: _ClassVar[int]
+    WAIT_S_FIELD_NUMBER: _ClassVar[int]
+    replica_id: str
+    num_trajectories: int
+    wait_s: float
+    def __init__(self, replica_id: _Optional[str] = ..., num_trajectories: _Optional[int] = ..., wait_s: _Optional[float] = ...) -> None: ...
+
+class AcquireLeaseResponse(_message.Message):
+    __slots__ = ("granted", "lease_id", "prompt_index", "version", "reason", "expires_unix_s")
+    GRANTED_FIELD_NUMBER: _ClassVar[int]
+    LEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_INDEX_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    EXPIRES_UNIX_S_FIELD_NUMBER: _ClassVar[int]
+    granted: bool
+    lease_id: str
+    prompt_index: int
+    version: int
+    reason: str
+    expires_unix_s: float
+    def __init__(self, granted: _Optional[bool] = ..., lease_id: _Optional[str] = ..., prompt_index: _Optional[int] = ..., version: _Optional[int] = ..., reason: _Optional[str] = ..., expires_unix_s: _Optional[float] = ...) -> None: ...
+
+class CompleteLeaseRequest(_message.Message):
+    __slots__ = ("replica_id", "lease_id", "num_written")
+    REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
+    LEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    NUM_WRITTEN_FIELD_NUMBER: _ClassVar[int]
+    replica_id: str
+    lease_id: str
+    num_written: int
+    def __init__(self, replica_id: _Optional[str] = ..., lease_id: _Optional[str] = ..., num_written: _Optional[int] = ...) -> None: ...
+
+class CompleteLeaseResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class BeginWeightPushRequest(_message.Message):
+    __slots__ = ("version", "store_address", "transport", "tensors", "bucket_bytes", "timeout_s")
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    STORE_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    TRANSPORT_FIELD_NUMBER: _ClassVar[int]
+    TENSORS_FIELD_NUMBER: _ClassVar[int]
+    BUCKET_BYTES_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
+    version: int
+    store_address: str
+    transport: str
+    tensors: _containers.RepeatedCompositeFieldContainer[_weights_pb2.TensorSpec]
+    bucket_bytes: int
+    timeout_s: float
+    def __init__(self, version: _Optional[int] = ..., store_address: _Optional[str] = ..., transport: _Optional[str] = ..., tensors: _Optional[_Iterable[_Union[_weights_pb2.TensorSpec, _Mapping]]] = ..., bucket_bytes: _Optional[int] = ..., timeout_s: _Optional[float] = ...) -> None: ...
+
+class BeginWeightPushResponse(_message.Message):
+    __slots__ = ("plan", "receivers")
+    PLAN_FIELD_NUMBER: _ClassVar[int]
+    RECEIVERS_FIELD_NUMBER: _ClassVar[int]
+    plan: _weights_pb2.WeightPushPlan
+    receivers: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, plan: _Optional[_Union[_weights_pb2.WeightPushPlan, _Mapping]] = ..., receivers: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class CommitWeightPushRequest(_message.Message):
+    __slots__ = ("push_id", "sender_ok", "error")
+    PUSH_ID_FIELD_NUMBER: _ClassVar[int]
+    SENDER_OK_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    push_id: str
+    sender_ok: bool
+    error: str
+    def __init__(self, push_id: _Optional[str] = ..., sender_ok: _Optional[bool] = ..., error: _Optional[str] = ...) -> None: ...
+
+class CommitWeightPushResponse(_message.Message):
+    __slots__ = ("committed", "current_version", "acked", "dropped")
+    COMMITTED_FIELD_NUMBER: _ClassVar[int]
+    CURRENT_VERSION_FIELD_NUMBER: _ClassVar[int]
+    ACKED_FIELD_NUMBER: _ClassVar[int]
+    DROPPED_FIELD_NUMBER: _ClassVar[int]
+    committed: bool
+    current_version: int
+    acked: _containers.RepeatedScalarFieldContainer[str]
+    dropped: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, committed: _Optional[bool] = ..., current_version: _Optional[int] = ..., acked: _Optional[_Iterable[str]] = ..., dropped: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class LearnerHeartbeatRequest(_message.Message):
+    __slots__ = ("step", "version", "consumed")
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    CONSUMED_FIELD_NUMBER: _ClassVar[int]
+    step: int
+    version: int
+    consumed: int
+    def __init__(self, step: _Optional[int] = ..., version: _Optional[int] = ..., consumed: _Optional[int] = ...) -> None: ...
+
+class LearnerHeartbeatResponse(_message.Message):
+    __slots__ = ("sync_requested", "current_version")
+    SYNC_REQUESTED_FIELD_NUMBER: _ClassVar[int]
+    CURRENT_VERSION_FIELD_NUMBER: _ClassVar[int]
+    sync_requested: bool
+    current_version: int
+    def __init__(self, sync_requested: _Optional[bool] = ..., current_version: _Optional[int] = ...) -> None: ...
+
+class GetStatusRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ReplicaStatus(_message.Message):
+    __slots__ = ("replica_id", "address", "weight_version", "alive", "needs_sync", "active_leases", "last_heartbeat_age_s", "engine")
+    REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    WEIGHT_VERSION_FIELD_NUMBER: _ClassVar[int]
+    ALIVE_FIELD_NUMBER: _ClassVar[int]
+    NEEDS_SYNC_FIELD_NUMBER: _ClassVar[int]
+    ACTIVE_LEASES_FIELD_NUMBER: _ClassVar[int]
+    LAST_HEARTBEAT_AGE_S_FIELD_NUMBER: _ClassVar[int]
+    ENGINE_FIELD_NUMBER: _ClassVar[int]
+    replica_id: str
+    address: str
+    weight_version: int
+    alive: bool
+    needs_sync: bool
+    active_leases: int
+    last_heartbeat_age_s: float
+    engine: str
+    def __init__(self, replica_id: _Optional[str] = ..., address: _Optional[str] = ..., weight_version: _Optional[int] = ..., alive: _Optional[bool] = ..., needs_sync: _Optional[bool] = ..., active_leases: _Optional[int] = ..., last_heartbeat_age_s: _Optional[float] = ..., engine: _Optional[str] = ...) -> None: ...
+
+class ControllerStatus(_message.Message):
+    __slots__ = ("current_version", "admitted", "batch_size", "eta", "held_requests", "replicas", "pushes_committed", "leases_expired")
+    CURRENT_VERSION_FIELD_NUMBER: _ClassVar[int]
+    ADMITTED_FIELD_NUMBER: _ClassVar[int]
+    BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
+    ETA_FIELD_NUMBER: _ClassVar[int]
+    HELD_REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    PUSHES_COMMITTED_FIELD_NUMBER: _ClassVar[int]
+    LEASES_EXPIRED_FIELD_NUMBER: _ClassVar[int]
+    current_version: int
+    admitted: int
+    batch_size: int
+    eta: int
+    held_requests: int
+    replicas: _containers.RepeatedCompositeFieldContainer[ReplicaStatus]
+    pushes_committed: int
+    leases_expired: int
+    def __init__(self, current_version: _Optional[int] = ..., admitted: _Optional[int] = ..., batch_size: _Optional[int] = ..., eta: _Optional[int] = ..., held_requests: _Optional[int] = ..., replicas: _Optional[_Iterable[_Union[ReplicaStatus, _Mapping]]] = ..., pushes_committed: _Optional[int] = ..., leases_expired: _Optional[int] = ...) -> None: ...

@@ -1,0 +1,1 @@
+"""Weight push data plane: plans, bucketing, and the gloo / nccl transports."""
