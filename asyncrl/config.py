@@ -29,8 +29,8 @@ class Section(BaseModel):
 
 class ModelConfig(Section):
     path: str = "artifacts/tiny-arith/policy"
-    """Directory of a Hugging Face checkpoint (config.json, weights, tokenizer). Relative paths are resolved
-    against the directory the config file lives in's project root (the current working directory)."""
+    """Directory of a Hugging Face checkpoint (config.json, weights, tokenizer); relative to the working
+    directory. `asyncrl up` builds the tiny demo model here when it does not exist."""
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     """Parameter dtype in every engine and the learner. float32 keeps rollout/learner mismatch minimal on CPU."""
 
@@ -150,6 +150,9 @@ class RolloutConfig(Section):
     """Engine generating the rollouts."""
     reward: str = "arith_exact"
     """Reward function registered in `asyncrl.tasks` (name)."""
+    leases_per_batch: int = Field(4, ge=1)
+    """Groups generated together in one engine call: one held lease plus up to this many-1 more that are
+    admissible at once (bigger engine batches, same staleness rule)."""
 
 
 class TeacherConfig(Section):
@@ -220,8 +223,8 @@ class LearnerConfig(Section):
 
 
 class AsyncRLConfig(Section):
-    run_dir: str = "runs/latest"
-    """Where logs, event logs (JSONL), metrics, plots and the resolved config go."""
+    run_dir: str = "runs/{time}"
+    """Where logs, event logs (JSONL), plots and the resolved config go; "{time}" expands at start."""
     seed: int = 0
     """Global seed (sampling, initialisation)."""
     model: ModelConfig = ModelConfig()

@@ -1,11 +1,12 @@
-"""Prometheus metrics: each service process serves /metrics on its own port."""
+"""Prometheus metrics: each service keeps its own CollectorRegistry (several services can share a test
+process) and serves it on /metrics on its own port."""
 
 from __future__ import annotations
 
-from prometheus_client import REGISTRY, start_http_server
+from prometheus_client import CollectorRegistry, start_http_server
 
 
-def serve_metrics(host: str, port: int) -> int:
+def serve_metrics(host: str, port: int, registry: CollectorRegistry) -> int:
     """Start the /metrics HTTP endpoint (port 0 = any free port); returns the bound port."""
-    server, _thread = start_http_server(port, addr=host, registry=REGISTRY)
+    server, _thread = start_http_server(port, addr=host, registry=registry)
     return server.server_address[1]

@@ -42,6 +42,10 @@ class TrajectoryBuffer(ABC):
     def pending(self) -> int:
         """Entries delivered but not yet acknowledged."""
 
+    @abstractmethod
+    def entry_ids(self) -> list[str]:
+        """Ids of the entries still in the buffer (undelivered or unacknowledged)."""
+
     def close(self) -> None:
         """Release connections."""
 

@@ -48,3 +48,7 @@ class MemoryBuffer(TrajectoryBuffer):
     def pending(self) -> int:
         with self._cond:
             return len(self._pending)
+
+    def entry_ids(self) -> list[str]:
+        with self._cond:
+            return [*self._pending, *self._undelivered]

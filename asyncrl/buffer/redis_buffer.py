@@ -61,5 +61,14 @@ class RedisBuffer(TrajectoryBuffer):
     def pending(self) -> int:
         return int(self._r.xpending(self.stream, self.group)["pending"])
 
+    def entry_ids(self) -> list[str]:
+        ids, start = [], "-"
+        while True:
+            chunk = self._r.xrange(self.stream, min=start, max="+", count=1000)
+            ids.extend(entry_id.decode() for entry_id, _ in chunk)
+            if len(chunk) < 1000:
+                return ids
+            start = "(" + chunk[-1][0].decode()
+
     def close(self) -> None:
         self._r.close()

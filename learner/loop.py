@@ -1,0 +1,146 @@
+"""The learner's main loop: collect B trajectories -> (teacher annotation) -> step -> ack -> push i+1.
+
+While it waits for data it heartbeats the controller and runs resync pushes for replicas that joined late
+or restarted, so they can get leases (and produce the data the learner waits for).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+import torch
+
+from asyncrl.v1 import controller_pb2, teacher_pb2
+from learner.batch import MalformedGroup, assemble, check_group
+
+log = logging.getLogger("asyncrl.learner")
+
+
+@dataclass
+class LearnerProgress:
+    step: int = 0
+    version: int = 0
+    consumed: int = 0
+    last_reward_mean: float = 0.0
+    last_eval_accuracy: float = -1.0
+    last_step_s: float = 0.0
+
+
+class LearnerLoop:
+    def __init__(self, *, config, trainer, buffer, controller_stub, publisher, evaluate, events, metrics,
+                 teacher_stub=None):
+        self.config = config
+        self.trainer = trainer
+        self.buffer = buffer
+        self.stub = controller_stub
+        self.publisher = publisher
+        self.evaluate = evaluate
+        self.events = events
+        self.metrics = metrics
+        self.teacher = teacher_stub
+        self.groups_per_step = config.learner.batch_size // config.sampling.group_size
+        self.progress = LearnerProgress()
+
+    # -- data -----------------------------------------------------------------------------------------
+    def _heartbeat(self) -> None:
+        resp = self.stub.LearnerHeartbeat(
+            controller_pb2.LearnerHeartbeatRequest(step=self.progress.step, version=self.progress.version,
+                                                   consumed=self.progress.consumed), timeout=30)
+        if resp.sync_requested:
+            result = self.publisher.push(self.progress.version)
+            self.events.write("resync", version=result.version, acked=result.acked, dropped=result.dropped,
+                              seconds=result.total_s)
+
+    def _set_aside(self, entry, err: MalformedGroup) -> None:
+        """A malformed group would block every later step: record it, ack it, never train on it."""
+        log.error("setting aside %s: %s", entry.entry_id, err)
+        self.events.write("group_rejected", entry_id=entry.entry_id, group_id=err.group_id, reason=str(err))
+        self.buffer.ack([entry.entry_id])
+
+    def collect(self, carry: list) -> list:
+        entries = list(carry)
+        deadline = time.time() + self.config.learner.batch_timeout_s
+        while len(entries) < self.groups_per_step:
+            if time.time() > deadline:
+                raise TimeoutError(
+                    f"no full batch within {self.config.learner.batch_timeout_s}s "
+                    f"({len(entries)}/{self.groups_per_step} groups)")
+            got = self.buffer.get(self.groups_per_step - len(entries), timeout_s=1.0)
+            for entry in got:
+                try:
+                    check_group(entry.group)
+                    entries.append(entry)
+                except MalformedGroup as err:
+                    self._set_aside(entry, err)
+            if len(entries) < self.groups_per_step:
+                self._heartbeat()
+        return entries
+
+    def annotate(self, batch) -> None:
+        """Fill batch.logp_teacher from the teacher's Score RPC."""
+        request = teacher_pb2.ScoreRequest(sequences=[
+            teacher_pb2.ScoreSequence(token_ids=seq, response_start=start)
+            for seq, start in zip(batch.sequences, batch.response_starts)
+        ])
+        reply = self.teacher.Score(request, timeout=120)
+        width = batch.response_mask.shape[1]
+        logp_teacher = torch.zeros_like(batch.logp_behav)
+        for row, scored in enumerate(reply.sequences):
+            values = list(scored.logp_teacher)[:width]
+            logp_teacher[row, : len(values)] = torch.tensor(values)
+        batch.logp_teacher = logp_teacher
+
+    # -- loop -----------------------------------------------------------------------------------------
+    def run_eval(self) -> float:
+        t0 = time.perf_counter()
+        accuracy = self.evaluate()
+        self.progress.last_eval_accuracy = accuracy
+        self.metrics.eval_accuracy.set(accuracy)
+        self.events.write("eval", step=self.progress.step, version=self.progress.version, accuracy=accuracy,
+                          seconds=time.perf_counter() - t0)
+        log.info("eval step %d: greedy accuracy %.3f", self.progress.step, accuracy)
+        return accuracy
+
+    def run(self, stop) -> LearnerProgress:
+        cfg = self.config.learner
+        hb = self.stub.LearnerHeartbeat(controller_pb2.LearnerHeartbeatRequest(), timeout=30)
+        self.progress.version = hb.current_version
+        # Entries delivered to us before a restart and never acked come first: nothing is lost.
+        carry = self.buffer.get(self.groups_per_step, timeout_s=0, pending_first=True)
+        if carry:
+            self.events.write("recovered_pending", entries=[e.entry_id for e in carry])
+        self.run_eval()
+        while self.progress.step < cfg.total_steps and not stop.is_set():
+            entries = self.collect(carry)
+            carry = entries[self.groups_per_step:]
+            entries = entries[: self.groups_per_step]
+            self.train_on(entries)
+            if cfg.eval_every and self.progress.step % cfg.eval_every == 0 and self.progress.step < cfg.total_steps:
+                self.run_eval()
+        if self.progress.step >= cfg.total_steps:
+            self.run_eval()
+        # What is still in the buffer at the end: the audit's proof that unconsumed data was not lost.
+        self.events.write("final_buffer", entry_ids=self.buffer.entry_ids())
+        return self.progress
+
+    def train_on(self, entries: list) -> None:
+        version = self.progress.version
+        batch = assemble(entries)
+        if self.teacher is not None:
+            self.annotate(batch)
+        metrics = self.trainer.step(batch, version)
+        self.buffer.ack(batch.entry_ids)
+        self.events.write("trained", step=self.progress.step, version=version, entry_ids=batch.entry_ids,
+                          group_ids=sorted(set(batch.group_ids)), trajectories=len(batch))
+        push = self.publisher.push(version + 1)
+        self.progress.step += 1
+        self.progress.version = push.version
+        self.progress.consumed += len(batch)
+        self.progress.last_reward_mean = metrics["reward/mean"]
+        self.progress.last_step_s = metrics["time/step_s"]
+        self.metrics.observe_step(metrics, push)
+        self.events.write("step", step=self.progress.step, version=push.version, push_s=push.total_s,
+                          push_bytes=push.bytes_sent, push_receivers=push.receivers, push_dropped=push.dropped,
+                          **metrics)

@@ -1,0 +1,91 @@
+"""One learner step: logp_prox (no grad), advantages, then per mini-batch logp (with grad), the
+objective, backward, clip, optimizer step. The objective itself lives in `learner.algos` (pure)."""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+
+import torch
+
+from asyncrl.modeling import sequence_logprobs
+from asyncrl.sampling import SamplingParams
+from learner.algos import build_advantages, policy_objective
+from learner.batch import TrainBatch, staleness_stats
+
+
+class Trainer:
+    def __init__(self, model: torch.nn.Module, learner_cfg, sampling: SamplingParams, pad_id: int):
+        self.model = model
+        self.cfg = learner_cfg
+        self.algo = learner_cfg.algo
+        self.sampling = sampling
+        self.pad_id = pad_id
+        self.optimizer = torch.optim.AdamW(
+            model.parameters(), lr=learner_cfg.lr, weight_decay=learner_cfg.weight_decay
+        )
+
+    def _logprobs(self, batch: TrainBatch) -> torch.Tensor:
+        logp, _mask = sequence_logprobs(self.model, batch.sequences, batch.response_starts, self.sampling,
+                                        self.pad_id)
+        return logp[:, : batch.response_mask.shape[1]]
+
+    def minibatch_rows(self, batch: TrainBatch, keep: torch.Tensor) -> list[list[int]]:
+        """Split the kept rows into `minibatches` chunks along group boundaries."""
+        groups: dict[int, list[int]] = defaultdict(list)
+        for row, g in enumerate(batch.group_index.tolist()):
+            if keep[row]:
+                groups[g].append(row)
+        ordered = [groups[g] for g in sorted(groups)]
+        k = self.cfg.minibatches
+        chunks = [sum(ordered[i::k], []) for i in range(k)] if len(ordered) >= k else [sum(ordered, [])]
+        return [sorted(c) for c in chunks if c]
+
+    def step(self, batch: TrainBatch, version: int) -> dict:
+        """Train on `batch` with the policy at `version`; returns flat metrics."""
+        t0 = time.perf_counter()
+        self.model.train()
+        if self.algo.needs_prox_forward:
+            with torch.no_grad():
+                logp_prox = self._logprobs(batch)
+        else:
+            logp_prox = batch.logp_behav  # bypass mode: one forward less
+        t_prox = time.perf_counter() - t0
+        adv = build_advantages(batch.rewards, batch.group_index, batch.response_mask, self.algo,
+                               logp_prox=logp_prox, logp_teacher=batch.logp_teacher)
+        metrics: dict[str, float] = dict(adv.metrics)
+        sums: dict[str, float] = defaultdict(float)
+        chunks = self.minibatch_rows(batch, adv.keep)
+        for rows in chunks:
+            mb = batch.rows(rows)
+            width = mb.response_mask.shape[1]
+            idx = torch.tensor(rows, dtype=torch.long)
+            logp = self._logprobs(mb)
+            loss, mb_metrics = policy_objective(
+                logp, logp_prox[idx, :width], mb.logp_behav, adv.advantages[idx, :width], mb.response_mask,
+                self.algo, logp_teacher=mb.logp_teacher,
+            )
+            self.optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.max_grad_norm)
+            self.optimizer.step()
+            sums["loss/total"] += loss.item()
+            sums["opt/grad_norm"] += float(grad_norm)
+            for key, value in mb_metrics.items():
+                sums[key] += float(value)
+        for key, value in sums.items():
+            metrics[key] = value / max(1, len(chunks))
+        lengths = batch.response_mask.sum(dim=1)
+        metrics.update(
+            {
+                "reward/mean": batch.rewards.mean().item(),
+                "reward/max": batch.rewards.max().item(),
+                "response/length_mean": lengths.mean().item(),
+                "batch/sequences": len(batch),
+                "batch/trained_sequences": int(adv.keep.sum().item()),
+                "time/prox_s": t_prox,
+                "time/step_s": time.perf_counter() - t0,
+            }
+        )
+        metrics.update(staleness_stats(batch, version))
+        return metrics

@@ -1,0 +1,58 @@
+"""A replica's session with the controller: registration, heartbeats, re-registration after a
+controller restart."""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+import grpc
+
+from asyncrl.v1 import controller_pb2
+
+log = logging.getLogger(__name__)
+
+
+class ReplicaSession:
+    def __init__(self, controller_stub, address: str, engine, engine_type: str, replica_id: str = ""):
+        self._stub = controller_stub
+        self._address = address
+        self._engine = engine
+        self._engine_type = engine_type
+        self.replica_id = replica_id
+        self.needs_sync = False
+        self.heartbeat_interval_s = 1.0
+
+    def register(self) -> None:
+        resp = self._stub.RegisterReplica(
+            controller_pb2.RegisterReplicaRequest(
+                address=self._address,
+                replica_id=self.replica_id,
+                weight_version=self._engine.weight_version,
+                engine=self._engine_type,
+            ),
+            timeout=30,
+        )
+        self.replica_id = resp.replica_id
+        self.needs_sync = resp.needs_sync
+        self.heartbeat_interval_s = resp.heartbeat_interval_s or self.heartbeat_interval_s
+        log.info("registered as %s (controller version %d, needs_sync=%s)", self.replica_id,
+                 resp.current_version, resp.needs_sync)
+
+    def heartbeat(self) -> None:
+        try:
+            resp = self._stub.Heartbeat(
+                controller_pb2.HeartbeatRequest(replica_id=self.replica_id, weight_version=self._engine.weight_version),
+                timeout=max(5.0, self.heartbeat_interval_s * 3),
+            )
+            self.needs_sync = resp.needs_sync
+        except grpc.RpcError as err:
+            if err.code() in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.INVALID_ARGUMENT):
+                # The controller does not know us (it restarted, or declared us dead): join again.
+                self.register()
+            else:
+                log.warning("heartbeat failed: %s", err.details())
+
+    def heartbeat_forever(self, stop: threading.Event) -> None:
+        while not stop.wait(self.heartbeat_interval_s):
+            self.heartbeat()

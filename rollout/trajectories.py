@@ -1,0 +1,54 @@
+"""Turning engine generations into the `TrajectoryGroup` written to the buffer (pure)."""
+
+from __future__ import annotations
+
+import time
+
+from asyncrl.v1 import trajectory_pb2
+from rollout.engines.base import Generation
+
+
+def build_group(
+    *,
+    group_id: str,
+    prompt_index: int,
+    prompt_token_ids: list[int],
+    generations: list[Generation],
+    rewards: list[float],
+    replica_id: str,
+    lease_id: str,
+    metadata: dict[str, str],
+) -> trajectory_pb2.TrajectoryGroup:
+    if len(generations) != len(rewards):
+        raise ValueError(f"{len(generations)} generations but {len(rewards)} rewards")
+    trajectories = []
+    for j, (gen, reward) in enumerate(zip(generations, rewards)):
+        if not (len(gen.token_ids) == len(gen.logp_behav) == len(gen.weight_version)):
+            raise ValueError(
+                f"sample {j}: {len(gen.token_ids)} tokens, {len(gen.logp_behav)} logp_behav, "
+                f"{len(gen.weight_version)} versions"
+            )
+        traj = trajectory_pb2.Trajectory(
+            trajectory_id=f"{group_id}/{j}",
+            group_id=group_id,
+            prompt_token_ids=prompt_token_ids,
+            response_token_ids=gen.token_ids,
+            logp_behav=gen.logp_behav,
+            weight_version=gen.weight_version,
+            reward=reward,
+            finished=gen.finished,
+        )
+        if gen.routed_experts is not None:
+            experts = gen.routed_experts
+            traj.routed_experts.num_tokens, traj.routed_experts.num_layers, traj.routed_experts.top_k = experts.shape
+            traj.routed_experts.expert_ids.extend(int(e) for e in experts.reshape(-1))
+        trajectories.append(traj)
+    return trajectory_pb2.TrajectoryGroup(
+        group_id=group_id,
+        prompt_index=prompt_index,
+        replica_id=replica_id,
+        lease_id=lease_id,
+        trajectories=trajectories,
+        metadata=metadata,
+        created_unix_s=time.time(),
+    )

@@ -1,0 +1,123 @@
+"""The rollout loop of one replica: lease -> generate -> reward -> write -> complete.
+
+Each iteration takes one held lease (waits while the staleness bound forbids more data) plus up to
+`leases_per_batch - 1` more that are admissible right away, generates all their groups in one engine call,
+writes one TrajectoryGroup per lease to the buffer and completes the leases with what was written.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+import grpc
+
+from asyncrl.sampling import SamplingParams
+from asyncrl.v1 import controller_pb2
+from rollout.trajectories import build_group
+
+log = logging.getLogger(__name__)
+
+
+class RolloutWorker:
+    def __init__(self, *, config, engine, engine_lock, buffer, controller_stub, session, task, reward_fn,
+                 decode, events, metrics):
+        self.config = config
+        self.engine = engine
+        self.engine_lock = engine_lock
+        self.buffer = buffer
+        self.stub = controller_stub
+        self.session = session
+        self.task = task
+        self.reward_fn = reward_fn
+        self.decode = decode
+        self.events = events
+        self.metrics = metrics
+        self.params = SamplingParams.from_config(config.sampling)
+        self.group_size = config.sampling.group_size
+
+    def run(self, stop: threading.Event) -> None:
+        while not stop.is_set():
+            try:
+                self.run_once()
+            except grpc.RpcError as err:
+                if err.code() == grpc.StatusCode.NOT_FOUND:
+                    self.session.register()
+                else:
+                    log.warning("controller call failed (%s): %s; retrying", err.code().name, err.details())
+                    stop.wait(1.0)
+
+    def _acquire(self, wait_s: float):
+        request = controller_pb2.AcquireLeaseRequest(
+            replica_id=self.session.replica_id, num_trajectories=self.group_size, wait_s=wait_s
+        )
+        return self.stub.AcquireLease(request, timeout=wait_s + 30)
+
+    def run_once(self) -> int:
+        """One batch of leases; returns the number of groups written."""
+        started = time.perf_counter()
+        first = self._acquire(self.config.controller.max_hold_s)
+        self.metrics.lease_wait.observe(time.perf_counter() - started)
+        if not first.granted:
+            return 0
+        leases = [first]
+        while len(leases) < self.config.rollout.leases_per_batch:
+            extra = self._acquire(0.0)
+            if not extra.granted:
+                break
+            leases.append(extra)
+        prompts = [self.task.train_prompt(lease.prompt_index) for lease in leases]
+        gen_start = time.perf_counter()
+        with self.engine_lock:
+            groups = self.engine.generate([p.token_ids for p in prompts], self.params, n=self.group_size)
+        gen_s = time.perf_counter() - gen_start
+        tokens = sum(len(g.token_ids) for group in groups for g in group)
+        self.metrics.generation_seconds.observe(gen_s)
+        self.metrics.tokens_generated.inc(tokens)
+        written = 0
+        for lease, prompt, gens in zip(leases, prompts, groups):
+            written += self._write(lease, prompt, gens)
+        return written
+
+    def _write(self, lease, prompt, gens) -> int:
+        rewards = [float(self.reward_fn(self.decode(g.token_ids), prompt.metadata)) for g in gens]
+        group = build_group(
+            group_id=f"{self.session.replica_id}-{lease.lease_id}",
+            prompt_index=lease.prompt_index,
+            prompt_token_ids=list(prompt.token_ids),
+            generations=gens,
+            rewards=rewards,
+            replica_id=self.session.replica_id,
+            lease_id=lease.lease_id,
+            metadata=prompt.metadata,
+        )
+        num_written, entry_id = 0, None
+        try:
+            entry_id = self.buffer.put(group)
+            num_written = len(gens)
+        except Exception as err:  # noqa: BLE001 - the quota goes back to the controller below
+            log.error("writing group %s failed: %s", group.group_id, err)
+        # Completing after the write: a lease completed as written is data the learner will find.
+        self.stub.CompleteLease(
+            controller_pb2.CompleteLeaseRequest(
+                replica_id=self.session.replica_id, lease_id=lease.lease_id, num_written=num_written
+            ),
+            timeout=30,
+        )
+        if entry_id is not None:
+            versions = [v for g in gens for v in g.weight_version]
+            self.events.write(
+                "group_written",
+                group_id=group.group_id,
+                entry_id=entry_id,
+                lease_id=lease.lease_id,
+                prompt_index=lease.prompt_index,
+                lease_version=lease.version,
+                min_version=min(versions) if versions else -1,
+                max_version=max(versions) if versions else -1,
+                reward_mean=sum(rewards) / len(rewards),
+            )
+            self.metrics.groups_written.inc()
+            self.metrics.reward_mean.set(sum(rewards) / len(rewards))
+        return 1 if entry_id is not None else 0

@@ -1,0 +1,120 @@
+"""Learner service: the training loop plus a small gRPC status edge and /metrics."""
+
+from __future__ import annotations
+
+import json
+import logging
+import signal
+import threading
+from pathlib import Path
+
+import torch
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from asyncrl.buffer import make_buffer
+from asyncrl.events import EventLog
+from asyncrl.grpc_util import build_server, wait_for_channel
+from asyncrl.metrics import serve_metrics
+from asyncrl.modeling import load_causal_lm
+from asyncrl.sampling import SamplingParams
+from asyncrl.tasks import get_task
+from asyncrl.tasks.evaluate import greedy_accuracy
+from asyncrl.tokenizer import load_tokenizer
+from asyncrl.v1 import controller_pb2_grpc, learner_pb2, learner_pb2_grpc, teacher_pb2_grpc
+from learner.loop import LearnerLoop, LearnerProgress
+from learner.publisher import WeightPublisher
+from learner.trainer import Trainer
+
+log = logging.getLogger("asyncrl.learner")
+SERVICE = "asyncrl.v1.Learner"
+
+
+class LearnerMetrics:
+    def __init__(self):
+        self.registry = r = CollectorRegistry()
+        self.step = Gauge("asyncrl_learner_step", "Learner steps done", registry=r)
+        self.version = Gauge("asyncrl_learner_version", "Policy version published", registry=r)
+        self.consumed = Counter("asyncrl_learner_trajectories_consumed", "Trajectories trained on", registry=r)
+        self.reward = Gauge("asyncrl_learner_reward_mean", "Mean reward of the last batch", registry=r)
+        self.eval_accuracy = Gauge("asyncrl_learner_eval_accuracy", "Greedy held-out accuracy", registry=r)
+        self.staleness = Gauge("asyncrl_learner_staleness_mean", "Mean staleness of the last batch", registry=r)
+        self.step_seconds = Histogram("asyncrl_learner_step_seconds", "Learner step time", registry=r)
+        self.push_seconds = Histogram("asyncrl_learner_push_seconds", "Weight push time (begin..commit)", registry=r)
+        self.kl = Gauge("asyncrl_learner_kl_behav_prox", "KL(behav||prox), k3 estimator, last step", registry=r)
+
+    def observe_step(self, metrics: dict, push) -> None:
+        self.step.inc()
+        self.version.set(push.version)
+        self.consumed.inc(metrics["batch/sequences"])
+        self.reward.set(metrics["reward/mean"])
+        self.staleness.set(metrics["staleness/mean"])
+        self.step_seconds.observe(metrics["time/step_s"])
+        self.push_seconds.observe(push.total_s)
+        kl = metrics.get("rc/kl_k3")
+        if kl is not None:
+            self.kl.set(kl)
+
+
+class LearnerServicer(learner_pb2_grpc.LearnerServicer):
+    def __init__(self, progress: LearnerProgress):
+        self.progress = progress
+
+    def GetStatus(self, request, context):
+        p = self.progress
+        return learner_pb2.LearnerStatus(step=p.step, version=p.version, consumed=p.consumed,
+                                         last_reward_mean=p.last_reward_mean,
+                                         last_eval_accuracy=p.last_eval_accuracy, last_step_s=p.last_step_s)
+
+
+def create_server(config, progress: LearnerProgress | None = None):
+    """The Learner status gRPC server (not started); `server.servicer.progress` is live progress."""
+    servicer = LearnerServicer(progress or LearnerProgress())
+    server, port, _health = build_server(
+        config.learner.host, config.learner.port,
+        [lambda s: learner_pb2_grpc.add_LearnerServicer_to_server(servicer, s)], [SERVICE],
+    )
+    server.servicer = servicer
+    return server, port
+
+
+def serve(config) -> LearnerProgress:
+    """Train for learner.total_steps, then stop. SIGTERM/SIGINT stops after the current step."""
+    if config.learner.threads:
+        torch.set_num_threads(config.learner.threads)
+    torch.manual_seed(config.seed)
+    model = load_causal_lm(config.model.path, config.model.dtype, config.learner.device)
+    tokenizer = load_tokenizer(config.model.path)
+    sampling = SamplingParams.from_config(config.sampling)
+    controller = controller_pb2_grpc.ControllerStub(wait_for_channel(config.controller.address, 120))
+    teacher = None
+    if config.teacher.enabled and config.teacher.annotate:
+        teacher = teacher_pb2_grpc.TeacherStub(wait_for_channel(config.teacher.address, 300))
+    task = get_task(config.task)
+    metrics = LearnerMetrics()
+    loop = LearnerLoop(
+        config=config,
+        trainer=Trainer(model, config.learner, sampling, tokenizer.pad_token_id),
+        buffer=make_buffer(config.buffer, consumer="learner-0"),
+        controller_stub=controller,
+        publisher=WeightPublisher(controller, model, config.learner.weight_transport),
+        evaluate=lambda: greedy_accuracy(model, tokenizer, task, config.sampling.max_new_tokens),
+        events=EventLog(config.run_dir, "learner"),
+        metrics=metrics,
+        teacher_stub=teacher,
+    )
+    server, port = create_server(config, loop.progress)
+    server.start()
+    metrics_port = serve_metrics(config.learner.host, config.learner.metrics_port, metrics.registry)
+    print(f"asyncrl-learner listening grpc={config.learner.host}:{port} "
+          f"metrics={config.learner.host}:{metrics_port}", flush=True)
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    try:
+        progress = loop.run(stop)
+    finally:
+        server.stop(2)
+    summary = {"step": progress.step, "version": progress.version, "consumed": progress.consumed,
+               "final_eval_accuracy": progress.last_eval_accuracy}
+    Path(config.run_dir, "learner-summary.json").write_text(json.dumps(summary, indent=2))
+    return progress

@@ -1,0 +1,165 @@
+"""Rollout replica service: the gRPC edge (UpdateWeights, Generate, GetStatus) around an engine, plus the
+replica's rollout loop and controller session when run as a process (`serve`)."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+import grpc
+import torch
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from transformers import AutoConfig
+
+from asyncrl.buffer import make_buffer
+from asyncrl.events import EventLog
+from asyncrl.grpc_util import InvalidArgument, abort_invalid, build_server, require, wait_for_channel, wait_until_stopped
+from asyncrl.metrics import serve_metrics
+from asyncrl.sampling import SamplingParams
+from asyncrl.tasks import get_reward, get_task
+from asyncrl.tokenizer import load_tokenizer
+from asyncrl.v1 import controller_pb2_grpc, rollout_pb2, rollout_pb2_grpc
+from asyncrl.weights.plan import PushPlan
+from rollout.engines.base import make_engine
+from rollout.replica import ReplicaSession
+from rollout.worker import RolloutWorker
+from services.validation import check_plan, check_token_ids
+
+log = logging.getLogger("asyncrl.rollout")
+SERVICE = "asyncrl.v1.Rollout"
+
+
+class RolloutMetrics:
+    def __init__(self):
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.groups_written = Counter("asyncrl_rollout_groups_written", "Trajectory groups written", registry=r)
+        self.tokens_generated = Counter("asyncrl_rollout_tokens_generated", "Response tokens generated", registry=r)
+        self.generation_seconds = Histogram("asyncrl_rollout_generation_seconds", "Engine generate() time", registry=r)
+        self.lease_wait = Histogram("asyncrl_rollout_lease_wait_seconds", "Time waiting for a lease", registry=r)
+        self.weight_version = Gauge("asyncrl_rollout_weight_version", "Weight version in the engine", registry=r)
+        self.weight_update_seconds = Histogram("asyncrl_rollout_weight_update_seconds", "Weight update time", registry=r)
+        self.weight_update_pause = Histogram("asyncrl_rollout_weight_update_pause_seconds",
+                                             "Generation pause caused by a weight update", registry=r)
+        self.reward_mean = Gauge("asyncrl_rollout_reward_mean", "Mean reward of the last group", registry=r)
+
+
+class RolloutServicer(rollout_pb2_grpc.RolloutServicer):
+    def __init__(self, engine, engine_lock: threading.Lock, vocab_size: int, metrics: RolloutMetrics,
+                 engine_type: str, replica_id=lambda: ""):
+        self.engine = engine
+        self.engine_lock = engine_lock
+        self.vocab_size = vocab_size
+        self.metrics = metrics
+        self.engine_type = engine_type
+        self.replica_id = replica_id
+        metrics.weight_version.set(engine.weight_version)
+
+    def UpdateWeights(self, request, context):
+        try:
+            require(request.HasField("plan"), "plan", "is required")
+            check_plan(request.plan, request.rank)
+        except InvalidArgument as err:
+            abort_invalid(context, err)
+        try:
+            stats = self.engine.update_weights(PushPlan.from_proto(request.plan), request.rank)
+        except ValueError as err:  # the plan does not fit the model
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"plan: {err}")
+        except Exception as err:  # noqa: BLE001 - a failed transfer is reported, the engine keeps its weights
+            log.exception("weight update %s failed", request.plan.push_id)
+            context.abort(grpc.StatusCode.ABORTED, f"weight update {request.plan.push_id} failed: {err}")
+        self.metrics.weight_version.set(stats.version)
+        self.metrics.weight_update_seconds.observe(stats.load_s)
+        self.metrics.weight_update_pause.observe(stats.pause_s)
+        return rollout_pb2.UpdateWeightsResponse(weight_version=stats.version, load_s=stats.load_s,
+                                                 pause_s=stats.pause_s)
+
+    def Generate(self, request, context):
+        try:
+            require(len(request.prompts) > 0, "prompts", "must not be empty")
+            for i, p in enumerate(request.prompts):
+                check_token_ids(p.token_ids, self.vocab_size, f"prompts[{i}].token_ids")
+            require(request.max_new_tokens >= 1, "max_new_tokens", f"must be >= 1, got {request.max_new_tokens}")
+            require(request.temperature >= 0, "temperature", f"must be >= 0, got {request.temperature}")
+        except InvalidArgument as err:
+            abort_invalid(context, err)
+        greedy = request.temperature == 0
+        params = SamplingParams(temperature=request.temperature or 1.0, max_new_tokens=request.max_new_tokens,
+                                greedy=greedy)
+        with self.engine_lock:
+            groups = self.engine.generate([list(p.token_ids) for p in request.prompts], params, n=1)
+        return rollout_pb2.GenerateResponse(sequences=[
+            rollout_pb2.GeneratedSequence(token_ids=g.token_ids, logp_behav=g.logp_behav,
+                                          weight_version=g.weight_version, finished=g.finished)
+            for (g,) in groups
+        ])
+
+    def GetStatus(self, request, context):
+        return rollout_pb2.RolloutStatus(
+            replica_id=self.replica_id(),
+            weight_version=self.engine.weight_version,
+            engine=self.engine_type,
+            groups_written=int(self.metrics.groups_written._value.get()),
+            tokens_generated=int(self.metrics.tokens_generated._value.get()),
+        )
+
+
+def create_server(config, engine=None, engine_lock=None, metrics=None, replica_id=lambda: ""):
+    """The Rollout gRPC server (not started) around `engine` (built from config when None)."""
+    engine = engine or make_engine(config.rollout.engine, config.model.path, config.model.dtype, seed=config.seed)
+    servicer = RolloutServicer(
+        engine, engine_lock or threading.Lock(),
+        AutoConfig.from_pretrained(config.model.path).vocab_size,
+        metrics or RolloutMetrics(), config.rollout.engine.type, replica_id,
+    )
+    server, port, _health = build_server(
+        config.rollout.host, config.rollout.port,
+        [lambda s: rollout_pb2_grpc.add_RolloutServicer_to_server(servicer, s)], [SERVICE],
+    )
+    server.servicer = servicer
+    return server, port
+
+
+def serve(config, replica_id: str = "") -> None:
+    """Run one replica: engine, gRPC service, controller session, heartbeats and the rollout loop."""
+    if config.rollout.engine.threads:
+        torch.set_num_threads(config.rollout.engine.threads)
+    torch.manual_seed(config.seed + hash(replica_id) % 1000)
+    engine = make_engine(config.rollout.engine, config.model.path, config.model.dtype,
+                         seed=config.seed + abs(hash(replica_id)) % 1000)
+    metrics = RolloutMetrics()
+    engine_lock = threading.Lock()
+    controller = controller_pb2_grpc.ControllerStub(wait_for_channel(config.controller.address, 120))
+    session_box = {}
+    server, port = create_server(config, engine, engine_lock, metrics, replica_id=lambda: session_box["s"].replica_id)
+    server.start()
+    metrics_port = serve_metrics(config.rollout.host, config.rollout.metrics_port, metrics.registry)
+    session = ReplicaSession(controller, f"{config.rollout.host}:{port}", engine, config.rollout.engine.type,
+                             replica_id)
+    session_box["s"] = session
+    session.register()
+    print(f"asyncrl-rollout {session.replica_id} listening grpc={config.rollout.host}:{port} "
+          f"metrics={config.rollout.host}:{metrics_port}", flush=True)
+    task = get_task(config.task)
+    tokenizer = load_tokenizer(config.model.path)
+    worker = RolloutWorker(
+        config=config, engine=engine, engine_lock=engine_lock, buffer=make_buffer(config.buffer),
+        controller_stub=controller, session=session, task=task, reward_fn=get_reward(config.rollout.reward),
+        decode=lambda ids: tokenizer.decode(ids, skip_special_tokens=True),
+        events=EventLog(config.run_dir, f"rollout-{session.replica_id}"), metrics=metrics,
+    )
+    stop = threading.Event()
+    threads = [threading.Thread(target=session.heartbeat_forever, args=(stop,), daemon=True),
+               threading.Thread(target=worker.run, args=(stop,), daemon=True)]
+    for t in threads:
+        t.start()
+
+    def shutdown():
+        stop.set()
+        deadline = time.time() + 10
+        for t in threads:
+            t.join(timeout=max(0.0, deadline - time.time()))
+        engine.close()
+
+    wait_until_stopped(server, on_stop=shutdown)

@@ -1,0 +1,66 @@
+"""The audit on hand-written event logs: it must catch each kind of violation."""
+
+import json
+
+from asyncrl.audit import audit_run
+
+
+def write(run_dir, name, events):
+    path = run_dir / "events" / f"{name}.jsonl"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(e) + "\n" for e in events))
+
+
+def lease(lid, admitted_after, version, eta=1, b=4):
+    return {"t": 1, "kind": "lease_granted", "lease_id": lid, "admitted_after": admitted_after, "version": version,
+            "eta": eta, "batch_size": b}
+
+
+def written(gid, eid, t=1.0, v=0):
+    return {"t": t, "kind": "group_written", "group_id": gid, "entry_id": eid, "lease_version": v}
+
+
+def good_run(tmp_path):
+    # B=4, η=1: at version 0, N_r up to 8 is admissible (floor(7/4)=1 <= 0+1).
+    write(tmp_path, "controller", [lease("l1", 4, 0), lease("l2", 8, 0), {"t": 2, "kind": "push_committed", "version": 1},
+                                   lease("l3", 12, 1), {"t": 3, "kind": "push_committed", "version": 1},
+                                   {"t": 4, "kind": "push_committed", "version": 2}])
+    write(tmp_path, "rollout-r0", [written("g1", "1-0"), written("g2", "2-0"), written("g3", "3-0", v=1),
+                                   written("g4", "4-0", t=99.0, v=1)])
+    write(tmp_path, "learner", [{"t": 2, "kind": "trained", "group_ids": ["g1"]},
+                                {"t": 2, "kind": "step", "version": 1, "staleness/hist": {"0": 4}},
+                                {"t": 3, "kind": "trained", "group_ids": ["g2"]},
+                                {"t": 3, "kind": "step", "version": 2, "staleness/hist": {"1": 4}},
+                                {"t": 5, "kind": "final_buffer", "entry_ids": ["3-0"]}])
+
+
+def test_clean_run_passes(tmp_path):
+    good_run(tmp_path)
+    report = audit_run(tmp_path)
+    assert report.ok, report.as_dict()
+    assert report.leases_granted == 3 and report.left_in_buffer == 1 and report.written_after_end == 1
+    assert report.staleness_hist == {"0": 4, "1": 4}
+
+
+def test_eta_violation_is_caught(tmp_path):
+    good_run(tmp_path)
+    write(tmp_path, "controller", [lease("l1", 9, 0)])  # floor(8/4) = 2 > 0 + 1
+    report = audit_run(tmp_path)
+    assert not report.ok and report.eta_violations[0]["lease_id"] == "l1"
+
+
+def test_double_training_and_loss_are_caught(tmp_path):
+    good_run(tmp_path)
+    write(tmp_path, "learner", [{"t": 2, "kind": "trained", "group_ids": ["g1", "g1"]},
+                                {"t": 5, "kind": "final_buffer", "entry_ids": []}])
+    report = audit_run(tmp_path)
+    assert report.trained_twice == ["g1"]
+    assert report.lost == ["g2", "g3"]  # neither trained nor in the buffer at the end
+    assert not report.ok
+
+
+def test_version_going_back_is_caught(tmp_path):
+    good_run(tmp_path)
+    write(tmp_path, "controller", [{"t": 1, "kind": "push_committed", "version": 2},
+                                   {"t": 2, "kind": "push_committed", "version": 1}])
+    assert audit_run(tmp_path).version_errors == ["controller committed 2 then 1"]

@@ -1,0 +1,47 @@
+import pytest
+import torch
+
+from asyncrl.weights.buckets import pack, plan_buckets, unpack
+from asyncrl.weights.plan import PushPlan, TensorMeta
+
+
+def metas(*specs):
+    return tuple(TensorMeta(name, shape, dtype) for name, shape, dtype in specs)
+
+
+def test_buckets_split_by_size_and_dtype():
+    m = metas(("a", (4,), "float32"), ("b", (2, 2), "float32"), ("c", (8,), "float32"), ("d", (3,), "int64"))
+    # 16 bytes per 4-float tensor; bucket of 32 bytes holds a+b, c (32 bytes) alone, d different dtype.
+    buckets = plan_buckets(m, 32)
+    assert [b.members for b in buckets] == [(0, 1), (2,), (3,)]
+    assert [b.numel for b in buckets] == [8, 8, 3]
+    assert [b.dtype for b in buckets] == ["float32", "float32", "int64"]
+
+
+def test_oversized_tensor_gets_its_own_bucket():
+    m = metas(("big", (100,), "float32"), ("small", (1,), "float32"))
+    assert [b.members for b in plan_buckets(m, 8)] == [(0,), (1,)]
+
+
+def test_pack_unpack_round_trip():
+    tensors = [torch.arange(6.0).view(2, 3), torch.tensor([7.0, 8.0])]
+    m = metas(("w", (2, 3), "float32"), ("b", (2,), "float32"))
+    (bucket,) = plan_buckets(m, 1 << 20)
+    flat = pack(bucket, tensors)
+    assert flat.tolist() == [0, 1, 2, 3, 4, 5, 7, 8]
+    out = dict(unpack(bucket, flat, m))
+    assert torch.equal(out["w"], tensors[0]) and torch.equal(out["b"], tensors[1])
+
+
+def test_bad_inputs_are_clear_errors():
+    with pytest.raises(ValueError, match="bucket_bytes"):
+        plan_buckets(metas(("a", (1,), "float32")), 0)
+    with pytest.raises(ValueError, match="unknown dtype"):
+        _ = TensorMeta("x", (1,), "float99").torch_dtype
+
+
+def test_plan_proto_round_trip():
+    plan = PushPlan("p1", 3, "127.0.0.1:1234", 3, "gloo", metas(("a", (2, 3), "bfloat16")), 1024, 5.0)
+    assert PushPlan.from_proto(plan.to_proto()) == plan
+    assert plan.store_host == "127.0.0.1" and plan.store_port == 1234
+    assert plan.total_bytes == 12
