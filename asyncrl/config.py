@@ -141,7 +141,10 @@ class RolloutConfig(Section):
     replicas: int = Field(2, ge=1)
     """Replicas `up` starts (each a separate process)."""
     host: str = "127.0.0.1"
-    """Interface a replica binds; it registers host:port with the controller."""
+    """Interface a replica binds."""
+    advertise_host: str | None = None
+    """Host registered with the controller (what the controller dials). Empty: `host`, or this machine's
+    IP address when `host` is 0.0.0.0 (containers, pods)."""
     port: int = Field(0, ge=0, le=65535)
     """gRPC port (0 = any free port; the replica tells the controller which)."""
     metrics_port: int = Field(0, ge=0, le=65535)

@@ -4,8 +4,10 @@ replica's rollout loop and controller session when run as a process (`serve`).""
 from __future__ import annotations
 
 import logging
+import socket
 import threading
 import time
+import zlib
 
 import grpc
 import torch
@@ -121,13 +123,22 @@ def create_server(config, engine=None, engine_lock=None, metrics=None, replica_i
     return server, port
 
 
+def advertised_host(rollout_cfg) -> str:
+    if rollout_cfg.advertise_host:
+        return rollout_cfg.advertise_host
+    if rollout_cfg.host in ("0.0.0.0", "::", ""):
+        return socket.gethostbyname(socket.gethostname())
+    return rollout_cfg.host
+
+
 def serve(config, replica_id: str = "") -> None:
     """Run one replica: engine, gRPC service, controller session, heartbeats and the rollout loop."""
     if config.rollout.engine.threads:
         torch.set_num_threads(config.rollout.engine.threads)
-    torch.manual_seed(config.seed + hash(replica_id) % 1000)
-    engine = make_engine(config.rollout.engine, config.model.path, config.model.dtype,
-                         seed=config.seed + abs(hash(replica_id)) % 1000)
+    # Replicas must not draw the same samples: seed by a stable hash of the replica id.
+    seed = config.seed + zlib.crc32(replica_id.encode()) % 100_000
+    torch.manual_seed(seed)
+    engine = make_engine(config.rollout.engine, config.model.path, config.model.dtype, seed=seed)
     metrics = RolloutMetrics()
     engine_lock = threading.Lock()
     controller = controller_pb2_grpc.ControllerStub(wait_for_channel(config.controller.address, 120))
@@ -135,7 +146,7 @@ def serve(config, replica_id: str = "") -> None:
     server, port = create_server(config, engine, engine_lock, metrics, replica_id=lambda: session_box["s"].replica_id)
     server.start()
     metrics_port = serve_metrics(config.rollout.host, config.rollout.metrics_port, metrics.registry)
-    session = ReplicaSession(controller, f"{config.rollout.host}:{port}", engine, config.rollout.engine.type,
+    session = ReplicaSession(controller, f"{advertised_host(config.rollout)}:{port}", engine, config.rollout.engine.type,
                              replica_id)
     session_box["s"] = session
     session.register()

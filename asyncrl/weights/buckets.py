@@ -41,8 +41,9 @@ def plan_buckets(metas: tuple[TensorMeta, ...] | list[TensorMeta], bucket_bytes:
     return buckets
 
 
-def pack(bucket: Bucket, tensors: list[torch.Tensor], out: torch.Tensor | None = None) -> torch.Tensor:
-    """Concatenate the bucket's tensors into one flat buffer (reusing `out` when given)."""
+def pack(bucket: Bucket, tensors, out: torch.Tensor | None = None) -> torch.Tensor:
+    """Concatenate the bucket's tensors (`tensors[i]` for each member index i) into one flat buffer,
+    written into `out` when given."""
     parts = [tensors[i].detach().reshape(-1) for i in bucket.members]
     if out is None:
         return torch.cat(parts)

@@ -12,7 +12,6 @@ from __future__ import annotations
 import datetime
 import ipaddress
 import socket
-import time
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator
 
@@ -32,8 +31,12 @@ class BroadcastGroup(ABC):
         self.rank, self.world_size = rank, world_size
 
     @abstractmethod
+    def broadcast_async(self, tensor: torch.Tensor):
+        """Start a broadcast from rank 0 (in place on the others); returns a handle with `.wait()`."""
+
     def broadcast(self, tensor: torch.Tensor) -> None:
         """Rank 0 sends `tensor`; every other rank receives into it in place."""
+        self.broadcast_async(tensor).wait()
 
     def close(self) -> None:
         """Drop the group's connections."""
@@ -73,12 +76,12 @@ class GlooGroup(BroadcastGroup):
         self._pg = ProcessGroupGloo(_store(plan, rank, store), rank, plan.world_size, opts)
         self.device = torch.device("cpu")
 
-    def broadcast(self, tensor: torch.Tensor) -> None:
+    def broadcast_async(self, tensor: torch.Tensor):
         from torch.distributed import BroadcastOptions
 
         opts = BroadcastOptions()
         opts.rootRank = 0
-        self._pg.broadcast([tensor], opts).wait()
+        return self._pg.broadcast([tensor], opts)
 
     def close(self) -> None:
         self._pg = None
@@ -98,13 +101,12 @@ class NcclGroup(BroadcastGroup):
         opts._timeout = datetime.timedelta(seconds=plan.timeout_s)
         self._pg = ProcessGroupNCCL(_store(plan, rank, store), rank, plan.world_size, opts)
 
-    def broadcast(self, tensor: torch.Tensor) -> None:
+    def broadcast_async(self, tensor: torch.Tensor):
         from torch.distributed import BroadcastOptions
 
         opts = BroadcastOptions()
         opts.rootRank = 0
-        self._pg.broadcast([tensor], opts).wait()
-        torch.cuda.current_stream(self.device).synchronize()
+        return _SyncedWork(self._pg.broadcast([tensor], opts), self.device)
 
     def close(self) -> None:
         if self._pg is not None:
@@ -113,6 +115,17 @@ class NcclGroup(BroadcastGroup):
             except Exception:  # noqa: BLE001 - best effort on teardown
                 pass
         self._pg = None
+
+
+class _SyncedWork:
+    """NCCL work whose wait() also waits for the stream, so the data is usable on return."""
+
+    def __init__(self, work, device):
+        self._work, self._device = work, device
+
+    def wait(self):
+        self._work.wait()
+        torch.cuda.current_stream(self._device).synchronize()
 
 
 def make_group(plan: PushPlan, rank: int, store: TCPStore | None = None) -> BroadcastGroup:
@@ -131,29 +144,59 @@ def host_store(host: str, port: int, timeout_s: float) -> TCPStore:
     )
 
 
+class _StagingPool:
+    """Two reusable staging buffers per (device, dtype): packing/unpacking one bucket overlaps the transfer
+    of the other, and no push pays first-touch page faults for fresh multi-MiB buffers."""
+
+    def __init__(self):
+        self._buffers: dict[tuple, list[torch.Tensor]] = {}
+
+    def get(self, device: torch.device, dtype: torch.dtype, numel: int, slot: int) -> torch.Tensor:
+        pair = self._buffers.setdefault((str(device), dtype), [torch.empty(0, dtype=dtype, device=device)] * 2)
+        if pair[slot].numel() < numel:
+            pair[slot] = torch.empty(numel, dtype=dtype, device=device)
+        return pair[slot][:numel]
+
+
+_STAGING = _StagingPool()
+
+
 def send_weights(group: BroadcastGroup, named_tensors: Iterable[tuple[str, torch.Tensor]], plan: PushPlan) -> int:
-    """Rank 0: broadcast all tensors bucket by bucket, in plan order. Returns bytes sent."""
+    """Rank 0: broadcast all tensors bucket by bucket, in plan order; packing bucket k+1 overlaps the
+    transfer of bucket k. Returns bytes sent."""
     tensors = [t for _, t in named_tensors]
     if len(tensors) != len(plan.tensors):
         raise ValueError(f"plan lists {len(plan.tensors)} tensors, got {len(tensors)}")
-    sent = 0
-    for bucket in plan_buckets(plan.tensors, plan.bucket_bytes):
-        flat = pack(bucket, [t.to(group.device) for t in tensors] if group.device.type != "cpu" else tensors)
-        group.broadcast(flat)
+    sent, in_flight = 0, None
+    for k, bucket in enumerate(plan_buckets(plan.tensors, plan.bucket_bytes)):
+        dtype = plan.tensors[bucket.members[0]].torch_dtype
+        staging = _STAGING.get(group.device, dtype, bucket.numel, k % 2)
+        # .to() is a no-op for tensors already on the group's device (the CPU/gloo case).
+        members = {i: tensors[i].detach().to(group.device) for i in bucket.members}
+        flat = pack(bucket, members, out=staging)
+        if in_flight is not None:
+            in_flight.wait()
+        in_flight = group.broadcast_async(flat)
         sent += flat.numel() * flat.element_size()
+    if in_flight is not None:
+        in_flight.wait()
     return sent
 
 
 def receive_weights(group: BroadcastGroup, plan: PushPlan) -> Iterator[list[tuple[str, torch.Tensor]]]:
-    """Other ranks: yield the named tensors of each bucket as it arrives (views into a fresh buffer)."""
+    """Other ranks: yield the named tensors of each bucket (views into a staging buffer, valid until the
+    next iteration: copy them out). The next bucket is already arriving while the caller copies."""
     metas: tuple[TensorMeta, ...] = plan.tensors
-    for bucket in plan_buckets(metas, plan.bucket_bytes):
-        flat = torch.empty(bucket.numel, dtype=metas[bucket.members[0]].torch_dtype, device=group.device)
-        group.broadcast(flat)
+    buckets = plan_buckets(metas, plan.bucket_bytes)
+
+    def start(k):
+        bucket = buckets[k]
+        flat = _STAGING.get(group.device, metas[bucket.members[0]].torch_dtype, bucket.numel, k % 2)
+        return flat, group.broadcast_async(flat)
+
+    pending = start(0) if buckets else None
+    for k, bucket in enumerate(buckets):
+        flat, work = pending
+        work.wait()
+        pending = start(k + 1) if k + 1 < len(buckets) else None
         yield unpack(bucket, flat, metas)
-
-
-def timed(fn, *args, **kwargs):
-    start = time.perf_counter()
-    result = fn(*args, **kwargs)
-    return result, time.perf_counter() - start

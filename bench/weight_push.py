@@ -1,0 +1,104 @@
+"""Weight-push bandwidth vs a raw broadcast of the same bytes on the same gloo group.
+
+Rank 0 (the learner side) and `--receivers` receiver processes form ONE group. Per trial:
+  raw : broadcast one flat buffer holding all the model's bytes (the best this group can do);
+  push: asyncrl's path -- send_weights (bucketing + packing) / receive_weights (unpacking) + copying every
+        tensor into the receiver's own parameters (what an engine load does).
+Both end with a tiny all-reduce so the time covers receipt on every rank, not just the send.
+Prints JSON: median seconds of each, GB/s, and push_fraction_of_raw = raw_s / push_s (target >= 0.7).
+
+  .venv/bin/python bench/weight_push.py [--mb 200] [--receivers 2] [--bucket-mb 64] [--trials 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import statistics
+import time
+
+import torch
+
+from asyncrl.weights.plan import PushPlan, TensorMeta
+from asyncrl.weights.transport import host_store, make_group, receive_weights, send_weights
+
+
+def model_like_metas(total_mb: float, hidden: int = 1024) -> tuple[TensorMeta, ...]:
+    """Transformer-shaped tensors (attention, MLP, norms) adding up to about total_mb MiB of float32."""
+    metas, layer = [], 0
+    per_layer = [("q_proj.weight", (hidden, hidden)), ("k_proj.weight", (hidden // 4, hidden)),
+                 ("v_proj.weight", (hidden // 4, hidden)), ("o_proj.weight", (hidden, hidden)),
+                 ("gate_proj.weight", (2 * hidden, hidden)), ("up_proj.weight", (2 * hidden, hidden)),
+                 ("down_proj.weight", (hidden, 2 * hidden)), ("input_layernorm.weight", (hidden,)),
+                 ("post_attention_layernorm.weight", (hidden,))]
+    while sum(m.nbytes for m in metas) < total_mb * 2**20:
+        metas += [TensorMeta(f"layers.{layer}.{n}", s, "float32") for n, s in per_layer]
+        layer += 1
+    return tuple(metas)
+
+
+def _done(group) -> None:
+    flag = torch.ones(1)
+    opts = torch.distributed.AllreduceOptions()
+    group._pg.allreduce([flag], opts).wait()
+
+
+def receiver(plan: PushPlan, rank: int, trials: int) -> None:
+    group = make_group(plan, rank)
+    params = {m.name: torch.empty(m.shape, dtype=m.torch_dtype) for m in plan.tensors}
+    flat = torch.empty(plan.total_bytes // 4)
+    for _ in range(trials):
+        group.broadcast(flat)
+        _done(group)
+        for bucket in receive_weights(group, plan):
+            for name, tensor in bucket:
+                params[name].copy_(tensor)
+        _done(group)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--mb", type=float, default=200)
+    ap.add_argument("--receivers", type=int, default=2)
+    ap.add_argument("--bucket-mb", type=float, default=64)
+    ap.add_argument("--trials", type=int, default=5)
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    metas = model_like_metas(args.mb)
+    store = host_store("127.0.0.1", 0, 120)
+    plan = PushPlan("bench", 1, f"127.0.0.1:{store.port}", args.receivers + 1, "gloo", metas,
+                    int(args.bucket_mb * 2**20), 120)
+    ctx = mp.get_context("spawn")
+    procs = [ctx.Process(target=receiver, args=(plan, r, args.trials + 1)) for r in range(1, args.receivers + 1)]
+    for p in procs:
+        p.start()
+    group = make_group(plan, 0, store)
+    named = [(m.name, torch.randn(m.shape)) for m in metas]
+    flat = torch.cat([t.reshape(-1) for _, t in named])
+    raw, push = [], []
+    for trial in range(args.trials + 1):  # trial 0 warms up connections and allocators
+        t0 = time.perf_counter()
+        group.broadcast(flat)
+        _done(group)
+        t1 = time.perf_counter()
+        send_weights(group, named, plan)
+        _done(group)
+        t2 = time.perf_counter()
+        if trial:
+            raw.append(t1 - t0)
+            push.append(t2 - t1)
+    for p in procs:
+        p.join(timeout=60)
+    gb = plan.total_bytes / 1e9
+    raw_s, push_s = statistics.median(raw), statistics.median(push)
+    print(json.dumps({
+        "bench": "weight_push", "bytes": plan.total_bytes, "tensors": len(metas), "receivers": args.receivers,
+        "bucket_mb": args.bucket_mb, "trials": args.trials, "raw_broadcast_s": round(raw_s, 4),
+        "push_s": round(push_s, 4), "raw_GBps": round(gb / raw_s, 3), "push_GBps": round(gb / push_s, 3),
+        "push_fraction_of_raw": round(raw_s / push_s, 3), "target": 0.7,
+    }))
+
+
+if __name__ == "__main__":
+    main()

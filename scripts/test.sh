@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# The test command: set-up (idempotent), then every tier in one pytest run:
+#   unit (pure, no network) -> integration (real Redis, real gRPC, real processes) -> e2e (whole system,
+#   real vLLM on CPU). GPU-only tests skip with a reason when no CUDA device is present.
+# Extra arguments go to pytest (e.g. `scripts/test.sh -m "not e2e"` for the fast tiers only).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+exec .venv/bin/python -m pytest tests -p no:cacheprovider --durations=15 "$@"

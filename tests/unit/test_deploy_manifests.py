@@ -1,0 +1,51 @@
+"""deploy/: no Docker engine or cluster runs here, so check what can be checked without one: every
+container command is a valid `asyncrl` invocation and its config (with overrides) validates."""
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from asyncrl.cli import build_parser
+from asyncrl.config import load_config
+
+DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
+
+
+def _check(args: list[str], config_file: Path):
+    parsed = build_parser().parse_args(args)
+    assert parsed.config.startswith("/etc/asyncrl/")
+    return load_config(config_file, parsed.set)
+
+
+def test_compose_commands_are_valid():
+    compose = yaml.safe_load((DEPLOY / "docker-compose.yml").read_text())
+    commands = {name: svc["command"] for name, svc in compose["services"].items() if name != "redis"}
+    assert set(commands) == {"make-model", "controller", "teacher", "rollout", "learner"}
+    for name, command in commands.items():
+        cfg = _check(command, DEPLOY / "config.yaml")
+        assert cfg.buffer.redis_url == "redis://redis:6379/0", name
+        if name in ("rollout", "learner"):
+            assert cfg.controller.host == "controller"
+
+
+def test_k8s_commands_are_valid(tmp_path):
+    docs = [d for d in yaml.safe_load_all((DEPLOY / "k8s" / "asyncrl.yaml").read_text()) if d]
+    config_map = next(d for d in docs if d["kind"] == "ConfigMap")
+    config_file = tmp_path / "config.yaml"
+    config_file.write_text(config_map["data"]["config.yaml"])
+    containers = [c for d in docs if d["kind"] == "Deployment"
+                  for c in d["spec"]["template"]["spec"].get("initContainers", []) + d["spec"]["template"]["spec"]["containers"]
+                  if c["image"].startswith("asyncrl")]
+    roles = {c["args"][0] for c in containers}
+    assert roles == {"make-tiny-model", "controller", "teacher", "rollout", "learner"}
+    for c in containers:
+        _check(c["args"], config_file)
+    services = {d["metadata"]["name"] for d in docs if d["kind"] == "Service"}
+    assert {"asyncrl-redis", "asyncrl-controller", "asyncrl-teacher", "asyncrl-learner"} <= services
+
+
+@pytest.mark.parametrize("path", ["Dockerfile"])
+def test_dockerfile_installs_the_package(path):
+    text = (DEPLOY / path).read_text()
+    assert "pip install ." in text and 'ENTRYPOINT ["asyncrl"]' in text
