@@ -1,0 +1,32 @@
+"""The controller: the one authority on weight versions, admission (the staleness bound) and replicas.
+
+Pure logic, no gRPC server in here (`services/controller_service.py` is the thin edge). Its loops, the
+queue of held requests, and what unblocks each:
+
+    rollout replicas                                    learner
+      |  RegisterReplica / Heartbeat                      |  BeginWeightPush      CommitWeightPush
+      |  AcquireLease / CompleteLease                     |        |                     |
+      v                                                   |        v                     v
+  +---------------------------------- ControllerState (one lock + condition) ------------------------+
+  |  ReplicaRegistry  (alive, weight_version, needs_sync)          PushSession (one open at a time)   |
+  |  LeaseBook        (N_r admitted, active leases, prompt cursor)  receivers ranked 1..N             |
+  |  current_version i                                                    |                          |
+  |                                                                       | fan-out: one thread per  |
+  |  held AcquireLease calls ── wait on the condition ──┐                 | receiver, each calls     |
+  |     (η rule forbids, or the replica needs sync;     │                 | Rollout.UpdateWeights    |
+  |      at most min(wait_s, max_hold_s))               │                 v                          |
+  |                                                      │   commit waits for the acks (outside the   |
+  |  notify_all wakes them on:                           │   lock, bounded by push_timeout_s), drops   |
+  |    - commit of version i+1 ◄─────────────────────────┤   the failed receivers (needs_sync),       |
+  |    - a resync push reaching a replica ◄──────────────┤   commits i+1                              |
+  |    - quota returned: CompleteLease(num_written < n) ◄┤                                            |
+  |    - quota returned: lease expired ◄─────────────────┘◄── reaper loop (timer thread, and lazily    |
+  |                                                            in every operation): dead replicas,    |
+  |                                                            expired leases                         |
+  +---------------------------------------------------------------------------------------------------+
+      |  events/controller.jsonl (controller.events)     |  status page /, /status, /metrics, /healthz
+
+Modules: `staleness` (the rule), `registry`, `leases`, `push` (one push in flight + fan-out),
+`push_ops` (begin/commit/abort), `state` (the lock, holding, reaping), `reaper`, `fanout` (the gRPC
+notifier), `metrics`, `events` (record fields), `status_page`, `testing` (fakes for unit tests).
+"""

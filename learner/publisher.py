@@ -29,8 +29,10 @@ class PushResult:
 
 
 class WeightPublisher:
-    def __init__(self, controller_stub, model, transport_cfg, max_attempts: int = 3):
+    def __init__(self, controller_stub, model, transport_cfg, push_timeout_s: float, max_attempts: int = 3):
         self.stub = controller_stub
+        # The controller's commit waits up to push_timeout_s for the receivers: our deadline must be longer.
+        self.commit_deadline_s = push_timeout_s + 30
         self.model = model
         self.cfg = transport_cfg
         self.max_attempts = max_attempts
@@ -66,7 +68,7 @@ class WeightPublisher:
                 t_bcast = time.perf_counter() - t0
             commit = self.stub.CommitWeightPush(
                 controller_pb2.CommitWeightPushRequest(push_id=plan.push_id, sender_ok=ok, error=error),
-                timeout=self.cfg.timeout_s + 60,
+                timeout=self.commit_deadline_s,
             )
             if commit.committed:
                 return PushResult(version, True, plan.world_size - 1, list(commit.acked), list(commit.dropped),

@@ -1,0 +1,25 @@
+"""Errors the controller's pure logic raises; the gRPC edge maps them to status codes.
+
+Kept free of grpc so the logic stays testable without a server: `InvalidRequest` becomes INVALID_ARGUMENT
+(the request itself is wrong: an unknown replica id, more written than leased), `PreconditionFailed`
+becomes FAILED_PRECONDITION (the request is well formed but the controller's state forbids it: an expired
+lease, a push already open, a version that is neither current nor current+1).
+"""
+
+from __future__ import annotations
+
+
+class ControllerError(Exception):
+    """Base of the errors the service edge translates."""
+
+
+class InvalidRequest(ControllerError, ValueError):
+    """A field of the request is wrong; the message starts with the field name."""
+
+    def __init__(self, field: str, problem: str):
+        super().__init__(f"{field}: {problem}")
+        self.field = field
+
+
+class PreconditionFailed(ControllerError):
+    """The request cannot be served in the controller's current state."""

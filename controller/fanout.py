@@ -1,0 +1,30 @@
+"""The production `WeightNotifier`: tell one replica over gRPC to join a push (`Rollout.UpdateWeights`).
+
+The only place in `controller/` that speaks gRPC as a client; `ControllerState` takes the notifier as a
+parameter so its unit tests run without a network.
+"""
+
+from __future__ import annotations
+
+import grpc
+
+from asyncrl.grpc_util import channel
+from asyncrl.v1 import rollout_pb2, rollout_pb2_grpc
+from asyncrl.weights.plan import PushPlan
+
+
+class UpdateWeightsFailed(RuntimeError):
+    """A replica answered UpdateWeights with an error (or never answered)."""
+
+
+def grpc_update_weights(address: str, plan: PushPlan, rank: int, timeout_s: float) -> int:
+    """Call `Rollout.UpdateWeights(plan, rank)` on `address`; returns the weight version the replica reports."""
+    # A fresh channel per push: receivers change between pushes and a push is rare next to its payload.
+    with channel(address) as ch:
+        stub = rollout_pb2_grpc.RolloutStub(ch)
+        request = rollout_pb2.UpdateWeightsRequest(plan=plan.to_proto(), rank=rank)
+        try:
+            response = stub.UpdateWeights(request, timeout=timeout_s)
+        except grpc.RpcError as err:
+            raise UpdateWeightsFailed(f"{address}: {err.code().name}: {err.details()}") from None
+    return response.weight_version

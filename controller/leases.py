@@ -1,0 +1,116 @@
+"""Lease book: the admitted-trajectory count N_r, the active leases and the training-stream cursor.
+
+Not thread-safe by itself: `ControllerState` owns one and guards it with its lock.
+
+Quota accounting: granting a lease of n trajectories adds n to `admitted`; completing it with `num_written`
+returns `n - num_written` (what was never written must not count against the staleness bound); an expired
+lease returns all n. Prompt indices are handed out in stream order, one per lease, and are not reissued when
+a lease returns its quota: a lost group simply skips that prompt, which keeps the stream cursor monotone and
+makes a late write of an expired lease harmless for ordering.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from controller.errors import InvalidRequest, PreconditionFailed
+
+# How many ended lease ids are remembered, so a late CompleteLease can be told "expired" rather than
+# "unknown". Bounded: old ids fall out and then read as unknown, which is answered the same way.
+_ENDED_MEMORY = 4096
+
+
+@dataclass
+class Lease:
+    lease_id: str
+    replica_id: str
+    num_trajectories: int
+    prompt_index: int
+    version: int
+    """Policy version at admission."""
+    granted_at: float
+    expires_at: float
+
+
+class LeaseBook:
+    def __init__(self, lease_ttl_s: float):
+        self.lease_ttl_s = lease_ttl_s
+        self.admitted = 0
+        """N_r: trajectories admitted so far, net of returned quota."""
+        self.next_prompt_index = 0
+        self.granted_total = 0
+        self.expired_total = 0
+        self._active: dict[str, Lease] = {}
+        self._ended: OrderedDict[str, str] = OrderedDict()  # lease_id -> "completed" | "expired: <why>"
+
+    def grant(self, replica_id: str, num_trajectories: int, version: int, now: float) -> Lease:
+        lease = Lease(
+            lease_id=f"lease-{uuid.uuid4().hex[:12]}",
+            replica_id=replica_id,
+            num_trajectories=num_trajectories,
+            prompt_index=self.next_prompt_index,
+            version=version,
+            granted_at=now,
+            expires_at=now + self.lease_ttl_s,
+        )
+        self._active[lease.lease_id] = lease
+        self.admitted += num_trajectories
+        self.next_prompt_index += 1
+        self.granted_total += 1
+        return lease
+
+    def complete(self, replica_id: str, lease_id: str, num_written: int) -> tuple[Lease, int]:
+        """Close an active lease; returns it and the quota returned (n - num_written)."""
+        lease = self._active.get(lease_id)
+        if lease is None:
+            fate = self._ended.get(lease_id)
+            raise PreconditionFailed(
+                f"lease_id: lease {lease_id!r} is {fate}" if fate else f"lease_id: unknown lease {lease_id!r}"
+            )
+        if lease.replica_id != replica_id:
+            raise InvalidRequest("lease_id", f"lease {lease_id!r} belongs to replica {lease.replica_id!r}")
+        if num_written > lease.num_trajectories:
+            raise InvalidRequest(
+                "num_written",
+                f"must be <= the lease's {lease.num_trajectories} trajectories, got {num_written}",
+            )
+        returned = lease.num_trajectories - num_written
+        self._end(lease, "completed", returned)
+        return lease, returned
+
+    def extend(self, replica_id: str, now: float) -> None:
+        """A heartbeat keeps all of the replica's leases alive for another TTL."""
+        for lease in self._active.values():
+            if lease.replica_id == replica_id:
+                lease.expires_at = max(lease.expires_at, now + self.lease_ttl_s)
+
+    def expire_due(self, now: float) -> list[Lease]:
+        """Expire every lease past its expiry time; returns them (each returned its whole quota)."""
+        due = [lease for lease in self._active.values() if lease.expires_at <= now]
+        for lease in due:
+            self._end(lease, "expired: ttl", lease.num_trajectories)
+        return due
+
+    def expire_replica(self, replica_id: str, why: str) -> list[Lease]:
+        """Expire every active lease of one replica (it died or restarted)."""
+        leases = self.of_replica(replica_id)
+        for lease in leases:
+            self._end(lease, f"expired: {why}", lease.num_trajectories)
+        return leases
+
+    def of_replica(self, replica_id: str) -> list[Lease]:
+        return [lease for lease in self._active.values() if lease.replica_id == replica_id]
+
+    def active(self) -> list[Lease]:
+        return list(self._active.values())
+
+    def _end(self, lease: Lease, fate: str, returned: int) -> None:
+        del self._active[lease.lease_id]
+        self.admitted -= returned
+        if fate.startswith("expired"):
+            self.expired_total += 1
+        self._ended[lease.lease_id] = fate
+        while len(self._ended) > _ENDED_MEMORY:
+            self._ended.popitem(last=False)

@@ -1,0 +1,43 @@
+"""The reaper loop: declares silent replicas dead and expires overdue leases on a timer.
+
+Every state operation also reaps lazily, so correctness does not depend on this thread; it exists so that
+quota returns (and the gauges, the status page, the held requests they wake) happen on time even when no
+RPC arrives.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+log = logging.getLogger(__name__)
+
+
+class Reaper:
+    def __init__(self, reap, interval_s: float):
+        """`reap` is a no-argument callable (`ControllerState.reap`), called every `interval_s` seconds."""
+        self._reap, self.interval_s = reap, interval_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="controller-reaper", daemon=True)
+
+    @classmethod
+    def for_timeouts(cls, reap, heartbeat_timeout_s: float, lease_ttl_s: float) -> Reaper:
+        # A quarter of the shortest timeout keeps detection within 25 % of it; clamped to stay cheap.
+        interval = min(1.0, max(0.05, min(heartbeat_timeout_s, lease_ttl_s) / 4))
+        return cls(reap, interval)
+
+    def start(self) -> Reaper:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=5)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            try:
+                self._reap()
+            except Exception:
+                log.exception("controller reaper round failed")

@@ -1,0 +1,98 @@
+"""Replica registry: who the rollout replicas are, where they listen, which weights they hold, are they alive.
+
+Not thread-safe by itself: `ControllerState` owns one and guards it with its lock. Time is passed in (`now`,
+seconds on the state's monotonic clock), so tests drive liveness with a fake clock.
+
+A replica *needs sync* when the weights it holds are not the current version (a late join, a restart, a
+push it missed or failed) or when a failed/aborted push may have left its weights half-overwritten
+(`force_sync`). A replica that needs sync gets no leases until a push reaches it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from controller.errors import InvalidRequest
+
+
+@dataclass
+class Replica:
+    replica_id: str
+    address: str
+    weight_version: int
+    engine: str
+    registered_at: float
+    last_heartbeat: float
+    alive: bool = True
+    force_sync: bool = False
+    """Set when a push to this replica failed or was aborted: its weights may be a mix of two versions."""
+
+    def needs_sync(self, current_version: int) -> bool:
+        return self.force_sync or self.weight_version != current_version
+
+    def heartbeat_age(self, now: float) -> float:
+        return max(0.0, now - self.last_heartbeat)
+
+
+class ReplicaRegistry:
+    def __init__(self, heartbeat_timeout_s: float):
+        self.heartbeat_timeout_s = heartbeat_timeout_s
+        self._replicas: dict[str, Replica] = {}  # insertion order = registration order = rank order
+        self._next_number = 1
+
+    def register(
+        self, address: str, replica_id: str, weight_version: int, engine: str, now: float
+    ) -> Replica:
+        """Add a replica, or refresh one that registers again under its id (a restart: new address and weights)."""
+        replica_id = replica_id or self._fresh_id()
+        existing = self._replicas.get(replica_id)
+        if existing is not None:
+            existing.address, existing.weight_version, existing.engine = address, weight_version, engine
+            existing.last_heartbeat, existing.alive, existing.force_sync = now, True, False
+            return existing
+        replica = Replica(replica_id, address, weight_version, engine, registered_at=now, last_heartbeat=now)
+        self._replicas[replica_id] = replica
+        return replica
+
+    def known(self, replica_id: str) -> bool:
+        return replica_id in self._replicas
+
+    def get(self, replica_id: str) -> Replica:
+        replica = self._replicas.get(replica_id)
+        if replica is None:
+            raise InvalidRequest("replica_id", f"unknown replica {replica_id!r} (register first)")
+        return replica
+
+    def touch(self, replica: Replica, now: float) -> bool:
+        """Record a sign of life; returns True when this revives a replica that had been declared dead."""
+        replica.last_heartbeat = now
+        revived = not replica.alive
+        replica.alive = True
+        return revived
+
+    def report_version(self, replica: Replica, weight_version: int) -> None:
+        """Take the version a replica reports in a heartbeat, but never move it backwards: a heartbeat sent
+        just before a push's swap can arrive after the controller recorded the ack. A replica that really
+        lost its weights (a restart) registers again, which does reset the version."""
+        replica.weight_version = max(replica.weight_version, weight_version)
+
+    def reap(self, now: float) -> list[Replica]:
+        """Declare dead every live replica silent for longer than the heartbeat timeout; returns them."""
+        dead = [r for r in self.live() if now - r.last_heartbeat > self.heartbeat_timeout_s]
+        for replica in dead:
+            replica.alive = False
+        return dead
+
+    def live(self) -> list[Replica]:
+        return [r for r in self._replicas.values() if r.alive]
+
+    def all(self) -> list[Replica]:
+        return list(self._replicas.values())
+
+    def _fresh_id(self) -> str:
+        # Skip numbers a replica already chose for itself explicitly.
+        while f"replica-{self._next_number}" in self._replicas:
+            self._next_number += 1
+        replica_id = f"replica-{self._next_number}"
+        self._next_number += 1
+        return replica_id

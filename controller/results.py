@@ -1,0 +1,58 @@
+"""Plain answers of `ControllerState`'s operations (the service edge copies them into protobuf messages)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Registration:
+    replica_id: str
+    current_version: int
+    needs_sync: bool
+    heartbeat_interval_s: float
+
+
+@dataclass(frozen=True)
+class ReplicaPulse:
+    """Answer to a replica heartbeat."""
+
+    current_version: int
+    needs_sync: bool
+
+
+@dataclass(frozen=True)
+class LeaseDecision:
+    granted: bool
+    version: int
+    """Policy version at admission (granted) or now (refused)."""
+    lease_id: str = ""
+    prompt_index: int = 0
+    expires_unix_s: float = 0.0
+    reason: str = ""
+    held_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class CommitResult:
+    committed: bool
+    current_version: int
+    acked: list[str] = field(default_factory=list)
+    dropped: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class LearnerPulse:
+    """Answer to a learner heartbeat."""
+
+    sync_requested: bool
+    current_version: int
+
+
+@dataclass(frozen=True)
+class LearnerProgress:
+    step: int
+    version: int
+    consumed: int
+    at: float
+    """State clock time of the heartbeat."""

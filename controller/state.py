@@ -1,0 +1,302 @@
+"""`ControllerState`: the controller's thread-safe state and operations (no gRPC in here).
+
+One lock, one condition variable (`_cond`) over it. Every operation takes the lock, lazily reaps what is
+due (dead replicas, expired leases) so correctness never depends on the reaper thread's timing, mutates,
+writes its event records and updates the gauges. Held `AcquireLease` calls wait on `_cond`; everything that
+can make a held request admissible calls `notify_all`: returned quota (partial completion, expiry), a
+committed version, a replica becoming synced. Push fan-out runs on its own threads and the commit waits for
+it *outside* the lock (see `controller.push`); the push operations live in `controller.push_ops`.
+
+Clocks: `clock` (monotonic seconds, injectable) drives liveness: heartbeats, lease TTLs, push ages. Holding
+uses real time (`time.monotonic`) because it is a real wait on a condition variable.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from asyncrl.config import ControllerConfig
+from controller import staleness
+from controller.errors import InvalidRequest
+from controller.events import EventSink, NoEvents
+from controller.leases import Lease, LeaseBook
+from controller.metrics import ControllerMetrics
+from controller.push import PushSession, WeightNotifier
+from controller.push_ops import PushOrchestration
+from controller.reaper import Reaper
+from controller.registry import Replica, ReplicaRegistry
+from controller.results import LearnerProgress, LeaseDecision, Registration, ReplicaPulse
+
+# A held request re-checks at least this often, so an expiry found by lazy reaping (no reaper thread in
+# unit tests) still releases it.
+_HOLD_POLL_S = 0.25
+
+
+class ControllerState(PushOrchestration):
+    def __init__(
+        self,
+        config: ControllerConfig,
+        batch_size: int,
+        *,
+        events: EventSink | None = None,
+        metrics: ControllerMetrics | None = None,
+        notify: WeightNotifier | None = None,
+        clock=time.monotonic,
+        wall_clock=time.time,
+    ):
+        if notify is None:
+            from controller.fanout import grpc_update_weights  # the production notifier speaks gRPC
+
+            notify = grpc_update_weights
+        self.config, self.batch_size, self.eta = config, batch_size, config.eta
+        self.events = events or NoEvents()
+        self.metrics = metrics or ControllerMetrics()
+        self._notify, self._clock, self._wall = notify, clock, wall_clock
+        self._cond = threading.Condition()
+        self._registry = ReplicaRegistry(config.heartbeat_timeout_s)
+        self._leases = LeaseBook(config.lease_ttl_s)
+        self._current_version = 0
+        self._push: PushSession | None = None
+        self._held = 0
+        self._pushes_committed = 0
+        self._learner: LearnerProgress | None = None
+        self._reaper: Reaper | None = None
+        self._publish_gauges()
+
+    def start_reaper(self) -> None:
+        """Reap on a timer too (production); unit tests rely on the lazy reaping of every operation."""
+        cfg = self.config
+        self._reaper = Reaper.for_timeouts(self.reap, cfg.heartbeat_timeout_s, cfg.lease_ttl_s).start()
+
+    def close(self) -> None:
+        """Stop the reaper and close the event log (idempotent)."""
+        if self._reaper is not None:
+            self._reaper.stop()
+            self._reaper = None
+        self.events.close()
+
+    # ---- replicas -------------------------------------------------------------------------------------
+
+    def register(self, address: str, replica_id: str, weight_version: int, engine: str) -> Registration:
+        with self._cond:
+            self._reap_locked()
+            reregistered = bool(replica_id) and self._registry.known(replica_id)
+            if reregistered:
+                # A restarted replica lost whatever it was generating: its old leases return their quota.
+                self._log_expired(self._leases.expire_replica(replica_id, "reregistered"), "reregistered")
+            replica = self._registry.register(address, replica_id, weight_version, engine, self._clock())
+            needs_sync = replica.needs_sync(self._current_version)
+            self.events.write(
+                "replica_registered", replica_id=replica.replica_id, address=address,
+                weight_version=weight_version, engine=engine, needs_sync=needs_sync,
+                current_version=self._current_version, reregistered=reregistered,
+            )  # fmt: skip
+            self._changed()
+            return Registration(
+                replica.replica_id, self._current_version, needs_sync, self.config.heartbeat_interval_s
+            )
+
+    def heartbeat(self, replica_id: str, weight_version: int) -> ReplicaPulse:
+        with self._cond:
+            replica = self._registry.get(replica_id)
+            self._reap_locked()
+            lagged = replica.needs_sync(self._current_version)
+            revived = self._touch(replica)
+            self._registry.report_version(replica, weight_version)
+            self._leases.extend(replica_id, self._clock())
+            needs_sync = replica.needs_sync(self._current_version)
+            # Wake held requests only when this replica's own eligibility may have changed.
+            self._changed(wake=revived or lagged != needs_sync)
+            return ReplicaPulse(self._current_version, needs_sync)
+
+    # ---- leases ---------------------------------------------------------------------------------------
+
+    def acquire(self, replica_id: str, num_trajectories: int, wait_s: float) -> LeaseDecision:
+        """Grant a lease now, or hold up to min(wait_s, max_hold_s) until it becomes admissible."""
+        if num_trajectories > self.batch_size:
+            # Larger than B could starve forever under η = 0; one lease is one group and G divides B.
+            raise InvalidRequest(
+                "num_trajectories", f"must be <= batch_size ({self.batch_size}), got {num_trajectories}"
+            )
+        started = time.monotonic()
+        deadline = started + min(max(wait_s, 0.0), self.config.max_hold_s)
+        held = False
+        with self._cond:
+            replica = self._registry.get(replica_id)
+            try:
+                self._reap_locked()
+                self._touch(replica)
+                while True:
+                    reason = self._refusal(replica, num_trajectories)
+                    remaining = deadline - time.monotonic()
+                    if reason is None or remaining <= 0:
+                        break
+                    if not held:
+                        held = True
+                        self._held += 1
+                        self.metrics.held_requests.set(self._held)
+                    self._cond.wait(min(remaining, _HOLD_POLL_S))
+                    self._touch(replica)  # a replica waiting in AcquireLease is evidently alive
+                    self._reap_locked()
+                held_s = time.monotonic() - started
+                if reason is not None:
+                    return LeaseDecision(False, self._current_version, reason=reason, held_s=held_s)
+                return self._grant(replica, num_trajectories, held_s)
+            finally:
+                if held:
+                    self._held -= 1
+                    self.metrics.held_requests.set(self._held)
+                self.metrics.lease_hold_seconds.observe(time.monotonic() - started)
+
+    def complete(self, replica_id: str, lease_id: str, num_written: int) -> int:
+        """Close a lease; the unwritten part of its quota returns. Returns the quota returned."""
+        with self._cond:
+            replica = self._registry.get(replica_id)
+            self._reap_locked()  # first: a lease past its expiry is expired, whatever the reaper's timing
+            self._touch(replica)
+            lease, returned = self._leases.complete(replica_id, lease_id, num_written)
+            self.events.write(
+                "lease_completed", lease_id=lease_id, replica_id=replica_id, n=lease.num_trajectories,
+                num_written=num_written, returned=returned, admitted_after=self._leases.admitted,
+            )  # fmt: skip
+            self._changed(wake=returned > 0)
+            return returned
+
+    # ---- housekeeping and views -----------------------------------------------------------------------
+
+    def reap(self) -> None:
+        """Declare silent replicas dead and expire due leases (the reaper thread calls this)."""
+        with self._cond:
+            self._reap_locked()
+
+    @property
+    def current_version(self) -> int:
+        with self._cond:
+            return self._current_version
+
+    @property
+    def admitted(self) -> int:
+        with self._cond:
+            return self._leases.admitted
+
+    def snapshot(self) -> dict:
+        """Everything the status page, /status and GetStatus show, as plain JSON-able data."""
+        with self._cond:
+            self._reap_locked()
+            now, current = self._clock(), self._current_version
+            push = self._push
+            return {
+                "current_version": current,
+                "admitted": self._leases.admitted,
+                "batch_size": self.batch_size,
+                "eta": self.eta,
+                "max_admissible": staleness.max_admissible(current, self.batch_size, self.eta),
+                "held_requests": self._held,
+                "next_prompt_index": self._leases.next_prompt_index,
+                "active_leases": len(self._leases.active()),
+                "leases_granted": self._leases.granted_total,
+                "leases_expired": self._leases.expired_total,
+                "pushes_committed": self._pushes_committed,
+                "open_push": None if push is None else {
+                    "push_id": push.push_id, "version": push.plan.version, "mode": push.mode,
+                    "receivers": [r.replica_id for r in push.receivers], "age_s": now - push.begun_at,
+                },
+                "learner": None if self._learner is None else {
+                    "step": self._learner.step, "version": self._learner.version,
+                    "consumed": self._learner.consumed, "heartbeat_age_s": now - self._learner.at,
+                },
+                "replicas": [self._replica_view(r, now, current) for r in self._registry.all()],
+            }  # fmt: skip
+
+    # ---- internals (call with the lock held) ------------------------------------------------------------
+
+    def _refusal(self, replica: Replica, n: int) -> str | None:
+        """Why a lease of n for this replica cannot be granted now (None = it can)."""
+        current = self._current_version
+        if not replica.alive:
+            return f"replica {replica.replica_id!r} was declared dead; register again"
+        if replica.needs_sync(current):
+            why = (
+                "its last push failed" if replica.force_sync else f"it holds version {replica.weight_version}"
+            )
+            return f"replica needs a weight sync to version {current} ({why})"
+        if not staleness.admissible(self._leases.admitted, n, self.batch_size, current, self.eta):
+            limit = staleness.max_admissible(current, self.batch_size, self.eta)
+            return (
+                f"staleness bound: N_r would reach {self._leases.admitted + n} > (i+eta+1)*B = {limit} "
+                f"(i={current}, eta={self.eta}, B={self.batch_size}); waiting for version {current + 1}"
+            )
+        return None
+
+    def _grant(self, replica: Replica, n: int, held_s: float) -> LeaseDecision:
+        now = self._clock()
+        lease = self._leases.grant(replica.replica_id, n, self._current_version, now)
+        self.events.write(
+            "lease_granted", lease_id=lease.lease_id, replica_id=replica.replica_id, n=n,
+            admitted_after=self._leases.admitted, version=lease.version, eta=self.eta,
+            batch_size=self.batch_size, prompt_index=lease.prompt_index, held_s=held_s,
+        )  # fmt: skip
+        self.metrics.leases_granted.inc()
+        self._publish_gauges()
+        expires_unix_s = self._wall() + (lease.expires_at - now)
+        return LeaseDecision(
+            True, lease.version, lease.lease_id, lease.prompt_index, expires_unix_s, "", held_s
+        )
+
+    def _touch(self, replica: Replica) -> bool:
+        revived = self._registry.touch(replica, self._clock())
+        if revived:
+            self.events.write("replica_revived", replica_id=replica.replica_id)
+        return revived
+
+    def _reap_locked(self) -> None:
+        now = self._clock()
+        changed = False
+        for replica in self._registry.reap(now):
+            leases = self._leases.expire_replica(replica.replica_id, "replica_dead")
+            self.events.write(
+                "replica_dead", replica_id=replica.replica_id, silent_s=replica.heartbeat_age(now),
+                leases_expired=len(leases),
+            )  # fmt: skip
+            self._log_expired(leases, "replica_dead")
+            changed = True
+        due = self._leases.expire_due(now)
+        if due:
+            self._log_expired(due, "ttl")
+            changed = True
+        if changed:
+            self._changed()
+
+    def _log_expired(self, leases: list[Lease], reason: str) -> None:
+        after = self._leases.admitted + sum(lease.num_trajectories for lease in leases)
+        for lease in leases:
+            after -= lease.num_trajectories
+            self.events.write(
+                "lease_expired", lease_id=lease.lease_id, replica_id=lease.replica_id, n=lease.num_trajectories,
+                returned=lease.num_trajectories, admitted_after=after, reason=reason,
+            )  # fmt: skip
+        self.metrics.leases_expired.inc(len(leases))
+
+    def _changed(self, wake: bool = True) -> None:
+        self._publish_gauges()
+        if wake:
+            self._cond.notify_all()
+
+    def _publish_gauges(self) -> None:
+        self.metrics.current_version.set(self._current_version)
+        self.metrics.admitted_trajectories.set(self._leases.admitted)
+        self.metrics.held_requests.set(self._held)
+        self.metrics.live_replicas.set(len(self._registry.live()))
+
+    def _replica_view(self, replica: Replica, now: float, current: int) -> dict:
+        return {
+            "replica_id": replica.replica_id,
+            "address": replica.address,
+            "weight_version": replica.weight_version,
+            "alive": replica.alive,
+            "needs_sync": replica.needs_sync(current),
+            "active_leases": len(self._leases.of_replica(replica.replica_id)),
+            "last_heartbeat_age_s": replica.heartbeat_age(now),
+            "engine": replica.engine,
+        }

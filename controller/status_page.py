@@ -1,0 +1,123 @@
+"""The controller's HTTP side: a human status page, /status JSON, /metrics (Prometheus), /healthz.
+
+`make_app(state)` builds the FastAPI app; `StatusPage` serves it with uvicorn on a background thread. The
+socket is bound before the thread starts, so port 0 works and `StatusPage.port` is known at once.
+"""
+
+from __future__ import annotations
+
+import html
+import socket
+import threading
+import time
+
+import uvicorn
+from fastapi import FastAPI
+from fastapi.responses import HTMLResponse, PlainTextResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from controller.state import ControllerState
+
+_REFRESH_S = 2
+
+
+def make_app(state: ControllerState) -> FastAPI:
+    app = FastAPI(title="asyncrl controller", docs_url=None, redoc_url=None, openapi_url=None)
+
+    @app.get("/", response_class=HTMLResponse)
+    def index() -> str:
+        return render_html(state.snapshot())
+
+    @app.get("/status")
+    def status() -> dict:
+        return state.snapshot()
+
+    @app.get("/metrics")
+    def metrics() -> Response:
+        return Response(state.metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/healthz", response_class=PlainTextResponse)
+    def healthz() -> str:
+        return "ok"
+
+    return app
+
+
+def render_html(snap: dict) -> str:
+    """A small self-refreshing page: the admission numbers, the replicas table, the push in flight."""
+    esc = html.escape
+    eta = "unbounded" if snap["eta"] is None else snap["eta"]
+    limit = "∞" if snap["max_admissible"] is None else snap["max_admissible"]
+    rows = "".join(
+        "<tr>"
+        f"<td>{esc(r['replica_id'])}</td><td>{esc(r['address'])}</td><td>{esc(r['engine'])}</td>"
+        f"<td>{r['weight_version']}</td><td>{'yes' if r['alive'] else 'dead'}</td>"
+        f"<td>{'yes' if r['needs_sync'] else ''}</td><td>{r['active_leases']}</td>"
+        f"<td>{r['last_heartbeat_age_s']:.1f} s</td>"
+        "</tr>"
+        for r in snap["replicas"]
+    )
+    push = snap["open_push"]
+    push_line = (
+        "none open"
+        if push is None
+        else f"{esc(push['push_id'])} ({push['mode']}, version {push['version']}, "
+        f"{len(push['receivers'])} receivers, {push['age_s']:.1f} s)"
+    )
+    learner = snap["learner"]
+    learner_line = (
+        "no heartbeat yet"
+        if learner is None
+        else f"step {learner['step']}, version {learner['version']}, consumed {learner['consumed']}, "
+        f"heartbeat {learner['heartbeat_age_s']:.1f} s ago"
+    )
+    return f"""<!doctype html>
+<html><head><meta charset="utf-8"><meta http-equiv="refresh" content="{_REFRESH_S}">
+<title>asyncrl controller</title>
+<style>body{{font-family:sans-serif;margin:1.5em}}table{{border-collapse:collapse}}
+td,th{{border:1px solid #ccc;padding:.2em .6em;text-align:left}}</style></head>
+<body><h1>asyncrl controller</h1>
+<p>version <b>{snap["current_version"]}</b> &middot; admitted N<sub>r</sub> = <b>{snap["admitted"]}</b>
+of at most {limit} &middot; held requests <b>{snap["held_requests"]}</b> &middot; &eta; = {eta}
+&middot; B = {snap["batch_size"]}</p>
+<p>leases: {snap["active_leases"]} active, {snap["leases_granted"]} granted, {snap["leases_expired"]} expired
+&middot; next prompt index {snap["next_prompt_index"]}</p>
+<p>pushes committed: {snap["pushes_committed"]} &middot; open push: {push_line}</p>
+<p>learner: {learner_line}</p>
+<table><tr><th>replica</th><th>address</th><th>engine</th><th>version</th><th>alive</th><th>needs sync</th>
+<th>leases</th><th>heartbeat age</th></tr>{rows}</table>
+<p><a href="/status">/status</a> &middot; <a href="/metrics">/metrics</a></p>
+</body></html>"""
+
+
+class StatusPage:
+    """uvicorn on a daemon thread; `start()` returns the bound port once it serves, `stop()` shuts it down."""
+
+    def __init__(self, state: ControllerState, host: str, port: int):
+        self.host = host
+        self._socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._socket.bind((host, port))
+        # Listen now: a client that connects before uvicorn's loop runs waits in the backlog, not refused.
+        self._socket.listen(128)
+        self.port = self._socket.getsockname()[1]
+        config = uvicorn.Config(make_app(state), log_level="warning", access_log=False, lifespan="off")
+        self._server = uvicorn.Server(config)
+        self._thread = threading.Thread(
+            target=self._server.run, kwargs={"sockets": [self._socket]}, name="controller-status", daemon=True
+        )
+
+    def start(self, timeout_s: float = 10.0) -> int:
+        self._thread.start()
+        deadline = time.monotonic() + timeout_s
+        while not self._server.started and self._thread.is_alive() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        if not self._server.started:
+            raise RuntimeError(f"status page did not start on {self.host}:{self.port}")
+        return self.port
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        self._server.should_exit = True
+        if self._thread.is_alive():
+            self._thread.join(timeout=timeout_s)
+        self._socket.close()

@@ -1,0 +1,276 @@
+"""gRPC edge of the controller: validation, translation to `controller.state.ControllerState`, status codes.
+
+Public API
+- `create_server(config, run_dir=None, notify=None) -> (server, port)`: a gRPC server (not started) bound to
+  `config.controller.host:port` (port 0 = any free port; the bound port is returned) with the Controller
+  service, grpc.health.v1 (SERVING for "asyncrl.v1.Controller") and reflection. The state object is
+  `server.controller_state` (a `ControllerState`; its reaper thread is already running). After
+  `server.stop(...)`, call `server.controller_state.close()` (stops the reaper, closes the event log).
+  Events go to `<run_dir>/events/controller.jsonl`, run_dir defaulting to `config.run_dir`. `notify`
+  replaces the gRPC `Rollout.UpdateWeights` fan-out (tests).
+- `serve(config)`: the process entry point: gRPC + the status page (`controller.status_page`) on
+  `config.controller.status_port`, prints `asyncrl-controller listening grpc=HOST:PORT http=HOST:PORT`,
+  blocks until SIGTERM/SIGINT, stops gracefully.
+- `python -m services.controller_service --config run.yaml [key=value ...]` runs `serve`.
+
+Status codes: a malformed field -> INVALID_ARGUMENT with a message starting with the field name; a
+well-formed request the controller's state forbids (expired lease, push already open, wrong version)
+-> FAILED_PRECONDITION.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import re
+
+import grpc
+
+from asyncrl.config import AsyncRLConfig
+from asyncrl.events import EventLog
+from asyncrl.grpc_util import InvalidArgument, build_server, require, wait_until_stopped
+from asyncrl.v1 import controller_pb2, controller_pb2_grpc
+from asyncrl.weights.plan import TensorMeta
+from controller.errors import InvalidRequest, PreconditionFailed
+from controller.push import WeightNotifier
+from controller.state import ControllerState
+from controller.status_page import StatusPage
+
+SERVICE_NAME = "asyncrl.v1.Controller"
+# Held AcquireLease calls each occupy a worker thread for up to max_hold_s; heartbeats must still get
+# through, so the pool is sized far above the replica count (threads are created lazily).
+_MAX_WORKERS = 256
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:@-]{0,127}")
+_TRANSPORTS = ("gloo", "nccl")
+
+
+class ControllerServicer(controller_pb2_grpc.ControllerServicer):
+    def __init__(self, state: ControllerState):
+        self.state = state
+
+    def RegisterReplica(self, request, context):
+        def run():
+            _require_address(request.address, "address")
+            require(
+                not request.replica_id or _is_name(request.replica_id), "replica_id", _name_problem(request)
+            )
+            _require_non_negative(request.weight_version, "weight_version")
+            require(not request.engine or _is_name(request.engine), "engine", f"bad name {request.engine!r}")
+            r = self.state.register(
+                request.address, request.replica_id, request.weight_version, request.engine
+            )
+            return controller_pb2.RegisterReplicaResponse(
+                replica_id=r.replica_id,
+                current_version=r.current_version,
+                needs_sync=r.needs_sync,
+                heartbeat_interval_s=r.heartbeat_interval_s,
+            )
+
+        return _answer(context, run)
+
+    def Heartbeat(self, request, context):
+        def run():
+            _require_id(request.replica_id, "replica_id")
+            _require_non_negative(request.weight_version, "weight_version")
+            pulse = self.state.heartbeat(request.replica_id, request.weight_version)
+            return controller_pb2.HeartbeatResponse(
+                current_version=pulse.current_version, needs_sync=pulse.needs_sync
+            )
+
+        return _answer(context, run)
+
+    def AcquireLease(self, request, context):
+        def run():
+            _require_id(request.replica_id, "replica_id")
+            n = request.num_trajectories
+            require(n >= 1, "num_trajectories", f"must be >= 1, got {n}")
+            require(
+                math.isfinite(request.wait_s) and request.wait_s >= 0,
+                "wait_s",
+                f"must be >= 0, got {request.wait_s}",
+            )
+            d = self.state.acquire(request.replica_id, n, request.wait_s)
+            return controller_pb2.AcquireLeaseResponse(
+                granted=d.granted,
+                lease_id=d.lease_id,
+                prompt_index=d.prompt_index,
+                version=d.version,
+                reason=d.reason,
+                expires_unix_s=d.expires_unix_s,
+            )
+
+        return _answer(context, run)
+
+    def CompleteLease(self, request, context):
+        def run():
+            _require_id(request.replica_id, "replica_id")
+            require(bool(request.lease_id), "lease_id", "must not be empty")
+            _require_non_negative(request.num_written, "num_written")
+            self.state.complete(request.replica_id, request.lease_id, request.num_written)
+            return controller_pb2.CompleteLeaseResponse()
+
+        return _answer(context, run)
+
+    def BeginWeightPush(self, request, context):
+        def run():
+            _require_non_negative(request.version, "version")
+            _require_address(request.store_address, "store_address")
+            require(
+                request.transport in _TRANSPORTS,
+                "transport",
+                f"must be one of {_TRANSPORTS}, got {request.transport!r}",
+            )
+            tensors = _tensor_metas(request.tensors)
+            require(request.bucket_bytes >= 1, "bucket_bytes", f"must be >= 1, got {request.bucket_bytes}")
+            timeout = request.timeout_s
+            require(
+                math.isfinite(timeout) and timeout >= 0,
+                "timeout_s",
+                f"must be >= 0 (0 = default), got {timeout}",
+            )
+            session = self.state.begin_push(
+                request.version,
+                request.store_address,
+                request.transport,
+                tensors,
+                request.bucket_bytes,
+                timeout,
+            )
+            return controller_pb2.BeginWeightPushResponse(
+                plan=session.plan.to_proto(), receivers=[r.replica_id for r in session.receivers]
+            )
+
+        return _answer(context, run)
+
+    def CommitWeightPush(self, request, context):
+        def run():
+            require(bool(request.push_id), "push_id", "must not be empty")
+            result = self.state.commit_push(request.push_id, request.sender_ok, request.error)
+            return controller_pb2.CommitWeightPushResponse(
+                committed=result.committed,
+                current_version=result.current_version,
+                acked=result.acked,
+                dropped=result.dropped,
+            )
+
+        return _answer(context, run)
+
+    def LearnerHeartbeat(self, request, context):
+        def run():
+            for field in ("step", "version", "consumed"):
+                _require_non_negative(getattr(request, field), field)
+            pulse = self.state.learner_heartbeat(request.step, request.version, request.consumed)
+            return controller_pb2.LearnerHeartbeatResponse(
+                sync_requested=pulse.sync_requested, current_version=pulse.current_version
+            )
+
+        return _answer(context, run)
+
+    def GetStatus(self, request, context):
+        return _answer(context, lambda: status_message(self.state.snapshot()))
+
+
+def status_message(snap: dict) -> controller_pb2.ControllerStatus:
+    """The `ControllerState.snapshot()` dict as the proto `ControllerStatus` (eta -1 = unbounded)."""
+    return controller_pb2.ControllerStatus(
+        current_version=snap["current_version"],
+        admitted=snap["admitted"],
+        batch_size=snap["batch_size"],
+        eta=-1 if snap["eta"] is None else snap["eta"],
+        held_requests=snap["held_requests"],
+        replicas=[controller_pb2.ReplicaStatus(**r) for r in snap["replicas"]],
+        pushes_committed=snap["pushes_committed"],
+        leases_expired=snap["leases_expired"],
+    )
+
+
+def create_server(
+    config: AsyncRLConfig, run_dir: str | None = None, notify: WeightNotifier | None = None
+) -> tuple[grpc.Server, int]:
+    """The controller's gRPC server, not started; the state is `server.controller_state` (see module doc)."""
+    events = EventLog(run_dir or config.run_dir, "controller")
+    state = ControllerState(config.controller, config.learner.batch_size, events=events, notify=notify)
+    state.start_reaper()
+    servicer = ControllerServicer(state)
+    server, port, _health = build_server(
+        config.controller.host,
+        config.controller.port,
+        [lambda s: controller_pb2_grpc.add_ControllerServicer_to_server(servicer, s)],
+        [SERVICE_NAME],
+        max_workers=_MAX_WORKERS,
+    )
+    server.controller_state = state
+    return server, port
+
+
+def serve(config: AsyncRLConfig) -> None:
+    """Run the controller until SIGTERM/SIGINT: gRPC, the status page, the reaper."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s controller %(levelname)s %(message)s")
+    server, port = create_server(config)
+    state: ControllerState = server.controller_state
+    host = config.controller.host
+    page = StatusPage(state, host, config.controller.status_port)
+    http_port = page.start()
+    server.start()
+    state.events.write("controller_started", grpc=f"{host}:{port}", http=f"{host}:{http_port}",
+                       eta=state.eta, batch_size=state.batch_size)  # fmt: skip
+    print(f"asyncrl-controller listening grpc={host}:{port} http={host}:{http_port}", flush=True)
+    wait_until_stopped(server, on_stop=page.stop)
+    state.close()
+
+
+# ---- validation and error translation ------------------------------------------------------------------
+
+
+def _answer(context: grpc.ServicerContext, run):
+    """Run one RPC body; controller and validation errors become status codes naming the field."""
+    try:
+        return run()
+    except (InvalidArgument, InvalidRequest) as err:
+        code, message = grpc.StatusCode.INVALID_ARGUMENT, str(err)
+    except PreconditionFailed as err:
+        code, message = grpc.StatusCode.FAILED_PRECONDITION, str(err)
+    context.abort(code, message)
+
+
+def _is_name(value: str) -> bool:
+    return _NAME.fullmatch(value) is not None
+
+
+def _name_problem(request) -> str:
+    return f"must be empty or a name of letters, digits and _.:@- (at most 128), got {request.replica_id!r}"
+
+
+def _require_id(value: str, field: str) -> None:
+    require(bool(value), field, "must not be empty")
+
+
+def _require_non_negative(value: int, field: str) -> None:
+    require(value >= 0, field, f"must be >= 0, got {value}")
+
+
+def _require_address(value: str, field: str) -> None:
+    host, sep, port = value.rpartition(":")
+    ok = bool(sep) and bool(host) and port.isdigit() and 1 <= int(port) <= 65535
+    require(ok, field, f"must be host:port, got {value!r}")
+
+
+def _tensor_metas(specs) -> tuple[TensorMeta, ...]:
+    require(len(specs) >= 1, "tensors", "must list at least one tensor")
+    seen: set[str] = set()
+    metas = []
+    for i, spec in enumerate(specs):
+        field = f"tensors[{i}]"
+        require(bool(spec.name), f"{field}.name", "must not be empty")
+        require(spec.name not in seen, f"{field}.name", f"duplicate tensor name {spec.name!r}")
+        seen.add(spec.name)
+        require(
+            all(d >= 0 for d in spec.shape), f"{field}.shape", f"dims must be >= 0, got {list(spec.shape)}"
+        )
+        meta = TensorMeta(spec.name, tuple(spec.shape), spec.dtype)
+        try:
+            _ = meta.torch_dtype  # raises for a name that is not a torch dtype
+        except ValueError:
+            raise InvalidArgument(f"{field}.dtype", f"unknown torch dtype {spec.dtype!r}") from None
+        metas.append(meta)
+    return tuple(metas)

@@ -1,0 +1,396 @@
+"""The controller over real gRPC (in-process server on port 0): every RPC, health, reflection, validation,
+the status page over real HTTP, a real gloo weight push to two in-process Rollout receivers, and `serve`
+as a subprocess."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from concurrent import futures
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+import pytest
+import torch
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+
+from asyncrl.config import AsyncRLConfig, dump_config
+from asyncrl.events import read_events
+from asyncrl.v1 import controller_pb2 as pb
+from asyncrl.v1 import controller_pb2_grpc, rollout_pb2, rollout_pb2_grpc, weights_pb2
+from asyncrl.weights.plan import PushPlan
+from asyncrl.weights.transport import host_store, make_group, receive_weights, send_weights
+from controller.state import ControllerState
+from controller.status_page import StatusPage
+from services.controller_service import SERVICE_NAME, create_server
+
+pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def make_config(**controller) -> AsyncRLConfig:
+    fields = {"port": 0, "status_port": 0, "eta": 0, "max_hold_s": 5.0, "push_timeout_s": 30.0, **controller}
+    return AsyncRLConfig.model_validate(
+        {"controller": fields, "learner": {"batch_size": 8}, "sampling": {"group_size": 4}}
+    )
+
+
+@dataclass
+class Controller:
+    stub: controller_pb2_grpc.ControllerStub
+    channel: grpc.Channel
+    state: ControllerState
+    address: str
+    run_dir: Path
+
+
+@pytest.fixture
+def controller(tmp_path):
+    server, port = create_server(make_config(), run_dir=str(tmp_path))
+    server.start()
+    address = f"127.0.0.1:{port}"
+    with grpc.insecure_channel(address) as channel:
+        yield Controller(
+            controller_pb2_grpc.ControllerStub(channel), channel, server.controller_state, address, tmp_path
+        )
+    server.stop(0).wait()
+    server.controller_state.close()
+
+
+def register(stub, address="127.0.0.1:9", replica_id="", version=0) -> str:
+    request = pb.RegisterReplicaRequest(
+        address=address, replica_id=replica_id, weight_version=version, engine="torch"
+    )
+    return stub.RegisterReplica(request).replica_id
+
+
+def rpc_error(call, request) -> grpc.RpcError:
+    with pytest.raises(grpc.RpcError) as info:
+        call(request)
+    return info.value
+
+
+# ---- plumbing -------------------------------------------------------------------------------------------
+
+
+def test_health_is_serving(controller):
+    health = health_pb2_grpc.HealthStub(controller.channel)
+    answer = health.Check(health_pb2.HealthCheckRequest(service=SERVICE_NAME))
+    assert answer.status == health_pb2.HealthCheckResponse.SERVING
+
+
+def test_reflection_lists_the_service(controller):
+    stub = reflection_pb2_grpc.ServerReflectionStub(controller.channel)
+    answers = stub.ServerReflectionInfo(iter([reflection_pb2.ServerReflectionRequest(list_services="")]))
+    names = {s.name for a in answers for s in a.list_services_response.service}
+    assert SERVICE_NAME in names and "grpc.health.v1.Health" in names
+
+
+# ---- every RPC, happy path --------------------------------------------------------------------------------
+
+
+def test_replica_rpcs_and_lease_lifecycle(controller):
+    stub = controller.stub
+    registration = stub.RegisterReplica(pb.RegisterReplicaRequest(address="127.0.0.1:9", engine="torch"))
+    rid = registration.replica_id
+    assert rid and registration.current_version == 0 and not registration.needs_sync
+    assert registration.heartbeat_interval_s > 0
+    assert stub.Heartbeat(pb.HeartbeatRequest(replica_id=rid, weight_version=0)).needs_sync is False
+    lease = stub.AcquireLease(pb.AcquireLeaseRequest(replica_id=rid, num_trajectories=4, wait_s=0))
+    assert lease.granted and lease.lease_id and lease.prompt_index == 0 and lease.version == 0
+    assert lease.expires_unix_s > time.time()
+    stub.CompleteLease(pb.CompleteLeaseRequest(replica_id=rid, lease_id=lease.lease_id, num_written=4))
+    second = stub.AcquireLease(pb.AcquireLeaseRequest(replica_id=rid, num_trajectories=4, wait_s=0))
+    refused = stub.AcquireLease(pb.AcquireLeaseRequest(replica_id=rid, num_trajectories=4, wait_s=0.1))
+    assert second.granted and not refused.granted and "staleness bound" in refused.reason
+    status = stub.GetStatus(pb.GetStatusRequest())
+    assert (status.current_version, status.admitted, status.batch_size, status.eta) == (0, 8, 8, 0)
+    assert [r.replica_id for r in status.replicas] == [rid] and status.replicas[0].active_leases == 1
+    kinds = [e["kind"] for e in read_events(controller.run_dir, "controller")]
+    assert kinds[:3] == ["replica_registered", "lease_granted", "lease_completed"]
+
+
+def test_learner_rpcs_with_zero_receivers(controller):
+    stub = controller.stub
+    begun = stub.BeginWeightPush(
+        pb.BeginWeightPushRequest(
+            version=1, store_address="127.0.0.1:1", transport="gloo", bucket_bytes=1024, timeout_s=5,
+            tensors=[weights_pb2.TensorSpec(name="w", shape=[2, 2], dtype="float32")],
+        )
+    )  # fmt: skip
+    assert begun.plan.world_size == 1 and list(begun.receivers) == []
+    commit = stub.CommitWeightPush(pb.CommitWeightPushRequest(push_id=begun.plan.push_id, sender_ok=True))
+    assert commit.committed and commit.current_version == 1
+    pulse = stub.LearnerHeartbeat(pb.LearnerHeartbeatRequest(step=1, version=1, consumed=8))
+    assert pulse.current_version == 1 and not pulse.sync_requested
+    assert stub.GetStatus(pb.GetStatusRequest()).pushes_committed == 1
+
+
+# ---- validation: INVALID_ARGUMENT naming the field, one case per RPC at least ----------------------------
+
+VALID = "valid-replica"
+TENSOR = weights_pb2.TensorSpec(name="w", shape=[2], dtype="float32")
+
+
+def push_request(**fields):
+    base = {"version": 1, "store_address": "127.0.0.1:1", "transport": "gloo", "bucket_bytes": 64}
+    return pb.BeginWeightPushRequest(**{**base, "tensors": [TENSOR], **fields})
+
+
+INVALID = [
+    ("RegisterReplica", pb.RegisterReplicaRequest(address="no-port"), "address: must be host:port"),
+    ("RegisterReplica", pb.RegisterReplicaRequest(address="h:1", weight_version=-1), "weight_version: must be >= 0"),
+    ("RegisterReplica", pb.RegisterReplicaRequest(address="h:1", replica_id="a b"), "replica_id: must be empty or"),
+    ("Heartbeat", pb.HeartbeatRequest(replica_id=""), "replica_id: must not be empty"),
+    ("Heartbeat", pb.HeartbeatRequest(replica_id="x"), "replica_id: unknown replica 'x'"),
+    ("AcquireLease", pb.AcquireLeaseRequest(replica_id=VALID, num_trajectories=0), "num_trajectories: must be >= 1, got 0"),
+    ("AcquireLease", pb.AcquireLeaseRequest(replica_id=VALID, num_trajectories=9), "num_trajectories: must be <= batch_size (8)"),
+    ("AcquireLease", pb.AcquireLeaseRequest(replica_id=VALID, num_trajectories=1, wait_s=-1), "wait_s: must be >= 0"),
+    ("AcquireLease", pb.AcquireLeaseRequest(replica_id="x", num_trajectories=1), "replica_id: unknown replica 'x'"),
+    ("CompleteLease", pb.CompleteLeaseRequest(replica_id=VALID, lease_id=""), "lease_id: must not be empty"),
+    ("CompleteLease", pb.CompleteLeaseRequest(replica_id=VALID, lease_id="l", num_written=-1), "num_written: must be >= 0"),
+    ("BeginWeightPush", push_request(store_address="nowhere"), "store_address: must be host:port"),
+    ("BeginWeightPush", push_request(transport="tcp"), "transport: must be one of"),
+    ("BeginWeightPush", push_request(tensors=[]), "tensors: must list at least one tensor"),
+    ("BeginWeightPush", push_request(tensors=[weights_pb2.TensorSpec(name="w", dtype="float99")]), "tensors[0].dtype: unknown torch dtype"),
+    ("BeginWeightPush", push_request(tensors=[TENSOR, TENSOR]), "tensors[1].name: duplicate"),
+    ("BeginWeightPush", push_request(bucket_bytes=0), "bucket_bytes: must be >= 1"),
+    ("BeginWeightPush", push_request(version=-1), "version: must be >= 0"),
+    ("CommitWeightPush", pb.CommitWeightPushRequest(push_id=""), "push_id: must not be empty"),
+    ("LearnerHeartbeat", pb.LearnerHeartbeatRequest(step=-1), "step: must be >= 0, got -1"),
+    ("LearnerHeartbeat", pb.LearnerHeartbeatRequest(consumed=-5), "consumed: must be >= 0, got -5"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "method, request_, message", INVALID, ids=[f"{m}-{i}" for i, (m, _, _) in enumerate(INVALID)]
+)
+def test_malformed_requests_are_invalid_argument_naming_the_field(controller, method, request_, message):
+    register(controller.stub, replica_id=VALID)
+    err = rpc_error(getattr(controller.stub, method), request_)
+    assert err.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert err.details().startswith(message), err.details()
+
+
+def test_state_conflicts_are_failed_precondition(controller):
+    stub = controller.stub
+    rid = register(stub)
+    err = rpc_error(
+        stub.CompleteLease, pb.CompleteLeaseRequest(replica_id=rid, lease_id="lease-x", num_written=0)
+    )
+    assert err.code() == grpc.StatusCode.FAILED_PRECONDITION and "unknown lease 'lease-x'" in err.details()
+    err = rpc_error(stub.BeginWeightPush, push_request(version=7))
+    assert err.code() == grpc.StatusCode.FAILED_PRECONDITION and err.details().startswith(
+        "version: must be 1"
+    )
+    err = rpc_error(stub.CommitWeightPush, pb.CommitWeightPushRequest(push_id="push-nope", sender_ok=True))
+    assert err.code() == grpc.StatusCode.FAILED_PRECONDITION and err.details().startswith("push_id:")
+
+
+# ---- the status page over real HTTP -----------------------------------------------------------------------
+
+
+def http_get(port: int, path: str) -> tuple[str, str]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as answer:
+        return answer.headers["content-type"], answer.read().decode()
+
+
+def test_status_page_over_http(controller):
+    rid = register(controller.stub)
+    controller.stub.AcquireLease(pb.AcquireLeaseRequest(replica_id=rid, num_trajectories=4))
+    page = StatusPage(controller.state, "127.0.0.1", 0)
+    port = page.start()
+    try:
+        _, body = http_get(port, "/status")
+        status = json.loads(body)
+        assert status["admitted"] == 4 and status["replicas"][0]["replica_id"] == rid
+        content_type, metrics = http_get(port, "/metrics")
+        assert content_type.startswith("text/plain")
+        assert "asyncrl_controller_admitted_trajectories 4.0" in metrics
+        assert "asyncrl_controller_leases_granted_total 1.0" in metrics
+        assert rid in http_get(port, "/")[1]
+        assert http_get(port, "/healthz")[1] == "ok"
+    finally:
+        page.stop()
+
+
+# ---- a real weight push: gloo broadcast to in-process Rollout receivers -----------------------------------
+
+
+class GlooReceiver(rollout_pb2_grpc.RolloutServicer):
+    """A minimal rollout replica: joins the broadcast, keeps the tensors; fails the first `fail_times` pushes
+    after receiving (an engine that rejects the weights), so the broadcast itself still completes."""
+
+    def __init__(self, fail_times: int = 0):
+        self.fail_times = fail_times
+        self.received: dict[int, dict[str, torch.Tensor]] = {}
+
+    def UpdateWeights(self, request, context):
+        plan = PushPlan.from_proto(request.plan)
+        group = make_group(plan, request.rank)
+        got = {}
+        try:
+            for bucket in receive_weights(group, plan):
+                got.update({name: t.clone() for name, t in bucket})
+        finally:
+            group.close()
+        if self.fail_times > 0:
+            self.fail_times -= 1
+            context.abort(grpc.StatusCode.INTERNAL, "engine rejected the weights")
+        self.received[plan.version] = got
+        return rollout_pb2.UpdateWeightsResponse(weight_version=plan.version)
+
+
+@pytest.fixture
+def receivers():
+    """Start Rollout servers on demand: `start(servicer) -> address`; all stopped at teardown."""
+    servers = []
+
+    def start(servicer) -> str:
+        server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+        rollout_pb2_grpc.add_RolloutServicer_to_server(servicer, server)
+        port = server.add_insecure_port("127.0.0.1:0")
+        server.start()
+        servers.append(server)
+        return f"127.0.0.1:{port}"
+
+    yield start
+    for server in servers:
+        server.stop(0)
+
+
+def named_weights(version: int) -> list[tuple[str, torch.Tensor]]:
+    g = torch.Generator().manual_seed(version)
+    return [("layer.weight", torch.randn(16, 8, generator=g)), ("layer.bias", torch.randn(16, generator=g)),
+            ("steps", torch.arange(3) + version)]  # fmt: skip
+
+
+def push_as_learner(stub, store, version: int):
+    """Rank 0: Begin, broadcast over gloo, Commit. Returns (begin response, commit response)."""
+    named = named_weights(version)
+    specs = [weights_pb2.TensorSpec(name=n, shape=list(t.shape), dtype=str(t.dtype)[6:]) for n, t in named]
+    begun = stub.BeginWeightPush(
+        pb.BeginWeightPushRequest(version=version, store_address=f"127.0.0.1:{store.port}", transport="gloo",
+                                  tensors=specs, bucket_bytes=512, timeout_s=20)
+    )  # fmt: skip
+    plan = PushPlan.from_proto(begun.plan)
+    group = make_group(plan, 0, store)
+    try:
+        send_weights(group, named, plan)
+    finally:
+        group.close()
+    return begun, stub.CommitWeightPush(pb.CommitWeightPushRequest(push_id=plan.push_id, sender_ok=True))
+
+
+def test_weight_push_reaches_two_receivers_and_commits(controller, receivers):
+    first, second = GlooReceiver(), GlooReceiver()
+    a = register(controller.stub, receivers(first))
+    b = register(controller.stub, receivers(second))
+    store = host_store("127.0.0.1", 0, 30)
+    begun, commit = push_as_learner(controller.stub, store, version=1)
+    assert begun.plan.world_size == 3 and list(begun.receivers) == [a, b]
+    assert commit.committed and commit.current_version == 1
+    assert list(commit.acked) == [a, b] and list(commit.dropped) == []
+    for servicer in (first, second):
+        for name, tensor in named_weights(1):
+            assert torch.equal(servicer.received[1][name], tensor), name
+    status = controller.stub.GetStatus(pb.GetStatusRequest())
+    assert status.current_version == 1 and all(
+        r.weight_version == 1 and not r.needs_sync for r in status.replicas
+    )
+    committed = [e for e in read_events(controller.run_dir, "controller") if e["kind"] == "push_committed"]
+    assert committed[0]["version"] == 1 and committed[0]["acked"] == [a, b]
+
+
+def test_failed_receiver_is_dropped_then_resynced(controller, receivers):
+    stub = controller.stub
+    good, flaky = GlooReceiver(), GlooReceiver(fail_times=1)
+    a = register(stub, receivers(good))
+    b = register(stub, receivers(flaky))
+    store = host_store("127.0.0.1", 0, 30)
+    _, commit = push_as_learner(stub, store, version=1)
+    assert commit.committed and commit.current_version == 1
+    assert list(commit.acked) == [a] and list(commit.dropped) == [b]
+    assert stub.Heartbeat(pb.HeartbeatRequest(replica_id=b, weight_version=0)).needs_sync
+    refused = stub.AcquireLease(pb.AcquireLeaseRequest(replica_id=b, num_trajectories=4, wait_s=0))
+    assert not refused.granted and "needs a weight sync" in refused.reason
+    assert stub.AcquireLease(pb.AcquireLeaseRequest(replica_id=a, num_trajectories=4, wait_s=0)).granted
+    assert stub.LearnerHeartbeat(pb.LearnerHeartbeatRequest(step=1, version=1, consumed=8)).sync_requested
+    # The learner answers sync_requested with a resync push of the current version to the lagging replica.
+    begun, resync = push_as_learner(stub, store, version=1)
+    assert list(begun.receivers) == [b] and begun.plan.world_size == 2
+    assert resync.committed and list(resync.acked) == [b] and resync.current_version == 1
+    assert torch.equal(flaky.received[1]["layer.bias"], named_weights(1)[1][1])
+    assert stub.AcquireLease(pb.AcquireLeaseRequest(replica_id=b, num_trajectories=4, wait_s=0)).granted
+    dropped = [e for e in read_events(controller.run_dir, "controller") if e["kind"] == "replica_dropped"]
+    assert dropped[0]["replica_id"] == b and "engine rejected the weights" in dropped[0]["error"]
+
+
+def test_held_acquire_is_released_by_a_commit_over_grpc(controller):
+    stub = controller.stub
+    rid = register(stub, "127.0.0.1:9")
+    assert stub.AcquireLease(pb.AcquireLeaseRequest(replica_id=rid, num_trajectories=8)).granted
+    answer = {}
+    held = threading.Thread(
+        target=lambda: answer.update(
+            r=stub.AcquireLease(pb.AcquireLeaseRequest(replica_id=rid, num_trajectories=4, wait_s=10))
+        )
+    )
+    held.start()
+    deadline = time.monotonic() + 5
+    while stub.GetStatus(pb.GetStatusRequest()).held_requests == 0:
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    # The registered address has no server: the fan-out fails at once, the replica is dropped (and still
+    # holds version 0), yet the version commits; the held request then waits for a resync, so hand the
+    # replica the new version the way a restart with fresh weights would.
+    begun = stub.BeginWeightPush(push_request(version=1))
+    assert stub.CommitWeightPush(
+        pb.CommitWeightPushRequest(push_id=begun.plan.push_id, sender_ok=True)
+    ).committed
+    register(stub, "127.0.0.1:9", replica_id=rid, version=1)
+    held.join(timeout=10)
+    assert answer["r"].granted and answer["r"].version == 1
+
+
+# ---- serve() as a process ---------------------------------------------------------------------------------
+
+
+def test_serve_prints_ports_and_stops_on_sigterm(tmp_path):
+    config = make_config().model_copy(update={"run_dir": str(tmp_path)})
+    dump_config(config, tmp_path / "config.yaml")
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "asyncrl.cli", "controller", "--config", str(tmp_path / "config.yaml")],
+        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    try:
+        line = ""
+        deadline = time.monotonic() + 60
+        while "asyncrl-controller listening" not in line:
+            assert time.monotonic() < deadline and proc.poll() is None, line
+            line = proc.stdout.readline()
+        match = re.search(r"grpc=([\w.]+):(\d+) http=([\w.]+):(\d+)", line)
+        assert match, line
+        grpc_port, http_port = int(match.group(2)), int(match.group(4))
+        assert http_get(http_port, "/healthz")[1] == "ok"
+        with grpc.insecure_channel(f"127.0.0.1:{grpc_port}") as channel:
+            status = controller_pb2_grpc.ControllerStub(channel).GetStatus(pb.GetStatusRequest(), timeout=5)
+        assert status.batch_size == 8
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=20) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert read_events(tmp_path, "controller")[0]["kind"] == "controller_started"

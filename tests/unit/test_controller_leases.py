@@ -1,0 +1,202 @@
+"""ControllerState leases: admission under η, holding and release, quota return, completion errors."""
+
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from controller.errors import InvalidRequest, PreconditionFailed
+from controller.staleness import admissible
+from controller.testing import TINY_TENSORS, make_state
+
+
+def wait_until(predicate, timeout_s=5.0):
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not reached"
+        time.sleep(0.01)
+
+
+def publish(state, version):
+    """Play the learner: push `version` (the fake notifier acks every receiver) and commit it."""
+    session = state.begin_push(version, "127.0.0.1:1", "gloo", TINY_TENSORS, 1 << 20, 5.0)
+    return state.commit_push(session.push_id, sender_ok=True)
+
+
+@pytest.fixture
+def pool():
+    with ThreadPoolExecutor(max_workers=4) as executor:
+        yield executor
+
+
+def test_eta0_grants_one_batch_then_refuses_with_a_reason():
+    state, _, _, _ = make_state(batch_size=8, eta=0)
+    rid = state.register("127.0.0.1:7001", "", 0, "torch").replica_id
+    first, second = state.acquire(rid, 4, 0), state.acquire(rid, 4, 0)
+    assert first.granted and second.granted
+    assert (first.prompt_index, second.prompt_index) == (0, 1)  # the training stream, in order
+    refused = state.acquire(rid, 4, 0)
+    assert not refused.granted
+    assert "staleness bound" in refused.reason and refused.version == 0
+    assert state.admitted == 8
+
+
+def test_eta2_allows_three_batches_ahead():
+    state, _, _, _ = make_state(batch_size=4, eta=2)
+    rid = state.register("127.0.0.1:7001", "", 0, "torch").replica_id
+    granted = 0
+    while state.acquire(rid, 2, 0).granted:
+        granted += 2
+    assert granted == 12  # (i + η + 1) * B = 3 * 4
+
+
+def test_unbounded_eta_never_refuses():
+    state, _, _, _ = make_state(batch_size=4, eta=None)
+    rid = state.register("127.0.0.1:7001", "", 0, "torch").replica_id
+    assert all(state.acquire(rid, 4, 0).granted for _ in range(50))
+
+
+def test_held_request_is_released_by_the_commit_of_the_next_version(pool):
+    state, _, _, _ = make_state(batch_size=4, eta=0)
+    rid = state.register("127.0.0.1:7001", "", 0, "torch").replica_id
+    assert state.acquire(rid, 4, 0).granted
+    held = pool.submit(state.acquire, rid, 4, 5.0)
+    wait_until(lambda: state.snapshot()["held_requests"] == 1)
+    assert not held.done()
+    assert publish(state, 1).committed
+    decision = held.result(timeout=5)
+    assert decision.granted and decision.version == 1 and decision.held_s > 0
+    assert state.snapshot()["held_requests"] == 0
+
+
+def test_hold_ends_with_a_refusal_after_wait_s():
+    state, _, _, _ = make_state(batch_size=4, eta=0)
+    rid = state.register("127.0.0.1:7001", "", 0, "torch").replica_id
+    state.acquire(rid, 4, 0)
+    start = time.monotonic()
+    decision = state.acquire(rid, 1, 0.2)
+    assert not decision.granted and 0.15 <= time.monotonic() - start < 2
+    assert "staleness bound" in decision.reason
+
+
+def test_hold_is_capped_by_max_hold_s():
+    state, _, _, _ = make_state(batch_size=4, eta=0, max_hold_s=0.1)
+    rid = state.register("127.0.0.1:7001", "", 0, "torch").replica_id
+    state.acquire(rid, 4, 0)
+    start = time.monotonic()
+    assert not state.acquire(rid, 1, 60.0).granted
+    assert time.monotonic() - start < 2
+
+
+def test_partial_completion_returns_quota_and_wakes_a_holder(pool):
+    state, _, _, events = make_state(batch_size=4, eta=0)
+    rid = state.register("127.0.0.1:7001", "", 0, "torch").replica_id
+    lease = state.acquire(rid, 4, 0)
+    held = pool.submit(state.acquire, rid, 2, 5.0)
+    wait_until(lambda: state.snapshot()["held_requests"] == 1)
+    assert state.complete(rid, lease.lease_id, num_written=2) == 2
+    assert held.result(timeout=5).granted
+    assert state.admitted == 4  # 4 granted - 2 returned + 2 granted
+    (done,) = events.of_kind("lease_completed")
+    assert (done["num_written"], done["returned"], done["admitted_after"]) == (2, 2, 2)
+
+
+def test_expired_lease_returns_its_quota_and_wakes_a_holder(pool):
+    state, clock, _, events = make_state(batch_size=4, eta=0, lease_ttl_s=5.0, heartbeat_timeout_s=100.0)
+    a = state.register("127.0.0.1:7001", "", 0, "torch").replica_id
+    b = state.register("127.0.0.1:7002", "", 0, "torch").replica_id
+    state.acquire(a, 4, 0)
+    held = pool.submit(state.acquire, b, 4, 5.0)
+    wait_until(lambda: state.snapshot()["held_requests"] == 1)
+    clock.advance(6.0)  # past the TTL; the holder's own polling reaps it (no reaper thread here)
+    assert held.result(timeout=5).granted
+    (expired,) = events.of_kind("lease_expired")
+    assert expired["reason"] == "ttl" and expired["returned"] == 4 and expired["admitted_after"] == 0
+
+
+def test_dead_replica_returns_quota_to_a_waiting_live_one(pool):
+    state, clock, _, events = make_state(batch_size=4, eta=0, heartbeat_timeout_s=3.0)
+    a = state.register("127.0.0.1:7001", "", 0, "torch").replica_id
+    b = state.register("127.0.0.1:7002", "", 0, "torch").replica_id
+    state.acquire(a, 4, 0)
+    held = pool.submit(state.acquire, b, 4, 5.0)
+    wait_until(lambda: state.snapshot()["held_requests"] == 1)
+    clock.advance(4.0)  # a is silent; b is waiting in AcquireLease, which counts as a sign of life
+    assert held.result(timeout=5).granted
+    assert [e["replica_id"] for e in events.of_kind("replica_dead")] == [a]
+    assert events.of_kind("lease_expired")[0]["reason"] == "replica_dead"
+
+
+def test_heartbeats_keep_leases_alive():
+    state, clock, _, _ = make_state(batch_size=4, eta=0, lease_ttl_s=5.0, heartbeat_timeout_s=100.0)
+    rid = state.register("127.0.0.1:7001", "", 0, "torch").replica_id
+    lease = state.acquire(rid, 4, 0)
+    for _ in range(3):
+        clock.advance(4.0)
+        state.heartbeat(rid, 0)
+    assert state.complete(rid, lease.lease_id, 4) == 0
+
+
+def test_complete_errors():
+    state, clock, _, _ = make_state(batch_size=4, eta=0, lease_ttl_s=5.0, heartbeat_timeout_s=100.0)
+    a = state.register("127.0.0.1:7001", "", 0, "torch").replica_id
+    b = state.register("127.0.0.1:7002", "", 0, "torch").replica_id
+    lease = state.acquire(a, 2, 0)
+    with pytest.raises(InvalidRequest, match="^num_written: must be <= the lease's 2"):
+        state.complete(a, lease.lease_id, 3)
+    with pytest.raises(InvalidRequest, match="^lease_id: .* belongs to replica"):
+        state.complete(b, lease.lease_id, 2)
+    with pytest.raises(PreconditionFailed, match="unknown lease"):
+        state.complete(a, "lease-nope", 0)
+    state.complete(a, lease.lease_id, 2)
+    with pytest.raises(PreconditionFailed, match="is completed"):
+        state.complete(a, lease.lease_id, 2)
+    late = state.acquire(a, 2, 0)
+    clock.advance(6.0)
+    with pytest.raises(PreconditionFailed, match="is expired: ttl"):
+        state.complete(a, late.lease_id, 2)
+
+
+def test_argument_errors_name_the_field():
+    state, _, _, _ = make_state(batch_size=4, eta=0)
+    with pytest.raises(InvalidRequest, match="^replica_id: unknown replica 'ghost'"):
+        state.acquire("ghost", 1, 0)
+    rid = state.register("127.0.0.1:7001", "", 0, "torch").replica_id
+    with pytest.raises(InvalidRequest, match="^num_trajectories: must be <= batch_size"):
+        state.acquire(rid, 5, 0)
+
+
+def test_prompt_indices_are_not_reissued_after_a_returned_quota():
+    state, _, _, _ = make_state(batch_size=4, eta=0)
+    rid = state.register("127.0.0.1:7001", "", 0, "torch").replica_id
+    first = state.acquire(rid, 4, 0)
+    state.complete(rid, first.lease_id, 0)
+    assert state.acquire(rid, 4, 0).prompt_index == 1
+
+
+def test_every_admission_in_a_concurrent_run_satisfies_the_rule(pool):
+    """The audit the lead's test does on the event log, over a run with holds, returns and commits."""
+    state, _, _, events = make_state(batch_size=4, eta=1)
+    ids = [state.register(f"127.0.0.1:{7001 + i}", "", 0, "torch").replica_id for i in range(3)]
+    stop = threading.Event()
+
+    def worker(rid):
+        while not stop.is_set():
+            d = state.acquire(rid, 2, 0.2)
+            if d.granted:
+                state.complete(rid, d.lease_id, 2 if d.prompt_index % 3 else 1)
+
+    futures = [pool.submit(worker, rid) for rid in ids]
+    for version in range(1, 6):
+        time.sleep(0.05)
+        publish(state, version)
+    stop.set()
+    for f in futures:
+        f.result(timeout=10)
+    grants = events.of_kind("lease_granted")
+    assert len(grants) > 10
+    for g in grants:
+        assert admissible(g["admitted_after"] - g["n"], g["n"], g["batch_size"], g["version"], g["eta"]), g
+    versions = [e["version"] for e in events.of_kind("push_committed")]
+    assert versions == sorted(versions) == [1, 2, 3, 4, 5]

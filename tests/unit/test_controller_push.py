@@ -1,0 +1,193 @@
+"""ControllerState weight pushes: receiver selection, ranks, commit, drops, resync, aborts, versions."""
+
+import threading
+
+import pytest
+
+from controller.errors import PreconditionFailed
+from controller.testing import TINY_TENSORS, make_state
+
+
+def begin(state, version, timeout_s=5.0):
+    return state.begin_push(version, "127.0.0.1:29500", "gloo", TINY_TENSORS, 1 << 20, timeout_s)
+
+
+def register(state, port, version=0):
+    return state.register(f"127.0.0.1:{port}", "", version, "torch").replica_id
+
+
+def test_zero_receivers_commits_immediately_with_world_size_1():
+    state, _, notifier, events = make_state()
+    session = begin(state, 1)
+    assert session.plan.world_size == 1 and session.receivers == []
+    result = state.commit_push(session.push_id, sender_ok=True)
+    assert result.committed and result.current_version == 1 and state.current_version == 1
+    assert notifier.calls == []
+    assert events.of_kind("push_committed")[0]["version"] == 1
+
+
+def test_new_version_goes_to_every_live_replica_in_rank_order():
+    state, clock, notifier, events = make_state(heartbeat_timeout_s=3.0)
+    a, _silent, c = (register(state, p) for p in (7001, 7002, 7003))
+    clock.advance(2.0)
+    state.heartbeat(a, 0)
+    state.heartbeat(c, 0)
+    clock.advance(2.0)  # b silent for 4 s: dead
+    session = begin(state, 1)
+    assert [(r.replica_id, r.rank) for r in session.receivers] == [(a, 1), (c, 2)]
+    assert session.plan.world_size == 3
+    result = state.commit_push(session.push_id, sender_ok=True)
+    assert result.acked == [a, c] and result.dropped == []
+    assert sorted((addr, rank, world) for addr, _, _, rank, world in notifier.calls) == [
+        ("127.0.0.1:7001", 1, 3),
+        ("127.0.0.1:7003", 2, 3),
+    ]
+    begun = events.of_kind("push_begun")[0]
+    assert begun["mode"] == "new" and begun["receivers"] == [a, c] and begun["world_size"] == 3
+    replicas = {r["replica_id"]: r for r in state.snapshot()["replicas"]}
+    assert replicas[a]["weight_version"] == 1 and not replicas[a]["needs_sync"]
+
+
+def test_failed_receiver_is_dropped_and_flagged_the_rest_commit():
+    state, _, notifier, events = make_state()
+    a, b = register(state, 7001), register(state, 7002)
+    notifier.failing.add("127.0.0.1:7002")
+    result = state.commit_push(begin(state, 1).push_id, sender_ok=True)
+    assert result.committed and result.current_version == 1
+    assert result.acked == [a] and result.dropped == [b]
+    assert state.heartbeat(b, 0).needs_sync
+    assert not state.heartbeat(a, 1).needs_sync
+    assert "needs a weight sync" in state.acquire(b, 1, 0).reason
+    (dropped,) = events.of_kind("replica_dropped")
+    assert dropped["replica_id"] == b and "failed to load" in dropped["error"]
+    assert state.metrics.registry.get_sample_value("asyncrl_controller_replicas_dropped_total") == 1
+
+
+def test_late_joiner_needs_sync_and_a_resync_push_reaches_only_it():
+    state, _, _, events = make_state()
+    a = register(state, 7001)
+    state.commit_push(begin(state, 1).push_id, sender_ok=True)
+    assert state.learner_heartbeat(step=1, version=1, consumed=8).sync_requested is False
+    registration = state.register("127.0.0.1:7002", "", 0, "torch")
+    late = registration.replica_id
+    assert registration.needs_sync and registration.current_version == 1
+    assert not state.acquire(late, 1, 0).granted
+    assert state.learner_heartbeat(step=1, version=1, consumed=8).sync_requested is True
+    resync = begin(state, 1)
+    assert [(r.replica_id, r.rank) for r in resync.receivers] == [(late, 1)]
+    assert resync.plan.world_size == 2
+    # No resync request while a push is open: the learner is already doing it.
+    assert state.learner_heartbeat(step=1, version=1, consumed=8).sync_requested is False
+    result = state.commit_push(resync.push_id, sender_ok=True)
+    assert result.committed and result.current_version == 1 and result.acked == [late]
+    assert state.acquire(late, 1, 0).granted
+    assert events.of_kind("push_committed")[-1]["mode"] == "resync"
+    assert a != late
+
+
+def test_resync_releases_a_held_request():
+    state, _, _, _ = make_state()
+    state.commit_push(begin(state, 1).push_id, sender_ok=True)
+    late = register(state, 7002, version=0)
+    answer = {}
+    holder = threading.Thread(target=lambda: answer.update(d=state.acquire(late, 1, 5.0)))
+    holder.start()
+    while state.snapshot()["held_requests"] == 0:
+        threading.Event().wait(0.01)
+    state.commit_push(begin(state, 1).push_id, sender_ok=True)
+    holder.join(timeout=5)
+    assert answer["d"].granted and answer["d"].version == 1
+
+
+@pytest.mark.parametrize("bad_version", [0, 3, 5])
+def test_version_must_be_current_plus_one_or_current(bad_version):
+    state, _, _, _ = make_state()
+    state.commit_push(begin(state, 1).push_id, sender_ok=True)
+    with pytest.raises(PreconditionFailed, match=r"^version: must be 2 \(new policy\) or 1 \(resync\)"):
+        begin(state, bad_version)
+    assert state.current_version == 1
+
+
+def test_versions_only_grow_and_resync_does_not_bump():
+    state, _, _, events = make_state()
+    register(state, 7001)
+    for version in (1, 1, 2, 2, 3):
+        state.commit_push(begin(state, version).push_id, sender_ok=True)
+    versions = [e["version"] for e in events.of_kind("push_committed")]
+    assert versions == [1, 1, 2, 2, 3] and state.current_version == 3
+
+
+def test_one_push_at_a_time_until_the_open_one_times_out():
+    state, clock, _, events = make_state(push_timeout_s=30.0)
+    register(state, 7001)
+    first = begin(state, 1)
+    with pytest.raises(PreconditionFailed, match="is still open"):
+        begin(state, 1)
+    clock.advance(31.0)
+    second = begin(state, 1)
+    (aborted,) = events.of_kind("push_aborted")
+    assert aborted["push_id"] == first.push_id
+    assert events.of_kind("push_begun")[-1]["aborted_previous"] == first.push_id
+    with pytest.raises(PreconditionFailed, match="is not the open push"):
+        state.commit_push(first.push_id, sender_ok=True)
+    assert state.commit_push(second.push_id, sender_ok=True).committed
+
+
+def test_sender_failure_aborts_without_committing_and_flags_receivers():
+    state, _, _, events = make_state()
+    a = register(state, 7001)
+    session = begin(state, 1)
+    result = state.commit_push(session.push_id, sender_ok=False, error="broadcast timed out")
+    assert not result.committed and result.current_version == 0 and result.dropped == [a]
+    assert state.heartbeat(a, 0).needs_sync  # its weights may be half-overwritten
+    assert "broadcast timed out" in events.of_kind("push_aborted")[0]["reason"]
+    retry = state.commit_push(begin(state, 1).push_id, sender_ok=True)  # a retry of the same version heals it
+    assert retry.committed and not state.heartbeat(a, 1).needs_sync
+
+
+def test_a_receiver_that_never_answers_is_dropped_at_the_push_timeout():
+    state, _, notifier, _ = make_state(push_timeout_s=0.3)
+    a, b = register(state, 7001), register(state, 7002)
+    notifier.hanging.add("127.0.0.1:7002")
+    try:
+        result = state.commit_push(begin(state, 1).push_id, sender_ok=True)
+    finally:
+        notifier.release.set()
+    assert result.acked == [a] and result.dropped == [b] and result.current_version == 1
+
+
+def test_duplicate_commit_is_refused():
+    state, _, _, _ = make_state()
+    session = begin(state, 1)
+    state.commit_push(session.push_id, sender_ok=True)
+    with pytest.raises(PreconditionFailed, match="no push is open"):
+        state.commit_push(session.push_id, sender_ok=True)
+
+
+def test_push_metrics():
+    state, _, _, _ = make_state()
+    register(state, 7001)
+    state.commit_push(begin(state, 1).push_id, sender_ok=True)
+    value = state.metrics.registry.get_sample_value
+    assert value("asyncrl_controller_pushes_committed_total") == 1
+    assert value("asyncrl_controller_current_version") == 1
+    assert value("asyncrl_controller_push_seconds_count") == 1
+    assert value("asyncrl_controller_live_replicas") == 1
+
+
+def test_a_push_whose_commit_is_waiting_is_not_superseded():
+    state, clock, notifier, _ = make_state(push_timeout_s=0.5)
+    a = register(state, 7001)
+    notifier.hanging.add("127.0.0.1:7001")
+    session = begin(state, 1)
+    answer = {}
+    committer = threading.Thread(target=lambda: answer.update(r=state.commit_push(session.push_id, True)))
+    committer.start()
+    while not session.commit_started:
+        threading.Event().wait(0.01)
+    clock.advance(1.0)  # past push_timeout_s on the state's clock, but its commit is already waiting
+    with pytest.raises(PreconditionFailed, match="its commit is in progress"):
+        begin(state, 1)
+    committer.join(timeout=5)
+    notifier.release.set()
+    assert answer["r"].committed and answer["r"].dropped == [a]

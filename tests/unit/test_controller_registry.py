@@ -1,0 +1,85 @@
+"""ControllerState replicas: registration, ids, heartbeats, death and revival, restarts, the snapshot."""
+
+import pytest
+
+from controller.errors import InvalidRequest
+from controller.testing import make_state
+
+
+def test_ids_are_assigned_and_chosen_ids_are_kept():
+    state, _, _, events = make_state()
+    assert state.register("127.0.0.1:7001", "replica-1", 0, "torch").replica_id == "replica-1"
+    assert state.register("127.0.0.1:7002", "", 0, "vllm").replica_id == "replica-2"  # skips the taken one
+    assert state.register("127.0.0.1:7003", "edge-a", 0, "torch").replica_id == "edge-a"
+    first = events.of_kind("replica_registered")[0]
+    assert first["address"] == "127.0.0.1:7001" and first["reregistered"] is False
+
+
+def test_base_checkpoint_is_version_0():
+    state, _, _, _ = make_state()
+    registration = state.register("127.0.0.1:7001", "", 0, "torch")
+    assert registration.current_version == 0 and not registration.needs_sync
+    assert state.register("127.0.0.1:7002", "", 3, "torch").needs_sync  # weights from another run
+
+
+def test_registration_answers_the_heartbeat_interval():
+    state, _, _, _ = make_state(heartbeat_interval_s=0.5)
+    assert state.register("127.0.0.1:7001", "", 0, "torch").heartbeat_interval_s == 0.5
+
+
+def test_restart_under_the_same_id_expires_old_leases():
+    state, _, _, events = make_state(batch_size=4, eta=0)
+    rid = state.register("127.0.0.1:7001", "", 0, "torch").replica_id
+    state.acquire(rid, 4, 0)
+    assert state.admitted == 4
+    state.register("127.0.0.1:7999", rid, 0, "torch")
+    assert state.admitted == 0
+    assert events.of_kind("lease_expired")[0]["reason"] == "reregistered"
+    assert events.of_kind("replica_registered")[-1]["reregistered"] is True
+    assert state.snapshot()["replicas"][0]["address"] == "127.0.0.1:7999"
+
+
+def test_silent_replica_dies_and_a_heartbeat_revives_it():
+    state, clock, _, events = make_state(heartbeat_timeout_s=3.0)
+    rid = state.register("127.0.0.1:7001", "", 0, "torch").replica_id
+    clock.advance(2.0)
+    state.reap()
+    assert state.snapshot()["replicas"][0]["alive"]
+    clock.advance(2.0)
+    state.reap()
+    (dead,) = events.of_kind("replica_dead")
+    assert dead["replica_id"] == rid and dead["silent_s"] == pytest.approx(4.0)
+    assert not state.snapshot()["replicas"][0]["alive"]
+    assert state.metrics.registry.get_sample_value("asyncrl_controller_live_replicas") == 0
+    state.heartbeat(rid, 0)
+    assert state.snapshot()["replicas"][0]["alive"]
+    assert events.of_kind("replica_revived")[0]["replica_id"] == rid
+
+
+def test_reported_version_never_moves_backwards():
+    state, _, _, _ = make_state()
+    rid = state.register("127.0.0.1:7001", "", 2, "torch").replica_id
+    state.heartbeat(rid, 1)  # a heartbeat sent before the last swap, arriving late
+    assert state.snapshot()["replicas"][0]["weight_version"] == 2
+
+
+def test_heartbeat_of_an_unknown_replica_names_the_field():
+    state, _, _, _ = make_state()
+    with pytest.raises(InvalidRequest, match="^replica_id: unknown replica 'ghost'"):
+        state.heartbeat("ghost", 0)
+
+
+def test_snapshot_lists_what_the_status_page_shows():
+    state, clock, _, _ = make_state(batch_size=8, eta=2)
+    rid = state.register("127.0.0.1:7001", "", 0, "torch").replica_id
+    state.acquire(rid, 4, 0)
+    clock.advance(1.5)
+    state.learner_heartbeat(step=3, version=0, consumed=24)
+    snap = state.snapshot()
+    assert snap["current_version"] == 0 and snap["admitted"] == 4
+    assert snap["batch_size"] == 8 and snap["eta"] == 2 and snap["max_admissible"] == 24
+    assert snap["active_leases"] == 1 and snap["leases_granted"] == 1 and snap["next_prompt_index"] == 1
+    assert snap["learner"]["step"] == 3 and snap["learner"]["consumed"] == 24
+    (replica,) = snap["replicas"]
+    assert replica["replica_id"] == rid and replica["engine"] == "torch" and replica["active_leases"] == 1
+    assert replica["last_heartbeat_age_s"] == pytest.approx(1.5)
