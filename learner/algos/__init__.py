@@ -1,1 +1,28 @@
-"""The learner's objective family as pure functions on tensors (see docs/algorithms.md)."""
+"""The learner's objective family as pure functions on tensors (see docs/algorithms.md).
+
+The trainer calls three things:
+- `build_advantages(rewards, group_index, response_mask, cfg, logp_prox, logp_teacher, *, logp_ref,
+  token_rewards, anchor_lengths) -> AdvantageResult` once per learner step on the whole batch;
+- `policy_objective(logp, logp_prox, logp_behav, advantages, response_mask, cfg, logp_ref, logp_teacher, *,
+  opd_mask) -> (loss, metrics)` per mini-batch;
+- `AlgoConfig.needs_prox_forward` to decide whether to run the no-grad proximal forward.
+`pass_at_k` is the unbiased evaluation estimator.
+"""
+
+from learner.algos.advantage_builder import AdvantageResult, build_advantages
+from learner.algos.config import AlgoConfig
+from learner.algos.evaluation import pass_at_k
+from learner.algos.objective import policy_objective
+from learner.algos.opd import teacher_response_logprobs
+from learner.algos.presets import PRESET_NAMES, PRESETS
+
+__all__ = [
+    "PRESETS",
+    "PRESET_NAMES",
+    "AdvantageResult",
+    "AlgoConfig",
+    "build_advantages",
+    "pass_at_k",
+    "policy_objective",
+    "teacher_response_logprobs",
+]

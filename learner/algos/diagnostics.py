@@ -1,0 +1,153 @@
+"""Per-step diagnostics (seed formulas: verl "Off-Policy Diagnostic Metrics"; TIM paper eq. 1 and 5).
+
+Every function returns 0-dim tensors; `to_floats` turns the whole dict into Python floats with one
+device->host copy (one sync on GPU instead of one per metric). Metric names are listed in docs/algorithms.md.
+rho_t is the correction ratio (pi_prox / pi_behav, or pi_theta / pi_behav in bypass mode); delta_t = log rho_t.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from learner.algos.masked import masked_max, masked_mean, masked_min
+from learner.algos.rollout_correction import Correction
+
+_QUANTILES = (0.01, 0.5, 0.9, 0.99)
+
+
+def to_floats(metrics: dict[str, Tensor]) -> dict[str, float]:
+    """0-dim tensors -> floats in one stack and one copy; NaN (empty selections) -> 0, inf -> float32 max."""
+    if not metrics:
+        return {}
+    values = torch.stack([v.reshape(()) for v in metrics.values()]).detach().float()
+    values = torch.nan_to_num(values, nan=0.0, posinf=torch.finfo(torch.float32).max)
+    return dict(zip(metrics.keys(), values.cpu().tolist()))
+
+
+def _fraction(part: Tensor, whole: Tensor) -> Tensor:
+    return part.sum().float() / whole.sum().clamp_min(1).float()
+
+
+def _ess(values: Tensor, maskf: Tensor) -> Tensor:
+    """Normalised effective sample size (sum w)^2 / (n sum w^2), in (0, 1]; 1 when all weights are equal."""
+    v = values * maskf
+    return v.sum().square() / (maskf.sum().clamp_min(1) * v.square().sum()).clamp_min(1e-30)
+
+
+def masked_quantiles(rows: Tensor, valid: Tensor, quantiles: tuple[float, ...]) -> Tensor:
+    """[K, Q]: linear-interpolated quantiles (torch.quantile's default) of each row [K, M] over its `valid`
+    entries ([K, M] bool). One sort, indices computed on the device (no host sync); 0 where nothing is valid."""
+    if rows.shape[-1] == 0:
+        return rows.new_zeros((rows.shape[0], len(quantiles)))
+    count = valid.sum(dim=-1, keepdim=True)
+    ordered = torch.where(valid, rows, torch.full_like(rows, float("inf"))).sort(dim=-1).values
+    q = torch.tensor(quantiles, dtype=rows.dtype, device=rows.device).view(1, -1)
+    position = q * (count - 1).clamp_min(0).to(rows.dtype)
+    low = position.floor().long()
+    below, above = ordered.gather(1, low), ordered.gather(1, position.ceil().long())
+    result = below + (above - below) * (position - low)
+    return torch.where(count > 0, result, torch.zeros_like(result))
+
+
+def _percentiles(named: dict[str, tuple[Tensor, Tensor]]) -> dict[str, Tensor]:
+    """p1/p50/p90/p99 of each named (values [N, T], mask [N, T]) pair over its mask."""
+    rows = torch.stack([values.reshape(-1) for values, _ in named.values()])
+    valid = torch.stack([mask.reshape(-1) for _, mask in named.values()])
+    table = masked_quantiles(rows, valid, _QUANTILES)
+    return {f"{name}_p{round(q * 100)}": table[j, i] for j, name in enumerate(named)
+            for i, q in enumerate(_QUANTILES)}
+
+
+def rollout_diagnostics(log_ratio: Tensor, mask: Tensor, corr: Correction, clamp: float) -> dict[str, Tensor]:
+    """KL(behav || prox) K1/K3, PPL ratio, chi^2, ESS, delta stats, masked/truncated fractions, weights.
+
+    log_ratio is clamped and 0 on padding, so every derived per-token value is finite and a multiply by the
+    float mask is safe; the token means are computed in one stacked reduction.
+    """
+    maskf = mask.to(log_ratio.dtype)
+    has_tokens = mask.any(dim=-1)
+    rho = torch.exp(log_ratio)
+    abs_delta = log_ratio.abs()
+    per_token = torch.stack([-log_ratio, torch.expm1(log_ratio) - log_ratio, rho.square(), log_ratio, abs_delta])
+    kl_k1, kl_k3, rho_sq, delta_mean, delta_abs_mean = (per_token * maskf).sum(dim=(1, 2)) / maskf.sum().clamp_min(1)
+    lengths = maskf.sum(dim=-1)
+    seq_log = log_ratio.sum(dim=-1).clamp(-clamp, clamp)
+    seq_rho = torch.exp(seq_log)
+    has = has_tokens.to(log_ratio.dtype)
+    sequences = has.sum().clamp_min(1)
+    ppl_ratio = (torch.exp(-seq_log / lengths.clamp_min(1)) * has).sum() / sequences
+    out = {
+        "rc/kl_k1": kl_k1,
+        "rc/kl_k3": kl_k3,
+        "rc/ppl_ratio": ppl_ratio,
+        "rc/chi2_token": rho_sq - 1,
+        "rc/chi2_seq": (seq_rho.square() * has).sum() / sequences - 1,
+        "rc/ess_token": _ess(rho, maskf),
+        "rc/ess_seq": _ess(seq_rho, has),
+        "rc/delta_mean": delta_mean,
+        "rc/delta_abs_mean": delta_abs_mean,
+        "rc/delta_abs_max": masked_max(abs_delta, mask),
+        "rc/masked_token_frac": 1 - _fraction(corr.mask, mask),
+        "rc/masked_seq_frac": _fraction(corr.rejected_sequences, has_tokens),
+        "rc/veto_seq_frac": _fraction(corr.vetoed_sequences & has_tokens, has_tokens),
+        "rc/truncated_token_frac": _fraction(corr.truncated, mask),
+        "rc/ratio_max": masked_max(rho, mask),
+        "rc/ratio_min": masked_min(rho, mask),
+        "rc/is_weight_mean": masked_mean(corr.weights, corr.mask),
+        "rc/is_weight_max": masked_max(corr.weights, corr.mask),
+        "rc/batch_norm_factor": corr.norm_factor,
+    }
+    out.update(_percentiles({"rc/ratio": (rho, mask), "rc/is_weight": (corr.weights, corr.mask)}))
+    return out
+
+
+def _contribution(ratio: Tensor, advantages: Tensor, mask: Tensor, prefix: str) -> dict[str, Tensor]:
+    """Zero-centred contribution C(r) = -(r - 1) A (TIM paper eq. 5), mean over tokens with A > 0 / A < 0."""
+    contribution = -(ratio - 1) * advantages
+    return {
+        f"{prefix}_pos": masked_mean(contribution, mask & (advantages > 0)),
+        f"{prefix}_neg": masked_mean(contribution, mask & (advantages < 0)),
+    }
+
+
+def surrogate_diagnostics(ratio: Tensor, rollout_ratio: Tensor, advantages: Tensor, mask: Tensor,
+                          clipped: Tensor, dual_clipped: Tensor) -> dict[str, Tensor]:
+    """Clip fractions, PPO ratio stats and C(r) for r_train = pi_theta / pi_prox and r_rollout = pi_theta / pi_behav."""
+    log_u = torch.log(ratio.clamp_min(1e-30))
+    out = {
+        "loss/clip_frac": _fraction(clipped, mask),
+        "loss/dual_clip_frac": _fraction(dual_clipped, mask),
+        "loss/ratio_mean": masked_mean(ratio, mask),
+        "loss/ratio_max": masked_max(ratio, mask),
+        "loss/ppo_kl_k3": masked_mean(ratio - 1 - log_u, mask),
+    }
+    out.update(_contribution(ratio, advantages, mask, "loss/contrib"))
+    out.update(_contribution(rollout_ratio, advantages, mask, "rc/contrib_rollout"))
+    return out
+
+
+def batch_diagnostics(rewards: Tensor, shaped: Tensor, lengths: Tensor, correct: Tensor, advantages: Tensor,
+                      mask: Tensor, keep: Tensor) -> dict[str, Tensor]:
+    """Reward, response-length and advantage statistics of the whole batch."""
+    if rewards.numel() == 0:
+        return {}
+    valid = mask & keep.unsqueeze(-1)
+    return {
+        "reward/mean": rewards.mean(),
+        "reward/std": rewards.std(unbiased=False),
+        "reward/min": rewards.min(),
+        "reward/max": rewards.max(),
+        "reward/shaped_mean": shaped.mean(),
+        "reward/pass_rate": correct.float().mean(),
+        "response/length_mean": lengths.mean(),
+        "response/length_min": lengths.min(),
+        "response/length_max": lengths.max(),
+        "adv/mean": masked_mean(advantages, valid),
+        "adv/std": masked_mean((advantages - masked_mean(advantages, valid)).square(), valid).sqrt(),
+        "adv/abs_mean": masked_mean(advantages.abs(), valid),
+        "adv/max": masked_max(advantages, valid),
+        "adv/min": masked_min(advantages, valid),
+        "adv/dash_dropped": (~keep).sum().float(),
+        "adv/dash_dropped_frac": (~keep).float().mean(),
+    }

@@ -1,0 +1,125 @@
+"""Rollout correction on the behaviour -> proximal gap (seed: `verl-rollout-correction-math.txt`; the
+seq_sum_k3 mode and the one-sided seq_sum_k1 come from the TIM paper's appendix A.4).
+
+Input is the per-token log-ratio log rho_t = log pi_prox - log pi_behav (decoupled) or
+log pi_theta (detached) - log pi_behav (bypass), clamped and 0 on padding. Output:
+- IS weights (detached): token w_t = min(rho_t, C); sequence w = min(prod_t rho_t, C), computed in log space;
+  optionally rescaled to mean 1 over the batch;
+- a rejection mask: the response mask with rejected tokens / sequences removed;
+- the per-token veto: a sequence with any rho_t below the veto threshold is rejected whole.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from learner.algos.config_sections import RolloutCorrectionConfig
+from learner.algos.kl import kl_from_log_ratio
+from learner.algos.masked import masked_max, masked_mean, masked_sum
+
+
+@dataclass
+class Correction:
+    weights: Tensor
+    """[N, T] detached IS weights (1 where weights='none')."""
+    mask: Tensor
+    """[N, T] bool: the response mask after rejection and veto."""
+    truncated: Tensor
+    """[N, T] bool: valid tokens (before rejection) whose weight hit the cap C."""
+    rejected_sequences: Tensor
+    """[N] bool: sequences that lost all their tokens to rejection or veto."""
+    vetoed_sequences: Tensor
+    """[N] bool: sequences rejected by the per-token veto."""
+    norm_factor: Tensor
+    """Scalar: the batch mean the weights were divided by (1 when not normalised)."""
+
+
+def truncated_is_weights(log_ratio: Tensor, mask: Tensor, level: str, cap: float) -> tuple[Tensor, Tensor]:
+    """(weights, truncated) for level token / sequence / none."""
+    log_cap = math.log(cap)
+    if level == "none":
+        return torch.ones_like(log_ratio), torch.zeros_like(mask)
+    if level == "token":
+        truncated = (log_ratio > log_cap) & mask
+        return torch.exp(log_ratio.clamp(max=log_cap)), truncated
+    if level == "sequence":
+        seq_log = log_ratio.sum(dim=-1, keepdim=True)  # padding holds 0, so this is sum over valid tokens
+        truncated = (seq_log > log_cap) & mask
+        return torch.exp(seq_log.clamp(max=log_cap)).expand_as(log_ratio), truncated
+    raise ValueError(f"unknown IS weight level {level!r}")
+
+
+def _bounds_keep(stat: Tensor, lower: float | None, upper: float | None) -> Tensor:
+    """stat is a log-ratio; the bounds are ratios, compared in log space (no overflow)."""
+    keep = torch.ones_like(stat, dtype=torch.bool)
+    if lower is not None:
+        keep &= stat >= math.log(lower)
+    if upper is not None:
+        keep &= stat <= math.log(upper)
+    return keep
+
+
+def rejection_keep(log_ratio: Tensor, mask: Tensor, mode: str, lower: float | None,
+                   upper: float | None, clamp: float) -> Tensor:
+    """[N, T] bool: True where the token survives the rejection mode (padding: True, masked elsewhere)."""
+    if mode == "none":
+        return torch.ones_like(mask)
+    if mode == "token_k1":
+        return _bounds_keep(log_ratio, lower, upper)
+    if mode == "seq_sum_k1":
+        seq = log_ratio.sum(dim=-1).clamp(-clamp, clamp)
+        return _bounds_keep(seq, lower, upper).unsqueeze(-1).expand_as(mask)
+    if mode == "seq_mean_k1":  # Geo-RS: the geometric mean ratio, length-invariant
+        return _bounds_keep(masked_mean(log_ratio, mask, dim=-1), lower, upper).unsqueeze(-1).expand_as(mask)
+    family = mode.rsplit("_", 1)[-1]  # k2 or k3
+    per_token = kl_from_log_ratio(log_ratio, family)
+    if mode == "token_k2":
+        return per_token <= upper
+    if mode in ("seq_sum_k2", "seq_sum_k3"):
+        stat = masked_sum(per_token, mask, dim=-1)
+    elif mode in ("seq_mean_k2", "seq_mean_k3"):
+        stat = masked_mean(per_token, mask, dim=-1)
+    elif mode == "seq_max_k2":
+        stat = masked_max(per_token, mask, dim=-1)
+    else:
+        raise ValueError(f"unknown rejection mode {mode!r}")
+    return (stat <= upper).unsqueeze(-1).expand_as(mask)
+
+
+def veto_sequences(log_ratio: Tensor, mask: Tensor, threshold: float | None) -> Tensor:
+    """[N] bool: sequences holding a valid token with rho_t < threshold."""
+    if threshold is None:
+        return torch.zeros(mask.shape[0], dtype=torch.bool, device=mask.device)
+    return ((log_ratio < math.log(threshold)) & mask).any(dim=-1)
+
+
+def normalize_weights(weights: Tensor, mask: Tensor, level: str) -> tuple[Tensor, Tensor]:
+    """Rescale weights to mean 1: over valid tokens (token) or over sequences' mean weights (sequence)."""
+    if level == "sequence":
+        has_tokens = mask.any(dim=-1)
+        per_sequence = masked_mean(weights, mask, dim=-1)
+        factor = masked_mean(per_sequence, has_tokens)
+    else:
+        factor = masked_mean(weights, mask)
+    factor = torch.where(factor > 0, factor, torch.ones_like(factor))
+    return weights / factor, factor
+
+
+def apply_rollout_correction(log_ratio: Tensor, mask: Tensor, cfg: RolloutCorrectionConfig) -> Correction:
+    """IS weights, rejection mask and veto for one (mini-)batch; everything returned is detached."""
+    log_ratio = log_ratio.detach()
+    weights, truncated = truncated_is_weights(log_ratio, mask, cfg.weights, cfg.weight_cap)
+    keep = rejection_keep(log_ratio, mask, cfg.rejection, cfg.rejection_lower, cfg.rejection_upper,
+                          cfg.log_ratio_clamp)
+    vetoed = veto_sequences(log_ratio, mask, cfg.veto_threshold)
+    final_mask = mask & keep & ~vetoed.unsqueeze(-1)
+    rejected = mask.any(dim=-1) & ~final_mask.any(dim=-1)
+    factor = torch.ones((), dtype=weights.dtype, device=weights.device)
+    if cfg.batch_normalize and cfg.weights != "none":
+        weights, factor = normalize_weights(weights, final_mask, cfg.weights)
+    return Correction(weights=weights, mask=final_mask, truncated=truncated,
+                      rejected_sequences=rejected, vetoed_sequences=vetoed, norm_factor=factor)
