@@ -48,9 +48,9 @@ class TinyModelConfig(Section):
     """Key/value heads (grouped-query attention)."""
     intermediate_size: int = 512
     """MLP width."""
-    warmstart_steps: int = 300
+    warmstart_steps: int = 450
     """Supervised warm-start steps on the task, so RL starts from a sensible but imperfect policy."""
-    teacher_steps: int = 1500
+    teacher_steps: int = 1200
     """Supervised steps for the teacher checkpoint (a stronger model of the same shape)."""
     seed: int = 0
     """Seed for initialisation and the warm-start data."""
@@ -250,7 +250,7 @@ class AsyncRLConfig(Section):
     """Learner service."""
 
     @model_validator(mode="after")
-    def _check_cross_field(self) -> "AsyncRLConfig":
+    def _check_cross_field(self) -> AsyncRLConfig:
         g, b = self.sampling.group_size, self.learner.batch_size
         if b % g:
             raise ValueError(f"learner.batch_size ({b}) must be a multiple of sampling.group_size ({g})")

@@ -1,0 +1,47 @@
+"""Shared fixtures. `tiny_model_dir`: a tiny policy + teacher checkpoint built once per test session.
+
+The checkpoints have the demo's shapes (Qwen2, head size 64, the arith tokenizer) but only a handful of
+warm-start steps, so they build in seconds; tests needing a real checkpoint directory (engines, teacher,
+learner, vLLM) point at `tiny_model_dir.policy` / `.teacher` or use `tiny_model_dir.config`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+
+# Several processes share very few cores; one intra-op thread keeps the tests from oversubscribing them.
+torch.set_num_threads(1)
+
+TEST_WARMSTART_STEPS = 6
+TEST_TEACHER_STEPS = 12
+
+
+@dataclass(frozen=True)
+class TinyModelDir:
+    policy: Path
+    """Warm-started policy checkpoint (with tokenizer)."""
+    teacher: Path
+    """Teacher checkpoint (same shapes and tokenizer, a few more steps)."""
+    config: object
+    """The `AsyncRLConfig` used to build them (model.path / teacher.model_path point at the dirs above)."""
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory) -> TinyModelDir:
+    from asyncrl.config import AsyncRLConfig
+    from asyncrl.tiny_model import make_tiny_model
+
+    root = tmp_path_factory.mktemp("tiny-model")
+    config = AsyncRLConfig.model_validate(
+        {
+            "model": {"path": str(root / "policy")},
+            "teacher": {"model_path": str(root / "teacher")},
+            "tiny_model": {"warmstart_steps": TEST_WARMSTART_STEPS, "teacher_steps": TEST_TEACHER_STEPS},
+        }
+    )
+    paths = make_tiny_model(config)
+    return TinyModelDir(policy=paths.policy, teacher=paths.teacher, config=config)

@@ -1,0 +1,139 @@
+"""The arith task: deterministic prompt stream, disjoint held-out set, exact reward, greedy accuracy."""
+
+from types import SimpleNamespace
+
+import pytest
+
+from asyncrl.config import TaskConfig
+from asyncrl.tasks import Prompt, get_reward, get_task
+from asyncrl.tasks.arith import arith_exact
+from asyncrl.tasks.evaluate import greedy_accuracy, greedy_rewards
+from rollout.engines.base import Generation
+
+
+def test_prompt_format_and_answer():
+    task = get_task(TaskConfig(num_digits=2, eval_size=50, seed=0))
+    for index in range(50):
+        p = task.train_prompt(index)
+        a, b = p.text[:-1].split("+")
+        assert p.text.endswith("=") and 0 <= int(a) < 100 and 0 <= int(b) < 100
+        assert p.metadata["answer"] == str(int(a) + int(b))
+        assert p.token_ids[0] == task.codec.bos_id
+        assert task.codec.decode(p.token_ids) == p.text
+
+
+def test_hand_checked_encoding():
+    task = get_task(TaskConfig())
+    # <bos>=1, digits 0..9 = 4..13, '+'=14, '='=15 (the vocabulary order of asyncrl.tokenizer).
+    assert task.codec.encode("12+34=") == [1, 5, 6, 14, 7, 8, 15]
+
+
+def test_stream_is_deterministic_and_seeded():
+    cfg = TaskConfig(num_digits=3, eval_size=20, seed=7)
+    a, b = get_task(cfg), get_task(cfg)
+    assert [a.train_prompt(i) for i in range(30)] == [b.train_prompt(i) for i in range(30)]
+    assert a.eval_prompts() == b.eval_prompts()
+    # Random access gives the same prompt as sequential access.
+    assert a.train_prompt(1234) == b.train_prompt(1234)
+    other = get_task(TaskConfig(num_digits=3, eval_size=20, seed=8))
+    assert [p.text for p in other.eval_prompts()] != [p.text for p in a.eval_prompts()]
+
+
+def test_eval_set_is_distinct_and_disjoint_from_training():
+    # 1-digit addition has only 100 operand pairs, so a long training stream visits every one it can.
+    task = get_task(TaskConfig(num_digits=1, eval_size=30, seed=3))
+    eval_texts = [p.text for p in task.eval_prompts()]
+    assert len(eval_texts) == 30 and len(set(eval_texts)) == 30
+    train_texts = {task.train_prompt(i).text for i in range(3000)}
+    assert train_texts.isdisjoint(eval_texts)
+    assert len(train_texts) == 70  # every other pair does show up
+
+
+def test_eval_size_too_large_is_rejected():
+    with pytest.raises(ValueError, match="eval_size"):
+        get_task(TaskConfig(num_digits=1, eval_size=51))
+
+
+def test_negative_index_is_rejected():
+    with pytest.raises(ValueError, match="index"):
+        get_task(TaskConfig()).train_prompt(-1)
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("46", 1.0),
+        (" 46\n", 1.0),
+        ("46<eos>", 1.0),
+        ("046", 0.0),
+        ("4 6", 0.0),
+        ("466", 0.0),
+        ("4", 0.0),
+        ("", 0.0),
+        ("46+", 0.0),
+        ("<bos>46", 0.0),
+        (None, 0.0),
+        (b"46", 0.0),
+        (46, 0.0),
+    ],
+)
+def test_arith_exact(text, expected):
+    assert arith_exact(text, {"answer": "46"}) == expected
+
+
+def test_arith_exact_with_broken_metadata():
+    assert arith_exact("46", {}) == 0.0
+    assert arith_exact("46", {"answer": ""}) == 0.0
+    assert arith_exact("46", None) == 0.0
+
+
+def test_reward_registry():
+    assert get_reward("arith_exact") is arith_exact
+    with pytest.raises(ValueError, match="unknown reward 'nope'"):
+        get_reward("nope")
+    with pytest.raises(ValueError, match="unknown task 'nope'"):
+        get_task(SimpleNamespace(name="nope"))
+
+
+def test_decode_response_stops_at_eos_and_keeps_junk_visible():
+    task = get_task(TaskConfig())
+    c = task.codec
+    four, six = c.encode("4", add_bos=False)[0], c.encode("6", add_bos=False)[0]
+    assert task.decode_response([four, six, c.eos_id, four]) == "46"
+    assert task.decode_response([four, six]) == "46"
+    assert task.decode_response([four, c.bos_id, six, c.eos_id]) == "4<bos>6"
+    assert task.reward(task.decode_response([four, c.bos_id, six]), {"answer": "46"}) == 0.0
+
+
+def _fake_generator(task, correct: set[str]):
+    """Answers the prompts whose text is in `correct` right and every other one wrong."""
+    by_ids = {tuple(p.token_ids): p for p in task.eval_prompts()}
+
+    def generate(prompts, params, n):
+        assert params.greedy and n == 1
+        out = []
+        for ids in prompts:
+            p = by_ids[tuple(ids)]
+            answer = p.metadata["answer"] if p.text in correct else p.metadata["answer"] + "1"
+            tokens = task.codec.encode(answer, add_bos=False) + [task.codec.eos_id]
+            out.append([Generation(tokens, [0.0] * len(tokens), [0] * len(tokens), True)])
+        return out
+
+    return generate
+
+
+def test_greedy_accuracy_with_a_fake_generator():
+    task = get_task(TaskConfig(eval_size=40))
+    prompts = task.eval_prompts()
+    correct = {p.text for p in prompts[:10]}
+    assert greedy_accuracy(_fake_generator(task, correct), task) == pytest.approx(0.25)
+    assert greedy_rewards(_fake_generator(task, correct), task, prompts[:2]) == [1.0, 1.0]
+    engine_like = SimpleNamespace(generate=_fake_generator(task, set()))
+    assert greedy_accuracy(engine_like, task) == 0.0
+    with pytest.raises(ValueError, match="Engine or a generate callable"):
+        greedy_accuracy(object(), task)
+
+
+def test_prompt_is_a_value():
+    p = Prompt("1+2=", [1, 5, 14, 6, 15], {"answer": "3"})
+    assert p == Prompt("1+2=", [1, 5, 14, 6, 15], {"answer": "3"})

@@ -1,0 +1,87 @@
+"""The character tokenizer and `make-tiny-model`: HF-loadable files, head-size check, stamp caching."""
+
+import json
+
+import pytest
+import torch
+
+from asyncrl.config import AsyncRLConfig, TinyModelConfig
+from asyncrl.tiny_model import STAMP_FILE, config_stamp, make_tiny_model, qwen2_config
+from asyncrl.tokenizer import TextCodec, build_char_tokenizer, save_tokenizer
+
+
+def test_tokenizer_round_trip():
+    codec = TextCodec(build_char_tokenizer())
+    for text in ["0+0=", "12+34=", "999+1=1000"]:
+        ids = codec.encode(text)
+        assert ids[0] == codec.bos_id and len(ids) == len(text) + 1  # one token per character
+        assert codec.decode(ids) == text
+    assert codec.decode(codec.encode("46", add_bos=False) + [codec.eos_id, codec.pad_id]) == "46"
+    assert codec.vocab_size == 16 and (codec.pad_id, codec.bos_id, codec.eos_id) == (0, 1, 2)
+
+
+def test_saved_tokenizer_loads_with_auto_tokenizer(tmp_path):
+    from transformers import AutoTokenizer
+
+    codec = TextCodec(build_char_tokenizer())
+    save_tokenizer(codec.tokenizer, tmp_path)
+    hf = AutoTokenizer.from_pretrained(str(tmp_path))
+    assert hf("12+34=").input_ids == codec.encode("12+34=")
+    assert (hf.eos_token, hf.pad_token, hf.bos_token) == ("<eos>", "<pad>", "<bos>")
+    assert (hf.eos_token_id, hf.pad_token_id, hf.bos_token_id) == (codec.eos_id, codec.pad_id, codec.bos_id)
+    assert hf.decode(codec.encode("7+8=") + [codec.eos_id], skip_special_tokens=True) == "7+8="
+    assert len(hf) == codec.vocab_size
+    assert TextCodec.load(tmp_path).encode("5+5=") == codec.encode("5+5=")
+
+
+def test_bad_alphabet_is_rejected():
+    with pytest.raises(ValueError, match="distinct"):
+        build_char_tokenizer("0011")
+
+
+def test_head_size_must_be_64():
+    codec = TextCodec.arith()
+    with pytest.raises(ValueError, match="must be 64"):
+        qwen2_config(TinyModelConfig(hidden_size=128, num_attention_heads=4), codec)
+    cfg = qwen2_config(TinyModelConfig(hidden_size=256, num_attention_heads=4, num_key_value_heads=2), codec)
+    assert cfg.head_dim == 64 and cfg.vocab_size == codec.vocab_size and cfg.eos_token_id == codec.eos_id
+
+
+def test_built_checkpoints_load_and_are_cached(tiny_model_dir, caplog):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    for path in (tiny_model_dir.policy, tiny_model_dir.teacher):
+        assert (path / "model.safetensors").is_file()
+        model = AutoModelForCausalLM.from_pretrained(str(path))
+        assert model.dtype == torch.float32
+        assert model.config.hidden_size // model.config.num_attention_heads == 64
+        assert AutoTokenizer.from_pretrained(str(path)).eos_token_id == model.config.eos_token_id
+        stamp = json.loads((path / STAMP_FILE).read_text())
+        assert stamp["stamp"] == config_stamp(tiny_model_dir.config)
+    policy = AutoModelForCausalLM.from_pretrained(str(tiny_model_dir.policy))
+    teacher = AutoModelForCausalLM.from_pretrained(str(tiny_model_dir.teacher))
+    assert not torch.equal(policy.lm_head.weight, teacher.lm_head.weight)  # the teacher trained further
+    # Same config again: nothing is rebuilt.
+    assert make_tiny_model(tiny_model_dir.config).built is False
+
+
+def test_stamp_follows_the_config():
+    base = AsyncRLConfig()
+    changed = AsyncRLConfig.model_validate(
+        {"tiny_model": {"warmstart_steps": base.tiny_model.warmstart_steps + 1}}
+    )
+    other_task = AsyncRLConfig.model_validate({"task": {"seed": 5}})
+    assert config_stamp(base) == config_stamp(AsyncRLConfig())
+    assert len({config_stamp(base), config_stamp(changed), config_stamp(other_task)}) == 3
+
+
+def test_teacher_must_train_at_least_as_long(tmp_path):
+    cfg = AsyncRLConfig.model_validate(
+        {
+            "model": {"path": str(tmp_path / "p")},
+            "teacher": {"model_path": str(tmp_path / "t")},
+            "tiny_model": {"warmstart_steps": 5, "teacher_steps": 2},
+        }
+    )
+    with pytest.raises(ValueError, match="teacher_steps"):
+        make_tiny_model(cfg)

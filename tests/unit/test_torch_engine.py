@@ -1,0 +1,196 @@
+"""TorchEngine: cached decoding equals uncached forwards, logp_behav equals the learner's log-probs, EOS,
+in-flight weight updates over a real gloo broadcast, and rejected plans."""
+
+import threading
+
+import pytest
+import torch
+
+from asyncrl.config import EngineConfig
+from asyncrl.modeling import load_causal_lm, named_weights, sequence_logprobs
+from asyncrl.sampling import SamplingParams
+from asyncrl.weights.plan import PushPlan, TensorMeta, tensor_metas
+from asyncrl.weights.transport import host_store, make_group, send_weights
+from rollout.engines.torch_engine import TorchEngine
+
+# Variable prompt lengths on purpose: left padding must not change anything.
+PROMPTS = [[1, 5, 6, 14, 7, 8, 15], [1, 9, 14, 9, 15], [1, 12, 13, 14, 4, 15], [1, 4, 15]]
+
+
+@pytest.fixture()
+def engine(tiny_model_dir):
+    eng = TorchEngine(
+        EngineConfig(threads=1, max_batch_size=5), str(tiny_model_dir.policy), seed=3, version=7
+    )
+    yield eng
+    eng.close()
+
+
+def _flat(groups):
+    return [g for group in groups for g in group]
+
+
+def test_greedy_is_deterministic_and_equals_uncached_argmax(engine):
+    params = SamplingParams(max_new_tokens=6, greedy=True)
+    first = engine.generate(PROMPTS, params, n=2)
+    assert engine.generate(PROMPTS, params, n=2) == first
+    for prompt, group in zip(PROMPTS, first):
+        # Same tokens in another batch slot; the log-prob may differ in the last float bits only.
+        assert group[0].token_ids == group[1].token_ids
+        assert group[0].logp_behav == pytest.approx(group[1].logp_behav, abs=1e-5)
+        gen = group[0]
+        assert gen.weight_version == [7] * len(gen.token_ids)
+        # Replay without a cache: each generated token is the argmax of a full forward of everything before.
+        seq = prompt + gen.token_ids
+        with torch.no_grad():
+            logits = engine.model(torch.tensor([seq])).logits[0]
+        argmax = logits[len(prompt) - 1 : len(seq) - 1].argmax(-1).tolist()
+        assert argmax == gen.token_ids
+
+
+@pytest.mark.parametrize(
+    "params",
+    [SamplingParams(max_new_tokens=6), SamplingParams(temperature=0.7, top_k=5, top_p=0.9, max_new_tokens=6)],
+)
+def test_logp_behav_equals_sequence_logprobs(engine, params):
+    gens = _flat(engine.generate(PROMPTS, params, n=3))
+    prompts = [p for p in PROMPTS for _ in range(3)]
+    with torch.no_grad():
+        logp, mask = sequence_logprobs(
+            engine.model,
+            [p + g.token_ids for p, g in zip(prompts, gens)],
+            [len(p) for p in prompts],
+            params,
+            0,
+        )
+    for i, gen in enumerate(gens):
+        assert len(gen.logp_behav) == len(gen.token_ids) == int(mask[i].sum())
+        assert gen.logp_behav == pytest.approx(logp[i, : len(gen.token_ids)].tolist(), abs=1e-5)
+
+
+def test_sampling_is_seeded(tiny_model_dir):
+    params = SamplingParams(max_new_tokens=5)
+    runs = []
+    for seed in (11, 11, 12):
+        eng = TorchEngine(EngineConfig(threads=1), str(tiny_model_dir.policy), seed=seed)
+        runs.append([g.token_ids for g in _flat(eng.generate(PROMPTS, params, n=4))])
+    assert runs[0] == runs[1] != runs[2]
+
+
+def test_eos_stops_each_sequence(engine):
+    eos = engine.eos_ids[0]
+    params = SamplingParams(max_new_tokens=8)
+    for gen in _flat(engine.generate(PROMPTS, params, n=16)):
+        if gen.finished:
+            assert gen.token_ids[-1] == eos and eos not in gen.token_ids[:-1]
+        else:
+            assert len(gen.token_ids) == 8 and eos not in gen.token_ids
+    # Make the greedy first token of one prompt the EOS: that sequence stops after one token, the
+    # others in the same batch go on.
+    greedy = SamplingParams(max_new_tokens=4, greedy=True)
+    before = engine.generate(PROMPTS, greedy)
+    engine.eos_ids = [before[0][0].token_ids[0]]
+    after = engine.generate(PROMPTS, greedy)
+    assert after[0][0].token_ids == before[0][0].token_ids[:1] and after[0][0].finished
+    for b, a in zip(before[1:], after[1:]):
+        stop = next((k + 1 for k, t in enumerate(b[0].token_ids) if t in engine.eos_ids), None)
+        assert a[0].token_ids == b[0].token_ids[:stop]
+
+
+def test_score_is_raw_logprobs(engine):
+    seqs, starts = [p + [4, 5, 2] for p in PROMPTS], [len(p) for p in PROMPTS]
+    scores = engine.score(seqs, starts)
+    with torch.no_grad():
+        logp, _ = sequence_logprobs(engine.model, seqs, starts, None, 0)
+    assert [len(s) for s in scores] == [3] * len(PROMPTS)
+    assert scores == [pytest.approx(row, abs=1e-6) for row in logp.tolist()]
+
+
+def _plan(named, version, store, push_id, metas=None):
+    return PushPlan(
+        push_id=push_id,
+        version=version,
+        store_address=f"127.0.0.1:{store.port}",
+        world_size=2,
+        transport="gloo",
+        tensors=metas or tensor_metas(named),
+        bucket_bytes=1 << 20,
+        timeout_s=30.0,
+    )
+
+
+def _sender(named, plan, store, errors):
+    def run():
+        try:
+            group = make_group(plan, 0, store)
+            send_weights(group, named, plan)
+            group.close()
+        except Exception as err:  # noqa: BLE001 - surfaced by the test
+            errors.append(err)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_in_flight_update_changes_weights_for_later_tokens(engine, tiny_model_dir):
+    new_model = load_causal_lm(tiny_model_dir.teacher)
+    named = named_weights(new_model)
+    store = host_store("127.0.0.1", 0, 30.0)
+    plan = _plan(named, 8, store, "inflight")
+    engine.eos_ids = [-1]  # never stop early: every sequence runs all steps
+    stats, errors = [], []
+    real_guard = engine._forward_step
+    calls = {"n": 0}
+
+    def guard_that_updates_before_step_3():
+        # Runs on the generating thread before it takes the weight lock: the update must complete here
+        # (it needs that lock only for the swap), i.e. between two decode steps of a running generate().
+        calls["n"] += 1
+        if calls["n"] == 3:
+            sender = _sender(named, plan, store, errors)
+            updater = threading.Thread(target=lambda: stats.append(engine.update_weights(plan, 1)))
+            updater.start()
+            updater.join(30)
+            sender.join(30)
+        return real_guard()
+
+    engine._forward_step = guard_that_updates_before_step_3
+    gens = _flat(engine.generate(PROMPTS, SamplingParams(max_new_tokens=5), n=1))
+    assert not errors and len(stats) == 1
+    assert stats[0].version == 8 and stats[0].bytes_received == sum(t.numel() * 4 for _, t in named)
+    assert 0 <= stats[0].pause_s <= stats[0].load_s
+    for gen in gens:
+        assert gen.weight_version == [7, 7, 8, 8, 8]
+    assert engine.weight_version == 8
+    assert all(torch.equal(a, b) for (_, a), (_, b) in zip(named_weights(engine.model), named))
+
+
+def test_bad_plan_fails_clearly_and_leaves_weights_untouched(engine, tiny_model_dir):
+    before = [t.clone() for _, t in named_weights(engine.model)]
+    named = named_weights(load_causal_lm(tiny_model_dir.teacher))
+    name = "model.layers.0.self_attn.k_proj.weight"
+    # Same number of elements, wrong shape: the broadcast itself works, the plan does not fit the model.
+    named = [(n, t.reshape(t.shape[1], t.shape[0]) if n == name else t) for n, t in named]
+    store = host_store("127.0.0.1", 0, 30.0)
+    plan = _plan(named, 9, store, "bad-shape")
+    errors = []
+    sender = _sender(named, plan, store, errors)
+    with pytest.raises(ValueError, match=f"{name}.*shape \\(128, 64\\).*expects \\(64, 128\\)"):
+        engine.update_weights(plan, 1)
+    sender.join(30)
+    assert not sender.is_alive() and not errors  # the receiver drained the broadcast: nobody hangs
+    assert engine.weight_version == 7
+    assert all(torch.equal(a, b) for a, (_, b) in zip(before, named_weights(engine.model)))
+
+
+def test_unknown_tensor_is_rejected(engine):
+    store = host_store("127.0.0.1", 0, 30.0)
+    metas = tensor_metas(named_weights(engine.model)) + (TensorMeta("extra.weight", (2,), "float32"),)
+    named = named_weights(engine.model) + [("extra.weight", torch.zeros(2))]
+    plan = _plan(named, 9, store, "unknown", metas)
+    sender = _sender(named, plan, store, [])
+    with pytest.raises(ValueError, match="'extra.weight'"):
+        engine.update_weights(plan, 1)
+    sender.join(30)
+    assert engine.weight_version == 7
