@@ -3,6 +3,7 @@ trajectory group written was trained exactly once (or is still in the buffer: no
 
 from __future__ import annotations
 
+import itertools
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -63,18 +64,18 @@ def _check_versions(report: AuditReport, controller: list[dict], learner: list[d
     # Resync pushes re-commit the current version; a new version is always exactly the previous + 1.
     committed = [ev["version"] for ev in controller if ev["kind"] == "push_committed"]
     report.versions_committed = sorted(set(committed))
-    for a, b in zip(committed, committed[1:]):
+    for a, b in itertools.pairwise(committed):
         if not a <= b <= a + 1:
             report.version_errors.append(f"controller committed {a} then {b}")
     steps = [ev["version"] for ev in learner if ev["kind"] == "step"]
-    for a, b in zip(steps, steps[1:]):
+    for a, b in itertools.pairwise(steps):
         if b <= a:
             report.version_errors.append(f"learner published {a} then {b}")
     by_replica: dict[str, list[dict]] = {}
     for ev in rollouts:
         by_replica.setdefault(ev["_source"], []).append(ev)
     for source, evs in by_replica.items():
-        for a, b in zip(evs, evs[1:]):
+        for a, b in itertools.pairwise(evs):
             if b["lease_version"] < a["lease_version"]:
                 report.version_errors.append(f"{source}: lease version went {a['lease_version']} -> "
                                              f"{b['lease_version']}")

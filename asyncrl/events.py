@@ -15,7 +15,7 @@ class EventLog:
         self.path = Path(run_dir) / "events" / f"{name}.jsonl"
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
-        self._file = open(self.path, "a", buffering=1)
+        self._file = open(self.path, "a", buffering=1)  # noqa: SIM115 - lives as long as the log
 
     def write(self, kind: str, **fields) -> None:
         record = {"t": time.time(), "kind": kind, **fields}

@@ -8,9 +8,9 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.pyplot as plt
 
-from asyncrl.events import read_events  # noqa: E402
+from asyncrl.events import read_events
 
 
 def plot_run(run_dir: str | Path) -> Path:

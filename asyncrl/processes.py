@@ -44,11 +44,12 @@ class ProcessGroup:
 
     def start(self, name: str, argv: list[str], env: dict | None = None) -> Child:
         log_path = self.log_dir / f"{name}.log"
-        log_file = open(log_path, "ab")
         full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
-        # Own session: Ctrl-C in the terminal reaches the launcher only, which stops children in order.
-        proc = subprocess.Popen(argv, stdout=log_file, stderr=subprocess.STDOUT, env=full_env,
-                                start_new_session=True)
+        # The child keeps its own copy of the log descriptor; ours closes right away.
+        with open(log_path, "ab") as log_file:
+            # Own session: Ctrl-C in the terminal reaches the launcher only, which stops children in order.
+            proc = subprocess.Popen(argv, stdout=log_file, stderr=subprocess.STDOUT, env=full_env,
+                                    start_new_session=True)
         child = Child(name, proc, log_path)
         self.children.append(child)
         return child

@@ -22,7 +22,7 @@ class SamplingParams:
     greedy: bool = False
 
     @classmethod
-    def from_config(cls, cfg, greedy: bool = False) -> "SamplingParams":
+    def from_config(cls, cfg, greedy: bool = False) -> SamplingParams:
         return cls(cfg.temperature, cfg.top_k, cfg.top_p, cfg.max_new_tokens, greedy)
 
 

@@ -34,11 +34,11 @@ class TrainBatch:
     def __len__(self) -> int:
         return len(self.sequences)
 
-    def rows(self, index: list[int]) -> "TrainBatch":
+    def rows(self, index: list[int]) -> TrainBatch:
         """The sub-batch of the given rows, trimmed to its own longest response."""
         idx = torch.tensor(index, dtype=torch.long)
         width = int(self.response_mask[idx].sum(dim=1).max().item()) if index else 0
-        pick = lambda t: None if t is None else t[idx, :width]  # noqa: E731
+        pick = lambda t: None if t is None else t[idx, :width]
         return replace(
             self,
             group_ids=[self.group_ids[i] for i in index],

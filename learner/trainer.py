@@ -3,6 +3,9 @@ objective, backward, clip, optimizer step. The objective itself lives in `learne
 
 from __future__ import annotations
 
+import copy
+import functools
+import operator
 import time
 from collections import defaultdict
 
@@ -24,10 +27,14 @@ class Trainer:
         self.optimizer = torch.optim.AdamW(
             model.parameters(), lr=learner_cfg.lr, weight_decay=learner_cfg.weight_decay
         )
+        # The KL reference is the policy the run started from, frozen (only kept when a KL term uses it).
+        self.ref_model = None
+        if self.algo.kl.mode != "none":
+            self.ref_model = copy.deepcopy(model).eval().requires_grad_(False)
 
-    def _logprobs(self, batch: TrainBatch) -> torch.Tensor:
-        logp, _mask = sequence_logprobs(self.model, batch.sequences, batch.response_starts, self.sampling,
-                                        self.pad_id)
+    def _logprobs(self, batch: TrainBatch, model: torch.nn.Module | None = None) -> torch.Tensor:
+        logp, _mask = sequence_logprobs(model or self.model, batch.sequences, batch.response_starts,
+                                        self.sampling, self.pad_id)
         return logp[:, : batch.response_mask.shape[1]]
 
     def minibatch_rows(self, batch: TrainBatch, keep: torch.Tensor) -> list[list[int]]:
@@ -38,7 +45,7 @@ class Trainer:
                 groups[g].append(row)
         ordered = [groups[g] for g in sorted(groups)]
         k = self.cfg.minibatches
-        chunks = [sum(ordered[i::k], []) for i in range(k)] if len(ordered) >= k else [sum(ordered, [])]
+        chunks = [functools.reduce(operator.iadd, ordered[i::k], []) for i in range(k)] if len(ordered) >= k else [functools.reduce(operator.iadd, ordered, [])]
         return [sorted(c) for c in chunks if c]
 
     def step(self, batch: TrainBatch, version: int) -> dict:
@@ -51,8 +58,12 @@ class Trainer:
         else:
             logp_prox = batch.logp_behav  # bypass mode: one forward less
         t_prox = time.perf_counter() - t0
+        logp_ref = None
+        if self.ref_model is not None:
+            with torch.no_grad():
+                logp_ref = self._logprobs(batch, self.ref_model)
         adv = build_advantages(batch.rewards, batch.group_index, batch.response_mask, self.algo,
-                               logp_prox=logp_prox, logp_teacher=batch.logp_teacher)
+                               logp_prox=logp_prox, logp_teacher=batch.logp_teacher, logp_ref=logp_ref)
         metrics: dict[str, float] = dict(adv.metrics)
         sums: dict[str, float] = defaultdict(float)
         chunks = self.minibatch_rows(batch, adv.keep)
@@ -63,7 +74,9 @@ class Trainer:
             logp = self._logprobs(mb)
             loss, mb_metrics = policy_objective(
                 logp, logp_prox[idx, :width], mb.logp_behav, adv.advantages[idx, :width], mb.response_mask,
-                self.algo, logp_teacher=mb.logp_teacher,
+                self.algo, logp_ref=None if logp_ref is None else logp_ref[idx, :width],
+                logp_teacher=mb.logp_teacher,
+                opd_mask=None if adv.opd_mask is None else adv.opd_mask[idx, :width],
             )
             self.optimizer.zero_grad(set_to_none=True)
             loss.backward()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import signal
@@ -15,15 +16,15 @@ from asyncrl.buffer import make_buffer
 from asyncrl.events import EventLog
 from asyncrl.grpc_util import build_server, wait_for_channel
 from asyncrl.metrics import serve_metrics
-from asyncrl.modeling import load_causal_lm
+from asyncrl.modeling import eos_token_ids, load_causal_lm, pad_token_id
 from asyncrl.sampling import SamplingParams
 from asyncrl.tasks import get_task
 from asyncrl.tasks.evaluate import greedy_accuracy
-from asyncrl.tokenizer import load_tokenizer
 from asyncrl.v1 import controller_pb2_grpc, learner_pb2, learner_pb2_grpc, teacher_pb2_grpc
 from learner.loop import LearnerLoop, LearnerProgress
 from learner.publisher import WeightPublisher
 from learner.trainer import Trainer
+from rollout.engines.torch_decode import generate_with_model
 
 log = logging.getLogger("asyncrl.learner")
 SERVICE = "asyncrl.v1.Learner"
@@ -66,6 +67,19 @@ class LearnerServicer(learner_pb2_grpc.LearnerServicer):
                                          last_eval_accuracy=p.last_eval_accuracy, last_step_s=p.last_step_s)
 
 
+def evaluate_greedy(model, task, max_new_tokens: int) -> float:
+    """Greedy accuracy of the learner's own model on the task's held-out prompts."""
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            generate = functools.partial(generate_with_model, model, eos_ids=eos_token_ids(model),
+                                         pad_id=pad_token_id(model))
+            return greedy_accuracy(generate, task, max_new_tokens=max_new_tokens)
+    finally:
+        model.train(was_training)
+
+
 def create_server(config, progress: LearnerProgress | None = None):
     """The Learner status gRPC server (not started); `server.servicer.progress` is live progress."""
     servicer = LearnerServicer(progress or LearnerProgress())
@@ -83,7 +97,6 @@ def serve(config) -> LearnerProgress:
         torch.set_num_threads(config.learner.threads)
     torch.manual_seed(config.seed)
     model = load_causal_lm(config.model.path, config.model.dtype, config.learner.device)
-    tokenizer = load_tokenizer(config.model.path)
     sampling = SamplingParams.from_config(config.sampling)
     controller = controller_pb2_grpc.ControllerStub(wait_for_channel(config.controller.address, 120))
     teacher = None
@@ -93,12 +106,12 @@ def serve(config) -> LearnerProgress:
     metrics = LearnerMetrics()
     loop = LearnerLoop(
         config=config,
-        trainer=Trainer(model, config.learner, sampling, tokenizer.pad_token_id),
+        trainer=Trainer(model, config.learner, sampling, pad_token_id(model)),
         buffer=make_buffer(config.buffer, consumer="learner-0"),
         controller_stub=controller,
         publisher=WeightPublisher(controller, model, config.learner.weight_transport,
                                   config.controller.push_timeout_s),
-        evaluate=lambda: greedy_accuracy(model, tokenizer, task, config.sampling.max_new_tokens),
+        evaluate=functools.partial(evaluate_greedy, model, task, config.sampling.max_new_tokens),
         events=EventLog(config.run_dir, "learner"),
         metrics=metrics,
         teacher_stub=teacher,

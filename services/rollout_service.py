@@ -16,11 +16,17 @@ from transformers import AutoConfig
 
 from asyncrl.buffer import make_buffer
 from asyncrl.events import EventLog
-from asyncrl.grpc_util import InvalidArgument, abort_invalid, build_server, require, wait_for_channel, wait_until_stopped
+from asyncrl.grpc_util import (
+    InvalidArgument,
+    abort_invalid,
+    build_server,
+    require,
+    wait_for_channel,
+    wait_until_stopped,
+)
 from asyncrl.metrics import serve_metrics
 from asyncrl.sampling import SamplingParams
 from asyncrl.tasks import get_reward, get_task
-from asyncrl.tokenizer import load_tokenizer
 from asyncrl.v1 import controller_pb2_grpc, rollout_pb2, rollout_pb2_grpc
 from asyncrl.weights.plan import PushPlan
 from rollout.engines.base import make_engine
@@ -68,7 +74,7 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServicer):
             stats = self.engine.update_weights(PushPlan.from_proto(request.plan), request.rank)
         except ValueError as err:  # the plan does not fit the model
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"plan: {err}")
-        except Exception as err:  # noqa: BLE001 - a failed transfer is reported, the engine keeps its weights
+        except Exception as err:
             log.exception("weight update %s failed", request.plan.push_id)
             context.abort(grpc.StatusCode.ABORTED, f"weight update {request.plan.push_id} failed: {err}")
         self.metrics.weight_version.set(stats.version)
@@ -153,11 +159,10 @@ def serve(config, replica_id: str = "") -> None:
     print(f"asyncrl-rollout {session.replica_id} listening grpc={config.rollout.host}:{port} "
           f"metrics={config.rollout.host}:{metrics_port}", flush=True)
     task = get_task(config.task)
-    tokenizer = load_tokenizer(config.model.path)
     worker = RolloutWorker(
         config=config, engine=engine, engine_lock=engine_lock, buffer=make_buffer(config.buffer),
         controller_stub=controller, session=session, task=task, reward_fn=get_reward(config.rollout.reward),
-        decode=lambda ids: tokenizer.decode(ids, skip_special_tokens=True),
+        decode=task.decode_response,
         events=EventLog(config.run_dir, f"rollout-{session.replica_id}"), metrics=metrics,
     )
     stop = threading.Event()

@@ -17,7 +17,7 @@ class TensorMeta:
     def torch_dtype(self) -> torch.dtype:
         dtype = getattr(torch, self.dtype, None)
         if not isinstance(dtype, torch.dtype):
-            raise ValueError(f"tensor {self.name!r}: unknown dtype {self.dtype!r}")
+            raise ValueError(f"tensor {self.name!r}: unknown dtype {self.dtype!r}")  # noqa: TRY004 - a bad value
         return dtype
 
     @property
@@ -32,7 +32,7 @@ class TensorMeta:
         return self.numel * self.torch_dtype.itemsize
 
     @classmethod
-    def of(cls, name: str, tensor: torch.Tensor) -> "TensorMeta":
+    def of(cls, name: str, tensor: torch.Tensor) -> TensorMeta:
         return cls(name, tuple(tensor.shape), str(tensor.dtype).removeprefix("torch."))
 
 
@@ -74,7 +74,7 @@ class PushPlan:
         )
 
     @classmethod
-    def from_proto(cls, msg) -> "PushPlan":
+    def from_proto(cls, msg) -> PushPlan:
         return cls(
             push_id=msg.push_id,
             version=msg.version,

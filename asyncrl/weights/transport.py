@@ -9,9 +9,11 @@ the plan's `transport` field.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import ipaddress
 import socket
+import threading
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator
 
@@ -112,7 +114,7 @@ class NcclGroup(BroadcastGroup):
         if self._pg is not None:
             try:
                 self._pg.shutdown()
-            except Exception:  # noqa: BLE001 - best effort on teardown
+            except Exception:  # noqa: BLE001, S110 - best effort on teardown
                 pass
         self._pg = None
 
@@ -144,9 +146,9 @@ def host_store(host: str, port: int, timeout_s: float) -> TCPStore:
     )
 
 
-class _StagingPool:
-    """Two reusable staging buffers per (device, dtype): packing/unpacking one bucket overlaps the transfer
-    of the other, and no push pays first-touch page faults for fresh multi-MiB buffers."""
+class _StagingBuffers:
+    """Two staging buffers per (device, dtype): packing/unpacking one bucket overlaps the transfer of the
+    other."""
 
     def __init__(self):
         self._buffers: dict[tuple, list[torch.Tensor]] = {}
@@ -156,6 +158,29 @@ class _StagingPool:
         if pair[slot].numel() < numel:
             pair[slot] = torch.empty(numel, dtype=dtype, device=device)
         return pair[slot][:numel]
+
+
+class _StagingPool:
+    """Reusable staging buffers, so no push pays first-touch page faults for fresh multi-MiB buffers.
+
+    Each transfer leases its own set for its duration: a process that sends and receives at once (tests,
+    several engines in one process) never has two transfers writing the same buffer, and back-to-back
+    pushes reuse the same memory.
+    """
+
+    def __init__(self):
+        self._free: list[_StagingBuffers] = []
+        self._lock = threading.Lock()
+
+    @contextlib.contextmanager
+    def lease(self) -> Iterator[_StagingBuffers]:
+        with self._lock:
+            buffers = self._free.pop() if self._free else _StagingBuffers()
+        try:
+            yield buffers
+        finally:
+            with self._lock:
+                self._free.append(buffers)
 
 
 _STAGING = _StagingPool()
@@ -168,18 +193,19 @@ def send_weights(group: BroadcastGroup, named_tensors: Iterable[tuple[str, torch
     if len(tensors) != len(plan.tensors):
         raise ValueError(f"plan lists {len(plan.tensors)} tensors, got {len(tensors)}")
     sent, in_flight = 0, None
-    for k, bucket in enumerate(plan_buckets(plan.tensors, plan.bucket_bytes)):
-        dtype = plan.tensors[bucket.members[0]].torch_dtype
-        staging = _STAGING.get(group.device, dtype, bucket.numel, k % 2)
-        # .to() is a no-op for tensors already on the group's device (the CPU/gloo case).
-        members = {i: tensors[i].detach().to(group.device) for i in bucket.members}
-        flat = pack(bucket, members, out=staging)
+    with _STAGING.lease() as staging:
+        for k, bucket in enumerate(plan_buckets(plan.tensors, plan.bucket_bytes)):
+            dtype = plan.tensors[bucket.members[0]].torch_dtype
+            out = staging.get(group.device, dtype, bucket.numel, k % 2)
+            # .to() is a no-op for tensors already on the group's device (the CPU/gloo case).
+            members = {i: tensors[i].detach().to(group.device) for i in bucket.members}
+            flat = pack(bucket, members, out=out)
+            if in_flight is not None:
+                in_flight.wait()
+            in_flight = group.broadcast_async(flat)
+            sent += flat.numel() * flat.element_size()
         if in_flight is not None:
             in_flight.wait()
-        in_flight = group.broadcast_async(flat)
-        sent += flat.numel() * flat.element_size()
-    if in_flight is not None:
-        in_flight.wait()
     return sent
 
 
@@ -188,15 +214,16 @@ def receive_weights(group: BroadcastGroup, plan: PushPlan) -> Iterator[list[tupl
     next iteration: copy them out). The next bucket is already arriving while the caller copies."""
     metas: tuple[TensorMeta, ...] = plan.tensors
     buckets = plan_buckets(metas, plan.bucket_bytes)
+    with _STAGING.lease() as staging:
 
-    def start(k):
-        bucket = buckets[k]
-        flat = _STAGING.get(group.device, metas[bucket.members[0]].torch_dtype, bucket.numel, k % 2)
-        return flat, group.broadcast_async(flat)
+        def start(k):
+            bucket = buckets[k]
+            flat = staging.get(group.device, metas[bucket.members[0]].torch_dtype, bucket.numel, k % 2)
+            return flat, group.broadcast_async(flat)
 
-    pending = start(0) if buckets else None
-    for k, bucket in enumerate(buckets):
-        flat, work = pending
-        work.wait()
-        pending = start(k + 1) if k + 1 < len(buckets) else None
-        yield unpack(bucket, flat, metas)
+        pending = start(0) if buckets else None
+        for k, bucket in enumerate(buckets):
+            flat, work = pending
+            work.wait()
+            pending = start(k + 1) if k + 1 < len(buckets) else None
+            yield unpack(bucket, flat, metas)
