@@ -16,11 +16,11 @@ ratio shows the objective's own overhead.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
 
 import torch
+from common import emit
 from torch import nn
 
 from learner.algos import AlgoConfig, build_advantages, policy_objective
@@ -149,7 +149,10 @@ def main() -> None:
     results["linear_head"] = time_pair(head, linear_logp, batch, args.warmup, args.repeats, args.device)
     results["target_ratio"] = 1.15
     results["meets_target"] = results["transformer"]["ratio"] <= 1.15
-    print(json.dumps(results))
+    tr = results["transformer"]
+    emit("learner_step", {"bench": "learner_step", **results},
+         {"plain PPO": tr["plain_ppo_ms"], "all corrections": tr["all_corrections_ms"]},
+         "ms per step (demo-shaped model)", f"learner step, all corrections vs plain PPO (ratio {tr['ratio']:.2f})")
 
 
 if __name__ == "__main__":

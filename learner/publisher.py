@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from asyncrl.modeling import named_weights
 from asyncrl.v1 import controller_pb2, weights_pb2
+from asyncrl.weights.flat import bind_parameters
 from asyncrl.weights.plan import PushPlan, tensor_metas
 from asyncrl.weights.transport import host_store, make_group, send_weights
 
@@ -38,6 +39,9 @@ class WeightPublisher:
         self.max_attempts = max_attempts
         self.store = host_store(transport_cfg.host, transport_cfg.store_port, transport_cfg.timeout_s)
         self.store_address = f"{transport_cfg.host}:{self.store.port}"
+        # The model's weights move (once) into bucket-shaped storage: every later push broadcasts the
+        # buckets as they are, without packing (the optimizer updates them in place).
+        self.flat = bind_parameters(model, named_weights(model), int(transport_cfg.bucket_mb * 2**20))
         self.specs = [
             weights_pb2.TensorSpec(name=m.name, shape=list(m.shape), dtype=m.dtype)
             for m in tensor_metas(named_weights(model))

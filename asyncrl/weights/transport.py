@@ -21,6 +21,7 @@ import torch
 from torch.distributed import PrefixStore, TCPStore
 
 from asyncrl.weights.buckets import pack, plan_buckets, unpack
+from asyncrl.weights.flat import FlatWeights, adjacent_run
 from asyncrl.weights.plan import PushPlan, TensorMeta
 
 
@@ -196,10 +197,11 @@ def send_weights(group: BroadcastGroup, named_tensors: Iterable[tuple[str, torch
     with _STAGING.lease() as staging:
         for k, bucket in enumerate(plan_buckets(plan.tensors, plan.bucket_bytes)):
             dtype = plan.tensors[bucket.members[0]].torch_dtype
-            out = staging.get(group.device, dtype, bucket.numel, k % 2)
             # .to() is a no-op for tensors already on the group's device (the CPU/gloo case).
             members = {i: tensors[i].detach().to(group.device) for i in bucket.members}
-            flat = pack(bucket, members, out=out)
+            flat = adjacent_run([members[i] for i in bucket.members])
+            if flat is None or flat.dtype != dtype:
+                flat = pack(bucket, members, out=staging.get(group.device, dtype, bucket.numel, k % 2))
             if in_flight is not None:
                 in_flight.wait()
             in_flight = group.broadcast_async(flat)
@@ -209,16 +211,28 @@ def send_weights(group: BroadcastGroup, named_tensors: Iterable[tuple[str, torch
     return sent
 
 
-def receive_weights(group: BroadcastGroup, plan: PushPlan) -> Iterator[list[tuple[str, torch.Tensor]]]:
-    """Other ranks: yield the named tensors of each bucket (views into a staging buffer, valid until the
-    next iteration: copy them out). The next bucket is already arriving while the caller copies."""
+def receive_weights(
+    group: BroadcastGroup, plan: PushPlan, into: FlatWeights | None = None
+) -> Iterator[list[tuple[str, torch.Tensor]]]:
+    """Other ranks: yield the named tensors of each bucket. The next bucket is already arriving while the
+    caller handles this one.
+
+    Without `into` the tensors are views into a reused staging buffer, valid until the next iteration (copy
+    them out). With `into` (a `FlatWeights` with the plan's layout, on the group's device) every bucket lands
+    directly in its buffers and the views stay valid: no copy at all.
+    """
     metas: tuple[TensorMeta, ...] = plan.tensors
     buckets = plan_buckets(metas, plan.bucket_bytes)
+    if into is not None and not into.matches(metas, plan.bucket_bytes):
+        raise ValueError(f"push {plan.push_id}: the receive buffers do not have the plan's layout")
     with _STAGING.lease() as staging:
 
         def start(k):
             bucket = buckets[k]
-            flat = staging.get(group.device, metas[bucket.members[0]].torch_dtype, bucket.numel, k % 2)
+            if into is not None:
+                flat = into.buffers[k]
+            else:
+                flat = staging.get(group.device, metas[bucket.members[0]].torch_dtype, bucket.numel, k % 2)
             return flat, group.broadcast_async(flat)
 
         pending = start(0) if buckets else None

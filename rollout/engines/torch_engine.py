@@ -1,10 +1,12 @@
 """The project's own generation engine: an HF causal LM decoded in torch, with in-flight weight updates.
 
 Generation holds the weight lock only for each forward pass (see `torch_decode.StepGuard`). `update_weights`
-runs in another thread: it receives every bucket of the broadcast into staging tensors while generation
-goes on, then takes the lock between two decode steps and copies the staged tensors into the model. So
-generation pauses only for the copy; tokens sampled from a forward after the swap carry the new version,
-and the KV cache computed with the old weights is kept (vLLM's pause mode "keep").
+runs in another thread: the broadcast lands in a spare set of bucket-shaped buffers (`weights.flat`) while
+generation goes on with the live set, then it takes the lock between two decode steps and points the
+parameters at the new buffers -- a pointer swap, so generation pauses for microseconds. (A push whose dtypes
+differ from the model's is staged and copied, casting, instead.) Tokens sampled from a forward after the
+swap carry the new version, and the KV cache computed with the old weights is kept (vLLM's pause mode
+"keep").
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from asyncrl.modeling import (
     sequence_logprobs,
 )
 from asyncrl.sampling import SamplingParams
+from asyncrl.weights.flat import FlatWeights, rebind_parameters
 from asyncrl.weights.plan import PushPlan
 from asyncrl.weights.transport import make_group, receive_weights
 from rollout.engines.base import Engine, Generation, WeightUpdateStats
@@ -49,6 +52,10 @@ class TorchEngine(Engine):
         self._weights_lock = threading.Lock()
         # One update at a time (two overlapping broadcasts would interleave their swaps).
         self._update_lock = threading.Lock()
+        # Double buffer of the zero-copy update path: parameters are views into `_live_flat` after the first
+        # update; the next one is received into `_spare_flat`, then the two swap roles.
+        self._live_flat: FlatWeights | None = None
+        self._spare_flat: FlatWeights | None = None
 
     @property
     def weight_version(self) -> int:
@@ -100,35 +107,56 @@ class TorchEngine(Engine):
             # receivers are not left waiting for this rank until their time-out.
             self._drain(plan, rank)
             raise
+        zero_copy = all(m.torch_dtype == targets[m.name].dtype for m in plan.tensors)
         group = make_group(plan, rank)
         staged: list[tuple[str, torch.Tensor]] = []
         try:
-            for bucket in receive_weights(group, plan):
-                # The bucket views live in reused staging buffers: keep copies until the swap.
-                staged.extend((name, tensor.clone()) for name, tensor in bucket)
+            if zero_copy:
+                # The broadcast lands in the spare buffers; the live ones stay untouched for generation.
+                spare = self._spare_weights(plan)
+                for _ in receive_weights(group, plan, into=spare):
+                    pass
+            else:
+                for bucket in receive_weights(group, plan):
+                    # The bucket views live in reused staging buffers: keep copies until the swap (which
+                    # casts them to the model's dtypes).
+                    staged.extend((name, tensor.clone()) for name, tensor in bucket)
         finally:
             group.close()
         received = time.perf_counter()
         with self._weights_lock:
             swap_start = time.perf_counter()
-            nbytes = copy_weights_(targets, staged)
+            if zero_copy:
+                rebind_parameters(self.model, spare)
+                self._live_flat, self._spare_flat = spare, self._live_flat
+                nbytes = plan.total_bytes
+            else:
+                nbytes = copy_weights_(targets, staged)
             self._version = plan.version
             pause_s = time.perf_counter() - swap_start
         load_s = time.perf_counter() - started
         log.info(
-            "weights v%d live: %.1f MB, receive %.3fs, pause %.4fs",
+            "weights v%d live: %.1f MB, receive %.3fs, pause %.6fs (%s)",
             plan.version,
             nbytes / 2**20,
             received - started,
             pause_s,
+            "pointer swap" if zero_copy else "copy",
         )
         return WeightUpdateStats(
             version=plan.version,
             load_s=load_s,
             pause_s=pause_s,
             bytes_received=nbytes,
-            extra={"receive_s": received - started},
+            extra={"receive_s": received - started, "zero_copy": float(zero_copy)},
         )
+
+    def _spare_weights(self, plan: PushPlan) -> FlatWeights:
+        """Receive buffers with the plan's layout that generation is not reading (allocated on first use
+        and whenever the layout changes; afterwards live and spare alternate)."""
+        if self._spare_flat is None or not self._spare_flat.matches(plan.tensors, plan.bucket_bytes):
+            self._spare_flat = FlatWeights(plan.tensors, plan.bucket_bytes, self.device)
+        return self._spare_flat
 
     def _drain(self, plan: PushPlan, rank: int) -> None:
         try:

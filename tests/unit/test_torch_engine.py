@@ -194,3 +194,41 @@ def test_unknown_tensor_is_rejected(engine):
         engine.update_weights(plan, 1)
     sender.join(30)
     assert engine.weight_version == 7
+
+
+def _push(engine, named, version, bucket_bytes=1 << 20):
+    store = host_store("127.0.0.1", 0, 30.0)
+    plan = _plan(named, version, store, f"push-{version}")
+    plan = PushPlan(**{**plan.__dict__, "bucket_bytes": bucket_bytes})
+    errors = []
+    sender = _sender(named, plan, store, errors)
+    stats = engine.update_weights(plan, 1)
+    sender.join(30)
+    assert not errors
+    return stats
+
+
+def test_successive_zero_copy_updates_alternate_buffers(engine, tiny_model_dir):
+    """Three pushes in small buckets: each lands exactly (the live set is never the one being received
+    into), parameters stay the same objects (views move), and the swap is a pointer flip."""
+    params_before = [id(p) for p in engine.model.parameters()]
+    base = named_weights(load_causal_lm(tiny_model_dir.teacher))
+    for version in (8, 9, 10):
+        named = [(n, t + 0.01 * version) for n, t in base]
+        stats = _push(engine, named, version, bucket_bytes=64 * 1024)
+        assert stats.extra["zero_copy"] == 1.0 and engine.weight_version == version
+        assert all(torch.equal(a, b) for (_, a), (_, b) in zip(named_weights(engine.model), named))
+        gens = _flat(engine.generate(PROMPTS[:1], SamplingParams(max_new_tokens=2), n=1))
+        assert set(gens[0].weight_version) == {version}
+    assert [id(p) for p in engine.model.parameters()] == params_before
+    # Tied embeddings (if any) still share one tensor after the rebinds.
+    if engine.model.config.tie_word_embeddings:
+        assert engine.model.lm_head.weight.data_ptr() == engine.model.model.embed_tokens.weight.data_ptr()
+
+
+def test_a_push_in_another_dtype_is_cast_by_copy(engine, tiny_model_dir):
+    named = [(n, t.to(torch.bfloat16)) for n, t in named_weights(load_causal_lm(tiny_model_dir.teacher))]
+    stats = _push(engine, named, 8)
+    assert stats.extra["zero_copy"] == 0.0 and engine.weight_version == 8
+    for (_, got), (_, sent) in zip(named_weights(engine.model), named):
+        assert got.dtype == torch.float32 and torch.equal(got, sent.float())

@@ -1,0 +1,77 @@
+"""Shared bench plumbing: a random Qwen2-shaped checkpoint of a chosen size, an in-process weight push, and
+writing each result as JSON (stdout and bench/results/<name>.json) plus a PNG bar chart."""
+
+from __future__ import annotations
+
+import json
+import threading
+from pathlib import Path
+
+import torch
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def build_random_qwen2(out_dir: Path, hidden: int, layers: int, intermediate: int, seed: int = 0) -> Path:
+    """A randomly initialised Qwen2 with the arith tokenizer (heads of 64, as vLLM's CPU kernels need);
+    reused when it already exists."""
+    from transformers import Qwen2ForCausalLM
+
+    from asyncrl.config import TinyModelConfig
+    from asyncrl.tiny_model import qwen2_config
+    from asyncrl.tokenizer import TextCodec, save_tokenizer
+
+    if (out_dir / "config.json").exists():
+        return out_dir
+    codec = TextCodec.arith()
+    shape = TinyModelConfig(hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=hidden // 64,
+                            num_key_value_heads=max(1, hidden // 256), intermediate_size=intermediate)
+    config = qwen2_config(shape, codec)
+    config.max_position_embeddings = 256
+    torch.manual_seed(seed)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    Qwen2ForCausalLM(config).save_pretrained(str(out_dir), safe_serialization=True)
+    save_tokenizer(codec.tokenizer, out_dir, model_max_length=256)
+    return out_dir
+
+
+def push_weights(engine, named: list[tuple[str, torch.Tensor]], version: int, bucket_bytes: int = 64 << 20):
+    """Push `named` into `engine` over a real gloo group (sender thread = rank 0, engine = rank 1)."""
+    from asyncrl.weights.plan import PushPlan, tensor_metas
+    from asyncrl.weights.transport import host_store, make_group, send_weights
+
+    store = host_store("127.0.0.1", 0, 120)
+    plan = PushPlan(f"bench-{version}", version, f"127.0.0.1:{store.port}", 2, "gloo", tensor_metas(named),
+                    bucket_bytes, 120)
+
+    def send():
+        group = make_group(plan, 0, store)
+        send_weights(group, named, plan)
+        group.close()
+
+    sender = threading.Thread(target=send, daemon=True)
+    sender.start()
+    stats = engine.update_weights(plan, 1)
+    sender.join(120)
+    return stats
+
+
+def emit(name: str, result: dict, bars: dict[str, float], ylabel: str, title: str) -> None:
+    """Print `result` as one JSON line, keep it in bench/results/<name>.json and draw `bars` as a PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    print(json.dumps(result))
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / f"{name}.json").write_text(json.dumps(result, indent=2) + "\n")
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    ax.bar(list(bars), list(bars.values()), color=["#888888"] + ["#1f77b4"] * (len(bars) - 1))
+    for i, value in enumerate(bars.values()):
+        ax.annotate(f"{value:.3g}", (i, value), ha="center", va="bottom")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(RESULTS / f"{name}.png", dpi=100)
+    plt.close(fig)
