@@ -68,6 +68,12 @@ def _schema(args):
     print(json.dumps(AsyncRLConfig.model_json_schema(), indent=2))
 
 
+def _config_docs(args):
+    from asyncrl.config_docs import render
+
+    print(render(), end="")
+
+
 def _probe(args):
     from asyncrl.probe import run
 
@@ -103,6 +109,8 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("run_dir")
         p.set_defaults(fn=fn)
     sub.add_parser("config-schema", help="print the config JSON schema").set_defaults(fn=_schema)
+    sub.add_parser("config-docs", help="print the config reference (docs/configuration.md)").set_defaults(
+        fn=_config_docs)
     return parser
 
 

