@@ -6,4 +6,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-exec .venv/bin/python -m pytest tests -p no:cacheprovider --durations=15 "$@"
+# Tiers in order, fastest first, so a broken unit fails before the slow runs start.
+exec .venv/bin/python -m pytest tests/unit tests/integration tests/e2e tests/gpu -p no:cacheprovider \
+  --durations=15 "$@"

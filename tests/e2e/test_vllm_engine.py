@@ -26,6 +26,9 @@ pytestmark = [
 ]
 
 TOL = 1e-4  # float32 engine vs float32 transformers; observed differences are around 1e-6
+# Responses of up to 100 tokens on the perturbed (more peaked) model: float32 drift between vLLM's oneDNN
+# kernels and transformers reached 2e-4 once. A wrong weight version is off by 1e-1 and more.
+LONG_TOL = 1e-3
 PROMPTS = [[3, 4, 5, 6], [7, 8, 9], [10, 11, 12, 13, 14], [2, 15]]
 SEQUENCES = [[3, 4, 5, 6, 7, 8, 9, 10], [12, 13, 14, 15, 16, 2, 3], [5, 5, 5, 6, 6, 6]]
 STARTS = [4, 2, 3]
@@ -176,7 +179,8 @@ def test_inflight_update_switches_version_mid_sequence(engine, live):
                 if lo == hi:
                     continue
                 want = reference_logp(model, prompt + gen.token_ids[:lo], gen.token_ids[lo:hi], params)
-                assert torch.allclose(torch.tensor(gen.logp_behav[lo:hi]), want, atol=TOL, rtol=0)
+                got = torch.tensor(gen.logp_behav[lo:hi])
+                assert torch.allclose(got, want, atol=LONG_TOL, rtol=0), (got - want).abs().max()
     assert mixed > 0, "the update did not land mid-generation"
 
 
