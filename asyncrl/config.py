@@ -153,6 +153,10 @@ class RolloutConfig(Section):
     """Engine generating the rollouts."""
     reward: str = "arith_exact"
     """Reward function registered in `asyncrl.tasks` (name)."""
+    max_restarts: int = Field(3, ge=0)
+    """`asyncrl up` restarts a replica process that dies (same replica id: it re-registers, is resynced to the
+    current weights and gets leases again) at most this many times per replica; 0 = a dead replica ends the
+    run."""
     leases_per_batch: int = Field(4, ge=1)
     """Groups generated together in one engine call: one held lease plus up to this many-1 more that are
     admissible at once (bigger engine batches, same staleness rule)."""
@@ -190,6 +194,9 @@ class WeightTransportConfig(Section):
     """Tensors are flattened into buckets of at most this many MiB per broadcast call."""
     timeout_s: float = Field(60.0, gt=0)
     """Group formation and broadcast time-out."""
+    join_timeout_s: float = Field(5.0, gt=0)
+    """How long the learner waits for every receiver of a push to join before calling the push off and
+    retrying without the absent ones (a replica that died after being picked must not stall the rest)."""
 
 
 class LearnerConfig(Section):

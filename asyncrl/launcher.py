@@ -2,8 +2,10 @@
 
 Builds the tiny model when missing, starts redis-server when no URL is given, picks free ports, writes the
 resolved config, starts controller, teacher, rollout replicas and learner as separate processes, shows live
-progress, and when the learner finishes (or on Ctrl-C, or when any process dies) stops everything it
-started, then writes the plots and the audit of the run.
+progress, and when the learner finishes (or on Ctrl-C, or when a process other than a rollout replica dies)
+stops everything it started, then writes the plots and the audit of the run. A replica that dies is started
+again under its id (at most `rollout.max_restarts` times): it re-registers, is resynced to the current
+weights, and gets leases again, while the others go on.
 """
 
 from __future__ import annotations
@@ -11,13 +13,14 @@ from __future__ import annotations
 import json
 import os
 import time
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
 from asyncrl.config import AsyncRLConfig, dump_config
 from asyncrl.events import read_events
 from asyncrl.grpc_util import wait_for_channel
-from asyncrl.processes import ProcessGroup, free_port
+from asyncrl.processes import Child, ProcessGroup, free_port
 from asyncrl.redis_local import start_local_redis
 
 
@@ -39,6 +42,16 @@ def ensure_models(cfg: AsyncRLConfig) -> None:
 
     print(f"[up] building the tiny model into {cfg.model.path} (once; cached)", flush=True)
     make_tiny_model(cfg)
+
+
+@dataclass
+class ReplicaProcess:
+    """A rollout replica `up` started, and how to start it again (replicas may come and go)."""
+
+    child: Child
+    argv: list[str]
+    env: dict[str, str]
+    restarts: int = 0
 
 
 def vllm_cpu_binding(engine_cfg, index: int) -> dict[str, str]:
@@ -101,19 +114,27 @@ def run(config: AsyncRLConfig, config_path: str | None = None) -> int:
         if cfg.teacher.enabled:
             group.start_cli("teacher", ["teacher", *args], env=vllm_cpu_binding(cfg.teacher.engine, engines))
             engines += cfg.teacher.engine.type == "vllm"
+        replicas = {}
         for i in range(cfg.rollout.replicas):
-            group.start_cli(f"rollout-{i}", ["rollout", *args, "--replica-id", f"replica-{i}"],
-                            env=vllm_cpu_binding(cfg.rollout.engine, engines))
+            argv = ["rollout", *args, "--replica-id", f"replica-{i}"]
+            env = vllm_cpu_binding(cfg.rollout.engine, engines)
             engines += cfg.rollout.engine.type == "vllm"
+            replicas[f"rollout-{i}"] = ReplicaProcess(group.start_cli(f"rollout-{i}", argv, env), argv, env)
         learner = group.start_cli("learner", ["learner", *args])
         progress = Progress(cfg)
         while learner.alive():
             progress.poll()
-            dead = group.failed()
-            if dead:
-                for child in dead:
-                    print(f"[up] {child.name} exited with {child.proc.returncode}; last lines:\n{child.tail()}",
-                          flush=True)
+            for child in group.failed():
+                replica = replicas.get(child.name)
+                if replica is not None and replica.child is child and replica.restarts < cfg.rollout.max_restarts:
+                    replica.restarts += 1
+                    print(f"[up] {child.name} exited with {child.proc.returncode}; restarting it "
+                          f"({replica.restarts}/{cfg.rollout.max_restarts})", flush=True)
+                    group.children.remove(child)
+                    replica.child = group.start_cli(child.name, replica.argv, replica.env)
+                    continue
+                print(f"[up] {child.name} exited with {child.proc.returncode}; last lines:\n{child.tail()}",
+                      flush=True)
                 return 1
             time.sleep(1.0)
         progress.poll()

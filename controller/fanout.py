@@ -14,7 +14,12 @@ from asyncrl.weights.plan import PushPlan
 
 
 class UpdateWeightsFailed(RuntimeError):
-    """A replica answered UpdateWeights with an error (or never answered)."""
+    """A replica answered UpdateWeights with an error (or never answered). `unreachable`: nothing listens at
+    its address any more (gRPC UNAVAILABLE), i.e. the process is gone."""
+
+    def __init__(self, message: str, unreachable: bool = False):
+        super().__init__(message)
+        self.unreachable = unreachable
 
 
 def grpc_update_weights(address: str, plan: PushPlan, rank: int, timeout_s: float) -> int:
@@ -26,5 +31,6 @@ def grpc_update_weights(address: str, plan: PushPlan, rank: int, timeout_s: floa
         try:
             response = stub.UpdateWeights(request, timeout=timeout_s)
         except grpc.RpcError as err:
-            raise UpdateWeightsFailed(f"{address}: {err.code().name}: {err.details()}") from None
+            raise UpdateWeightsFailed(f"{address}: {err.code().name}: {err.details()}",
+                                      unreachable=err.code() == grpc.StatusCode.UNAVAILABLE) from None
     return response.weight_version

@@ -37,6 +37,8 @@ class Outcome:
     ok: bool
     error: str
     seconds: float
+    unreachable: bool = False
+    """The replica could not be reached at all (its process is gone): treat it as dead right away."""
 
 
 class PushSession:
@@ -82,14 +84,20 @@ class PushSession:
             )
         return outcomes
 
+    def outcomes_so_far(self) -> dict[str, Outcome]:
+        with self._done:
+            return dict(self._outcomes)
+
     def _deliver(self, receiver: Receiver) -> None:
         start = time.monotonic()
+        unreachable = False
         try:
             version = self._notify(receiver.address, self.plan, receiver.rank, self._call_timeout_s)
             ok = version == self.plan.version
             error = "" if ok else f"replica reports version {version} after a push of {self.plan.version}"
         except Exception as err:  # noqa: BLE001 - any failure of one receiver drops just that receiver
             ok, error = False, f"{type(err).__name__}: {err}"
+            unreachable = bool(getattr(err, "unreachable", False))
         with self._done:
-            self._outcomes[receiver.replica_id] = Outcome(ok, error, time.monotonic() - start)
+            self._outcomes[receiver.replica_id] = Outcome(ok, error, time.monotonic() - start, unreachable)
             self._done.notify_all()

@@ -86,6 +86,7 @@ class PushOrchestration:
                 raise PreconditionFailed(f"push_id: a commit of {push_id!r} is already in progress")
             session.commit_started = True
             if not sender_ok:
+                self._bury_unreachable_locked(session.outcomes_so_far())
                 self._abort_locked(session, f"sender failed: {error or 'no detail'}")
                 return CommitResult(
                     False, self._current_version, [], [r.replica_id for r in session.receivers]
@@ -110,6 +111,7 @@ class PushOrchestration:
                     "replica_dropped", push_id=push_id, replica_id=replica_id, version=version,
                     error=outcomes[replica_id].error,
                 )  # fmt: skip
+            self._bury_unreachable_locked(outcomes)
             if session.mode == NEW:
                 self._current_version = max(self._current_version, version)  # versions only grow
             seconds = self._clock() - session.begun_at
@@ -142,6 +144,22 @@ class PushOrchestration:
             open_id = f" (the open push is {self._push.push_id!r})" if self._push else " (no push is open)"
             raise PreconditionFailed(f"push_id: {push_id!r} is not the open push{open_id}")
         return self._push
+
+    def _bury_unreachable_locked(self, outcomes: dict) -> None:
+        """A receiver nothing listens for any more is dead now, not after the heartbeat time-out: the retry
+        of this push must not pick it again, and its leases return their quota at once. If it was only
+        unreachable for a moment, its next heartbeat revives it (it then needs a resync)."""
+        for replica_id, outcome in outcomes.items():
+            replica = self._registry.get(replica_id)
+            if not outcome.unreachable or not replica.alive:
+                continue
+            replica.alive = False
+            leases = self._leases.expire_replica(replica_id, "unreachable")
+            self.events.write(
+                "replica_dead", replica_id=replica_id, silent_s=replica.heartbeat_age(self._clock()),
+                leases_expired=len(leases), reason="unreachable",
+            )  # fmt: skip
+            self._log_expired(leases, "unreachable")
 
     def _abort_locked(self, session: PushSession, reason: str) -> None:
         # A receiver may have loaded part of the weights in flight: treat them all as possibly mixed.

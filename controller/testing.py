@@ -31,6 +31,7 @@ class FakeNotifier:
     """Acks every push immediately with the plan's version, except for addresses told to fail (raise at
     once) or to hang (block until `release` is set, then raise: a receiver that never answers in time).
 
+    Addresses in `gone` raise like a replica whose process is gone (`UpdateWeightsFailed(unreachable=True)`).
     Records every call as (address, push_id, version, rank, world_size).
     """
 
@@ -38,6 +39,7 @@ class FakeNotifier:
         self.calls: list[tuple[str, str, int, int, int]] = []
         self.failing: set[str] = set()
         self.hanging: set[str] = set()
+        self.gone: set[str] = set()
         self.release = threading.Event()
         self._lock = threading.Lock()
 
@@ -49,6 +51,10 @@ class FakeNotifier:
             raise TimeoutError(f"{address} did not answer")
         if address in self.failing:
             raise RuntimeError(f"{address} failed to load the weights")
+        if address in self.gone:
+            from controller.fanout import UpdateWeightsFailed
+
+            raise UpdateWeightsFailed(f"{address}: UNAVAILABLE: connection refused", unreachable=True)
         return plan.version
 
 

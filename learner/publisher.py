@@ -63,7 +63,7 @@ class WeightPublisher:
             if plan.world_size > 1:
                 t0 = time.perf_counter()
                 try:
-                    group = make_group(plan, 0, self.store)
+                    group = make_group(plan, 0, self.store, join_timeout_s=self.cfg.join_timeout_s)
                     sent = send_weights(group, named_weights(self.model), plan)
                     group.close()
                 except Exception as err:  # noqa: BLE001 - reported to the controller, then retried

@@ -23,6 +23,7 @@ from torch.distributed import PrefixStore, TCPStore
 from asyncrl.weights.buckets import pack, plan_buckets, unpack
 from asyncrl.weights.flat import FlatWeights, adjacent_run
 from asyncrl.weights.plan import PushPlan, TensorMeta
+from asyncrl.weights.rendezvous import receiver_join, sender_join
 
 
 class BroadcastGroup(ABC):
@@ -62,7 +63,7 @@ def is_loopback(host: str) -> bool:
 
 
 class GlooGroup(BroadcastGroup):
-    def __init__(self, plan: PushPlan, rank: int, store: TCPStore | None = None):
+    def __init__(self, plan: PushPlan, rank: int, store: PrefixStore):
         super().__init__(rank, plan.world_size)
         from torch.distributed.distributed_c10d import ProcessGroupGloo
 
@@ -76,7 +77,7 @@ class GlooGroup(BroadcastGroup):
             else ProcessGroupGloo.create_default_device()
         )
         opts._devices = [device]
-        self._pg = ProcessGroupGloo(_store(plan, rank, store), rank, plan.world_size, opts)
+        self._pg = ProcessGroupGloo(store, rank, plan.world_size, opts)
         self.device = torch.device("cpu")
 
     def broadcast_async(self, tensor: torch.Tensor):
@@ -93,7 +94,7 @@ class GlooGroup(BroadcastGroup):
 class NcclGroup(BroadcastGroup):
     """GPU data plane. Needs CUDA on every rank; tensors live on `device`."""
 
-    def __init__(self, plan: PushPlan, rank: int, store: TCPStore | None = None, device: str | None = None):
+    def __init__(self, plan: PushPlan, rank: int, store: PrefixStore, device: str | None = None):
         super().__init__(rank, plan.world_size)
         if not torch.cuda.is_available():
             raise RuntimeError("nccl weight transport needs a CUDA device; use weight_transport.type=gloo on CPU")
@@ -102,7 +103,7 @@ class NcclGroup(BroadcastGroup):
         self.device = torch.device(device or f"cuda:{torch.cuda.current_device()}")
         opts = ProcessGroupNCCL.Options()
         opts._timeout = datetime.timedelta(seconds=plan.timeout_s)
-        self._pg = ProcessGroupNCCL(_store(plan, rank, store), rank, plan.world_size, opts)
+        self._pg = ProcessGroupNCCL(store, rank, plan.world_size, opts)
 
     def broadcast_async(self, tensor: torch.Tensor):
         from torch.distributed import BroadcastOptions
@@ -131,13 +132,25 @@ class _SyncedWork:
         torch.cuda.current_stream(self._device).synchronize()
 
 
-def make_group(plan: PushPlan, rank: int, store: TCPStore | None = None) -> BroadcastGroup:
-    """Factory: the group type named by `plan.transport`."""
+def make_group(
+    plan: PushPlan, rank: int, store: TCPStore | None = None, join_timeout_s: float | None = None
+) -> BroadcastGroup:
+    """Factory: the group type named by `plan.transport`, formed after the join handshake
+    (`weights.rendezvous`): rank 0 waits at most `join_timeout_s` (default: the plan's time-out) for the
+    receivers and raises `ReceiversMissing` if some never come; receivers then raise `PushAborted`."""
+    if plan.transport not in ("gloo", "nccl"):
+        raise ValueError(f"unknown weight transport {plan.transport!r} (expected 'gloo' or 'nccl')")
+    if plan.transport == "nccl" and not torch.cuda.is_available():
+        # Before joining: a rank that cannot take part must not announce itself ready.
+        raise RuntimeError("nccl weight transport needs a CUDA device; use weight_transport.type=gloo on CPU")
+    prefixed = _store(plan, rank, store)
+    if rank == 0:
+        sender_join(prefixed, plan.push_id, plan.world_size, join_timeout_s or plan.timeout_s)
+    else:
+        receiver_join(prefixed, plan.push_id, rank, plan.timeout_s)
     if plan.transport == "gloo":
-        return GlooGroup(plan, rank, store)
-    if plan.transport == "nccl":
-        return NcclGroup(plan, rank, store)
-    raise ValueError(f"unknown weight transport {plan.transport!r} (expected 'gloo' or 'nccl')")
+        return GlooGroup(plan, rank, prefixed)
+    return NcclGroup(plan, rank, prefixed)
 
 
 def host_store(host: str, port: int, timeout_s: float) -> TCPStore:

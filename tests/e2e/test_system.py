@@ -11,8 +11,10 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -89,3 +91,57 @@ def test_demo_with_vllm_rollout_learns(tmp_path):
                          "learner.eval_every=30", timeout_s=1200)
     check_run(run_dir, summary, steps=60, replicas=1)
     assert summary["eval_last"] > summary["eval_first"] + 0.03, (summary["eval_first"], summary["eval_last"])
+
+
+def wait_for(predicate, timeout_s: float, what: str):
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_a_replica_killed_mid_run_rejoins_with_current_weights(tmp_path):
+    """SIGKILL one of the two replicas mid-run: the other keeps the learner fed, `up` restarts the dead one
+    under its id, it re-registers with the initial weights, a push brings it to the current version before it
+    gets a lease again, and the run completes with a clean audit."""
+    run_dir = tmp_path / "run"
+    argv = [sys.executable, "-m", "asyncrl.cli", "up", "--config", str(DEMO_CONFIG), "--set", f"run_dir={run_dir}",
+            "--set", "learner.total_steps=60", "--set", "learner.eval_every=0"]
+    proc = subprocess.Popen(argv, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        wait_for(lambda: sum(e["kind"] == "step" for e in read_events(run_dir, "learner")) >= 10, 300,
+                 "10 learner steps")
+        marker = f"{run_dir / 'config.resolved.yaml'} --replica-id replica-1"
+        pids = subprocess.run(["pgrep", "-f", marker], check=False, capture_output=True, text=True).stdout.split()
+        assert len(pids) == 1, pids
+        os.kill(int(pids[0]), signal.SIGKILL)
+        killed_at = time.time()
+        out, _ = proc.communicate(timeout=600)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, out[-4000:]
+    assert "[up] rollout-1 exited with -9; restarting it (1/3)" in out
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["audit"]["ok"], summary["audit"]
+    assert summary["audit"]["lost"] == [] and summary["audit"]["trained_twice"] == []
+
+    controller = read_events(run_dir, "controller")
+    rejoin = next(e for e in controller if e["kind"] == "replica_registered" and e["replica_id"] == "replica-1"
+                  and e["t"] > killed_at)
+    assert rejoin["reregistered"] and rejoin["weight_version"] == 0 and rejoin["needs_sync"]
+    synced = next(e for e in controller if e["kind"] == "push_committed" and e["t"] > rejoin["t"]
+                  and "replica-1" in e["acked"])
+    first_lease = next(e for e in controller if e["kind"] == "lease_granted" and e["replica_id"] == "replica-1"
+                       and e["t"] > rejoin["t"])
+    assert first_lease["t"] >= synced["t"], "a lease went to the replica before its weights were current"
+    after = [e for e in read_events(run_dir, "rollout-replica-1") if e["kind"] == "group_written"
+             and e["t"] > synced["t"]]
+    assert after and min(e["min_version"] for e in after) >= rejoin["current_version"]
+    # The push that found the dead replica was called off after the join time-out, not the push time-out.
+    pushes = [e["push_s"] for e in read_events(run_dir, "learner") if e["kind"] == "step"]
+    assert max(pushes) < 5.0 + 3.0, max(pushes)
+    no_process_left(run_dir)

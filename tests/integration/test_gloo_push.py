@@ -54,3 +54,34 @@ def test_sender_refuses_a_tensor_count_mismatch():
     plan = PushPlan("p", 1, f"127.0.0.1:{store.port}", 1, "gloo", tensor_metas(named), 1024, 5)
     with pytest.raises(ValueError, match="plan lists 4 tensors, got 3"):
         send_weights(make_group(plan, 0, store), named[:3], plan)
+
+
+def test_a_receiver_that_never_joins_calls_the_push_off_quickly():
+    """World of 3, rank 2 never comes: the sender gives up after the join time-out naming rank 2, and rank 1,
+    already waiting, is told to abort at once instead of waiting for the push's own time-out (60 s)."""
+    import threading
+    import time
+
+    from asyncrl.weights.rendezvous import PushAborted, ReceiversMissing
+
+    store = host_store("127.0.0.1", 0, 60)
+    named = weights(0)
+    plan = PushPlan("push-missing", 1, f"127.0.0.1:{store.port}", 3, "gloo", tensor_metas(named), 1024, 60)
+    seen = {}
+
+    def rank1():
+        t0 = time.monotonic()
+        try:
+            make_group(plan, 1)
+        except PushAborted as err:
+            seen["rank1"] = (str(err), time.monotonic() - t0)
+
+    thread = threading.Thread(target=rank1)
+    thread.start()
+    t0 = time.monotonic()
+    with pytest.raises(ReceiversMissing, match=r"rank \[2\]") as info:
+        make_group(plan, 0, store, join_timeout_s=1.0)
+    assert info.value.ranks == [2] and 1.0 <= time.monotonic() - t0 < 5
+    thread.join(10)
+    message, waited = seen["rank1"]
+    assert "called off" in message and waited < 5

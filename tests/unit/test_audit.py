@@ -64,3 +64,20 @@ def test_version_going_back_is_caught(tmp_path):
     write(tmp_path, "controller", [{"t": 1, "kind": "push_committed", "version": 2},
                                    {"t": 2, "kind": "push_committed", "version": 1}])
     assert audit_run(tmp_path).version_errors == ["controller committed 2 then 1"]
+
+
+def test_group_of_a_killed_replica_is_told_apart_from_an_unknown_one(tmp_path):
+    """A replica killed between writing a group and logging it: its lease expired, the group was trained once.
+    That is listed, not an error; a trained group nobody wrote or leased is an error."""
+    good_run(tmp_path)
+    with (tmp_path / "events" / "controller.jsonl").open("a") as f:
+        f.write(json.dumps({"t": 2, "kind": "lease_expired", "lease_id": "l9", "replica_id": "r0",
+                            "reason": "reregistered"}) + "\n")
+    with (tmp_path / "events" / "learner.jsonl").open("a") as f:
+        f.write(json.dumps({"t": 4, "kind": "trained", "group_ids": ["r0-l9"]}) + "\n")
+    report = audit_run(tmp_path)
+    assert report.ok and report.written_by_dead_replica == ["r0-l9"] and report.trained_unwritten == []
+    with (tmp_path / "events" / "learner.jsonl").open("a") as f:
+        f.write(json.dumps({"t": 4, "kind": "trained", "group_ids": ["r0-l10"]}) + "\n")
+    report = audit_run(tmp_path)
+    assert not report.ok and report.trained_unwritten == ["r0-l10"]

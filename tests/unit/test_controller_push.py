@@ -191,3 +191,27 @@ def test_a_push_whose_commit_is_waiting_is_not_superseded():
     committer.join(timeout=5)
     notifier.release.set()
     assert answer["r"].committed and answer["r"].dropped == [a]
+
+
+def test_an_unreachable_receiver_is_dead_at_once_and_the_retry_skips_it():
+    """The replica's process is gone (its heartbeat is still fresh): the sender calls the push off (a receiver
+    never joined); the controller already knows the address is dead, expires its leases, and the learner's
+    retry goes to the others only. A later registration brings it back, needing a sync."""
+    state, _, notifier, events = make_state(eta=None)
+    a, b = register(state, 7001), register(state, 7002)
+    lease = state.acquire(b, 2, 0)
+    assert lease.granted
+    notifier.gone.add("127.0.0.1:7002")
+    first = begin(state, 1)
+    first.wait(5)  # both receivers answered (b: unreachable)
+    result = state.commit_push(first.push_id, sender_ok=False, error="receivers of rank [2] did not join")
+    assert not result.committed
+    (dead,) = events.of_kind("replica_dead")
+    assert dead["replica_id"] == b and dead["reason"] == "unreachable" and dead["leases_expired"] == 1
+    assert [e["reason"] for e in events.of_kind("lease_expired")] == ["unreachable"]
+    retry = begin(state, 1)
+    assert [r.replica_id for r in retry.receivers] == [a]
+    assert state.commit_push(retry.push_id, sender_ok=True).committed
+    notifier.gone.clear()
+    again = state.register("127.0.0.1:7003", b, 0, "torch")
+    assert again.needs_sync and again.current_version == 1
