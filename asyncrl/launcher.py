@@ -92,6 +92,31 @@ class Progress:
         self.seen = len(events)
 
 
+def supervise(cfg: AsyncRLConfig, group: ProcessGroup, learner: Child, replicas: dict[str, ReplicaProcess]) -> int:
+    """Show progress until the learner exits (its exit code), restarting replicas that die; 1 when another
+    process dies or a replica has used up its restarts."""
+    progress = Progress(cfg)
+    while learner.alive():
+        progress.poll()
+        for child in group.failed():
+            replica = replicas.get(child.name)
+            if replica is not None and replica.child is child and replica.restarts < cfg.rollout.max_restarts:
+                replica.restarts += 1
+                print(f"[up] {child.name} exited with {child.proc.returncode}; restarting it "
+                      f"({replica.restarts}/{cfg.rollout.max_restarts})", flush=True)
+                group.children.remove(child)
+                replica.child = group.start_cli(child.name, replica.argv, replica.env)
+                continue
+            print(f"[up] {child.name} exited with {child.proc.returncode}; last lines:\n{child.tail()}",
+                  flush=True)
+            return 1
+        time.sleep(1.0)
+    progress.poll()
+    if learner.proc.returncode != 0:
+        print(f"[up] learner failed ({learner.proc.returncode}):\n{learner.tail()}", flush=True)
+    return learner.proc.returncode
+
+
 def run(config: AsyncRLConfig, config_path: str | None = None) -> int:
     cfg = resolve(config)
     run_dir = Path(cfg.run_dir)
@@ -121,26 +146,7 @@ def run(config: AsyncRLConfig, config_path: str | None = None) -> int:
             engines += cfg.rollout.engine.type == "vllm"
             replicas[f"rollout-{i}"] = ReplicaProcess(group.start_cli(f"rollout-{i}", argv, env), argv, env)
         learner = group.start_cli("learner", ["learner", *args])
-        progress = Progress(cfg)
-        while learner.alive():
-            progress.poll()
-            for child in group.failed():
-                replica = replicas.get(child.name)
-                if replica is not None and replica.child is child and replica.restarts < cfg.rollout.max_restarts:
-                    replica.restarts += 1
-                    print(f"[up] {child.name} exited with {child.proc.returncode}; restarting it "
-                          f"({replica.restarts}/{cfg.rollout.max_restarts})", flush=True)
-                    group.children.remove(child)
-                    replica.child = group.start_cli(child.name, replica.argv, replica.env)
-                    continue
-                print(f"[up] {child.name} exited with {child.proc.returncode}; last lines:\n{child.tail()}",
-                      flush=True)
-                return 1
-            time.sleep(1.0)
-        progress.poll()
-        code = learner.proc.returncode
-        if code != 0:
-            print(f"[up] learner failed ({code}):\n{learner.tail()}", flush=True)
+        code = supervise(cfg, group, learner, replicas)
     except KeyboardInterrupt:
         print("\n[up] interrupted; stopping", flush=True)
         code = 130
