@@ -29,14 +29,24 @@ class EventLog:
 
 
 def read_events(run_dir: str | os.PathLike, name: str) -> list[dict]:
-    path = Path(run_dir) / "events" / f"{name}.jsonl"
-    if not path.exists():
-        return []
-    out = []
-    for line in path.read_text().splitlines():
-        if line.strip():
-            try:
-                out.append(json.loads(line))
-            except json.JSONDecodeError:  # a line being written while we read
-                continue
-    return out
+    """Every complete record of one log (a line still being written is left out)."""
+    return EventTail(run_dir, name).poll()
+
+
+class EventTail:
+    """Follows one log as it grows: each `poll` returns only the records completed since the last one, so a
+    live view reads every byte once instead of the whole file every time."""
+
+    def __init__(self, run_dir: str | os.PathLike, name: str):
+        self.path = Path(run_dir) / "events" / f"{name}.jsonl"
+        self._offset = 0
+
+    def poll(self) -> list[dict]:
+        if not self.path.exists():
+            return []
+        with self.path.open("rb") as f:
+            f.seek(self._offset)
+            data = f.read()
+        complete = data[: data.rfind(b"\n") + 1]  # a line being written is read next time
+        self._offset += len(complete)
+        return [json.loads(line) for line in complete.splitlines() if line.strip()]

@@ -18,7 +18,7 @@ from datetime import datetime
 from pathlib import Path
 
 from asyncrl.config import AsyncRLConfig, dump_config
-from asyncrl.events import read_events
+from asyncrl.events import EventTail, read_events
 from asyncrl.grpc_util import wait_for_channel
 from asyncrl.processes import Child, ProcessGroup, free_port
 from asyncrl.redis_local import start_local_redis
@@ -71,13 +71,12 @@ class Progress:
 
     def __init__(self, cfg: AsyncRLConfig):
         self.cfg = cfg
-        self.seen = 0
+        self.tail = EventTail(cfg.run_dir, "learner")
         self.start = time.time()
         self.first_eval: float | None = None
 
     def poll(self) -> None:
-        events = read_events(self.cfg.run_dir, "learner")
-        for ev in events[self.seen:]:
+        for ev in self.tail.poll():
             elapsed = time.time() - self.start
             if ev["kind"] == "step":
                 print(f"[{elapsed:6.0f}s] step {ev['step']:3d}/{self.cfg.learner.total_steps} "
@@ -89,7 +88,6 @@ class Progress:
                     self.first_eval = ev["accuracy"]
                 print(f"[{elapsed:6.0f}s] eval  step {ev['step']:3d}: greedy accuracy {ev['accuracy']:.3f} "
                       f"(start {self.first_eval:.3f})", flush=True)
-        self.seen = len(events)
 
 
 def supervise(cfg: AsyncRLConfig, group: ProcessGroup, learner: Child, replicas: dict[str, ReplicaProcess]) -> int:

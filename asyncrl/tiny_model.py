@@ -192,26 +192,18 @@ def make_tiny_model(config) -> TinyModelPaths:
         return greedy_accuracy(generate, task)
 
     started = time.perf_counter()
-    optimizer = supervised_train(model, task, tiny.warmstart_steps)
-    policy_acc = accuracy()
-    _save(model, codec, policy_dir, stamp, {"sft_steps": tiny.warmstart_steps, "greedy_accuracy": policy_acc})
-    log.info(
-        "policy saved to %s: greedy accuracy %.3f (%.1fs)",
-        policy_dir,
-        policy_acc,
-        time.perf_counter() - started,
-    )
 
+    def save(role: str, directory: Path, sft_steps: int) -> None:
+        acc = accuracy()
+        _save(model, codec, directory, stamp, {"sft_steps": sft_steps, "greedy_accuracy": acc})
+        log.info("%s saved to %s: greedy accuracy %.3f (%.1fs)", role, directory, acc, time.perf_counter() - started)
+
+    optimizer = supervised_train(model, task, tiny.warmstart_steps)
+    save("policy", policy_dir, tiny.warmstart_steps)
+    # The teacher continues the same run: a stronger model of the same shape and tokenizer.
     teacher_extra = tiny.teacher_steps - tiny.warmstart_steps
     supervised_train(model, task, teacher_extra, tiny.warmstart_steps, optimizer, decay=True)
-    teacher_acc = accuracy()
-    _save(model, codec, teacher_dir, stamp, {"sft_steps": tiny.teacher_steps, "greedy_accuracy": teacher_acc})
-    log.info(
-        "teacher saved to %s: greedy accuracy %.3f (%.1fs)",
-        teacher_dir,
-        teacher_acc,
-        time.perf_counter() - started,
-    )
+    save("teacher", teacher_dir, tiny.teacher_steps)
     return TinyModelPaths(policy_dir, teacher_dir, built=True)
 
 

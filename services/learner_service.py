@@ -68,16 +68,11 @@ class LearnerServicer(learner_pb2_grpc.LearnerServicer):
 
 
 def evaluate_greedy(model, task, max_new_tokens: int) -> float:
-    """Greedy accuracy of the learner's own model on the task's held-out prompts."""
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.no_grad():
-            generate = functools.partial(generate_with_model, model, eos_ids=eos_token_ids(model),
-                                         pad_id=pad_token_id(model))
-            return greedy_accuracy(generate, task, max_new_tokens=max_new_tokens)
-    finally:
-        model.train(was_training)
+    """Greedy accuracy of the learner's own model on the task's held-out prompts (generate_with_model puts the
+    model in eval mode and back)."""
+    generate = functools.partial(generate_with_model, model, eos_ids=eos_token_ids(model), pad_id=pad_token_id(model))
+    with torch.no_grad():
+        return greedy_accuracy(generate, task, max_new_tokens=max_new_tokens)
 
 
 def create_server(config, progress: LearnerProgress | None = None):

@@ -107,8 +107,12 @@ class TorchEngine(Engine):
             # receivers are not left waiting for this rank until their time-out.
             self._drain(plan, rank)
             raise
-        zero_copy = all(m.torch_dtype == targets[m.name].dtype for m in plan.tensors)
         group = make_group(plan, rank)
+        # Receiving straight into parameter storage needs the transport to deliver the model's own dtypes on
+        # the model's device; anything else is staged and copied (casting, moving).
+        zero_copy = group.device == self.device and all(
+            m.torch_dtype == targets[m.name].dtype for m in plan.tensors
+        )
         staged: list[tuple[str, torch.Tensor]] = []
         try:
             if zero_copy:
