@@ -17,9 +17,9 @@ def build_random_qwen2(out_dir: Path, hidden: int, layers: int, intermediate: in
     reused when it already exists."""
     from transformers import Qwen2ForCausalLM
 
-    from asyncrl.config import TinyModelConfig
-    from asyncrl.tiny_model import qwen2_config
-    from asyncrl.tokenizer import TextCodec, save_tokenizer
+    from asyncrl.core.config import TinyModelConfig
+    from asyncrl.tools.tiny_model import qwen2_config
+    from asyncrl.core.tokenizer import TextCodec, save_tokenizer
 
     if (out_dir / "config.json").exists():
         return out_dir
@@ -37,8 +37,8 @@ def build_random_qwen2(out_dir: Path, hidden: int, layers: int, intermediate: in
 
 def push_weights(engine, named: list[tuple[str, torch.Tensor]], version: int, bucket_bytes: int = 64 << 20):
     """Push `named` into `engine` over a real gloo group (sender thread = rank 0, engine = rank 1)."""
-    from asyncrl.weights.plan import PushPlan, tensor_metas
-    from asyncrl.weights.transport import host_store, make_group, send_weights
+    from asyncrl.core.weights.plan import PushPlan, tensor_metas
+    from asyncrl.core.weights.transport import host_store, make_group, send_weights
 
     store = host_store("127.0.0.1", 0, 120)
     plan = PushPlan(f"bench-{version}", version, f"127.0.0.1:{store.port}", 2, "gloo", tensor_metas(named),

@@ -17,10 +17,10 @@ from pathlib import Path
 
 from common import build_random_qwen2, emit
 
-from asyncrl.config import EngineConfig, TaskConfig
-from asyncrl.sampling import SamplingParams
-from asyncrl.tasks import get_task
-from rollout.engines.base import make_engine
+from asyncrl.core.config import EngineConfig, TaskConfig
+from asyncrl.core.sampling import SamplingParams
+from asyncrl.core.tasks import get_task
+from asyncrl.core.engines.factory import make_engine
 
 
 def measure(engine, prompts, params, n, warmup, repeats) -> dict:

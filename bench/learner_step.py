@@ -23,7 +23,7 @@ import torch
 from common import emit
 from torch import nn
 
-from learner.algos import AlgoConfig, build_advantages, policy_objective
+from asyncrl.learner.algos import AlgoConfig, build_advantages, policy_objective
 
 N, PROMPT, T, V, GROUP = 64, 16, 32, 64, 8
 

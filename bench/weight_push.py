@@ -25,9 +25,9 @@ import time
 import torch
 from common import emit
 
-from asyncrl.weights.flat import FlatWeights
-from asyncrl.weights.plan import PushPlan, TensorMeta
-from asyncrl.weights.transport import host_store, make_group, receive_weights, send_weights
+from asyncrl.core.weights.flat import FlatWeights
+from asyncrl.core.weights.plan import PushPlan, TensorMeta
+from asyncrl.core.weights.transport import host_store, make_group, receive_weights, send_weights
 
 
 def model_like_metas(total_mb: float, hidden: int = 1024) -> tuple[TensorMeta, ...]:

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import grpc
 
-from asyncrl.grpc_util import channel
+from asyncrl.core.grpc_util import channel
 from asyncrl.v1 import rollout_pb2, rollout_pb2_grpc
-from asyncrl.weights.plan import PushPlan
+from asyncrl.core.weights.plan import PushPlan
 
 
 class UpdateWeightsFailed(RuntimeError):

@@ -15,7 +15,7 @@ import uuid
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from controller.errors import InvalidRequest, PreconditionFailed
+from asyncrl.controller.errors import InvalidRequest, PreconditionFailed
 
 # How many ended lease ids are remembered, so a late CompleteLease can be told "expired" rather than
 # "unknown". Bounded: old ids fall out and then read as unknown, which is answered the same way.

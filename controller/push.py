@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from asyncrl.weights.plan import PushPlan
+from asyncrl.core.weights.plan import PushPlan
 
 WeightNotifier = Callable[[str, PushPlan, int, float], int]
 """(address, plan, rank, timeout_s) -> weight version the replica now holds; raises on failure."""

@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import uuid
 
-from asyncrl.weights.plan import PushPlan, TensorMeta
-from controller.errors import PreconditionFailed
-from controller.push import NEW, RESYNC, PushSession, Receiver
-from controller.results import CommitResult, LearnerProgress, LearnerPulse
+from asyncrl.core.weights.plan import PushPlan, TensorMeta
+from asyncrl.controller.errors import PreconditionFailed
+from asyncrl.controller.push import NEW, RESYNC, PushSession, Receiver
+from asyncrl.controller.results import CommitResult, LearnerProgress, LearnerPulse
 
 
 class PushOrchestration:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from controller.errors import InvalidRequest
+from asyncrl.controller.errors import InvalidRequest
 
 
 @dataclass

@@ -16,17 +16,17 @@ from __future__ import annotations
 import threading
 import time
 
-from asyncrl.config import ControllerConfig
-from controller import staleness
-from controller.errors import InvalidRequest
-from controller.events import EventSink, NoEvents
-from controller.leases import Lease, LeaseBook
-from controller.metrics import ControllerMetrics
-from controller.push import PushSession, WeightNotifier
-from controller.push_ops import PushOrchestration
-from controller.reaper import Reaper
-from controller.registry import Replica, ReplicaRegistry
-from controller.results import LearnerProgress, LeaseDecision, Registration, ReplicaPulse
+from asyncrl.core.config import ControllerConfig
+from asyncrl.controller import staleness
+from asyncrl.controller.errors import InvalidRequest
+from asyncrl.controller.event_records import EventSink, NoEvents
+from asyncrl.controller.leases import Lease, LeaseBook
+from asyncrl.controller.controller_metrics import ControllerMetrics
+from asyncrl.controller.push import PushSession, WeightNotifier
+from asyncrl.controller.push_ops import PushOrchestration
+from asyncrl.controller.reaper import Reaper
+from asyncrl.controller.registry import Replica, ReplicaRegistry
+from asyncrl.controller.results import LearnerProgress, LeaseDecision, Registration, ReplicaPulse
 
 # A held request re-checks at least this often, so an expiry found by lazy reaping (no reaper thread in
 # unit tests) still releases it.
@@ -46,7 +46,7 @@ class ControllerState(PushOrchestration):
         wall_clock=time.time,
     ):
         if notify is None:
-            from controller.fanout import grpc_update_weights  # the production notifier speaks gRPC
+            from asyncrl.controller.fanout import grpc_update_weights  # the production notifier speaks gRPC
 
             notify = grpc_update_weights
         self.config, self.batch_size, self.eta = config, batch_size, config.eta

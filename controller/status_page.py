@@ -16,7 +16,7 @@ from fastapi import FastAPI
 from fastapi.responses import HTMLResponse, PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from controller.state import ControllerState
+from asyncrl.controller.state import ControllerState
 
 _REFRESH_S = 2
 

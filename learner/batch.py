@@ -6,7 +6,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from asyncrl.buffer import BufferEntry
+from asyncrl.core.buffer import BufferEntry
 
 
 class MalformedGroup(ValueError):

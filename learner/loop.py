@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from asyncrl.v1 import controller_pb2, teacher_pb2
-from learner.batch import MalformedGroup, assemble, check_group
+from asyncrl.learner.batch import MalformedGroup, assemble, check_group
 
 log = logging.getLogger("asyncrl.learner")
 

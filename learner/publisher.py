@@ -7,11 +7,11 @@ import logging
 import time
 from dataclasses import dataclass
 
-from asyncrl.modeling import named_weights
+from asyncrl.core.modeling import named_weights
 from asyncrl.v1 import controller_pb2, weights_pb2
-from asyncrl.weights.flat import bind_parameters
-from asyncrl.weights.plan import PushPlan, tensor_metas
-from asyncrl.weights.transport import host_store, make_group, send_weights
+from asyncrl.core.weights.flat import bind_parameters
+from asyncrl.core.weights.plan import PushPlan, tensor_metas
+from asyncrl.core.weights.transport import host_store, make_group, send_weights
 
 log = logging.getLogger(__name__)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 
 from asyncrl.v1 import trajectory_pb2
-from rollout.engines.base import Generation
+from asyncrl.core.engines.base import Generation
 
 
 def build_group(

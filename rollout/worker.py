@@ -13,9 +13,9 @@ import time
 
 import grpc
 
-from asyncrl.sampling import SamplingParams
+from asyncrl.core.sampling import SamplingParams
 from asyncrl.v1 import controller_pb2
-from rollout.trajectories import build_group
+from asyncrl.rollout.trajectories import build_group
 
 log = logging.getLogger(__name__)
 

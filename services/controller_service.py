@@ -26,15 +26,15 @@ import re
 
 import grpc
 
-from asyncrl.config import AsyncRLConfig
-from asyncrl.events import EventLog
-from asyncrl.grpc_util import InvalidArgument, build_server, require, wait_until_stopped
+from asyncrl.core.config import AsyncRLConfig
+from asyncrl.core.events import EventLog
+from asyncrl.core.grpc_util import InvalidArgument, build_server, require, wait_until_stopped
 from asyncrl.v1 import controller_pb2, controller_pb2_grpc
-from asyncrl.weights.plan import TensorMeta
-from controller.errors import InvalidRequest, PreconditionFailed
-from controller.push import WeightNotifier
-from controller.state import ControllerState
-from controller.status_page import StatusPage
+from asyncrl.core.weights.plan import TensorMeta
+from asyncrl.controller.errors import InvalidRequest, PreconditionFailed
+from asyncrl.controller.push import WeightNotifier
+from asyncrl.controller.state import ControllerState
+from asyncrl.controller.status_page import StatusPage
 
 SERVICE_NAME = "asyncrl.v1.Controller"
 # Held AcquireLease calls each occupy a worker thread for up to max_hold_s; heartbeats must still get

@@ -12,19 +12,19 @@ from pathlib import Path
 import torch
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from asyncrl.buffer import make_buffer
-from asyncrl.events import EventLog
-from asyncrl.grpc_util import build_server, wait_for_channel
-from asyncrl.metrics import serve_metrics
-from asyncrl.modeling import eos_token_ids, load_causal_lm, pad_token_id
-from asyncrl.sampling import SamplingParams
-from asyncrl.tasks import get_task
-from asyncrl.tasks.evaluate import greedy_accuracy
+from asyncrl.core.buffer import make_buffer
+from asyncrl.core.events import EventLog
+from asyncrl.core.grpc_util import build_server, wait_for_channel
+from asyncrl.core.metrics import serve_metrics
+from asyncrl.core.modeling import eos_token_ids, load_causal_lm, pad_token_id
+from asyncrl.core.sampling import SamplingParams
+from asyncrl.core.tasks import get_task
+from asyncrl.core.tasks.evaluate import greedy_accuracy
 from asyncrl.v1 import controller_pb2_grpc, learner_pb2, learner_pb2_grpc, teacher_pb2_grpc
-from learner.loop import LearnerLoop, LearnerProgress
-from learner.publisher import WeightPublisher
-from learner.trainer import Trainer
-from rollout.engines.torch_decode import generate_with_model
+from asyncrl.learner.loop import LearnerLoop, LearnerProgress
+from asyncrl.learner.publisher import WeightPublisher
+from asyncrl.learner.trainer import Trainer
+from asyncrl.core.engines.torch_decode import generate_with_model
 
 log = logging.getLogger("asyncrl.learner")
 SERVICE = "asyncrl.v1.Learner"

@@ -14,9 +14,9 @@ import torch
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from transformers import AutoConfig
 
-from asyncrl.buffer import make_buffer
-from asyncrl.events import EventLog
-from asyncrl.grpc_util import (
+from asyncrl.core.buffer import make_buffer
+from asyncrl.core.events import EventLog
+from asyncrl.core.grpc_util import (
     InvalidArgument,
     abort_invalid,
     build_server,
@@ -24,15 +24,15 @@ from asyncrl.grpc_util import (
     wait_for_channel,
     wait_until_stopped,
 )
-from asyncrl.metrics import serve_metrics
-from asyncrl.sampling import SamplingParams
-from asyncrl.tasks import get_reward, get_task
+from asyncrl.core.metrics import serve_metrics
+from asyncrl.core.sampling import SamplingParams
+from asyncrl.core.tasks import get_reward, get_task
 from asyncrl.v1 import controller_pb2_grpc, rollout_pb2, rollout_pb2_grpc
-from asyncrl.weights.plan import PushPlan
-from rollout.engines.base import make_engine
-from rollout.replica import ReplicaSession
-from rollout.worker import RolloutWorker
-from services.validation import check_plan, check_token_ids
+from asyncrl.core.weights.plan import PushPlan
+from asyncrl.core.engines.factory import make_engine
+from asyncrl.rollout.replica import ReplicaSession
+from asyncrl.rollout.worker import RolloutWorker
+from asyncrl.services.validation import check_plan, check_token_ids
 
 log = logging.getLogger("asyncrl.rollout")
 SERVICE = "asyncrl.v1.Rollout"

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from asyncrl.grpc_util import require
+from asyncrl.core.grpc_util import require
 
 
 def check_address(value: str, field: str) -> None:

@@ -32,8 +32,8 @@ class TinyModelDir:
 
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory) -> TinyModelDir:
-    from asyncrl.config import AsyncRLConfig
-    from asyncrl.tiny_model import make_tiny_model
+    from asyncrl.core.config import AsyncRLConfig
+    from asyncrl.tools.tiny_model import make_tiny_model
 
     root = tmp_path_factory.mktemp("tiny-model")
     config = AsyncRLConfig.model_validate(

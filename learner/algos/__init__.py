@@ -9,12 +9,12 @@ The trainer calls three things:
 `pass_at_k` is the unbiased evaluation estimator.
 """
 
-from learner.algos.advantage_builder import AdvantageResult, build_advantages
-from learner.algos.config import AlgoConfig
-from learner.algos.evaluation import pass_at_k
-from learner.algos.objective import policy_objective
-from learner.algos.opd import teacher_response_logprobs
-from learner.algos.presets import PRESET_NAMES, PRESETS
+from asyncrl.learner.algos.advantage_builder import AdvantageResult, build_advantages
+from asyncrl.core.algo import AlgoConfig
+from asyncrl.learner.algos.evaluation import pass_at_k
+from asyncrl.learner.algos.objective import policy_objective
+from asyncrl.learner.algos.opd import teacher_response_logprobs
+from asyncrl.core.algo import PRESET_NAMES, PRESETS
 
 __all__ = [
     "PRESETS",

@@ -13,12 +13,12 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from learner.algos.advantages import dash_keep, outcome_advantages, process_advantages
-from learner.algos.config import AlgoConfig
-from learner.algos.diagnostics import batch_diagnostics, to_floats
-from learner.algos.groups import Groups
-from learner.algos.kl import kl_to_reference
-from learner.algos.masked import (
+from asyncrl.learner.algos.advantages import dash_keep, outcome_advantages, process_advantages
+from asyncrl.core.algo.config import AlgoConfig
+from asyncrl.learner.algos.diagnostics import batch_diagnostics, to_floats
+from asyncrl.learner.algos.groups import Groups
+from asyncrl.learner.algos.kl import kl_to_reference
+from asyncrl.learner.algos.masked import (
     as_bool_mask,
     check_sequence_tensor,
     check_token_tensor,
@@ -26,8 +26,8 @@ from learner.algos.masked import (
     masked_mean,
     masked_sum,
 )
-from learner.algos.opd import check_teacher_alignment, eligible_sequences, horizon_mask, opd_advantages
-from learner.algos.shaping import shape_rewards
+from asyncrl.learner.algos.opd import check_teacher_alignment, eligible_sequences, horizon_mask, opd_advantages
+from asyncrl.learner.algos.shaping import shape_rewards
 
 
 @dataclass

@@ -22,8 +22,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from learner.algos.groups import Groups
-from learner.algos.masked import masked_fill_zero, masked_max
+from asyncrl.learner.algos.groups import Groups
+from asyncrl.learner.algos.masked import masked_fill_zero, masked_max
 
 
 def _finish_stats(mean: Tensor, square_deviation_sums: Tensor, counts: Tensor) -> tuple[Tensor, Tensor]:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from learner.algos.masked import masked_sum
+from asyncrl.learner.algos.masked import masked_sum
 
 
 def aggregate_loss(token_loss: Tensor, mask: Tensor, mode: str) -> Tensor:

@@ -10,8 +10,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from learner.algos.masked import masked_max, masked_mean, masked_min
-from learner.algos.rollout_correction import Correction
+from asyncrl.learner.algos.masked import masked_max, masked_mean, masked_min
+from asyncrl.learner.algos.rollout_correction import Correction
 
 _QUANTILES = (0.01, 0.5, 0.9, 0.99)
 

@@ -14,14 +14,14 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from learner.algos.aggregation import aggregate_loss
-from learner.algos.config import AlgoConfig
-from learner.algos.diagnostics import rollout_diagnostics, surrogate_diagnostics, to_floats
-from learner.algos.kl import importance_corrected_kl, kl_to_reference
-from learner.algos.masked import as_bool_mask, check_token_tensor, clamped_log_ratio, masked_mean
-from learner.algos.opd import check_teacher_alignment, opd_k2_loss
-from learner.algos.policy_loss import ppo_clip_surrogate, reinforce_surrogate
-from learner.algos.rollout_correction import apply_rollout_correction
+from asyncrl.learner.algos.aggregation import aggregate_loss
+from asyncrl.core.algo.config import AlgoConfig
+from asyncrl.learner.algos.diagnostics import rollout_diagnostics, surrogate_diagnostics, to_floats
+from asyncrl.learner.algos.kl import importance_corrected_kl, kl_to_reference
+from asyncrl.learner.algos.masked import as_bool_mask, check_token_tensor, clamped_log_ratio, masked_mean
+from asyncrl.learner.algos.opd import check_teacher_alignment, opd_k2_loss
+from asyncrl.learner.algos.policy_loss import ppo_clip_surrogate, reinforce_surrogate
+from asyncrl.learner.algos.rollout_correction import apply_rollout_correction
 
 
 def _check_inputs(mask: Tensor, **tensors: Tensor | None) -> None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from learner.algos.masked import check_token_tensor, masked_fill_zero, masked_mean
+from asyncrl.learner.algos.masked import check_token_tensor, masked_fill_zero, masked_mean
 
 _TEACHER_HINT = " (slice the teacher's full-sequence output to the response, e.g. with teacher_response_logprobs)"
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from learner.algos.masked import clamped_log_ratio, masked_fill_zero
+from asyncrl.learner.algos.masked import clamped_log_ratio, masked_fill_zero
 
 
 @dataclass

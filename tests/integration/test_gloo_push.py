@@ -5,8 +5,8 @@ import multiprocessing as mp
 import pytest
 import torch
 
-from asyncrl.weights.plan import PushPlan, tensor_metas
-from asyncrl.weights.transport import host_store, make_group, receive_weights, send_weights
+from asyncrl.core.weights.plan import PushPlan, tensor_metas
+from asyncrl.core.weights.transport import host_store, make_group, receive_weights, send_weights
 
 pytestmark = pytest.mark.integration
 
@@ -62,7 +62,7 @@ def test_a_receiver_that_never_joins_calls_the_push_off_quickly():
     import threading
     import time
 
-    from asyncrl.weights.rendezvous import PushAborted, ReceiversMissing
+    from asyncrl.core.weights.rendezvous import PushAborted, ReceiversMissing
 
     store = host_store("127.0.0.1", 0, 60)
     named = weights(0)

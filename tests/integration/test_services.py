@@ -13,8 +13,8 @@ import torch
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-from asyncrl.metrics import serve_metrics
-from asyncrl.modeling import load_causal_lm, named_weights, sequence_logprobs
+from asyncrl.core.metrics import serve_metrics
+from asyncrl.core.modeling import load_causal_lm, named_weights, sequence_logprobs
 from asyncrl.v1 import (
     learner_pb2,
     learner_pb2_grpc,
@@ -23,10 +23,10 @@ from asyncrl.v1 import (
     teacher_pb2,
     teacher_pb2_grpc,
 )
-from asyncrl.weights.plan import PushPlan, tensor_metas
-from asyncrl.weights.transport import host_store, make_group, send_weights
-from learner.loop import LearnerProgress
-from services import learner_service, rollout_service, teacher_service
+from asyncrl.core.weights.plan import PushPlan, tensor_metas
+from asyncrl.core.weights.transport import host_store, make_group, send_weights
+from asyncrl.learner.loop import LearnerProgress
+from asyncrl.services import learner_service, rollout_service, teacher_service
 
 pytestmark = pytest.mark.integration
 

@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from learner.algos import AlgoConfig, build_advantages, pass_at_k
+from asyncrl.learner.algos import AlgoConfig, build_advantages, pass_at_k
 
 torch.set_num_threads(1)
 
@@ -162,7 +162,7 @@ def test_pass_at_k_rejects_impossible_counts(n, c, k):
 
 
 def test_anchor_candidates_come_from_competent_groups_only():
-    from learner.algos.shaping import anchor_candidates
+    from asyncrl.learner.algos.shaping import anchor_candidates
 
     lengths = torch.tensor([10.0, 20.0, 30.0, 40.0, 50.0, 60.0])
     correct = torch.tensor([True, True, True, True, False, True])

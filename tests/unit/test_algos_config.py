@@ -7,8 +7,8 @@ import math
 import pytest
 from pydantic import BaseModel, ValidationError
 
-from learner.algos import PRESET_NAMES, AlgoConfig
-from learner.algos.config_sections import RolloutCorrectionConfig
+from asyncrl.learner.algos import PRESET_NAMES, AlgoConfig
+from asyncrl.core.algo.sections import RolloutCorrectionConfig
 
 # The documented table (docs/algorithms.md), written out by hand: (bypass, loss, weights, cap, rejection, lo, hi).
 EXPECTED_PRESETS = {
@@ -117,7 +117,7 @@ def test_every_field_has_a_description():
 
 
 def test_top_level_config_reads_opd_enabled():
-    asyncrl_config = pytest.importorskip("asyncrl.config")
+    asyncrl_config = pytest.importorskip("asyncrl.core.config")
     cfg = asyncrl_config.AsyncRLConfig()
     assert cfg.learner.algo.opd.enabled is False
     assert isinstance(cfg.learner.algo, AlgoConfig)

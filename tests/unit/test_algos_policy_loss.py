@@ -8,8 +8,8 @@ import math
 import pytest
 import torch
 
-from learner.algos import PRESET_NAMES, AlgoConfig, policy_objective
-from learner.algos.aggregation import aggregate_loss
+from asyncrl.learner.algos import PRESET_NAMES, AlgoConfig, policy_objective
+from asyncrl.learner.algos.aggregation import aggregate_loss
 
 torch.set_num_threads(1)
 

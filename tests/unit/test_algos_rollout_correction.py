@@ -8,9 +8,9 @@ import math
 import pytest
 import torch
 
-from learner.algos import AlgoConfig, policy_objective
-from learner.algos.config_sections import RolloutCorrectionConfig
-from learner.algos.rollout_correction import apply_rollout_correction
+from asyncrl.learner.algos import AlgoConfig, policy_objective
+from asyncrl.core.algo.sections import RolloutCorrectionConfig
+from asyncrl.learner.algos.rollout_correction import apply_rollout_correction
 
 torch.set_num_threads(1)
 
@@ -144,7 +144,7 @@ def test_zero_centred_contribution_split_by_sign():
 
 
 def test_masked_quantiles_interpolate_linearly_per_row():
-    from learner.algos.diagnostics import masked_quantiles
+    from asyncrl.learner.algos.diagnostics import masked_quantiles
 
     rows = torch.tensor([[4.0, 1.0, 3.0, 2.0, 100.0], [5.0, 5.0, 5.0, 5.0, 5.0]])
     valid = torch.tensor([[True, True, True, True, False], [False] * 5])

@@ -2,7 +2,7 @@
 
 import json
 
-from asyncrl.audit import audit_run
+from asyncrl.tools.audit import audit_run
 
 
 def write(run_dir, name, events):

@@ -2,7 +2,7 @@
 
 from pathlib import Path
 
-from asyncrl.config_docs import render
+from asyncrl.tools.config_docs import render
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "configuration.md"
 

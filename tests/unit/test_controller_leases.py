@@ -6,9 +6,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from controller.errors import InvalidRequest, PreconditionFailed
-from controller.staleness import admissible
-from controller.testing import TINY_TENSORS, make_state
+from asyncrl.controller.errors import InvalidRequest, PreconditionFailed
+from asyncrl.controller.staleness import admissible
+from tests.fakes import TINY_TENSORS, make_state
 
 
 def wait_until(predicate, timeout_s=5.0):

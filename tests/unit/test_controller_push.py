@@ -4,8 +4,8 @@ import threading
 
 import pytest
 
-from controller.errors import PreconditionFailed
-from controller.testing import TINY_TENSORS, make_state
+from asyncrl.controller.errors import PreconditionFailed
+from tests.fakes import TINY_TENSORS, make_state
 
 
 def begin(state, version, timeout_s=5.0):

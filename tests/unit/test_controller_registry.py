@@ -2,8 +2,8 @@
 
 import pytest
 
-from controller.errors import InvalidRequest
-from controller.testing import make_state
+from asyncrl.controller.errors import InvalidRequest
+from tests.fakes import make_state
 
 
 def test_ids_are_assigned_and_chosen_ids_are_kept():

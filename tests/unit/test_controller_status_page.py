@@ -2,8 +2,8 @@
 
 from fastapi.testclient import TestClient
 
-from controller.status_page import make_app, render_html
-from controller.testing import make_state
+from asyncrl.controller.status_page import make_app, render_html
+from tests.fakes import make_state
 
 
 def test_routes():

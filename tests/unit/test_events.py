@@ -2,7 +2,7 @@
 
 import json
 
-from asyncrl.events import EventLog, EventTail, read_events
+from asyncrl.core.events import EventLog, EventTail, read_events
 
 
 def test_tail_returns_new_complete_records_once(tmp_path):

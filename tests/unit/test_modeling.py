@@ -3,9 +3,9 @@
 import pytest
 import torch
 
-from asyncrl.modeling import check_weight_metas, copy_weights_, named_weights, sequence_logprobs
-from asyncrl.sampling import SamplingParams, processed_logprobs
-from asyncrl.weights.plan import TensorMeta, tensor_metas
+from asyncrl.core.modeling import check_weight_metas, copy_weights_, named_weights, sequence_logprobs
+from asyncrl.core.sampling import SamplingParams, processed_logprobs
+from asyncrl.core.weights.plan import TensorMeta, tensor_metas
 
 PAD = 0
 
@@ -82,7 +82,7 @@ def test_logprobs_are_differentiable(model):
 
 
 def test_chunked_vocab_projection_matches(model, monkeypatch):
-    from asyncrl import modeling
+    from asyncrl.core import modeling
 
     full, _ = sequence_logprobs(model, SEQUENCES, STARTS, None, pad_id=PAD)
     # 16-token vocabulary, 48 elements -> chunks of 3 response tokens (with grad: checkpointed chunks).

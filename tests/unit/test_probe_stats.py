@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 
-from asyncrl.probe import mismatch_stats
+from asyncrl.tools.probe import mismatch_stats
 
 
 def test_identical_logprobs_give_zero_mismatch():

@@ -2,7 +2,7 @@
 
 import pytest
 
-from controller.staleness import admissible, headroom, max_admissible
+from asyncrl.controller.staleness import admissible, headroom, max_admissible
 
 
 @pytest.mark.parametrize(

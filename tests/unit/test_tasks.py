@@ -4,11 +4,11 @@ from types import SimpleNamespace
 
 import pytest
 
-from asyncrl.config import TaskConfig
-from asyncrl.tasks import Prompt, get_reward, get_task
-from asyncrl.tasks.arith import arith_exact
-from asyncrl.tasks.evaluate import greedy_accuracy, greedy_rewards
-from rollout.engines.base import Generation
+from asyncrl.core.config import TaskConfig
+from asyncrl.core.tasks import Prompt, get_reward, get_task
+from asyncrl.core.tasks.arith import arith_exact
+from asyncrl.core.tasks.evaluate import greedy_accuracy, greedy_rewards
+from asyncrl.core.engines.base import Generation
 
 
 def test_prompt_format_and_answer():
@@ -24,7 +24,7 @@ def test_prompt_format_and_answer():
 
 def test_hand_checked_encoding():
     task = get_task(TaskConfig())
-    # <bos>=1, digits 0..9 = 4..13, '+'=14, '='=15 (the vocabulary order of asyncrl.tokenizer).
+    # <bos>=1, digits 0..9 = 4..13, '+'=14, '='=15 (the vocabulary order of asyncrl.core.tokenizer).
     assert task.codec.encode("12+34=") == [1, 5, 6, 14, 7, 8, 15]
 
 

@@ -5,9 +5,9 @@ import json
 import pytest
 import torch
 
-from asyncrl.config import AsyncRLConfig, TinyModelConfig
-from asyncrl.tiny_model import STAMP_FILE, config_stamp, make_tiny_model, qwen2_config
-from asyncrl.tokenizer import TextCodec, build_char_tokenizer, save_tokenizer
+from asyncrl.core.config import AsyncRLConfig, TinyModelConfig
+from asyncrl.tools.tiny_model import STAMP_FILE, config_stamp, make_tiny_model, qwen2_config
+from asyncrl.core.tokenizer import TextCodec, build_char_tokenizer, save_tokenizer
 
 
 def test_tokenizer_round_trip():

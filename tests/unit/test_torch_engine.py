@@ -6,12 +6,12 @@ import threading
 import pytest
 import torch
 
-from asyncrl.config import EngineConfig
-from asyncrl.modeling import load_causal_lm, named_weights, sequence_logprobs
-from asyncrl.sampling import SamplingParams
-from asyncrl.weights.plan import PushPlan, TensorMeta, tensor_metas
-from asyncrl.weights.transport import host_store, make_group, send_weights
-from rollout.engines.torch_engine import TorchEngine
+from asyncrl.core.config import EngineConfig
+from asyncrl.core.modeling import load_causal_lm, named_weights, sequence_logprobs
+from asyncrl.core.sampling import SamplingParams
+from asyncrl.core.weights.plan import PushPlan, TensorMeta, tensor_metas
+from asyncrl.core.weights.transport import host_store, make_group, send_weights
+from asyncrl.core.engines.torch_engine import TorchEngine
 
 # Variable prompt lengths on purpose: left padding must not change anything.
 PROMPTS = [[1, 5, 6, 14, 7, 8, 15], [1, 9, 14, 9, 15], [1, 12, 13, 14, 4, 15], [1, 4, 15]]

@@ -1,8 +1,8 @@
 import pytest
 import torch
 
-from asyncrl.weights.buckets import pack, plan_buckets, unpack
-from asyncrl.weights.plan import PushPlan, TensorMeta
+from asyncrl.core.weights.buckets import pack, plan_buckets, unpack
+from asyncrl.core.weights.plan import PushPlan, TensorMeta
 
 
 def metas(*specs):

@@ -3,9 +3,9 @@
 import pytest
 import torch
 
-from asyncrl.weights.buckets import pack, plan_buckets
-from asyncrl.weights.flat import FlatWeights, adjacent_run, bind_parameters, rebind_parameters
-from asyncrl.weights.plan import tensor_metas
+from asyncrl.core.weights.buckets import pack, plan_buckets
+from asyncrl.core.weights.flat import FlatWeights, adjacent_run, bind_parameters, rebind_parameters
+from asyncrl.core.weights.plan import tensor_metas
 
 
 def model():

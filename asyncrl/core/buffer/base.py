@@ -1,0 +1,50 @@
+"""The buffer seam.
+
+Contract: `put` appends one TrajectoryGroup; `get` hands out up to `max_groups` entries not yet delivered to
+this consumer (blocking up to `timeout_s`); entries stay *pending* until `ack`. A consumer that restarts
+calls `get(..., pending_first=True)` and first receives its own unacknowledged entries again, so a crash
+between read and ack loses nothing; ack after the step that used the data means nothing is trained twice
+unless the crash falls between the step and the ack.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+from asyncrl.v1 import trajectory_pb2
+
+
+@dataclass
+class BufferEntry:
+    entry_id: str
+    group: trajectory_pb2.TrajectoryGroup
+
+
+class TrajectoryBuffer(ABC):
+    @abstractmethod
+    def put(self, group: trajectory_pb2.TrajectoryGroup) -> str:
+        """Append a group; returns its entry id."""
+
+    @abstractmethod
+    def get(self, max_groups: int, timeout_s: float, pending_first: bool = False) -> list[BufferEntry]:
+        """Up to max_groups undelivered entries, oldest first; [] after timeout_s without data."""
+
+    @abstractmethod
+    def ack(self, entry_ids: list[str]) -> int:
+        """Mark entries consumed; returns how many were pending."""
+
+    @abstractmethod
+    def backlog(self) -> int:
+        """Entries written but not yet delivered to the consumer group."""
+
+    @abstractmethod
+    def pending(self) -> int:
+        """Entries delivered but not yet acknowledged."""
+
+    @abstractmethod
+    def entry_ids(self) -> list[str]:
+        """Ids of the entries still in the buffer (undelivered or unacknowledged)."""
+
+    def close(self) -> None:
+        """Release connections."""

@@ -1,0 +1,74 @@
+"""Redis Streams buffer: XADD by replicas, XREADGROUP + XACK by the learner's consumer group."""
+
+from __future__ import annotations
+
+import redis
+
+from asyncrl.core.buffer.base import BufferEntry, TrajectoryBuffer
+from asyncrl.v1 import trajectory_pb2
+
+PAYLOAD = b"g"
+
+
+class RedisBuffer(TrajectoryBuffer):
+    def __init__(self, url: str, stream: str, group: str, consumer: str, delete_after_ack: bool = True):
+        self._r = redis.Redis.from_url(url)
+        self.stream, self.group, self.consumer = stream, group, consumer
+        self.delete_after_ack = delete_after_ack
+        try:
+            # "0": a group created after data arrived still sees everything already in the stream.
+            self._r.xgroup_create(stream, group, id="0", mkstream=True)
+        except redis.ResponseError as err:
+            if "BUSYGROUP" not in str(err):
+                raise
+
+    def put(self, group: trajectory_pb2.TrajectoryGroup) -> str:
+        versions = [v for t in group.trajectories for v in t.weight_version]
+        fields = {PAYLOAD: group.SerializeToString(), b"min_version": min(versions) if versions else -1}
+        return self._r.xadd(self.stream, fields).decode()
+
+    def get(self, max_groups: int, timeout_s: float, pending_first: bool = False) -> list[BufferEntry]:
+        # ">" = never delivered; "0" = this consumer's own delivered-but-unacked entries.
+        start = "0" if pending_first else ">"
+        block = None if pending_first else max(1, int(timeout_s * 1000))
+        reply = self._r.xreadgroup(self.group, self.consumer, {self.stream: start}, count=max_groups, block=block)
+        entries = []
+        for _stream, items in reply or []:
+            for entry_id, fields in items:
+                if not fields:  # an entry deleted after delivery; nothing to train on
+                    continue
+                group = trajectory_pb2.TrajectoryGroup.FromString(fields[PAYLOAD])
+                entries.append(BufferEntry(entry_id.decode(), group))
+        return entries
+
+    def ack(self, entry_ids: list[str]) -> int:
+        if not entry_ids:
+            return 0
+        pipe = self._r.pipeline()
+        pipe.xack(self.stream, self.group, *entry_ids)
+        if self.delete_after_ack:
+            pipe.xdel(self.stream, *entry_ids)
+        return int(pipe.execute()[0])
+
+    def backlog(self) -> int:
+        info = self._r.xinfo_groups(self.stream)
+        for g in info:
+            if g["name"].decode() == self.group:
+                lag = g.get("lag")
+                return int(lag) if lag is not None else 0
+        return 0
+
+    def pending(self) -> int:
+        return int(self._r.xpending(self.stream, self.group)["pending"])
+
+    def entry_ids(self) -> list[str]:
+        ids, start = [], "-"
+        while True:
+            chunk = self._r.xrange(self.stream, min=start, max="+", count=1000)
+            ids.extend(entry_id.decode() for entry_id, _ in chunk)
+            if len(chunk) < 1000:
+                return ids
+            start = "(" + chunk[-1][0].decode()
+
+    def close(self) -> None:
+        self._r.close()

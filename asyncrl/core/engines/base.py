@@ -1,0 +1,70 @@
+"""The engine seam: generation (rollout) and scoring (teacher, probe) over one model.
+
+Two implementations, chosen by `EngineConfig.type` through `make_engine`: the project's torch engine and
+real vLLM. Both take token ids (no text), sample from `asyncrl.core.sampling.processed_logprobs`, tag every
+generated token with the weight version that produced it, and load new weights from a broadcast without
+restarting.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from asyncrl.core.sampling import SamplingParams
+from asyncrl.core.weights.plan import PushPlan
+
+
+@dataclass
+class Generation:
+    """One sampled response."""
+
+    token_ids: list[int]
+    logp_behav: list[float]
+    weight_version: list[int]
+    finished: bool
+    """True when the response ended with EOS (the EOS token is included in token_ids)."""
+    routed_experts: np.ndarray | None = None
+    """MoE only: int array [prompt_len + response_len, num_moe_layers, top_k]."""
+
+
+@dataclass
+class WeightUpdateStats:
+    version: int
+    load_s: float
+    """From the start of the receive to the weights being live."""
+    pause_s: float
+    """Time generation was blocked by the update."""
+    bytes_received: int = 0
+    extra: dict = field(default_factory=dict)
+
+
+class Engine(ABC):
+    """Generation and scoring over one model; thread-safe for one generate() caller plus weight updates."""
+
+    @property
+    @abstractmethod
+    def weight_version(self) -> int:
+        """Version of the weights generating right now."""
+
+    @abstractmethod
+    def generate(self, prompts: list[list[int]], params: SamplingParams, n: int = 1) -> list[list[Generation]]:
+        """For each prompt, `n` samples (a group). Result[i][j] is sample j of prompt i."""
+
+    @abstractmethod
+    def score(self, sequences: list[list[int]], response_starts: list[int]) -> list[list[float]]:
+        """Per-token log-probs (raw, temperature 1) of sequences[i][t] for t >= response_starts[i]."""
+
+    @abstractmethod
+    def update_weights(self, plan: PushPlan, rank: int) -> WeightUpdateStats:
+        """Join the broadcast `plan` as `rank`, receive all tensors, make them live, set the version.
+
+        May be called from another thread while generate() runs: generation pauses only for the swap,
+        and tokens sampled after it carry the new version.
+        """
+
+    @abstractmethod
+    def close(self) -> None:
+        """Release the engine (processes, memory)."""

@@ -1,0 +1,134 @@
+"""Batched incremental decoding with a KV cache over any Hugging Face causal LM (no engine state).
+
+Used by `TorchEngine` and directly by the learner to evaluate its own in-process model. Prompts are
+left-padded under an attention mask with position ids counted from each prompt's first real token, so a
+prompt decodes the same whatever it is batched with. Every token is sampled with
+`asyncrl.core.sampling.sample_tokens`, so `logp_behav` is the processed log-prob the learner recomputes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+
+import torch
+
+from asyncrl.core.sampling import SamplingParams, sample_tokens
+from asyncrl.core.engines.base import Generation
+
+StepGuard = Callable[[], AbstractContextManager[int]]
+"""Called around every forward; the context value is the weight version that forward runs with. The torch
+engine's guard holds its weight lock, so an in-flight update swaps weights only between decode steps."""
+
+
+def _left_pad(
+    prompts: list[list[int]], pad_id: int, device
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    width = max(len(p) for p in prompts)
+    input_ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
+    attention_mask = torch.zeros_like(input_ids)
+    for i, p in enumerate(prompts):
+        input_ids[i, width - len(p) :] = torch.tensor(p, dtype=torch.long)
+        attention_mask[i, width - len(p) :] = 1
+    # Real tokens get positions 0, 1, ...; padding positions are masked, their value does not matter.
+    position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+    return input_ids.to(device), attention_mask.to(device), position_ids.to(device)
+
+
+@torch.no_grad()
+def _decode_batch(model, prompts, params, eos, pad_id, generator, step_guard) -> list[Generation]:
+    device = eos.device
+    input_ids, attention_mask, position_ids = _left_pad(prompts, pad_id, device)
+    batch = len(prompts)
+    next_position = position_ids[:, -1] + 1
+    finished = torch.zeros(batch, dtype=torch.bool, device=device)
+    cache = None
+    steps: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]] = []
+    for _ in range(params.max_new_tokens):
+        with step_guard() as version:
+            out = model(
+                input_ids=input_ids,
+                attention_mask=attention_mask,
+                position_ids=position_ids,
+                past_key_values=cache,
+                use_cache=True,
+                logits_to_keep=1,
+            )
+        cache = out.past_key_values
+        tokens, logp = sample_tokens(out.logits[:, -1], params, generator)
+        active = ~finished
+        steps.append((tokens, logp, active, int(version)))
+        finished = finished | (active & torch.isin(tokens, eos))
+        if bool(finished.all()):
+            break
+        # Finished rows keep decoding padding (cheaper than reshaping the cache); their tokens are dropped.
+        input_ids = torch.where(finished, pad_id, tokens).unsqueeze(-1)
+        attention_mask = torch.cat([attention_mask, torch.ones_like(attention_mask[:, :1])], dim=-1)
+        position_ids = next_position.unsqueeze(-1)
+        next_position = next_position + 1
+
+    tokens = torch.stack([s[0] for s in steps], dim=1).tolist()
+    logps = torch.stack([s[1] for s in steps], dim=1).tolist()
+    active = torch.stack([s[2] for s in steps], dim=1).tolist()
+    versions = [s[3] for s in steps]
+    finished_list = finished.tolist()
+    out_gens = []
+    for i in range(batch):
+        keep = [t for t, a in enumerate(active[i]) if a]
+        out_gens.append(
+            Generation(
+                token_ids=[tokens[i][t] for t in keep],
+                logp_behav=[logps[i][t] for t in keep],
+                weight_version=[versions[t] for t in keep],
+                finished=finished_list[i],
+            )
+        )
+    return out_gens
+
+
+def generate_with_model(
+    model,
+    prompts: list[list[int]],
+    params: SamplingParams,
+    n: int = 1,
+    *,
+    eos_ids: list[int],
+    pad_id: int,
+    max_batch_size: int = 64,
+    generator: torch.Generator | None = None,
+    step_guard: StepGuard | None = None,
+    weight_version: int = 0,
+) -> list[list[Generation]]:
+    """`n` samples for each prompt (result[i][j] = sample j of prompt i), decoded in batches of at most
+    `max_batch_size` sequences. Responses stop at any of `eos_ids` (included, finished=True) or after
+    `params.max_new_tokens`. Tokens are tagged with the version `step_guard` yields (default:
+    `weight_version`). The model runs in eval mode and is put back in its previous mode afterwards.
+    """
+    if n < 1:
+        raise ValueError(f"n must be >= 1, got {n}")
+    if params.max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, got {params.max_new_tokens}")
+    if max_batch_size < 1:
+        raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
+    for i, p in enumerate(prompts):
+        if len(p) == 0:
+            raise ValueError(f"prompt {i} is empty (it needs at least a <bos> token)")
+    if not eos_ids:
+        raise ValueError("eos_ids is empty: generation could never stop early")
+    guard = step_guard or (lambda: contextlib.nullcontext(weight_version))
+    device = next(model.parameters()).device
+    eos = torch.tensor(list(eos_ids), dtype=torch.long, device=device)
+    flat = [(i, p) for i, p in enumerate(prompts) for _ in range(n)]
+    results: list[list[Generation]] = [[] for _ in prompts]
+    was_training = model.training
+    model.eval()
+    try:
+        for lo in range(0, len(flat), max_batch_size):
+            chunk = flat[lo : lo + max_batch_size]
+            gens = _decode_batch(model, [p for _, p in chunk], params, eos, pad_id, generator, guard)
+            for (i, _), gen in zip(chunk, gens):
+                results[i].append(gen)
+    finally:
+        model.train(was_training)
+    return results

@@ -1,0 +1,178 @@
+"""The project's own generation engine: an HF causal LM decoded in torch, with in-flight weight updates.
+
+Generation holds the weight lock only for each forward pass (see `torch_decode.StepGuard`). `update_weights`
+runs in another thread: the broadcast lands in a spare set of bucket-shaped buffers (`weights.flat`) while
+generation goes on with the live set, then it takes the lock between two decode steps and points the
+parameters at the new buffers -- a pointer swap, so generation pauses for microseconds. (A push whose dtypes
+differ from the model's is staged and copied, casting, instead.) Tokens sampled from a forward after the
+swap carry the new version, and the KV cache computed with the old weights is kept (vLLM's pause mode
+"keep").
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+
+import torch
+
+from asyncrl.core.modeling import (
+    check_weight_metas,
+    copy_weights_,
+    eos_token_ids,
+    load_causal_lm,
+    pad_token_id,
+    sequence_logprobs,
+)
+from asyncrl.core.sampling import SamplingParams
+from asyncrl.core.weights.flat import FlatWeights, rebind_parameters
+from asyncrl.core.weights.plan import PushPlan
+from asyncrl.core.weights.transport import make_group, receive_weights
+from asyncrl.core.engines.base import Engine, Generation, WeightUpdateStats
+from asyncrl.core.engines.torch_decode import generate_with_model
+
+log = logging.getLogger(__name__)
+
+
+class TorchEngine(Engine):
+    def __init__(self, engine_cfg, model_path: str, dtype: str = "float32", seed: int = 0, version: int = 0):
+        if engine_cfg.threads > 0:
+            torch.set_num_threads(engine_cfg.threads)
+        self.max_batch_size = engine_cfg.max_batch_size
+        self.model = load_causal_lm(model_path, dtype, engine_cfg.device)
+        self.model.requires_grad_(False)
+        self.eos_ids = eos_token_ids(self.model)
+        self.pad_id = pad_token_id(self.model)
+        self.device = next(self.model.parameters()).device
+        self._generator = torch.Generator(device=self.device).manual_seed(seed)
+        self._version = version
+        # Held for each forward pass and for the weight swap: the one thing an update waits for.
+        self._weights_lock = threading.Lock()
+        # One update at a time (two overlapping broadcasts would interleave their swaps).
+        self._update_lock = threading.Lock()
+        # Double buffer of the zero-copy update path: parameters are views into `_live_flat` after the first
+        # update; the next one is received into `_spare_flat`, then the two swap roles.
+        self._live_flat: FlatWeights | None = None
+        self._spare_flat: FlatWeights | None = None
+
+    @property
+    def weight_version(self) -> int:
+        return self._version
+
+    @contextlib.contextmanager
+    def _forward_step(self):
+        with self._weights_lock:
+            yield self._version
+
+    def generate(
+        self, prompts: list[list[int]], params: SamplingParams, n: int = 1
+    ) -> list[list[Generation]]:
+        return generate_with_model(
+            self.model,
+            prompts,
+            params,
+            n,
+            eos_ids=self.eos_ids,
+            pad_id=self.pad_id,
+            max_batch_size=self.max_batch_size,
+            generator=self._generator,
+            step_guard=self._forward_step,
+        )
+
+    def score(self, sequences: list[list[int]], response_starts: list[int]) -> list[list[float]]:
+        out: list[list[float]] = []
+        for lo in range(0, len(sequences), self.max_batch_size):
+            seqs, starts = (
+                sequences[lo : lo + self.max_batch_size],
+                response_starts[lo : lo + self.max_batch_size],
+            )
+            with self._weights_lock, torch.no_grad():
+                logp, _ = sequence_logprobs(self.model, seqs, starts, None, pad_id=self.pad_id)
+            rows = logp.cpu().tolist()
+            out.extend(row[: len(seq) - start] for row, seq, start in zip(rows, seqs, starts))
+        return out
+
+    def update_weights(self, plan: PushPlan, rank: int) -> WeightUpdateStats:
+        with self._update_lock:
+            return self._update_weights(plan, rank)
+
+    def _update_weights(self, plan: PushPlan, rank: int) -> WeightUpdateStats:
+        started = time.perf_counter()
+        try:
+            targets = check_weight_metas(self.model, plan.tensors)
+        except ValueError:
+            # Still take part in the broadcast (and drop what arrives), so the sender and the other
+            # receivers are not left waiting for this rank until their time-out.
+            self._drain(plan, rank)
+            raise
+        group = make_group(plan, rank)
+        # Receiving straight into parameter storage needs the transport to deliver the model's own dtypes on
+        # the model's device; anything else is staged and copied (casting, moving).
+        zero_copy = group.device == self.device and all(
+            m.torch_dtype == targets[m.name].dtype for m in plan.tensors
+        )
+        staged: list[tuple[str, torch.Tensor]] = []
+        try:
+            if zero_copy:
+                # The broadcast lands in the spare buffers; the live ones stay untouched for generation.
+                spare = self._spare_weights(plan)
+                for _ in receive_weights(group, plan, into=spare):
+                    pass
+            else:
+                for bucket in receive_weights(group, plan):
+                    # The bucket views live in reused staging buffers: keep copies until the swap (which
+                    # casts them to the model's dtypes).
+                    staged.extend((name, tensor.clone()) for name, tensor in bucket)
+        finally:
+            group.close()
+        received = time.perf_counter()
+        with self._weights_lock:
+            swap_start = time.perf_counter()
+            if zero_copy:
+                rebind_parameters(self.model, spare)
+                self._live_flat, self._spare_flat = spare, self._live_flat
+                nbytes = plan.total_bytes
+            else:
+                nbytes = copy_weights_(targets, staged)
+            self._version = plan.version
+            pause_s = time.perf_counter() - swap_start
+        load_s = time.perf_counter() - started
+        log.info(
+            "weights v%d live: %.1f MB, receive %.3fs, pause %.6fs (%s)",
+            plan.version,
+            nbytes / 2**20,
+            received - started,
+            pause_s,
+            "pointer swap" if zero_copy else "copy",
+        )
+        return WeightUpdateStats(
+            version=plan.version,
+            load_s=load_s,
+            pause_s=pause_s,
+            bytes_received=nbytes,
+            extra={"receive_s": received - started, "zero_copy": float(zero_copy)},
+        )
+
+    def _spare_weights(self, plan: PushPlan) -> FlatWeights:
+        """Receive buffers with the plan's layout that generation is not reading (allocated on first use
+        and whenever the layout changes; afterwards live and spare alternate)."""
+        if self._spare_flat is None or not self._spare_flat.matches(plan.tensors, plan.bucket_bytes):
+            self._spare_flat = FlatWeights(plan.tensors, plan.bucket_bytes, self.device)
+        return self._spare_flat
+
+    def _drain(self, plan: PushPlan, rank: int) -> None:
+        try:
+            group = make_group(plan, rank)
+            try:
+                for _ in receive_weights(group, plan):
+                    pass
+            finally:
+                group.close()
+        except Exception as err:  # noqa: BLE001 - the plan error raised by the caller matters more
+            log.warning("could not drain the rejected push %s: %s", plan.push_id, err)
+
+    def close(self) -> None:
+        with self._weights_lock:
+            self.model = None

@@ -1,0 +1,193 @@
+"""Shared model helpers: loading a causal LM, per-token log-probs, and the weights a push carries.
+
+`sequence_logprobs` is THE per-token log-prob of the project: the learner's `logp_prox` (no grad) and `logp`
+(with grad), the teacher's `logp_teacher` and the mismatch probe all call it, so they cannot drift apart. With
+`params` it applies `asyncrl.core.sampling.processed_logprobs` (the distribution the engines sample from); without,
+it is the raw log-softmax (what vLLM's prompt_logprobs return).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from pathlib import Path
+
+import torch
+from torch.utils.checkpoint import checkpoint
+
+from asyncrl.core.sampling import SamplingParams, processed_logprobs
+from asyncrl.core.weights.plan import TensorMeta
+
+# Above this many logit elements per call the vocabulary projection runs in row chunks (and, with grad,
+# recomputes each chunk in backward), so the [tokens, vocab] logits never exist all at once.
+_MAX_LOGIT_ELEMENTS = 1 << 24
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def torch_dtype(name: str | torch.dtype) -> torch.dtype:
+    """Dtype name ("float32", "bfloat16", "float16") or a torch.dtype -> torch.dtype."""
+    if isinstance(name, torch.dtype):
+        return name
+    if name not in _DTYPES:
+        raise ValueError(f"unsupported dtype {name!r} (expected one of {sorted(_DTYPES)})")
+    return _DTYPES[name]
+
+
+def load_causal_lm(path: str | Path, dtype: str | torch.dtype = "float32", device: str = "cpu"):
+    """Load a Hugging Face causal LM checkpoint in eval mode (dropout off) on `device`."""
+    from transformers import AutoModelForCausalLM
+
+    if not (Path(path) / "config.json").is_file():
+        raise ValueError(f"{path} is not a model checkpoint directory (no config.json)")
+    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch_dtype(dtype))
+    return model.to(device).eval()
+
+
+def eos_token_ids(model) -> list[int]:
+    """Every token id that ends a response: config.eos_token_id plus generation_config's (may be lists)."""
+    ids: list[int] = []
+    for source in (model.config, getattr(model, "generation_config", None)):
+        value = getattr(source, "eos_token_id", None) if source is not None else None
+        for i in value if isinstance(value, (list, tuple)) else [value]:
+            if i is not None and int(i) not in ids:
+                ids.append(int(i))
+    if not ids:
+        raise ValueError("the model config names no eos_token_id; generation could never stop")
+    return ids
+
+
+def pad_token_id(model) -> int:
+    """The model's pad id (falls back to the first EOS id; padded positions are masked anyway)."""
+    pad = getattr(model.config, "pad_token_id", None)
+    return int(pad) if pad is not None else eos_token_ids(model)[0]
+
+
+def _check_inputs(sequences: list[list[int]], response_starts: list[int]) -> None:
+    if len(sequences) != len(response_starts):
+        raise ValueError(f"{len(sequences)} sequences but {len(response_starts)} response_starts")
+    for i, (seq, start) in enumerate(zip(sequences, response_starts)):
+        if not 1 <= start <= len(seq):
+            raise ValueError(
+                f"sequence {i}: response_start={start} must be in [1, len(sequence)={len(seq)}] "
+                "(the first token has no prediction)"
+            )
+
+
+def _token_logprobs(lm_head, hidden: torch.Tensor, targets: torch.Tensor, params) -> torch.Tensor:
+    logits = lm_head(hidden)
+    logp_all = (
+        torch.log_softmax(logits.float(), dim=-1) if params is None else processed_logprobs(logits, params)
+    )
+    return logp_all.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+
+
+def sequence_logprobs(
+    model,
+    sequences: list[list[int]],
+    response_starts: list[int],
+    params: SamplingParams | None = None,
+    pad_id: int = 0,
+    **forward_kwargs,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token log-probs of each sequence's response tokens, one batched forward.
+
+    Returns `(logp, mask)`, both [N, T] with T the longest response: `logp[i, t]` is the log-prob of
+    `sequences[i][response_starts[i] + t]` (float32, 0 where masked), `mask[i, t]` (bool) says whether that
+    response token exists. `params=None`: raw log-softmax; otherwise the processed (tempered/truncated)
+    distribution of `asyncrl.core.sampling`. Differentiable when grad is enabled. Sequences are right-padded with
+    `pad_id` under an attention mask, so padding does not change the values. `forward_kwargs` go to the
+    base model's forward (e.g. routing replay inputs).
+    """
+    _check_inputs(sequences, response_starts)
+    device = next(model.parameters()).device
+    n = len(sequences)
+    lengths = torch.tensor([len(s) for s in sequences], dtype=torch.long)
+    starts = torch.tensor(list(response_starts), dtype=torch.long)
+    resp_lens = lengths - starts
+    width = int(resp_lens.max()) if n else 0
+    mask = torch.arange(width)[None, :] < resp_lens[:, None]
+    if n == 0 or width == 0:
+        return torch.zeros(n, width, device=device), mask.to(device)
+
+    input_ids = torch.full((n, int(lengths.max())), pad_id, dtype=torch.long)
+    attention_mask = torch.zeros_like(input_ids)
+    for i, seq in enumerate(sequences):
+        input_ids[i, : len(seq)] = torch.tensor(seq, dtype=torch.long)
+        attention_mask[i, : len(seq)] = 1
+    input_ids, attention_mask = input_ids.to(device), attention_mask.to(device)
+    hidden = model.base_model(
+        input_ids=input_ids, attention_mask=attention_mask, use_cache=False, **forward_kwargs
+    ).last_hidden_state
+
+    # Only the response positions go through the vocabulary projection: response token t of row i sits
+    # at position start_i + t and is predicted by the hidden state one position earlier.
+    rows, cols = mask.nonzero(as_tuple=True)
+    pred_pos = starts[rows] - 1 + cols
+    rows, pred_pos = rows.to(device), pred_pos.to(device)
+    picked = hidden[rows, pred_pos]
+    targets = input_ids[rows, pred_pos + 1]
+    lm_head = model.get_output_embeddings()
+    chunk = max(1, _MAX_LOGIT_ELEMENTS // lm_head.weight.shape[0])
+    pieces = []
+    for lo in range(0, picked.shape[0], chunk):
+        h, tgt = picked[lo : lo + chunk], targets[lo : lo + chunk]
+        if torch.is_grad_enabled() and picked.shape[0] > chunk:
+            pieces.append(checkpoint(_token_logprobs, lm_head, h, tgt, params, use_reentrant=False))
+        else:
+            pieces.append(_token_logprobs(lm_head, h, tgt, params))
+    flat = torch.cat(pieces)
+    mask = mask.to(device)
+    logp = torch.zeros(n, width, dtype=torch.float32, device=device)
+    logp = logp.masked_scatter(mask, flat)
+    return logp, mask
+
+
+def named_weights(model) -> list[tuple[str, torch.Tensor]]:
+    """The tensors a weight push carries, in a stable order, under `state_dict` names.
+
+    Parameters (tied ones once) followed by persistent buffers; detached, on their current device.
+    """
+    state_names = set(model.state_dict().keys())
+    out = [(name, p.detach()) for name, p in model.named_parameters()]
+    out += [(name, b.detach()) for name, b in model.named_buffers() if name in state_names]
+    return out
+
+
+def check_weight_metas(model, metas: Iterable[TensorMeta]) -> dict[str, torch.Tensor]:
+    """Validate pushed tensor metadata against `model`; returns name -> the model tensor to copy into.
+
+    The push must name every weight of the model exactly once, with the model's shapes; a floating dtype
+    different from the model's is allowed (the copy casts). Raises ValueError naming the offending tensor.
+    """
+    targets = dict(named_weights(model))
+    seen: set[str] = set()
+    for meta in metas:
+        if meta.name not in targets:
+            raise ValueError(f"weight push names tensor {meta.name!r}, which the model does not have")
+        if meta.name in seen:
+            raise ValueError(f"weight push names tensor {meta.name!r} twice")
+        seen.add(meta.name)
+        target = targets[meta.name]
+        if tuple(meta.shape) != tuple(target.shape):
+            raise ValueError(
+                f"weight push tensor {meta.name!r} has shape {tuple(meta.shape)}, "
+                f"the model expects {tuple(target.shape)}"
+            )
+        if meta.torch_dtype.is_floating_point != target.dtype.is_floating_point:
+            raise ValueError(
+                f"weight push tensor {meta.name!r} has dtype {meta.dtype}, the model has {target.dtype}"
+            )
+    missing = [name for name in targets if name not in seen]
+    if missing:
+        raise ValueError(f"weight push lacks {len(missing)} model tensors, e.g. {missing[:3]}")
+    return targets
+
+
+@torch.no_grad()
+def copy_weights_(targets: dict[str, torch.Tensor], named_tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
+    """Copy received tensors into the model tensors `targets` (from `check_weight_metas`); returns bytes."""
+    copied = 0
+    for name, tensor in named_tensors:
+        targets[name].copy_(tensor)
+        copied += tensor.numel() * tensor.element_size()
+    return copied

@@ -1,0 +1,256 @@
+"""The weight-transport seam: one broadcast group per push, rank 0 = the learner.
+
+Groups are stateless (no global `torch.distributed` process group): every push forms its own group under
+a key prefix (the push id) in the learner's rendezvous TCPStore. That lets replicas join and leave between
+pushes (the controller picks the receivers of each push) and lets one process hold several groups, which a
+single default process group would not. `make_group` picks gloo (CPU tensors) or nccl (GPU tensors) by
+the plan's `transport` field.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import ipaddress
+import socket
+import threading
+from abc import ABC, abstractmethod
+from collections.abc import Iterable, Iterator
+
+import torch
+from torch.distributed import PrefixStore, TCPStore
+
+from asyncrl.core.weights.buckets import pack, plan_buckets, unpack
+from asyncrl.core.weights.flat import FlatWeights, adjacent_run
+from asyncrl.core.weights.plan import PushPlan, TensorMeta
+from asyncrl.core.weights.rendezvous import receiver_join, sender_join
+
+
+class BroadcastGroup(ABC):
+    """A process group of `world_size` ranks that can broadcast from rank 0."""
+
+    device: torch.device
+
+    def __init__(self, rank: int, world_size: int):
+        self.rank, self.world_size = rank, world_size
+
+    @abstractmethod
+    def broadcast_async(self, tensor: torch.Tensor):
+        """Start a broadcast from rank 0 (in place on the others); returns a handle with `.wait()`."""
+
+    def broadcast(self, tensor: torch.Tensor) -> None:
+        """Rank 0 sends `tensor`; every other rank receives into it in place."""
+        self.broadcast_async(tensor).wait()
+
+    def close(self) -> None:
+        """Drop the group's connections."""
+
+
+def _store(plan: PushPlan, rank: int, store: TCPStore | None) -> PrefixStore:
+    timeout = datetime.timedelta(seconds=plan.timeout_s)
+    if store is None:
+        if rank == 0:
+            raise ValueError("rank 0 (the sender) hosts the rendezvous store and must pass it")
+        store = TCPStore(plan.store_host, plan.store_port, is_master=False, timeout=timeout)
+    return PrefixStore(f"push/{plan.push_id}/", store)
+
+
+def is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(socket.gethostbyname(host)).is_loopback
+    except (OSError, ValueError):
+        return False
+
+
+class GlooGroup(BroadcastGroup):
+    def __init__(self, plan: PushPlan, rank: int, store: PrefixStore):
+        super().__init__(rank, plan.world_size)
+        from torch.distributed.distributed_c10d import ProcessGroupGloo
+
+        opts = ProcessGroupGloo._Options()
+        opts._timeout = datetime.timedelta(seconds=plan.timeout_s)
+        # On one machine, bind loopback explicitly: the default device resolves the hostname, which in
+        # containers and sandboxes may point at an interface peers cannot reach.
+        device = (
+            ProcessGroupGloo.create_device(hostname="127.0.0.1")
+            if is_loopback(plan.store_host)
+            else ProcessGroupGloo.create_default_device()
+        )
+        opts._devices = [device]
+        self._pg = ProcessGroupGloo(store, rank, plan.world_size, opts)
+        self.device = torch.device("cpu")
+
+    def broadcast_async(self, tensor: torch.Tensor):
+        from torch.distributed import BroadcastOptions
+
+        opts = BroadcastOptions()
+        opts.rootRank = 0
+        return self._pg.broadcast([tensor], opts)
+
+    def close(self) -> None:
+        self._pg = None
+
+
+class NcclGroup(BroadcastGroup):
+    """GPU data plane. Needs CUDA on every rank; tensors live on `device`."""
+
+    def __init__(self, plan: PushPlan, rank: int, store: PrefixStore, device: str | None = None):
+        super().__init__(rank, plan.world_size)
+        if not torch.cuda.is_available():
+            raise RuntimeError("nccl weight transport needs a CUDA device; use weight_transport.type=gloo on CPU")
+        from torch.distributed.distributed_c10d import ProcessGroupNCCL
+
+        self.device = torch.device(device or f"cuda:{torch.cuda.current_device()}")
+        opts = ProcessGroupNCCL.Options()
+        opts._timeout = datetime.timedelta(seconds=plan.timeout_s)
+        self._pg = ProcessGroupNCCL(store, rank, plan.world_size, opts)
+
+    def broadcast_async(self, tensor: torch.Tensor):
+        from torch.distributed import BroadcastOptions
+
+        opts = BroadcastOptions()
+        opts.rootRank = 0
+        return _SyncedWork(self._pg.broadcast([tensor], opts), self.device)
+
+    def close(self) -> None:
+        if self._pg is not None:
+            try:
+                self._pg.shutdown()
+            except Exception:  # noqa: BLE001, S110 - best effort on teardown
+                pass
+        self._pg = None
+
+
+class _SyncedWork:
+    """NCCL work whose wait() also waits for the stream, so the data is usable on return."""
+
+    def __init__(self, work, device):
+        self._work, self._device = work, device
+
+    def wait(self):
+        self._work.wait()
+        torch.cuda.current_stream(self._device).synchronize()
+
+
+def make_group(
+    plan: PushPlan, rank: int, store: TCPStore | None = None, join_timeout_s: float | None = None
+) -> BroadcastGroup:
+    """Factory: the group type named by `plan.transport`, formed after the join handshake
+    (`weights.rendezvous`): rank 0 waits at most `join_timeout_s` (default: the plan's time-out) for the
+    receivers and raises `ReceiversMissing` if some never come; receivers then raise `PushAborted`."""
+    if plan.transport not in ("gloo", "nccl"):
+        raise ValueError(f"unknown weight transport {plan.transport!r} (expected 'gloo' or 'nccl')")
+    if plan.transport == "nccl" and not torch.cuda.is_available():
+        # Before joining: a rank that cannot take part must not announce itself ready.
+        raise RuntimeError("nccl weight transport needs a CUDA device; use weight_transport.type=gloo on CPU")
+    prefixed = _store(plan, rank, store)
+    if rank == 0:
+        sender_join(prefixed, plan.push_id, plan.world_size, join_timeout_s or plan.timeout_s)
+    else:
+        receiver_join(prefixed, plan.push_id, rank, plan.timeout_s)
+    if plan.transport == "gloo":
+        return GlooGroup(plan, rank, prefixed)
+    return NcclGroup(plan, rank, prefixed)
+
+
+def host_store(host: str, port: int, timeout_s: float) -> TCPStore:
+    """The learner's long-lived rendezvous store (port 0 = any free port; read `.port`)."""
+    return TCPStore(
+        host, port, is_master=True, wait_for_workers=False, timeout=datetime.timedelta(seconds=timeout_s)
+    )
+
+
+class _StagingBuffers:
+    """Two staging buffers per (device, dtype): packing/unpacking one bucket overlaps the transfer of the
+    other."""
+
+    def __init__(self):
+        self._buffers: dict[tuple, list[torch.Tensor]] = {}
+
+    def get(self, device: torch.device, dtype: torch.dtype, numel: int, slot: int) -> torch.Tensor:
+        pair = self._buffers.setdefault((str(device), dtype), [torch.empty(0, dtype=dtype, device=device)] * 2)
+        if pair[slot].numel() < numel:
+            pair[slot] = torch.empty(numel, dtype=dtype, device=device)
+        return pair[slot][:numel]
+
+
+class _StagingPool:
+    """Reusable staging buffers, so no push pays first-touch page faults for fresh multi-MiB buffers.
+
+    Each transfer leases its own set for its duration: a process that sends and receives at once (tests,
+    several engines in one process) never has two transfers writing the same buffer, and back-to-back
+    pushes reuse the same memory.
+    """
+
+    def __init__(self):
+        self._free: list[_StagingBuffers] = []
+        self._lock = threading.Lock()
+
+    @contextlib.contextmanager
+    def lease(self) -> Iterator[_StagingBuffers]:
+        with self._lock:
+            buffers = self._free.pop() if self._free else _StagingBuffers()
+        try:
+            yield buffers
+        finally:
+            with self._lock:
+                self._free.append(buffers)
+
+
+_STAGING = _StagingPool()
+
+
+def send_weights(group: BroadcastGroup, named_tensors: Iterable[tuple[str, torch.Tensor]], plan: PushPlan) -> int:
+    """Rank 0: broadcast all tensors bucket by bucket, in plan order; packing bucket k+1 overlaps the
+    transfer of bucket k. Returns bytes sent."""
+    tensors = [t for _, t in named_tensors]
+    if len(tensors) != len(plan.tensors):
+        raise ValueError(f"plan lists {len(plan.tensors)} tensors, got {len(tensors)}")
+    sent, in_flight = 0, None
+    with _STAGING.lease() as staging:
+        for k, bucket in enumerate(plan_buckets(plan.tensors, plan.bucket_bytes)):
+            dtype = plan.tensors[bucket.members[0]].torch_dtype
+            # .to() is a no-op for tensors already on the group's device (the CPU/gloo case).
+            members = {i: tensors[i].detach().to(group.device) for i in bucket.members}
+            flat = adjacent_run([members[i] for i in bucket.members])
+            if flat is None or flat.dtype != dtype:
+                flat = pack(bucket, members, out=staging.get(group.device, dtype, bucket.numel, k % 2))
+            if in_flight is not None:
+                in_flight.wait()
+            in_flight = group.broadcast_async(flat)
+            sent += flat.numel() * flat.element_size()
+        if in_flight is not None:
+            in_flight.wait()
+    return sent
+
+
+def receive_weights(
+    group: BroadcastGroup, plan: PushPlan, into: FlatWeights | None = None
+) -> Iterator[list[tuple[str, torch.Tensor]]]:
+    """Other ranks: yield the named tensors of each bucket. The next bucket is already arriving while the
+    caller handles this one.
+
+    Without `into` the tensors are views into a reused staging buffer, valid until the next iteration (copy
+    them out). With `into` (a `FlatWeights` with the plan's layout, on the group's device) every bucket lands
+    directly in its buffers and the views stay valid: no copy at all.
+    """
+    metas: tuple[TensorMeta, ...] = plan.tensors
+    buckets = plan_buckets(metas, plan.bucket_bytes)
+    if into is not None and not into.matches(metas, plan.bucket_bytes):
+        raise ValueError(f"push {plan.push_id}: the receive buffers do not have the plan's layout")
+    with _STAGING.lease() as staging:
+
+        def start(k):
+            bucket = buckets[k]
+            if into is not None:
+                flat = into.buffers[k]
+            else:
+                flat = staging.get(group.device, metas[bucket.members[0]].torch_dtype, bucket.numel, k % 2)
+            return flat, group.broadcast_async(flat)
+
+        pending = start(0) if buckets else None
+        for k, bucket in enumerate(buckets):
+            flat, work = pending
+            work.wait()
+            pending = start(k + 1) if k + 1 < len(buckets) else None
+            yield unpack(bucket, flat, metas)

@@ -1,0 +1,128 @@
+"""Audit of a run from its event logs: the η rule held at every admission, versions only grew, and every
+trajectory group written was trained exactly once (or is still in the buffer: none lost, none twice)."""
+
+from __future__ import annotations
+
+import itertools
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from asyncrl.core.events import read_events
+
+
+@dataclass
+class AuditReport:
+    leases_granted: int = 0
+    eta_violations: list = field(default_factory=list)
+    versions_committed: list = field(default_factory=list)
+    version_errors: list = field(default_factory=list)
+    groups_written: int = 0
+    groups_trained: int = 0
+    trained_twice: list = field(default_factory=list)
+    trained_unwritten: list = field(default_factory=list)
+    written_by_dead_replica: list = field(default_factory=list)
+    lost: list = field(default_factory=list)
+    left_in_buffer: int = 0
+    written_after_end: int = 0
+    rejected: int = 0
+    staleness_hist: dict = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return not (self.eta_violations or self.version_errors or self.trained_twice or self.trained_unwritten
+                    or self.lost) and self.groups_trained > 0
+
+    def headline(self) -> str:
+        return (f"{self.leases_granted} leases, {len(self.eta_violations)} η violations; "
+                f"{len(self.versions_committed)} versions committed, {len(self.version_errors)} ordering errors; "
+                f"{self.groups_written} groups written, {self.groups_trained} trained, "
+                f"{len(self.trained_twice)} twice, {len(self.lost)} lost, {self.left_in_buffer} left in buffer")
+
+    def as_dict(self) -> dict:
+        return {"ok": self.ok, "headline": self.headline(), "leases_granted": self.leases_granted,
+                "eta_violations": self.eta_violations[:20], "versions_committed": self.versions_committed[-5:],
+                "version_errors": self.version_errors[:20], "groups_written": self.groups_written,
+                "groups_trained": self.groups_trained, "trained_twice": self.trained_twice[:20],
+                "trained_unwritten": self.trained_unwritten[:20],
+                "written_by_dead_replica": self.written_by_dead_replica[:20], "lost": self.lost[:20],
+                "left_in_buffer": self.left_in_buffer, "written_after_end": self.written_after_end,
+                "rejected": self.rejected, "staleness_hist": self.staleness_hist}
+
+
+def _check_eta(report: AuditReport, controller: list[dict]) -> None:
+    for ev in controller:
+        if ev["kind"] != "lease_granted":
+            continue
+        report.leases_granted += 1
+        if ev.get("eta") is None:
+            continue
+        # The rule for the last trajectory admitted by this lease: floor((N_r - 1) / B) <= i + η.
+        if (ev["admitted_after"] - 1) // ev["batch_size"] > ev["version"] + ev["eta"]:
+            report.eta_violations.append({k: ev[k] for k in ("lease_id", "admitted_after", "version", "eta")})
+
+
+def _check_versions(report: AuditReport, controller: list[dict], learner: list[dict], rollouts: list[dict]):
+    # Resync pushes re-commit the current version; a new version is always exactly the previous + 1.
+    committed = [ev["version"] for ev in controller if ev["kind"] == "push_committed"]
+    report.versions_committed = sorted(set(committed))
+    for a, b in itertools.pairwise(committed):
+        if not a <= b <= a + 1:
+            report.version_errors.append(f"controller committed {a} then {b}")
+    steps = [ev["version"] for ev in learner if ev["kind"] == "step"]
+    for a, b in itertools.pairwise(steps):
+        if b <= a:
+            report.version_errors.append(f"learner published {a} then {b}")
+    by_replica: dict[str, list[dict]] = {}
+    for ev in rollouts:
+        by_replica.setdefault(ev["_source"], []).append(ev)
+    for source, evs in by_replica.items():
+        for a, b in itertools.pairwise(evs):
+            if b["lease_version"] < a["lease_version"]:
+                report.version_errors.append(f"{source}: lease version went {a['lease_version']} -> "
+                                             f"{b['lease_version']}")
+
+
+def audit_run(run_dir: str | Path) -> AuditReport:
+    report = AuditReport()
+    controller = read_events(run_dir, "controller")
+    learner = read_events(run_dir, "learner")
+    rollouts = []
+    for path in sorted(Path(run_dir, "events").glob("rollout-*.jsonl")):
+        for ev in read_events(run_dir, path.stem):
+            if ev["kind"] == "group_written":
+                rollouts.append({**ev, "_source": path.stem})
+    _check_eta(report, controller)
+    _check_versions(report, controller, learner, rollouts)
+
+    written = {ev["group_id"]: ev for ev in rollouts}
+    report.groups_written = len(written)
+    trained = Counter(g for ev in learner if ev["kind"] == "trained" for g in ev["group_ids"])
+    rejected = {ev["group_id"] for ev in learner if ev["kind"] == "group_rejected"}
+    report.rejected = len(rejected)
+    report.groups_trained = len(trained)
+    report.trained_twice = sorted(g for g, n in trained.items() if n > 1)
+    # A replica killed after writing a group but before logging it (and completing its lease): the group was
+    # trained (exactly once, checked above) and its lease expired. Not an error, but listed.
+    expired = {f"{ev['replica_id']}-{ev['lease_id']}" for ev in controller if ev["kind"] == "lease_expired"}
+    unlogged = sorted(g for g in trained if g not in written)
+    report.written_by_dead_replica = [g for g in unlogged if g in expired]
+    report.trained_unwritten = [g for g in unlogged if g not in expired]
+    final = [ev for ev in learner if ev["kind"] == "final_buffer"]
+    remaining = set(final[-1]["entry_ids"]) if final else set()
+    end_t = final[-1]["t"] if final else float("inf")
+    for group_id, ev in written.items():
+        if group_id in trained or group_id in rejected:
+            continue
+        if ev["entry_id"] in remaining:
+            report.left_in_buffer += 1
+        elif ev["t"] >= end_t:
+            report.written_after_end += 1
+        else:
+            report.lost.append(group_id)
+    hist: Counter = Counter()
+    for ev in learner:
+        if ev["kind"] == "step":
+            hist.update({int(k): v for k, v in ev.get("staleness/hist", {}).items()})
+    report.staleness_hist = {str(k): hist[k] for k in sorted(hist)}
+    return report

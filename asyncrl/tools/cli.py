@@ -1,0 +1,124 @@
+"""`asyncrl` command line: each subcommand parses the config and calls one `run`/`serve` function."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+
+from asyncrl.core.config import AsyncRLConfig, load_config
+
+
+def _config(args) -> AsyncRLConfig:
+    return load_config(args.config, args.set)
+
+
+def _up(args):
+    from asyncrl.tools.launcher import run
+
+    return run(_config(args), config_path=args.config)
+
+
+def _controller(args):
+    from asyncrl.services.controller_service import serve
+
+    serve(_config(args))
+
+
+def _rollout(args):
+    from asyncrl.services.rollout_service import serve
+
+    serve(_config(args), replica_id=args.replica_id)
+
+
+def _teacher(args):
+    from asyncrl.services.teacher_service import serve
+
+    serve(_config(args))
+
+
+def _learner(args):
+    from asyncrl.services.learner_service import serve
+
+    serve(_config(args))
+
+
+def _make_tiny_model(args):
+    from asyncrl.tools.tiny_model import run
+
+    run(_config(args))
+
+
+def _plot(args):
+    from asyncrl.tools.plots import plot_run
+
+    print(plot_run(args.run_dir))
+
+
+def _audit(args):
+    from asyncrl.tools.audit import audit_run
+
+    report = audit_run(args.run_dir)
+    print(json.dumps(report.as_dict(), indent=2))
+    return 0 if report.ok else 1
+
+
+def _schema(args):
+    print(json.dumps(AsyncRLConfig.model_json_schema(), indent=2))
+
+
+def _config_docs(args):
+    from asyncrl.tools.config_docs import render
+
+    print(render(), end="")
+
+
+def _probe(args):
+    from asyncrl.tools.probe import run
+
+    run(_config(args), num_prompts=args.num_prompts, out=args.out)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="asyncrl", description=__doc__)
+    parser.add_argument("--log-level", default="INFO")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    def with_config(name, fn, help_):
+        p = sub.add_parser(name, help=help_)
+        p.add_argument("--config", required=True, help="YAML config (see examples/)")
+        p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                       help="override a config field, e.g. --set learner.total_steps=5 (repeatable)")
+        p.set_defaults(fn=fn)
+        return p
+
+    with_config("up", _up, "run the whole system locally (Redis + all services) until the learner finishes")
+    with_config("controller", _controller, "run the controller service")
+    with_config("rollout", _rollout, "run one rollout replica").add_argument(
+        "--replica-id", default="", help="stable replica id (default: assigned by the controller)")
+    with_config("teacher", _teacher, "run the teacher service")
+    with_config("learner", _learner, "run the learner")
+    with_config("make-tiny-model", _make_tiny_model, "build the demo's tiny policy and teacher checkpoints")
+    probe = with_config("probe", _probe, "measure rollout-engine vs learner log-prob mismatch (TIM)")
+    probe.add_argument("--num-prompts", type=int, default=64)
+    probe.add_argument("--out", default=None, help="write the JSON report here too")
+    for name, fn, help_ in (("plot", _plot, "write the PNG plots of a run"),
+                            ("audit", _audit, "check a run's event logs: η rule, versions, exactly-once")):
+        p = sub.add_parser(name, help=help_)
+        p.add_argument("run_dir")
+        p.set_defaults(fn=fn)
+    sub.add_parser("config-schema", help="print the config JSON schema").set_defaults(fn=_schema)
+    sub.add_parser("config-docs", help="print the config reference (docs/configuration.md)").set_defaults(
+        fn=_config_docs)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    return int(args.fn(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

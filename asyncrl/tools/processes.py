@@ -1,0 +1,73 @@
+"""Child processes of a local run: start with a log file, watch, stop them all (SIGTERM, then SIGKILL)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class Child:
+    name: str
+    proc: subprocess.Popen
+    log_path: Path
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def tail(self, lines: int = 30) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+
+class ProcessGroup:
+    """Processes started for one run; `stop_all` is safe to call more than once."""
+
+    def __init__(self, log_dir: Path):
+        self.log_dir = Path(log_dir)
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self.children: list[Child] = []
+
+    def start(self, name: str, argv: list[str], env: dict | None = None) -> Child:
+        log_path = self.log_dir / f"{name}.log"
+        full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+        # The child keeps its own copy of the log descriptor; ours closes right away.
+        with open(log_path, "ab") as log_file:
+            # Own session: Ctrl-C in the terminal reaches the launcher only, which stops children in order.
+            proc = subprocess.Popen(argv, stdout=log_file, stderr=subprocess.STDOUT, env=full_env,
+                                    start_new_session=True)
+        child = Child(name, proc, log_path)
+        self.children.append(child)
+        return child
+
+    def start_cli(self, name: str, args: list[str], env: dict | None = None) -> Child:
+        return self.start(name, [sys.executable, "-m", "asyncrl.tools.cli", *args], env)
+
+    def failed(self) -> list[Child]:
+        return [c for c in self.children if c.proc.poll() not in (None, 0)]
+
+    def stop_all(self, grace_s: float = 15.0) -> None:
+        for child in reversed(self.children):
+            if child.alive():
+                child.proc.send_signal(signal.SIGTERM)
+        deadline = time.time() + grace_s
+        for child in reversed(self.children):
+            try:
+                child.proc.wait(timeout=max(0.1, deadline - time.time()))
+            except subprocess.TimeoutExpired:
+                os.killpg(child.proc.pid, signal.SIGKILL)
+                child.proc.wait()

@@ -1,0 +1,33 @@
+"""A throw-away local redis-server for `asyncrl up` and the tests (Debian's redis-server package)."""
+
+from __future__ import annotations
+
+import shutil
+import time
+from pathlib import Path
+
+import redis
+
+from asyncrl.tools.processes import ProcessGroup, free_port
+
+
+def start_local_redis(group: ProcessGroup, data_dir: Path, host: str = "127.0.0.1") -> str:
+    """Start redis-server (no persistence) as a child of `group`; returns its URL once it answers PING."""
+    binary = shutil.which("redis-server")
+    if binary is None:
+        raise RuntimeError("redis-server not found: run scripts/setup.sh (installs Debian's redis-server)")
+    port = free_port(host)
+    data_dir.mkdir(parents=True, exist_ok=True)
+    child = group.start("redis", [binary, "--port", str(port), "--bind", host, "--save", "", "--appendonly", "no",
+                                  "--dir", str(data_dir)])
+    url = f"redis://{host}:{port}/0"
+    client = redis.Redis.from_url(url)
+    deadline = time.time() + 20
+    while True:
+        try:
+            client.ping()
+            return url
+        except redis.ConnectionError:
+            if not child.alive() or time.time() > deadline:
+                raise RuntimeError(f"redis-server did not start:\n{child.tail()}") from None
+            time.sleep(0.1)

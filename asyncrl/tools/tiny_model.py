@@ -1,0 +1,214 @@
+"""`asyncrl make-tiny-model`: the demo's policy and teacher checkpoints, built locally (no model hub).
+
+A character tokenizer, a small `Qwen2` (attention head size 64, what vLLM's CPU kernels accept) with random
+weights, then a short supervised warm start on the task so RL starts from a sensible but imperfect policy
+(`tiny_model.warmstart_steps`, saved at `model.path`); the teacher continues the same run to
+`tiny_model.teacher_steps` in total (a stronger model of the same shape, saved at `teacher.model_path`).
+Both are float32 safetensors checkpoints with the tokenizer next to them. A stamp file (a hash of the
+tiny_model and task config) makes the build a no-op when the checkpoints already match the config.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from asyncrl.core.modeling import sequence_logprobs
+from asyncrl.core.tasks import Task, get_task
+from asyncrl.core.tokenizer import TextCodec, build_char_tokenizer, save_tokenizer
+
+log = logging.getLogger(__name__)
+
+STAMP_FILE = "asyncrl-tiny-model.json"
+HEAD_SIZE = 64
+# Supervised warm start: fixed recipe (not config) so the step counts alone set the policy's strength.
+SFT_BATCH_SIZE = 64
+SFT_LR = 1e-3
+SFT_WARMUP_STEPS = 20
+# The teacher phase decays the learning rate linearly to this fraction: a settled, stronger model. The warm
+# start stops mid-run at the full rate on purpose (an imperfect policy is what RL should improve).
+SFT_TEACHER_FINAL_LR = 0.05
+MAX_POSITIONS = 64
+
+
+@dataclass(frozen=True)
+class TinyModelPaths:
+    policy: Path
+    teacher: Path
+    built: bool
+    """False when both checkpoints were already there with a matching stamp."""
+
+
+def config_stamp(config) -> str:
+    """Hash of everything that determines the checkpoints (tiny_model + task sections)."""
+    payload = {
+        "tiny_model": config.tiny_model.model_dump(mode="json"),
+        "task": config.task.model_dump(mode="json"),
+        "recipe": [SFT_BATCH_SIZE, SFT_LR, SFT_WARMUP_STEPS, SFT_TEACHER_FINAL_LR, MAX_POSITIONS],
+    }
+    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _stamp_matches(directory: Path, stamp: str) -> bool:
+    path = directory / STAMP_FILE
+    if not path.is_file():
+        return False
+    try:
+        return json.loads(path.read_text()).get("stamp") == stamp
+    except (OSError, ValueError):
+        return False
+
+
+def qwen2_config(tiny_cfg, codec: TextCodec):
+    """The `Qwen2Config` of the tiny model; validates the head size vLLM's CPU attention needs."""
+    from transformers import Qwen2Config
+
+    heads, kv_heads = tiny_cfg.num_attention_heads, tiny_cfg.num_key_value_heads
+    if tiny_cfg.hidden_size != heads * HEAD_SIZE:
+        raise ValueError(
+            f"tiny_model.hidden_size ({tiny_cfg.hidden_size}) / num_attention_heads ({heads}) must be "
+            f"{HEAD_SIZE} (vLLM's CPU attention kernels support head size {HEAD_SIZE})"
+        )
+    if heads % kv_heads:
+        raise ValueError(
+            f"tiny_model.num_attention_heads ({heads}) must be a multiple of num_key_value_heads ({kv_heads})"
+        )
+    return Qwen2Config(
+        vocab_size=codec.vocab_size,
+        hidden_size=tiny_cfg.hidden_size,
+        intermediate_size=tiny_cfg.intermediate_size,
+        num_hidden_layers=tiny_cfg.num_hidden_layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        head_dim=HEAD_SIZE,
+        max_position_embeddings=MAX_POSITIONS,
+        bos_token_id=codec.bos_id,
+        eos_token_id=codec.eos_id,
+        pad_token_id=codec.pad_id,
+        tie_word_embeddings=False,
+    )
+
+
+def _sft_batch(task: Task, first_index: int, size: int) -> tuple[list[list[int]], list[int]]:
+    sequences, starts = [], []
+    for index in range(first_index, first_index + size):
+        prompt = task.train_prompt(index)
+        target = task.codec.encode(task.target_text(prompt), add_bos=False) + [task.codec.eos_id]
+        sequences.append(prompt.token_ids + target)
+        starts.append(len(prompt.token_ids))
+    return sequences, starts
+
+
+def sft_lr(step: int, decay: bool = False, first_step: int = 0, last_step: int = 0) -> float:
+    """Learning rate of SFT step `step`: linear warm-up, then constant, or (decay=True) a linear decay
+    from the full rate at `first_step` to SFT_TEACHER_FINAL_LR of it at `last_step`."""
+    lr = SFT_LR * min(1.0, (step + 1) / SFT_WARMUP_STEPS)
+    if decay:
+        frac = (step - first_step) / max(1, last_step - first_step)
+        lr *= 1.0 - (1.0 - SFT_TEACHER_FINAL_LR) * frac
+    return lr
+
+
+def supervised_train(
+    model,
+    task: Task,
+    steps: int,
+    first_step: int = 0,
+    optimizer=None,
+    decay: bool = False,
+    log_every: int = 100,
+):
+    """Cross-entropy on the target response tokens (EOS included) of training prompts; returns the optimizer.
+
+    Step s uses training prompts [s * SFT_BATCH_SIZE, (s + 1) * SFT_BATCH_SIZE), so continuing a run
+    (`first_step`) sees new data, and the result is a pure function of the seeds. `decay`: see `sft_lr`.
+    """
+    model.train()
+    optimizer = optimizer or torch.optim.AdamW(model.parameters(), lr=SFT_LR, weight_decay=0.0)
+    started = time.perf_counter()
+    for step in range(first_step, first_step + steps):
+        for group in optimizer.param_groups:
+            group["lr"] = sft_lr(step, decay, first_step, first_step + steps)
+        sequences, starts = _sft_batch(task, step * SFT_BATCH_SIZE, SFT_BATCH_SIZE)
+        logp, mask = sequence_logprobs(model, sequences, starts, None, pad_id=task.codec.pad_id)
+        loss = -(logp * mask).sum() / mask.sum()
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        if log_every and (step + 1) % log_every == 0:
+            log.info("sft step %d loss %.4f (%.1fs)", step + 1, loss.item(), time.perf_counter() - started)
+    model.eval()
+    return optimizer
+
+
+def _save(model, codec: TextCodec, directory: Path, stamp: str, info: dict) -> None:
+    directory.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(str(directory), safe_serialization=True)
+    save_tokenizer(codec.tokenizer, directory, model_max_length=MAX_POSITIONS)
+    (directory / STAMP_FILE).write_text(json.dumps({"stamp": stamp, **info}, indent=2) + "\n")
+
+
+def make_tiny_model(config) -> TinyModelPaths:
+    """Build (or reuse) the tiny policy at `config.model.path` and teacher at `config.teacher.model_path`."""
+    from transformers import Qwen2ForCausalLM
+
+    from asyncrl.core.tasks.evaluate import greedy_accuracy
+    from asyncrl.core.engines.torch_decode import generate_with_model
+
+    tiny = config.tiny_model
+    policy_dir, teacher_dir = Path(config.model.path), Path(config.teacher.model_path)
+    stamp = config_stamp(config)
+    if _stamp_matches(policy_dir, stamp) and _stamp_matches(teacher_dir, stamp):
+        log.info("tiny model up to date (stamp %s): %s, %s", stamp, policy_dir, teacher_dir)
+        return TinyModelPaths(policy_dir, teacher_dir, built=False)
+    if tiny.teacher_steps < tiny.warmstart_steps:
+        raise ValueError(
+            f"tiny_model.teacher_steps ({tiny.teacher_steps}) must be >= warmstart_steps "
+            f"({tiny.warmstart_steps}): the teacher continues the warm-start run"
+        )
+
+    codec = TextCodec(build_char_tokenizer())
+    task = get_task(config.task, codec)
+    torch.manual_seed(tiny.seed)
+    model = Qwen2ForCausalLM(qwen2_config(tiny, codec)).float()
+    log.info(
+        "tiny model: %d parameters; warm start %d steps, teacher %d steps",
+        sum(p.numel() for p in model.parameters()),
+        tiny.warmstart_steps,
+        tiny.teacher_steps,
+    )
+
+    def accuracy() -> float:
+        def generate(prompts, params, n):
+            return generate_with_model(model, prompts, params, n, eos_ids=[codec.eos_id], pad_id=codec.pad_id)
+
+        return greedy_accuracy(generate, task)
+
+    started = time.perf_counter()
+
+    def save(role: str, directory: Path, sft_steps: int) -> None:
+        acc = accuracy()
+        _save(model, codec, directory, stamp, {"sft_steps": sft_steps, "greedy_accuracy": acc})
+        log.info("%s saved to %s: greedy accuracy %.3f (%.1fs)", role, directory, acc, time.perf_counter() - started)
+
+    optimizer = supervised_train(model, task, tiny.warmstart_steps)
+    save("policy", policy_dir, tiny.warmstart_steps)
+    # The teacher continues the same run: a stronger model of the same shape and tokenizer.
+    teacher_extra = tiny.teacher_steps - tiny.warmstart_steps
+    supervised_train(model, task, teacher_extra, tiny.warmstart_steps, optimizer, decay=True)
+    save("teacher", teacher_dir, tiny.teacher_steps)
+    return TinyModelPaths(policy_dir, teacher_dir, built=True)
+
+
+def run(config) -> TinyModelPaths:
+    """CLI entry (`asyncrl make-tiny-model`): build or reuse the tiny checkpoints (with learner.threads)."""
+    if config.learner.threads > 0:
+        torch.set_num_threads(config.learner.threads)
+    return make_tiny_model(config)

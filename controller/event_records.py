@@ -1,0 +1,62 @@
+"""The controller's event records in `<run_dir>/events/controller.jsonl` (`asyncrl.core.events.EventLog`).
+
+Every record has `t` (unix seconds) and `kind`; the fields per kind are below. They are the audit trail:
+from them one can check that every admission satisfied the staleness bound and that versions only grew.
+
+`controller_started`: grpc, http (host:port each), eta, batch_size (written by `serve`).
+`replica_registered`: replica_id, address, weight_version, engine, needs_sync, current_version,
+    reregistered (bool: the id was known, i.e. a restart; its old leases expire with reason "reregistered").
+`replica_revived`: replica_id (a replica declared dead spoke again; its leases had already expired).
+`replica_dead`: replica_id, silent_s, leases_expired (count); reason "unreachable" when a push found nothing
+    listening at its address (otherwise it was silent past the heartbeat time-out).
+`lease_granted`: lease_id, replica_id, n, admitted_after (N_r after this admission, i.e. the N_r of the
+    lease's last trajectory), version (policy version i at admission), eta (null = unbounded), batch_size,
+    prompt_index, held_s.
+    Audit: eta is null or floor((admitted_after - 1) / batch_size) <= version + eta.
+`lease_completed`: lease_id, replica_id, n, num_written, returned (n - num_written), admitted_after.
+`lease_expired`: lease_id, replica_id, n, returned (= n), admitted_after, reason ("ttl" | "replica_dead" |
+    "reregistered" | "unreachable").
+`push_begun`: push_id, version, mode ("new" | "resync"; not `kind`, which names the record),
+    receivers (replica ids, rank order), world_size, current_version (before the push),
+    aborted_previous (push id or null).
+`push_committed`: push_id, version (the current version after the commit), mode, acked, dropped, seconds.
+    Audit: `version` never decreases from one record to the next and grows by exactly 1 on mode "new".
+`push_aborted`: push_id, version, mode, reason (sender failure or time-out); the version is not committed.
+`replica_dropped`: push_id, replica_id, version (of the push), error.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+
+class EventSink(Protocol):
+    def write(self, kind: str, **fields) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class NoEvents:
+    """An event sink that keeps nothing (unit tests that do not look at the audit trail)."""
+
+    def write(self, kind: str, **fields) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+class MemoryEvents:
+    """An event sink that keeps records in a list (unit tests that check the audit trail)."""
+
+    def __init__(self):
+        self.records: list[dict] = []
+
+    def write(self, kind: str, **fields) -> None:
+        self.records.append({"kind": kind, **fields})
+
+    def of_kind(self, kind: str) -> list[dict]:
+        return [r for r in self.records if r["kind"] == kind]
+
+    def close(self) -> None:
+        pass

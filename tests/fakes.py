@@ -1,0 +1,73 @@
+"""Test doubles for the controller's seams: a settable clock and an in-process weight notifier.
+
+Shipped with the package (not under tests/) so that unit and integration tests elsewhere in the repo can
+build a `ControllerState` without a network.
+"""
+
+from __future__ import annotations
+
+import threading
+
+from asyncrl.core.config import ControllerConfig
+from asyncrl.core.weights.plan import PushPlan, TensorMeta
+from asyncrl.controller.event_records import MemoryEvents
+from asyncrl.controller.state import ControllerState
+
+
+class FakeClock:
+    """A monotonic clock that only moves when told to."""
+
+    def __init__(self, start: float = 1000.0):
+        self.now = start
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+class FakeNotifier:
+    """Acks every push immediately with the plan's version, except for addresses told to fail (raise at
+    once) or to hang (block until `release` is set, then raise: a receiver that never answers in time).
+
+    Addresses in `gone` raise like a replica whose process is gone (`UpdateWeightsFailed(unreachable=True)`).
+    Records every call as (address, push_id, version, rank, world_size).
+    """
+
+    def __init__(self):
+        self.calls: list[tuple[str, str, int, int, int]] = []
+        self.failing: set[str] = set()
+        self.hanging: set[str] = set()
+        self.gone: set[str] = set()
+        self.release = threading.Event()
+        self._lock = threading.Lock()
+
+    def __call__(self, address: str, plan: PushPlan, rank: int, timeout_s: float) -> int:
+        with self._lock:
+            self.calls.append((address, plan.push_id, plan.version, rank, plan.world_size))
+        if address in self.hanging:
+            self.release.wait(timeout_s)
+            raise TimeoutError(f"{address} did not answer")
+        if address in self.failing:
+            raise RuntimeError(f"{address} failed to load the weights")
+        if address in self.gone:
+            from asyncrl.controller.fanout import UpdateWeightsFailed
+
+            raise UpdateWeightsFailed(f"{address}: UNAVAILABLE: connection refused", unreachable=True)
+        return plan.version
+
+
+def make_state(
+    *, batch_size: int = 8, eta: int | None = 0, clock: FakeClock | None = None, **controller_fields
+) -> tuple[ControllerState, FakeClock, FakeNotifier, MemoryEvents]:
+    """A ControllerState with a fake clock, a fake notifier and in-memory events (no reaper thread)."""
+    clock = clock or FakeClock()
+    notifier, events = FakeNotifier(), MemoryEvents()
+    config = ControllerConfig(eta=eta, **controller_fields)
+    state = ControllerState(config, batch_size, events=events, notify=notifier, clock=clock)
+    return state, clock, notifier, events
+
+
+TINY_TENSORS = (TensorMeta("w", (2, 2), "float32"),)
+"""A one-tensor plan for pushes whose data plane a test does not exercise."""
