@@ -18,8 +18,8 @@ def build_random_qwen2(out_dir: Path, hidden: int, layers: int, intermediate: in
     from transformers import Qwen2ForCausalLM
 
     from asyncrl.core.config import TinyModelConfig
-    from asyncrl.tools.tiny_model import qwen2_config
     from asyncrl.core.tokenizer import TextCodec, save_tokenizer
+    from asyncrl.tools.tiny_model import qwen2_config
 
     if (out_dir / "config.json").exists():
         return out_dir

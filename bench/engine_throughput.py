@@ -18,9 +18,9 @@ from pathlib import Path
 from common import build_random_qwen2, emit
 
 from asyncrl.core.config import EngineConfig, TaskConfig
+from asyncrl.core.engines.factory import make_engine
 from asyncrl.core.sampling import SamplingParams
 from asyncrl.core.tasks import get_task
-from asyncrl.core.engines.factory import make_engine
 
 
 def measure(engine, prompts, params, n, warmup, repeats) -> dict:

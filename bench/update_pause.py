@@ -21,10 +21,10 @@ from pathlib import Path
 from common import build_random_qwen2, emit, push_weights
 
 from asyncrl.core.config import EngineConfig, TaskConfig
+from asyncrl.core.engines.factory import make_engine
 from asyncrl.core.modeling import load_causal_lm, named_weights
 from asyncrl.core.sampling import SamplingParams
 from asyncrl.core.tasks import get_task
-from asyncrl.core.engines.factory import make_engine
 
 
 def timed_generate(engine, prompts, params, n):

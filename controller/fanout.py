@@ -9,8 +9,9 @@ from __future__ import annotations
 import grpc
 
 from asyncrl.core.grpc_util import channel
-from asyncrl.v1 import rollout_pb2, rollout_pb2_grpc
+from asyncrl.core.weights.manifest import encode_plan
 from asyncrl.core.weights.plan import PushPlan
+from asyncrl.v1 import rollout_pb2, rollout_pb2_grpc
 
 
 class UpdateWeightsFailed(RuntimeError):
@@ -27,7 +28,7 @@ def grpc_update_weights(address: str, plan: PushPlan, rank: int, timeout_s: floa
     # A fresh channel per push: receivers change between pushes and a push is rare next to its payload.
     with channel(address) as ch:
         stub = rollout_pb2_grpc.RolloutStub(ch)
-        request = rollout_pb2.UpdateWeightsRequest(plan=plan.to_proto(), rank=rank)
+        request = rollout_pb2.UpdateWeightsRequest(plan=encode_plan(plan), rank=rank)
         try:
             response = stub.UpdateWeights(request, timeout=timeout_s)
         except grpc.RpcError as err:

@@ -15,10 +15,11 @@ from __future__ import annotations
 
 import uuid
 
-from asyncrl.core.weights.plan import PushPlan, TensorMeta
 from asyncrl.controller.errors import PreconditionFailed
 from asyncrl.controller.push import NEW, RESYNC, PushSession, Receiver
 from asyncrl.controller.results import CommitResult, LearnerProgress, LearnerPulse
+
+from asyncrl.core.weights.plan import PushPlan, TensorMeta
 
 
 class PushOrchestration:

@@ -16,17 +16,18 @@ from __future__ import annotations
 import threading
 import time
 
-from asyncrl.core.config import ControllerConfig
 from asyncrl.controller import staleness
+from asyncrl.controller.controller_metrics import ControllerMetrics
 from asyncrl.controller.errors import InvalidRequest
 from asyncrl.controller.event_records import EventSink, NoEvents
 from asyncrl.controller.leases import Lease, LeaseBook
-from asyncrl.controller.controller_metrics import ControllerMetrics
 from asyncrl.controller.push import PushSession, WeightNotifier
 from asyncrl.controller.push_ops import PushOrchestration
 from asyncrl.controller.reaper import Reaper
 from asyncrl.controller.registry import Replica, ReplicaRegistry
 from asyncrl.controller.results import LearnerProgress, LeaseDecision, Registration, ReplicaPulse
+
+from asyncrl.core.config import ControllerConfig
 
 # A held request re-checks at least this often, so an expiry found by lazy reaping (no reaper thread in
 # unit tests) still releases it.

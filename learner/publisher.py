@@ -8,10 +8,11 @@ import time
 from dataclasses import dataclass
 
 from asyncrl.core.modeling import named_weights
-from asyncrl.v1 import controller_pb2, weights_pb2
 from asyncrl.core.weights.flat import bind_parameters
-from asyncrl.core.weights.plan import PushPlan, tensor_metas
+from asyncrl.core.weights.manifest import decode_plan, encode_tensors
+from asyncrl.core.weights.plan import tensor_metas
 from asyncrl.core.weights.transport import host_store, make_group, send_weights
+from asyncrl.v1 import controller_pb2
 
 log = logging.getLogger(__name__)
 
@@ -42,10 +43,7 @@ class WeightPublisher:
         # The model's weights move (once) into bucket-shaped storage: every later push broadcasts the
         # buckets as they are, without packing (the optimizer updates them in place).
         self.flat = bind_parameters(model, named_weights(model), int(transport_cfg.bucket_mb * 2**20))
-        self.specs = [
-            weights_pb2.TensorSpec(name=m.name, shape=list(m.shape), dtype=m.dtype)
-            for m in tensor_metas(named_weights(model))
-        ]
+        self.specs = encode_tensors(tensor_metas(named_weights(model)))
 
     def push(self, version: int) -> PushResult:
         """Publish the model as `version` (current+1) or resync it to out-of-date replicas (current)."""
@@ -58,7 +56,7 @@ class WeightPublisher:
                 ),
                 timeout=self.cfg.timeout_s + 30,
             )
-            plan = PushPlan.from_proto(begin.plan)
+            plan = decode_plan(begin.plan)
             ok, error, sent, t_bcast = True, "", 0, 0.0
             if plan.world_size > 1:
                 t0 = time.perf_counter()

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import time
 
-from asyncrl.v1 import trajectory_pb2
 from asyncrl.core.engines.base import Generation
+from asyncrl.v1 import trajectory_pb2
 
 
 def build_group(

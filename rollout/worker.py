@@ -12,10 +12,10 @@ import threading
 import time
 
 import grpc
+from asyncrl.rollout.trajectories import build_group
 
 from asyncrl.core.sampling import SamplingParams
 from asyncrl.v1 import controller_pb2
-from asyncrl.rollout.trajectories import build_group
 
 log = logging.getLogger(__name__)
 

@@ -25,23 +25,22 @@ import math
 import re
 
 import grpc
-
-from asyncrl.core.config import AsyncRLConfig
-from asyncrl.core.events import EventLog
-from asyncrl.core.grpc_util import InvalidArgument, build_server, require, wait_until_stopped
-from asyncrl.v1 import controller_pb2, controller_pb2_grpc
-from asyncrl.core.weights.plan import TensorMeta
 from asyncrl.controller.errors import InvalidRequest, PreconditionFailed
 from asyncrl.controller.push import WeightNotifier
 from asyncrl.controller.state import ControllerState
 from asyncrl.controller.status_page import StatusPage
+
+from asyncrl.core.config import AsyncRLConfig
+from asyncrl.core.events import EventLog
+from asyncrl.core.grpc_util import InvalidArgument, build_server, require, wait_until_stopped
+from asyncrl.core.weights.manifest import check_address, check_transport, decode_tensors, encode_plan
+from asyncrl.v1 import controller_pb2, controller_pb2_grpc
 
 SERVICE_NAME = "asyncrl.v1.Controller"
 # Held AcquireLease calls each occupy a worker thread for up to max_hold_s; heartbeats must still get
 # through, so the pool is sized far above the replica count (threads are created lazily).
 _MAX_WORKERS = 256
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:@-]{0,127}")
-_TRANSPORTS = ("gloo", "nccl")
 
 
 class ControllerServicer(controller_pb2_grpc.ControllerServicer):
@@ -50,7 +49,7 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
 
     def RegisterReplica(self, request, context):
         def run():
-            _require_address(request.address, "address")
+            check_address(request.address, "address")
             require(
                 not request.replica_id or _is_name(request.replica_id), "replica_id", _name_problem(request)
             )
@@ -114,13 +113,9 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
     def BeginWeightPush(self, request, context):
         def run():
             _require_non_negative(request.version, "version")
-            _require_address(request.store_address, "store_address")
-            require(
-                request.transport in _TRANSPORTS,
-                "transport",
-                f"must be one of {_TRANSPORTS}, got {request.transport!r}",
-            )
-            tensors = _tensor_metas(request.tensors)
+            check_address(request.store_address, "store_address")
+            check_transport(request.transport, "transport")
+            tensors = decode_tensors(request.tensors, "tensors")
             require(request.bucket_bytes >= 1, "bucket_bytes", f"must be >= 1, got {request.bucket_bytes}")
             timeout = request.timeout_s
             require(
@@ -137,7 +132,7 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
                 timeout,
             )
             return controller_pb2.BeginWeightPushResponse(
-                plan=session.plan.to_proto(), receivers=[r.replica_id for r in session.receivers]
+                plan=encode_plan(session.plan), receivers=[r.replica_id for r in session.receivers]
             )
 
         return _answer(context, run)
@@ -247,30 +242,3 @@ def _require_id(value: str, field: str) -> None:
 
 def _require_non_negative(value: int, field: str) -> None:
     require(value >= 0, field, f"must be >= 0, got {value}")
-
-
-def _require_address(value: str, field: str) -> None:
-    host, sep, port = value.rpartition(":")
-    ok = bool(sep) and bool(host) and port.isdigit() and 1 <= int(port) <= 65535
-    require(ok, field, f"must be host:port, got {value!r}")
-
-
-def _tensor_metas(specs) -> tuple[TensorMeta, ...]:
-    require(len(specs) >= 1, "tensors", "must list at least one tensor")
-    seen: set[str] = set()
-    metas = []
-    for i, spec in enumerate(specs):
-        field = f"tensors[{i}]"
-        require(bool(spec.name), f"{field}.name", "must not be empty")
-        require(spec.name not in seen, f"{field}.name", f"duplicate tensor name {spec.name!r}")
-        seen.add(spec.name)
-        require(
-            all(d >= 0 for d in spec.shape), f"{field}.shape", f"dims must be >= 0, got {list(spec.shape)}"
-        )
-        meta = TensorMeta(spec.name, tuple(spec.shape), spec.dtype)
-        try:
-            _ = meta.torch_dtype  # raises for a name that is not a torch dtype
-        except ValueError:
-            raise InvalidArgument(f"{field}.dtype", f"unknown torch dtype {spec.dtype!r}") from None
-        metas.append(meta)
-    return tuple(metas)

@@ -10,9 +10,13 @@ import threading
 from pathlib import Path
 
 import torch
+from asyncrl.learner.loop import LearnerLoop, LearnerProgress
+from asyncrl.learner.publisher import WeightPublisher
+from asyncrl.learner.trainer import Trainer
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from asyncrl.core.buffer import make_buffer
+from asyncrl.core.engines.torch_decode import generate_with_model
 from asyncrl.core.events import EventLog
 from asyncrl.core.grpc_util import build_server, wait_for_channel
 from asyncrl.core.metrics import serve_metrics
@@ -21,10 +25,6 @@ from asyncrl.core.sampling import SamplingParams
 from asyncrl.core.tasks import get_task
 from asyncrl.core.tasks.evaluate import greedy_accuracy
 from asyncrl.v1 import controller_pb2_grpc, learner_pb2, learner_pb2_grpc, teacher_pb2_grpc
-from asyncrl.learner.loop import LearnerLoop, LearnerProgress
-from asyncrl.learner.publisher import WeightPublisher
-from asyncrl.learner.trainer import Trainer
-from asyncrl.core.engines.torch_decode import generate_with_model
 
 log = logging.getLogger("asyncrl.learner")
 SERVICE = "asyncrl.v1.Learner"

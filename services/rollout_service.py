@@ -11,10 +11,14 @@ import zlib
 
 import grpc
 import torch
+from asyncrl.rollout.replica import ReplicaSession
+from asyncrl.rollout.worker import RolloutWorker
+from asyncrl.services.validation import check_token_ids
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from transformers import AutoConfig
 
 from asyncrl.core.buffer import make_buffer
+from asyncrl.core.engines.factory import make_engine
 from asyncrl.core.events import EventLog
 from asyncrl.core.grpc_util import (
     InvalidArgument,
@@ -27,12 +31,8 @@ from asyncrl.core.grpc_util import (
 from asyncrl.core.metrics import serve_metrics
 from asyncrl.core.sampling import SamplingParams
 from asyncrl.core.tasks import get_reward, get_task
+from asyncrl.core.weights.manifest import decode_plan
 from asyncrl.v1 import controller_pb2_grpc, rollout_pb2, rollout_pb2_grpc
-from asyncrl.core.weights.plan import PushPlan
-from asyncrl.core.engines.factory import make_engine
-from asyncrl.rollout.replica import ReplicaSession
-from asyncrl.rollout.worker import RolloutWorker
-from asyncrl.services.validation import check_plan, check_token_ids
 
 log = logging.getLogger("asyncrl.rollout")
 SERVICE = "asyncrl.v1.Rollout"
@@ -67,11 +67,12 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServicer):
     def UpdateWeights(self, request, context):
         try:
             require(request.HasField("plan"), "plan", "is required")
-            check_plan(request.plan, request.rank)
+            plan = decode_plan(request.plan, "plan")
+            require(1 <= request.rank < plan.world_size, "rank", f"must be in [1, {plan.world_size}), got {request.rank}")
         except InvalidArgument as err:
             abort_invalid(context, err)
         try:
-            stats = self.engine.update_weights(PushPlan.from_proto(request.plan), request.rank)
+            stats = self.engine.update_weights(plan, request.rank)
         except ValueError as err:  # the plan does not fit the model
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"plan: {err}")
         except Exception as err:

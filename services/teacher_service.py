@@ -6,14 +6,14 @@ import logging
 import time
 
 import torch
+from asyncrl.services.validation import check_token_ids
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from transformers import AutoConfig
 
+from asyncrl.core.engines.factory import make_engine
 from asyncrl.core.grpc_util import InvalidArgument, abort_invalid, build_server, require, wait_until_stopped
 from asyncrl.core.metrics import serve_metrics
 from asyncrl.v1 import teacher_pb2, teacher_pb2_grpc
-from asyncrl.core.engines.factory import make_engine
-from asyncrl.services.validation import check_token_ids
 
 log = logging.getLogger("asyncrl.teacher")
 SERVICE = "asyncrl.v1.Teacher"

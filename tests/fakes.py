@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import threading
 
-from asyncrl.core.config import ControllerConfig
-from asyncrl.core.weights.plan import PushPlan, TensorMeta
 from asyncrl.controller.event_records import MemoryEvents
 from asyncrl.controller.state import ControllerState
+
+from asyncrl.core.config import ControllerConfig
+from asyncrl.core.weights.plan import PushPlan, TensorMeta
 
 
 class FakeClock:

@@ -19,6 +19,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from asyncrl.core.algo.config import AlgoConfig
+from asyncrl.core.weights.manifest import Transport
 
 
 class Section(BaseModel):
@@ -184,7 +185,7 @@ class TeacherConfig(Section):
 
 
 class WeightTransportConfig(Section):
-    type: Literal["gloo", "nccl"] = "gloo"
+    type: Transport = "gloo"
     """Data plane of the weight push: gloo (CPU tensors) or nccl (GPU tensors)."""
     host: str = "127.0.0.1"
     """Address receivers use to reach the learner's rendezvous store."""

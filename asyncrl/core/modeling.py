@@ -15,6 +15,7 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from asyncrl.core.sampling import SamplingParams, processed_logprobs
+from asyncrl.core.weights.manifest import match_model
 from asyncrl.core.weights.plan import TensorMeta
 
 # Above this many logit elements per call the vocabulary projection runs in row chunks (and, with grad,
@@ -154,32 +155,14 @@ def named_weights(model) -> list[tuple[str, torch.Tensor]]:
 
 
 def check_weight_metas(model, metas: Iterable[TensorMeta]) -> dict[str, torch.Tensor]:
-    """Validate pushed tensor metadata against `model`; returns name -> the model tensor to copy into.
-
-    The push must name every weight of the model exactly once, with the model's shapes; a floating dtype
-    different from the model's is allowed (the copy casts). Raises ValueError naming the offending tensor.
-    """
+    """Hold pushed tensor metadata against `model` (`asyncrl.core.weights.manifest.match_model`); returns
+    name -> the model tensor to copy into. Raises ValueError naming the offending tensor."""
     targets = dict(named_weights(model))
-    seen: set[str] = set()
-    for meta in metas:
-        if meta.name not in targets:
-            raise ValueError(f"weight push names tensor {meta.name!r}, which the model does not have")
-        if meta.name in seen:
-            raise ValueError(f"weight push names tensor {meta.name!r} twice")
-        seen.add(meta.name)
-        target = targets[meta.name]
-        if tuple(meta.shape) != tuple(target.shape):
-            raise ValueError(
-                f"weight push tensor {meta.name!r} has shape {tuple(meta.shape)}, "
-                f"the model expects {tuple(target.shape)}"
-            )
-        if meta.torch_dtype.is_floating_point != target.dtype.is_floating_point:
-            raise ValueError(
-                f"weight push tensor {meta.name!r} has dtype {meta.dtype}, the model has {target.dtype}"
-            )
-    missing = [name for name in targets if name not in seen]
-    if missing:
-        raise ValueError(f"weight push lacks {len(missing)} model tensors, e.g. {missing[:3]}")
+    match_model(
+        metas,
+        {name: tuple(t.shape) for name, t in targets.items()},
+        non_float=[name for name, t in targets.items() if not t.dtype.is_floating_point],
+    )
     return targets
 
 

@@ -16,10 +16,10 @@ from pathlib import Path
 
 import torch
 
+from asyncrl.core.engines.factory import make_engine
 from asyncrl.core.modeling import load_causal_lm, pad_token_id, sequence_logprobs
 from asyncrl.core.sampling import SamplingParams
 from asyncrl.core.tasks import get_task
-from asyncrl.core.engines.factory import make_engine
 
 
 def mismatch_stats(logp_learner: torch.Tensor, logp_engine: torch.Tensor, mask: torch.Tensor) -> dict:

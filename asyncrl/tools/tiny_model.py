@@ -159,8 +159,8 @@ def make_tiny_model(config) -> TinyModelPaths:
     """Build (or reuse) the tiny policy at `config.model.path` and teacher at `config.teacher.model_path`."""
     from transformers import Qwen2ForCausalLM
 
-    from asyncrl.core.tasks.evaluate import greedy_accuracy
     from asyncrl.core.engines.torch_decode import generate_with_model
+    from asyncrl.core.tasks.evaluate import greedy_accuracy
 
     tiny = config.tiny_model
     policy_dir, teacher_dir = Path(config.model.path), Path(config.teacher.model_path)

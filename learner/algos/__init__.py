@@ -10,11 +10,11 @@ The trainer calls three things:
 """
 
 from asyncrl.learner.algos.advantage_builder import AdvantageResult, build_advantages
-from asyncrl.core.algo import AlgoConfig
 from asyncrl.learner.algos.evaluation import pass_at_k
 from asyncrl.learner.algos.objective import policy_objective
 from asyncrl.learner.algos.opd import teacher_response_logprobs
-from asyncrl.core.algo import PRESET_NAMES, PRESETS
+
+from asyncrl.core.algo import PRESET_NAMES, PRESETS, AlgoConfig
 
 __all__ = [
     "PRESETS",

@@ -11,10 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
-from torch import Tensor
-
 from asyncrl.learner.algos.advantages import dash_keep, outcome_advantages, process_advantages
-from asyncrl.core.algo.config import AlgoConfig
 from asyncrl.learner.algos.diagnostics import batch_diagnostics, to_floats
 from asyncrl.learner.algos.groups import Groups
 from asyncrl.learner.algos.kl import kl_to_reference
@@ -26,8 +23,16 @@ from asyncrl.learner.algos.masked import (
     masked_mean,
     masked_sum,
 )
-from asyncrl.learner.algos.opd import check_teacher_alignment, eligible_sequences, horizon_mask, opd_advantages
+from asyncrl.learner.algos.opd import (
+    check_teacher_alignment,
+    eligible_sequences,
+    horizon_mask,
+    opd_advantages,
+)
 from asyncrl.learner.algos.shaping import shape_rewards
+from torch import Tensor
+
+from asyncrl.core.algo.config import AlgoConfig
 
 
 @dataclass

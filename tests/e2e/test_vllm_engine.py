@@ -212,7 +212,7 @@ def test_bad_plans_fail_clearly_and_the_engine_keeps_working(engine, live):
 
     name, tensor = good[0]
     bogus = TensorMeta("model.layers.0.not_a_weight", (4,), "float32")
-    with pytest.raises(ValueError, match="'model.layers.0.not_a_weight' is not a parameter"):
+    with pytest.raises(ValueError, match="'model.layers.0.not_a_weight' is not a tensor of the model"):
         engine.update_weights(plan(tensor_metas(good) + (bogus,)), rank=1)
     wrong_shape = TensorMeta(name, (tensor.shape[0] + 1, *tensor.shape[1:]), "float32")
     with pytest.raises(ValueError, match=f"'{name}' has shape"):

@@ -20,18 +20,18 @@ from pathlib import Path
 import grpc
 import pytest
 import torch
+from asyncrl.controller.state import ControllerState
+from asyncrl.controller.status_page import StatusPage
+from asyncrl.services.controller_service import SERVICE_NAME, create_server
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from asyncrl.core.config import AsyncRLConfig, dump_config
 from asyncrl.core.events import read_events
+from asyncrl.core.weights.manifest import decode_plan
+from asyncrl.core.weights.transport import host_store, make_group, receive_weights, send_weights
 from asyncrl.v1 import controller_pb2 as pb
 from asyncrl.v1 import controller_pb2_grpc, rollout_pb2, rollout_pb2_grpc, weights_pb2
-from asyncrl.core.weights.plan import PushPlan
-from asyncrl.core.weights.transport import host_store, make_group, receive_weights, send_weights
-from asyncrl.controller.state import ControllerState
-from asyncrl.controller.status_page import StatusPage
-from asyncrl.services.controller_service import SERVICE_NAME, create_server
 
 pytestmark = pytest.mark.integration
 
@@ -236,7 +236,7 @@ class GlooReceiver(rollout_pb2_grpc.RolloutServicer):
         self.received: dict[int, dict[str, torch.Tensor]] = {}
 
     def UpdateWeights(self, request, context):
-        plan = PushPlan.from_proto(request.plan)
+        plan = decode_plan(request.plan)
         group = make_group(plan, request.rank)
         got = {}
         try:
@@ -283,7 +283,7 @@ def push_as_learner(stub, store, version: int):
         pb.BeginWeightPushRequest(version=version, store_address=f"127.0.0.1:{store.port}", transport="gloo",
                                   tensors=specs, bucket_bytes=512, timeout_s=20)
     )  # fmt: skip
-    plan = PushPlan.from_proto(begun.plan)
+    plan = decode_plan(begun.plan)
     group = make_group(plan, 0, store)
     try:
         send_weights(group, named, plan)

@@ -10,11 +10,16 @@ import urllib.request
 import grpc
 import pytest
 import torch
+from asyncrl.learner.loop import LearnerProgress
+from asyncrl.services import learner_service, rollout_service, teacher_service
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from asyncrl.core.metrics import serve_metrics
 from asyncrl.core.modeling import load_causal_lm, named_weights, sequence_logprobs
+from asyncrl.core.weights.manifest import encode_plan
+from asyncrl.core.weights.plan import PushPlan, tensor_metas
+from asyncrl.core.weights.transport import host_store, make_group, send_weights
 from asyncrl.v1 import (
     learner_pb2,
     learner_pb2_grpc,
@@ -23,10 +28,6 @@ from asyncrl.v1 import (
     teacher_pb2,
     teacher_pb2_grpc,
 )
-from asyncrl.core.weights.plan import PushPlan, tensor_metas
-from asyncrl.core.weights.transport import host_store, make_group, send_weights
-from asyncrl.learner.loop import LearnerProgress
-from asyncrl.services import learner_service, rollout_service, teacher_service
 
 pytestmark = pytest.mark.integration
 
@@ -113,8 +114,8 @@ def test_rollout_generate_health_metrics_and_validation(tiny_model_dir, started)
             "temperature")
     invalid(stub.UpdateWeights, rollout_pb2.UpdateWeightsRequest(), "plan")
     plan = PushPlan("p1", 1, "127.0.0.1:1", 2, "gloo", tensor_metas([("x", torch.zeros(2))]), 1024, 5)
-    invalid(stub.UpdateWeights, rollout_pb2.UpdateWeightsRequest(plan=plan.to_proto(), rank=0), "rank")
-    bad_transport = plan.to_proto()
+    invalid(stub.UpdateWeights, rollout_pb2.UpdateWeightsRequest(plan=encode_plan(plan), rank=0), "rank")
+    bad_transport = encode_plan(plan)
     bad_transport.transport = "carrier-pigeon"
     invalid(stub.UpdateWeights, rollout_pb2.UpdateWeightsRequest(plan=bad_transport, rank=1), "plan.transport")
     # A request that was refused did not disturb the replica: it still generates at version 0.
@@ -141,7 +142,7 @@ def test_rollout_update_weights_installs_the_learner_weights(tiny_model_dir, sta
     plan = PushPlan("push-7", 7, f"127.0.0.1:{store.port}", 2, "gloo", tensor_metas(named), 64 * 1024, 30)
     replies = {}
     receiver = threading.Thread(target=lambda: replies.update(r=stub.UpdateWeights(
-        rollout_pb2.UpdateWeightsRequest(plan=plan.to_proto(), rank=1), timeout=60)))
+        rollout_pb2.UpdateWeightsRequest(plan=encode_plan(plan), rank=1), timeout=60)))
     receiver.start()
     assert send_weights(make_group(plan, 0, store), named, plan) == plan.total_bytes
     receiver.join(60)
@@ -172,7 +173,7 @@ def test_rollout_refuses_a_plan_that_does_not_fit_the_model(tiny_model_dir, star
 
     def call():
         try:
-            stub.UpdateWeights(rollout_pb2.UpdateWeightsRequest(plan=plan.to_proto(), rank=1), timeout=60)
+            stub.UpdateWeights(rollout_pb2.UpdateWeightsRequest(plan=encode_plan(plan), rank=1), timeout=60)
         except grpc.RpcError as err:
             errors["e"] = err
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import math
 
 import pytest
+from asyncrl.learner.algos import PRESET_NAMES, AlgoConfig
 from pydantic import BaseModel, ValidationError
 
-from asyncrl.learner.algos import PRESET_NAMES, AlgoConfig
 from asyncrl.core.algo.sections import RolloutCorrectionConfig
 
 # The documented table (docs/algorithms.md), written out by hand: (bypass, loss, weights, cap, rejection, lo, hi).

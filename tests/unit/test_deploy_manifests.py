@@ -6,8 +6,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from asyncrl.tools.cli import build_parser
 from asyncrl.core.config import load_config
+from asyncrl.tools.cli import build_parser
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 

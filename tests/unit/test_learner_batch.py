@@ -1,9 +1,9 @@
 import pytest
 import torch
+from asyncrl.learner.batch import MalformedGroup, assemble, staleness_stats
 
 from asyncrl.core.buffer import BufferEntry
 from asyncrl.v1 import trajectory_pb2
-from asyncrl.learner.batch import MalformedGroup, assemble, staleness_stats
 
 
 def traj(gid, j, resp, versions, reward=1.0, prompt=(1, 2, 3)):

@@ -5,10 +5,10 @@ from types import SimpleNamespace
 import pytest
 
 from asyncrl.core.config import TaskConfig
+from asyncrl.core.engines.base import Generation
 from asyncrl.core.tasks import Prompt, get_reward, get_task
 from asyncrl.core.tasks.arith import arith_exact
 from asyncrl.core.tasks.evaluate import greedy_accuracy, greedy_rewards
-from asyncrl.core.engines.base import Generation
 
 
 def test_prompt_format_and_answer():

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from asyncrl.core.config import AsyncRLConfig, TinyModelConfig
-from asyncrl.tools.tiny_model import STAMP_FILE, config_stamp, make_tiny_model, qwen2_config
 from asyncrl.core.tokenizer import TextCodec, build_char_tokenizer, save_tokenizer
+from asyncrl.tools.tiny_model import STAMP_FILE, config_stamp, make_tiny_model, qwen2_config
 
 
 def test_tokenizer_round_trip():

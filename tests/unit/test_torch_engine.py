@@ -7,11 +7,11 @@ import pytest
 import torch
 
 from asyncrl.core.config import EngineConfig
+from asyncrl.core.engines.torch_engine import TorchEngine
 from asyncrl.core.modeling import load_causal_lm, named_weights, sequence_logprobs
 from asyncrl.core.sampling import SamplingParams
 from asyncrl.core.weights.plan import PushPlan, TensorMeta, tensor_metas
 from asyncrl.core.weights.transport import host_store, make_group, send_weights
-from asyncrl.core.engines.torch_engine import TorchEngine
 
 # Variable prompt lengths on purpose: left padding must not change anything.
 PROMPTS = [[1, 5, 6, 14, 7, 8, 15], [1, 9, 14, 9, 15], [1, 12, 13, 14, 4, 15], [1, 4, 15]]
@@ -176,7 +176,7 @@ def test_bad_plan_fails_clearly_and_leaves_weights_untouched(engine, tiny_model_
     plan = _plan(named, 9, store, "bad-shape")
     errors = []
     sender = _sender(named, plan, store, errors)
-    with pytest.raises(ValueError, match=f"{name}.*shape \\(128, 64\\).*expects \\(64, 128\\)"):
+    with pytest.raises(ValueError, match=f"{name}.*shape \\(128, 64\\).*model.s is \\(64, 128\\)"):
         engine.update_weights(plan, 1)
     sender.join(30)
     assert not sender.is_alive() and not errors  # the receiver drained the broadcast: nobody hangs

@@ -2,6 +2,7 @@ import pytest
 import torch
 
 from asyncrl.core.weights.buckets import pack, plan_buckets, unpack
+from asyncrl.core.weights.manifest import decode_plan, encode_plan
 from asyncrl.core.weights.plan import PushPlan, TensorMeta
 
 
@@ -42,6 +43,6 @@ def test_bad_inputs_are_clear_errors():
 
 def test_plan_proto_round_trip():
     plan = PushPlan("p1", 3, "127.0.0.1:1234", 3, "gloo", metas(("a", (2, 3), "bfloat16")), 1024, 5.0)
-    assert PushPlan.from_proto(plan.to_proto()) == plan
+    assert decode_plan(encode_plan(plan)) == plan
     assert plan.store_host == "127.0.0.1" and plan.store_port == 1234
     assert plan.total_bytes == 12

@@ -14,6 +14,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, model_validator
 
+from asyncrl.core.algo.presets import PRESETS
 from asyncrl.core.algo.sections import (
     AdvantageConfig,
     AlgoSection,
@@ -23,7 +24,6 @@ from asyncrl.core.algo.sections import (
     PolicyLossConfig,
     RolloutCorrectionConfig,
 )
-from asyncrl.core.algo.presets import PRESETS
 
 PresetName = Literal[
     "decoupled_token_is", "decoupled_seq_is", "decoupled_seq_is_rs", "decoupled_geo_rs",

@@ -14,8 +14,8 @@ from contextlib import AbstractContextManager
 
 import torch
 
-from asyncrl.core.sampling import SamplingParams, sample_tokens
 from asyncrl.core.engines.base import Generation
+from asyncrl.core.sampling import SamplingParams, sample_tokens
 
 StepGuard = Callable[[], AbstractContextManager[int]]
 """Called around every forward; the context value is the weight version that forward runs with. The torch

@@ -18,6 +18,8 @@ import time
 
 import torch
 
+from asyncrl.core.engines.base import Engine, Generation, WeightUpdateStats
+from asyncrl.core.engines.torch_decode import generate_with_model
 from asyncrl.core.modeling import (
     check_weight_metas,
     copy_weights_,
@@ -30,8 +32,6 @@ from asyncrl.core.sampling import SamplingParams
 from asyncrl.core.weights.flat import FlatWeights, rebind_parameters
 from asyncrl.core.weights.plan import PushPlan
 from asyncrl.core.weights.transport import make_group, receive_weights
-from asyncrl.core.engines.base import Engine, Generation, WeightUpdateStats
-from asyncrl.core.engines.torch_decode import generate_with_model
 
 log = logging.getLogger(__name__)
 

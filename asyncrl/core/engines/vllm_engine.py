@@ -24,8 +24,6 @@ import time
 
 import numpy as np
 
-from asyncrl.core.sampling import SamplingParams
-from asyncrl.core.weights.plan import PushPlan
 from asyncrl.core.engines.base import Engine, Generation, WeightUpdateStats
 from asyncrl.core.engines.vllm_worker import (
     WORKER_EXTENSION,
@@ -34,6 +32,8 @@ from asyncrl.core.engines.vllm_worker import (
     is_moe_checkpoint,
     plan_to_dict,
 )
+from asyncrl.core.sampling import SamplingParams
+from asyncrl.core.weights.plan import PushPlan
 
 UPDATE_MODES = ("inflight", "between")
 

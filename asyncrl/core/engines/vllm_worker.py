@@ -18,6 +18,7 @@ from pathlib import Path
 
 import torch
 
+from asyncrl.core.weights.manifest import match_model
 from asyncrl.core.weights.plan import PushPlan, TensorMeta
 from asyncrl.core.weights.transport import make_group, receive_weights
 
@@ -151,9 +152,6 @@ def check_plan_against_checkpoint(plan: PushPlan, shapes: dict | None, model_pat
         log.warning("no safetensors files under %s: push %s not checked by name", model_path, plan.push_id)
         return
     names = [meta.name for meta in plan.tensors]
-    if len(set(names)) != len(names):
-        twice = next(name for name in names if names.count(name) > 1)
-        raise ValueError(f"weight push {plan.push_id}: tensor {twice!r} is listed twice")
     allowed, required = dict(shapes), set(shapes)
     # Tied embeddings: the checkpoint has no lm_head, but a learner's state dict may carry one (vLLM skips it).
     embedding = next((shape for name, shape in shapes.items() if name.endswith("embed_tokens.weight")), None)
@@ -163,27 +161,7 @@ def check_plan_against_checkpoint(plan: PushPlan, shapes: dict | None, model_pat
         in_memory = transformers_tensor_shapes(model_path)
         if in_memory is not None and set(names) <= in_memory[0].keys():
             allowed, required = in_memory
-    for meta in plan.tensors:
-        if meta.name not in allowed:
-            raise ValueError(
-                f"weight push {plan.push_id}: tensor {meta.name!r} is not a parameter of the model at "
-                f"{model_path} (expected Hugging Face names such as {next(iter(shapes))!r})"
-            )
-        if tuple(meta.shape) != allowed[meta.name]:
-            raise ValueError(
-                f"weight push {plan.push_id}: tensor {meta.name!r} has shape {tuple(meta.shape)}, "
-                f"the model's is {allowed[meta.name]}"
-            )
-        if not meta.torch_dtype.is_floating_point:
-            raise ValueError(
-                f"weight push {plan.push_id}: tensor {meta.name!r} has non-float dtype {meta.dtype}"
-            )
-    missing = sorted(required - set(names))
-    if missing:
-        raise ValueError(
-            f"weight push {plan.push_id}: the plan lacks {len(missing)} of the model's tensors, e.g. "
-            f"{missing[0]!r} (a push must carry every weight of the model at {model_path})"
-        )
+    match_model(plan.tensors, allowed, required, where=f"weight push {plan.push_id} to the model at {model_path}")
 
 
 def transformers_tensor_shapes(model_path: str) -> tuple[dict[str, tuple[int, ...]], set[str]] | None:

@@ -1,4 +1,5 @@
-"""A weight push plan in plain Python (the proto `WeightPushPlan` at the service edges)."""
+"""A weight push plan in plain Python (the proto `WeightPushPlan` at the service edges; the codec is
+`asyncrl.core.weights.manifest`)."""
 
 from __future__ import annotations
 
@@ -58,33 +59,6 @@ class PushPlan:
     @property
     def total_bytes(self) -> int:
         return sum(t.nbytes for t in self.tensors)
-
-    def to_proto(self):
-        from asyncrl.v1 import weights_pb2
-
-        return weights_pb2.WeightPushPlan(
-            push_id=self.push_id,
-            version=self.version,
-            store_address=self.store_address,
-            world_size=self.world_size,
-            transport=self.transport,
-            tensors=[weights_pb2.TensorSpec(name=t.name, shape=list(t.shape), dtype=t.dtype) for t in self.tensors],
-            bucket_bytes=self.bucket_bytes,
-            timeout_s=self.timeout_s,
-        )
-
-    @classmethod
-    def from_proto(cls, msg) -> PushPlan:
-        return cls(
-            push_id=msg.push_id,
-            version=msg.version,
-            store_address=msg.store_address,
-            world_size=msg.world_size,
-            transport=msg.transport,
-            tensors=tuple(TensorMeta(t.name, tuple(t.shape), t.dtype) for t in msg.tensors),
-            bucket_bytes=msg.bucket_bytes,
-            timeout_s=msg.timeout_s,
-        )
 
 
 def tensor_metas(named_tensors) -> tuple[TensorMeta, ...]:

@@ -22,6 +22,7 @@ from torch.distributed import PrefixStore, TCPStore
 
 from asyncrl.core.weights.buckets import pack, plan_buckets, unpack
 from asyncrl.core.weights.flat import FlatWeights, adjacent_run
+from asyncrl.core.weights.manifest import TRANSPORTS
 from asyncrl.core.weights.plan import PushPlan, TensorMeta
 from asyncrl.core.weights.rendezvous import receiver_join, sender_join
 
@@ -138,8 +139,8 @@ def make_group(
     """Factory: the group type named by `plan.transport`, formed after the join handshake
     (`weights.rendezvous`): rank 0 waits at most `join_timeout_s` (default: the plan's time-out) for the
     receivers and raises `ReceiversMissing` if some never come; receivers then raise `PushAborted`."""
-    if plan.transport not in ("gloo", "nccl"):
-        raise ValueError(f"unknown weight transport {plan.transport!r} (expected 'gloo' or 'nccl')")
+    if plan.transport not in TRANSPORTS:
+        raise ValueError(f"unknown weight transport {plan.transport!r} (expected one of {TRANSPORTS})")
     if plan.transport == "nccl" and not torch.cuda.is_available():
         # Before joining: a rank that cannot take part must not announce itself ready.
         raise RuntimeError("nccl weight transport needs a CUDA device; use weight_transport.type=gloo on CPU")
