@@ -26,7 +26,9 @@ queue of held requests, and what unblocks each:
   +---------------------------------------------------------------------------------------------------+
       |  events/controller.jsonl (controller.events)     |  status page /, /status, /metrics, /healthz
 
-Modules: `staleness` (the rule), `registry`, `leases`, `push` (one push in flight + fan-out),
-`push_ops` (begin/commit/abort), `state` (the lock, holding, reaping), `reaper`, `fanout` (the gRPC
-notifier), `metrics`, `events` (record fields), `status_page`, `testing` (fakes for unit tests).
+Modules: `staleness` (the rule), `registry`, `leases`, `push` (the push in flight, its fan-out, and the
+`PushCoordinator` that begins, settles and aborts it), `state` (the lock, holding, reaping, the version),
+`reaper`, `controller_metrics`, `event_records` (record fields), `status_page`. The gRPC notifier that
+tells a replica to join a push is the service edge's (`asyncrl.services.weight_fanout`); test fakes are in
+`tests/fakes.py`.
 """

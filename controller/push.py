@@ -1,28 +1,48 @@
-"""One weight push in flight: the plan, the receivers in rank order, and the fan-out threads' outcomes.
+"""Weight pushes: the one push in flight (`PushSession`: plan, receivers in rank order, fan-out outcomes) and
+the `PushCoordinator` that opens, commits and aborts them.
 
-`ControllerState.begin_push` builds a `PushSession` and starts it; every receiver gets a background thread
-that calls the injected `WeightNotifier` (in production `controller.fanout.grpc_update_weights`, i.e.
-`Rollout.UpdateWeights(plan, rank)`), which returns once the replica has joined the broadcast and loaded the
-weights. `CommitWeightPush` then calls `wait` *outside* the state lock, so lease traffic keeps flowing while
-the learner's commit waits for the slowest receiver.
+Handshake (docs/architecture.md): Begin picks the receivers (every live replica for version current+1, the
+live replicas that need sync for version == current), ranks them 1..N, builds the plan (world_size N+1)
+and fans out: one thread per receiver calls the injected `WeightNotifier` (in production
+`asyncrl.services.weight_fanout.grpc_update_weights`, i.e. `Rollout.UpdateWeights(plan, rank)`), which
+returns once the replica has joined the broadcast and loaded the weights. Commit waits for the acks
+(bounded by push_timeout_s from Begin) *outside* the controller's lock, so lease traffic keeps flowing,
+then drops and flags the receivers that failed.
+
+The coordinator's collaborators are explicit: the replica registry (whose sync flags a push changes), the
+notifier, the event sink and the metrics. It does not own the policy version: `ControllerState` holds the
+lock around every coordinator call, commits the version a push reports and wakes held lease requests.
 """
 
 from __future__ import annotations
 
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from asyncrl.core.weights.plan import PushPlan
+from asyncrl.controller.controller_metrics import ControllerMetrics
+from asyncrl.controller.errors import PreconditionFailed
+from asyncrl.controller.event_records import EventSink
+from asyncrl.controller.registry import ReplicaRegistry
+
+from asyncrl.core.config import ControllerConfig
+from asyncrl.core.weights.plan import PushPlan, TensorMeta
 
 WeightNotifier = Callable[[str, PushPlan, int, float], int]
-"""(address, plan, rank, timeout_s) -> weight version the replica now holds; raises on failure."""
+"""(address, plan, rank, timeout_s) -> weight version the replica now holds; raises on failure (a
+`ReceiverUnreachable` when nothing listens at the address any more)."""
 
 NEW = "new"
 """A push of version current+1 to every live replica."""
 RESYNC = "resync"
 """A push of the current version to the live replicas that need it."""
+
+
+class ReceiverUnreachable(RuntimeError):
+    """A notifier's failure meaning the replica's process is gone (nothing listens at its address): the
+    controller declares it dead at once instead of waiting for its heartbeat time-out."""
 
 
 @dataclass(frozen=True)
@@ -42,21 +62,14 @@ class Outcome:
 
 
 class PushSession:
-    def __init__(
-        self,
-        plan: PushPlan,
-        mode: str,
-        receivers: list[Receiver],
-        begun_at: float,
-        notify: WeightNotifier,
-        call_timeout_s: float,
-    ):
+    def __init__(self, plan: PushPlan, mode: str, receivers: list[Receiver], begun_at: float,
+                 notify: WeightNotifier, call_timeout_s: float):  # fmt: skip
         self.plan, self.mode, self.receivers, self.begun_at = plan, mode, receivers, begun_at
         self._notify, self._call_timeout_s = notify, call_timeout_s
         self._done = threading.Condition()
         self._outcomes: dict[str, Outcome] = {}
         self.commit_started = False
-        """Set (under the state lock) by the first CommitWeightPush, so a duplicate commit is refused."""
+        """Set (under the controller's lock) by the first CommitWeightPush, so a duplicate is refused."""
 
     @property
     def push_id(self) -> str:
@@ -97,7 +110,123 @@ class PushSession:
             error = "" if ok else f"replica reports version {version} after a push of {self.plan.version}"
         except Exception as err:  # noqa: BLE001 - any failure of one receiver drops just that receiver
             ok, error = False, f"{type(err).__name__}: {err}"
-            unreachable = bool(getattr(err, "unreachable", False))
+            unreachable = isinstance(err, ReceiverUnreachable)
         with self._done:
             self._outcomes[receiver.replica_id] = Outcome(ok, error, time.monotonic() - start, unreachable)
             self._done.notify_all()
+
+
+class PushCoordinator:
+    """Opens, commits and aborts pushes, one at a time. Every method runs under the controller's lock."""
+
+    def __init__(self, config: ControllerConfig, registry: ReplicaRegistry, notify: WeightNotifier,
+                 events: EventSink, metrics: ControllerMetrics):  # fmt: skip
+        self._config, self._registry, self._notify = config, registry, notify
+        self._events, self._metrics = events, metrics
+        self.open: PushSession | None = None
+        self.committed = 0
+
+    def begin(self, version: int, current: int, store_address: str, transport: str,
+              tensors: tuple[TensorMeta, ...], bucket_bytes: int, timeout_s: float, now: float) -> PushSession:  # fmt: skip
+        """Pick the receivers, rank them 1..N, build the plan, start the fan-out."""
+        aborted_previous = None
+        if self.open is not None:
+            age = now - self.open.begun_at
+            # A push whose commit already waits for its receivers is never superseded: that wait is
+            # itself bounded by push_timeout_s, so the learner just asks again a moment later.
+            if age < self._config.push_timeout_s or self.open.commit_started:
+                step = "its commit is in progress" if self.open.commit_started else "commit it first"
+                raise PreconditionFailed(
+                    f"push {self.open.push_id!r} (version {self.open.plan.version}) is still open "
+                    f"({age:.1f} s old); {step}"
+                )
+            aborted_previous = self.open.push_id
+            self.abort(self.open, f"no commit within push_timeout_s ({age:.1f} s)")
+        if version == current + 1:
+            mode, chosen = NEW, self._registry.live()
+        elif version == current:
+            mode, chosen = RESYNC, [r for r in self._registry.live() if r.needs_sync(current)]
+        else:
+            raise PreconditionFailed(
+                f"version: must be {current + 1} (new policy) or {current} (resync), got {version}"
+            )
+        receivers = [Receiver(r.replica_id, r.address, rank) for rank, r in enumerate(chosen, start=1)]
+        plan = PushPlan(
+            push_id=f"push-v{version}-{uuid.uuid4().hex[:8]}", version=version, store_address=store_address,
+            world_size=len(receivers) + 1, transport=transport, tensors=tuple(tensors),
+            bucket_bytes=bucket_bytes, timeout_s=timeout_s or self._config.push_timeout_s,
+        )  # fmt: skip
+        session = PushSession(plan, mode, receivers, now, self._notify, self._config.push_timeout_s)
+        self.open = session
+        self._events.write(
+            "push_begun", push_id=plan.push_id, version=version, mode=mode,
+            receivers=[r.replica_id for r in receivers], world_size=plan.world_size,
+            current_version=current, aborted_previous=aborted_previous,
+        )  # fmt: skip
+        session.start()
+        return session
+
+    def start_commit(self, push_id: str, now: float) -> tuple[PushSession, float]:
+        """Mark the open push as committing; returns it and how long its receivers may still take."""
+        if self.open is None or self.open.push_id != push_id:
+            open_id = f" (the open push is {self.open.push_id!r})" if self.open else " (no push is open)"
+            raise PreconditionFailed(f"push_id: {push_id!r} is not the open push{open_id}")
+        if self.open.commit_started:
+            raise PreconditionFailed(f"push_id: a commit of {push_id!r} is already in progress")
+        self.open.commit_started = True
+        return self.open, self._config.push_timeout_s - (now - self.open.begun_at)
+
+    def settle(self, session: PushSession, outcomes: dict[str, Outcome]) -> tuple[list[str], list[str]]:
+        """Close a push whose acks are in: acked receivers hold its version, the others need a resync.
+        Returns (acked, dropped) replica ids."""
+        if self.open is not session:
+            raise PreconditionFailed(
+                f"push_id: push {session.push_id!r} was aborted while waiting for its receivers"
+            )
+        self.open = None
+        acked = [r.replica_id for r in session.receivers if outcomes[r.replica_id].ok]
+        dropped = [r.replica_id for r in session.receivers if not outcomes[r.replica_id].ok]
+        for replica_id in acked:
+            replica = self._registry.get(replica_id)
+            replica.weight_version, replica.force_sync = session.plan.version, False
+        for replica_id in dropped:
+            self._registry.get(replica_id).force_sync = True
+            self._events.write(
+                "replica_dropped", push_id=session.push_id, replica_id=replica_id, version=session.plan.version,
+                error=outcomes[replica_id].error,
+            )  # fmt: skip
+        return acked, dropped
+
+    def record_commit(self, session: PushSession, version_after: int, acked: list[str], dropped: list[str],
+                      seconds: float) -> None:  # fmt: skip
+        self.committed += 1
+        self._metrics.pushes_committed.inc()
+        self._metrics.replicas_dropped.inc(len(dropped))
+        self._metrics.push_seconds.observe(max(0.0, seconds))
+        self._events.write(
+            "push_committed", push_id=session.push_id, version=version_after, mode=session.mode,
+            acked=acked, dropped=dropped, seconds=seconds,
+        )  # fmt: skip
+
+    def abort(self, session: PushSession, reason: str) -> None:
+        # A receiver may have loaded part of the weights in flight: treat them all as possibly mixed.
+        for receiver in session.receivers:
+            self._registry.get(receiver.replica_id).force_sync = True
+        self.open = None
+        self._events.write(
+            "push_aborted", push_id=session.push_id, version=session.plan.version, mode=session.mode,
+            reason=reason,
+        )  # fmt: skip
+
+    def is_fresh(self, now: float) -> bool:
+        """A push is open and still inside its time-out (a resync request would only collide with it)."""
+        return self.open is not None and now - self.open.begun_at < self._config.push_timeout_s
+
+    def view(self, now: float) -> dict | None:
+        push = self.open
+        if push is None:
+            return None
+        return {
+            "push_id": push.push_id, "version": push.plan.version, "mode": push.mode,
+            "receivers": [r.replica_id for r in push.receivers], "age_s": now - push.begun_at,
+        }  # fmt: skip

@@ -50,7 +50,9 @@ class LearnerPulse:
 
 
 @dataclass(frozen=True)
-class LearnerProgress:
+class LearnerReport:
+    """The learner's last heartbeat as the controller saw it."""
+
     step: int
     version: int
     consumed: int

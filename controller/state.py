@@ -4,8 +4,9 @@ One lock, one condition variable (`_cond`) over it. Every operation takes the lo
 due (dead replicas, expired leases) so correctness never depends on the reaper thread's timing, mutates,
 writes its event records and updates the gauges. Held `AcquireLease` calls wait on `_cond`; everything that
 can make a held request admissible calls `notify_all`: returned quota (partial completion, expiry), a
-committed version, a replica becoming synced. Push fan-out runs on its own threads and the commit waits for
-it *outside* the lock (see `controller.push`); the push operations live in `controller.push_ops`.
+committed version, a replica becoming synced. Pushes are opened, settled and aborted by the
+`PushCoordinator` (`controller.push`) under this lock; its fan-out runs on its own threads and the commit
+waits for the acks *outside* the lock. The policy version is this object's: a push only reports it.
 
 Clocks: `clock` (monotonic seconds, injectable) drives liveness: heartbeats, lease TTLs, push ages. Holding
 uses real time (`time.monotonic`) because it is a real wait on a condition variable.
@@ -21,20 +22,27 @@ from asyncrl.controller.controller_metrics import ControllerMetrics
 from asyncrl.controller.errors import InvalidRequest
 from asyncrl.controller.event_records import EventSink, NoEvents
 from asyncrl.controller.leases import Lease, LeaseBook
-from asyncrl.controller.push import PushSession, WeightNotifier
-from asyncrl.controller.push_ops import PushOrchestration
+from asyncrl.controller.push import NEW, Outcome, PushCoordinator, PushSession, WeightNotifier
 from asyncrl.controller.reaper import Reaper
 from asyncrl.controller.registry import Replica, ReplicaRegistry
-from asyncrl.controller.results import LearnerProgress, LeaseDecision, Registration, ReplicaPulse
+from asyncrl.controller.results import (
+    CommitResult,
+    LearnerPulse,
+    LearnerReport,
+    LeaseDecision,
+    Registration,
+    ReplicaPulse,
+)
 
 from asyncrl.core.config import ControllerConfig
+from asyncrl.core.weights.plan import TensorMeta
 
 # A held request re-checks at least this often, so an expiry found by lazy reaping (no reaper thread in
 # unit tests) still releases it.
 _HOLD_POLL_S = 0.25
 
 
-class ControllerState(PushOrchestration):
+class ControllerState:
     def __init__(
         self,
         config: ControllerConfig,
@@ -42,26 +50,21 @@ class ControllerState(PushOrchestration):
         *,
         events: EventSink | None = None,
         metrics: ControllerMetrics | None = None,
-        notify: WeightNotifier | None = None,
+        notify: WeightNotifier,
         clock=time.monotonic,
         wall_clock=time.time,
     ):
-        if notify is None:
-            from asyncrl.controller.fanout import grpc_update_weights  # the production notifier speaks gRPC
-
-            notify = grpc_update_weights
         self.config, self.batch_size, self.eta = config, batch_size, config.eta
         self.events = events or NoEvents()
         self.metrics = metrics or ControllerMetrics()
-        self._notify, self._clock, self._wall = notify, clock, wall_clock
+        self._clock, self._wall = clock, wall_clock
         self._cond = threading.Condition()
         self._registry = ReplicaRegistry(config.heartbeat_timeout_s)
         self._leases = LeaseBook(config.lease_ttl_s)
         self._current_version = 0
-        self._push: PushSession | None = None
+        self._pushes = PushCoordinator(config, self._registry, notify, self.events, self.metrics)
         self._held = 0
-        self._pushes_committed = 0
-        self._learner: LearnerProgress | None = None
+        self._learner: LearnerReport | None = None
         self._reaper: Reaper | None = None
         self._publish_gauges()
 
@@ -164,6 +167,47 @@ class ControllerState(PushOrchestration):
             self._changed(wake=returned > 0)
             return returned
 
+    # ---- weight pushes --------------------------------------------------------------------------------
+
+    def begin_push(self, version: int, store_address: str, transport: str, tensors: tuple[TensorMeta, ...],
+                   bucket_bytes: int, timeout_s: float) -> PushSession:  # fmt: skip
+        """Open a push of `version` (current+1: new policy; current: resync) and start its fan-out."""
+        with self._cond:
+            self._reap_locked()
+            session = self._pushes.begin(version, self._current_version, store_address, transport, tensors,
+                                         bucket_bytes, timeout_s, self._clock())  # fmt: skip
+            self._changed()  # an aborted predecessor flagged its receivers
+            return session
+
+    def commit_push(self, push_id: str, sender_ok: bool, error: str = "") -> CommitResult:
+        """Wait (bounded) for the receivers' acks, drop the failed ones, commit the version."""
+        with self._cond:
+            session, wait_s = self._pushes.start_commit(push_id, self._clock())
+            if not sender_ok:
+                self._bury_unreachable(session.outcomes_so_far())
+                self._pushes.abort(session, f"sender failed: {error or 'no detail'}")
+                self._changed()
+                return CommitResult(False, self._current_version, [], [r.replica_id for r in session.receivers])
+        outcomes = session.wait(wait_s)  # outside the lock: leases keep flowing meanwhile
+        with self._cond:
+            acked, dropped = self._pushes.settle(session, outcomes)
+            self._bury_unreachable(outcomes)
+            if session.mode == NEW:
+                self._current_version = max(self._current_version, session.plan.version)  # versions only grow
+            self._pushes.record_commit(session, self._current_version, acked, dropped,
+                                       self._clock() - session.begun_at)  # fmt: skip
+            self._changed()
+            return CommitResult(True, self._current_version, acked, dropped)
+
+    def learner_heartbeat(self, step: int, version: int, consumed: int) -> LearnerPulse:
+        """Record the learner's progress; ask for a resync push when a live replica needs one."""
+        with self._cond:
+            self._reap_locked()
+            now = self._clock()
+            self._learner = LearnerReport(step, version, consumed, now)
+            lagging = any(r.needs_sync(self._current_version) for r in self._registry.live())
+            return LearnerPulse(lagging and not self._pushes.is_fresh(now), self._current_version)
+
     # ---- housekeeping and views -----------------------------------------------------------------------
 
     def reap(self) -> None:
@@ -186,7 +230,6 @@ class ControllerState(PushOrchestration):
         with self._cond:
             self._reap_locked()
             now, current = self._clock(), self._current_version
-            push = self._push
             return {
                 "current_version": current,
                 "admitted": self._leases.admitted,
@@ -198,11 +241,8 @@ class ControllerState(PushOrchestration):
                 "active_leases": len(self._leases.active()),
                 "leases_granted": self._leases.granted_total,
                 "leases_expired": self._leases.expired_total,
-                "pushes_committed": self._pushes_committed,
-                "open_push": None if push is None else {
-                    "push_id": push.push_id, "version": push.plan.version, "mode": push.mode,
-                    "receivers": [r.replica_id for r in push.receivers], "age_s": now - push.begun_at,
-                },
+                "pushes_committed": self._pushes.committed,
+                "open_push": self._pushes.view(now),
                 "learner": None if self._learner is None else {
                     "step": self._learner.step, "version": self._learner.version,
                     "consumed": self._learner.consumed, "heartbeat_age_s": now - self._learner.at,
@@ -268,6 +308,22 @@ class ControllerState(PushOrchestration):
             changed = True
         if changed:
             self._changed()
+
+    def _bury_unreachable(self, outcomes: dict[str, Outcome]) -> None:
+        """A receiver nothing listens for any more is dead now, not after the heartbeat time-out: the retry
+        of this push must not pick it again, and its leases return their quota at once. If it was only
+        unreachable for a moment, its next heartbeat revives it (it then needs a resync)."""
+        for replica_id, outcome in outcomes.items():
+            replica = self._registry.get(replica_id)
+            if not outcome.unreachable or not replica.alive:
+                continue
+            replica.alive = False
+            leases = self._leases.expire_replica(replica_id, "unreachable")
+            self.events.write(
+                "replica_dead", replica_id=replica_id, silent_s=replica.heartbeat_age(self._clock()),
+                leases_expired=len(leases), reason="unreachable",
+            )  # fmt: skip
+            self._log_expired(leases, "unreachable")
 
     def _log_expired(self, leases: list[Lease], reason: str) -> None:
         after = self._leases.admitted + sum(lease.num_trajectories for lease in leases)

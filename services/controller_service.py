@@ -29,6 +29,7 @@ from asyncrl.controller.errors import InvalidRequest, PreconditionFailed
 from asyncrl.controller.push import WeightNotifier
 from asyncrl.controller.state import ControllerState
 from asyncrl.controller.status_page import StatusPage
+from asyncrl.services.weight_fanout import grpc_update_weights
 
 from asyncrl.core.config import AsyncRLConfig
 from asyncrl.core.events import EventLog
@@ -184,7 +185,9 @@ def create_server(
 ) -> tuple[grpc.Server, int]:
     """The controller's gRPC server, not started; the state is `server.controller_state` (see module doc)."""
     events = EventLog(run_dir or config.run_dir, "controller")
-    state = ControllerState(config.controller, config.learner.batch_size, events=events, notify=notify)
+    state = ControllerState(
+        config.controller, config.learner.batch_size, events=events, notify=notify or grpc_update_weights
+    )
     state.start_reaper()
     servicer = ControllerServicer(state)
     server, port, _health = build_server(

@@ -1,14 +1,12 @@
-"""Test doubles for the controller's seams: a settable clock and an in-process weight notifier.
-
-Shipped with the package (not under tests/) so that unit and integration tests elsewhere in the repo can
-build a `ControllerState` without a network.
-"""
+"""Test doubles for the controller's seams: a settable clock and an in-process weight notifier, so unit and
+integration tests build a `ControllerState` without a network."""
 
 from __future__ import annotations
 
 import threading
 
 from asyncrl.controller.event_records import MemoryEvents
+from asyncrl.controller.push import ReceiverUnreachable
 from asyncrl.controller.state import ControllerState
 
 from asyncrl.core.config import ControllerConfig
@@ -32,7 +30,7 @@ class FakeNotifier:
     """Acks every push immediately with the plan's version, except for addresses told to fail (raise at
     once) or to hang (block until `release` is set, then raise: a receiver that never answers in time).
 
-    Addresses in `gone` raise like a replica whose process is gone (`UpdateWeightsFailed(unreachable=True)`).
+    Addresses in `gone` raise like a replica whose process is gone (`ReceiverUnreachable`).
     Records every call as (address, push_id, version, rank, world_size).
     """
 
@@ -53,9 +51,7 @@ class FakeNotifier:
         if address in self.failing:
             raise RuntimeError(f"{address} failed to load the weights")
         if address in self.gone:
-            from asyncrl.controller.fanout import UpdateWeightsFailed
-
-            raise UpdateWeightsFailed(f"{address}: UNAVAILABLE: connection refused", unreachable=True)
+            raise ReceiverUnreachable(f"{address}: UNAVAILABLE: connection refused")
         return plan.version
 
 

@@ -1,12 +1,11 @@
-"""The production `WeightNotifier`: tell one replica over gRPC to join a push (`Rollout.UpdateWeights`).
-
-The only place in `controller/` that speaks gRPC as a client; `ControllerState` takes the notifier as a
-parameter so its unit tests run without a network.
-"""
+"""The production `WeightNotifier` (`asyncrl.controller.push`): tell one replica over gRPC to join a push
+(`Rollout.UpdateWeights`). The controller's logic takes the notifier as a parameter, so its unit tests run
+without a network; this is the gRPC client that `controller_service` hands it."""
 
 from __future__ import annotations
 
 import grpc
+from asyncrl.controller.push import ReceiverUnreachable
 
 from asyncrl.core.grpc_util import channel
 from asyncrl.core.weights.manifest import encode_plan
@@ -15,12 +14,7 @@ from asyncrl.v1 import rollout_pb2, rollout_pb2_grpc
 
 
 class UpdateWeightsFailed(RuntimeError):
-    """A replica answered UpdateWeights with an error (or never answered). `unreachable`: nothing listens at
-    its address any more (gRPC UNAVAILABLE), i.e. the process is gone."""
-
-    def __init__(self, message: str, unreachable: bool = False):
-        super().__init__(message)
-        self.unreachable = unreachable
+    """A replica answered UpdateWeights with an error (or never answered)."""
 
 
 def grpc_update_weights(address: str, plan: PushPlan, rank: int, timeout_s: float) -> int:
@@ -32,6 +26,8 @@ def grpc_update_weights(address: str, plan: PushPlan, rank: int, timeout_s: floa
         try:
             response = stub.UpdateWeights(request, timeout=timeout_s)
         except grpc.RpcError as err:
-            raise UpdateWeightsFailed(f"{address}: {err.code().name}: {err.details()}",
-                                      unreachable=err.code() == grpc.StatusCode.UNAVAILABLE) from None
+            message = f"{address}: {err.code().name}: {err.details()}"
+            # UNAVAILABLE: nothing listens at the address any more, i.e. the process is gone.
+            failure = ReceiverUnreachable if err.code() == grpc.StatusCode.UNAVAILABLE else UpdateWeightsFailed
+            raise failure(message) from None
     return response.weight_version
