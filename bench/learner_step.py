@@ -20,9 +20,10 @@ import statistics
 import time
 
 import torch
-from asyncrl.learner.algos import AlgoConfig, build_advantages, policy_objective
 from common import emit
 from torch import nn
+
+from asyncrl.learner.algos import AlgoConfig, build_advantages, policy_objective
 
 N, PROMPT, T, V, GROUP = 64, 16, 32, 64, 8
 

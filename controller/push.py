@@ -26,7 +26,6 @@ from asyncrl.controller.controller_metrics import ControllerMetrics
 from asyncrl.controller.errors import PreconditionFailed
 from asyncrl.controller.event_records import EventSink
 from asyncrl.controller.registry import ReplicaRegistry
-
 from asyncrl.core.config import ControllerConfig
 from asyncrl.core.weights.plan import PushPlan, TensorMeta
 

@@ -33,7 +33,6 @@ from asyncrl.controller.results import (
     Registration,
     ReplicaPulse,
 )
-
 from asyncrl.core.config import ControllerConfig
 from asyncrl.core.weights.plan import TensorMeta
 

@@ -12,10 +12,11 @@ import threading
 import time
 
 import uvicorn
-from asyncrl.controller.state import ControllerState
 from fastapi import FastAPI
 from fastapi.responses import HTMLResponse, PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
+
+from asyncrl.controller.state import ControllerState
 
 _REFRESH_S = 2
 

@@ -11,8 +11,8 @@ import time
 from dataclasses import dataclass
 
 import torch
-from asyncrl.learner.batch import MalformedGroup, assemble, check_group
 
+from asyncrl.learner.batch import MalformedGroup, assemble, check_group
 from asyncrl.v1 import controller_pb2, teacher_pb2
 
 log = logging.getLogger("asyncrl.learner")

@@ -9,11 +9,11 @@ import time
 from collections import defaultdict
 
 import torch
-from asyncrl.learner.algos import build_advantages, policy_objective
-from asyncrl.learner.batch import TrainBatch, staleness_stats
 
 from asyncrl.core.modeling import sequence_logprobs
 from asyncrl.core.sampling import SamplingParams
+from asyncrl.learner.algos import build_advantages, policy_objective
+from asyncrl.learner.batch import TrainBatch, staleness_stats
 
 
 class Trainer:

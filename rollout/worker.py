@@ -12,9 +12,9 @@ import threading
 import time
 
 import grpc
-from asyncrl.rollout.trajectories import build_group
 
 from asyncrl.core.sampling import SamplingParams
+from asyncrl.rollout.trajectories import build_group
 from asyncrl.v1 import controller_pb2
 
 log = logging.getLogger(__name__)

@@ -25,16 +25,17 @@ import math
 import re
 
 import grpc
+
 from asyncrl.controller.errors import InvalidRequest, PreconditionFailed
 from asyncrl.controller.push import WeightNotifier
 from asyncrl.controller.state import ControllerState
 from asyncrl.controller.status_page import StatusPage
-from asyncrl.services.weight_fanout import grpc_update_weights
-
 from asyncrl.core.config import AsyncRLConfig
 from asyncrl.core.events import EventLog
-from asyncrl.core.grpc_util import InvalidArgument, build_server, require, wait_until_stopped
+from asyncrl.core.grpc_util import build_server, wait_until_stopped
+from asyncrl.core.validation import InvalidArgument, require
 from asyncrl.core.weights.manifest import check_address, check_transport, decode_tensors, encode_plan
+from asyncrl.services.weight_fanout import grpc_update_weights
 from asyncrl.v1 import controller_pb2, controller_pb2_grpc
 
 SERVICE_NAME = "asyncrl.v1.Controller"

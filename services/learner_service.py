@@ -10,9 +10,6 @@ import threading
 from pathlib import Path
 
 import torch
-from asyncrl.learner.loop import LearnerLoop, LearnerProgress
-from asyncrl.learner.publisher import WeightPublisher
-from asyncrl.learner.trainer import Trainer
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from asyncrl.core.buffer import make_buffer
@@ -24,6 +21,9 @@ from asyncrl.core.modeling import eos_token_ids, load_causal_lm, pad_token_id
 from asyncrl.core.sampling import SamplingParams
 from asyncrl.core.tasks import get_task
 from asyncrl.core.tasks.evaluate import greedy_accuracy
+from asyncrl.learner.loop import LearnerLoop, LearnerProgress
+from asyncrl.learner.publisher import WeightPublisher
+from asyncrl.learner.trainer import Trainer
 from asyncrl.v1 import controller_pb2_grpc, learner_pb2, learner_pb2_grpc, teacher_pb2_grpc
 
 log = logging.getLogger("asyncrl.learner")

@@ -1,56 +1,26 @@
-"""Rollout replica service: the gRPC edge (UpdateWeights, Generate, GetStatus) around an engine, plus the
-replica's rollout loop and controller session when run as a process (`serve`)."""
+"""Rollout replica service: the gRPC edge (UpdateWeights, Generate, GetStatus) around a replica's engine;
+`serve` runs it beside the replica's runtime (`asyncrl.rollout.runtime`: controller session, rollout loop)."""
 
 from __future__ import annotations
 
 import logging
-import socket
 import threading
-import time
-import zlib
 
 import grpc
-import torch
-from asyncrl.rollout.replica import ReplicaSession
-from asyncrl.rollout.worker import RolloutWorker
-from asyncrl.services.validation import check_token_ids
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from transformers import AutoConfig
 
-from asyncrl.core.buffer import make_buffer
 from asyncrl.core.engines.factory import make_engine
-from asyncrl.core.events import EventLog
-from asyncrl.core.grpc_util import (
-    InvalidArgument,
-    abort_invalid,
-    build_server,
-    require,
-    wait_for_channel,
-    wait_until_stopped,
-)
+from asyncrl.core.grpc_util import abort_invalid, build_server, wait_for_channel, wait_until_stopped
 from asyncrl.core.metrics import serve_metrics
 from asyncrl.core.sampling import SamplingParams
-from asyncrl.core.tasks import get_reward, get_task
+from asyncrl.core.validation import InvalidArgument, check_token_ids, require
 from asyncrl.core.weights.manifest import decode_plan
+from asyncrl.rollout.rollout_metrics import RolloutMetrics
+from asyncrl.rollout.runtime import ReplicaRuntime
 from asyncrl.v1 import controller_pb2_grpc, rollout_pb2, rollout_pb2_grpc
 
 log = logging.getLogger("asyncrl.rollout")
 SERVICE = "asyncrl.v1.Rollout"
-
-
-class RolloutMetrics:
-    def __init__(self):
-        self.registry = CollectorRegistry()
-        r = self.registry
-        self.groups_written = Counter("asyncrl_rollout_groups_written", "Trajectory groups written", registry=r)
-        self.tokens_generated = Counter("asyncrl_rollout_tokens_generated", "Response tokens generated", registry=r)
-        self.generation_seconds = Histogram("asyncrl_rollout_generation_seconds", "Engine generate() time", registry=r)
-        self.lease_wait = Histogram("asyncrl_rollout_lease_wait_seconds", "Time waiting for a lease", registry=r)
-        self.weight_version = Gauge("asyncrl_rollout_weight_version", "Weight version in the engine", registry=r)
-        self.weight_update_seconds = Histogram("asyncrl_rollout_weight_update_seconds", "Weight update time", registry=r)
-        self.weight_update_pause = Histogram("asyncrl_rollout_weight_update_pause_seconds",
-                                             "Generation pause caused by a weight update", registry=r)
-        self.reward_mean = Gauge("asyncrl_rollout_reward_mean", "Mean reward of the last group", registry=r)
 
 
 class RolloutServicer(rollout_pb2_grpc.RolloutServicer):
@@ -130,53 +100,15 @@ def create_server(config, engine=None, engine_lock=None, metrics=None, replica_i
     return server, port
 
 
-def advertised_host(rollout_cfg) -> str:
-    if rollout_cfg.advertise_host:
-        return rollout_cfg.advertise_host
-    if rollout_cfg.host in ("0.0.0.0", "::", ""):
-        return socket.gethostbyname(socket.gethostname())
-    return rollout_cfg.host
-
-
 def serve(config, replica_id: str = "") -> None:
     """Run one replica: engine, gRPC service, controller session, heartbeats and the rollout loop."""
-    if config.rollout.engine.threads:
-        torch.set_num_threads(config.rollout.engine.threads)
-    # Replicas must not draw the same samples: seed by a stable hash of the replica id.
-    seed = config.seed + zlib.crc32(replica_id.encode()) % 100_000
-    torch.manual_seed(seed)
-    engine = make_engine(config.rollout.engine, config.model.path, config.model.dtype, seed=seed)
-    metrics = RolloutMetrics()
-    engine_lock = threading.Lock()
+    runtime = ReplicaRuntime(config, replica_id)
     controller = controller_pb2_grpc.ControllerStub(wait_for_channel(config.controller.address, 120))
-    session_box = {}
-    server, port = create_server(config, engine, engine_lock, metrics, replica_id=lambda: session_box["s"].replica_id)
+    server, port = create_server(config, runtime.engine, runtime.engine_lock, runtime.metrics,
+                                 replica_id=lambda: runtime.replica_id)  # fmt: skip
     server.start()
-    metrics_port = serve_metrics(config.rollout.host, config.rollout.metrics_port, metrics.registry)
-    session = ReplicaSession(controller, f"{advertised_host(config.rollout)}:{port}", engine, config.rollout.engine.type,
-                             replica_id)
-    session_box["s"] = session
-    session.register()
-    print(f"asyncrl-rollout {session.replica_id} listening grpc={config.rollout.host}:{port} "
-          f"metrics={config.rollout.host}:{metrics_port}", flush=True)
-    task = get_task(config.task)
-    worker = RolloutWorker(
-        config=config, engine=engine, engine_lock=engine_lock, buffer=make_buffer(config.buffer),
-        controller_stub=controller, session=session, task=task, reward_fn=get_reward(config.rollout.reward),
-        decode=task.decode_response,
-        events=EventLog(config.run_dir, f"rollout-{session.replica_id}"), metrics=metrics,
-    )
-    stop = threading.Event()
-    threads = [threading.Thread(target=session.heartbeat_forever, args=(stop,), daemon=True),
-               threading.Thread(target=worker.run, args=(stop,), daemon=True)]
-    for t in threads:
-        t.start()
-
-    def shutdown():
-        stop.set()
-        deadline = time.time() + 10
-        for t in threads:
-            t.join(timeout=max(0.0, deadline - time.time()))
-        engine.close()
-
-    wait_until_stopped(server, on_stop=shutdown)
+    metrics_port = serve_metrics(config.rollout.host, config.rollout.metrics_port, runtime.metrics.registry)
+    runtime.start(controller, port)
+    print(f"asyncrl-rollout {runtime.replica_id} listening grpc={config.rollout.host}:{port} "
+          f"metrics={config.rollout.host}:{metrics_port}", flush=True)  # fmt: skip
+    wait_until_stopped(server, on_stop=runtime.stop)

@@ -5,8 +5,8 @@ without a network; this is the gRPC client that `controller_service` hands it.""
 from __future__ import annotations
 
 import grpc
-from asyncrl.controller.push import ReceiverUnreachable
 
+from asyncrl.controller.push import ReceiverUnreachable
 from asyncrl.core.grpc_util import channel
 from asyncrl.core.weights.manifest import encode_plan
 from asyncrl.core.weights.plan import PushPlan

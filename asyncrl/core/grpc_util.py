@@ -1,5 +1,5 @@
 """gRPC plumbing shared by the four services: server construction (health + reflection), validation,
-client channels, graceful stop."""
+client channels, graceful stop. (Request checks themselves: `asyncrl.core.validation`.)"""
 
 from __future__ import annotations
 
@@ -11,24 +11,13 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from asyncrl.core.validation import InvalidArgument
+
 MAX_MESSAGE_BYTES = 256 * 1024 * 1024
 _OPTIONS = [
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
 ]
-
-
-class InvalidArgument(ValueError):
-    """Raised by request validation; services turn it into INVALID_ARGUMENT naming the field."""
-
-    def __init__(self, field: str, problem: str):
-        super().__init__(f"{field}: {problem}")
-        self.field = field
-
-
-def require(condition: bool, field: str, problem: str) -> None:
-    if not condition:
-        raise InvalidArgument(field, problem)
 
 
 def abort_invalid(context: grpc.ServicerContext, err: InvalidArgument):

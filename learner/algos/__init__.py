@@ -9,12 +9,11 @@ The trainer calls three things:
 `pass_at_k` is the unbiased evaluation estimator.
 """
 
+from asyncrl.core.algo import PRESET_NAMES, PRESETS, AlgoConfig
 from asyncrl.learner.algos.advantage_builder import AdvantageResult, build_advantages
 from asyncrl.learner.algos.evaluation import pass_at_k
 from asyncrl.learner.algos.objective import policy_objective
 from asyncrl.learner.algos.opd import teacher_response_logprobs
-
-from asyncrl.core.algo import PRESET_NAMES, PRESETS, AlgoConfig
 
 __all__ = [
     "PRESETS",

@@ -11,6 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
+from torch import Tensor
+
+from asyncrl.core.algo.config import AlgoConfig
 from asyncrl.learner.algos.advantages import dash_keep, outcome_advantages, process_advantages
 from asyncrl.learner.algos.diagnostics import batch_diagnostics, to_floats
 from asyncrl.learner.algos.groups import Groups
@@ -30,9 +33,6 @@ from asyncrl.learner.algos.opd import (
     opd_advantages,
 )
 from asyncrl.learner.algos.shaping import shape_rewards
-from torch import Tensor
-
-from asyncrl.core.algo.config import AlgoConfig
 
 
 @dataclass

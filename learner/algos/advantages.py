@@ -20,9 +20,10 @@ backward pass; with token-level advantages a sequence is dropped when max_t |A_i
 from __future__ import annotations
 
 import torch
+from torch import Tensor
+
 from asyncrl.learner.algos.groups import Groups
 from asyncrl.learner.algos.masked import masked_fill_zero, masked_max
-from torch import Tensor
 
 
 def _finish_stats(mean: Tensor, square_deviation_sums: Tensor, counts: Tensor) -> tuple[Tensor, Tensor]:

@@ -12,8 +12,9 @@ the result stays connected to the graph so `backward()` works (with zero gradien
 
 from __future__ import annotations
 
-from asyncrl.learner.algos.masked import masked_sum
 from torch import Tensor
+
+from asyncrl.learner.algos.masked import masked_sum
 
 
 def aggregate_loss(token_loss: Tensor, mask: Tensor, mode: str) -> Tensor:

@@ -8,9 +8,10 @@ rho_t is the correction ratio (pi_prox / pi_behav, or pi_theta / pi_behav in byp
 from __future__ import annotations
 
 import torch
+from torch import Tensor
+
 from asyncrl.learner.algos.masked import masked_max, masked_mean, masked_min
 from asyncrl.learner.algos.rollout_correction import Correction
-from torch import Tensor
 
 _QUANTILES = (0.01, 0.5, 0.9, 0.99)
 

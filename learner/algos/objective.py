@@ -12,6 +12,9 @@ the same normaliser. The correction ratio rho_t = pi_prox / pi_behav (decoupled)
 from __future__ import annotations
 
 import torch
+from torch import Tensor
+
+from asyncrl.core.algo.config import AlgoConfig
 from asyncrl.learner.algos.aggregation import aggregate_loss
 from asyncrl.learner.algos.diagnostics import rollout_diagnostics, surrogate_diagnostics, to_floats
 from asyncrl.learner.algos.kl import importance_corrected_kl, kl_to_reference
@@ -19,9 +22,6 @@ from asyncrl.learner.algos.masked import as_bool_mask, check_token_tensor, clamp
 from asyncrl.learner.algos.opd import check_teacher_alignment, opd_k2_loss
 from asyncrl.learner.algos.policy_loss import ppo_clip_surrogate, reinforce_surrogate
 from asyncrl.learner.algos.rollout_correction import apply_rollout_correction
-from torch import Tensor
-
-from asyncrl.core.algo.config import AlgoConfig
 
 
 def _check_inputs(mask: Tensor, **tensors: Tensor | None) -> None:

@@ -12,8 +12,9 @@ On-Policy Distillation"). The teacher scores the student's own sampled tokens; n
 from __future__ import annotations
 
 import torch
-from asyncrl.learner.algos.masked import check_token_tensor, masked_fill_zero, masked_mean
 from torch import Tensor
+
+from asyncrl.learner.algos.masked import check_token_tensor, masked_fill_zero, masked_mean
 
 _TEACHER_HINT = " (slice the teacher's full-sequence output to the response, e.g. with teacher_response_logprobs)"
 

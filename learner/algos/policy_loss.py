@@ -17,8 +17,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from asyncrl.learner.algos.masked import clamped_log_ratio, masked_fill_zero
 from torch import Tensor
+
+from asyncrl.learner.algos.masked import clamped_log_ratio, masked_fill_zero
 
 
 @dataclass

@@ -15,11 +15,11 @@ import math
 from dataclasses import dataclass
 
 import torch
-from asyncrl.learner.algos.kl import kl_from_log_ratio
-from asyncrl.learner.algos.masked import masked_max, masked_mean, masked_sum
 from torch import Tensor
 
 from asyncrl.core.algo.sections import RolloutCorrectionConfig
+from asyncrl.learner.algos.kl import kl_from_log_ratio
+from asyncrl.learner.algos.masked import masked_max, masked_mean, masked_sum
 
 
 @dataclass

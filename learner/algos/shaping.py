@@ -12,10 +12,10 @@ Interventions"). R is the task reward, L the response length in tokens.
 from __future__ import annotations
 
 import torch
-from asyncrl.learner.algos.groups import Groups
 from torch import Tensor
 
 from asyncrl.core.algo.sections import LengthPenaltyConfig
+from asyncrl.learner.algos.groups import Groups
 
 
 def uniform_length_penalty(rewards: Tensor, lengths: Tensor, alpha: float) -> Tensor:

@@ -20,16 +20,16 @@ from pathlib import Path
 import grpc
 import pytest
 import torch
-from asyncrl.controller.state import ControllerState
-from asyncrl.controller.status_page import StatusPage
-from asyncrl.services.controller_service import SERVICE_NAME, create_server
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
+from asyncrl.controller.state import ControllerState
+from asyncrl.controller.status_page import StatusPage
 from asyncrl.core.config import AsyncRLConfig, dump_config
 from asyncrl.core.events import read_events
 from asyncrl.core.weights.manifest import decode_plan
 from asyncrl.core.weights.transport import host_store, make_group, receive_weights, send_weights
+from asyncrl.services.controller_service import SERVICE_NAME, create_server
 from asyncrl.v1 import controller_pb2 as pb
 from asyncrl.v1 import controller_pb2_grpc, rollout_pb2, rollout_pb2_grpc, weights_pb2
 

@@ -10,8 +10,6 @@ import urllib.request
 import grpc
 import pytest
 import torch
-from asyncrl.learner.loop import LearnerProgress
-from asyncrl.services import learner_service, rollout_service, teacher_service
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
@@ -20,6 +18,8 @@ from asyncrl.core.modeling import load_causal_lm, named_weights, sequence_logpro
 from asyncrl.core.weights.manifest import encode_plan
 from asyncrl.core.weights.plan import PushPlan, tensor_metas
 from asyncrl.core.weights.transport import host_store, make_group, send_weights
+from asyncrl.learner.loop import LearnerProgress
+from asyncrl.services import learner_service, rollout_service, teacher_service
 from asyncrl.v1 import (
     learner_pb2,
     learner_pb2_grpc,
@@ -214,7 +214,7 @@ def test_teacher_scores_response_tokens_and_validates(tiny_model_dir, started):
     invalid(stub.Score, teacher_pb2.ScoreRequest(sequences=[
         teacher_pb2.ScoreSequence(token_ids=[1, -2 % 2**31, 3], response_start=1)]), "sequences[0].token_ids")
 
-    text = scrape(server.servicer.registry)
+    text = scrape(server.servicer.scorer.metrics.registry)
     assert "asyncrl_teacher_sequences_scored_total 2.0" in text
     assert "asyncrl_teacher_tokens_scored_total 5.0" in text
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import math
 
 import pytest
-from asyncrl.learner.algos import PRESET_NAMES, AlgoConfig
 from pydantic import BaseModel, ValidationError
 
 from asyncrl.core.algo.sections import RolloutCorrectionConfig
+from asyncrl.learner.algos import PRESET_NAMES, AlgoConfig
 
 # The documented table (docs/algorithms.md), written out by hand: (bypass, loss, weights, cap, rejection, lo, hi).
 EXPECTED_PRESETS = {

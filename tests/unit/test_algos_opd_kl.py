@@ -7,6 +7,7 @@ import math
 
 import pytest
 import torch
+
 from asyncrl.learner.algos import AlgoConfig, build_advantages, policy_objective, teacher_response_logprobs
 
 torch.set_num_threads(1)

@@ -7,6 +7,7 @@ import math
 
 import pytest
 import torch
+
 from asyncrl.learner.algos import PRESET_NAMES, AlgoConfig, policy_objective
 from asyncrl.learner.algos.aggregation import aggregate_loss
 

@@ -7,10 +7,10 @@ import math
 
 import pytest
 import torch
-from asyncrl.learner.algos import AlgoConfig, policy_objective
-from asyncrl.learner.algos.rollout_correction import apply_rollout_correction
 
 from asyncrl.core.algo.sections import RolloutCorrectionConfig
+from asyncrl.learner.algos import AlgoConfig, policy_objective
+from asyncrl.learner.algos.rollout_correction import apply_rollout_correction
 
 torch.set_num_threads(1)
 

@@ -5,9 +5,9 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+
 from asyncrl.controller.errors import InvalidRequest, PreconditionFailed
 from asyncrl.controller.staleness import admissible
-
 from tests.fakes import TINY_TENSORS, make_state
 
 

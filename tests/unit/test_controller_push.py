@@ -3,8 +3,8 @@
 import threading
 
 import pytest
-from asyncrl.controller.errors import PreconditionFailed
 
+from asyncrl.controller.errors import PreconditionFailed
 from tests.fakes import TINY_TENSORS, make_state
 
 

@@ -1,8 +1,8 @@
 """ControllerState replicas: registration, ids, heartbeats, death and revival, restarts, the snapshot."""
 
 import pytest
-from asyncrl.controller.errors import InvalidRequest
 
+from asyncrl.controller.errors import InvalidRequest
 from tests.fakes import make_state
 
 

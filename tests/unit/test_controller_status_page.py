@@ -1,8 +1,8 @@
 """The status page app in-process (FastAPI TestClient): HTML, /status JSON, /metrics, /healthz."""
 
-from asyncrl.controller.status_page import make_app, render_html
 from fastapi.testclient import TestClient
 
+from asyncrl.controller.status_page import make_app, render_html
 from tests.fakes import make_state
 
 

@@ -1,8 +1,8 @@
 import pytest
 import torch
-from asyncrl.learner.batch import MalformedGroup, assemble, staleness_stats
 
 from asyncrl.core.buffer import BufferEntry
+from asyncrl.learner.batch import MalformedGroup, assemble, staleness_stats
 from asyncrl.v1 import trajectory_pb2
 
 

@@ -1,6 +1,7 @@
 """The staleness rule floor((N_r - 1) / B) <= i + η, checked against hand-computed values."""
 
 import pytest
+
 from asyncrl.controller.staleness import admissible, headroom, max_admissible
 
 

@@ -3,12 +3,12 @@ model (logp_prox, logp_ref from the frozen initial policy, the OPD mask, mini-ba
 
 import pytest
 import torch
-from asyncrl.learner.batch import TrainBatch
-from asyncrl.learner.trainer import Trainer
 
 from asyncrl.core.config import LearnerConfig, SamplingConfig
 from asyncrl.core.modeling import load_causal_lm
 from asyncrl.core.sampling import SamplingParams
+from asyncrl.learner.batch import TrainBatch
+from asyncrl.learner.trainer import Trainer
 
 
 def batch(groups=2, group_size=4, prompt=(1, 5, 6, 14), width=3) -> TrainBatch:

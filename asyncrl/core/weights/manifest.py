@@ -15,7 +15,7 @@ import math
 from collections.abc import Iterable, Mapping
 from typing import Literal, get_args
 
-from asyncrl.core.grpc_util import InvalidArgument, require
+from asyncrl.core.validation import InvalidArgument, require
 from asyncrl.core.weights.plan import PushPlan, TensorMeta
 from asyncrl.v1 import weights_pb2
 

@@ -1,0 +1,87 @@
+"""One rollout replica as a running thing: its engine (seeded per replica), the lock that serialises engine
+calls, its metrics, and, once its gRPC port is known, the controller session, heartbeats and rollout loop.
+
+The gRPC edge (`asyncrl.services.rollout_service`) needs the engine before it can bind its port, and the
+controller needs that port (the replica's address) at registration: so the runtime is built first,
+the server second, and `start(port)` registers and starts the loops last.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+import zlib
+
+import torch
+
+from asyncrl.core.buffer import make_buffer
+from asyncrl.core.engines.factory import make_engine
+from asyncrl.core.events import EventLog
+from asyncrl.core.tasks import get_reward, get_task
+from asyncrl.rollout.replica import ReplicaSession
+from asyncrl.rollout.rollout_metrics import RolloutMetrics
+from asyncrl.rollout.worker import RolloutWorker
+
+
+def replica_seed(base_seed: int, replica_id: str) -> int:
+    """Replicas must not draw the same samples: the run's seed plus a stable hash of the replica id."""
+    return base_seed + zlib.crc32(replica_id.encode()) % 100_000
+
+
+def advertised_host(rollout_cfg) -> str:
+    """The host the controller (and its weight pushes) should reach this replica at."""
+    if rollout_cfg.advertise_host:
+        return rollout_cfg.advertise_host
+    if rollout_cfg.host in ("0.0.0.0", "::", ""):
+        return socket.gethostbyname(socket.gethostname())
+    return rollout_cfg.host
+
+
+class ReplicaRuntime:
+    def __init__(self, config, replica_id: str = ""):
+        self.config = config
+        self.requested_id = replica_id
+        if config.rollout.engine.threads:
+            torch.set_num_threads(config.rollout.engine.threads)
+        seed = replica_seed(config.seed, replica_id)
+        torch.manual_seed(seed)
+        self.engine = make_engine(config.rollout.engine, config.model.path, config.model.dtype, seed=seed)
+        self.engine_lock = threading.Lock()
+        self.metrics = RolloutMetrics()
+        self.session: ReplicaSession | None = None
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+
+    @property
+    def replica_id(self) -> str:
+        """The id the controller gave this replica (the requested one until registration)."""
+        return self.session.replica_id if self.session else self.requested_id
+
+    def start(self, controller_stub, port: int) -> None:
+        """Register with the controller as `<advertised host>:port`, then heartbeat and roll out until `stop`."""
+        cfg = self.config
+        address = f"{advertised_host(cfg.rollout)}:{port}"
+        self.session = ReplicaSession(controller_stub, address, self.engine, cfg.rollout.engine.type, self.requested_id)
+        self.session.register()
+        task = get_task(cfg.task)
+        worker = RolloutWorker(
+            config=cfg, engine=self.engine, engine_lock=self.engine_lock, buffer=make_buffer(cfg.buffer),
+            controller_stub=controller_stub, session=self.session, task=task,
+            reward_fn=get_reward(cfg.rollout.reward), decode=task.decode_response,
+            events=EventLog(cfg.run_dir, f"rollout-{self.session.replica_id}"), metrics=self.metrics,
+        )  # fmt: skip
+        self._threads = [
+            threading.Thread(target=self.session.heartbeat_forever, args=(self._stop,), daemon=True),
+            threading.Thread(target=worker.run, args=(self._stop,), daemon=True),
+        ]
+        for thread in self._threads:
+            thread.start()
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """Stop the loops (bounded wait) and release the engine."""
+        self._stop.set()
+        deadline = time.time() + timeout_s
+        for thread in self._threads:
+            thread.join(timeout=max(0.0, deadline - time.time()))
+        self.engine.close()
