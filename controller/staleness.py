@@ -35,12 +35,6 @@ def max_admissible(version: int, batch_size: int, eta: int | None) -> int | None
     return (version + eta + 1) * batch_size
 
 
-def headroom(admitted: int, version: int, batch_size: int, eta: int | None) -> int | None:
-    """Trajectories that may still be admitted at `version` (never negative; None = unbounded)."""
-    limit = max_admissible(version, batch_size, eta)
-    return None if limit is None else max(0, limit - admitted)
-
-
 def _check(ok: bool, name: str, value: int) -> None:
     if not ok:
         raise ValueError(f"{name} out of range: {value}")

@@ -1,4 +1,5 @@
-"""Learner service: the training loop plus a small gRPC status edge and /metrics."""
+"""Learner service: builds the learner's loop from the config (`asyncrl.learner`), runs it, and serves a small
+gRPC status edge and /metrics beside it."""
 
 from __future__ import annotations
 
@@ -10,17 +11,16 @@ import threading
 from pathlib import Path
 
 import torch
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from asyncrl.core.buffer import make_buffer
-from asyncrl.core.engines.torch_decode import generate_with_model
 from asyncrl.core.events import EventLog
 from asyncrl.core.grpc_util import build_server, wait_for_channel
 from asyncrl.core.metrics import serve_metrics
-from asyncrl.core.modeling import eos_token_ids, load_causal_lm, pad_token_id
+from asyncrl.core.modeling import load_causal_lm, pad_token_id
 from asyncrl.core.sampling import SamplingParams
 from asyncrl.core.tasks import get_task
-from asyncrl.core.tasks.evaluate import greedy_accuracy
+from asyncrl.learner.evaluation import evaluate_greedy
+from asyncrl.learner.learner_metrics import LearnerMetrics
 from asyncrl.learner.loop import LearnerLoop, LearnerProgress
 from asyncrl.learner.publisher import WeightPublisher
 from asyncrl.learner.trainer import Trainer
@@ -28,32 +28,6 @@ from asyncrl.v1 import controller_pb2_grpc, learner_pb2, learner_pb2_grpc, teach
 
 log = logging.getLogger("asyncrl.learner")
 SERVICE = "asyncrl.v1.Learner"
-
-
-class LearnerMetrics:
-    def __init__(self):
-        self.registry = r = CollectorRegistry()
-        self.step = Gauge("asyncrl_learner_step", "Learner steps done", registry=r)
-        self.version = Gauge("asyncrl_learner_version", "Policy version published", registry=r)
-        self.consumed = Counter("asyncrl_learner_trajectories_consumed", "Trajectories trained on", registry=r)
-        self.reward = Gauge("asyncrl_learner_reward_mean", "Mean reward of the last batch", registry=r)
-        self.eval_accuracy = Gauge("asyncrl_learner_eval_accuracy", "Greedy held-out accuracy", registry=r)
-        self.staleness = Gauge("asyncrl_learner_staleness_mean", "Mean staleness of the last batch", registry=r)
-        self.step_seconds = Histogram("asyncrl_learner_step_seconds", "Learner step time", registry=r)
-        self.push_seconds = Histogram("asyncrl_learner_push_seconds", "Weight push time (begin..commit)", registry=r)
-        self.kl = Gauge("asyncrl_learner_kl_behav_prox", "KL(behav||prox), k3 estimator, last step", registry=r)
-
-    def observe_step(self, metrics: dict, push) -> None:
-        self.step.inc()
-        self.version.set(push.version)
-        self.consumed.inc(metrics["batch/sequences"])
-        self.reward.set(metrics["reward/mean"])
-        self.staleness.set(metrics["staleness/mean"])
-        self.step_seconds.observe(metrics["time/step_s"])
-        self.push_seconds.observe(push.total_s)
-        kl = metrics.get("rc/kl_k3")
-        if kl is not None:
-            self.kl.set(kl)
 
 
 class LearnerServicer(learner_pb2_grpc.LearnerServicer):
@@ -65,14 +39,6 @@ class LearnerServicer(learner_pb2_grpc.LearnerServicer):
         return learner_pb2.LearnerStatus(step=p.step, version=p.version, consumed=p.consumed,
                                          last_reward_mean=p.last_reward_mean,
                                          last_eval_accuracy=p.last_eval_accuracy, last_step_s=p.last_step_s)
-
-
-def evaluate_greedy(model, task, max_new_tokens: int) -> float:
-    """Greedy accuracy of the learner's own model on the task's held-out prompts (generate_with_model puts the
-    model in eval mode and back)."""
-    generate = functools.partial(generate_with_model, model, eos_ids=eos_token_ids(model), pad_id=pad_token_id(model))
-    with torch.no_grad():
-        return greedy_accuracy(generate, task, max_new_tokens=max_new_tokens)
 
 
 def create_server(config, progress: LearnerProgress | None = None):

@@ -13,7 +13,6 @@ from asyncrl.core.algo import PRESET_NAMES, PRESETS, AlgoConfig
 from asyncrl.learner.algos.advantage_builder import AdvantageResult, build_advantages
 from asyncrl.learner.algos.evaluation import pass_at_k
 from asyncrl.learner.algos.objective import policy_objective
-from asyncrl.learner.algos.opd import teacher_response_logprobs
 
 __all__ = [
     "PRESETS",
@@ -23,5 +22,4 @@ __all__ = [
     "build_advantages",
     "pass_at_k",
     "policy_objective",
-    "teacher_response_logprobs",
 ]

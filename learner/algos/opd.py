@@ -16,7 +16,7 @@ from torch import Tensor
 
 from asyncrl.learner.algos.masked import check_token_tensor, masked_fill_zero, masked_mean
 
-_TEACHER_HINT = " (slice the teacher's full-sequence output to the response, e.g. with teacher_response_logprobs)"
+_TEACHER_HINT = " (one teacher log-prob per response token: the Teacher's Score RPC returns exactly that)"
 
 
 def check_teacher_alignment(logp_teacher: Tensor | None, response_mask: Tensor) -> None:
@@ -24,21 +24,6 @@ def check_teacher_alignment(logp_teacher: Tensor | None, response_mask: Tensor) 
     if logp_teacher is None:
         raise ValueError("OPD is enabled but logp_teacher is None: the teacher must annotate the batch")
     check_token_tensor("logp_teacher", logp_teacher, response_mask, _TEACHER_HINT)
-
-
-def teacher_response_logprobs(full_logprobs: Tensor, response_starts: Tensor, width: int) -> Tensor:
-    """Cut per-position teacher log-probs over prompt+response [N, L] to the response window [N, width].
-
-    `full_logprobs[i, p]` is the log-prob of token p of sequence i; its response starts at response_starts[i].
-    Positions past the end of a row come back as 0 (they are padding under the response mask).
-    """
-    n, length = full_logprobs.shape
-    if response_starts.shape != (n,):
-        raise ValueError(f"response_starts has shape {tuple(response_starts.shape)}; expected [{n}]")
-    cols = response_starts.view(-1, 1) + torch.arange(width, device=full_logprobs.device).view(1, -1)
-    inside = cols < length
-    gathered = full_logprobs.gather(1, cols.clamp(max=length - 1))
-    return torch.where(inside, gathered, torch.zeros((), dtype=full_logprobs.dtype, device=full_logprobs.device))
 
 
 def eligible_sequences(success: Tensor, pass_rate: Tensor, pass_rate_threshold: float) -> Tensor:

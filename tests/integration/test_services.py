@@ -18,6 +18,7 @@ from asyncrl.core.modeling import load_causal_lm, named_weights, sequence_logpro
 from asyncrl.core.weights.manifest import encode_plan
 from asyncrl.core.weights.plan import PushPlan, tensor_metas
 from asyncrl.core.weights.transport import host_store, make_group, send_weights
+from asyncrl.learner.learner_metrics import LearnerMetrics
 from asyncrl.learner.loop import LearnerProgress
 from asyncrl.services import learner_service, rollout_service, teacher_service
 from asyncrl.v1 import (
@@ -229,6 +230,6 @@ def test_learner_status_health_and_metrics(tiny_model_dir, started):
     status = learner_pb2_grpc.LearnerStub(channel).GetStatus(learner_pb2.LearnerStatusRequest())
     assert (status.step, status.version, status.consumed) == (3, 3, 192)
     assert status.last_eval_accuracy == pytest.approx(0.4)
-    metrics = learner_service.LearnerMetrics()
+    metrics = LearnerMetrics()
     metrics.eval_accuracy.set(0.4)
     assert "asyncrl_learner_eval_accuracy 0.4" in scrape(metrics.registry)

@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from asyncrl.learner.algos import AlgoConfig, build_advantages, policy_objective, teacher_response_logprobs
+from asyncrl.learner.algos import AlgoConfig, build_advantages, policy_objective
 
 torch.set_num_threads(1)
 
@@ -96,12 +96,6 @@ def test_misaligned_teacher_logprobs_fail_with_a_clear_error(bad):
 def test_missing_teacher_logprobs_fail():
     with pytest.raises(ValueError, match="logp_teacher is None"):
         build_advantages(REWARDS, GROUPS, MASK, _opd_cfg(), logp_prox=LOGP)
-
-
-def test_teacher_full_sequence_output_is_sliced_to_the_response():
-    full = torch.tensor([[-9.0, -9.0, -9.0, -1.0, -2.0, -3.0], [-9.0, -9.0, -4.0, -5.0, -6.0, -7.0]])
-    sliced = teacher_response_logprobs(full, torch.tensor([3, 2]), 4)
-    assert sliced.tolist() == [[-1.0, -2.0, -3.0, 0.0], [-4.0, -5.0, -6.0, -7.0]]
 
 
 def _kl_loss(estimator: str, correction: bool, log_u: float) -> tuple[float, dict]:

@@ -2,7 +2,7 @@
 
 import pytest
 
-from asyncrl.controller.staleness import admissible, headroom, max_admissible
+from asyncrl.controller.staleness import admissible, max_admissible
 
 
 @pytest.mark.parametrize(
@@ -50,7 +50,6 @@ def test_eta2_batch64(admitted, n_new, version, expected):
 def test_unbounded_eta_admits_everything():
     assert admissible(10**9, 64, batch_size=64, version=0, eta=None)
     assert max_admissible(0, 64, None) is None
-    assert headroom(10**9, 0, 64, None) is None
 
 
 def test_max_admissible_closed_form():
@@ -66,12 +65,6 @@ def test_max_admissible_is_the_rule_boundary(batch, eta):
         limit = max_admissible(version, batch, eta)
         for total in range(1, limit + 3 * batch):
             assert admissible(total - 1, 1, batch, version, eta) is (total <= limit), (version, total)
-
-
-def test_headroom_never_negative():
-    assert headroom(0, 0, 4, 0) == 4
-    assert headroom(3, 0, 4, 0) == 1
-    assert headroom(9, 0, 4, 0) == 0  # over the limit (e.g. η lowered): no room, not negative room
 
 
 @pytest.mark.parametrize(
