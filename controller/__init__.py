@@ -8,7 +8,7 @@ queue of held requests, and what unblocks each:
       |  AcquireLease / CompleteLease                     |        |                     |
       v                                                   |        v                     v
   +---------------------------------- ControllerState (one lock + condition) ------------------------+
-  |  ReplicaRegistry  (alive, weight_version, needs_sync)          PushSession (one open at a time)   |
+  |  ReplicaRegistry  (alive, weight_version, needs_sync)    PushCoordinator: PushSession (one open)  |
   |  LeaseBook        (N_r admitted, active leases, prompt cursor)  receivers ranked 1..N             |
   |  current_version i                                                    |                          |
   |                                                                       | fan-out: one thread per  |

@@ -1,4 +1,4 @@
-"""gRPC edge of the controller: validation, translation to `controller.state.ControllerState`, status codes.
+"""gRPC edge of the controller: validation, translation to `asyncrl.controller.state.ControllerState`, status codes.
 
 Public API
 - `create_server(config, run_dir=None, notify=None) -> (server, port)`: a gRPC server (not started) bound to
