@@ -19,7 +19,7 @@ from asyncrl.core.metrics import serve_metrics
 from asyncrl.core.modeling import load_causal_lm, pad_token_id
 from asyncrl.core.sampling import SamplingParams
 from asyncrl.core.tasks import get_task
-from asyncrl.learner.evaluation import evaluate_greedy
+from asyncrl.learner.held_out import evaluate_greedy
 from asyncrl.learner.learner_metrics import LearnerMetrics
 from asyncrl.learner.loop import LearnerLoop, LearnerProgress
 from asyncrl.learner.publisher import WeightPublisher
