@@ -45,6 +45,21 @@ class ReceiverUnreachable(RuntimeError):
 
 
 @dataclass(frozen=True)
+class PushOffer:
+    """The sender's half of a plan, as the learner asks for it in BeginWeightPush; the controller adds the
+    push id, the version and the receivers."""
+
+    store_address: str
+    transport: str
+    tensors: tuple[TensorMeta, ...]
+    bucket_bytes: int
+    timeout_s: float = 0.0
+    """Data time-out; 0 = the controller's push_timeout_s."""
+    join_timeout_s: float = 0.0
+    """Group formation time-out after the join handshake; 0 = the data time-out."""
+
+
+@dataclass(frozen=True)
 class Receiver:
     replica_id: str
     address: str
@@ -125,8 +140,7 @@ class PushCoordinator:
         self.open: PushSession | None = None
         self.committed = 0
 
-    def begin(self, version: int, current: int, store_address: str, transport: str,
-              tensors: tuple[TensorMeta, ...], bucket_bytes: int, timeout_s: float, now: float) -> PushSession:  # fmt: skip
+    def begin(self, version: int, current: int, offer: PushOffer, now: float) -> PushSession:
         """Pick the receivers, rank them 1..N, build the plan, start the fan-out."""
         aborted_previous = None
         if self.open is not None:
@@ -151,9 +165,10 @@ class PushCoordinator:
             )
         receivers = [Receiver(r.replica_id, r.address, rank) for rank, r in enumerate(chosen, start=1)]
         plan = PushPlan(
-            push_id=f"push-v{version}-{uuid.uuid4().hex[:8]}", version=version, store_address=store_address,
-            world_size=len(receivers) + 1, transport=transport, tensors=tuple(tensors),
-            bucket_bytes=bucket_bytes, timeout_s=timeout_s or self._config.push_timeout_s,
+            push_id=f"push-v{version}-{uuid.uuid4().hex[:8]}", version=version, store_address=offer.store_address,
+            world_size=len(receivers) + 1, transport=offer.transport, tensors=tuple(offer.tensors),
+            bucket_bytes=offer.bucket_bytes, timeout_s=offer.timeout_s or self._config.push_timeout_s,
+            join_timeout_s=offer.join_timeout_s,
         )  # fmt: skip
         session = PushSession(plan, mode, receivers, now, self._notify, self._config.push_timeout_s)
         self.open = session

@@ -22,7 +22,7 @@ from asyncrl.controller.controller_metrics import ControllerMetrics
 from asyncrl.controller.errors import InvalidRequest
 from asyncrl.controller.event_records import EventSink, NoEvents
 from asyncrl.controller.leases import Lease, LeaseBook
-from asyncrl.controller.push import NEW, Outcome, PushCoordinator, PushSession, WeightNotifier
+from asyncrl.controller.push import NEW, Outcome, PushCoordinator, PushOffer, PushSession, WeightNotifier
 from asyncrl.controller.reaper import Reaper
 from asyncrl.controller.registry import Replica, ReplicaRegistry
 from asyncrl.controller.results import (
@@ -34,7 +34,6 @@ from asyncrl.controller.results import (
     ReplicaPulse,
 )
 from asyncrl.core.config import ControllerConfig
-from asyncrl.core.weights.plan import TensorMeta
 
 # A held request re-checks at least this often, so an expiry found by lazy reaping (no reaper thread in
 # unit tests) still releases it.
@@ -168,13 +167,11 @@ class ControllerState:
 
     # ---- weight pushes --------------------------------------------------------------------------------
 
-    def begin_push(self, version: int, store_address: str, transport: str, tensors: tuple[TensorMeta, ...],
-                   bucket_bytes: int, timeout_s: float) -> PushSession:  # fmt: skip
+    def begin_push(self, version: int, offer: PushOffer) -> PushSession:
         """Open a push of `version` (current+1: new policy; current: resync) and start its fan-out."""
         with self._cond:
             self._reap_locked()
-            session = self._pushes.begin(version, self._current_version, store_address, transport, tensors,
-                                         bucket_bytes, timeout_s, self._clock())  # fmt: skip
+            session = self._pushes.begin(version, self._current_version, offer, self._clock())
             self._changed()  # an aborted predecessor flagged its receivers
             return session
 

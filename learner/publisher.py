@@ -53,6 +53,7 @@ class WeightPublisher:
                 controller_pb2.BeginWeightPushRequest(
                     version=version, store_address=self.store_address, transport=self.cfg.type,
                     tensors=self.specs, bucket_bytes=int(self.cfg.bucket_mb * 2**20), timeout_s=self.cfg.timeout_s,
+                    join_timeout_s=self.cfg.join_timeout_s,
                 ),
                 timeout=self.cfg.timeout_s + 30,
             )
@@ -61,7 +62,7 @@ class WeightPublisher:
             if plan.world_size > 1:
                 t0 = time.perf_counter()
                 try:
-                    group = make_group(plan, 0, self.store, join_timeout_s=self.cfg.join_timeout_s)
+                    group = make_group(plan, 0, self.store)
                     sent = send_weights(group, named_weights(self.model), plan)
                     group.close()
                 except Exception as err:  # noqa: BLE001 - reported to the controller, then retried

@@ -27,14 +27,20 @@ import re
 import grpc
 
 from asyncrl.controller.errors import InvalidRequest, PreconditionFailed
-from asyncrl.controller.push import WeightNotifier
+from asyncrl.controller.push import PushOffer, WeightNotifier
 from asyncrl.controller.state import ControllerState
 from asyncrl.controller.status_page import StatusPage
 from asyncrl.core.config import AsyncRLConfig
 from asyncrl.core.events import EventLog
 from asyncrl.core.grpc_util import build_server, wait_until_stopped
 from asyncrl.core.validation import InvalidArgument, require
-from asyncrl.core.weights.manifest import check_address, check_transport, decode_tensors, encode_plan
+from asyncrl.core.weights.manifest import (
+    check_address,
+    check_join_timeout,
+    check_transport,
+    decode_tensors,
+    encode_plan,
+)
 from asyncrl.services.weight_fanout import grpc_update_weights
 from asyncrl.v1 import controller_pb2, controller_pb2_grpc
 
@@ -125,14 +131,10 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
                 "timeout_s",
                 f"must be >= 0 (0 = default), got {timeout}",
             )
-            session = self.state.begin_push(
-                request.version,
-                request.store_address,
-                request.transport,
-                tensors,
-                request.bucket_bytes,
-                timeout,
-            )
+            check_join_timeout(request.join_timeout_s, "join_timeout_s")
+            offer = PushOffer(request.store_address, request.transport, tensors, request.bucket_bytes, timeout,
+                              request.join_timeout_s)  # fmt: skip
+            session = self.state.begin_push(request.version, offer)
             return controller_pb2.BeginWeightPushResponse(
                 plan=encode_plan(session.plan), receivers=[r.replica_id for r in session.receivers]
             )

@@ -85,3 +85,27 @@ def test_a_receiver_that_never_joins_calls_the_push_off_quickly():
     thread.join(10)
     message, waited = seen["rank1"]
     assert "called off" in message and waited < 5
+
+
+
+def test_a_receiver_that_joins_then_vanishes_costs_the_formation_timeout():
+    """Rank 1 passes the join handshake, then never forms the group (its process died in between): the
+    sender gives up after the plan's join time-out (1 s), not after the push's data time-out (60 s)."""
+    import threading
+    import time
+
+    from asyncrl.core.weights.rendezvous import receiver_join
+    from asyncrl.core.weights.transport import _store
+
+    store = host_store("127.0.0.1", 0, 60)
+    named = weights(0)
+    plan = PushPlan("push-vanish", 1, f"127.0.0.1:{store.port}", 2, "gloo", tensor_metas(named), 1024, 60,
+                    join_timeout_s=1.0)  # fmt: skip
+    joined = threading.Thread(target=receiver_join, args=(_store(plan, 1, None), plan.push_id, 1, 10))
+    joined.start()
+    t0 = time.monotonic()
+    with pytest.raises(RuntimeError):
+        make_group(plan, 0, store)
+    waited = time.monotonic() - t0
+    joined.join(10)
+    assert 1.0 <= waited < 5, waited

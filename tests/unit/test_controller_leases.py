@@ -7,6 +7,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from asyncrl.controller.errors import InvalidRequest, PreconditionFailed
+from asyncrl.controller.push import PushOffer
 from asyncrl.controller.staleness import admissible
 from tests.fakes import TINY_TENSORS, make_state
 
@@ -20,7 +21,7 @@ def wait_until(predicate, timeout_s=5.0):
 
 def publish(state, version):
     """Play the learner: push `version` (the fake notifier acks every receiver) and commit it."""
-    session = state.begin_push(version, "127.0.0.1:1", "gloo", TINY_TENSORS, 1 << 20, 5.0)
+    session = state.begin_push(version, PushOffer("127.0.0.1:1", "gloo", TINY_TENSORS, 1 << 20, 5.0))
     return state.commit_push(session.push_id, sender_ok=True)
 
 

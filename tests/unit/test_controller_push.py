@@ -5,11 +5,12 @@ import threading
 import pytest
 
 from asyncrl.controller.errors import PreconditionFailed
+from asyncrl.controller.push import PushOffer
 from tests.fakes import TINY_TENSORS, make_state
 
 
 def begin(state, version, timeout_s=5.0):
-    return state.begin_push(version, "127.0.0.1:29500", "gloo", TINY_TENSORS, 1 << 20, timeout_s)
+    return state.begin_push(version, PushOffer("127.0.0.1:29500", "gloo", TINY_TENSORS, 1 << 20, timeout_s))
 
 
 def register(state, port, version=0):

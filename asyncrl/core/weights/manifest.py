@@ -59,6 +59,10 @@ def check_transport(value: str, field: str) -> None:
     require(value in TRANSPORTS, field, f"must be one of {TRANSPORTS}, got {value!r}")
 
 
+def check_join_timeout(value: float, field: str) -> None:
+    require(math.isfinite(value) and value >= 0, field, f"must be >= 0 (0 = the push time-out), got {value}")
+
+
 def encode_plan(plan: PushPlan) -> weights_pb2.WeightPushPlan:
     return weights_pb2.WeightPushPlan(
         push_id=plan.push_id,
@@ -69,6 +73,7 @@ def encode_plan(plan: PushPlan) -> weights_pb2.WeightPushPlan:
         tensors=encode_tensors(plan.tensors),
         bucket_bytes=plan.bucket_bytes,
         timeout_s=plan.timeout_s,
+        join_timeout_s=plan.join_timeout_s,
     )
 
 
@@ -81,6 +86,7 @@ def decode_plan(msg, field: str = "plan") -> PushPlan:
     check_transport(msg.transport, f"{field}.transport")
     require(msg.bucket_bytes > 0, f"{field}.bucket_bytes", f"must be > 0, got {msg.bucket_bytes}")
     require(math.isfinite(msg.timeout_s) and msg.timeout_s > 0, f"{field}.timeout_s", f"must be > 0, got {msg.timeout_s}")
+    check_join_timeout(msg.join_timeout_s, f"{field}.join_timeout_s")
     return PushPlan(
         push_id=msg.push_id,
         version=msg.version,
@@ -90,6 +96,7 @@ def decode_plan(msg, field: str = "plan") -> PushPlan:
         tensors=decode_tensors(msg.tensors, f"{field}.tensors"),
         bucket_bytes=msg.bucket_bytes,
         timeout_s=msg.timeout_s,
+        join_timeout_s=msg.join_timeout_s,
     )
 
 

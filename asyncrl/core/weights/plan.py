@@ -47,6 +47,12 @@ class PushPlan:
     tensors: tuple[TensorMeta, ...]
     bucket_bytes: int
     timeout_s: float
+    join_timeout_s: float = 0.0
+    """Group formation time-out once the join handshake said go (0 = timeout_s)."""
+
+    @property
+    def formation_timeout_s(self) -> float:
+        return self.join_timeout_s or self.timeout_s
 
     @property
     def store_host(self) -> str:

@@ -69,7 +69,10 @@ class GlooGroup(BroadcastGroup):
         from torch.distributed.distributed_c10d import ProcessGroupGloo
 
         opts = ProcessGroupGloo._Options()
-        opts._timeout = datetime.timedelta(seconds=plan.timeout_s)
+        # The group's own time-out bounds its formation (all ranks are present after the join handshake, so
+        # a member that died in between costs this); each broadcast carries the push's data time-out.
+        opts._timeout = datetime.timedelta(seconds=plan.formation_timeout_s)
+        self._broadcast_timeout = datetime.timedelta(seconds=plan.timeout_s)
         # On one machine, bind loopback explicitly: the default device resolves the hostname, which in
         # containers and sandboxes may point at an interface peers cannot reach.
         device = (
@@ -86,6 +89,7 @@ class GlooGroup(BroadcastGroup):
 
         opts = BroadcastOptions()
         opts.rootRank = 0
+        opts.timeout = self._broadcast_timeout
         return self._pg.broadcast([tensor], opts)
 
     def close(self) -> None:
@@ -137,7 +141,7 @@ def make_group(
     plan: PushPlan, rank: int, store: TCPStore | None = None, join_timeout_s: float | None = None
 ) -> BroadcastGroup:
     """Factory: the group type named by `plan.transport`, formed after the join handshake
-    (`weights.rendezvous`): rank 0 waits at most `join_timeout_s` (default: the plan's time-out) for the
+    (`weights.rendezvous`): rank 0 waits at most `join_timeout_s` (default: the plan's) for the
     receivers and raises `ReceiversMissing` if some never come; receivers then raise `PushAborted`."""
     if plan.transport not in TRANSPORTS:
         raise ValueError(f"unknown weight transport {plan.transport!r} (expected one of {TRANSPORTS})")
@@ -146,7 +150,7 @@ def make_group(
         raise RuntimeError("nccl weight transport needs a CUDA device; use weight_transport.type=gloo on CPU")
     prefixed = _store(plan, rank, store)
     if rank == 0:
-        sender_join(prefixed, plan.push_id, plan.world_size, join_timeout_s or plan.timeout_s)
+        sender_join(prefixed, plan.push_id, plan.world_size, join_timeout_s or plan.formation_timeout_s)
     else:
         receiver_join(prefixed, plan.push_id, rank, plan.timeout_s)
     if plan.transport == "gloo":
