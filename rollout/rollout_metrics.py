@@ -17,3 +17,5 @@ class RolloutMetrics:
         self.weight_update_pause = Histogram("asyncrl_rollout_weight_update_pause_seconds",
                                              "Generation pause caused by a weight update", registry=r)  # fmt: skip
         self.reward_mean = Gauge("asyncrl_rollout_reward_mean", "Mean reward of the last group", registry=r)
+        self.reward_errors = Counter("asyncrl_rollout_reward_errors", "Rewards that raised or timed out (scored 0)",
+                                     ["kind"], registry=r)  # fmt: skip

@@ -18,8 +18,9 @@ import torch
 from asyncrl.core.buffer import make_buffer
 from asyncrl.core.engines.factory import make_engine
 from asyncrl.core.events import EventLog
-from asyncrl.core.tasks import get_reward, get_task
+from asyncrl.core.tasks import task_for_run
 from asyncrl.rollout.replica import ReplicaSession
+from asyncrl.rollout.reward_pool import RewardPool
 from asyncrl.rollout.rollout_metrics import RolloutMetrics
 from asyncrl.rollout.worker import RolloutWorker
 
@@ -50,6 +51,7 @@ class ReplicaRuntime:
         self.engine_lock = threading.Lock()
         self.metrics = RolloutMetrics()
         self.session: ReplicaSession | None = None
+        self.rewards: RewardPool | None = None
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
 
@@ -64,11 +66,12 @@ class ReplicaRuntime:
         address = f"{advertised_host(cfg.rollout)}:{port}"
         self.session = ReplicaSession(controller_stub, address, self.engine, cfg.rollout.engine.type, self.requested_id)
         self.session.register()
-        task = get_task(cfg.task)
+        task = task_for_run(cfg)
+        self.rewards = RewardPool(task.reward_fn, cfg.reward.workers, cfg.reward.timeout_s,
+                                  on_error=lambda kind: self.metrics.reward_errors.labels(kind=kind).inc())  # fmt: skip
         worker = RolloutWorker(
             config=cfg, engine=self.engine, engine_lock=self.engine_lock, buffer=make_buffer(cfg.buffer),
-            controller_stub=controller_stub, session=self.session, task=task,
-            reward_fn=get_reward(cfg.rollout.reward), decode=task.decode_response,
+            controller_stub=controller_stub, session=self.session, task=task, rewards=self.rewards,
             events=EventLog(cfg.run_dir, f"rollout-{self.session.replica_id}"), metrics=self.metrics,
         )  # fmt: skip
         self._threads = [
@@ -84,4 +87,6 @@ class ReplicaRuntime:
         deadline = time.time() + timeout_s
         for thread in self._threads:
             thread.join(timeout=max(0.0, deadline - time.time()))
+        if self.rewards is not None:
+            self.rewards.close()
         self.engine.close()

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import time
+from typing import Any
 
 from asyncrl.core.engines.base import Generation
 from asyncrl.v1 import trajectory_pb2
@@ -17,7 +19,7 @@ def build_group(
     rewards: list[float],
     replica_id: str,
     lease_id: str,
-    metadata: dict[str, str],
+    metadata: dict[str, Any],
 ) -> trajectory_pb2.TrajectoryGroup:
     if len(generations) != len(rewards):
         raise ValueError(f"{len(generations)} generations but {len(rewards)} rewards")
@@ -49,6 +51,11 @@ def build_group(
         replica_id=replica_id,
         lease_id=lease_id,
         trajectories=trajectories,
-        metadata=metadata,
+        metadata=wire_metadata(metadata),
         created_unix_s=time.time(),
     )
+
+
+def wire_metadata(metadata: dict[str, Any]) -> dict[str, str]:
+    """The group's metadata as the proto's string map: strings as they are, anything else as JSON."""
+    return {str(k): v if isinstance(v, str) else json.dumps(v, default=str) for k, v in metadata.items()}

@@ -2,7 +2,9 @@
 
 Each iteration takes one held lease (waits while the staleness bound forbids more data) plus up to
 `leases_per_batch - 1` more that are admissible right away, generates all their groups in one engine call,
-writes one TrajectoryGroup per lease to the buffer and completes the leases with what was written.
+then hands them to the finisher thread, which scores them on the reward pool, writes one TrajectoryGroup per
+lease to the buffer and completes the leases with what was written, while the next batch generates. At
+most one batch waits to be finished, so leases stay short-lived.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 
@@ -21,8 +24,8 @@ log = logging.getLogger(__name__)
 
 
 class RolloutWorker:
-    def __init__(self, *, config, engine, engine_lock, buffer, controller_stub, session, task, reward_fn,
-                 decode, events, metrics):
+    def __init__(self, *, config, engine, engine_lock, buffer, controller_stub, session, task, rewards,
+                 events, metrics):
         self.config = config
         self.engine = engine
         self.engine_lock = engine_lock
@@ -30,14 +33,23 @@ class RolloutWorker:
         self.stub = controller_stub
         self.session = session
         self.task = task
-        self.reward_fn = reward_fn
-        self.decode = decode
+        self.rewards = rewards
+        """A `RewardPool` over the task's reward."""
         self.events = events
         self.metrics = metrics
         self.params = SamplingParams.from_config(config.sampling)
         self.group_size = config.sampling.group_size
 
     def run(self, stop: threading.Event) -> None:
+        self._finisher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="finish")
+        self._pending = None
+        try:
+            self._loop(stop)
+        finally:
+            self._wait_finished()
+            self._finisher.shutdown(wait=True)
+
+    def _loop(self, stop: threading.Event) -> None:
         while not stop.is_set():
             try:
                 self.run_once()
@@ -75,13 +87,26 @@ class RolloutWorker:
         tokens = sum(len(g.token_ids) for group in groups for g in group)
         self.metrics.generation_seconds.observe(gen_s)
         self.metrics.tokens_generated.inc(tokens)
+        written = self._wait_finished()  # the previous batch; this one finishes while the next generates
+        self._pending = self._finisher.submit(self._finish, leases, prompts, groups)
+        return written
+
+    def _wait_finished(self) -> int:
+        pending, self._pending = self._pending, None
+        return 0 if pending is None else pending.result()
+
+    def _finish(self, leases, prompts, groups) -> int:
         written = 0
         for lease, prompt, gens in zip(leases, prompts, groups):
-            written += self._write(lease, prompt, gens)
+            try:
+                written += self._write(lease, prompt, gens)
+            except grpc.RpcError as err:
+                # The lease stays open and expires (returning its quota) if CompleteLease never got through.
+                log.warning("completing lease %s failed (%s): %s", lease.lease_id, err.code().name, err.details())
         return written
 
     def _write(self, lease, prompt, gens) -> int:
-        rewards = [float(self.reward_fn(self.decode(g.token_ids), prompt.metadata)) for g in gens]
+        rewards = self.rewards.score([(self.task.decode_response(g.token_ids), prompt.metadata) for g in gens])
         group = build_group(
             group_id=f"{self.session.replica_id}-{lease.lease_id}",
             prompt_index=lease.prompt_index,

@@ -18,7 +18,7 @@ from asyncrl.core.grpc_util import build_server, wait_for_channel
 from asyncrl.core.metrics import serve_metrics
 from asyncrl.core.modeling import load_causal_lm, pad_token_id
 from asyncrl.core.sampling import SamplingParams
-from asyncrl.core.tasks import get_task
+from asyncrl.core.tasks import task_for_run
 from asyncrl.learner.held_out import evaluate_greedy
 from asyncrl.learner.learner_metrics import LearnerMetrics
 from asyncrl.learner.loop import LearnerLoop, LearnerProgress
@@ -63,7 +63,7 @@ def serve(config) -> LearnerProgress:
     teacher = None
     if config.teacher.enabled and config.teacher.annotate:
         teacher = teacher_pb2_grpc.TeacherStub(wait_for_channel(config.teacher.address, 300))
-    task = get_task(config.task)
+    task = task_for_run(config)
     metrics = LearnerMetrics()
     loop = LearnerLoop(
         config=config,

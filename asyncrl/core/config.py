@@ -16,22 +16,21 @@ from pathlib import Path
 from typing import Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
 from asyncrl.core.algo.config import AlgoConfig
+from asyncrl.core.config_base import Section
+from asyncrl.core.data_config import RewardConfig, TaskConfig
 from asyncrl.core.weights.manifest import Transport
-
-
-class Section(BaseModel):
-    """Base for every config section: unknown keys are errors, field docstrings are descriptions."""
-
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, validate_assignment=True)
 
 
 class ModelConfig(Section):
     path: str = "artifacts/tiny-arith/policy"
-    """Directory of a Hugging Face checkpoint (config.json, weights, tokenizer); relative to the working
-    directory. `asyncrl up` builds the tiny demo model here when it does not exist."""
+    """Directory of a Hugging Face causal-LM checkpoint (config.json, weights, tokenizer with its special
+    tokens and chat template); relative to the working directory. Every process uses its tokenizer."""
+    build_tiny: bool = False
+    """Build the tiny demo model (and its teacher) at `path` / `teacher.model_path` when they do not exist
+    (`asyncrl up`). Only the demo config sets this: a missing real checkpoint is an error naming the path."""
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     """Parameter dtype in every engine and the learner. float32 keeps rollout/learner mismatch minimal on CPU."""
 
@@ -55,17 +54,6 @@ class TinyModelConfig(Section):
     """Supervised steps for the teacher checkpoint (a stronger model of the same shape)."""
     seed: int = 0
     """Seed for initialisation and the warm-start data."""
-
-
-class TaskConfig(Section):
-    name: Literal["arith"] = "arith"
-    """Task registered in `asyncrl.core.tasks`: prompt stream, held-out set and exact reward."""
-    num_digits: int = Field(2, ge=1, le=6)
-    """Operands have up to this many digits."""
-    eval_size: int = Field(200, ge=1)
-    """Held-out prompts for greedy-accuracy evaluation (disjoint from the training stream)."""
-    seed: int = 0
-    """Seed of the prompt stream."""
 
 
 class SamplingConfig(Section):
@@ -152,8 +140,6 @@ class RolloutConfig(Section):
     """Prometheus /metrics port (0 = any free port, printed in the log)."""
     engine: EngineConfig = EngineConfig()
     """Engine generating the rollouts."""
-    reward: str = "arith_exact"
-    """Reward function registered in `asyncrl.core.tasks` (name)."""
     max_restarts: int = Field(3, ge=0)
     """`asyncrl up` restarts a replica process that dies (same replica id: it re-registers, is resynced to the
     current weights and gets leases again) at most this many times per replica; 0 = a dead replica ends the
@@ -200,6 +186,31 @@ class WeightTransportConfig(Section):
     retrying without the absent ones (a replica that died after being picked must not stall the rest)."""
 
 
+class CheckpointConfig(Section):
+    """What the learner keeps of the policy it trains, under `<run_dir>/checkpoints/`."""
+
+    save_every: int = Field(0, ge=0)
+    """Save every this many steps (0 = only at the end of the run)."""
+    keep_last: int = Field(3, ge=1)
+    """Checkpoints kept; older ones are deleted once a newer one is complete."""
+    export_hf: bool = True
+    """Also write the policy as a Hugging Face checkpoint (safetensors, config, tokenizer, chat template),
+    loadable by `transformers` and vLLM, in `hf/` beside the learner state."""
+
+
+class TrackingConfig(Section):
+    """Where the learner's per-step metrics go besides `<run_dir>/events/learner.jsonl` (same names)."""
+
+    tensorboard: bool = True
+    """TensorBoard event files in `<run_dir>/tensorboard/`."""
+    wandb: bool = False
+    """Weights & Biases (the `wandb` extra); `wandb_mode: offline` needs no account."""
+    wandb_project: str = "asyncrl"
+    """W&B project."""
+    wandb_mode: Literal["online", "offline"] = "offline"
+    """W&B mode; offline runs can be synced later with `wandb sync`."""
+
+
 class LearnerConfig(Section):
     host: str = "127.0.0.1"
     """Interface the learner's status service binds."""
@@ -225,6 +236,12 @@ class LearnerConfig(Section):
     """torch intra-op threads (0 = torch default)."""
     eval_every: int = Field(10, ge=0)
     """Greedy-accuracy evaluation on the held-out set every this many steps (0 = only first and last)."""
+    eval_pass_k: int = Field(0, ge=0)
+    """Also estimate pass@k on the held-out set with `eval_samples` samples per prompt (0 = off)."""
+    eval_samples: int = Field(8, ge=1)
+    """Samples per held-out prompt for pass@k (n >= k)."""
+    checkpoint: CheckpointConfig = CheckpointConfig()
+    """Saving the trained policy and the learner state."""
     batch_timeout_s: float = Field(600.0, gt=0)
     """Give up (error) when no full batch arrives within this time."""
     weight_transport: WeightTransportConfig = WeightTransportConfig()
@@ -243,7 +260,11 @@ class AsyncRLConfig(Section):
     tiny_model: TinyModelConfig = TinyModelConfig()
     """How to build the demo model when model.path does not exist."""
     task: TaskConfig = TaskConfig()
-    """Prompts and reward."""
+    """Prompts: the built-in synthetic task or local dataset files."""
+    reward: RewardConfig = RewardConfig()
+    """How a response is scored (built-in, user function, or a weighted combination)."""
+    tracking: TrackingConfig = TrackingConfig()
+    """Metric sinks (TensorBoard, Weights & Biases)."""
     sampling: SamplingConfig = SamplingConfig()
     """Rollout sampling (shared with the learner's log-prob computation)."""
     buffer: BufferConfig = BufferConfig()
@@ -265,6 +286,11 @@ class AsyncRLConfig(Section):
         if (b // g) % self.learner.minibatches:
             raise ValueError(
                 f"learner.minibatches ({self.learner.minibatches}) must divide the groups per batch ({b // g})"
+            )
+        if self.learner.eval_pass_k > self.learner.eval_samples:
+            raise ValueError(
+                f"learner.eval_pass_k ({self.learner.eval_pass_k}) must be <= learner.eval_samples "
+                f"({self.learner.eval_samples})"
             )
         if self.learner.algo.opd.enabled and not (self.teacher.enabled and self.teacher.annotate):
             raise ValueError("learner.algo.opd.enabled needs teacher.enabled and teacher.annotate")

@@ -96,3 +96,81 @@ class TextCodec:
     def decode(self, token_ids: list[int]) -> str:
         """Text of `token_ids` with special tokens dropped (the response before EOS, usually)."""
         return self.tokenizer.decode(list(token_ids), skip_special_tokens=True)
+
+
+class ModelTokenizer:
+    """The policy checkpoint's own tokenizer: its vocabulary, special tokens and chat template, used the same
+    way by every process (rollout prompts and rewards, the learner's evaluation, the probe).
+
+    - `encode_prompt(prompt)`: a plain string is tokenized with the tokenizer's own special-token rules (a BOS
+      where the tokenizer adds one); a list of chat messages (`{"role": ..., "content": ...}`) is rendered with
+      the checkpoint's chat template and a generation prompt.
+    - `decode_response(ids)`: the text up to the first end-of-sequence id. Other special tokens stay in the
+      text on purpose, so a response with junk specials in it cannot pass an exact-match reward.
+    """
+
+    def __init__(self, tokenizer, eos_ids: list[int] | None = None, source: str = "<in memory>"):
+        self.hf = tokenizer
+        self.source = source
+        ids = list(eos_ids or [])
+        if tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in ids:
+            ids.append(int(tokenizer.eos_token_id))
+        if not ids:
+            raise ValueError(f"tokenizer of {source} names no eos token; generation could never stop")
+        self.eos_ids = ids
+        self.pad_id = int(tokenizer.pad_token_id) if tokenizer.pad_token_id is not None else ids[0]
+
+    @classmethod
+    def load(cls, model_path: str | Path) -> ModelTokenizer:
+        """The tokenizer saved with the checkpoint at `model_path` (plus generation_config's EOS ids)."""
+        from transformers import AutoTokenizer, GenerationConfig
+
+        path = Path(model_path)
+        if not path.is_dir():
+            raise ValueError(f"model path {str(model_path)!r} is not a directory")
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(str(path))
+        except (OSError, ValueError, KeyError) as err:
+            raise ValueError(f"cannot load the tokenizer of {str(model_path)!r}: {err}") from None
+        eos: list[int] = []
+        try:
+            value = GenerationConfig.from_pretrained(str(path)).eos_token_id
+            eos = [int(i) for i in (value if isinstance(value, (list, tuple)) else [value]) if i is not None]
+        except OSError:
+            pass  # no generation_config.json: the tokenizer's eos token alone
+        return cls(tokenizer, eos, source=str(model_path))
+
+    @classmethod
+    def from_tokenizers(cls, tok: Tokenizer) -> ModelTokenizer:
+        """Wrap a `tokenizers.Tokenizer` that uses this module's special tokens (the synthetic tasks')."""
+        from transformers import PreTrainedTokenizerFast
+
+        hf = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=BOS, eos_token=EOS, pad_token=PAD, unk_token=UNK)
+        return cls(hf, source="<character tokenizer>")
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.hf)
+
+    @property
+    def has_chat_template(self) -> bool:
+        return bool(getattr(self.hf, "chat_template", None))
+
+    def encode_prompt(self, prompt: str | list[dict]) -> list[int]:
+        if isinstance(prompt, str):
+            return list(self.hf(prompt, add_special_tokens=True)["input_ids"])
+        if not self.has_chat_template:
+            raise ValueError(f"the tokenizer of {self.source} has no chat template, so chat messages cannot be rendered")
+        rendered = self.hf.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True)
+        if isinstance(rendered, dict) or hasattr(rendered, "keys"):  # newer transformers return a BatchEncoding
+            rendered = rendered["input_ids"]
+        return [int(i) for i in rendered]
+
+    def encode_text(self, text: str) -> list[int]:
+        """Token ids of `text` without any special tokens (targets of supervised warm starts)."""
+        return list(self.hf(text, add_special_tokens=False)["input_ids"])
+
+    def decode_response(self, token_ids: list[int]) -> str:
+        ids = list(token_ids)
+        stop = next((i for i, t in enumerate(ids) if t in self.eos_ids), len(ids))
+        return self.hf.decode(ids[:stop], skip_special_tokens=False)

@@ -44,6 +44,11 @@ def _walk(model: type[BaseModel], prefix: str, out: list[str], sections: list) -
         if sub is not None:
             sections.append((key, sub, field.description or ""))
             continue
+        args = typing.get_args(field.annotation)
+        item = _section_model(args[0]) if typing.get_origin(field.annotation) is list and args else None
+        if item is not None and item is not model:
+            # A list of sections (e.g. reward.components): its row, then the item's fields under key[].
+            sections.append((f"{key}[]", item, item.__doc__ or f"One item of `{key}`."))
         default = json.dumps(field.get_default(call_default_factory=True), default=str)
         rows.append(f"| `{key}` | `{_cell(_type_name(field.annotation))}` | `{_cell(default)}` | "
                     f"{_cell(field.description or '')} |")
@@ -55,8 +60,13 @@ def render() -> str:
     out = [HEADER, "## top level", ""]
     sections: list = []
     _walk(AsyncRLConfig, "", out, sections)
+    documented: dict[type, str] = {}
     while sections:
         key, model, description = sections.pop(0)
+        if model in documented:  # a recursive section (a weighted reward's components are rewards)
+            out += [f"## `{key}`", "", f"The same fields as `{documented[model]}`.", ""]
+            continue
+        documented[model] = key
         out += [f"## `{key}`", "", _cell(description or (model.__doc__ or "").strip()), ""]
         nested: list = []
         _walk(model, f"{key}.", out, nested)

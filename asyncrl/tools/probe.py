@@ -19,7 +19,7 @@ import torch
 from asyncrl.core.engines.factory import make_engine
 from asyncrl.core.modeling import load_causal_lm, pad_token_id, sequence_logprobs
 from asyncrl.core.sampling import SamplingParams
-from asyncrl.core.tasks import get_task
+from asyncrl.core.tasks import task_for_run
 
 
 def mismatch_stats(logp_learner: torch.Tensor, logp_engine: torch.Tensor, mask: torch.Tensor) -> dict:
@@ -57,7 +57,7 @@ def argmax_flips(model, sequences: list[list[int]], starts: list[int], pad_id: i
 
 def run(config, num_prompts: int = 64, out: str | None = None) -> dict:
     torch.manual_seed(config.seed)
-    task = get_task(config.task)
+    task = task_for_run(config)
     prompts = [task.train_prompt(i).token_ids for i in range(num_prompts)]
     params = SamplingParams.from_config(config.sampling)
     t0 = time.perf_counter()

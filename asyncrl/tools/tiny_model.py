@@ -21,7 +21,7 @@ import torch
 
 from asyncrl.core.modeling import sequence_logprobs
 from asyncrl.core.tasks import Task, get_task
-from asyncrl.core.tokenizer import TextCodec, build_char_tokenizer, save_tokenizer
+from asyncrl.core.tokenizer import ModelTokenizer, TextCodec, build_char_tokenizer, save_tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -99,7 +99,7 @@ def _sft_batch(task: Task, first_index: int, size: int) -> tuple[list[list[int]]
     sequences, starts = [], []
     for index in range(first_index, first_index + size):
         prompt = task.train_prompt(index)
-        target = task.codec.encode(task.target_text(prompt), add_bos=False) + [task.codec.eos_id]
+        target = task.tokenizer.encode_text(task.target_text(prompt)) + [task.tokenizer.eos_ids[0]]
         sequences.append(prompt.token_ids + target)
         starts.append(len(prompt.token_ids))
     return sequences, starts
@@ -136,7 +136,7 @@ def supervised_train(
         for group in optimizer.param_groups:
             group["lr"] = sft_lr(step, decay, first_step, first_step + steps)
         sequences, starts = _sft_batch(task, step * SFT_BATCH_SIZE, SFT_BATCH_SIZE)
-        logp, mask = sequence_logprobs(model, sequences, starts, None, pad_id=task.codec.pad_id)
+        logp, mask = sequence_logprobs(model, sequences, starts, None, pad_id=task.tokenizer.pad_id)
         loss = -(logp * mask).sum() / mask.sum()
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
@@ -175,7 +175,7 @@ def make_tiny_model(config) -> TinyModelPaths:
         )
 
     codec = TextCodec(build_char_tokenizer())
-    task = get_task(config.task, codec)
+    task = get_task(config.task, ModelTokenizer.from_tokenizers(codec.tokenizer))
     torch.manual_seed(tiny.seed)
     model = Qwen2ForCausalLM(qwen2_config(tiny, codec)).float()
     log.info(

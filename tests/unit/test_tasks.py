@@ -18,14 +18,14 @@ def test_prompt_format_and_answer():
         a, b = p.text[:-1].split("+")
         assert p.text.endswith("=") and 0 <= int(a) < 100 and 0 <= int(b) < 100
         assert p.metadata["answer"] == str(int(a) + int(b))
-        assert p.token_ids[0] == task.codec.bos_id
-        assert task.codec.decode(p.token_ids) == p.text
+        assert p.token_ids[0] == task.tokenizer.hf.bos_token_id
+        assert task.tokenizer.hf.decode(p.token_ids, skip_special_tokens=True) == p.text
 
 
 def test_hand_checked_encoding():
     task = get_task(TaskConfig())
     # <bos>=1, digits 0..9 = 4..13, '+'=14, '='=15 (the vocabulary order of asyncrl.core.tokenizer).
-    assert task.codec.encode("12+34=") == [1, 5, 6, 14, 7, 8, 15]
+    assert task.tokenizer.encode_prompt("12+34=") == [1, 5, 6, 14, 7, 8, 15]
 
 
 def test_stream_is_deterministic_and_seeded():
@@ -97,12 +97,13 @@ def test_reward_registry():
 
 def test_decode_response_stops_at_eos_and_keeps_junk_visible():
     task = get_task(TaskConfig())
-    c = task.codec
-    four, six = c.encode("4", add_bos=False)[0], c.encode("6", add_bos=False)[0]
-    assert task.decode_response([four, six, c.eos_id, four]) == "46"
+    tok = task.tokenizer
+    four, six = tok.encode_text("4")[0], tok.encode_text("6")[0]
+    eos, bos = tok.eos_ids[0], tok.hf.bos_token_id
+    assert task.decode_response([four, six, eos, four]) == "46"
     assert task.decode_response([four, six]) == "46"
-    assert task.decode_response([four, c.bos_id, six, c.eos_id]) == "4<bos>6"
-    assert task.reward(task.decode_response([four, c.bos_id, six]), {"answer": "46"}) == 0.0
+    assert task.decode_response([four, bos, six, eos]) == "4<bos>6"
+    assert task.reward(task.decode_response([four, bos, six]), {"answer": "46"}) == 0.0
 
 
 def _fake_generator(task, correct: set[str]):
@@ -115,7 +116,7 @@ def _fake_generator(task, correct: set[str]):
         for ids in prompts:
             p = by_ids[tuple(ids)]
             answer = p.metadata["answer"] if p.text in correct else p.metadata["answer"] + "1"
-            tokens = task.codec.encode(answer, add_bos=False) + [task.codec.eos_id]
+            tokens = task.tokenizer.encode_text(answer) + [task.tokenizer.eos_ids[0]]
             out.append([Generation(tokens, [0.0] * len(tokens), [0] * len(tokens), True)])
         return out
 

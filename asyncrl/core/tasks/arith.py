@@ -12,7 +12,7 @@ import numpy as np
 
 from asyncrl.core.tasks.base import Prompt, Task
 from asyncrl.core.tasks.registry import register_reward, register_task
-from asyncrl.core.tokenizer import EOS, TextCodec
+from asyncrl.core.tokenizer import EOS, ModelTokenizer, build_char_tokenizer
 
 # Sub-streams of the seeded generator, so eval and train draws never share random numbers.
 _EVAL_STREAM, _TRAIN_STREAM = 0, 1
@@ -36,11 +36,11 @@ class ArithTask(Task):
     name = "arith"
     reward_name = "arith_exact"
 
-    def __init__(self, task_cfg, codec: TextCodec | None = None):
+    def __init__(self, task_cfg, tokenizer: ModelTokenizer | None = None):
         self.num_digits = int(task_cfg.num_digits)
         self.eval_size = int(task_cfg.eval_size)
         self.seed = int(task_cfg.seed)
-        self.codec = codec or TextCodec.arith()
+        self.tokenizer = tokenizer or ModelTokenizer.from_tokenizers(build_char_tokenizer())
         self._limit = 10**self.num_digits
         total = self._limit**2
         if self.eval_size > total // 2:
@@ -64,7 +64,7 @@ class ArithTask(Task):
 
     def _prompt(self, a: int, b: int) -> Prompt:
         text = f"{a}+{b}="
-        return Prompt(text=text, token_ids=self.codec.encode(text), metadata={"answer": str(a + b)})
+        return Prompt(text=text, token_ids=self.tokenizer.encode_prompt(text), metadata={"answer": str(a + b)})
 
     def train_pair(self, index: int) -> tuple[int, int]:
         """Operands of training prompt `index`."""

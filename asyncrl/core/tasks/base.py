@@ -1,7 +1,8 @@
 """The task seam: a deterministic training prompt stream, a held-out evaluation set and an exact reward.
 
-A task owns its tokenizer codec, so prompts carry their token ids (engines take ids, not text) and responses
-decode the same way everywhere (rollout reward, learner evaluation, warm start).
+A task holds the policy's tokenizer (`ModelTokenizer`: the checkpoint's own vocabulary and chat template), so
+prompts carry their token ids (engines take ids, not text) and responses decode the same way everywhere
+(rollout reward, learner evaluation, warm start).
 """
 
 from __future__ import annotations
@@ -9,20 +10,22 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
-from asyncrl.core.tokenizer import TextCodec
+from asyncrl.core.tokenizer import ModelTokenizer
 
-RewardFn = Callable[[str, dict[str, str]], float]
+RewardFn = Callable[[str, dict[str, Any]], float]
 """`fn(response_text, metadata) -> reward`."""
 
 
 @dataclass(frozen=True)
 class Prompt:
-    """One prompt: its text, its token ids (with <bos>), and what the reward needs (e.g. the answer)."""
+    """One prompt: its text (or chat messages), its token ids as the engines see them, and what the reward
+    needs (e.g. the answer)."""
 
-    text: str
+    text: str | list[dict]
     token_ids: list[int]
-    metadata: dict[str, str] = field(default_factory=dict)
+    metadata: dict[str, Any] = field(default_factory=dict)
 
 
 class Task(ABC):
@@ -30,7 +33,7 @@ class Task(ABC):
 
     name: str
     reward_name: str
-    codec: TextCodec
+    tokenizer: ModelTokenizer
     reward_fn: RewardFn
     """The function registered under `reward_name`; `asyncrl.core.tasks.factory.get_task` binds it."""
 
@@ -42,26 +45,19 @@ class Task(ABC):
     def eval_prompts(self) -> list[Prompt]:
         """The held-out prompts; none of them ever appears in the training stream."""
 
-    @abstractmethod
     def target_text(self, prompt: Prompt) -> str:
-        """The correct response text (without EOS), for supervised warm starts."""
+        """The correct response text (without EOS), for supervised warm starts (synthetic tasks only)."""
+        raise ValueError(f"task {self.name!r} has no supervised targets")
 
     @property
-    @abstractmethod
-    def max_response_tokens(self) -> int:
-        """Tokens the longest correct response needs, EOS included."""
+    def max_response_tokens(self) -> int | None:
+        """Tokens the longest correct response needs, EOS included (None: no task-specific bound)."""
+        return None
 
     def reward(self, response_text: str, metadata: dict[str, str]) -> float:
         """Reward of one decoded response (the task's registered reward function)."""
         return float(self.reward_fn(response_text, metadata))
 
     def decode_response(self, token_ids: list[int]) -> str:
-        """Response text: tokens up to (not including) the first EOS.
-
-        Other special tokens are kept as text on purpose, so a response with junk specials in it cannot
-        pass an exact-match reward.
-        """
-        ids = list(token_ids)
-        if self.codec.eos_id in ids:
-            ids = ids[: ids.index(self.codec.eos_id)]
-        return self.codec.tokenizer.decode(ids, skip_special_tokens=False)
+        """Response text: tokens up to (not including) the first EOS (`ModelTokenizer.decode_response`)."""
+        return self.tokenizer.decode_response(token_ids)

@@ -15,7 +15,7 @@ REWARDS: dict[str, RewardFn] = {}
 
 
 def register_task(name: str, factory: Callable[..., Task]) -> None:
-    """Register `factory(task_cfg, codec) -> Task` under `name`."""
+    """Register `factory(task_cfg, tokenizer) -> Task` under `name`."""
     TASKS[name] = factory
 
 
