@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from asyncrl.learner.batch import MalformedGroup, assemble, check_group
+from asyncrl.learner.checkpoint import CheckpointMeta
 from asyncrl.v1 import controller_pb2, teacher_pb2
 
 log = logging.getLogger("asyncrl.learner")
@@ -26,11 +27,13 @@ class LearnerProgress:
     last_reward_mean: float = 0.0
     last_eval_accuracy: float = -1.0
     last_step_s: float = 0.0
+    data_position: int = 0
+    """One past the highest prompt index trained on."""
 
 
 class LearnerLoop:
     def __init__(self, *, config, trainer, buffer, controller_stub, publisher, evaluate, events, metrics,
-                 teacher_stub=None):
+                 teacher_stub=None, checkpointer=None, sinks=None):
         self.config = config
         self.trainer = trainer
         self.buffer = buffer
@@ -40,6 +43,11 @@ class LearnerLoop:
         self.events = events
         self.metrics = metrics
         self.teacher = teacher_stub
+        self.checkpointer = checkpointer
+        """Saves the policy and the learner state (`learner.checkpoint`); None: never."""
+        self.sinks = sinks
+        """TensorBoard / W&B (`tracking`); None: the JSONL log only."""
+        self._saved_step = -1
         self.groups_per_step = config.learner.batch_size // config.sampling.group_size
         self.progress = LearnerProgress()
 
@@ -95,13 +103,27 @@ class LearnerLoop:
     # -- loop -----------------------------------------------------------------------------------------
     def run_eval(self) -> float:
         t0 = time.perf_counter()
-        accuracy = self.evaluate()
+        result = self.evaluate()
+        accuracy = result["accuracy"]
         self.progress.last_eval_accuracy = accuracy
         self.metrics.eval_accuracy.set(accuracy)
-        self.events.write("eval", step=self.progress.step, version=self.progress.version, accuracy=accuracy,
-                          seconds=time.perf_counter() - t0)
-        log.info("eval step %d: greedy accuracy %.3f", self.progress.step, accuracy)
+        self.events.write("eval", step=self.progress.step, version=self.progress.version, **result,
+                          seconds=time.perf_counter() - t0)  # fmt: skip
+        if self.sinks is not None:
+            self.sinks.log(self.progress.step, {f"eval/{k}": v for k, v in result.items()})
+        log.info("eval step %d: %s", self.progress.step, result)
         return accuracy
+
+    def save(self) -> None:
+        if self.checkpointer is None or self._saved_step == self.progress.step:
+            return
+        t0 = time.perf_counter()
+        p = self.progress
+        meta = CheckpointMeta(p.step, p.version, p.data_position, time.time())
+        path = self.checkpointer.save(self.trainer.model, self.trainer.optimizer, meta)
+        self._saved_step = p.step
+        self.events.write("checkpoint_saved", step=p.step, version=p.version, path=str(path),
+                          seconds=time.perf_counter() - t0)  # fmt: skip
 
     def run(self, stop) -> LearnerProgress:
         cfg = self.config.learner
@@ -119,8 +141,12 @@ class LearnerLoop:
             self.train_on(entries)
             if cfg.eval_every and self.progress.step % cfg.eval_every == 0 and self.progress.step < cfg.total_steps:
                 self.run_eval()
+            every = cfg.checkpoint.save_every
+            if every and self.progress.step % every == 0:
+                self.save()
         if self.progress.step >= cfg.total_steps:
             self.run_eval()
+        self.save()
         # What is still in the buffer at the end: the audit's proof that unconsumed data was not lost.
         self.events.write("final_buffer", entry_ids=self.buffer.entry_ids())
         return self.progress
@@ -140,7 +166,12 @@ class LearnerLoop:
         self.progress.consumed += len(batch)
         self.progress.last_reward_mean = metrics["reward/mean"]
         self.progress.last_step_s = metrics["time/step_s"]
+        self.progress.data_position = max(
+            [self.progress.data_position] + [entry.group.prompt_index + 1 for entry in entries]
+        )
         self.metrics.observe_step(metrics, push)
+        if self.sinks is not None:
+            self.sinks.log(self.progress.step, {**metrics, "push_s": push.total_s, "push_bytes": push.bytes_sent})
         self.events.write("step", step=self.progress.step, version=push.version, push_s=push.total_s,
                           push_bytes=push.bytes_sent, push_receivers=push.receivers, push_dropped=push.dropped,
                           **metrics)

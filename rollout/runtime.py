@@ -18,6 +18,7 @@ import torch
 from asyncrl.core.buffer import make_buffer
 from asyncrl.core.engines.factory import make_engine
 from asyncrl.core.events import EventLog
+from asyncrl.core.preflight import check_checkpoint
 from asyncrl.core.tasks import task_for_run
 from asyncrl.rollout.replica import ReplicaSession
 from asyncrl.rollout.reward_pool import RewardPool
@@ -45,6 +46,7 @@ class ReplicaRuntime:
         self.requested_id = replica_id
         if config.rollout.engine.threads:
             torch.set_num_threads(config.rollout.engine.threads)
+        check_checkpoint(config.model.path, "model.path")
         seed = replica_seed(config.seed, replica_id)
         torch.manual_seed(seed)
         self.engine = make_engine(config.rollout.engine, config.model.path, config.model.dtype, seed=seed)

@@ -17,12 +17,15 @@ from asyncrl.core.events import EventLog
 from asyncrl.core.grpc_util import build_server, wait_for_channel
 from asyncrl.core.metrics import serve_metrics
 from asyncrl.core.modeling import load_causal_lm, pad_token_id
+from asyncrl.core.preflight import check_checkpoint
 from asyncrl.core.sampling import SamplingParams
 from asyncrl.core.tasks import task_for_run
-from asyncrl.learner.held_out import evaluate_greedy
+from asyncrl.learner.checkpoint import Checkpointer
+from asyncrl.learner.held_out import evaluate_held_out
 from asyncrl.learner.learner_metrics import LearnerMetrics
 from asyncrl.learner.loop import LearnerLoop, LearnerProgress
 from asyncrl.learner.publisher import WeightPublisher
+from asyncrl.learner.tracking import MetricSinks
 from asyncrl.learner.trainer import Trainer
 from asyncrl.v1 import controller_pb2_grpc, learner_pb2, learner_pb2_grpc, teacher_pb2_grpc
 
@@ -57,6 +60,7 @@ def serve(config) -> LearnerProgress:
     if config.learner.threads:
         torch.set_num_threads(config.learner.threads)
     torch.manual_seed(config.seed)
+    check_checkpoint(config.model.path, "model.path")
     model = load_causal_lm(config.model.path, config.model.dtype, config.learner.device)
     sampling = SamplingParams.from_config(config.sampling)
     controller = controller_pb2_grpc.ControllerStub(wait_for_channel(config.controller.address, 120))
@@ -72,10 +76,13 @@ def serve(config) -> LearnerProgress:
         controller_stub=controller,
         publisher=WeightPublisher(controller, model, config.learner.weight_transport,
                                   config.controller.push_timeout_s),
-        evaluate=functools.partial(evaluate_greedy, model, task, config.sampling.max_new_tokens),
+        evaluate=functools.partial(evaluate_held_out, model, task, sampling, config.learner.eval_pass_k,
+                                   config.learner.eval_samples),
         events=EventLog(config.run_dir, "learner"),
         metrics=metrics,
         teacher_stub=teacher,
+        checkpointer=Checkpointer(config, task.tokenizer.hf),
+        sinks=MetricSinks(config),
     )
     server, port = create_server(config, loop.progress)
     server.start()
@@ -89,6 +96,7 @@ def serve(config) -> LearnerProgress:
         progress = loop.run(stop)
     finally:
         server.stop(2)
+        loop.sinks.close()
     summary = {"step": progress.step, "version": progress.version, "consumed": progress.consumed,
                "final_eval_accuracy": progress.last_eval_accuracy}
     Path(config.run_dir, "learner-summary.json").write_text(json.dumps(summary, indent=2))

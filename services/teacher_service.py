@@ -9,6 +9,7 @@ from transformers import AutoConfig
 from asyncrl.core.engines.factory import make_engine
 from asyncrl.core.grpc_util import abort_invalid, build_server, wait_until_stopped
 from asyncrl.core.metrics import serve_metrics
+from asyncrl.core.preflight import check_checkpoint
 from asyncrl.core.validation import InvalidArgument
 from asyncrl.teacher.scorer import TeacherScorer
 from asyncrl.v1 import teacher_pb2, teacher_pb2_grpc
@@ -32,6 +33,7 @@ class TeacherServicer(teacher_pb2_grpc.TeacherServicer):
 def create_server(config, engine=None):
     """The Teacher gRPC server (not started); `server.servicer.scorer` is the TeacherScorer."""
     tcfg = config.teacher
+    check_checkpoint(tcfg.model_path, "teacher.model_path")
     engine = engine or make_engine(tcfg.engine, tcfg.model_path, config.model.dtype, seed=config.seed)
     servicer = TeacherServicer(TeacherScorer(engine, AutoConfig.from_pretrained(tcfg.model_path).vocab_size))
     server, port, _health = build_server(

@@ -127,11 +127,11 @@ class ModelTokenizer:
 
         path = Path(model_path)
         if not path.is_dir():
-            raise ValueError(f"model path {str(model_path)!r} is not a directory")
+            raise ValueError(f"model.path: {str(model_path)!r} is not a directory")
         try:
             tokenizer = AutoTokenizer.from_pretrained(str(path))
         except (OSError, ValueError, KeyError) as err:
-            raise ValueError(f"cannot load the tokenizer of {str(model_path)!r}: {err}") from None
+            raise ValueError(f"model.path: cannot load the tokenizer of {str(model_path)!r}: {err}") from None
         eos: list[int] = []
         try:
             value = GenerationConfig.from_pretrained(str(path)).eos_token_id

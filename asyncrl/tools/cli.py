@@ -7,7 +7,10 @@ import json
 import logging
 import sys
 
+from pydantic import ValidationError
+
 from asyncrl.core.config import AsyncRLConfig, load_config
+from asyncrl.core.preflight import ConfigError
 
 
 def _config(args) -> AsyncRLConfig:
@@ -117,7 +120,21 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    return int(args.fn(args) or 0)
+    try:
+        return int(args.fn(args) or 0)
+    except (ConfigError, ValidationError) as err:
+        # A config that cannot work is the user's to fix: say what and where, no traceback.
+        print(f"asyncrl {args.command}: config error: {_one_line(err)}", file=sys.stderr, flush=True)
+        return 2
+
+
+def _one_line(err: Exception) -> str:
+    if isinstance(err, ValidationError):
+        return "; ".join(
+            f"{'.'.join(str(p) for p in e['loc']) or '(config)'}: {e['msg'].removeprefix('Value error, ')}"
+            for e in err.errors()
+        )
+    return str(err)
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ from pathlib import Path
 from asyncrl.core.config import AsyncRLConfig, dump_config
 from asyncrl.core.events import EventTail, read_events
 from asyncrl.core.grpc_util import wait_for_channel
+from asyncrl.core.preflight import ConfigError, preflight
 from asyncrl.tools.processes import Child, ProcessGroup, free_port
 from asyncrl.tools.redis_local import start_local_redis
 
@@ -35,8 +36,9 @@ def resolve(config: AsyncRLConfig) -> AsyncRLConfig:
 
 
 def ensure_models(cfg: AsyncRLConfig) -> None:
+    """Build the tiny demo model when the config asks for it (model.build_tiny) and it is missing."""
     needed = [Path(cfg.model.path)] + ([Path(cfg.teacher.model_path)] if cfg.teacher.enabled else [])
-    if all((p / "config.json").exists() for p in needed):
+    if not cfg.model.build_tiny or all((p / "config.json").exists() for p in needed):
         return
     from asyncrl.tools.tiny_model import make_tiny_model
 
@@ -118,8 +120,11 @@ def supervise(cfg: AsyncRLConfig, group: ProcessGroup, learner: Child, replicas:
 def run(config: AsyncRLConfig, config_path: str | None = None) -> int:
     cfg = resolve(config)
     run_dir = Path(cfg.run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
+    if run_dir.exists() and any(run_dir.iterdir()):
+        raise ConfigError(f"run_dir: {str(run_dir)!r} exists and is not empty; choose another run_dir")
     ensure_models(cfg)
+    preflight(cfg)
+    run_dir.mkdir(parents=True, exist_ok=True)
     group = ProcessGroup(run_dir / "logs")
     code = 1
     try:

@@ -1,0 +1,121 @@
+"""Keeping what the learner trained: `<run_dir>/checkpoints/step-NNNNNN/` every `save_every` steps and at the end.
+
+Each checkpoint directory holds
+- `learner/`: model and optimizer state with `torch.distributed.checkpoint` (state dicts from `get_state_dict`,
+  so a sharded learner saves the same way), and `rng.pt`, this process's RNG states;
+- `hf/` (`export_hf`): the policy as a Hugging Face checkpoint (safetensors, config, generation config, the
+  tokenizer with its special tokens and chat template) that `transformers` and vLLM load as they are;
+- `config.resolved.yaml` and `meta.json` (step, version, data position, time).
+
+A checkpoint is written under a temporary name and renamed when complete, so `latest` never returns half a
+checkpoint; once it is in place the oldest beyond `keep_last` are deleted.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+from asyncrl.core.config import dump_config
+
+PREFIX = "step-"
+
+
+@dataclass(frozen=True)
+class CheckpointMeta:
+    step: int
+    version: int
+    data_position: int
+    """One past the highest prompt index trained on."""
+    saved_unix_s: float
+
+
+def checkpoints_dir(run_dir: str | Path) -> Path:
+    return Path(run_dir) / "checkpoints"
+
+
+def list_checkpoints(run_dir: str | Path) -> list[Path]:
+    """Complete checkpoints, oldest first."""
+    root = checkpoints_dir(run_dir)
+    if not root.is_dir():
+        return []
+    return sorted(p for p in root.iterdir() if p.is_dir() and p.name.startswith(PREFIX) and (p / "meta.json").is_file())
+
+
+def latest_checkpoint(run_dir: str | Path) -> Path | None:
+    found = list_checkpoints(run_dir)
+    return found[-1] if found else None
+
+
+def read_meta(path: str | Path) -> CheckpointMeta:
+    return CheckpointMeta(**json.loads((Path(path) / "meta.json").read_text()))
+
+
+class Checkpointer:
+    def __init__(self, config, tokenizer):
+        self.config, self.cfg = config, config.learner.checkpoint
+        self.tokenizer = tokenizer
+        """A `transformers` tokenizer (the policy's), saved with every Hugging Face export."""
+
+    def save(self, model, optimizer, meta: CheckpointMeta) -> Path:
+        root = checkpoints_dir(self.config.run_dir)
+        final = root / f"{PREFIX}{meta.step:06d}"
+        tmp = root / f".{final.name}.tmp"
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        model_sd, optim_sd = get_state_dict(model, optimizer)
+        dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(tmp / "learner"), no_dist=_no_dist())
+        torch.save(rng_state(), tmp / "learner" / "rng.pt")
+        if self.cfg.export_hf:
+            export_hf(model, self.tokenizer, tmp / "hf")
+        dump_config(self.config, tmp / "config.resolved.yaml")
+        (tmp / "meta.json").write_text(json.dumps(asdict(meta), indent=2))
+        shutil.rmtree(final, ignore_errors=True)
+        tmp.rename(final)
+        for old in list_checkpoints(self.config.run_dir)[: -self.cfg.keep_last]:
+            shutil.rmtree(old, ignore_errors=True)
+        return final
+
+
+def export_hf(model, tokenizer, directory: Path) -> None:
+    """The policy as a standalone Hugging Face checkpoint. The learner's parameters are views into shared
+    bucket storage (for zero-copy pushes), which safetensors would take for tied weights: save copies."""
+    state = {name: tensor.detach().to("cpu").clone().contiguous() for name, tensor in model.state_dict().items()}
+    model.save_pretrained(str(directory), state_dict=state, safe_serialization=True)
+    tokenizer.save_pretrained(str(directory))
+
+
+def load_checkpoint(path: str | Path, model, optimizer) -> CheckpointMeta:
+    """Restore model, optimizer and RNG states from `<path>/learner`; returns the saved progress."""
+    model_sd, optim_sd = get_state_dict(model, optimizer)
+    state = {"model": model_sd, "optim": optim_sd}
+    dcp.load(state, checkpoint_id=str(Path(path) / "learner"), no_dist=_no_dist())
+    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    set_rng_state(torch.load(Path(path) / "learner" / "rng.pt", weights_only=False))
+    return read_meta(path)
+
+
+def _no_dist() -> bool:
+    return not (torch.distributed.is_available() and torch.distributed.is_initialized())
+
+
+def rng_state() -> dict:
+    return {
+        "torch": torch.get_rng_state(),
+        "numpy": np.random.get_state(),
+        "python": random.getstate(),
+    }
+
+
+def set_rng_state(state: dict) -> None:
+    torch.set_rng_state(state["torch"])
+    np.random.set_state(state["numpy"])
+    random.setstate(state["python"])
