@@ -3,7 +3,9 @@
 Every record has `t` (unix seconds) and `kind`; the fields per kind are below. They are the audit trail:
 from them one can check that every admission satisfied the staleness bound and that versions only grew.
 
-`controller_started`: grpc, http (host:port each), eta, batch_size (written by `serve`).
+`controller_started`: grpc, http (host:port each), eta, batch_size, start_version, start_admitted,
+    start_prompt_index (written by `serve`; a resumed run starts at its checkpoint's version, so the audit
+    reads each start as a new epoch of version ordering).
 `replica_registered`: replica_id, address, weight_version, engine, needs_sync, current_version,
     reregistered (bool: the id was known, i.e. a restart; its old leases expire with reason "reregistered").
 `replica_revived`: replica_id (a replica declared dead spoke again; its leases had already expired).

@@ -35,11 +35,11 @@ class Lease:
 
 
 class LeaseBook:
-    def __init__(self, lease_ttl_s: float):
+    def __init__(self, lease_ttl_s: float, admitted: int = 0, next_prompt_index: int = 0):
         self.lease_ttl_s = lease_ttl_s
-        self.admitted = 0
-        """N_r: trajectories admitted so far, net of returned quota."""
-        self.next_prompt_index = 0
+        self.admitted = admitted
+        """N_r: trajectories admitted so far, net of returned quota (a resumed run starts past its history)."""
+        self.next_prompt_index = next_prompt_index
         self.granted_total = 0
         self.expired_total = 0
         self._active: dict[str, Lease] = {}

@@ -58,8 +58,8 @@ class ControllerState:
         self._clock, self._wall = clock, wall_clock
         self._cond = threading.Condition()
         self._registry = ReplicaRegistry(config.heartbeat_timeout_s)
-        self._leases = LeaseBook(config.lease_ttl_s)
-        self._current_version = 0
+        self._leases = LeaseBook(config.lease_ttl_s, config.start_admitted, config.start_prompt_index)
+        self._current_version = config.start_version
         self._pushes = PushCoordinator(config, self._registry, notify, self.events, self.metrics)
         self._held = 0
         self._learner: LearnerReport | None = None

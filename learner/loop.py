@@ -48,6 +48,10 @@ class LearnerLoop:
         self.sinks = sinks
         """TensorBoard / W&B (`tracking`); None: the JSONL log only."""
         self._saved_step = -1
+        self._unacked: list[str] = []
+        """Entries trained since the last checkpoint: acknowledged once a checkpoint includes their step."""
+        self.resumed: CheckpointMeta | None = None
+        """Set by `resume`: the checkpoint this learner continues from."""
         self.groups_per_step = config.learner.batch_size // config.sampling.group_size
         self.progress = LearnerProgress()
 
@@ -122,15 +126,32 @@ class LearnerLoop:
         meta = CheckpointMeta(p.step, p.version, p.data_position, time.time())
         path = self.checkpointer.save(self.trainer.model, self.trainer.optimizer, meta)
         self._saved_step = p.step
-        self.events.write("checkpoint_saved", step=p.step, version=p.version, path=str(path),
+        acked, self._unacked = self._unacked, []
+        self.buffer.ack(acked)
+        self.events.write("checkpoint_saved", step=p.step, version=p.version, path=str(path), acked=len(acked),
                           seconds=time.perf_counter() - t0)  # fmt: skip
+
+    def resume(self, meta: CheckpointMeta, path: str) -> None:
+        """Continue from a checkpoint whose model and optimizer state the trainer already holds."""
+        self.resumed = meta
+        self.progress.step, self.progress.version = meta.step, meta.version
+        self.progress.data_position = meta.data_position
+        self._saved_step = meta.step
+        self.events.write("resumed", from_step=meta.step, version=meta.version, path=path)
 
     def run(self, stop) -> LearnerProgress:
         cfg = self.config.learner
         hb = self.stub.LearnerHeartbeat(controller_pb2.LearnerHeartbeatRequest(), timeout=30)
+        if self.resumed is not None and hb.current_version != self.resumed.version:
+            raise RuntimeError(
+                f"the controller is at version {hb.current_version} but the checkpoint at step {self.resumed.step} "
+                f"holds version {self.resumed.version}: start the controller with controller.start_version="
+                f"{self.resumed.version} (asyncrl up --resume does)"
+            )
         self.progress.version = hb.current_version
-        # Entries delivered to us before a restart and never acked come first: nothing is lost.
-        carry = self.buffer.get(self.groups_per_step, timeout_s=0, pending_first=True)
+        # Entries delivered to us before a restart and never acked come first (all of them, in order):
+        # trained after the last checkpoint or not at all, they are trained again from it.
+        carry = self.buffer.all_pending()
         if carry:
             self.events.write("recovered_pending", entries=[e.entry_id for e in carry])
         self.run_eval()
@@ -157,7 +178,10 @@ class LearnerLoop:
         if self.teacher is not None:
             self.annotate(batch)
         metrics = self.trainer.step(batch, version)
-        self.buffer.ack(batch.entry_ids)
+        if self.checkpointer is None:
+            self.buffer.ack(batch.entry_ids)
+        else:
+            self._unacked.extend(batch.entry_ids)
         self.events.write("trained", step=self.progress.step, version=version, entry_ids=batch.entry_ids,
                           group_ids=sorted(set(batch.group_ids)), trajectories=len(batch))
         push = self.publisher.push(version + 1)

@@ -213,8 +213,10 @@ def serve(config: AsyncRLConfig) -> None:
     page = StatusPage(state, host, config.controller.status_port)
     http_port = page.start()
     server.start()
+    cc = config.controller
     state.events.write("controller_started", grpc=f"{host}:{port}", http=f"{host}:{http_port}",
-                       eta=state.eta, batch_size=state.batch_size)  # fmt: skip
+                       eta=state.eta, batch_size=state.batch_size, start_version=cc.start_version,
+                       start_admitted=cc.start_admitted, start_prompt_index=cc.start_prompt_index)  # fmt: skip
     print(f"asyncrl-controller listening grpc={host}:{port} http={host}:{http_port}", flush=True)
     wait_until_stopped(server, on_stop=page.stop)
     state.close()

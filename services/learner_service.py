@@ -20,7 +20,7 @@ from asyncrl.core.modeling import load_causal_lm, pad_token_id
 from asyncrl.core.preflight import check_checkpoint
 from asyncrl.core.sampling import SamplingParams
 from asyncrl.core.tasks import task_for_run
-from asyncrl.learner.checkpoint import Checkpointer
+from asyncrl.learner.checkpoint import Checkpointer, load_checkpoint
 from asyncrl.learner.held_out import evaluate_held_out
 from asyncrl.learner.learner_metrics import LearnerMetrics
 from asyncrl.learner.loop import LearnerLoop, LearnerProgress
@@ -84,6 +84,9 @@ def serve(config) -> LearnerProgress:
         checkpointer=Checkpointer(config, task.tokenizer.hf),
         sinks=MetricSinks(config),
     )
+    if config.learner.checkpoint.resume_from:
+        path = config.learner.checkpoint.resume_from
+        loop.resume(load_checkpoint(path, model, loop.trainer.optimizer), path)
     server, port = create_server(config, loop.progress)
     server.start()
     metrics_port = serve_metrics(config.learner.host, config.learner.metrics_port, metrics.registry)

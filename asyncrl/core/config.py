@@ -120,6 +120,12 @@ class ControllerConfig(Section):
     """Longest a held AcquireLease waits server-side before answering granted=false (the client asks again)."""
     push_timeout_s: float = Field(120.0, gt=0)
     """A receiver that has not acknowledged a push within this time is dropped from it."""
+    start_version: int = Field(0, ge=0)
+    """Policy version the controller starts at (`up --resume` sets it to the checkpoint's version)."""
+    start_admitted: int = Field(0, ge=0)
+    """N_r the controller starts with: trajectories already trained or waiting in the buffer (`up --resume`)."""
+    start_prompt_index: int = Field(0, ge=0)
+    """First prompt index handed out (`up --resume`: past every prompt already trained or in the buffer)."""
 
     @property
     def address(self) -> str:
@@ -189,10 +195,15 @@ class WeightTransportConfig(Section):
 class CheckpointConfig(Section):
     """What the learner keeps of the policy it trains, under `<run_dir>/checkpoints/`."""
 
-    save_every: int = Field(0, ge=0)
-    """Save every this many steps (0 = only at the end of the run)."""
+    save_every: int = Field(50, ge=0)
+    """Save every this many steps (0 = only at the end of the run). Consumed buffer entries are acknowledged
+    when the checkpoint that includes their step is complete, so a learner that dies between two saves
+    trains them again from that checkpoint: nothing is lost, nothing counts twice."""
     keep_last: int = Field(3, ge=1)
     """Checkpoints kept; older ones are deleted once a newer one is complete."""
+    resume_from: str = ""
+    """A checkpoint directory to continue from (model, optimizer, RNG, step and version); `up --resume RUN_DIR`
+    sets it to the run's latest. The controller must start at the same version (controller.start_version)."""
     export_hf: bool = True
     """Also write the policy as a Hugging Face checkpoint (safetensors, config, tokenizer, chat template),
     loadable by `transformers` and vLLM, in `hf/` beside the learner state."""

@@ -37,9 +37,10 @@ class EventTail:
     """Follows one log as it grows: each `poll` returns only the records completed since the last one, so a
     live view reads every byte once instead of the whole file every time."""
 
-    def __init__(self, run_dir: str | os.PathLike, name: str):
+    def __init__(self, run_dir: str | os.PathLike, name: str, from_end: bool = False):
         self.path = Path(run_dir) / "events" / f"{name}.jsonl"
-        self._offset = 0
+        # from_end: only what is written from now on (a resumed run appends to its old log).
+        self._offset = self.path.stat().st_size if from_end and self.path.exists() else 0
 
     def poll(self) -> list[dict]:
         if not self.path.exists():

@@ -1,5 +1,11 @@
 """Audit of a run from its event logs: the η rule held at every admission, versions only grew, and every
-trajectory group written was trained exactly once (or is still in the buffer: none lost, none twice)."""
+trajectory group written was trained exactly once (or is still in the buffer: none lost, none twice).
+
+A resumed run (`up --resume`) appends to the same logs. Its learner continues from a checkpoint at step s and
+trains again what it had trained after s: the audit counts against the surviving policy, so the learner's
+`trained`/`step` records after step s that precede the `resumed` record are void, and each controller start
+begins a new epoch of version ordering (the version restarts at the checkpoint's).
+"""
 
 from __future__ import annotations
 
@@ -62,21 +68,45 @@ def _check_eta(report: AuditReport, controller: list[dict]) -> None:
             report.eta_violations.append({k: ev[k] for k in ("lease_id", "admitted_after", "version", "eta")})
 
 
+def surviving(learner: list[dict]) -> list[dict]:
+    """The learner's records of the surviving timeline: a `resumed` record (from step s) voids the earlier
+    `trained` records of steps >= s and `step`/`eval` records of steps > s."""
+    kept: list[dict] = []
+    for ev in learner:
+        if ev["kind"] == "resumed":
+            s = ev["from_step"]
+            kept = [e for e in kept if not (
+                (e["kind"] == "trained" and e["step"] >= s) or (e["kind"] in ("step", "eval") and e["step"] > s)
+            )]  # fmt: skip
+        kept.append(ev)
+    return kept
+
+
+def _epochs(events: list[dict], starts: list[float]) -> list[list[dict]]:
+    """Split time-ordered events at the controller's start times."""
+    out: list[list[dict]] = [[] for _ in range(len(starts) + 1)]
+    for ev in events:
+        out[sum(ev["t"] >= s for s in starts)].append(ev)
+    return out
+
+
 def _check_versions(report: AuditReport, controller: list[dict], learner: list[dict], rollouts: list[dict]):
     # Resync pushes re-commit the current version; a new version is always exactly the previous + 1.
-    committed = [ev["version"] for ev in controller if ev["kind"] == "push_committed"]
-    report.versions_committed = sorted(set(committed))
-    for a, b in itertools.pairwise(committed):
-        if not a <= b <= a + 1:
-            report.version_errors.append(f"controller committed {a} then {b}")
+    starts = [ev["t"] for ev in controller if ev["kind"] == "controller_started"][1:]
+    report.versions_committed = sorted({ev["version"] for ev in controller if ev["kind"] == "push_committed"})
+    for epoch in _epochs([ev for ev in controller if ev["kind"] == "push_committed"], starts):
+        for a, b in itertools.pairwise(ev["version"] for ev in epoch):
+            if not a <= b <= a + 1:
+                report.version_errors.append(f"controller committed {a} then {b}")
     steps = [ev["version"] for ev in learner if ev["kind"] == "step"]
     for a, b in itertools.pairwise(steps):
         if b <= a:
             report.version_errors.append(f"learner published {a} then {b}")
-    by_replica: dict[str, list[dict]] = {}
-    for ev in rollouts:
-        by_replica.setdefault(ev["_source"], []).append(ev)
-    for source, evs in by_replica.items():
+    by_replica: dict[tuple, list[dict]] = {}
+    for epoch, evs in enumerate(_epochs(rollouts, starts)):
+        for ev in evs:
+            by_replica.setdefault((ev["_source"], epoch), []).append(ev)
+    for (source, _epoch), evs in by_replica.items():
         for a, b in itertools.pairwise(evs):
             if b["lease_version"] < a["lease_version"]:
                 report.version_errors.append(f"{source}: lease version went {a['lease_version']} -> "
@@ -86,7 +116,7 @@ def _check_versions(report: AuditReport, controller: list[dict], learner: list[d
 def audit_run(run_dir: str | Path) -> AuditReport:
     report = AuditReport()
     controller = read_events(run_dir, "controller")
-    learner = read_events(run_dir, "learner")
+    learner = surviving(read_events(run_dir, "learner"))
     rollouts = []
     for path in sorted(Path(run_dir, "events").glob("rollout-*.jsonl")):
         for ev in read_events(run_dir, path.stem):

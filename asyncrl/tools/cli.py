@@ -18,8 +18,12 @@ def _config(args) -> AsyncRLConfig:
 
 
 def _up(args):
-    from asyncrl.tools.launcher import run
+    from asyncrl.tools.launcher import resume, run
 
+    if args.resume:
+        return resume(args.resume, args.set)
+    if not args.config:
+        raise ConfigError("--config: required (or --resume RUN_DIR to continue a run)")
     return run(_config(args), config_path=args.config)
 
 
@@ -88,15 +92,17 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--log-level", default="INFO")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    def with_config(name, fn, help_):
+    def with_config(name, fn, help_, config_required=True):
         p = sub.add_parser(name, help=help_)
-        p.add_argument("--config", required=True, help="YAML config (see examples/)")
+        p.add_argument("--config", required=config_required, help="YAML config (see examples/)")
         p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                        help="override a config field, e.g. --set learner.total_steps=5 (repeatable)")
         p.set_defaults(fn=fn)
         return p
 
-    with_config("up", _up, "run the whole system locally (Redis + all services) until the learner finishes")
+    with_config("up", _up, "run the whole system locally (Redis + all services) until the learner finishes",
+                config_required=False).add_argument(
+        "--resume", metavar="RUN_DIR", default="", help="continue RUN_DIR from its latest checkpoint")
     with_config("controller", _controller, "run the controller service")
     with_config("rollout", _rollout, "run one rollout replica").add_argument(
         "--replica-id", default="", help="stable replica id (default: assigned by the controller)")

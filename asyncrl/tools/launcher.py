@@ -17,10 +17,12 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
-from asyncrl.core.config import AsyncRLConfig, dump_config
+from asyncrl.core.buffer import make_buffer
+from asyncrl.core.config import AsyncRLConfig, dump_config, load_config
 from asyncrl.core.events import EventTail, read_events
 from asyncrl.core.grpc_util import wait_for_channel
 from asyncrl.core.preflight import ConfigError, preflight
+from asyncrl.learner.checkpoint import latest_checkpoint, read_meta
 from asyncrl.tools.processes import Child, ProcessGroup, free_port
 from asyncrl.tools.redis_local import start_local_redis
 
@@ -73,7 +75,7 @@ class Progress:
 
     def __init__(self, cfg: AsyncRLConfig):
         self.cfg = cfg
-        self.tail = EventTail(cfg.run_dir, "learner")
+        self.tail = EventTail(cfg.run_dir, "learner", from_end=bool(cfg.learner.checkpoint.resume_from))
         self.start = time.time()
         self.first_eval: float | None = None
 
@@ -121,15 +123,56 @@ def run(config: AsyncRLConfig, config_path: str | None = None) -> int:
     cfg = resolve(config)
     run_dir = Path(cfg.run_dir)
     if run_dir.exists() and any(run_dir.iterdir()):
-        raise ConfigError(f"run_dir: {str(run_dir)!r} exists and is not empty; choose another run_dir")
+        raise ConfigError(
+            f"run_dir: {str(run_dir)!r} exists and is not empty; choose another run_dir, or continue it with "
+            f"`asyncrl up --resume {run_dir}`"
+        )
     ensure_models(cfg)
     preflight(cfg)
     run_dir.mkdir(parents=True, exist_ok=True)
     group = ProcessGroup(run_dir / "logs")
+    if cfg.buffer.type == "redis" and not cfg.buffer.redis_url:
+        cfg.buffer.redis_url = start_local_redis(group, run_dir / "redis")
+    return launch(cfg, group)
+
+
+def resume(run_dir: str, overrides: list[str]) -> int:
+    """Continue a run from its latest checkpoint (`asyncrl up --resume RUN_DIR`): the run's resolved config
+    (plus `overrides`), its Redis data (append-only file) and event logs, new ports. The controller starts at
+    the checkpoint's version with N_r and the prompt cursor past everything trained or still in the buffer;
+    the learner loads the checkpoint and trains the entries it had not yet checkpointed again."""
+    resolved = Path(run_dir) / "config.resolved.yaml"
+    if not resolved.is_file():
+        raise ConfigError(f"--resume: {run_dir!r} is not a run directory (no config.resolved.yaml)")
+    ckpt = latest_checkpoint(run_dir)
+    if ckpt is None:
+        raise ConfigError(f"--resume: {run_dir!r} has no complete checkpoint under checkpoints/")
+    cfg = load_config(resolved, overrides)
+    for section, field in ((cfg.controller, "port"), (cfg.controller, "status_port"), (cfg.teacher, "port")):
+        setattr(section, field, free_port(section.host))
+    preflight(cfg)
+    group = ProcessGroup(Path(run_dir) / "logs")
+    if (Path(run_dir) / "redis").is_dir():  # `up` ran this run's Redis: start it again on the same files
+        cfg.buffer.redis_url = start_local_redis(group, Path(run_dir) / "redis")
+    meta = read_meta(ckpt)
+    buffered = make_buffer(cfg.buffer, consumer="learner-0").peek()
+    cfg.controller.start_version = meta.version
+    cfg.controller.start_admitted = meta.step * cfg.learner.batch_size + sum(
+        len(e.group.trajectories) for e in buffered
+    )
+    cfg.controller.start_prompt_index = max([meta.data_position] + [e.group.prompt_index + 1 for e in buffered])
+    cfg.learner.checkpoint.resume_from = str(ckpt)
+    resolved.rename(resolved.with_name(f"config.resolved.before-resume-{time.strftime('%Y%m%d-%H%M%S')}.yaml"))
+    print(f"[up] resuming {run_dir} from {ckpt.name} (step {meta.step}, version {meta.version}; "
+          f"{len(buffered)} groups in the buffer)", flush=True)
+    return launch(cfg, group)
+
+
+def launch(cfg: AsyncRLConfig, group: ProcessGroup) -> int:
+    """Start the services of a resolved config (Redis already up), supervise them, then audit the run."""
+    run_dir = Path(cfg.run_dir)
     code = 1
     try:
-        if cfg.buffer.type == "redis" and not cfg.buffer.redis_url:
-            cfg.buffer.redis_url = start_local_redis(group, run_dir / "redis")
         resolved = run_dir / "config.resolved.yaml"
         dump_config(cfg, resolved)
         args = ["--config", str(resolved)]
@@ -161,10 +204,10 @@ def run(config: AsyncRLConfig, config_path: str | None = None) -> int:
 
 def finish(cfg: AsyncRLConfig) -> None:
     """Plots, audit and a summary of the run, printed and written to <run_dir>/summary.json."""
-    from asyncrl.tools.audit import audit_run
+    from asyncrl.tools.audit import audit_run, surviving
     from asyncrl.tools.plots import plot_run
 
-    evals = [e for e in read_events(cfg.run_dir, "learner") if e["kind"] == "eval"]
+    evals = [e for e in surviving(read_events(cfg.run_dir, "learner")) if e["kind"] == "eval"]
     report = audit_run(cfg.run_dir)
     summary = {
         "run_dir": cfg.run_dir,

@@ -11,10 +11,11 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
 from asyncrl.core.events import read_events
+from asyncrl.tools.audit import surviving
 
 
 def plot_run(run_dir: str | Path) -> Path:
-    learner = read_events(run_dir, "learner")
+    learner = surviving(read_events(run_dir, "learner"))
     steps = [e for e in learner if e["kind"] == "step"]
     evals = [e for e in learner if e["kind"] == "eval"]
     if not steps and not evals:

@@ -1,4 +1,4 @@
-"""A throw-away local redis-server for `asyncrl up` and the tests (Debian's redis-server package)."""
+"""A local redis-server for `asyncrl up` and the tests (Debian's redis-server package)."""
 
 from __future__ import annotations
 
@@ -12,13 +12,16 @@ from asyncrl.tools.processes import ProcessGroup, free_port
 
 
 def start_local_redis(group: ProcessGroup, data_dir: Path, host: str = "127.0.0.1") -> str:
-    """Start redis-server (no persistence) as a child of `group`; returns its URL once it answers PING."""
+    """Start redis-server as a child of `group`; returns its URL once it answers PING. Persistence: an
+    append-only file in `data_dir` fsynced every second (a restart on the same directory, e.g. `up --resume`,
+    finds the stream, its consumer group and the pending entries again)."""
     binary = shutil.which("redis-server")
     if binary is None:
         raise RuntimeError("redis-server not found: run scripts/setup.sh (installs Debian's redis-server)")
     port = free_port(host)
     data_dir.mkdir(parents=True, exist_ok=True)
-    child = group.start("redis", [binary, "--port", str(port), "--bind", host, "--save", "", "--appendonly", "no",
+    child = group.start("redis", [binary, "--port", str(port), "--bind", host, "--save", "", "--appendonly", "yes",
+                                  "--appendfsync", "everysec",
                                   "--dir", str(data_dir)])
     url = f"redis://{host}:{port}/0"
     client = redis.Redis.from_url(url)

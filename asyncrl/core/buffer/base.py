@@ -46,5 +46,14 @@ class TrajectoryBuffer(ABC):
     def entry_ids(self) -> list[str]:
         """Ids of the entries still in the buffer (undelivered or unacknowledged)."""
 
+    @abstractmethod
+    def all_pending(self) -> list[BufferEntry]:
+        """Every entry delivered to this consumer and not acknowledged, oldest first (a restarted learner
+        takes these back before reading new data)."""
+
+    @abstractmethod
+    def peek(self) -> list[BufferEntry]:
+        """Every entry still in the buffer, delivered or not, oldest first, without delivering any."""
+
     def close(self) -> None:
         """Release connections."""

@@ -52,3 +52,13 @@ class MemoryBuffer(TrajectoryBuffer):
     def entry_ids(self) -> list[str]:
         with self._cond:
             return [*self._pending, *self._undelivered]
+
+    def all_pending(self) -> list[BufferEntry]:
+        with self._cond:
+            items = list(self._pending.items())
+        return [BufferEntry(eid, trajectory_pb2.TrajectoryGroup.FromString(p)) for eid, p in items]
+
+    def peek(self) -> list[BufferEntry]:
+        with self._cond:
+            items = [*self._pending.items(), *self._undelivered.items()]
+        return [BufferEntry(eid, trajectory_pb2.TrajectoryGroup.FromString(p)) for eid, p in items]

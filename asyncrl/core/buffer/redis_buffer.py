@@ -8,6 +8,11 @@ from asyncrl.core.buffer.base import BufferEntry, TrajectoryBuffer
 from asyncrl.v1 import trajectory_pb2
 
 PAYLOAD = b"g"
+PAGE = 1000
+
+
+def _entry(entry_id: bytes, fields: dict) -> BufferEntry:
+    return BufferEntry(entry_id.decode(), trajectory_pb2.TrajectoryGroup.FromString(fields[PAYLOAD]))
 
 
 class RedisBuffer(TrajectoryBuffer):
@@ -34,11 +39,8 @@ class RedisBuffer(TrajectoryBuffer):
         reply = self._r.xreadgroup(self.group, self.consumer, {self.stream: start}, count=max_groups, block=block)
         entries = []
         for _stream, items in reply or []:
-            for entry_id, fields in items:
-                if not fields:  # an entry deleted after delivery; nothing to train on
-                    continue
-                group = trajectory_pb2.TrajectoryGroup.FromString(fields[PAYLOAD])
-                entries.append(BufferEntry(entry_id.decode(), group))
+            # An entry deleted after delivery comes back without fields: nothing to train on.
+            entries.extend(_entry(entry_id, fields) for entry_id, fields in items if fields)
         return entries
 
     def ack(self, entry_ids: list[str]) -> int:
@@ -62,12 +64,28 @@ class RedisBuffer(TrajectoryBuffer):
         return int(self._r.xpending(self.stream, self.group)["pending"])
 
     def entry_ids(self) -> list[str]:
-        ids, start = [], "-"
+        return [entry_id.decode() for entry_id, _ in self._range()]
+
+    def peek(self) -> list[BufferEntry]:
+        return [_entry(entry_id, fields) for entry_id, fields in self._range() if fields]
+
+    def all_pending(self) -> list[BufferEntry]:
+        entries, after = [], "0"
         while True:
-            chunk = self._r.xrange(self.stream, min=start, max="+", count=1000)
-            ids.extend(entry_id.decode() for entry_id, _ in chunk)
-            if len(chunk) < 1000:
-                return ids
+            reply = self._r.xreadgroup(self.group, self.consumer, {self.stream: after}, count=PAGE)
+            items = [item for _stream, chunk in reply or [] for item in chunk]
+            entries.extend(_entry(entry_id, fields) for entry_id, fields in items if fields)
+            if len(items) < PAGE:
+                return entries
+            after = items[-1][0].decode()
+
+    def _range(self):
+        start = "-"
+        while True:
+            chunk = self._r.xrange(self.stream, min=start, max="+", count=PAGE)
+            yield from chunk
+            if len(chunk) < PAGE:
+                return
             start = "(" + chunk[-1][0].decode()
 
     def close(self) -> None:
