@@ -36,7 +36,8 @@ class ModelConfig(Section):
 
 
 class TinyModelConfig(Section):
-    """How `asyncrl make-tiny-model` builds the demo's model when `model.path` does not exist yet."""
+    """How `asyncrl make-tiny-model` (and `up` with model.build_tiny) builds a tiny Qwen2 policy, warm-started
+    with supervised steps on the task's reference answers, and its teacher (when the teacher is enabled)."""
 
     hidden_size: int = 128
     """Model width. Attention head size is hidden_size / num_attention_heads and must be 64 (vLLM CPU kernels)."""
@@ -54,6 +55,11 @@ class TinyModelConfig(Section):
     """Supervised steps for the teacher checkpoint (a stronger model of the same shape)."""
     seed: int = 0
     """Seed for initialisation and the warm-start data."""
+    tokenizer_path: str | None = None
+    """A Hugging Face tokenizer directory to build the model around (e.g. a locally trained BPE tokenizer
+    with a chat template); empty: the character tokenizer of the arith task."""
+    max_positions: int = Field(64, ge=16)
+    """Longest sequence (prompt + response) the model supports."""
 
 
 class SamplingConfig(Section):

@@ -26,6 +26,8 @@ class DatasetConfig(Section):
     prompt_field: str = "prompt"
     """Field holding the prompt: a plain string, or a list of chat messages ({role, content}) rendered with the
     model's chat template. Every other field is handed to the reward as metadata."""
+    target_field: str = "answer"
+    """Field holding a reference response, used only by supervised warm starts (`asyncrl make-tiny-model`)."""
     chat_template_for_text: bool = False
     """Wrap plain-string prompts as one user message and render them with the chat template too."""
     max_prompt_tokens: int = Field(512, ge=1)

@@ -153,6 +153,14 @@ class ModelTokenizer:
         return len(self.hf)
 
     @property
+    def eos_id(self) -> int:
+        return self.eos_ids[0]
+
+    @property
+    def bos_id(self) -> int | None:
+        return self.hf.bos_token_id
+
+    @property
     def has_chat_template(self) -> bool:
         return bool(getattr(self.hf, "chat_template", None))
 

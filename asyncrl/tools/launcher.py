@@ -38,14 +38,15 @@ def resolve(config: AsyncRLConfig) -> AsyncRLConfig:
 
 
 def ensure_models(cfg: AsyncRLConfig) -> None:
-    """Build the tiny demo model when the config asks for it (model.build_tiny) and it is missing."""
-    needed = [Path(cfg.model.path)] + ([Path(cfg.teacher.model_path)] if cfg.teacher.enabled else [])
-    if not cfg.model.build_tiny or all((p / "config.json").exists() for p in needed):
+    """Build the tiny demo model when the config asks for it (model.build_tiny) and the checkpoints are
+    missing or were built from another tiny_model/task config (a no-op otherwise)."""
+    if not cfg.model.build_tiny:
         return
     from asyncrl.tools.tiny_model import make_tiny_model
 
-    print(f"[up] building the tiny model into {cfg.model.path} (once; cached)", flush=True)
-    make_tiny_model(cfg)
+    paths = make_tiny_model(cfg)
+    if paths.built:
+        print(f"[up] built the tiny model into {paths.policy} (cached for later runs)", flush=True)
 
 
 @dataclass

@@ -1,11 +1,13 @@
-"""`asyncrl make-tiny-model`: the demo's policy and teacher checkpoints, built locally (no model hub).
+"""`asyncrl make-tiny-model`: tiny policy and teacher checkpoints, built locally (no model hub).
 
-A character tokenizer, a small `Qwen2` (attention head size 64, what vLLM's CPU kernels accept) with random
-weights, then a short supervised warm start on the task so RL starts from a sensible but imperfect policy
-(`tiny_model.warmstart_steps`, saved at `model.path`); the teacher continues the same run to
-`tiny_model.teacher_steps` in total (a stronger model of the same shape, saved at `teacher.model_path`).
-Both are float32 safetensors checkpoints with the tokenizer next to them. A stamp file (a hash of the
-tiny_model and task config) makes the build a no-op when the checkpoints already match the config.
+A tokenizer (the arith task's character tokenizer, or `tiny_model.tokenizer_path`: any Hugging Face
+tokenizer directory, e.g. a BPE tokenizer with a chat template), a small `Qwen2` (attention head size 64,
+what vLLM's CPU kernels accept) with random weights, then a short supervised warm start on the task's
+reference answers so RL starts from a sensible but imperfect policy (`tiny_model.warmstart_steps`, saved at
+`model.path`); when the teacher is enabled it continues the same run to `tiny_model.teacher_steps` in total
+(a stronger model of the same shape, saved at `teacher.model_path`). Float32 safetensors checkpoints with
+the tokenizer next to them. A stamp file (a hash of the tiny_model, task and reward config and the
+tokenizer's files) makes the build a no-op when the checkpoints already match.
 """
 
 from __future__ import annotations
@@ -34,24 +36,26 @@ SFT_WARMUP_STEPS = 20
 # The teacher phase decays the learning rate linearly to this fraction: a settled, stronger model. The warm
 # start stops mid-run at the full rate on purpose (an imperfect policy is what RL should improve).
 SFT_TEACHER_FINAL_LR = 0.05
-MAX_POSITIONS = 64
 
 
 @dataclass(frozen=True)
 class TinyModelPaths:
     policy: Path
-    teacher: Path
+    teacher: Path | None
     built: bool
     """False when both checkpoints were already there with a matching stamp."""
 
 
 def config_stamp(config) -> str:
-    """Hash of everything that determines the checkpoints (tiny_model + task sections)."""
+    """Hash of everything that determines the checkpoints (tiny_model + task sections, the tokenizer files)."""
     payload = {
         "tiny_model": config.tiny_model.model_dump(mode="json"),
         "task": config.task.model_dump(mode="json"),
-        "recipe": [SFT_BATCH_SIZE, SFT_LR, SFT_WARMUP_STEPS, SFT_TEACHER_FINAL_LR, MAX_POSITIONS],
+        "recipe": [SFT_BATCH_SIZE, SFT_LR, SFT_WARMUP_STEPS, SFT_TEACHER_FINAL_LR],
     }
+    if config.tiny_model.tokenizer_path:
+        files = sorted(p for p in Path(config.tiny_model.tokenizer_path).glob("*") if p.is_file())
+        payload["tokenizer"] = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in files}
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -65,8 +69,9 @@ def _stamp_matches(directory: Path, stamp: str) -> bool:
         return False
 
 
-def qwen2_config(tiny_cfg, codec: TextCodec):
-    """The `Qwen2Config` of the tiny model; validates the head size vLLM's CPU attention needs."""
+def qwen2_config(tiny_cfg, codec):
+    """The `Qwen2Config` of the tiny model around `codec` (a `TextCodec` or `ModelTokenizer`: vocab_size,
+    bos_id, eos_id, pad_id); validates the head size vLLM's CPU attention needs."""
     from transformers import Qwen2Config
 
     heads, kv_heads = tiny_cfg.num_attention_heads, tiny_cfg.num_key_value_heads
@@ -87,7 +92,7 @@ def qwen2_config(tiny_cfg, codec: TextCodec):
         num_attention_heads=heads,
         num_key_value_heads=kv_heads,
         head_dim=HEAD_SIZE,
-        max_position_embeddings=MAX_POSITIONS,
+        max_position_embeddings=tiny_cfg.max_positions,
         bos_token_id=codec.bos_id,
         eos_token_id=codec.eos_id,
         pad_token_id=codec.pad_id,
@@ -148,24 +153,38 @@ def supervised_train(
     return optimizer
 
 
-def _save(model, codec: TextCodec, directory: Path, stamp: str, info: dict) -> None:
+def _save(model, save_tokenizer_to, directory: Path, stamp: str, info: dict) -> None:
     directory.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(str(directory), safe_serialization=True)
-    save_tokenizer(codec.tokenizer, directory, model_max_length=MAX_POSITIONS)
+    save_tokenizer_to(directory)
     (directory / STAMP_FILE).write_text(json.dumps({"stamp": stamp, **info}, indent=2) + "\n")
 
 
+def _tokenizer(config):
+    """(ModelTokenizer, how to save it next to a checkpoint)."""
+    tiny = config.tiny_model
+    if tiny.tokenizer_path:
+        tokenizer = ModelTokenizer.load(tiny.tokenizer_path)
+        return tokenizer, lambda directory: tokenizer.hf.save_pretrained(str(directory))
+    codec = TextCodec(build_char_tokenizer())
+    return ModelTokenizer.from_tokenizers(codec.tokenizer), lambda directory: save_tokenizer(
+        codec.tokenizer, directory, model_max_length=tiny.max_positions
+    )
+
+
 def make_tiny_model(config) -> TinyModelPaths:
-    """Build (or reuse) the tiny policy at `config.model.path` and teacher at `config.teacher.model_path`."""
+    """Build (or reuse) the tiny policy at `config.model.path` and, when the teacher is enabled, the teacher at
+    `config.teacher.model_path`."""
     from transformers import Qwen2ForCausalLM
 
     from asyncrl.core.engines.torch_decode import generate_with_model
     from asyncrl.core.tasks.evaluate import greedy_accuracy
 
     tiny = config.tiny_model
-    policy_dir, teacher_dir = Path(config.model.path), Path(config.teacher.model_path)
+    policy_dir = Path(config.model.path)
+    teacher_dir = Path(config.teacher.model_path) if config.teacher.enabled else None
     stamp = config_stamp(config)
-    if _stamp_matches(policy_dir, stamp) and _stamp_matches(teacher_dir, stamp):
+    if _stamp_matches(policy_dir, stamp) and (teacher_dir is None or _stamp_matches(teacher_dir, stamp)):
         log.info("tiny model up to date (stamp %s): %s, %s", stamp, policy_dir, teacher_dir)
         return TinyModelPaths(policy_dir, teacher_dir, built=False)
     if tiny.teacher_steps < tiny.warmstart_steps:
@@ -174,36 +193,38 @@ def make_tiny_model(config) -> TinyModelPaths:
             f"({tiny.warmstart_steps}): the teacher continues the warm-start run"
         )
 
-    codec = TextCodec(build_char_tokenizer())
-    task = get_task(config.task, ModelTokenizer.from_tokenizers(codec.tokenizer))
+    tokenizer, save_tokenizer_to = _tokenizer(config)
+    task = get_task(config.task, tokenizer, config.reward)
     torch.manual_seed(tiny.seed)
-    model = Qwen2ForCausalLM(qwen2_config(tiny, codec)).float()
+    model = Qwen2ForCausalLM(qwen2_config(tiny, tokenizer)).float()
     log.info(
-        "tiny model: %d parameters; warm start %d steps, teacher %d steps",
+        "tiny model: %d parameters, vocabulary %d; warm start %d steps, teacher %d steps",
         sum(p.numel() for p in model.parameters()),
+        tokenizer.vocab_size,
         tiny.warmstart_steps,
         tiny.teacher_steps,
     )
 
     def accuracy() -> float:
         def generate(prompts, params, n):
-            return generate_with_model(model, prompts, params, n, eos_ids=[codec.eos_id], pad_id=codec.pad_id)
+            return generate_with_model(model, prompts, params, n, eos_ids=tokenizer.eos_ids, pad_id=tokenizer.pad_id)
 
-        return greedy_accuracy(generate, task)
+        return greedy_accuracy(generate, task, max_new_tokens=task.max_response_tokens or config.sampling.max_new_tokens)
 
     started = time.perf_counter()
 
     def save(role: str, directory: Path, sft_steps: int) -> None:
         acc = accuracy()
-        _save(model, codec, directory, stamp, {"sft_steps": sft_steps, "greedy_accuracy": acc})
+        _save(model, save_tokenizer_to, directory, stamp, {"sft_steps": sft_steps, "greedy_accuracy": acc})
         log.info("%s saved to %s: greedy accuracy %.3f (%.1fs)", role, directory, acc, time.perf_counter() - started)
 
     optimizer = supervised_train(model, task, tiny.warmstart_steps)
     save("policy", policy_dir, tiny.warmstart_steps)
-    # The teacher continues the same run: a stronger model of the same shape and tokenizer.
-    teacher_extra = tiny.teacher_steps - tiny.warmstart_steps
-    supervised_train(model, task, teacher_extra, tiny.warmstart_steps, optimizer, decay=True)
-    save("teacher", teacher_dir, tiny.teacher_steps)
+    if teacher_dir is not None:
+        # The teacher continues the same run: a stronger model of the same shape and tokenizer.
+        teacher_extra = tiny.teacher_steps - tiny.warmstart_steps
+        supervised_train(model, task, teacher_extra, tiny.warmstart_steps, optimizer, decay=True)
+        save("teacher", teacher_dir, tiny.teacher_steps)
     return TinyModelPaths(policy_dir, teacher_dir, built=True)
 
 

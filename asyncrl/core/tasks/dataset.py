@@ -96,6 +96,12 @@ class DatasetTask(Task):
             raise ValueError(f"{key}: every prompt is longer than task.dataset.max_prompt_tokens ({self.cfg.max_prompt_tokens})")
         return prompts
 
+    def target_text(self, prompt: Prompt) -> str:
+        field = self.cfg.target_field
+        if field not in prompt.metadata:
+            raise ValueError(f"task.dataset.target_field: prompt rows have no field {field!r}")
+        return str(prompt.metadata[field])
+
     @property
     def num_train(self) -> int:
         return len(self._train)
