@@ -304,6 +304,11 @@ class AsyncRLConfig(Section):
             raise ValueError(
                 f"learner.minibatches ({self.learner.minibatches}) must divide the groups per batch ({b // g})"
             )
+        if self.task.name == "dataset" and self.reward.type == "task":
+            raise ValueError(
+                "reward.type: the dataset task has no reward of its own; choose exact_match, math_verify, regex, "
+                "function or weighted"
+            )
         if self.learner.eval_pass_k > self.learner.eval_samples:
             raise ValueError(
                 f"learner.eval_pass_k ({self.learner.eval_pass_k}) must be <= learner.eval_samples "

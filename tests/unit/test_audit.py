@@ -81,3 +81,43 @@ def test_group_of_a_killed_replica_is_told_apart_from_an_unknown_one(tmp_path):
         f.write(json.dumps({"t": 4, "kind": "trained", "group_ids": ["r0-l10"]}) + "\n")
     report = audit_run(tmp_path)
     assert not report.ok and report.trained_unwritten == ["r0-l10"]
+
+
+def resumed_run(tmp_path, with_resume_record=True):
+    """Checkpoint at step 1; the dead learner trained g2 in step 1 (after the checkpoint) and died; the resumed
+    one (controller restarted at version 1) trains g2 again, then g3."""
+    write(tmp_path, "controller", [
+        {"t": 0, "kind": "controller_started"}, lease("l1", 4, 0), lease("l2", 8, 0),
+        {"t": 2, "kind": "push_committed", "version": 1}, lease("l3", 12, 1),
+        {"t": 3, "kind": "push_committed", "version": 2},
+        {"t": 10, "kind": "controller_started", "start_version": 1},
+        {"t": 12, "kind": "push_committed", "version": 2}, {"t": 13, "kind": "push_committed", "version": 3},
+    ])  # fmt: skip
+    write(tmp_path, "rollout-r0", [written("g1", "1-0"), written("g2", "2-0"), written("g3", "3-0", t=2.5, v=1)])
+    learner = [
+        {"t": 2, "kind": "trained", "step": 0, "group_ids": ["g1"]}, {"t": 2, "kind": "step", "step": 1, "version": 1},
+        {"t": 2.1, "kind": "checkpoint_saved", "step": 1},
+        {"t": 3, "kind": "trained", "step": 1, "group_ids": ["g2"]}, {"t": 3, "kind": "step", "step": 2, "version": 2},
+    ]  # fmt: skip
+    if with_resume_record:
+        learner.append({"t": 11, "kind": "resumed", "from_step": 1, "version": 1})
+    learner += [
+        {"t": 12, "kind": "trained", "step": 1, "group_ids": ["g2"]}, {"t": 12, "kind": "step", "step": 2, "version": 2},
+        {"t": 13, "kind": "trained", "step": 2, "group_ids": ["g3"]}, {"t": 13, "kind": "step", "step": 3, "version": 3},
+        {"t": 14, "kind": "final_buffer", "entry_ids": []},
+    ]  # fmt: skip
+    write(tmp_path, "learner", learner)
+
+
+def test_a_resumed_run_counts_against_the_surviving_policy(tmp_path):
+    resumed_run(tmp_path)
+    report = audit_run(tmp_path)
+    assert report.ok, report.as_dict()
+    assert report.groups_trained == 3 and report.trained_twice == [] and report.version_errors == []
+
+
+def test_without_the_resume_record_the_retrained_group_counts_twice(tmp_path):
+    resumed_run(tmp_path, with_resume_record=False)
+    report = audit_run(tmp_path)
+    assert report.trained_twice == ["g2"] and not report.ok
+    assert "learner published 2 then 2" in report.version_errors
