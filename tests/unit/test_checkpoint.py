@@ -8,8 +8,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from asyncrl.core.modeling import load_causal_lm, named_weights, sequence_logprobs
 from asyncrl.core.weights.flat import bind_parameters
 from asyncrl.learner.checkpoint import (
-    CheckpointMeta,
     Checkpointer,
+    CheckpointMeta,
     latest_checkpoint,
     list_checkpoints,
     load_checkpoint,

@@ -6,7 +6,13 @@ import pytest
 from pydantic import ValidationError
 
 from asyncrl.core.data_config import RewardConfig
-from asyncrl.core.rewards import build_reward, exact_match, math_equivalence, normalize_answer, resolve_function
+from asyncrl.core.rewards import (
+    build_reward,
+    exact_match,
+    math_equivalence,
+    normalize_answer,
+    resolve_function,
+)
 
 
 def test_normalize_answer_folds_case_space_and_surrounding_punctuation():
@@ -48,7 +54,7 @@ def test_regex_and_weighted():
 
 
 def test_task_reward_is_the_tasks_own():
-    own = lambda response, metadata: 0.25  # noqa: E731
+    own = lambda response, metadata: 0.25
     assert build_reward(RewardConfig(), own) is own
     with pytest.raises(ValueError, match="no reward of its own"):
         build_reward(RewardConfig(), None)
