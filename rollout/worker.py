@@ -123,13 +123,8 @@ class RolloutWorker:
             num_written = len(gens)
         except Exception as err:  # noqa: BLE001 - the quota goes back to the controller below
             log.error("writing group %s failed: %s", group.group_id, err)
-        # Completing after the write: a lease completed as written is data the learner will find.
-        self.stub.CompleteLease(
-            controller_pb2.CompleteLeaseRequest(
-                replica_id=self.session.replica_id, lease_id=lease.lease_id, num_written=num_written
-            ),
-            timeout=30,
-        )
+        # The record comes right after the write and before the lease completes, so a replica killed in
+        # between leaves either a record or an expiring lease for the audit, never a completed lease alone.
         if entry_id is not None:
             versions = [v for g in gens for v in g.weight_version]
             self.events.write(
@@ -145,4 +140,11 @@ class RolloutWorker:
             )
             self.metrics.groups_written.inc()
             self.metrics.reward_mean.set(sum(rewards) / len(rewards))
+        # Completing after the write: a lease completed as written is data the learner will find.
+        self.stub.CompleteLease(
+            controller_pb2.CompleteLeaseRequest(
+                replica_id=self.session.replica_id, lease_id=lease.lease_id, num_written=num_written
+            ),
+            timeout=30,
+        )
         return 1 if entry_id is not None else 0

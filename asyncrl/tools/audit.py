@@ -132,12 +132,15 @@ def audit_run(run_dir: str | Path) -> AuditReport:
     report.rejected = len(rejected)
     report.groups_trained = len(trained)
     report.trained_twice = sorted(g for g, n in trained.items() if n > 1)
-    # A replica killed after writing a group but before logging it (and completing its lease): the group was
-    # trained (exactly once, checked above) and its lease expired. Not an error, but listed.
-    expired = {f"{ev['replica_id']}-{ev['lease_id']}" for ev in controller if ev["kind"] == "lease_expired"}
+    # A replica killed after writing a group but before logging it: the group was trained (exactly once,
+    # checked above) and either its lease expired, or (logs from before the worker logged first) the lease
+    # completed as written, which tells the same. Not an error, but listed.
+    accounted = {f"{ev['replica_id']}-{ev['lease_id']}" for ev in controller if ev["kind"] == "lease_expired"}
+    accounted |= {f"{ev['replica_id']}-{ev['lease_id']}" for ev in controller
+                  if ev["kind"] == "lease_completed" and ev.get("num_written", 0) > 0}  # fmt: skip
     unlogged = sorted(g for g in trained if g not in written)
-    report.written_by_dead_replica = [g for g in unlogged if g in expired]
-    report.trained_unwritten = [g for g in unlogged if g not in expired]
+    report.written_by_dead_replica = [g for g in unlogged if g in accounted]
+    report.trained_unwritten = [g for g in unlogged if g not in accounted]
     final = [ev for ev in learner if ev["kind"] == "final_buffer"]
     remaining = set(final[-1]["entry_ids"]) if final else set()
     end_t = final[-1]["t"] if final else float("inf")

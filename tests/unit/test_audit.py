@@ -121,3 +121,18 @@ def test_without_the_resume_record_the_retrained_group_counts_twice(tmp_path):
     report = audit_run(tmp_path)
     assert report.trained_twice == ["g2"] and not report.ok
     assert "learner published 2 then 2" in report.version_errors
+
+
+def test_a_group_whose_lease_completed_as_written_is_accounted_for(tmp_path):
+    good_run(tmp_path)
+    write(tmp_path, "learner", [{"t": 2, "kind": "trained", "group_ids": ["g1", "r1-l9"]},
+                                {"t": 2, "kind": "step", "version": 1},
+                                {"t": 3, "kind": "trained", "group_ids": ["g2"]},
+                                {"t": 3, "kind": "step", "version": 2},
+                                {"t": 5, "kind": "final_buffer", "entry_ids": ["3-0"]}])  # fmt: skip
+    assert audit_run(tmp_path).trained_unwritten == ["r1-l9"]
+    with (tmp_path / "events" / "controller.jsonl").open("a") as f:
+        f.write(json.dumps({"t": 2, "kind": "lease_completed", "replica_id": "r1", "lease_id": "l9", "n": 8,
+                            "num_written": 8}) + "\n")  # fmt: skip
+    report = audit_run(tmp_path)
+    assert report.trained_unwritten == [] and report.written_by_dead_replica == ["r1-l9"] and report.ok
