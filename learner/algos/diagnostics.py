@@ -59,11 +59,37 @@ def _percentiles(named: dict[str, tuple[Tensor, Tensor]]) -> dict[str, Tensor]:
             for i, q in enumerate(_QUANTILES)}
 
 
-def rollout_diagnostics(log_ratio: Tensor, mask: Tensor, corr: Correction, clamp: float) -> dict[str, Tensor]:
+def _seq_log_mean_exp(values: Tensor, has: Tensor) -> Tensor:
+    """log( mean over sequences with tokens of exp(values) ), without overflow."""
+    masked = torch.where(has, values, torch.full_like(values, float("-inf")))
+    return torch.logsumexp(masked, dim=0) - torch.log(has.sum().clamp_min(1).to(values.dtype))
+
+
+def perplexity_diagnostics(logp_target: Tensor, logp_behav: Tensor, mask: Tensor) -> dict[str, Tensor]:
+    """Training (target policy) and rollout perplexity: per sequence exp(-mean_t log p), averaged over
+    sequences; the log-perplexities (mean_t -log p, averaged) and the differences training - rollout."""
+    maskf = mask.to(logp_target.dtype)
+    has = mask.any(dim=-1)
+    lengths = maskf.sum(dim=-1).clamp_min(1)
+    out = {}
+    log_ppl = {}
+    for name, logp in (("train", logp_target), ("rollout", logp_behav)):
+        seq_nll = -(logp * maskf).sum(dim=-1) / lengths
+        log_ppl[name] = masked_mean(seq_nll, has)
+        out[f"rc/{name}_log_ppl"] = log_ppl[name]
+        out[f"rc/{name}_ppl"] = masked_mean(torch.exp(seq_nll), has)
+    out["rc/log_ppl_diff"] = log_ppl["train"] - log_ppl["rollout"]
+    out["rc/ppl_diff"] = out["rc/train_ppl"] - out["rc/rollout_ppl"]
+    return out
+
+
+def rollout_diagnostics(log_ratio: Tensor, mask: Tensor, corr: Correction, cap: float) -> dict[str, Tensor]:
     """KL(behav || prox) K1/K3, PPL ratio, chi^2, ESS, delta stats, masked/truncated fractions, weights.
 
-    log_ratio is clamped and 0 on padding, so every derived per-token value is finite and a multiply by the
-    float mask is safe; the token means are computed in one stacked reduction.
+    log_ratio is clamped per token and 0 on padding, so every derived per-token value is finite and a multiply
+    by the float mask is safe; the token means are computed in one stacked reduction. Sequence-level values
+    (PPL ratio, chi^2, ESS) work on the unclamped sequence sums, in log space where they exponentiate.
+    `cap`: the IS cap C, for the ESS of the weights clipped to [1/C, C].
     """
     maskf = mask.to(log_ratio.dtype)
     has_tokens = mask.any(dim=-1)
@@ -72,19 +98,29 @@ def rollout_diagnostics(log_ratio: Tensor, mask: Tensor, corr: Correction, clamp
     per_token = torch.stack([-log_ratio, torch.expm1(log_ratio) - log_ratio, rho.square(), log_ratio, abs_delta])
     kl_k1, kl_k3, rho_sq, delta_mean, delta_abs_mean = (per_token * maskf).sum(dim=(1, 2)) / maskf.sum().clamp_min(1)
     lengths = maskf.sum(dim=-1)
-    seq_log = log_ratio.sum(dim=-1).clamp(-clamp, clamp)
-    seq_rho = torch.exp(seq_log)
-    has = has_tokens.to(log_ratio.dtype)
-    sequences = has.sum().clamp_min(1)
-    ppl_ratio = (torch.exp(-seq_log / lengths.clamp_min(1)) * has).sum() / sequences
+    seq_log = log_ratio.sum(dim=-1)  # log prod_t rho_t, not clamped: a long sequence's sum can pass any clamp
+    # PPL ratio exp(-(1/|T|) sum_t log rho_t), per sequence, averaged (the seed's definition).
+    ppl_ratio = masked_mean(torch.exp(-seq_log / lengths.clamp_min(1)), has_tokens)
+    # chi^2_seq = E[rho_seq^2] - 1 and ESS_seq = (sum w)^2 / (n sum w^2), both from log-sum-exps.
+    log_mean_rho = _seq_log_mean_exp(seq_log, has_tokens)
+    log_mean_rho_sq = _seq_log_mean_exp(2 * seq_log, has_tokens)
+    ess_seq = torch.exp(2 * log_mean_rho - log_mean_rho_sq)
+    log_cap = torch.log(torch.tensor(cap, dtype=log_ratio.dtype, device=log_ratio.device))
+    clipped_rho = torch.exp(log_ratio.clamp(-log_cap, log_cap))
+    weight_mean = masked_mean(corr.weights, corr.mask)
     out = {
         "rc/kl_k1": kl_k1,
         "rc/kl_k3": kl_k3,
         "rc/ppl_ratio": ppl_ratio,
         "rc/chi2_token": rho_sq - 1,
-        "rc/chi2_seq": (seq_rho.square() * has).sum() / sequences - 1,
+        "rc/chi2_seq": torch.expm1(log_mean_rho_sq),
         "rc/ess_token": _ess(rho, maskf),
-        "rc/ess_seq": _ess(seq_rho, has),
+        "rc/ess_token_clipped": _ess(clipped_rho, maskf),
+        "rc/ess_seq": torch.where(has_tokens.any(), ess_seq, torch.ones_like(ess_seq)),
+        "rc/seq_log_ratio_mean": masked_mean(seq_log, has_tokens),
+        "rc/seq_log_ratio_max": masked_max(seq_log, has_tokens),
+        "rc/seq_log_ratio_min": masked_min(seq_log, has_tokens),
+        "rc/rejection_token_frac": 1 - _fraction(corr.rejection_keep & mask, mask),
         "rc/delta_mean": delta_mean,
         "rc/delta_abs_mean": delta_abs_mean,
         "rc/delta_abs_max": masked_max(abs_delta, mask),
@@ -94,7 +130,8 @@ def rollout_diagnostics(log_ratio: Tensor, mask: Tensor, corr: Correction, clamp
         "rc/truncated_token_frac": _fraction(corr.truncated, mask),
         "rc/ratio_max": masked_max(rho, mask),
         "rc/ratio_min": masked_min(rho, mask),
-        "rc/is_weight_mean": masked_mean(corr.weights, corr.mask),
+        "rc/is_weight_mean": weight_mean,
+        "rc/is_weight_std": masked_mean((corr.weights - weight_mean).square(), corr.mask).sqrt(),
         "rc/is_weight_max": masked_max(corr.weights, corr.mask),
         "rc/batch_norm_factor": corr.norm_factor,
     }

@@ -16,7 +16,12 @@ from torch import Tensor
 
 from asyncrl.core.algo.config import AlgoConfig
 from asyncrl.learner.algos.aggregation import aggregate_loss
-from asyncrl.learner.algos.diagnostics import rollout_diagnostics, surrogate_diagnostics, to_floats
+from asyncrl.learner.algos.diagnostics import (
+    perplexity_diagnostics,
+    rollout_diagnostics,
+    surrogate_diagnostics,
+    to_floats,
+)
 from asyncrl.learner.algos.kl import importance_corrected_kl, kl_to_reference
 from asyncrl.learner.algos.masked import as_bool_mask, check_token_tensor, clamped_log_ratio, masked_mean
 from asyncrl.learner.algos.opd import check_teacher_alignment, opd_k2_loss
@@ -91,7 +96,8 @@ def policy_objective(logp: Tensor, logp_prox: Tensor, logp_behav: Tensor, advant
 
     with torch.no_grad():
         metrics = {name: aggregate_loss(part, final, pl.aggregation) for name, part in parts.items()}
-        metrics.update(rollout_diagnostics(log_ratio, mask, corr, clamp))
+        metrics.update(rollout_diagnostics(log_ratio, mask, corr, rc.weight_cap))
+        metrics.update(perplexity_diagnostics(correction_numerator, logp_behav, mask))
         rollout_ratio = torch.exp(clamped_log_ratio(logp.detach(), logp_behav, mask, clamp))
         metrics.update(surrogate_diagnostics(ratio.detach(), rollout_ratio, advantages, final, clipped,
                                              dual_clipped))

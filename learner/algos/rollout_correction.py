@@ -3,7 +3,8 @@ seq_sum_k3 mode and the one-sided seq_sum_k1 come from the TIM paper's appendix 
 
 Input is the per-token log-ratio log rho_t = log pi_prox - log pi_behav (decoupled) or
 log pi_theta (detached) - log pi_behav (bypass), clamped and 0 on padding. Output:
-- IS weights (detached): token w_t = min(rho_t, C); sequence w = min(prod_t rho_t, C), computed in log space;
+- IS weights (detached): token w_t = min(rho_t, C); sequence w = min(prod_t rho_t, C); geometric
+  w = min(exp(mean_t log rho_t), C); all computed in log space;
   optionally rescaled to mean 1 over the batch;
 - a rejection mask: the response mask with rejected tokens / sequences removed;
 - the per-token veto: a sequence with any rho_t below the veto threshold is rejected whole.
@@ -34,6 +35,8 @@ class Correction:
     """[N] bool: sequences that lost all their tokens to rejection or veto."""
     vetoed_sequences: Tensor
     """[N] bool: sequences rejected by the per-token veto."""
+    rejection_keep: Tensor
+    """[N, T] bool: what the rejection criterion alone keeps (before the veto)."""
     norm_factor: Tensor
     """Scalar: the batch mean the weights were divided by (1 when not normalised)."""
 
@@ -46,8 +49,10 @@ def truncated_is_weights(log_ratio: Tensor, mask: Tensor, level: str, cap: float
     if level == "token":
         truncated = (log_ratio > log_cap) & mask
         return torch.exp(log_ratio.clamp(max=log_cap)), truncated
-    if level == "sequence":
+    if level in ("sequence", "geometric"):
         seq_log = log_ratio.sum(dim=-1, keepdim=True)  # padding holds 0, so this is sum over valid tokens
+        if level == "geometric":
+            seq_log = seq_log / mask.sum(dim=-1, keepdim=True).clamp_min(1)
         truncated = (seq_log > log_cap) & mask
         return torch.exp(seq_log.clamp(max=log_cap)).expand_as(log_ratio), truncated
     raise ValueError(f"unknown IS weight level {level!r}")
@@ -75,15 +80,15 @@ def rejection_keep(log_ratio: Tensor, mask: Tensor, mode: str, lower: float | No
         return _bounds_keep(seq, lower, upper).unsqueeze(-1).expand_as(mask)
     if mode == "seq_mean_k1":  # Geo-RS: the geometric mean ratio, length-invariant
         return _bounds_keep(masked_mean(log_ratio, mask, dim=-1), lower, upper).unsqueeze(-1).expand_as(mask)
-    family = mode.rsplit("_", 1)[-1]  # k2 or k3
+    scope, family = mode.split("_", 1)[0], mode.rsplit("_", 1)[-1]  # token|seq, k2|k3
     per_token = kl_from_log_ratio(log_ratio, family)
-    if mode == "token_k2":
+    if scope == "token":
         return per_token <= upper
     if mode in ("seq_sum_k2", "seq_sum_k3"):
         stat = masked_sum(per_token, mask, dim=-1)
     elif mode in ("seq_mean_k2", "seq_mean_k3"):
         stat = masked_mean(per_token, mask, dim=-1)
-    elif mode == "seq_max_k2":
+    elif mode in ("seq_max_k2", "seq_max_k3"):
         stat = masked_max(per_token, mask, dim=-1)
     else:
         raise ValueError(f"unknown rejection mode {mode!r}")
@@ -99,7 +104,7 @@ def veto_sequences(log_ratio: Tensor, mask: Tensor, threshold: float | None) -> 
 
 def normalize_weights(weights: Tensor, mask: Tensor, level: str) -> tuple[Tensor, Tensor]:
     """Rescale weights to mean 1: over valid tokens (token) or over sequences' mean weights (sequence)."""
-    if level == "sequence":
+    if level in ("sequence", "geometric"):
         has_tokens = mask.any(dim=-1)
         per_sequence = masked_mean(weights, mask, dim=-1)
         factor = masked_mean(per_sequence, has_tokens)
@@ -122,4 +127,4 @@ def apply_rollout_correction(log_ratio: Tensor, mask: Tensor, cfg: RolloutCorrec
     if cfg.batch_normalize and cfg.weights != "none":
         weights, factor = normalize_weights(weights, final_mask, cfg.weights)
     return Correction(weights=weights, mask=final_mask, truncated=truncated,
-                      rejected_sequences=rejected, vetoed_sequences=vetoed, norm_factor=factor)
+                      rejected_sequences=rejected, vetoed_sequences=vetoed, rejection_keep=keep, norm_factor=factor)

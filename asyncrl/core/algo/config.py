@@ -28,8 +28,9 @@ from asyncrl.core.algo.sections import (
 PresetName = Literal[
     "decoupled_token_is", "decoupled_seq_is", "decoupled_seq_is_rs", "decoupled_geo_rs",
     "decoupled_geo_rs_token_tis", "decoupled_k3_rs", "decoupled_k3_rs_token_tis",
+    "decoupled_geo_rs_seq_tis", "decoupled_k3_rs_seq_tis",
     "bypass_ppo_clip", "bypass_ppo_clip_geo_rs", "bypass_ppo_clip_k3_rs",
-    "bypass_pg_is", "bypass_pg_geo_rs", "bypass_pg_geo_rs_token_tis",
+    "bypass_pg_is", "bypass_pg_geo_rs", "bypass_pg_geo_rs_token_tis", "bypass_pg_geo_rs_seq_tis",
     "tis_srs_k1_corr", "tis_srs_k3_corr", "disabled",
 ]
 

@@ -56,6 +56,8 @@ PRESETS: dict[str, dict[str, Any]] = {
     "decoupled_geo_rs_token_tis": _preset(False, "ppo_clip", _TOKEN_IS, _GEO_RS),
     "decoupled_k3_rs": _preset(False, "ppo_clip", _K3_RS),
     "decoupled_k3_rs_token_tis": _preset(False, "ppo_clip", _TOKEN_IS, _K3_RS),
+    "decoupled_geo_rs_seq_tis": _preset(False, "ppo_clip", _SEQ_IS, _GEO_RS),
+    "decoupled_k3_rs_seq_tis": _preset(False, "ppo_clip", _SEQ_IS, _K3_RS),
     # Bypass, PPO-clip (pi_prox := pi_behav; the PPO ratio already is pi_theta / pi_behav, so no IS weights).
     "bypass_ppo_clip": _preset(True, "ppo_clip"),
     "bypass_ppo_clip_geo_rs": _preset(True, "ppo_clip", _GEO_RS),
@@ -64,6 +66,7 @@ PRESETS: dict[str, dict[str, Any]] = {
     "bypass_pg_is": _preset(True, "reinforce", _SEQ_IS),
     "bypass_pg_geo_rs": _preset(True, "reinforce", _GEO_RS),
     "bypass_pg_geo_rs_token_tis": _preset(True, "reinforce", _TOKEN_IS, _GEO_RS),
+    "bypass_pg_geo_rs_seq_tis": _preset(True, "reinforce", _SEQ_IS, _GEO_RS),
     # TIM paper, appendix A.4: token truncation tau_tok, then sequence rejection on sum_t K(r_corr) <= tau_seq.
     "tis_srs_k1_corr": _preset(False, "ppo_clip", _TIM_TOKEN_TIS, _TIM_SRS_K1),
     "tis_srs_k3_corr": _preset(False, "ppo_clip", _TIM_TOKEN_TIS, _TIM_SRS_K3),

@@ -9,16 +9,18 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 LossType = Literal["ppo_clip", "reinforce"]
 LossAggregation = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"]
-ISLevel = Literal["none", "token", "sequence"]
+ISLevel = Literal["none", "token", "sequence", "geometric"]
 RejectionMode = Literal[
     "none",
     "token_k1", "seq_sum_k1", "seq_mean_k1",
     "token_k2", "seq_sum_k2", "seq_mean_k2", "seq_max_k2",
-    "seq_mean_k3", "seq_sum_k3",
+    "token_k3", "seq_mean_k3", "seq_sum_k3", "seq_max_k3",
 ]
 RATIO_BOUND_MODES = ("token_k1", "seq_sum_k1", "seq_mean_k1")
 """Modes whose thresholds are bounds on a probability ratio (lower and/or upper, bracketing 1)."""
-DIVERGENCE_MODES = ("token_k2", "seq_sum_k2", "seq_mean_k2", "seq_max_k2", "seq_mean_k3", "seq_sum_k3")
+DIVERGENCE_MODES = (
+    "token_k2", "seq_sum_k2", "seq_mean_k2", "seq_max_k2", "token_k3", "seq_mean_k3", "seq_sum_k3", "seq_max_k3",
+)
 """Modes whose threshold is an upper bound on a non-negative divergence statistic."""
 AdvantageEstimator = Literal["grpo", "drgrpo", "rloo", "reinforce"]
 KLEstimator = Literal["k1", "k2", "k3"]
@@ -50,7 +52,8 @@ class PolicyLossConfig(AlgoSection):
 class RolloutCorrectionConfig(AlgoSection):
     weights: ISLevel = "token"
     """Truncated IS weights on the behaviour->proximal gap: "token" w_t = min(rho_t, C), "sequence"
-    w = min(prod_t rho_t, C) broadcast to the sequence, or "none". rho_t = pi_prox / pi_behav (decoupled) or
+    w = min(prod_t rho_t, C) broadcast to the sequence, "geometric" w = min(exp(mean_t log rho_t), C) (the
+    per-token geometric mean ratio: length-invariant), or "none". rho_t = pi_prox / pi_behav (decoupled) or
     pi_theta / pi_behav, detached (bypass)."""
     weight_cap: float = Field(2.0, ge=1)
     """C: the truncation cap of the IS weights (>= 1, so on-policy tokens keep weight 1)."""
