@@ -25,7 +25,7 @@ from asyncrl.learner.algos.diagnostics import (
 from asyncrl.learner.algos.kl import importance_corrected_kl, kl_to_reference
 from asyncrl.learner.algos.masked import as_bool_mask, check_token_tensor, clamped_log_ratio, masked_mean
 from asyncrl.learner.algos.opd import check_teacher_alignment, opd_k2_loss
-from asyncrl.learner.algos.policy_loss import ppo_clip_surrogate, reinforce_surrogate
+from asyncrl.learner.algos.policy_loss import gspo_surrogate, ppo_clip_surrogate, reinforce_surrogate
 from asyncrl.learner.algos.rollout_correction import apply_rollout_correction
 
 
@@ -64,6 +64,10 @@ def policy_objective(logp: Tensor, logp_prox: Tensor, logp_behav: Tensor, advant
                                        pl.dual_clip_c, clamp)
         objective, ratio = surrogate.objective, surrogate.ratio
         clipped, dual_clipped = surrogate.clipped, surrogate.dual_clipped
+    elif pl.type == "gspo":
+        surrogate = gspo_surrogate(logp, logp_prox, advantages, final, pl.clip_eps_low, pl.clip_eps_high, clamp)
+        objective, ratio = surrogate.objective, surrogate.ratio
+        clipped, dual_clipped = surrogate.clipped, surrogate.dual_clipped
     else:
         objective = reinforce_surrogate(logp, advantages, final)
         ratio = torch.exp(clamped_log_ratio(logp, logp_prox, final, clamp))
@@ -76,7 +80,7 @@ def policy_objective(logp: Tensor, logp_prox: Tensor, logp_behav: Tensor, advant
         k = kl_to_reference(logp, logp_ref.detach().float(), final, cfg.kl.estimator, clamp)
         if cfg.kl.loss_is_correction:
             # REINFORCE runs in bypass mode, where u already is the full pi_theta / pi_behav ratio.
-            weight = corr.weights if pl.type == "ppo_clip" else 1.0
+            weight = corr.weights if pl.type != "reinforce" else 1.0
             k = weight * importance_corrected_kl(k, ratio, pl.clip_eps_low, pl.clip_eps_high)
         parts["loss/kl"] = cfg.kl.coef * k
 

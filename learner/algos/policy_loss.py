@@ -8,6 +8,11 @@ Decoupled PPO (seed: off-policy blog "Correction: Decoupled PPO"; design brief):
 With prox == behav and IS weight 1 this is exactly PPO. In bypass mode logp_prox = logp_behav, so u_t is the
 rollout ratio pi_theta / pi_behav and the clip is centred on the behaviour policy.
 
+GSPO (sequence-level, the off-policy blog's Source 4 alternative to routing replay):
+    s_i = exp(mean_t (logp - logp_prox))   (with gradient through every token of sequence i)
+    o_i = min(s_i A_i, clip(s_i, 1 - eps_low, 1 + eps_high) A_i), A_i the sequence's advantage,
+broadcast to the sequence's tokens, so every aggregation averages it like a per-token objective.
+
 REINFORCE with detached IS weights (verl seed, section "Policy Gradient Loss with Bypass Mode"):
     s_t = A_t * log pi_theta(a_t);  loss = -sg(w_t) s_t, so grad = -w_t A_t grad log pi_theta.
 """
@@ -51,6 +56,22 @@ def ppo_clip_surrogate(logp: Tensor, logp_prox: Tensor, advantages: Tensor, mask
         objective = torch.where(advantages < 0, torch.maximum(objective, floor), objective)
     return Surrogate(objective=masked_fill_zero(objective, mask), ratio=ratio, clipped=clipped,
                      dual_clipped=dual_clipped)
+
+
+def gspo_surrogate(logp: Tensor, logp_prox: Tensor, advantages: Tensor, mask: Tensor, eps_low: float,
+                   eps_high: float, clamp: float) -> Surrogate:  # fmt: skip
+    log_ratio = clamped_log_ratio(logp, logp_prox.detach(), mask, clamp)
+    maskf = mask.to(log_ratio.dtype)
+    lengths = maskf.sum(dim=-1, keepdim=True).clamp_min(1)
+    seq_ratio = torch.exp((log_ratio * maskf).sum(dim=-1, keepdim=True) / lengths)  # [N, 1]
+    seq_adv = (masked_fill_zero(advantages, mask) * maskf).sum(dim=-1, keepdim=True) / lengths
+    objective = torch.minimum(seq_ratio * seq_adv, seq_ratio.clamp(1.0 - eps_low, 1.0 + eps_high) * seq_adv)
+    with torch.no_grad():
+        clipped = ((seq_ratio > 1.0 + eps_high) & (seq_adv > 0)) | ((seq_ratio < 1.0 - eps_low) & (seq_adv < 0))
+    ratio = seq_ratio.expand_as(log_ratio)
+    return Surrogate(objective=masked_fill_zero(objective.expand_as(log_ratio), mask),
+                     ratio=torch.where(mask, ratio, torch.ones_like(ratio)), clipped=mask & clipped,
+                     dual_clipped=torch.zeros_like(mask))  # fmt: skip
 
 
 def reinforce_surrogate(logp: Tensor, advantages: Tensor, mask: Tensor) -> Tensor:

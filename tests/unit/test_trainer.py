@@ -40,6 +40,8 @@ ALGOS = {
     "opd_advantage": {"preset": "decoupled_token_is", "opd": {"enabled": True, "mode": "advantage",
                                                               "pass_rate_threshold": 1.0}},
     "bypass_reinforce": {"preset": "bypass_pg_is"},
+    "gspo": {"preset": "decoupled_seq_is",
+             "policy_loss": {"type": "gspo", "clip_eps_low": 3e-4, "clip_eps_high": 4e-4}},
 }
 
 

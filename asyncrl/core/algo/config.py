@@ -91,8 +91,8 @@ class AlgoConfig(AlgoSection):
         if loss == "reinforce" and not self.bypass:
             raise ValueError("policy_loss.type='reinforce' needs bypass=true: its IS weight is "
                              "pi_theta / pi_behav, computed on the fly (verl: loss_type=reinforce needs bypass)")
-        if self.bypass and loss == "ppo_clip" and weights != "none":
-            raise ValueError("bypass with policy_loss.type='ppo_clip': the PPO ratio already is "
+        if self.bypass and loss in ("ppo_clip", "gspo") and weights != "none":
+            raise ValueError(f"bypass with policy_loss.type={loss!r}: the ratio already is "
                              "pi_theta / pi_behav, IS weights would count the correction twice; "
                              "set rollout_correction.weights='none'")
         return self
