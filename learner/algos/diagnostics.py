@@ -135,6 +135,8 @@ def rollout_diagnostics(log_ratio: Tensor, mask: Tensor, corr: Correction, cap: 
         "rc/is_weight_max": masked_max(corr.weights, corr.mask),
         "rc/batch_norm_factor": corr.norm_factor,
     }
+    for i, (mode, kept) in enumerate(corr.criteria):
+        out[f"rc/rejection_token_frac/{i}_{mode}"] = 1 - _fraction(kept & mask, mask)
     out.update(_percentiles({"rc/ratio": (rho, mask), "rc/is_weight": (corr.weights, corr.mask)}))
     return out
 

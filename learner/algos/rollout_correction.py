@@ -36,7 +36,9 @@ class Correction:
     vetoed_sequences: Tensor
     """[N] bool: sequences rejected by the per-token veto."""
     rejection_keep: Tensor
-    """[N, T] bool: what the rejection criterion alone keeps (before the veto)."""
+    """[N, T] bool: what the rejection criteria keep together (before the veto)."""
+    criteria: list[tuple[str, Tensor]]
+    """(mode, [N, T] bool keep) of each rejection criterion on its own, in config order."""
     norm_factor: Tensor
     """Scalar: the batch mean the weights were divided by (1 when not normalised)."""
 
@@ -118,8 +120,14 @@ def apply_rollout_correction(log_ratio: Tensor, mask: Tensor, cfg: RolloutCorrec
     """IS weights, rejection mask and veto for one (mini-)batch; everything returned is detached."""
     log_ratio = log_ratio.detach()
     weights, truncated = truncated_is_weights(log_ratio, mask, cfg.weights, cfg.weight_cap)
-    keep = rejection_keep(log_ratio, mask, cfg.rejection, cfg.rejection_lower, cfg.rejection_upper,
-                          cfg.log_ratio_clamp)
+    criteria = [
+        (c.rejection, rejection_keep(log_ratio, mask, c.rejection, c.rejection_lower, c.rejection_upper,
+                                     cfg.log_ratio_clamp))
+        for c in [cfg, *cfg.more_rejections] if c.rejection != "none"
+    ]  # fmt: skip
+    keep = torch.ones_like(mask)
+    for _mode, kept in criteria:
+        keep = keep & kept
     vetoed = veto_sequences(log_ratio, mask, cfg.veto_threshold)
     final_mask = mask & keep & ~vetoed.unsqueeze(-1)
     rejected = mask.any(dim=-1) & ~final_mask.any(dim=-1)
@@ -127,4 +135,5 @@ def apply_rollout_correction(log_ratio: Tensor, mask: Tensor, cfg: RolloutCorrec
     if cfg.batch_normalize and cfg.weights != "none":
         weights, factor = normalize_weights(weights, final_mask, cfg.weights)
     return Correction(weights=weights, mask=final_mask, truncated=truncated,
-                      rejected_sequences=rejected, vetoed_sequences=vetoed, rejection_keep=keep, norm_factor=factor)
+                      rejected_sequences=rejected, vetoed_sequences=vetoed, rejection_keep=keep, criteria=criteria,
+                      norm_factor=factor)

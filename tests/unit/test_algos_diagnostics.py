@@ -98,3 +98,25 @@ def test_training_and_rollout_perplexities():
     assert out["rc/train_ppl"].item() == pytest.approx((math.e + math.e**2) / 2)
     assert out["rc/rollout_ppl"].item() == pytest.approx((math.exp(1.5) + math.e**2) / 2)
     assert out["rc/ppl_diff"].item() == pytest.approx((math.e - math.exp(1.5)) / 2)
+
+
+def test_chained_rejection_criteria_must_all_pass_and_report_their_own_fractions():
+    # A: mean 0, max k3 = k3(0.1) = 0.0052 -> kept. B: mean 0.3 > ln 1.25 and k3(0.3) = 0.050 -> both reject.
+    # C: mean 0 passes Geo-RS, k3(0.5) = 0.149 -> the spike filter rejects it.
+    rows = [[0.1, -0.1], [0.3, 0.3], [0.5, -0.5]]
+    log_ratio, mask = padded(rows)
+    cfg = RolloutCorrectionConfig(weights="none", rejection="seq_mean_k1", rejection_lower=0.8, rejection_upper=1.25,
+                                  more_rejections=[{"rejection": "seq_max_k3", "rejection_upper": 0.01}])  # fmt: skip
+    corr = apply_rollout_correction(log_ratio, mask, cfg)
+    assert corr.mask.tolist() == [[True, True], [False, False], [False, False]]
+    out = rollout_diagnostics(log_ratio, mask, corr, cfg.weight_cap)
+    assert out["rc/rejection_token_frac/0_seq_mean_k1"].item() == pytest.approx(1 / 3)
+    assert out["rc/rejection_token_frac/1_seq_max_k3"].item() == pytest.approx(2 / 3)
+    assert out["rc/rejection_token_frac"].item() == pytest.approx(2 / 3)
+
+
+def test_chained_criteria_are_checked_like_the_first():
+    with pytest.raises(ValueError, match="more_rejections: rejection='seq_max_k3' needs rejection_upper"):
+        RolloutCorrectionConfig(more_rejections=[{"rejection": "seq_max_k3"}])
+    with pytest.raises(ValueError, match="'none' is not a criterion"):
+        RolloutCorrectionConfig(more_rejections=[{"rejection": "none"}])

@@ -24,6 +24,7 @@ _NO_CORRECTION = {
     "rejection_upper": None,
     "veto_threshold": None,
     "batch_normalize": False,
+    "more_rejections": [],
 }
 _TOKEN_IS = {"weights": "token", "weight_cap": 2.0}
 _SEQ_IS = {"weights": "sequence", "weight_cap": 2.0}

@@ -51,6 +51,44 @@ class PolicyLossConfig(AlgoSection):
     seq-mean-token-mean (original GRPO)."""
 
 
+def check_rejection_bounds(mode: str, low: float | None, high: float | None, where: str) -> None:
+    """The thresholds a rejection mode needs; `where` prefixes the messages (a chained criterion's index)."""
+    if mode in RATIO_BOUND_MODES:
+        if low is None and high is None:
+            raise ValueError(f"{where}rejection={mode!r} needs rejection_lower and/or rejection_upper (ratio bounds)")
+        if low is not None and low > 1:
+            raise ValueError(f"{where}rejection_lower={low} must be <= 1: a lower bound above 1 rejects on-policy data")
+        if high is not None and high < 1:
+            raise ValueError(f"{where}rejection_upper={high} must be >= 1: an upper bound below 1 rejects "
+                             "on-policy data")
+    elif mode in DIVERGENCE_MODES:
+        if high is None:
+            raise ValueError(f"{where}rejection={mode!r} needs rejection_upper (an upper bound on the statistic)")
+        if low is not None:
+            raise ValueError(f"{where}rejection={mode!r} bounds a non-negative divergence from above only; "
+                             "unset rejection_lower")
+    elif low is not None or high is not None:
+        raise ValueError(f"{where}rejection_lower/rejection_upper are set but rejection='none'")
+
+
+class RejectionCriterion(AlgoSection):
+    """One more rejection criterion chained after `rejection` (same modes and bounds)."""
+
+    rejection: RejectionMode
+    """The mode (as `rollout_correction.rejection`)."""
+    rejection_lower: float | None = Field(None, gt=0)
+    """Lower ratio bound (*_k1 modes)."""
+    rejection_upper: float | None = Field(None, gt=0)
+    """Upper bound of the ratio (*_k1) or of the statistic (k2/k3)."""
+
+    @model_validator(mode="after")
+    def _check(self) -> RejectionCriterion:
+        if self.rejection == "none":
+            raise ValueError("more_rejections: 'none' is not a criterion; remove the entry")
+        check_rejection_bounds(self.rejection, self.rejection_lower, self.rejection_upper, "more_rejections: ")
+        return self
+
+
 class RolloutCorrectionConfig(AlgoSection):
     weights: ISLevel = "token"
     """Truncated IS weights on the behaviour->proximal gap: "token" w_t = min(rho_t, C), "sequence"
@@ -73,25 +111,13 @@ class RolloutCorrectionConfig(AlgoSection):
     log_ratio_clamp: float = Field(20.0, gt=0)
     """Every log-ratio (and sequence log-ratio sum) is clamped to +-this before exp, for numerical safety."""
 
+    more_rejections: list[RejectionCriterion] = Field(default_factory=list)
+    """Further rejection criteria, chained: a token survives only if `rejection` and every one of these keep
+    it (e.g. Geo-RS plus a seq_max_k3 spike filter). Each reports its own rejected-token fraction."""
+
     @model_validator(mode="after")
     def _check_thresholds(self) -> RolloutCorrectionConfig:
-        mode, low, high = self.rejection, self.rejection_lower, self.rejection_upper
-        if mode in RATIO_BOUND_MODES:
-            if low is None and high is None:
-                raise ValueError(f"rejection={mode!r} needs rejection_lower and/or rejection_upper (ratio bounds)")
-            if low is not None and low > 1:
-                raise ValueError(f"rejection_lower={low} must be <= 1: a lower bound above 1 rejects on-policy data")
-            if high is not None and high < 1:
-                raise ValueError(f"rejection_upper={high} must be >= 1: an upper bound below 1 rejects "
-                                 "on-policy data")
-        elif mode in DIVERGENCE_MODES:
-            if high is None:
-                raise ValueError(f"rejection={mode!r} needs rejection_upper (an upper bound on the statistic)")
-            if low is not None:
-                raise ValueError(f"rejection={mode!r} bounds a non-negative divergence from above only; "
-                                 "unset rejection_lower")
-        elif low is not None or high is not None:
-            raise ValueError("rejection_lower/rejection_upper are set but rejection='none'")
+        check_rejection_bounds(self.rejection, self.rejection_lower, self.rejection_upper, "")
         return self
 
 
