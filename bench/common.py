@@ -18,12 +18,13 @@ def build_random_qwen2(out_dir: Path, hidden: int, layers: int, intermediate: in
     from transformers import Qwen2ForCausalLM
 
     from asyncrl.core.config import TinyModelConfig
-    from asyncrl.core.tokenizer import TextCodec, save_tokenizer
+    from asyncrl.core.tokenizer import ModelTokenizer, build_char_tokenizer, save_tokenizer
     from asyncrl.tools.tiny_model import qwen2_config
 
     if (out_dir / "config.json").exists():
         return out_dir
-    codec = TextCodec.arith()
+    char_tokenizer = build_char_tokenizer()
+    codec = ModelTokenizer.from_tokenizers(char_tokenizer)
     shape = TinyModelConfig(hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=hidden // 64,
                             num_key_value_heads=max(1, hidden // 256), intermediate_size=intermediate)
     config = qwen2_config(shape, codec)
@@ -31,7 +32,7 @@ def build_random_qwen2(out_dir: Path, hidden: int, layers: int, intermediate: in
     torch.manual_seed(seed)
     out_dir.mkdir(parents=True, exist_ok=True)
     Qwen2ForCausalLM(config).save_pretrained(str(out_dir), safe_serialization=True)
-    save_tokenizer(codec.tokenizer, out_dir, model_max_length=256)
+    save_tokenizer(char_tokenizer, out_dir, model_max_length=256)
     return out_dir
 
 

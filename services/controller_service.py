@@ -36,7 +36,7 @@ from asyncrl.core.grpc_util import build_server, wait_until_stopped
 from asyncrl.core.validation import InvalidArgument, require
 from asyncrl.core.weights.manifest import (
     check_address,
-    check_join_timeout,
+    check_optional_seconds,
     check_transport,
     decode_tensors,
     encode_plan,
@@ -125,15 +125,10 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
             check_transport(request.transport, "transport")
             tensors = decode_tensors(request.tensors, "tensors")
             require(request.bucket_bytes >= 1, "bucket_bytes", f"must be >= 1, got {request.bucket_bytes}")
-            timeout = request.timeout_s
-            require(
-                math.isfinite(timeout) and timeout >= 0,
-                "timeout_s",
-                f"must be >= 0 (0 = default), got {timeout}",
-            )
-            check_join_timeout(request.join_timeout_s, "join_timeout_s")
-            offer = PushOffer(request.store_address, request.transport, tensors, request.bucket_bytes, timeout,
-                              request.join_timeout_s)  # fmt: skip
+            check_optional_seconds(request.timeout_s, "timeout_s")
+            check_optional_seconds(request.join_timeout_s, "join_timeout_s")
+            offer = PushOffer(request.store_address, request.transport, tensors, request.bucket_bytes,
+                              request.timeout_s, request.join_timeout_s)  # fmt: skip
             session = self.state.begin_push(request.version, offer)
             return controller_pb2.BeginWeightPushResponse(
                 plan=encode_plan(session.plan), receivers=[r.replica_id for r in session.receivers]

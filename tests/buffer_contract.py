@@ -47,7 +47,7 @@ def check_unacked_entries_are_redelivered_not_lost(buf_factory):
     delivered = first.get(3, timeout_s=1)
     first.ack([delivered[0].entry_id])
     restarted = buf_factory()
-    again = restarted.get(10, timeout_s=0, pending_first=True)
+    again = restarted.all_pending()
     assert [e.group.group_id for e in again] == ["g1", "g2"]
     fresh = restarted.get(10, timeout_s=1)
     assert [e.group.group_id for e in fresh] == ["g3"]

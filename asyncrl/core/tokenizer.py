@@ -3,8 +3,8 @@
 One token per character (digits, '+', '=') plus the specials <pad>, <bos>, <eos>, <unk>. It is built with the
 `tokenizers` library and saved as a regular Hugging Face tokenizer directory (tokenizer.json +
 tokenizer_config.json with bos/eos/pad set), so `transformers.AutoTokenizer` and vLLM load it like any other
-checkpoint's tokenizer. `TextCodec` wraps a loaded `tokenizers.Tokenizer` with the few calls the project needs
-(encode a prompt, decode a response) without importing transformers.
+checkpoint's tokenizer. `ModelTokenizer` wraps any checkpoint's tokenizer (this one included, `arith()`) with the
+few calls the project needs.
 """
 
 from __future__ import annotations
@@ -60,44 +60,6 @@ def save_tokenizer(tok: Tokenizer, directory: str | Path, model_max_length: int 
     return directory
 
 
-class TextCodec:
-    """Encode prompts / decode responses with a `tokenizers.Tokenizer` and its special-token ids."""
-
-    def __init__(self, tok: Tokenizer):
-        self.tokenizer = tok
-        ids = {name: tok.token_to_id(name) for name in SPECIAL_TOKENS}
-        missing = [name for name, i in ids.items() if i is None and name != UNK]
-        if missing:
-            raise ValueError(f"tokenizer lacks the special tokens {missing}")
-        self.pad_id, self.bos_id, self.eos_id = ids[PAD], ids[BOS], ids[EOS]
-        self.special_ids = frozenset(i for i in ids.values() if i is not None)
-
-    @classmethod
-    def load(cls, directory: str | Path) -> TextCodec:
-        """Load from a tokenizer directory (the tokenizer.json `save_tokenizer` wrote)."""
-        path = Path(directory) / "tokenizer.json"
-        if not path.is_file():
-            raise ValueError(f"no tokenizer.json in {directory}")
-        return cls(Tokenizer.from_file(str(path)))
-
-    @classmethod
-    def arith(cls) -> TextCodec:
-        """The built-in arithmetic tokenizer (identical to the one `make-tiny-model` saves)."""
-        return cls(build_char_tokenizer(ARITH_ALPHABET))
-
-    @property
-    def vocab_size(self) -> int:
-        return self.tokenizer.get_vocab_size(with_added_tokens=True)
-
-    def encode(self, text: str, add_bos: bool = True) -> list[int]:
-        """Token ids of `text` (with a leading <bos> unless add_bos=False)."""
-        return self.tokenizer.encode(text, add_special_tokens=add_bos).ids
-
-    def decode(self, token_ids: list[int]) -> str:
-        """Text of `token_ids` with special tokens dropped (the response before EOS, usually)."""
-        return self.tokenizer.decode(list(token_ids), skip_special_tokens=True)
-
-
 class ModelTokenizer:
     """The policy checkpoint's own tokenizer: its vocabulary, special tokens and chat template, used the same
     way by every process (rollout prompts and rewards, the learner's evaluation, the probe).
@@ -139,6 +101,11 @@ class ModelTokenizer:
         except OSError:
             pass  # no generation_config.json: the tokenizer's eos token alone
         return cls(tokenizer, eos, source=str(model_path))
+
+    @classmethod
+    def arith(cls) -> ModelTokenizer:
+        """The arith task's character tokenizer (identical to the one `make-tiny-model` saves)."""
+        return cls.from_tokenizers(build_char_tokenizer(ARITH_ALPHABET))
 
     @classmethod
     def from_tokenizers(cls, tok: Tokenizer) -> ModelTokenizer:

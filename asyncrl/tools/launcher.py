@@ -156,7 +156,9 @@ def resume(run_dir: str, overrides: list[str]) -> int:
     if (Path(run_dir) / "redis").is_dir():  # `up` ran this run's Redis: start it again on the same files
         cfg.buffer.redis_url = start_local_redis(group, Path(run_dir) / "redis")
     meta = read_meta(ckpt)
-    buffered = make_buffer(cfg.buffer, consumer="learner-0").peek()
+    buffer = make_buffer(cfg.buffer, consumer="learner-0")
+    buffered = buffer.peek()
+    buffer.close()
     cfg.controller.start_version = meta.version
     cfg.controller.start_admitted = meta.step * cfg.learner.batch_size + sum(
         len(e.group.trajectories) for e in buffered

@@ -23,7 +23,7 @@ import torch
 
 from asyncrl.core.modeling import sequence_logprobs
 from asyncrl.core.tasks import Task, get_task
-from asyncrl.core.tokenizer import ModelTokenizer, TextCodec, build_char_tokenizer, save_tokenizer
+from asyncrl.core.tokenizer import ModelTokenizer, build_char_tokenizer, save_tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -70,8 +70,8 @@ def _stamp_matches(directory: Path, stamp: str) -> bool:
 
 
 def qwen2_config(tiny_cfg, codec):
-    """The `Qwen2Config` of the tiny model around `codec` (a `TextCodec` or `ModelTokenizer`: vocab_size,
-    bos_id, eos_id, pad_id); validates the head size vLLM's CPU attention needs."""
+    """The `Qwen2Config` of the tiny model around `codec` (a `ModelTokenizer`); validates the head size vLLM's
+    CPU attention needs."""
     from transformers import Qwen2Config
 
     heads, kv_heads = tiny_cfg.num_attention_heads, tiny_cfg.num_key_value_heads
@@ -166,9 +166,9 @@ def _tokenizer(config):
     if tiny.tokenizer_path:
         tokenizer = ModelTokenizer.load(tiny.tokenizer_path)
         return tokenizer, lambda directory: tokenizer.hf.save_pretrained(str(directory))
-    codec = TextCodec(build_char_tokenizer())
-    return ModelTokenizer.from_tokenizers(codec.tokenizer), lambda directory: save_tokenizer(
-        codec.tokenizer, directory, model_max_length=tiny.max_positions
+    tok = build_char_tokenizer()
+    return ModelTokenizer.from_tokenizers(tok), lambda directory: save_tokenizer(
+        tok, directory, model_max_length=tiny.max_positions
     )
 
 

@@ -6,32 +6,33 @@ import pytest
 import torch
 
 from asyncrl.core.config import AsyncRLConfig, TinyModelConfig
-from asyncrl.core.tokenizer import TextCodec, build_char_tokenizer, save_tokenizer
+from asyncrl.core.tokenizer import ModelTokenizer, build_char_tokenizer, save_tokenizer
 from asyncrl.tools.tiny_model import STAMP_FILE, config_stamp, make_tiny_model, qwen2_config
 
 
 def test_tokenizer_round_trip():
-    codec = TextCodec(build_char_tokenizer())
+    codec = ModelTokenizer.arith()
     for text in ["0+0=", "12+34=", "999+1=1000"]:
-        ids = codec.encode(text)
+        ids = codec.encode_prompt(text)
         assert ids[0] == codec.bos_id and len(ids) == len(text) + 1  # one token per character
-        assert codec.decode(ids) == text
-    assert codec.decode(codec.encode("46", add_bos=False) + [codec.eos_id, codec.pad_id]) == "46"
+        assert codec.hf.decode(ids, skip_special_tokens=True) == text
+    assert codec.decode_response(codec.encode_text("46") + [codec.eos_id, codec.pad_id]) == "46"
     assert codec.vocab_size == 16 and (codec.pad_id, codec.bos_id, codec.eos_id) == (0, 1, 2)
 
 
 def test_saved_tokenizer_loads_with_auto_tokenizer(tmp_path):
     from transformers import AutoTokenizer
 
-    codec = TextCodec(build_char_tokenizer())
-    save_tokenizer(codec.tokenizer, tmp_path)
+    tok = build_char_tokenizer()
+    codec = ModelTokenizer.from_tokenizers(tok)
+    save_tokenizer(tok, tmp_path)
     hf = AutoTokenizer.from_pretrained(str(tmp_path))
-    assert hf("12+34=").input_ids == codec.encode("12+34=")
+    assert hf("12+34=").input_ids == codec.encode_prompt("12+34=")
     assert (hf.eos_token, hf.pad_token, hf.bos_token) == ("<eos>", "<pad>", "<bos>")
     assert (hf.eos_token_id, hf.pad_token_id, hf.bos_token_id) == (codec.eos_id, codec.pad_id, codec.bos_id)
-    assert hf.decode(codec.encode("7+8=") + [codec.eos_id], skip_special_tokens=True) == "7+8="
+    assert hf.decode(codec.encode_prompt("7+8=") + [codec.eos_id], skip_special_tokens=True) == "7+8="
     assert len(hf) == codec.vocab_size
-    assert TextCodec.load(tmp_path).encode("5+5=") == codec.encode("5+5=")
+    assert ModelTokenizer.load(tmp_path).encode_prompt("5+5=") == codec.encode_prompt("5+5=")
 
 
 def test_bad_alphabet_is_rejected():
@@ -40,7 +41,7 @@ def test_bad_alphabet_is_rejected():
 
 
 def test_head_size_must_be_64():
-    codec = TextCodec.arith()
+    codec = ModelTokenizer.arith()
     with pytest.raises(ValueError, match="must be 64"):
         qwen2_config(TinyModelConfig(hidden_size=128, num_attention_heads=4), codec)
     cfg = qwen2_config(TinyModelConfig(hidden_size=256, num_attention_heads=4, num_key_value_heads=2), codec)

@@ -2,9 +2,9 @@
 
 Contract: `put` appends one TrajectoryGroup; `get` hands out up to `max_groups` entries not yet delivered to
 this consumer (blocking up to `timeout_s`); entries stay *pending* until `ack`. A consumer that restarts
-calls `get(..., pending_first=True)` and first receives its own unacknowledged entries again, so a crash
-between read and ack loses nothing; ack after the step that used the data means nothing is trained twice
-unless the crash falls between the step and the ack.
+calls `all_pending()` and receives its own unacknowledged entries again, so a crash between read and ack
+loses nothing. The learner acks once a checkpoint includes the step that used the data, so a learner that
+restarts from that checkpoint trains the rest again: nothing lost, nothing counted twice.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ class TrajectoryBuffer(ABC):
         """Append a group; returns its entry id."""
 
     @abstractmethod
-    def get(self, max_groups: int, timeout_s: float, pending_first: bool = False) -> list[BufferEntry]:
+    def get(self, max_groups: int, timeout_s: float) -> list[BufferEntry]:
         """Up to max_groups undelivered entries, oldest first; [] after timeout_s without data."""
 
     @abstractmethod

@@ -24,17 +24,14 @@ class MemoryBuffer(TrajectoryBuffer):
             self._cond.notify_all()
             return entry_id
 
-    def get(self, max_groups: int, timeout_s: float, pending_first: bool = False) -> list[BufferEntry]:
+    def get(self, max_groups: int, timeout_s: float) -> list[BufferEntry]:
         with self._cond:
-            if pending_first and self._pending:
-                items = list(self._pending.items())[:max_groups]
-            else:
-                self._cond.wait_for(lambda: self._undelivered, timeout=timeout_s)
-                items = []
-                while self._undelivered and len(items) < max_groups:
-                    entry_id, payload = self._undelivered.popitem(last=False)
-                    self._pending[entry_id] = payload
-                    items.append((entry_id, payload))
+            self._cond.wait_for(lambda: self._undelivered, timeout=timeout_s)
+            items = []
+            while self._undelivered and len(items) < max_groups:
+                entry_id, payload = self._undelivered.popitem(last=False)
+                self._pending[entry_id] = payload
+                items.append((entry_id, payload))
         return [BufferEntry(eid, trajectory_pb2.TrajectoryGroup.FromString(p)) for eid, p in items]
 
     def ack(self, entry_ids: list[str]) -> int:

@@ -32,11 +32,10 @@ class RedisBuffer(TrajectoryBuffer):
         fields = {PAYLOAD: group.SerializeToString(), b"min_version": min(versions) if versions else -1}
         return self._r.xadd(self.stream, fields).decode()
 
-    def get(self, max_groups: int, timeout_s: float, pending_first: bool = False) -> list[BufferEntry]:
-        # ">" = never delivered; "0" = this consumer's own delivered-but-unacked entries.
-        start = "0" if pending_first else ">"
-        block = None if pending_first else max(1, int(timeout_s * 1000))
-        reply = self._r.xreadgroup(self.group, self.consumer, {self.stream: start}, count=max_groups, block=block)
+    def get(self, max_groups: int, timeout_s: float) -> list[BufferEntry]:
+        # ">" = never delivered (this consumer's delivered-but-unacked entries: `all_pending`).
+        block = max(1, int(timeout_s * 1000))
+        reply = self._r.xreadgroup(self.group, self.consumer, {self.stream: ">"}, count=max_groups, block=block)
         entries = []
         for _stream, items in reply or []:
             # An entry deleted after delivery comes back without fields: nothing to train on.

@@ -12,7 +12,7 @@ import numpy as np
 
 from asyncrl.core.tasks.base import Prompt, Task
 from asyncrl.core.tasks.registry import register_reward, register_task
-from asyncrl.core.tokenizer import EOS, ModelTokenizer, build_char_tokenizer
+from asyncrl.core.tokenizer import EOS, ModelTokenizer
 
 # Sub-streams of the seeded generator, so eval and train draws never share random numbers.
 _EVAL_STREAM, _TRAIN_STREAM = 0, 1
@@ -40,7 +40,7 @@ class ArithTask(Task):
         self.num_digits = int(task_cfg.num_digits)
         self.eval_size = int(task_cfg.eval_size)
         self.seed = int(task_cfg.seed)
-        self.tokenizer = tokenizer or ModelTokenizer.from_tokenizers(build_char_tokenizer())
+        self.tokenizer = tokenizer or ModelTokenizer.arith()
         self._limit = 10**self.num_digits
         total = self._limit**2
         if self.eval_size > total // 2:

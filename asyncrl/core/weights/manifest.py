@@ -59,8 +59,9 @@ def check_transport(value: str, field: str) -> None:
     require(value in TRANSPORTS, field, f"must be one of {TRANSPORTS}, got {value!r}")
 
 
-def check_join_timeout(value: float, field: str) -> None:
-    require(math.isfinite(value) and value >= 0, field, f"must be >= 0 (0 = the push time-out), got {value}")
+def check_optional_seconds(value: float, field: str) -> None:
+    """A time-out where 0 means "the default"."""
+    require(math.isfinite(value) and value >= 0, field, f"must be >= 0 (0 = the default), got {value}")
 
 
 def encode_plan(plan: PushPlan) -> weights_pb2.WeightPushPlan:
@@ -86,7 +87,7 @@ def decode_plan(msg, field: str = "plan") -> PushPlan:
     check_transport(msg.transport, f"{field}.transport")
     require(msg.bucket_bytes > 0, f"{field}.bucket_bytes", f"must be > 0, got {msg.bucket_bytes}")
     require(math.isfinite(msg.timeout_s) and msg.timeout_s > 0, f"{field}.timeout_s", f"must be > 0, got {msg.timeout_s}")
-    check_join_timeout(msg.join_timeout_s, f"{field}.join_timeout_s")
+    check_optional_seconds(msg.join_timeout_s, f"{field}.join_timeout_s")
     return PushPlan(
         push_id=msg.push_id,
         version=msg.version,
