@@ -1,6 +1,7 @@
-"""The character-level tokenizer of the synthetic tasks.
+"""Tokenizers: `ModelTokenizer`, the policy checkpoint's own (used by every process), and the character-level
+tokenizer of the synthetic tasks.
 
-One token per character (digits, '+', '=') plus the specials <pad>, <bos>, <eos>, <unk>. It is built with the
+The character tokenizer has one token per character (digits, '+', '=') plus the specials <pad>, <bos>, <eos>, <unk>. It is built with the
 `tokenizers` library and saved as a regular Hugging Face tokenizer directory (tokenizer.json +
 tokenizer_config.json with bos/eos/pad set), so `transformers.AutoTokenizer` and vLLM load it like any other
 checkpoint's tokenizer. `ModelTokenizer` wraps any checkpoint's tokenizer (this one included, `arith()`) with the
