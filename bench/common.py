@@ -19,7 +19,7 @@ def build_random_qwen2(out_dir: Path, hidden: int, layers: int, intermediate: in
 
     from asyncrl.core.config import TinyModelConfig
     from asyncrl.core.tokenizer import ModelTokenizer, build_char_tokenizer, save_tokenizer
-    from asyncrl.tools.tiny_model import qwen2_config
+    from asyncrl.tools.tiny_model import model_config
 
     if (out_dir / "config.json").exists():
         return out_dir
@@ -27,7 +27,7 @@ def build_random_qwen2(out_dir: Path, hidden: int, layers: int, intermediate: in
     codec = ModelTokenizer.from_tokenizers(char_tokenizer)
     shape = TinyModelConfig(hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=hidden // 64,
                             num_key_value_heads=max(1, hidden // 256), intermediate_size=intermediate)
-    config = qwen2_config(shape, codec)
+    config = model_config(shape, codec)
     config.max_position_embeddings = 256
     torch.manual_seed(seed)
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+import numpy as np
 import torch
 
 from asyncrl.core.buffer import BufferEntry
+from asyncrl.core.routing import RoutingShape, read_proto
 
 
 class MalformedGroup(ValueError):
@@ -30,6 +32,13 @@ class TrainBatch:
     rewards: torch.Tensor  # [N] float32
     group_index: torch.Tensor  # [N] long
     logp_teacher: torch.Tensor | None = None  # [N, T] float32 when annotated
+    routing: torch.Tensor | None = None
+    """MoE rollouts with captured routing: expert ids [N, S, layers, top_k] aligned with `sequences` (S the
+    longest sequence), uint8 (int32 beyond 256 experts)."""
+    routing_mask: torch.Tensor | None = None
+    """[N, S] bool: positions whose routing the rollout captured."""
+    routing_bytes: int = 0
+    """Wire bytes of the routing data in this batch."""
 
     def __len__(self) -> int:
         return len(self.sequences)
@@ -51,10 +60,17 @@ class TrainBatch:
             rewards=self.rewards[idx],
             group_index=self.group_index[idx],
             logp_teacher=pick(self.logp_teacher),
+            routing=None if self.routing is None else self.routing[idx, : self._seq_width(index)],
+            routing_mask=None if self.routing_mask is None else self.routing_mask[idx, : self._seq_width(index)],
         )
 
+    def _seq_width(self, index: list[int]) -> int:
+        return max((len(self.sequences[i]) for i in index), default=0)
 
-def check_group(group) -> None:
+
+def check_group(group, routing_shape: RoutingShape | None = None) -> None:
+    """MalformedGroup naming the first problem; routed experts are checked against the learner's MoE shape
+    (`routing_shape`; None: a dense learner ignores them)."""
     if not group.trajectories:
         raise MalformedGroup(group.group_id, "has no trajectories")
     for t in group.trajectories:
@@ -69,12 +85,52 @@ def check_group(group) -> None:
             )
         if not t.prompt_token_ids:
             raise MalformedGroup(group.group_id, f"trajectory {t.trajectory_id!r} has an empty prompt")
+        if routing_shape is not None and t.HasField("routed_experts"):
+            try:
+                _routed_ids(t, routing_shape)
+            except ValueError as err:
+                raise MalformedGroup(group.group_id, f"trajectory {t.trajectory_id!r}: {err}") from None
 
 
-def assemble(entries: list[BufferEntry]) -> TrainBatch:
-    """Stack every trajectory of every entry; raises MalformedGroup for the first bad group."""
+def _routed_ids(t, shape: RoutingShape) -> np.ndarray:
+    routed = read_proto(t.routed_experts)
+    length = len(t.prompt_token_ids) + len(t.response_token_ids)
+    _, layers, top_k = routed.ids.shape
+    if (layers, top_k, routed.num_experts) != (shape.num_layers, shape.top_k, shape.num_experts):
+        raise ValueError(
+            f"routed_experts: {layers} layers x top-{top_k} of {routed.num_experts} experts, the learner's model "
+            f"has {shape.num_layers} x top-{shape.top_k} of {shape.num_experts}"
+        )
+    if not length - 1 <= routed.ids.shape[0] <= length:
+        raise ValueError(
+            f"routed_experts.num_tokens ({routed.ids.shape[0]}) must be {length - 1} or {length} for a sequence of "
+            f"{length} tokens"
+        )
+    return routed.ids
+
+
+def _stack_routing(trajs, shape: RoutingShape) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """(ids [N, S, layers, k], captured mask [N, S], wire bytes) of the trajectories' routed experts."""
+    width = max(len(t.prompt_token_ids) + len(t.response_token_ids) for t in trajs)
+    dtype = torch.uint8 if shape.num_experts <= 256 else torch.int32
+    ids = torch.zeros(len(trajs), width, shape.num_layers, shape.top_k, dtype=dtype)
+    mask = torch.zeros(len(trajs), width, dtype=torch.bool)
+    nbytes = 0
+    for row, t in enumerate(trajs):
+        if not t.HasField("routed_experts"):
+            continue
+        routed = _routed_ids(t, shape)
+        ids[row, : len(routed)] = torch.from_numpy(routed.astype(np.int32)).to(dtype)
+        mask[row, : len(routed)] = True
+        nbytes += len(t.routed_experts.expert_ids)
+    return ids, mask, nbytes
+
+
+def assemble(entries: list[BufferEntry], routing_shape: RoutingShape | None = None) -> TrainBatch:
+    """Stack every trajectory of every entry; raises MalformedGroup for the first bad group. With
+    `routing_shape` (a MoE learner) the rollouts' routed experts come along when any trajectory has them."""
     for e in entries:
-        check_group(e.group)
+        check_group(e.group, routing_shape)
     trajs = [(gi, t) for gi, e in enumerate(entries) for t in e.group.trajectories]
     width = max(len(t.response_token_ids) for _, t in trajs)
     n = len(trajs)
@@ -91,6 +147,10 @@ def assemble(entries: list[BufferEntry]) -> TrainBatch:
         teacher = torch.zeros(n, width)
         for row, (_, t) in enumerate(trajs):
             teacher[row, : len(t.logp_teacher)] = torch.tensor(list(t.logp_teacher))
+    routing = routing_mask = None
+    routing_bytes = 0
+    if routing_shape is not None and any(t.HasField("routed_experts") for _, t in trajs):
+        routing, routing_mask, routing_bytes = _stack_routing([t for _, t in trajs], routing_shape)
     return TrainBatch(
         entry_ids=[e.entry_id for e in entries],
         group_ids=[t.group_id for _, t in trajs],
@@ -103,6 +163,9 @@ def assemble(entries: list[BufferEntry]) -> TrainBatch:
         rewards=torch.tensor([t.reward for _, t in trajs], dtype=torch.float32),
         group_index=torch.tensor([gi for gi, _ in trajs], dtype=torch.long),
         logp_teacher=teacher,
+        routing=routing,
+        routing_mask=routing_mask,
+        routing_bytes=routing_bytes,
     )
 
 

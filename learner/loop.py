@@ -82,7 +82,7 @@ class LearnerLoop:
             got = self.buffer.get(self.groups_per_step - len(entries), timeout_s=1.0)
             for entry in got:
                 try:
-                    check_group(entry.group)
+                    check_group(entry.group, self.trainer.replay.shape)
                     entries.append(entry)
                 except MalformedGroup as err:
                     self._set_aside(entry, err)
@@ -174,7 +174,7 @@ class LearnerLoop:
 
     def train_on(self, entries: list) -> None:
         version = self.progress.version
-        batch = assemble(entries)
+        batch = assemble(entries, self.trainer.replay.shape)
         if self.teacher is not None:
             self.annotate(batch)
         metrics = self.trainer.step(batch, version)

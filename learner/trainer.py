@@ -1,5 +1,6 @@
 """One learner step: logp_prox (no grad), advantages, then per mini-batch logp (with grad), the
-objective, backward, clip, optimizer step. The objective itself lives in `learner.algos` (pure)."""
+objective, backward, clip, optimizer step. The objective itself lives in `learner.algos` (pure); which experts
+a MoE policy's forwards use is `learner.routing_replay`."""
 
 from __future__ import annotations
 
@@ -13,7 +14,9 @@ import torch
 from asyncrl.core.modeling import sequence_logprobs
 from asyncrl.core.sampling import SamplingParams
 from asyncrl.learner.algos import build_advantages, policy_objective
+from asyncrl.learner.algos.diagnostics import to_floats
 from asyncrl.learner.batch import TrainBatch, staleness_stats
+from asyncrl.learner.routing_replay import RoutingReplay
 
 
 class Trainer:
@@ -30,6 +33,8 @@ class Trainer:
         self.ref_model = None
         if self.algo.kl.mode != "none":
             self.ref_model = copy.deepcopy(model).eval().requires_grad_(False)
+        # After the reference copy: the router hooks stay on the policy only.
+        self.replay = RoutingReplay(model, learner_cfg.routing_replay)
 
     def _logprobs(self, batch: TrainBatch, model: torch.nn.Module | None = None) -> torch.Tensor:
         logp, _mask = sequence_logprobs(model or self.model, batch.sequences, batch.response_starts,
@@ -53,9 +58,10 @@ class Trainer:
         """Train on `batch` with the policy at `version`; returns flat metrics."""
         t0 = time.perf_counter()
         self.model.train()
+        routing_metrics: dict = {}
         if self.algo.needs_prox_forward:
             with torch.no_grad():
-                logp_prox = self._logprobs(batch)
+                logp_prox, routing_metrics = self.replay.proximal(batch, lambda: self._logprobs(batch))
         else:
             logp_prox = batch.logp_behav  # bypass mode: one forward less
         t_prox = time.perf_counter() - t0
@@ -66,27 +72,31 @@ class Trainer:
         adv = build_advantages(batch.rewards, batch.group_index, batch.response_mask, self.algo,
                                logp_prox=logp_prox, logp_teacher=batch.logp_teacher, logp_ref=logp_ref)
         metrics: dict[str, float] = dict(adv.metrics)
+        metrics.update(to_floats(routing_metrics))
         sums: dict[str, float] = defaultdict(float)
         chunks = self.minibatch_rows(batch, adv.keep)
         for rows in chunks:
             mb = batch.rows(rows)
             width = mb.response_mask.shape[1]
             idx = torch.tensor(rows, dtype=torch.long)
-            logp = self._logprobs(mb)
-            loss, mb_metrics = policy_objective(
-                logp, logp_prox[idx, :width], mb.logp_behav, adv.advantages[idx, :width], mb.response_mask,
-                self.algo, logp_ref=None if logp_ref is None else logp_ref[idx, :width],
-                logp_teacher=mb.logp_teacher,
-                opd_mask=None if adv.opd_mask is None else adv.opd_mask[idx, :width],
-            )
-            self.optimizer.zero_grad(set_to_none=True)
-            loss.backward()
+            with self.replay.training(mb, rows, measure=not self.algo.needs_prox_forward) as mb_routing:
+                logp = self._logprobs(mb)
+                loss, mb_metrics = policy_objective(
+                    logp, logp_prox[idx, :width], mb.logp_behav, adv.advantages[idx, :width], mb.response_mask,
+                    self.algo, logp_ref=None if logp_ref is None else logp_ref[idx, :width],
+                    logp_teacher=mb.logp_teacher,
+                    opd_mask=None if adv.opd_mask is None else adv.opd_mask[idx, :width],
+                )
+                self.optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+            mb_metrics.update(to_floats(mb_routing))
             grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.max_grad_norm)
             self.optimizer.step()
             sums["loss/total"] += loss.item()
             sums["opt/grad_norm"] += float(grad_norm)
             for key, value in mb_metrics.items():
                 sums[key] += float(value)
+        self.replay.end_step()
         for key, value in sums.items():
             metrics[key] = value / max(1, len(chunks))
         lengths = batch.response_mask.sum(dim=1)

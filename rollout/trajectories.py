@@ -7,6 +7,7 @@ import time
 from typing import Any
 
 from asyncrl.core.engines.base import Generation
+from asyncrl.core.routing import write_proto
 from asyncrl.v1 import trajectory_pb2
 
 
@@ -41,9 +42,7 @@ def build_group(
             finished=gen.finished,
         )
         if gen.routed_experts is not None:
-            experts = gen.routed_experts
-            traj.routed_experts.num_tokens, traj.routed_experts.num_layers, traj.routed_experts.top_k = experts.shape
-            traj.routed_experts.expert_ids.extend(int(e) for e in experts.reshape(-1))
+            write_proto(gen.routed_experts, traj.routed_experts)
         trajectories.append(traj)
     return trajectory_pb2.TrajectoryGroup(
         group_id=group_id,

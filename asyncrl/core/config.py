@@ -36,8 +36,19 @@ class ModelConfig(Section):
 
 
 class TinyModelConfig(Section):
-    """How `asyncrl make-tiny-model` (and `up` with model.build_tiny) builds a tiny Qwen2 policy, warm-started
-    with supervised steps on the task's reference answers, and its teacher (when the teacher is enabled)."""
+    """How `asyncrl make-tiny-model` (and `up` with model.build_tiny) builds a tiny Qwen2 (or Qwen3-MoE) policy,
+    warm-started with supervised steps on the task's reference answers, and its teacher (when the teacher is
+    enabled)."""
+
+    architecture: Literal["qwen2", "qwen3_moe"] = "qwen2"
+    """qwen2: dense MLPs; qwen3_moe: every MLP is a mixture of experts with a softmax top-k router (for
+    routing replay)."""
+    num_experts: int = Field(8, ge=2, le=256)
+    """qwen3_moe only: experts per MoE layer."""
+    num_experts_per_tok: int = Field(2, ge=1)
+    """qwen3_moe only: top-k experts each token is routed to."""
+    moe_intermediate_size: int = Field(128, ge=1)
+    """qwen3_moe only: MLP width of each expert."""
 
     hidden_size: int = 128
     """Model width. Attention head size is hidden_size / num_attention_heads and must be 64 (vLLM CPU kernels)."""
@@ -92,6 +103,10 @@ class EngineConfig(Section):
     """vLLM only: no CUDA graphs / compilation (faster start, needed on CPU)."""
     max_model_len: int = Field(64, ge=8)
     """vLLM only: longest prompt + response."""
+    capture_routing: bool = True
+    """MoE models: record the experts every token was routed to and send them with the trajectory (what
+    `learner.routing_replay.mode: r3` replays; num_layers * top_k bytes per token). The torch engine captures
+    anywhere, vLLM only on GPUs. No effect on dense models."""
 
 
 class BufferConfig(Section):
@@ -228,6 +243,20 @@ class TrackingConfig(Section):
     """W&B mode; offline runs can be synced later with `wandb sync`."""
 
 
+class RoutingReplayConfig(Section):
+    """MoE routing replay in the learner's forwards (R2 / R3 of the routing-replay literature)."""
+
+    mode: Literal["none", "r2", "r3"] = "none"
+    """none: the learner routes on its own. r3: every learner forward (proximal and training) uses the experts
+    the rollout engine routed each token to (needs rollout.engine.capture_routing). r2: the routing of the
+    step's proximal forward (the weights at the start of the step) is forced on every training mini-batch, so
+    later mini-batches route as the first did. Gate weights always come from the current router logits over
+    the forced experts, so the router keeps learning. Needs a MoE policy and (r2) a proximal forward."""
+    measure_unreplayed: bool = False
+    """r3 only: one more no-grad forward per step without replay, for `routing/delta_abs_unreplayed` (what
+    |logp_prox - logp_behav| would be without replay)."""
+
+
 class LearnerConfig(Section):
     host: str = "127.0.0.1"
     """Interface the learner's status service binds."""
@@ -265,6 +294,8 @@ class LearnerConfig(Section):
     """How new weights reach the replicas."""
     algo: AlgoConfig = AlgoConfig()
     """Objective: policy loss, rollout correction, advantages, KL, OPD, shaping."""
+    routing_replay: RoutingReplayConfig = RoutingReplayConfig()
+    """MoE routing replay (none, r2, r3)."""
 
 
 class AsyncRLConfig(Section):
@@ -313,6 +344,14 @@ class AsyncRLConfig(Section):
             raise ValueError(
                 f"learner.eval_pass_k ({self.learner.eval_pass_k}) must be <= learner.eval_samples "
                 f"({self.learner.eval_samples})"
+            )
+        replay = self.learner.routing_replay.mode
+        if replay == "r3" and not self.rollout.engine.capture_routing:
+            raise ValueError("learner.routing_replay.mode r3 needs rollout.engine.capture_routing: true")
+        if replay == "r2" and not self.learner.algo.needs_prox_forward:
+            raise ValueError(
+                "learner.routing_replay.mode r2 replays the proximal forward's routing; the bypass objective "
+                f"({self.learner.algo.preset or 'bypass: true'}) has none: use r3 or a decoupled preset"
             )
         if self.learner.algo.opd.enabled and not (self.teacher.enabled and self.teacher.annotate):
             raise ValueError("learner.algo.opd.enabled needs teacher.enabled and teacher.annotate")

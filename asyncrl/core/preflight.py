@@ -4,6 +4,7 @@ dataset files exist, hold rows and the named field), the reward resolves. Each f
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 
@@ -20,11 +21,27 @@ def check_checkpoint(path: str, key: str) -> None:
         raise ConfigError(f"{key}: {path!r} is not a Hugging Face checkpoint directory (no config.json)")
 
 
+def check_routing_replay(config) -> None:
+    """Routing replay needs a mixture-of-experts policy (the checkpoint's config names its experts)."""
+    mode = config.learner.routing_replay.mode
+    if mode == "none":
+        return
+    from asyncrl.core.routing import checkpoint_num_experts
+
+    if checkpoint_num_experts(config.model.path) == 0:
+        model_type = json.loads((Path(config.model.path) / "config.json").read_text()).get("model_type", "model")
+        raise ConfigError(
+            f"learner.routing_replay.mode: {mode} replays MoE routing, but model.path {config.model.path!r} is a "
+            f"dense {model_type} (no experts); use mode none"
+        )
+
+
 def preflight(config) -> None:
     """Everything a run needs from the disk, checked once before any process starts."""
     from asyncrl.core.tasks import task_for_run
 
     check_checkpoint(config.model.path, "model.path")
+    check_routing_replay(config)
     if config.teacher.enabled:
         check_checkpoint(config.teacher.model_path, "teacher.model_path")
     try:

@@ -1,8 +1,9 @@
 """`asyncrl make-tiny-model`: tiny policy and teacher checkpoints, built locally (no model hub).
 
 A tokenizer (the arith task's character tokenizer, or `tiny_model.tokenizer_path`: any Hugging Face
-tokenizer directory, e.g. a BPE tokenizer with a chat template), a small `Qwen2` (attention head size 64,
-what vLLM's CPU kernels accept) with random weights, then a short supervised warm start on the task's
+tokenizer directory, e.g. a BPE tokenizer with a chat template), a small `Qwen2`, or with
+`tiny_model.architecture: qwen3_moe` a `Qwen3-MoE` (attention head size 64, what vLLM's CPU kernels accept)
+with random weights, then a short supervised warm start on the task's
 reference answers so RL starts from a sensible but imperfect policy (`tiny_model.warmstart_steps`, saved at
 `model.path`); when the teacher is enabled it continues the same run to `tiny_model.teacher_steps` in total
 (a stronger model of the same shape, saved at `teacher.model_path`). Float32 safetensors checkpoints with
@@ -69,10 +70,11 @@ def _stamp_matches(directory: Path, stamp: str) -> bool:
         return False
 
 
-def qwen2_config(tiny_cfg, codec):
-    """The `Qwen2Config` of the tiny model around `codec` (a `ModelTokenizer`); validates the head size vLLM's
-    CPU attention needs."""
-    from transformers import Qwen2Config
+def model_config(tiny_cfg, codec):
+    """The transformers config of the tiny model around `codec` (a `ModelTokenizer`): `Qwen2Config` or, for
+    `architecture: qwen3_moe`, `Qwen3MoeConfig` (every layer sparse). Validates the head size vLLM's CPU
+    attention needs."""
+    from transformers import Qwen2Config, Qwen3MoeConfig
 
     heads, kv_heads = tiny_cfg.num_attention_heads, tiny_cfg.num_key_value_heads
     if tiny_cfg.hidden_size != heads * HEAD_SIZE:
@@ -84,19 +86,37 @@ def qwen2_config(tiny_cfg, codec):
         raise ValueError(
             f"tiny_model.num_attention_heads ({heads}) must be a multiple of num_key_value_heads ({kv_heads})"
         )
-    return Qwen2Config(
-        vocab_size=codec.vocab_size,
-        hidden_size=tiny_cfg.hidden_size,
-        intermediate_size=tiny_cfg.intermediate_size,
-        num_hidden_layers=tiny_cfg.num_hidden_layers,
-        num_attention_heads=heads,
-        num_key_value_heads=kv_heads,
-        head_dim=HEAD_SIZE,
-        max_position_embeddings=tiny_cfg.max_positions,
-        bos_token_id=codec.bos_id,
-        eos_token_id=codec.eos_id,
-        pad_token_id=codec.pad_id,
-        tie_word_embeddings=False,
+    common = {
+        "vocab_size": codec.vocab_size,
+        "hidden_size": tiny_cfg.hidden_size,
+        "intermediate_size": tiny_cfg.intermediate_size,
+        "num_hidden_layers": tiny_cfg.num_hidden_layers,
+        "num_attention_heads": heads,
+        "num_key_value_heads": kv_heads,
+        "head_dim": HEAD_SIZE,
+        "max_position_embeddings": tiny_cfg.max_positions,
+        "bos_token_id": codec.bos_id,
+        "eos_token_id": codec.eos_id,
+        "pad_token_id": codec.pad_id,
+        "tie_word_embeddings": False,
+    }
+    if tiny_cfg.architecture == "qwen2":
+        return Qwen2Config(**common)
+    if tiny_cfg.num_experts_per_tok > tiny_cfg.num_experts:
+        raise ValueError(
+            f"tiny_model.num_experts_per_tok ({tiny_cfg.num_experts_per_tok}) must be <= num_experts "
+            f"({tiny_cfg.num_experts})"
+        )
+    return Qwen3MoeConfig(
+        **common,
+        num_experts=tiny_cfg.num_experts,
+        num_experts_per_tok=tiny_cfg.num_experts_per_tok,
+        moe_intermediate_size=tiny_cfg.moe_intermediate_size,
+        # Qwen3-MoE's released models renormalise the top-k gates; the auxiliary balance loss stays off.
+        norm_topk_prob=True,
+        decoder_sparse_step=1,
+        mlp_only_layers=[],
+        output_router_logits=False,
     )
 
 
@@ -175,7 +195,7 @@ def _tokenizer(config):
 def make_tiny_model(config) -> TinyModelPaths:
     """Build (or reuse) the tiny policy at `config.model.path` and, when the teacher is enabled, the teacher at
     `config.teacher.model_path`."""
-    from transformers import Qwen2ForCausalLM
+    from transformers import AutoModelForCausalLM
 
     from asyncrl.core.engines.torch_decode import generate_with_model
     from asyncrl.core.tasks.evaluate import greedy_accuracy
@@ -196,7 +216,7 @@ def make_tiny_model(config) -> TinyModelPaths:
     tokenizer, save_tokenizer_to = _tokenizer(config)
     task = get_task(config.task, tokenizer, config.reward)
     torch.manual_seed(tiny.seed)
-    model = Qwen2ForCausalLM(qwen2_config(tiny, tokenizer)).float()
+    model = AutoModelForCausalLM.from_config(model_config(tiny, tokenizer)).float()
     log.info(
         "tiny model: %d parameters, vocabulary %d; warm start %d steps, teacher %d steps",
         sum(p.numel() for p in model.parameters()),

@@ -7,16 +7,18 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class RoutedExperts(_message.Message):
-    __slots__ = ("num_tokens", "num_layers", "top_k", "expert_ids")
+    __slots__ = ("num_tokens", "num_layers", "top_k", "expert_ids", "num_experts")
     NUM_TOKENS_FIELD_NUMBER: _ClassVar[int]
     NUM_LAYERS_FIELD_NUMBER: _ClassVar[int]
     TOP_K_FIELD_NUMBER: _ClassVar[int]
     EXPERT_IDS_FIELD_NUMBER: _ClassVar[int]
+    NUM_EXPERTS_FIELD_NUMBER: _ClassVar[int]
     num_tokens: int
     num_layers: int
     top_k: int
-    expert_ids: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, num_tokens: _Optional[int] = ..., num_layers: _Optional[int] = ..., top_k: _Optional[int] = ..., expert_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+    expert_ids: bytes
+    num_experts: int
+    def __init__(self, num_tokens: _Optional[int] = ..., num_layers: _Optional[int] = ..., top_k: _Optional[int] = ..., expert_ids: _Optional[bytes] = ..., num_experts: _Optional[int] = ...) -> None: ...
 
 class Trajectory(_message.Message):
     __slots__ = ("trajectory_id", "group_id", "prompt_token_ids", "response_token_ids", "logp_behav", "weight_version", "reward", "finished", "routed_experts", "logp_teacher")

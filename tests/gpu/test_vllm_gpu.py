@@ -89,6 +89,26 @@ def test_nccl_push_updates_the_gpu_engine(dense):
     assert_scores_match(engine, new_model)
 
 
+def assert_r3_reproduces_logp_behav(model, prompt, gen):
+    """vLLM's routed experts through the trajectory proto and the learner's batch, forced in the learner's
+    forward (R3): the learner's log-probs match the engine's logp_behav."""
+    from asyncrl.core.buffer import BufferEntry
+    from asyncrl.core.modeling import sequence_logprobs
+    from asyncrl.core.routing import install_hooks
+    from asyncrl.learner.batch import assemble
+    from asyncrl.rollout.trajectories import build_group
+
+    hooks = install_hooks(model)
+    group = build_group(group_id="g", prompt_index=0, prompt_token_ids=prompt, generations=[gen], rewards=[0.0],
+                        replica_id="r", lease_id="l", metadata={})
+    batch = assemble([BufferEntry("1-0", group)], hooks.shape)
+    params = SamplingParams(temperature=1.0, max_new_tokens=8)
+    with torch.no_grad(), hooks.force(batch.routing, batch.routing_mask):
+        logp, mask = sequence_logprobs(model, batch.sequences, batch.response_starts, params)
+    assert torch.allclose(logp[mask], batch.logp_behav[mask], atol=TOL, rtol=0)
+    hooks.remove()
+
+
 def test_moe_routed_experts_and_weight_update(tmp_path_factory, dense):
     # One engine on the GPU at a time: the dense one (last used above) goes first; closing twice is harmless.
     dense[0].close()
@@ -99,13 +119,14 @@ def test_moe_routed_experts_and_weight_update(tmp_path_factory, dense):
         model = reference_model(path)
         prompt = [3, 4, 5, 6]
         [[gen]] = engine.generate([prompt], SamplingParams(temperature=1.0, max_new_tokens=8))
-        routed = gen.routed_experts
+        routed = gen.routed_experts.ids if gen.routed_experts is not None else None
         assert routed is not None, "vLLM returned no routed experts"
         print(f"routed_experts shape {routed.shape} for {len(prompt)} prompt + {len(gen.token_ids)} tokens")
         # [positions, MoE layers, top-k]: one row per token the model ran (the last sampled one may be absent).
         assert routed.shape[1:] == (2, 2)
         assert len(prompt) + len(gen.token_ids) - 1 <= routed.shape[0] <= len(prompt) + len(gen.token_ids)
         assert routed.min() >= 0 and routed.max() < 8
+        assert_r3_reproduces_logp_behav(model, prompt, gen)
         # The in-memory names of a transformers 5 MoE (fused experts) are what a learner pushes.
         new_model = perturbed(model, seed=3)
         stats, _ = push(engine, new_model, version=1)

@@ -78,3 +78,7 @@ def test_existing_run_directory_without_resume(base, tmp_path):
     (run_dir / "events").mkdir(parents=True)
     assert_refused(up(*base, "--set", f"run_dir={run_dir}"), "run_dir", "exists", "--resume")
     assert_refused(up("--resume", str(tmp_path / "nothing-here")), "--resume", "not a run directory")
+
+
+def test_routing_replay_on_a_dense_model(base):
+    assert_refused(up(*base, "--set", "learner.routing_replay.mode=r3"), "learner.routing_replay.mode", "dense qwen2")

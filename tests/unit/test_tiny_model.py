@@ -7,7 +7,7 @@ import torch
 
 from asyncrl.core.config import AsyncRLConfig, TinyModelConfig
 from asyncrl.core.tokenizer import ModelTokenizer, build_char_tokenizer, save_tokenizer
-from asyncrl.tools.tiny_model import STAMP_FILE, config_stamp, make_tiny_model, qwen2_config
+from asyncrl.tools.tiny_model import STAMP_FILE, config_stamp, make_tiny_model, model_config
 
 
 def test_tokenizer_round_trip():
@@ -43,8 +43,8 @@ def test_bad_alphabet_is_rejected():
 def test_head_size_must_be_64():
     codec = ModelTokenizer.arith()
     with pytest.raises(ValueError, match="must be 64"):
-        qwen2_config(TinyModelConfig(hidden_size=128, num_attention_heads=4), codec)
-    cfg = qwen2_config(TinyModelConfig(hidden_size=256, num_attention_heads=4, num_key_value_heads=2), codec)
+        model_config(TinyModelConfig(hidden_size=128, num_attention_heads=4), codec)
+    cfg = model_config(TinyModelConfig(hidden_size=256, num_attention_heads=4, num_key_value_heads=2), codec)
     assert cfg.head_dim == 64 and cfg.vocab_size == codec.vocab_size and cfg.eos_token_id == codec.eos_id
 
 
@@ -86,3 +86,18 @@ def test_teacher_must_train_at_least_as_long(tmp_path):
     )
     with pytest.raises(ValueError, match="teacher_steps"):
         make_tiny_model(cfg)
+
+
+def test_moe_architecture_builds_a_qwen3_moe_with_routers():
+    from transformers import AutoModelForCausalLM
+
+    from asyncrl.core.routing import routing_shape
+
+    codec = ModelTokenizer.arith()
+    shape = TinyModelConfig(architecture="qwen3_moe", num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32)
+    config = model_config(shape, codec)
+    assert config.model_type == "qwen3_moe" and config.norm_topk_prob and config.head_dim == 64
+    routing = routing_shape(AutoModelForCausalLM.from_config(config))
+    assert (routing.num_layers, routing.top_k, routing.num_experts) == (2, 2, 8)
+    with pytest.raises(ValueError, match="num_experts_per_tok"):
+        model_config(TinyModelConfig(architecture="qwen3_moe", num_experts=2, num_experts_per_tok=3), codec)

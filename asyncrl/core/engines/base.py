@@ -11,8 +11,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 
-import numpy as np
-
+from asyncrl.core.routing import RoutedExperts
 from asyncrl.core.sampling import SamplingParams
 from asyncrl.core.weights.plan import PushPlan
 
@@ -26,8 +25,9 @@ class Generation:
     weight_version: list[int]
     finished: bool
     """True when the response ended with EOS (the EOS token is included in token_ids)."""
-    routed_experts: np.ndarray | None = None
-    """MoE only: int array [prompt_len + response_len, num_moe_layers, top_k]."""
+    routed_experts: RoutedExperts | None = None
+    """MoE models with routing capture on: the experts of every computed token (prompt, then all response
+    tokens but the last)."""
 
 
 @dataclass

@@ -4,6 +4,8 @@ Used by `TorchEngine` and directly by the learner to evaluate its own in-process
 left-padded under an attention mask with position ids counted from each prompt's first real token, so a
 prompt decodes the same whatever it is batched with. Every token is sampled with
 `asyncrl.core.sampling.sample_tokens`, so `logp_behav` is the processed log-prob the learner recomputes.
+With `router_hooks` (a MoE model) every forward also records the experts each input token was routed to, and
+each generation carries them for its prompt and all its response tokens but the last (never fed back).
 """
 
 from __future__ import annotations
@@ -11,10 +13,12 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable
 from contextlib import AbstractContextManager
+from functools import partial
 
 import torch
 
 from asyncrl.core.engines.base import Generation
+from asyncrl.core.routing import RoutedExperts, RouterHooks, id_dtype
 from asyncrl.core.sampling import SamplingParams, sample_tokens
 
 StepGuard = Callable[[], AbstractContextManager[int]]
@@ -36,18 +40,48 @@ def _left_pad(
     return input_ids.to(device), attention_mask.to(device), position_ids.to(device)
 
 
+class _RoutingTrace:
+    """Experts of every forward of one decode batch: the prefill's [batch, width, layers, k], then one
+    [batch, layers, k] per decode step (the routing of the token sampled the step before)."""
+
+    def __init__(self, hooks: RouterHooks):
+        self.hooks = hooks
+        self.steps: list[torch.Tensor] = []
+
+    def forward(self, model, **inputs):
+        with self.hooks.capture() as layers:
+            out = model(**inputs)
+        self.steps.append(torch.stack(layers, dim=-2))  # [batch * seq, layers, k]
+        return out
+
+    def per_row(self, prompts: list[list[int]], response_lengths: list[int]) -> list[RoutedExperts]:
+        batch = len(prompts)
+        prefill = self.steps[0].view(batch, -1, *self.steps[0].shape[1:]).cpu()
+        width = prefill.shape[1]
+        decoded = torch.stack(self.steps[1:], dim=1).cpu() if len(self.steps) > 1 else None
+        out = []
+        for i, (prompt, n) in enumerate(zip(prompts, response_lengths)):
+            parts = [prefill[i, width - len(prompt) :]]
+            if n > 1:
+                parts.append(decoded[i, : n - 1])
+            num_experts = self.hooks.shape.num_experts
+            out.append(RoutedExperts(ids=torch.cat(parts).numpy().astype(id_dtype(num_experts)), num_experts=num_experts))
+        return out
+
+
 @torch.no_grad()
-def _decode_batch(model, prompts, params, eos, pad_id, generator, step_guard) -> list[Generation]:
+def _decode_batch(model, prompts, params, eos, pad_id, generator, step_guard, hooks) -> list[Generation]:
     device = eos.device
     input_ids, attention_mask, position_ids = _left_pad(prompts, pad_id, device)
     batch = len(prompts)
     next_position = position_ids[:, -1] + 1
     finished = torch.zeros(batch, dtype=torch.bool, device=device)
     cache = None
+    trace = _RoutingTrace(hooks) if hooks is not None else None
     steps: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]] = []
     for _ in range(params.max_new_tokens):
         with step_guard() as version:
-            out = model(
+            out = (model if trace is None else partial(trace.forward, model))(
                 input_ids=input_ids,
                 attention_mask=attention_mask,
                 position_ids=position_ids,
@@ -84,6 +118,9 @@ def _decode_batch(model, prompts, params, eos, pad_id, generator, step_guard) ->
                 finished=finished_list[i],
             )
         )
+    if trace is not None:
+        for gen, routed in zip(out_gens, trace.per_row(prompts, [len(g.token_ids) for g in out_gens])):
+            gen.routed_experts = routed
     return out_gens
 
 
@@ -99,11 +136,13 @@ def generate_with_model(
     generator: torch.Generator | None = None,
     step_guard: StepGuard | None = None,
     weight_version: int = 0,
+    router_hooks: RouterHooks | None = None,
 ) -> list[list[Generation]]:
     """`n` samples for each prompt (result[i][j] = sample j of prompt i), decoded in batches of at most
     `max_batch_size` sequences. Responses stop at any of `eos_ids` (included, finished=True) or after
     `params.max_new_tokens`. Tokens are tagged with the version `step_guard` yields (default:
-    `weight_version`). The model runs in eval mode and is put back in its previous mode afterwards.
+    `weight_version`). With `router_hooks` (installed on `model`) each generation carries its routed experts.
+    The model runs in eval mode and is put back in its previous mode afterwards.
     """
     if n < 1:
         raise ValueError(f"n must be >= 1, got {n}")
@@ -126,7 +165,9 @@ def generate_with_model(
     try:
         for lo in range(0, len(flat), max_batch_size):
             chunk = flat[lo : lo + max_batch_size]
-            gens = _decode_batch(model, [p for _, p in chunk], params, eos, pad_id, generator, guard)
+            gens = _decode_batch(
+                model, [p for _, p in chunk], params, eos, pad_id, generator, guard, router_hooks
+            )
             for (i, _), gen in zip(chunk, gens):
                 results[i].append(gen)
     finally:

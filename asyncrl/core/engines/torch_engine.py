@@ -28,6 +28,7 @@ from asyncrl.core.modeling import (
     pad_token_id,
     sequence_logprobs,
 )
+from asyncrl.core.routing import install_hooks
 from asyncrl.core.sampling import SamplingParams
 from asyncrl.core.weights.flat import FlatWeights, rebind_parameters
 from asyncrl.core.weights.plan import PushPlan
@@ -43,6 +44,8 @@ class TorchEngine(Engine):
         self.max_batch_size = engine_cfg.max_batch_size
         self.model = load_causal_lm(model_path, dtype, engine_cfg.device)
         self.model.requires_grad_(False)
+        # MoE models: every generation carries the experts its tokens were routed to (routing replay).
+        self.router_hooks = install_hooks(self.model) if engine_cfg.capture_routing else None
         self.eos_ids = eos_token_ids(self.model)
         self.pad_id = pad_token_id(self.model)
         self.device = next(self.model.parameters()).device
@@ -79,6 +82,7 @@ class TorchEngine(Engine):
             max_batch_size=self.max_batch_size,
             generator=self._generator,
             step_guard=self._forward_step,
+            router_hooks=self.router_hooks,
         )
 
     def score(self, sequences: list[list[int]], response_starts: list[int]) -> list[list[float]]:

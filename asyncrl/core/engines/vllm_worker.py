@@ -11,7 +11,6 @@ on the extension's methods. The plan checks run in the engine's own process, bef
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from pathlib import Path
@@ -180,15 +179,3 @@ def transformers_tensor_shapes(model_path: str) -> tuple[dict[str, tuple[int, ..
     required = {name for name, _ in model.named_parameters()}
     required |= {name for name, _ in model.named_buffers() if name in shapes}
     return shapes, required
-
-
-def is_moe_checkpoint(model_path: str) -> bool:
-    """Whether the checkpoint's config describes a mixture-of-experts model (routing can be captured)."""
-    config_file = Path(model_path) / "config.json"
-    if not config_file.is_file():
-        return False
-    config = json.loads(config_file.read_text())
-    config = config.get("text_config", config)
-    return any(
-        int(config.get(key) or 0) > 0 for key in ("num_experts", "num_local_experts", "n_routed_experts")
-    )
