@@ -16,6 +16,12 @@ class LearnerMetrics:
         self.staleness = Gauge("asyncrl_learner_staleness_mean", "Mean staleness of the last batch", registry=r)
         self.step_seconds = Histogram("asyncrl_learner_step_seconds", "Learner step time", registry=r)
         self.push_seconds = Histogram("asyncrl_learner_push_seconds", "Weight push time (begin..commit)", registry=r)
+        self.dead_letters = Counter("asyncrl_learner_dead_letters", "Buffer entries refused and dead-lettered",
+                                    registry=r)
+        self.skipped_updates = Counter("asyncrl_learner_skipped_updates",
+                                       "Mini-batch updates skipped for a non-finite loss or gradient", registry=r)
+        self.teacher_failures = Counter("asyncrl_learner_teacher_failures",
+                                        "Batches trained without the teacher (Score failed every attempt)", registry=r)
         self.kl = Gauge("asyncrl_learner_kl_behav_prox", "KL(behav||prox), k3 estimator, last step", registry=r)
 
     def observe_step(self, metrics: dict, push) -> None:
@@ -26,6 +32,7 @@ class LearnerMetrics:
         self.staleness.set(metrics["staleness/mean"])
         self.step_seconds.observe(metrics["time/step_s"])
         self.push_seconds.observe(push.total_s)
+        self.skipped_updates.inc(metrics.get("opt/skipped_updates", 0))
         kl = metrics.get("rc/kl_k3")
         if kl is not None:
             self.kl.set(kl)

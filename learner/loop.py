@@ -10,8 +10,10 @@ import logging
 import time
 from dataclasses import dataclass
 
+import grpc
 import torch
 
+from asyncrl.core.trajectory_checks import BadGroup, TrajectoryLimits, check_trajectory_group
 from asyncrl.learner.batch import MalformedGroup, assemble, check_group
 from asyncrl.learner.checkpoint import CheckpointMeta
 from asyncrl.v1 import controller_pb2, teacher_pb2
@@ -33,7 +35,7 @@ class LearnerProgress:
 
 class LearnerLoop:
     def __init__(self, *, config, trainer, buffer, controller_stub, publisher, evaluate, events, metrics,
-                 teacher_stub=None, checkpointer=None, sinks=None):
+                 limits: TrajectoryLimits, teacher_stub=None, checkpointer=None, sinks=None):
         self.config = config
         self.trainer = trainer
         self.buffer = buffer
@@ -42,6 +44,8 @@ class LearnerLoop:
         self.evaluate = evaluate
         self.events = events
         self.metrics = metrics
+        self.limits = limits
+        """What a group must satisfy to be trained on (the rest is dead-lettered)."""
         self.teacher = teacher_stub
         self.checkpointer = checkpointer
         """Saves the policy and the learner state (`learner.checkpoint`); None: never."""
@@ -65,14 +69,25 @@ class LearnerLoop:
             self.events.write("resync", version=result.version, acked=result.acked, dropped=result.dropped,
                               seconds=result.total_s)
 
-    def _set_aside(self, entry, err: MalformedGroup) -> None:
-        """A malformed group would block every later step: record it, ack it, never train on it."""
-        log.error("setting aside %s: %s", entry.entry_id, err)
-        self.events.write("group_rejected", entry_id=entry.entry_id, group_id=err.group_id, reason=str(err))
-        self.buffer.ack([entry.entry_id])
+    def _admit(self, entry) -> bool:
+        """Whether `entry` may join a batch. Anything else is dead-lettered with its reason and acked: never
+        trained on, and never a crash (it would stay pending and crash every restart again)."""
+        reason = entry.problem
+        if reason is None:
+            try:
+                check_trajectory_group(entry.group, self.limits.with_max_version(self.progress.version))
+                check_group(entry.group, self.trainer.replay.shape)
+                return True
+            except (BadGroup, MalformedGroup) as err:
+                reason = str(err)
+        log.error("dead-lettering %s (group %r): %s", entry.entry_id, entry.group.group_id, reason)
+        self.buffer.dead_letter(entry.entry_id, reason)
+        self.events.write("group_rejected", entry_id=entry.entry_id, group_id=entry.group.group_id, reason=reason)
+        self.metrics.dead_letters.inc()
+        return False
 
     def collect(self, carry: list) -> list:
-        entries = list(carry)
+        entries = [entry for entry in carry if self._admit(entry)]
         deadline = time.time() + self.config.learner.batch_timeout_s
         while len(entries) < self.groups_per_step:
             if time.time() > deadline:
@@ -80,23 +95,39 @@ class LearnerLoop:
                     f"no full batch within {self.config.learner.batch_timeout_s}s "
                     f"({len(entries)}/{self.groups_per_step} groups)")
             got = self.buffer.get(self.groups_per_step - len(entries), timeout_s=1.0)
-            for entry in got:
-                try:
-                    check_group(entry.group, self.trainer.replay.shape)
-                    entries.append(entry)
-                except MalformedGroup as err:
-                    self._set_aside(entry, err)
+            entries.extend(entry for entry in got if self._admit(entry))
             if len(entries) < self.groups_per_step:
                 self._heartbeat()
         return entries
 
     def annotate(self, batch) -> None:
-        """Fill batch.logp_teacher from the teacher's Score RPC."""
+        """Fill batch.logp_teacher from the teacher's Score RPC, retrying with backoff; a teacher that stays
+        unreachable leaves it None (the step trains without the distillation term) and is recorded."""
+        tcfg = self.config.teacher
         request = teacher_pb2.ScoreRequest(sequences=[
             teacher_pb2.ScoreSequence(token_ids=seq, response_start=start)
             for seq, start in zip(batch.sequences, batch.response_starts)
         ])
-        reply = self.teacher.Score(request, timeout=120)
+        error = None
+        for attempt in range(tcfg.score_attempts):
+            if attempt:
+                time.sleep(tcfg.retry_backoff_s * 2 ** (attempt - 1))
+            try:
+                reply = self.teacher.Score(request, timeout=tcfg.score_timeout_s)
+                break
+            except grpc.RpcError as err:
+                error = f"{err.code().name}: {err.details()}"
+                log.warning("teacher Score attempt %d/%d failed: %s", attempt + 1, tcfg.score_attempts, error)
+                if err.code() == grpc.StatusCode.INVALID_ARGUMENT:
+                    break  # the same request would fail again
+        else:
+            reply = None
+        if reply is None or len(reply.sequences) != len(batch):
+            error = error or f"{len(reply.sequences)} scored sequences for {len(batch)}"
+            batch.logp_teacher = None
+            self.metrics.teacher_failures.inc()
+            self.events.write("teacher_unavailable", step=self.progress.step, error=error)
+            return
         width = batch.response_mask.shape[1]
         logp_teacher = torch.zeros_like(batch.logp_behav)
         for row, scored in enumerate(reply.sequences):
@@ -178,6 +209,10 @@ class LearnerLoop:
         if self.teacher is not None:
             self.annotate(batch)
         metrics = self.trainer.step(batch, version)
+        if not self.trainer.weights_finite():
+            # Updates with a non-finite loss or gradient are skipped, so this is a bug, not bad data: stop
+            # before such weights reach a replica (the last checkpoint is intact).
+            raise RuntimeError(f"non-finite weights after step {self.progress.step}: not pushing them")
         if self.checkpointer is None:
             self.buffer.ack(batch.entry_ids)
         else:

@@ -33,6 +33,9 @@ class Trainer:
         self.ref_model = None
         if self.algo.kl.mode != "none":
             self.ref_model = copy.deepcopy(model).eval().requires_grad_(False)
+        # A batch whose teacher annotation failed trains without the distillation term.
+        no_opd = self.algo.opd.model_copy(update={"enabled": False})
+        self.algo_without_teacher = self.algo.model_copy(update={"opd": no_opd})
         # After the reference copy: the router hooks stay on the policy only.
         self.replay = RoutingReplay(model, learner_cfg.routing_replay)
 
@@ -40,6 +43,10 @@ class Trainer:
         logp, _mask = sequence_logprobs(model or self.model, batch.sequences, batch.response_starts,
                                         self.sampling, self.pad_id)
         return logp[:, : batch.response_mask.shape[1]]
+
+    @torch.no_grad()
+    def weights_finite(self) -> bool:
+        return bool(torch.stack([p.isfinite().all() for p in self.model.parameters()]).all())
 
     def minibatch_rows(self, batch: TrainBatch, keep: torch.Tensor) -> list[list[int]]:
         """Split the kept rows into `minibatches` chunks along group boundaries."""
@@ -69,12 +76,16 @@ class Trainer:
         if self.ref_model is not None:
             with torch.no_grad():
                 logp_ref = self._logprobs(batch, self.ref_model)
-        adv = build_advantages(batch.rewards, batch.group_index, batch.response_mask, self.algo,
+        algo = self.algo
+        if algo.opd.enabled and batch.logp_teacher is None:
+            algo = self.algo_without_teacher
+        adv = build_advantages(batch.rewards, batch.group_index, batch.response_mask, algo,
                                logp_prox=logp_prox, logp_teacher=batch.logp_teacher, logp_ref=logp_ref)
         metrics: dict[str, float] = dict(adv.metrics)
         metrics.update(to_floats(routing_metrics))
         sums: dict[str, float] = defaultdict(float)
         chunks = self.minibatch_rows(batch, adv.keep)
+        skipped = 0
         for rows in chunks:
             mb = batch.rows(rows)
             width = mb.response_mask.shape[1]
@@ -83,7 +94,7 @@ class Trainer:
                 logp = self._logprobs(mb)
                 loss, mb_metrics = policy_objective(
                     logp, logp_prox[idx, :width], mb.logp_behav, adv.advantages[idx, :width], mb.response_mask,
-                    self.algo, logp_ref=None if logp_ref is None else logp_ref[idx, :width],
+                    algo, logp_ref=None if logp_ref is None else logp_ref[idx, :width],
                     logp_teacher=mb.logp_teacher,
                     opd_mask=None if adv.opd_mask is None else adv.opd_mask[idx, :width],
                 )
@@ -91,6 +102,12 @@ class Trainer:
                 loss.backward()
             mb_metrics.update(to_floats(mb_routing))
             grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.max_grad_norm)
+            if not (torch.isfinite(loss) and torch.isfinite(grad_norm)):
+                # One non-finite value would spread to every weight through the optimizer: skip the update
+                # (the optimizer state stays as it was) and count it; the weights never see it.
+                self.optimizer.zero_grad(set_to_none=True)
+                skipped += 1
+                continue
             self.optimizer.step()
             sums["loss/total"] += loss.item()
             sums["opt/grad_norm"] += float(grad_norm)
@@ -98,7 +115,9 @@ class Trainer:
                 sums[key] += float(value)
         self.replay.end_step()
         for key, value in sums.items():
-            metrics[key] = value / max(1, len(chunks))
+            metrics[key] = value / max(1, len(chunks) - skipped)
+        metrics["opt/skipped_updates"] = skipped
+        metrics["teacher/unavailable"] = float(self.algo.opd.enabled and batch.logp_teacher is None)
         lengths = batch.response_mask.sum(dim=1)
         metrics.update(
             {

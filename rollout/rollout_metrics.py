@@ -9,6 +9,8 @@ class RolloutMetrics:
     def __init__(self):
         self.registry = r = CollectorRegistry()
         self.groups_written = Counter("asyncrl_rollout_groups_written", "Trajectory groups written", registry=r)
+        self.groups_rejected = Counter("asyncrl_rollout_groups_rejected",
+                                       "Groups that failed validation, dead-lettered instead of written", registry=r)
         self.tokens_generated = Counter("asyncrl_rollout_tokens_generated", "Response tokens generated", registry=r)
         self.generation_seconds = Histogram("asyncrl_rollout_generation_seconds", "Engine generate() time", registry=r)
         self.lease_wait = Histogram("asyncrl_rollout_lease_wait_seconds", "Time waiting for a lease", registry=r)

@@ -20,6 +20,7 @@ from asyncrl.core.engines.factory import make_engine
 from asyncrl.core.events import EventLog
 from asyncrl.core.preflight import check_checkpoint
 from asyncrl.core.tasks import task_for_run
+from asyncrl.core.trajectory_checks import checkpoint_limits
 from asyncrl.rollout.replica import ReplicaSession
 from asyncrl.rollout.reward_pool import RewardPool
 from asyncrl.rollout.rollout_metrics import RolloutMetrics
@@ -75,6 +76,7 @@ class ReplicaRuntime:
             config=cfg, engine=self.engine, engine_lock=self.engine_lock, buffer=make_buffer(cfg.buffer),
             controller_stub=controller_stub, session=self.session, task=task, rewards=self.rewards,
             events=EventLog(cfg.run_dir, f"rollout-{self.session.replica_id}"), metrics=self.metrics,
+            limits=checkpoint_limits(cfg.model.path, cfg),
         )  # fmt: skip
         self._threads = [
             threading.Thread(target=self.session.heartbeat_forever, args=(self._stop,), daemon=True),

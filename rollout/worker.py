@@ -17,6 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 import grpc
 
 from asyncrl.core.sampling import SamplingParams
+from asyncrl.core.trajectory_checks import BadGroup, TrajectoryLimits, check_trajectory_group
 from asyncrl.rollout.trajectories import build_group
 from asyncrl.v1 import controller_pb2
 
@@ -25,7 +26,7 @@ log = logging.getLogger(__name__)
 
 class RolloutWorker:
     def __init__(self, *, config, engine, engine_lock, buffer, controller_stub, session, task, rewards,
-                 events, metrics):
+                 events, metrics, limits: TrajectoryLimits):
         self.config = config
         self.engine = engine
         self.engine_lock = engine_lock
@@ -37,6 +38,8 @@ class RolloutWorker:
         """A `RewardPool` over the task's reward."""
         self.events = events
         self.metrics = metrics
+        self.limits = limits
+        """What a group must satisfy to be written (the rest goes to the dead-letter stream)."""
         self.params = SamplingParams.from_config(config.sampling)
         self.group_size = config.sampling.group_size
 
@@ -119,8 +122,18 @@ class RolloutWorker:
         )
         num_written, entry_id = 0, None
         try:
-            entry_id = self.buffer.put(group)
-            num_written = len(gens)
+            check_trajectory_group(group, self.limits.with_max_version(self.engine.weight_version))
+        except BadGroup as err:
+            # Never into the training stream; kept with its reason, and the lease's quota goes back below.
+            log.error("group %s refused: %s", group.group_id, err)
+            self.events.write("group_rejected", group_id=group.group_id, lease_id=lease.lease_id, reason=str(err))
+            self.metrics.groups_rejected.inc()
+            self.buffer.put_dead_letter(group.SerializeToString(), str(err))
+            group = None
+        try:
+            if group is not None:
+                entry_id = self.buffer.put(group)
+                num_written = len(gens)
         except Exception as err:  # noqa: BLE001 - the quota goes back to the controller below
             log.error("writing group %s failed: %s", group.group_id, err)
         # The record comes right after the write and before the lease completes, so a replica killed in
@@ -129,7 +142,7 @@ class RolloutWorker:
             versions = [v for g in gens for v in g.weight_version]
             self.events.write(
                 "group_written",
-                group_id=group.group_id,
+                group_id=f"{self.session.replica_id}-{lease.lease_id}",
                 entry_id=entry_id,
                 lease_id=lease.lease_id,
                 prompt_index=lease.prompt_index,

@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # The test command: set-up (idempotent), then every tier in one pytest run:
 #   unit (pure, no network) -> integration (real Redis, real gRPC, real processes) -> e2e (whole system,
-#   real vLLM on CPU). GPU-only tests skip with a reason when no CUDA device is present.
+#   real vLLM on CPU) -> chaos (the whole system under faults). GPU-only tests skip with a reason when no
+#   CUDA device is present.
 # Extra arguments go to pytest (e.g. `scripts/test.sh -m "not e2e"` for the fast tiers only).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 # Tiers in order, fastest first, so a broken unit fails before the slow runs start.
-exec .venv/bin/python -m pytest tests/unit tests/integration tests/e2e tests/gpu -p no:cacheprovider \
+exec .venv/bin/python -m pytest tests/unit tests/integration tests/e2e tests/chaos tests/gpu -p no:cacheprovider \
   --durations=15 "$@"

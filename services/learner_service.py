@@ -20,6 +20,7 @@ from asyncrl.core.modeling import load_causal_lm, pad_token_id
 from asyncrl.core.preflight import check_checkpoint
 from asyncrl.core.sampling import SamplingParams
 from asyncrl.core.tasks import task_for_run
+from asyncrl.core.trajectory_checks import checkpoint_limits
 from asyncrl.learner.checkpoint import Checkpointer, load_checkpoint
 from asyncrl.learner.held_out import evaluate_held_out
 from asyncrl.learner.learner_metrics import LearnerMetrics
@@ -80,6 +81,7 @@ def serve(config) -> LearnerProgress:
                                    config.learner.eval_samples),
         events=EventLog(config.run_dir, "learner"),
         metrics=metrics,
+        limits=checkpoint_limits(config.model.path, config),
         teacher_stub=teacher,
         checkpointer=Checkpointer(config, task.tokenizer.hf),
         sinks=MetricSinks(config),

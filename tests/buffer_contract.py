@@ -67,3 +67,26 @@ def check_entry_ids_lists_unconsumed(buf):
     ids = [buf.put(group(i)) for i in range(3)]
     buf.get(1, timeout_s=1)
     assert sorted(buf.entry_ids()) == sorted(ids)
+
+
+def check_bad_payloads_are_handed_out_and_dead_lettered(buf, put_raw):
+    """`put_raw(bytes | None)` stores an entry with those payload bytes (None: no payload field at all)."""
+    good = buf.put(group(0))
+    noise = put_raw(b"\xff\x00garbage\x13")
+    empty_fields = put_raw(None)
+    got = {e.entry_id: e for e in buf.get(10, timeout_s=1)}
+    assert got[good].problem is None and got[good].group.group_id == "g0"
+    assert "not a TrajectoryGroup" in got[noise].problem
+    assert "no payload" in got[empty_fields].problem
+    buf.dead_letter(noise, got[noise].problem)
+    buf.dead_letter(empty_fields, got[empty_fields].problem)
+    buf.dead_letter(good, "trajectory 'g0/0': reward nan is not finite")
+    # Gone from the stream (not pending, not listed), kept in the dead-letter stream with reason and bytes.
+    assert buf.pending() == 0 and buf.entry_ids() == [] and buf.all_pending() == []
+    dead = buf.dead_letters()
+    assert [d.entry_id for d in dead] == [noise, empty_fields, good]
+    assert dead[0].payload == b"\xff\x00garbage\x13" and dead[1].payload == b""
+    assert trajectory_pb2.TrajectoryGroup.FromString(dead[2].payload).group_id == "g0"
+    assert "reward nan" in dead[2].reason
+    buf.put_dead_letter(group(1).SerializeToString(), "refused by its producer")
+    assert buf.dead_letters()[-1].reason == "refused by its producer" and buf.dead_letters()[-1].entry_id == ""

@@ -120,6 +120,9 @@ class BufferConfig(Section):
     """Consumer group the learner reads with; entries are acked after the step that used them."""
     delete_after_ack: bool = True
     """Delete acked entries (keeps Redis memory flat); the event logs keep the audit trail."""
+    dead_letter_stream: str = "asyncrl:dead-letters"
+    """Stream key where entries that must not be trained on go, with the reason and the original bytes
+    (undecodable payloads, failed validation); they are acked in the main stream."""
 
 
 class ControllerConfig(Section):
@@ -191,6 +194,13 @@ class TeacherConfig(Section):
     """Engine computing the per-token log-probs."""
     annotate: bool = False
     """Learner asks the teacher for logp_teacher of every trajectory it trains on (needed by OPD)."""
+    score_timeout_s: float = Field(120.0, gt=0)
+    """Deadline of one `Score` call from the learner."""
+    score_attempts: int = Field(3, ge=1)
+    """`Score` calls per batch before the learner gives up on the teacher for that batch: the batch then trains
+    without the distillation term (counted as `teacher/unavailable`), never a learner crash."""
+    retry_backoff_s: float = Field(1.0, ge=0)
+    """Wait before the second `Score` attempt; doubles for each further one."""
 
     @property
     def address(self) -> str:

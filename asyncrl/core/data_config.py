@@ -89,6 +89,9 @@ class RewardConfig(Section):
     """Threads per rollout replica that compute rewards, so a slow verifier does not hold up generation."""
     timeout_s: float = Field(30.0, gt=0)
     """A sample whose reward takes longer gets reward 0 (counted as an error)."""
+    max_abs: float = Field(1.0e6, gt=0)
+    """A group with a reward that is not finite or has |reward| above this is dead-lettered, never trained on
+    (on write by the replica, on read by the learner): one absurd value would dominate the advantages."""
 
     @model_validator(mode="after")
     def _check(self) -> RewardConfig:

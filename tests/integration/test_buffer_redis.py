@@ -27,3 +27,16 @@ def test_group_created_after_data_still_sees_it(clean_redis):
     writer.put(contract.group(0))
     reader = make_buffer(BufferConfig(type="redis", redis_url=clean_redis, consumer_group="late"))
     assert [e.group.group_id for e in reader.get(5, timeout_s=1)] == ["g0"]
+
+
+def test_redis_buffer_dead_letters(clean_redis):
+    import redis
+
+    buf = _factory(clean_redis)()
+    client = redis.Redis.from_url(clean_redis)
+
+    def put_raw(payload):
+        fields = {b"other": b"x"} if payload is None else {b"g": payload}
+        return client.xadd(buf.stream, fields).decode()
+
+    contract.check_bad_payloads_are_handed_out_and_dead_lettered(buf, put_raw)

@@ -25,3 +25,7 @@ def test_memory_buffer_redelivers_unacked():
 def test_redis_buffer_without_url_is_a_clear_error():
     with pytest.raises(ValueError, match="redis_url"):
         make_buffer(BufferConfig(type="redis"))
+
+
+def test_memory_buffer_dead_letters(buf):
+    contract.check_bad_payloads_are_handed_out_and_dead_lettered(buf, buf.put_raw)

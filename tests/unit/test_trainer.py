@@ -72,3 +72,32 @@ def test_geo_rs_rejects_sequences_whose_behaviour_policy_is_far_off(tiny_model_d
     metrics = Trainer(model, cfg, SamplingParams.from_config(SamplingConfig()), pad_id=0).step(batch(), 3)
     assert metrics["rc/masked_seq_frac"] == 1.0 and metrics["loss/total"] == 0.0
     assert all(torch.equal(a, p) for a, p in zip(before, model.parameters()))
+
+
+def test_a_non_finite_update_is_skipped_and_the_weights_stay_finite(tiny_model_dir):
+    """A reward that slipped past validation (inf) makes the loss NaN: the update is skipped and counted, the
+    weights and the optimizer state are untouched."""
+    model = load_causal_lm(tiny_model_dir.policy)
+    before = [p.detach().clone() for p in model.parameters()]
+    cfg = LearnerConfig.model_validate({"lr": 1e-3, "minibatches": 2, "algo": {"preset": "decoupled_token_is"}})
+    trainer = Trainer(model, cfg, SamplingParams.from_config(SamplingConfig()), pad_id=0)
+    poisoned = batch()
+    poisoned.rewards[0] = float("inf")  # group 0 -> NaN advantages -> NaN loss in its mini-batch
+    metrics = trainer.step(poisoned, version=3)
+    assert metrics["opt/skipped_updates"] >= 1
+    assert trainer.weights_finite()
+    if metrics["opt/skipped_updates"] == 2:
+        assert all(torch.equal(a, p) for a, p in zip(before, model.parameters()))
+    assert not trainer.optimizer.state or all(
+        torch.isfinite(v).all() for s in trainer.optimizer.state.values() for v in s.values() if torch.is_tensor(v))
+
+
+def test_a_batch_without_teacher_log_probs_trains_without_the_distillation_term(tiny_model_dir):
+    model = load_causal_lm(tiny_model_dir.policy)
+    cfg = LearnerConfig.model_validate({"lr": 1e-3, "algo": ALGOS["opd_advantage"]})
+    trainer = Trainer(model, cfg, SamplingParams.from_config(SamplingConfig()), pad_id=0)
+    unannotated = batch()
+    unannotated.logp_teacher = None
+    metrics = trainer.step(unannotated, version=3)
+    assert metrics["teacher/unavailable"] == 1.0 and "opd/token_frac" not in metrics
+    assert trainer.step(batch(), version=4)["teacher/unavailable"] == 0.0

@@ -5,12 +5,18 @@ this consumer (blocking up to `timeout_s`); entries stay *pending* until `ack`. 
 calls `all_pending()` and receives its own unacknowledged entries again, so a crash between read and ack
 loses nothing. The learner acks once a checkpoint includes the step that used the data, so a learner that
 restarts from that checkpoint trains the rest again: nothing lost, nothing counted twice.
+
+An entry whose payload is not a TrajectoryGroup is handed out like any other, with `problem` set, so the
+reader can `dead_letter` it (moved to the dead-letter stream with its reason, acked here): a bad entry never
+crashes the reader and never blocks the stream.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from google.protobuf.message import DecodeError
 
 from asyncrl.v1 import trajectory_pb2
 
@@ -19,6 +25,26 @@ from asyncrl.v1 import trajectory_pb2
 class BufferEntry:
     entry_id: str
     group: trajectory_pb2.TrajectoryGroup
+    problem: str | None = None
+    """Why the entry cannot be read (then `group` is empty)."""
+
+
+@dataclass
+class DeadLetter:
+    entry_id: str
+    reason: str
+    payload: bytes = field(repr=False, default=b"")
+
+
+def decode_entry(entry_id: str, payload: bytes | None) -> BufferEntry:
+    """A BufferEntry from stored bytes; an unreadable payload gives an entry with `problem` set."""
+    if payload is None:
+        return BufferEntry(entry_id, trajectory_pb2.TrajectoryGroup(), "payload: the entry has no payload field")
+    try:
+        return BufferEntry(entry_id, trajectory_pb2.TrajectoryGroup.FromString(payload))
+    except (DecodeError, ValueError) as err:
+        return BufferEntry(entry_id, trajectory_pb2.TrajectoryGroup(),
+                           f"payload: {len(payload)} bytes are not a TrajectoryGroup ({err})")
 
 
 class TrajectoryBuffer(ABC):
@@ -50,6 +76,19 @@ class TrajectoryBuffer(ABC):
     def all_pending(self) -> list[BufferEntry]:
         """Every entry delivered to this consumer and not acknowledged, oldest first (a restarted learner
         takes these back before reading new data)."""
+
+    @abstractmethod
+    def dead_letter(self, entry_id: str, reason: str) -> None:
+        """Move a delivered entry to the dead-letter stream with `reason` (and its original bytes), acking it
+        here, in one step."""
+
+    @abstractmethod
+    def put_dead_letter(self, payload: bytes, reason: str) -> str:
+        """Write straight to the dead-letter stream (a producer refusing its own bad data); returns its id."""
+
+    @abstractmethod
+    def dead_letters(self) -> list[DeadLetter]:
+        """Everything in the dead-letter stream, oldest first."""
 
     @abstractmethod
     def peek(self) -> list[BufferEntry]:

@@ -12,7 +12,8 @@ def make_buffer(cfg, consumer: str = "learner-0") -> TrajectoryBuffer:
 
         if not cfg.redis_url:
             raise ValueError("buffer.redis_url is empty: start Redis (or use `asyncrl up`, which does)")
-        return RedisBuffer(cfg.redis_url, cfg.stream, cfg.consumer_group, consumer, cfg.delete_after_ack)
+        return RedisBuffer(cfg.redis_url, cfg.stream, cfg.consumer_group, consumer, cfg.delete_after_ack,
+                           dead_letter_stream=cfg.dead_letter_stream)
     if cfg.type == "memory":
         from asyncrl.core.buffer.memory import MemoryBuffer
 

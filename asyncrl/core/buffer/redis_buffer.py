@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import redis
 
-from asyncrl.core.buffer.base import BufferEntry, TrajectoryBuffer
+from asyncrl.core.buffer.base import BufferEntry, DeadLetter, TrajectoryBuffer, decode_entry
 from asyncrl.v1 import trajectory_pb2
 
 PAYLOAD = b"g"
@@ -12,14 +12,16 @@ PAGE = 1000
 
 
 def _entry(entry_id: bytes, fields: dict) -> BufferEntry:
-    return BufferEntry(entry_id.decode(), trajectory_pb2.TrajectoryGroup.FromString(fields[PAYLOAD]))
+    return decode_entry(entry_id.decode(), fields.get(PAYLOAD))
 
 
 class RedisBuffer(TrajectoryBuffer):
-    def __init__(self, url: str, stream: str, group: str, consumer: str, delete_after_ack: bool = True):
+    def __init__(self, url: str, stream: str, group: str, consumer: str, delete_after_ack: bool = True,
+                 dead_letter_stream: str = "asyncrl:dead-letters"):
         self._r = redis.Redis.from_url(url)
         self.stream, self.group, self.consumer = stream, group, consumer
         self.delete_after_ack = delete_after_ack
+        self.dead_stream = dead_letter_stream
         try:
             # "0": a group created after data arrived still sees everything already in the stream.
             self._r.xgroup_create(stream, group, id="0", mkstream=True)
@@ -50,6 +52,29 @@ class RedisBuffer(TrajectoryBuffer):
         if self.delete_after_ack:
             pipe.xdel(self.stream, *entry_ids)
         return int(pipe.execute()[0])
+
+    def dead_letter(self, entry_id: str, reason: str) -> None:
+        stored = self._r.xrange(self.stream, min=entry_id, max=entry_id)
+        payload = stored[0][1].get(PAYLOAD, b"") if stored else b""
+        # One transaction: the entry is either still pending here or in the dead-letter stream, never neither.
+        pipe = self._r.pipeline(transaction=True)
+        pipe.xadd(self.dead_stream, {b"entry_id": entry_id, b"reason": reason, PAYLOAD: payload})
+        pipe.xack(self.stream, self.group, entry_id)
+        pipe.xdel(self.stream, entry_id)
+        pipe.execute()
+
+    def put_dead_letter(self, payload: bytes, reason: str) -> str:
+        return self._r.xadd(self.dead_stream, {b"entry_id": b"", b"reason": reason, PAYLOAD: payload}).decode()
+
+    def dead_letters(self) -> list[DeadLetter]:
+        out, start = [], "-"
+        while True:
+            chunk = self._r.xrange(self.dead_stream, min=start, max="+", count=PAGE)
+            out.extend(DeadLetter(f[b"entry_id"].decode(), f[b"reason"].decode(errors="replace"), f.get(PAYLOAD, b""))
+                       for _id, f in chunk)
+            if len(chunk) < PAGE:
+                return out
+            start = "(" + chunk[-1][0].decode()
 
     def backlog(self) -> int:
         info = self._r.xinfo_groups(self.stream)

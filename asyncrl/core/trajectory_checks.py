@@ -1,0 +1,104 @@
+"""What a trajectory group must satisfy to enter training (pure; no model, no network).
+
+Checked where data enters the buffer (the replica, before `put`) and where it leaves it (the learner, before a
+group joins a batch). A group that fails is dead-lettered with the reason and never trained on: one bad record
+must neither crash the learner (a crash loop, since the entry stays pending) nor poison the weights (a NaN
+log-prob or a 3e38 reward turns the loss and then every parameter into NaN).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+# A log-prob is <= 0; float rounding in another engine's log-softmax may leave a hair above.
+LOGP_TOLERANCE = 1e-4
+
+
+class BadGroup(ValueError):
+    """A group that must not be trained on; the message names the field and the problem."""
+
+
+@dataclass(frozen=True)
+class TrajectoryLimits:
+    vocab_size: int
+    """Token ids must be in [0, vocab_size) (the model's embedding rows)."""
+    max_sequence_tokens: int
+    """Prompt + response tokens at most (the model's context)."""
+    max_response_tokens: int
+    """Response tokens at most (sampling.max_new_tokens)."""
+    group_size: int
+    """Trajectories per group, exactly (sampling.group_size)."""
+    max_abs_reward: float
+    """|reward| at most (reward.max_abs)."""
+    max_version: int | None = None
+    """Newest weight version a token may carry (the reader's current version); None: not checked."""
+
+    def with_max_version(self, version: int) -> TrajectoryLimits:
+        return TrajectoryLimits(self.vocab_size, self.max_sequence_tokens, self.max_response_tokens,
+                                self.group_size, self.max_abs_reward, version)
+
+
+def checkpoint_limits(model_path: str | Path, config) -> TrajectoryLimits:
+    """Limits from a checkpoint's config.json (vocabulary, context) and the run config (sampling, reward)."""
+    raw = json.loads((Path(model_path) / "config.json").read_text())
+    raw = raw.get("text_config", raw)
+    return TrajectoryLimits(
+        vocab_size=int(raw["vocab_size"]),
+        max_sequence_tokens=int(raw.get("max_position_embeddings") or 1 << 31),
+        max_response_tokens=config.sampling.max_new_tokens,
+        group_size=config.sampling.group_size,
+        max_abs_reward=config.reward.max_abs,
+    )
+
+
+def _floats(values, field: str, trajectory: str, upper: float | None) -> None:
+    array = np.asarray(values, dtype=np.float64)
+    if array.size and not np.isfinite(array).all():
+        raise BadGroup(f"trajectory {trajectory!r}: {field} holds a non-finite value (NaN or inf)")
+    if upper is not None and array.size and array.max() > upper:
+        raise BadGroup(f"trajectory {trajectory!r}: {field} holds {array.max():g} > 0 (log-probs are <= 0)")
+
+
+def check_trajectory_group(group, limits: TrajectoryLimits) -> None:
+    """BadGroup naming the first problem of `group` (a TrajectoryGroup) against `limits`."""
+    n = len(group.trajectories)
+    if n != limits.group_size:
+        raise BadGroup(f"trajectories: {n} in the group, expected sampling.group_size = {limits.group_size}")
+    for t in group.trajectories:
+        name = t.trajectory_id
+        prompt, response = np.asarray(t.prompt_token_ids), np.asarray(t.response_token_ids)
+        if not prompt.size:
+            raise BadGroup(f"trajectory {name!r}: empty prompt_token_ids")
+        if not response.size:
+            raise BadGroup(f"trajectory {name!r}: empty response_token_ids")
+        if response.size > limits.max_response_tokens:
+            raise BadGroup(f"trajectory {name!r}: {response.size} response tokens > max_new_tokens "
+                           f"({limits.max_response_tokens})")
+        if prompt.size + response.size > limits.max_sequence_tokens:
+            raise BadGroup(f"trajectory {name!r}: {prompt.size + response.size} tokens > the model's context "
+                           f"({limits.max_sequence_tokens})")
+        for field, ids in (("prompt_token_ids", prompt), ("response_token_ids", response)):
+            if ids.min() < 0 or ids.max() >= limits.vocab_size:
+                raise BadGroup(f"trajectory {name!r}: {field} outside the vocabulary [0, {limits.vocab_size})")
+        if len(t.logp_behav) != response.size or len(t.weight_version) != response.size:
+            raise BadGroup(f"trajectory {name!r}: {response.size} tokens but {len(t.logp_behav)} logp_behav and "
+                           f"{len(t.weight_version)} weight_version entries")
+        _floats(t.logp_behav, "logp_behav", name, LOGP_TOLERANCE)
+        if len(t.logp_teacher):
+            if len(t.logp_teacher) != response.size:
+                raise BadGroup(f"trajectory {name!r}: {len(t.logp_teacher)} logp_teacher for {response.size} tokens")
+            _floats(t.logp_teacher, "logp_teacher", name, LOGP_TOLERANCE)
+        versions = np.asarray(t.weight_version)
+        if versions.min() < 0:
+            raise BadGroup(f"trajectory {name!r}: weight_version {versions.min()} < 0")
+        if limits.max_version is not None and versions.max() > limits.max_version:
+            raise BadGroup(f"trajectory {name!r}: weight_version {versions.max()} is from the future (current "
+                           f"version {limits.max_version})")
+        if not math.isfinite(t.reward) or abs(t.reward) > limits.max_abs_reward:
+            raise BadGroup(f"trajectory {name!r}: reward {t.reward:g} is not finite or |reward| > reward.max_abs "
+                           f"({limits.max_abs_reward:g})")

@@ -1,0 +1,120 @@
+"""Poison: bad entries written straight into the live trajectory stream of a running demo (the learner mid-run)
+are dead-lettered with their reasons, never trained on and never a crash; the run completes, learns and audits
+clean, and the final weights are finite."""
+
+from __future__ import annotations
+
+import math
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import redis
+import torch
+import yaml
+
+from asyncrl.core.events import read_events
+from asyncrl.v1 import trajectory_pb2
+
+pytestmark = pytest.mark.chaos
+
+REPO = Path(__file__).resolve().parents[2]
+STEPS, INJECT_AT = 60, 10
+
+
+def steps_done(run_dir: Path) -> int:
+    return sum(e["kind"] == "step" for e in read_events(run_dir, "learner")) if (run_dir / "events").exists() else 0
+
+
+def wait_for(predicate, timeout_s: float, what: str) -> None:
+    deadline = time.time() + timeout_s
+    while not predicate():
+        assert time.time() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.3)
+
+
+def poison(group_size: int, vocab_size: int) -> dict[str, tuple[dict, str]]:
+    """name -> (stream fields, a fragment of the reason the learner must give)."""
+
+    def group(change=None) -> bytes:
+        trajs = [trajectory_pb2.Trajectory(trajectory_id=f"poison/{j}", group_id="poison", prompt_token_ids=[1, 5, 6],
+                                           response_token_ids=[7, 8, 2], logp_behav=[-0.1, -0.2, -0.3],
+                                           weight_version=[0, 0, 0], reward=1.0)
+                 for j in range(group_size)]
+        g = trajectory_pb2.TrajectoryGroup(group_id="poison", trajectories=trajs)
+        if change:
+            change(g.trajectories[3], g)
+        return g.SerializeToString()
+
+    def set_list(field, values):
+        def change(t, _g):
+            del getattr(t, field)[:]
+            getattr(t, field).extend(values)
+        return change
+
+    def set_value(field, value):
+        return lambda t, _g: setattr(t, field, value)
+
+    payload = lambda change: {b"g": group(change)}
+    return {
+        "random bytes": ({b"g": os.urandom(200)}, "not a TrajectoryGroup"),
+        "missing payload": ({b"x": b"1"}, "no payload"),
+        "mismatched lengths": (payload(set_list("logp_behav", [-0.1])), "logp_behav"),
+        "token beyond the vocabulary": (payload(set_list("response_token_ids", [7, vocab_size + 3, 2])), "vocabulary"),
+        "NaN log-prob": (payload(set_list("logp_behav", [-0.1, math.nan, -0.3])), "non-finite"),
+        "+inf log-prob": (payload(set_list("logp_behav", [math.inf, -0.2, -0.3])), "non-finite"),
+        "-inf log-prob": (payload(set_list("logp_behav", [-0.1, -math.inf, -0.3])), "non-finite"),
+        "positive log-prob": (payload(set_list("logp_behav", [-0.1, 2.5, -0.3])), "> 0"),
+        "NaN reward": (payload(set_value("reward", math.nan)), "reward nan"),
+        "huge reward": (payload(set_value("reward", 3e38)), "reward.max_abs"),
+        "future version": (payload(set_list("weight_version", [0, 0, 10**9])), "from the future"),
+        "oversized group": (payload(lambda _t, g: g.trajectories.append(g.trajectories[0])), "group_size"),
+    }
+
+
+def test_poisoned_entries_are_dead_lettered_and_the_run_completes(tmp_path):
+    run_dir = tmp_path / "run"
+    argv = [sys.executable, "-m", "asyncrl.tools.cli", "up", "--config", str(REPO / "examples/tiny-arith.yaml"),
+            "--set", f"run_dir={run_dir}", "--set", f"learner.total_steps={STEPS}", "--set", "learner.eval_every=30",
+            "--set", f"learner.checkpoint.save_every={STEPS}"]
+    proc = subprocess.Popen(argv, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        wait_for(lambda: steps_done(run_dir) >= INJECT_AT, 300, f"{INJECT_AT} learner steps")
+        config = yaml.safe_load((run_dir / "config.resolved.yaml").read_text())
+        client = redis.Redis.from_url(config["buffer"]["redis_url"])
+        vocab = yaml.safe_load((REPO / config["model"]["path"] / "config.json").read_text())["vocab_size"]
+        kinds = poison(config["sampling"]["group_size"], vocab)
+        injected = {client.xadd(config["buffer"]["stream"], fields).decode(): (name, fragment)
+                    for name, (fields, fragment) in kinds.items()}
+
+        def rejected() -> dict:
+            return {e["entry_id"]: e["reason"] for e in read_events(run_dir, "learner")
+                    if e["kind"] == "group_rejected"}
+
+        wait_for(lambda: set(injected) <= set(rejected()), 120, "every poisoned entry to be dead-lettered")
+        reasons = rejected()
+        for entry_id, (name, fragment) in injected.items():
+            assert fragment in reasons[entry_id], f"{name}: {reasons[entry_id]}"
+        dead = client.xrange(config["buffer"]["dead_letter_stream"])
+        assert {f[b"entry_id"].decode() for _id, f in dead} >= set(injected)
+        assert all(f[b"reason"] for _id, f in dead)
+        out, _ = proc.communicate(timeout=600)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, out[-4000:]
+    assert "[up] audit OK" in out, out[-3000:]
+    learner = read_events(run_dir, "learner")
+    assert sum(e["kind"] == "step" for e in learner) == STEPS
+    assert not any(e["kind"] == "trained" and "poison" in e["group_ids"] for e in learner)
+    evals = [e["accuracy"] for e in learner if e["kind"] == "eval"]
+    assert evals[-1] > evals[0], evals
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(run_dir / "checkpoints" / f"step-{STEPS:06d}" / "hf"))
+    assert all(torch.isfinite(p).all() for p in model.parameters())

@@ -1,0 +1,69 @@
+"""Every kind of bad trajectory group is refused with the field it breaks (`asyncrl.core.trajectory_checks`)."""
+
+import pytest
+
+from asyncrl.core.trajectory_checks import BadGroup, TrajectoryLimits, check_trajectory_group
+from asyncrl.v1 import trajectory_pb2
+
+LIMITS = TrajectoryLimits(vocab_size=20, max_sequence_tokens=16, max_response_tokens=5, group_size=2,
+                          max_abs_reward=10.0, max_version=7)
+
+
+def good_group() -> trajectory_pb2.TrajectoryGroup:
+    return trajectory_pb2.TrajectoryGroup(group_id="g", trajectories=[
+        trajectory_pb2.Trajectory(trajectory_id=f"g/{j}", group_id="g", prompt_token_ids=[1, 4, 5],
+                                  response_token_ids=[6, 7, 2], logp_behav=[-0.5, -1.0, 0.0],
+                                  weight_version=[6, 7, 7], reward=float(j))
+        for j in range(2)
+    ])
+
+
+def test_a_good_group_passes():
+    check_trajectory_group(good_group(), LIMITS)
+    check_trajectory_group(good_group(), TrajectoryLimits(20, 16, 5, 2, 10.0, max_version=None))
+
+
+def damage(field, value, index=1):
+    def apply(group):
+        t = group.trajectories[index]
+        if isinstance(value, list):
+            del getattr(t, field)[:]
+            getattr(t, field).extend(value)
+        else:
+            setattr(t, field, value)
+    return apply
+
+
+POISON = {
+    "nan logp": (damage("logp_behav", [-0.5, float("nan"), -1.0]), "logp_behav holds a non-finite"),
+    "-inf logp": (damage("logp_behav", [-0.5, float("-inf"), -1.0]), "logp_behav holds a non-finite"),
+    "+inf logp": (damage("logp_behav", [float("inf"), -0.1, -1.0]), "logp_behav holds a non-finite"),
+    "positive logp": (damage("logp_behav", [-0.5, 0.3, -1.0]), "> 0"),
+    "nan reward": (damage("reward", float("nan")), "reward nan"),
+    "huge reward": (damage("reward", 3e38), "reward.max_abs"),
+    "inf reward": (damage("reward", float("inf")), "reward inf"),
+    "future version": (damage("weight_version", [7, 8, 8]), "from the future"),
+    "negative version": (damage("weight_version", [-1, 7, 7]), "< 0"),
+    "token beyond vocabulary": (damage("response_token_ids", [6, 20, 2]), "response_token_ids outside"),
+    "negative prompt token": (damage("prompt_token_ids", [1, -3]), "prompt_token_ids outside"),
+    "length mismatch": (damage("logp_behav", [-0.5]), "3 tokens but 1 logp_behav"),
+    "empty response": (damage("response_token_ids", []), "empty response_token_ids"),
+    "empty prompt": (damage("prompt_token_ids", []), "empty prompt_token_ids"),
+    "response longer than max_new_tokens": (
+        lambda g: [damage(f, v)(g) for f, v in (("response_token_ids", [3] * 6), ("logp_behav", [-1.0] * 6),
+                                                ("weight_version", [7] * 6))], "max_new_tokens"),
+    "longer than the context": (damage("prompt_token_ids", [1] * 14), "context"),
+    "bad teacher log-probs": (damage("logp_teacher", [-1.0, float("nan"), -2.0]), "logp_teacher"),
+    "teacher length": (damage("logp_teacher", [-1.0]), "logp_teacher"),
+    "oversized group": (lambda g: g.trajectories.append(g.trajectories[0]), "expected sampling.group_size"),
+    "empty group": (lambda g: g.ClearField("trajectories"), "0 in the group"),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(POISON))
+def test_poison_is_refused_with_its_field(kind):
+    apply, message = POISON[kind]
+    group = good_group()
+    apply(group)
+    with pytest.raises(BadGroup, match=message.replace("(", r"\(")):
+        check_trajectory_group(group, LIMITS)
