@@ -20,6 +20,7 @@ well-formed request the controller's state forbids (expired lease, push already 
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import re
@@ -30,6 +31,7 @@ from asyncrl.controller.errors import InvalidRequest, PreconditionFailed
 from asyncrl.controller.push import PushOffer, WeightNotifier
 from asyncrl.controller.state import ControllerState
 from asyncrl.controller.status_page import StatusPage
+from asyncrl.core.auth import resolve_auth
 from asyncrl.core.config import AsyncRLConfig
 from asyncrl.core.events import EventLog
 from asyncrl.core.grpc_util import build_server, wait_until_stopped
@@ -182,9 +184,11 @@ def create_server(
     config: AsyncRLConfig, run_dir: str | None = None, notify: WeightNotifier | None = None
 ) -> tuple[grpc.Server, int]:
     """The controller's gRPC server, not started; the state is `server.controller_state` (see module doc)."""
+    auth = resolve_auth(config.security)
     events = EventLog(run_dir or config.run_dir, "controller")
     state = ControllerState(
-        config.controller, config.learner.batch_size, events=events, notify=notify or grpc_update_weights
+        config.controller, config.learner.batch_size, events=events,
+        notify=notify or functools.partial(grpc_update_weights, auth=auth),
     )
     state.start_reaper()
     servicer = ControllerServicer(state)
@@ -193,6 +197,7 @@ def create_server(
         config.controller.port,
         [lambda s: controller_pb2_grpc.add_ControllerServicer_to_server(servicer, s)],
         [SERVICE_NAME],
+        auth,
         max_workers=_MAX_WORKERS,
     )
     server.controller_state = state

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import torch
 
+from asyncrl.core.auth import resolve_auth
 from asyncrl.core.buffer import make_buffer
 from asyncrl.core.events import EventLog
 from asyncrl.core.grpc_util import build_server, wait_for_channel
@@ -51,6 +52,7 @@ def create_server(config, progress: LearnerProgress | None = None):
     server, port, _health = build_server(
         config.learner.host, config.learner.port,
         [lambda s: learner_pb2_grpc.add_LearnerServicer_to_server(servicer, s)], [SERVICE],
+        resolve_auth(config.security),
     )
     server.servicer = servicer
     return server, port
@@ -64,10 +66,11 @@ def serve(config) -> LearnerProgress:
     check_checkpoint(config.model.path, "model.path")
     model = load_causal_lm(config.model.path, config.model.dtype, config.learner.device)
     sampling = SamplingParams.from_config(config.sampling)
-    controller = controller_pb2_grpc.ControllerStub(wait_for_channel(config.controller.address, 120))
+    auth = resolve_auth(config.security)
+    controller = controller_pb2_grpc.ControllerStub(wait_for_channel(config.controller.address, 120, auth))
     teacher = None
     if config.teacher.enabled and config.teacher.annotate:
-        teacher = teacher_pb2_grpc.TeacherStub(wait_for_channel(config.teacher.address, 300))
+        teacher = teacher_pb2_grpc.TeacherStub(wait_for_channel(config.teacher.address, 300, auth))
     task = task_for_run(config)
     metrics = LearnerMetrics()
     loop = LearnerLoop(

@@ -9,6 +9,7 @@ import threading
 import grpc
 from transformers import AutoConfig
 
+from asyncrl.core.auth import resolve_auth
 from asyncrl.core.engines.factory import make_engine
 from asyncrl.core.grpc_util import abort_invalid, build_server, wait_for_channel, wait_until_stopped
 from asyncrl.core.metrics import serve_metrics
@@ -95,6 +96,7 @@ def create_server(config, engine=None, engine_lock=None, metrics=None, replica_i
     server, port, _health = build_server(
         config.rollout.host, config.rollout.port,
         [lambda s: rollout_pb2_grpc.add_RolloutServicer_to_server(servicer, s)], [SERVICE],
+        resolve_auth(config.security),
     )
     server.servicer = servicer
     return server, port
@@ -103,7 +105,9 @@ def create_server(config, engine=None, engine_lock=None, metrics=None, replica_i
 def serve(config, replica_id: str = "") -> None:
     """Run one replica: engine, gRPC service, controller session, heartbeats and the rollout loop."""
     runtime = ReplicaRuntime(config, replica_id)
-    controller = controller_pb2_grpc.ControllerStub(wait_for_channel(config.controller.address, 120))
+    controller = controller_pb2_grpc.ControllerStub(
+        wait_for_channel(config.controller.address, 120, resolve_auth(config.security))
+    )
     server, port = create_server(config, runtime.engine, runtime.engine_lock, runtime.metrics,
                                  replica_id=lambda: runtime.replica_id)  # fmt: skip
     server.start()

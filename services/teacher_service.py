@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 from transformers import AutoConfig
 
+from asyncrl.core.auth import resolve_auth
 from asyncrl.core.engines.factory import make_engine
 from asyncrl.core.grpc_util import abort_invalid, build_server, wait_until_stopped
 from asyncrl.core.metrics import serve_metrics
@@ -37,7 +38,8 @@ def create_server(config, engine=None):
     engine = engine or make_engine(tcfg.engine, tcfg.model_path, config.model.dtype, seed=config.seed)
     servicer = TeacherServicer(TeacherScorer(engine, AutoConfig.from_pretrained(tcfg.model_path).vocab_size))
     server, port, _health = build_server(
-        tcfg.host, tcfg.port, [lambda s: teacher_pb2_grpc.add_TeacherServicer_to_server(servicer, s)], [SERVICE]
+        tcfg.host, tcfg.port, [lambda s: teacher_pb2_grpc.add_TeacherServicer_to_server(servicer, s)], [SERVICE],
+        resolve_auth(config.security),
     )
     server.servicer = servicer
     return server, port

@@ -7,6 +7,7 @@ from __future__ import annotations
 import grpc
 
 from asyncrl.controller.push import ReceiverUnreachable
+from asyncrl.core.auth import Auth
 from asyncrl.core.grpc_util import channel
 from asyncrl.core.weights.manifest import encode_plan
 from asyncrl.core.weights.plan import PushPlan
@@ -17,10 +18,10 @@ class UpdateWeightsFailed(RuntimeError):
     """A replica answered UpdateWeights with an error (or never answered)."""
 
 
-def grpc_update_weights(address: str, plan: PushPlan, rank: int, timeout_s: float) -> int:
+def grpc_update_weights(address: str, plan: PushPlan, rank: int, timeout_s: float, *, auth: Auth) -> int:
     """Call `Rollout.UpdateWeights(plan, rank)` on `address`; returns the weight version the replica reports."""
     # A fresh channel per push: receivers change between pushes and a push is rare next to its payload.
-    with channel(address) as ch:
+    with channel(address, auth) as ch:
         stub = rollout_pb2_grpc.RolloutStub(ch)
         request = rollout_pb2.UpdateWeightsRequest(plan=encode_plan(plan), rank=rank)
         try:

@@ -1,5 +1,8 @@
 """Shared fixtures. `tiny_model_dir`: a tiny policy + teacher checkpoint built once per test session.
 
+Every service requires a token on its gRPC calls: the test session sets one in the environment (what the
+services read by default) and `TEST_AUTH` is what in-process test clients send.
+
 The checkpoints have the demo's shapes (Qwen2, head size 64, the arith tokenizer) but only a handful of
 warm-start steps, so they build in seconds; tests needing a real checkpoint directory (engines, teacher,
 learner, vLLM) point at `tiny_model_dir.policy` / `.teacher` or use `tiny_model_dir.config`.
@@ -7,14 +10,20 @@ learner, vLLM) point at `tiny_model_dir.policy` / `.teacher` or use `tiny_model_
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import torch
 
+from asyncrl.core.auth import Auth, new_token
+
 # Several processes share very few cores; one intra-op thread keeps the tests from oversubscribing them.
 torch.set_num_threads(1)
+
+os.environ["ASYNCRL_TOKEN"] = os.environ.get("ASYNCRL_TOKEN") or new_token()
+TEST_AUTH = Auth(os.environ["ASYNCRL_TOKEN"])
 
 TEST_WARMSTART_STEPS = 6
 TEST_TEACHER_STEPS = 12

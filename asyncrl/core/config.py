@@ -308,6 +308,19 @@ class LearnerConfig(Section):
     """MoE routing replay (none, r2, r3)."""
 
 
+class SecurityConfig(Section):
+    """Who may call the services: a shared secret sent with every gRPC call (`asyncrl.core.auth`)."""
+
+    token_file: str | None = None
+    """File holding the shared token (e.g. a mounted Kubernetes Secret). Empty: the environment variable
+    `token_env`. `asyncrl up` generates a token per run and hands it to its processes."""
+    token_env: str = "ASYNCRL_TOKEN"
+    """Environment variable holding the token when `token_file` is empty."""
+    insecure: bool = False
+    """Accept and make calls without a token. Without a token and without this, every service refuses to
+    start (an open controller lets anyone on the network steer the run)."""
+
+
 class AsyncRLConfig(Section):
     run_dir: str = "runs/{time}"
     """Where logs, event logs (JSONL), plots and the resolved config go; "{time}" expands at start."""
@@ -335,6 +348,8 @@ class AsyncRLConfig(Section):
     """Teacher service."""
     learner: LearnerConfig = LearnerConfig()
     """Learner service."""
+    security: SecurityConfig = SecurityConfig()
+    """Authentication of every gRPC call."""
 
     @model_validator(mode="after")
     def _check_cross_field(self) -> AsyncRLConfig:

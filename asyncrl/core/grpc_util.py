@@ -11,6 +11,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from asyncrl.core.auth import Auth, GuardInterceptor, TokenInterceptor
 from asyncrl.core.validation import InvalidArgument
 
 MAX_MESSAGE_BYTES = 256 * 1024 * 1024
@@ -29,11 +30,14 @@ def build_server(
     port: int,
     register: list,
     service_names: list[str],
+    auth: Auth,
     max_workers: int = 16,
 ) -> tuple[grpc.Server, int, health.HealthServicer]:
     """A started-ready (not yet started) server with `register` callbacks applied, grpc.health.v1 and
-    reflection registered for `service_names` (full names, e.g. "asyncrl.v1.Controller")."""
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers), options=_OPTIONS)
+    reflection registered for `service_names` (full names, e.g. "asyncrl.v1.Controller"), every call guarded
+    by `asyncrl.core.auth.GuardInterceptor` (token, undecodable bytes)."""
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers), options=_OPTIONS,
+                         interceptors=[GuardInterceptor(auth)])
     for add in register:
         add(server)
     health_servicer = health.HealthServicer()
@@ -47,12 +51,14 @@ def build_server(
     return server, bound, health_servicer
 
 
-def channel(address: str) -> grpc.Channel:
-    return grpc.insecure_channel(address, options=_OPTIONS)
+def channel(address: str, auth: Auth) -> grpc.Channel:
+    """A client channel that sends `auth`'s token with every call."""
+    ch = grpc.insecure_channel(address, options=_OPTIONS)
+    return ch if auth.token is None else grpc.intercept_channel(ch, TokenInterceptor(auth.token))
 
 
-def wait_for_channel(address: str, timeout_s: float) -> grpc.Channel:
-    ch = channel(address)
+def wait_for_channel(address: str, timeout_s: float, auth: Auth) -> grpc.Channel:
+    ch = channel(address, auth)
     grpc.channel_ready_future(ch).result(timeout=timeout_s)
     return ch
 

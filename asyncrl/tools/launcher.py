@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
+from asyncrl.core.auth import Auth, MissingToken, new_token, resolve_auth
 from asyncrl.core.buffer import make_buffer
 from asyncrl.core.config import AsyncRLConfig, dump_config, load_config
 from asyncrl.core.events import EventTail, read_events
@@ -171,6 +172,22 @@ def resume(run_dir: str, overrides: list[str]) -> int:
     return launch(cfg, group)
 
 
+def run_auth(cfg: AsyncRLConfig) -> Auth:
+    """The run's credentials. With no token configured (and not `security.insecure`) `up` makes one for this
+    run: in the environment its processes inherit, and in `<run_dir>/token` (owner-only) for a user's own
+    clients."""
+    try:
+        return resolve_auth(cfg.security)
+    except MissingToken:
+        token = new_token()
+        path = Path(cfg.run_dir) / "token"
+        path.touch(mode=0o600)
+        path.write_text(token + "\n")
+        os.environ[cfg.security.token_env] = token
+        print(f"[up] generated the run's access token: {path} (env {cfg.security.token_env})", flush=True)
+        return resolve_auth(cfg.security)
+
+
 def launch(cfg: AsyncRLConfig, group: ProcessGroup) -> int:
     """Start the services of a resolved config (Redis already up), supervise them, then audit the run."""
     run_dir = Path(cfg.run_dir)
@@ -180,8 +197,9 @@ def launch(cfg: AsyncRLConfig, group: ProcessGroup) -> int:
         dump_config(cfg, resolved)
         args = ["--config", str(resolved)]
         print(f"[up] run dir {run_dir}  (config: {resolved})", flush=True)
+        auth = run_auth(cfg)
         group.start_cli("controller", ["controller", *args])
-        wait_for_channel(cfg.controller.address, 60)
+        wait_for_channel(cfg.controller.address, 60, auth)
         print(f"[up] controller grpc {cfg.controller.address}, status page "
               f"http://{cfg.controller.host}:{cfg.controller.status_port}/", flush=True)
         engines = 0

@@ -31,9 +31,13 @@ def asyncrl_up(run_dir: Path, *overrides: str, timeout_s: int) -> dict:
     """Run `asyncrl up` on the demo config; returns its summary.json (after checking it exited 0)."""
     argv = [sys.executable, "-m", "asyncrl.tools.cli", "up", "--config", str(DEMO_CONFIG),
             "--set", f"run_dir={run_dir}", *[a for o in overrides for a in ("--set", o)]]
+    # No token in the environment: `up` makes one for the run (local mode needs no set-up).
+    env = {k: v for k, v in os.environ.items() if k != "ASYNCRL_TOKEN"}
     proc = subprocess.run(argv, check=False, cwd=REPO, capture_output=True, text=True, timeout=timeout_s,
-                          env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                          env={**env, "PYTHONUNBUFFERED": "1"})
     assert proc.returncode == 0, f"asyncrl up failed ({proc.returncode}):\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
+    token = run_dir / "token"
+    assert token.is_file() and token.stat().st_mode & 0o077 == 0 and len(token.read_text().strip()) >= 32
     assert "[up] audit OK" in proc.stdout, proc.stdout[-4000:]
     return json.loads((run_dir / "summary.json").read_text())
 

@@ -27,11 +27,13 @@ from asyncrl.controller.state import ControllerState
 from asyncrl.controller.status_page import StatusPage
 from asyncrl.core.config import AsyncRLConfig, dump_config
 from asyncrl.core.events import read_events
+from asyncrl.core.grpc_util import channel as grpc_channel
 from asyncrl.core.weights.manifest import decode_plan
 from asyncrl.core.weights.transport import host_store, make_group, receive_weights, send_weights
 from asyncrl.services.controller_service import SERVICE_NAME, create_server
 from asyncrl.v1 import controller_pb2 as pb
 from asyncrl.v1 import controller_pb2_grpc, rollout_pb2, rollout_pb2_grpc, weights_pb2
+from tests.conftest import TEST_AUTH
 
 pytestmark = pytest.mark.integration
 
@@ -59,7 +61,7 @@ def controller(tmp_path):
     server, port = create_server(make_config(), run_dir=str(tmp_path))
     server.start()
     address = f"127.0.0.1:{port}"
-    with grpc.insecure_channel(address) as channel:
+    with grpc_channel(address, TEST_AUTH) as channel:
         yield Controller(
             controller_pb2_grpc.ControllerStub(channel), channel, server.controller_state, address, tmp_path
         )
@@ -384,7 +386,7 @@ def test_serve_prints_ports_and_stops_on_sigterm(tmp_path):
         assert match, line
         grpc_port, http_port = int(match.group(2)), int(match.group(4))
         assert http_get(http_port, "/healthz")[1] == "ok"
-        with grpc.insecure_channel(f"127.0.0.1:{grpc_port}") as channel:
+        with grpc_channel(f"127.0.0.1:{grpc_port}", TEST_AUTH) as channel:
             status = controller_pb2_grpc.ControllerStub(channel).GetStatus(pb.GetStatusRequest(), timeout=5)
         assert status.batch_size == 8
         proc.send_signal(signal.SIGTERM)

@@ -13,6 +13,7 @@ import torch
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
+from asyncrl.core.grpc_util import channel as grpc_channel
 from asyncrl.core.metrics import serve_metrics
 from asyncrl.core.modeling import load_causal_lm, named_weights, sequence_logprobs
 from asyncrl.core.weights.manifest import encode_plan
@@ -29,6 +30,7 @@ from asyncrl.v1 import (
     teacher_pb2,
     teacher_pb2_grpc,
 )
+from tests.conftest import TEST_AUTH
 
 pytestmark = pytest.mark.integration
 
@@ -49,7 +51,7 @@ def started(request):
     def start(server_and_port):
         server, port = server_and_port
         server.start()
-        channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+        channel = grpc_channel(f"127.0.0.1:{port}", TEST_AUTH)
         servers.append((server, channel))
         return server, channel
 

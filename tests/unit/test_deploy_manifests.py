@@ -23,6 +23,8 @@ def test_compose_commands_are_valid():
     commands = {name: svc["command"] for name, svc in compose["services"].items() if name != "redis"}
     assert set(commands) == {"make-model", "controller", "teacher", "rollout", "learner"}
     for name, command in commands.items():
+        # Every service gets the shared token (compose refuses to start without ASYNCRL_TOKEN exported).
+        assert "${ASYNCRL_TOKEN:?" in compose["services"][name]["environment"]["ASYNCRL_TOKEN"], name
         cfg = _check(command, DEPLOY / "config.yaml")
         assert cfg.buffer.redis_url == "redis://redis:6379/0", name
         if name in ("rollout", "learner"):
@@ -41,6 +43,8 @@ def test_k8s_commands_are_valid(tmp_path):
     assert roles == {"make-tiny-model", "controller", "teacher", "rollout", "learner"}
     for c in containers:
         _check(c["args"], config_file)
+        token = {e["name"]: e for e in c.get("env", [])}["ASYNCRL_TOKEN"]
+        assert token["valueFrom"]["secretKeyRef"] == {"name": "asyncrl-token", "key": "token"}
     services = {d["metadata"]["name"] for d in docs if d["kind"] == "Service"}
     assert {"asyncrl-redis", "asyncrl-controller", "asyncrl-teacher", "asyncrl-learner"} <= services
 

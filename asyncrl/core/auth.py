@@ -1,0 +1,141 @@
+"""Who may call a service: a shared secret on every gRPC call, and request bytes checked before any handler.
+
+Every server built by `asyncrl.core.grpc_util.build_server` runs `GuardInterceptor` and every client channel
+from `grpc_util.channel` attaches the token (`TokenInterceptor`). The token comes from `security.token_file`
+(e.g. a mounted Kubernetes Secret) or the environment variable `security.token_env`; `asyncrl up` generates one
+per run. A process without a token refuses to start unless `security.insecure` says so explicitly.
+
+The guard answers, before the service sees anything:
+- UNAUTHENTICATED for a missing or wrong token (compared in constant time); the health service stays open,
+  since orchestrators probe it without credentials and it reveals nothing but SERVING;
+- INVALID_ARGUMENT for request bytes that are not the method's message (instead of grpc's INTERNAL).
+"""
+
+from __future__ import annotations
+
+import hmac
+import os
+import secrets
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+
+from asyncrl.core.preflight import ConfigError
+
+METADATA_KEY = "authorization"
+SCHEME = "Bearer "
+OPEN_SERVICES = ("/grpc.health.v1.Health/",)
+TOKEN_BYTES = 32
+
+
+class MissingToken(ConfigError):
+    """No token configured and `security.insecure` not set."""
+
+
+@dataclass(frozen=True)
+class Auth:
+    """The resolved credentials of one process."""
+
+    token: str | None
+    """The shared secret; None only when `security.insecure` is set."""
+
+
+def new_token() -> str:
+    return secrets.token_urlsafe(TOKEN_BYTES)
+
+
+def resolve_auth(security) -> Auth:
+    """The token of `security` (a SecurityConfig): the file, else the environment variable."""
+    if security.token_file:
+        path = Path(security.token_file)
+        if not path.is_file():
+            raise MissingToken(f"security.token_file: {path} does not exist")
+        token = path.read_text().strip()
+        if not token:
+            raise MissingToken(f"security.token_file: {path} is empty")
+        return Auth(token)
+    token = os.environ.get(security.token_env, "").strip()
+    if token:
+        return Auth(token)
+    if security.insecure:
+        return Auth(None)
+    raise MissingToken(
+        f"no token: set security.token_file or the environment variable {security.token_env} (asyncrl up "
+        "generates one per run), or security.insecure: true to accept unauthenticated calls"
+    )
+
+
+def _abort(code: grpc.StatusCode, message: str):
+    def behaviour(request, context):
+        context.abort(code, message)
+
+    return grpc.unary_unary_rpc_method_handler(behaviour)
+
+
+def _parse_checked(handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodHandler:
+    """The same handler, taking raw bytes and parsing them itself, so undecodable bytes get INVALID_ARGUMENT."""
+    parse = handler.request_deserializer
+    if parse is None or not handler.unary_unary:
+        return handler
+    behaviour = handler.unary_unary
+
+    def checked(raw: bytes, context):
+        try:
+            request = parse(raw)
+        except Exception as err:  # noqa: BLE001 - any parse failure is the caller's bytes
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"request is not a valid message for {method}: "
+                                                            f"{type(err).__name__}")
+        return behaviour(request, context)
+
+    return grpc.unary_unary_rpc_method_handler(checked, request_deserializer=None,
+                                               response_serializer=handler.response_serializer)
+
+
+class GuardInterceptor(grpc.ServerInterceptor):
+    def __init__(self, auth: Auth):
+        self._expected = None if auth.token is None else (SCHEME + auth.token).encode()
+
+    def intercept_service(self, continuation, handler_call_details):
+        method = handler_call_details.method
+        if self._expected is not None and not method.startswith(OPEN_SERVICES):
+            supplied = dict(handler_call_details.invocation_metadata or ()).get(METADATA_KEY)
+            if supplied is None:
+                return _abort(grpc.StatusCode.UNAUTHENTICATED, "missing token (metadata 'authorization: Bearer ...')")
+            if not hmac.compare_digest(supplied.encode(), self._expected):
+                return _abort(grpc.StatusCode.UNAUTHENTICATED, "invalid token")
+        handler = continuation(handler_call_details)
+        return None if handler is None else _parse_checked(handler, method)
+
+
+class TokenInterceptor(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterceptor,
+                       grpc.StreamUnaryClientInterceptor, grpc.StreamStreamClientInterceptor):
+    def __init__(self, token: str):
+        self._metadata = (METADATA_KEY, SCHEME + token)
+
+    def _details(self, details):
+        metadata = [*(details.metadata or ()), self._metadata]
+        return _Details(details.method, details.timeout, metadata, details.credentials, details.wait_for_ready,
+                        details.compression)
+
+    def intercept_unary_unary(self, continuation, client_call_details, request):
+        return continuation(self._details(client_call_details), request)
+
+    def intercept_unary_stream(self, continuation, client_call_details, request):
+        return continuation(self._details(client_call_details), request)
+
+    def intercept_stream_unary(self, continuation, client_call_details, request_iterator):
+        return continuation(self._details(client_call_details), request_iterator)
+
+    def intercept_stream_stream(self, continuation, client_call_details, request_iterator):
+        return continuation(self._details(client_call_details), request_iterator)
+
+
+@dataclass(frozen=True)
+class _Details(grpc.ClientCallDetails):
+    method: str
+    timeout: float | None
+    metadata: list
+    credentials: object
+    wait_for_ready: bool | None
+    compression: object
