@@ -1,8 +1,8 @@
 """Errors the controller's pure logic raises; the gRPC edge maps them to status codes.
 
 Kept free of grpc so the logic stays testable without a server: `InvalidRequest` becomes INVALID_ARGUMENT
-(the request itself is wrong: an unknown replica id, more written than leased), `PreconditionFailed`
-becomes FAILED_PRECONDITION (the request is well formed but the controller's state forbids it: an expired
+(the request itself is wrong: more written than leased), `UnknownReplica` NOT_FOUND, `RegistryFull`
+RESOURCE_EXHAUSTED, `PreconditionFailed` becomes FAILED_PRECONDITION (the request is well formed but the controller's state forbids it: an expired
 lease, a push already open, a version that is neither current nor current+1).
 """
 
@@ -23,3 +23,11 @@ class InvalidRequest(ControllerError, ValueError):
 
 class PreconditionFailed(ControllerError):
     """The request cannot be served in the controller's current state."""
+
+
+class UnknownReplica(InvalidRequest):
+    """No replica is registered under the id (NOT_FOUND: the replica registers again)."""
+
+
+class RegistryFull(ControllerError):
+    """controller.max_replicas are registered (RESOURCE_EXHAUSTED)."""

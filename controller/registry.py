@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from asyncrl.controller.errors import InvalidRequest
+from asyncrl.controller.errors import RegistryFull, UnknownReplica
 
 
 @dataclass
@@ -35,8 +35,10 @@ class Replica:
 
 
 class ReplicaRegistry:
-    def __init__(self, heartbeat_timeout_s: float):
+    def __init__(self, heartbeat_timeout_s: float, max_replicas: int = 1024, forget_dead_after_s: float = 600.0):
         self.heartbeat_timeout_s = heartbeat_timeout_s
+        self.max_replicas = max_replicas
+        self.forget_dead_after_s = forget_dead_after_s
         self._replicas: dict[str, Replica] = {}  # insertion order = registration order = rank order
         self._next_number = 1
 
@@ -50,6 +52,8 @@ class ReplicaRegistry:
             existing.address, existing.weight_version, existing.engine = address, weight_version, engine
             existing.last_heartbeat, existing.alive, existing.force_sync = now, True, False
             return existing
+        if len(self._replicas) >= self.max_replicas:
+            raise RegistryFull(f"{len(self._replicas)} replicas registered (controller.max_replicas)")
         replica = Replica(replica_id, address, weight_version, engine, registered_at=now, last_heartbeat=now)
         self._replicas[replica_id] = replica
         return replica
@@ -60,7 +64,7 @@ class ReplicaRegistry:
     def get(self, replica_id: str) -> Replica:
         replica = self._replicas.get(replica_id)
         if replica is None:
-            raise InvalidRequest("replica_id", f"unknown replica {replica_id!r} (register first)")
+            raise UnknownReplica("replica_id", f"unknown replica {replica_id[:128]!r} (register first)")
         return replica
 
     def touch(self, replica: Replica, now: float) -> bool:
@@ -82,6 +86,15 @@ class ReplicaRegistry:
         for replica in dead:
             replica.alive = False
         return dead
+
+    def forget(self, now: float) -> list[Replica]:
+        """Remove replicas dead for longer than `forget_dead_after_s` (their leases expired when they died):
+        the registry, the status page and GetStatus stay bounded by the live fleet."""
+        gone = [r for r in self._replicas.values()
+                if not r.alive and now - r.last_heartbeat > self.forget_dead_after_s]
+        for replica in gone:
+            del self._replicas[replica.replica_id]
+        return gone
 
     def live(self) -> list[Replica]:
         return [r for r in self._replicas.values() if r.alive]

@@ -57,7 +57,7 @@ class ControllerState:
         self.metrics = metrics or ControllerMetrics()
         self._clock, self._wall = clock, wall_clock
         self._cond = threading.Condition()
-        self._registry = ReplicaRegistry(config.heartbeat_timeout_s)
+        self._registry = ReplicaRegistry(config.heartbeat_timeout_s, config.max_replicas, config.forget_dead_after_s)
         self._leases = LeaseBook(config.lease_ttl_s, config.start_admitted, config.start_prompt_index)
         self._current_version = config.start_version
         self._pushes = PushCoordinator(config, self._registry, notify, self.events, self.metrics)
@@ -102,9 +102,10 @@ class ControllerState:
     def heartbeat(self, replica_id: str, weight_version: int) -> ReplicaPulse:
         with self._cond:
             replica = self._registry.get(replica_id)
-            self._reap_locked()
             lagged = replica.needs_sync(self._current_version)
+            # Touch before reaping: a replica that speaks is alive, whatever its silence before.
             revived = self._touch(replica)
+            self._reap_locked()
             self._registry.report_version(replica, weight_version)
             self._leases.extend(replica_id, self._clock())
             needs_sync = replica.needs_sync(self._current_version)
@@ -298,6 +299,8 @@ class ControllerState:
             )  # fmt: skip
             self._log_expired(leases, "replica_dead")
             changed = True
+        for replica in self._registry.forget(now):
+            self.events.write("replica_forgotten", replica_id=replica.replica_id, silent_s=replica.heartbeat_age(now))
         due = self._leases.expire_due(now)
         if due:
             self._log_expired(due, "ttl")

@@ -22,12 +22,10 @@ from __future__ import annotations
 
 import functools
 import logging
-import math
-import re
 
 import grpc
 
-from asyncrl.controller.errors import InvalidRequest, PreconditionFailed
+from asyncrl.controller.errors import InvalidRequest, PreconditionFailed, RegistryFull, UnknownReplica
 from asyncrl.controller.push import PushOffer, WeightNotifier
 from asyncrl.controller.state import ControllerState
 from asyncrl.controller.status_page import StatusPage
@@ -35,8 +33,16 @@ from asyncrl.core.auth import resolve_auth
 from asyncrl.core.config import AsyncRLConfig
 from asyncrl.core.events import EventLog
 from asyncrl.core.grpc_util import build_server, wait_until_stopped
-from asyncrl.core.validation import InvalidArgument, require
+from asyncrl.core.validation import (
+    MAX_COUNT,
+    MAX_TIMEOUT_S,
+    InvalidArgument,
+    check_name,
+    check_range,
+    require,
+)
 from asyncrl.core.weights.manifest import (
+    MAX_PUSH_BYTES,
     check_address,
     check_optional_seconds,
     check_transport,
@@ -50,7 +56,8 @@ SERVICE_NAME = "asyncrl.v1.Controller"
 # Held AcquireLease calls each occupy a worker thread for up to max_hold_s; heartbeats must still get
 # through, so the pool is sized far above the replica count (threads are created lazily).
 _MAX_WORKERS = 256
-_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:@-]{0,127}")
+MAX_ERROR = 4096
+"""Characters of a sender's error message in CommitWeightPush."""
 
 
 class ControllerServicer(controller_pb2_grpc.ControllerServicer):
@@ -60,11 +67,9 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
     def RegisterReplica(self, request, context):
         def run():
             check_address(request.address, "address")
-            require(
-                not request.replica_id or _is_name(request.replica_id), "replica_id", _name_problem(request)
-            )
-            _require_non_negative(request.weight_version, "weight_version")
-            require(not request.engine or _is_name(request.engine), "engine", f"bad name {request.engine!r}")
+            check_name(request.replica_id, "replica_id", optional=True)
+            self._require_version(request.weight_version, "weight_version")
+            check_name(request.engine, "engine", optional=True)
             r = self.state.register(
                 request.address, request.replica_id, request.weight_version, request.engine
             )
@@ -79,8 +84,8 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
 
     def Heartbeat(self, request, context):
         def run():
-            _require_id(request.replica_id, "replica_id")
-            _require_non_negative(request.weight_version, "weight_version")
+            check_name(request.replica_id, "replica_id")
+            self._require_version(request.weight_version, "weight_version")
             pulse = self.state.heartbeat(request.replica_id, request.weight_version)
             return controller_pb2.HeartbeatResponse(
                 current_version=pulse.current_version, needs_sync=pulse.needs_sync
@@ -90,15 +95,10 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
 
     def AcquireLease(self, request, context):
         def run():
-            _require_id(request.replica_id, "replica_id")
-            n = request.num_trajectories
-            require(n >= 1, "num_trajectories", f"must be >= 1, got {n}")
-            require(
-                math.isfinite(request.wait_s) and request.wait_s >= 0,
-                "wait_s",
-                f"must be >= 0, got {request.wait_s}",
-            )
-            d = self.state.acquire(request.replica_id, n, request.wait_s)
+            check_name(request.replica_id, "replica_id")
+            check_range(request.num_trajectories, 1, self.state.batch_size, "num_trajectories")
+            check_range(request.wait_s, 0.0, MAX_TIMEOUT_S, "wait_s")
+            d = self.state.acquire(request.replica_id, request.num_trajectories, request.wait_s)
             return controller_pb2.AcquireLeaseResponse(
                 granted=d.granted,
                 lease_id=d.lease_id,
@@ -112,9 +112,9 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
 
     def CompleteLease(self, request, context):
         def run():
-            _require_id(request.replica_id, "replica_id")
-            require(bool(request.lease_id), "lease_id", "must not be empty")
-            _require_non_negative(request.num_written, "num_written")
+            check_name(request.replica_id, "replica_id")
+            check_name(request.lease_id, "lease_id")
+            check_range(request.num_written, 0, self.state.batch_size, "num_written")
             self.state.complete(request.replica_id, request.lease_id, request.num_written)
             return controller_pb2.CompleteLeaseResponse()
 
@@ -122,11 +122,12 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
 
     def BeginWeightPush(self, request, context):
         def run():
-            _require_non_negative(request.version, "version")
+            # The state answers a version other than current or current + 1 (FAILED_PRECONDITION).
+            check_range(request.version, 0, MAX_COUNT, "version")
             check_address(request.store_address, "store_address")
             check_transport(request.transport, "transport")
             tensors = decode_tensors(request.tensors, "tensors")
-            require(request.bucket_bytes >= 1, "bucket_bytes", f"must be >= 1, got {request.bucket_bytes}")
+            check_range(request.bucket_bytes, 1, MAX_PUSH_BYTES, "bucket_bytes")
             check_optional_seconds(request.timeout_s, "timeout_s")
             check_optional_seconds(request.join_timeout_s, "join_timeout_s")
             offer = PushOffer(request.store_address, request.transport, tensors, request.bucket_bytes,
@@ -140,7 +141,8 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
 
     def CommitWeightPush(self, request, context):
         def run():
-            require(bool(request.push_id), "push_id", "must not be empty")
+            check_name(request.push_id, "push_id")
+            require(len(request.error) <= MAX_ERROR, "error", f"at most {MAX_ERROR} characters, got {len(request.error)}")
             result = self.state.commit_push(request.push_id, request.sender_ok, request.error)
             return controller_pb2.CommitWeightPushResponse(
                 committed=result.committed,
@@ -153,8 +155,9 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
 
     def LearnerHeartbeat(self, request, context):
         def run():
-            for field in ("step", "version", "consumed"):
-                _require_non_negative(getattr(request, field), field)
+            check_range(request.step, 0, MAX_COUNT, "step")
+            check_range(request.consumed, 0, MAX_COUNT, "consumed")
+            self._require_version(request.version, "version")
             pulse = self.state.learner_heartbeat(request.step, request.version, request.consumed)
             return controller_pb2.LearnerHeartbeatResponse(
                 sync_requested=pulse.sync_requested, current_version=pulse.current_version
@@ -164,6 +167,10 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
 
     def GetStatus(self, request, context):
         return _answer(context, lambda: status_message(self.state.snapshot()))
+
+    def _require_version(self, version: int, field: str) -> None:
+        """A version someone holds or offers is at most one past the committed one (a push in flight)."""
+        check_range(version, 0, self.state.current_version + 1, field)
 
 
 def status_message(snap: dict) -> controller_pb2.ControllerStatus:
@@ -229,24 +236,12 @@ def _answer(context: grpc.ServicerContext, run):
     """Run one RPC body; controller and validation errors become status codes naming the field."""
     try:
         return run()
+    except UnknownReplica as err:
+        code, message = grpc.StatusCode.NOT_FOUND, str(err)
     except (InvalidArgument, InvalidRequest) as err:
         code, message = grpc.StatusCode.INVALID_ARGUMENT, str(err)
+    except RegistryFull as err:
+        code, message = grpc.StatusCode.RESOURCE_EXHAUSTED, str(err)
     except PreconditionFailed as err:
         code, message = grpc.StatusCode.FAILED_PRECONDITION, str(err)
     context.abort(code, message)
-
-
-def _is_name(value: str) -> bool:
-    return _NAME.fullmatch(value) is not None
-
-
-def _name_problem(request) -> str:
-    return f"must be empty or a name of letters, digits and _.:@- (at most 128), got {request.replica_id!r}"
-
-
-def _require_id(value: str, field: str) -> None:
-    require(bool(value), field, "must not be empty")
-
-
-def _require_non_negative(value: int, field: str) -> None:
-    require(value >= 0, field, f"must be >= 0, got {value}")

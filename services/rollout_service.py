@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import threading
 
 import grpc
@@ -14,7 +15,7 @@ from asyncrl.core.engines.factory import make_engine
 from asyncrl.core.grpc_util import abort_invalid, build_server, wait_for_channel, wait_until_stopped
 from asyncrl.core.metrics import serve_metrics
 from asyncrl.core.sampling import SamplingParams
-from asyncrl.core.validation import InvalidArgument, check_token_ids, require
+from asyncrl.core.validation import InvalidArgument, check_range, check_token_ids, require
 from asyncrl.core.weights.manifest import decode_plan
 from asyncrl.rollout.rollout_metrics import RolloutMetrics
 from asyncrl.rollout.runtime import ReplicaRuntime
@@ -22,14 +23,19 @@ from asyncrl.v1 import controller_pb2_grpc, rollout_pb2, rollout_pb2_grpc
 
 log = logging.getLogger("asyncrl.rollout")
 SERVICE = "asyncrl.v1.Rollout"
+MIN_TEMPERATURE, MAX_TEMPERATURE = 1e-3, 100.0
 
 
 class RolloutServicer(rollout_pb2_grpc.RolloutServicer):
-    def __init__(self, engine, engine_lock: threading.Lock, vocab_size: int, metrics: RolloutMetrics,
-                 engine_type: str, replica_id=lambda: ""):
+    def __init__(self, engine, engine_lock: threading.Lock, vocab_size: int, context: int, max_prompts: int,
+                 metrics: RolloutMetrics, engine_type: str, replica_id=lambda: ""):
         self.engine = engine
         self.engine_lock = engine_lock
         self.vocab_size = vocab_size
+        self.context = context
+        """Prompt + new tokens at most (the model's context)."""
+        self.max_prompts = max_prompts
+        """Prompts per Generate call at most (one engine batch): how long one caller can hold the engine."""
         self.metrics = metrics
         self.engine_type = engine_type
         self.replica_id = replica_id
@@ -57,11 +63,18 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServicer):
 
     def Generate(self, request, context):
         try:
-            require(len(request.prompts) > 0, "prompts", "must not be empty")
+            require(1 <= len(request.prompts) <= self.max_prompts, "prompts",
+                    f"must hold 1 to {self.max_prompts} prompts (rollout.engine.max_batch_size), "
+                    f"got {len(request.prompts)}")
             for i, p in enumerate(request.prompts):
+                require(len(p.token_ids) < self.context, f"prompts[{i}].token_ids",
+                        f"at most {self.context - 1} tokens (the model's context), got {len(p.token_ids)}")
                 check_token_ids(p.token_ids, self.vocab_size, f"prompts[{i}].token_ids")
-            require(request.max_new_tokens >= 1, "max_new_tokens", f"must be >= 1, got {request.max_new_tokens}")
-            require(request.temperature >= 0, "temperature", f"must be >= 0, got {request.temperature}")
+            longest = max(len(p.token_ids) for p in request.prompts)
+            check_range(request.max_new_tokens, 1, self.context - longest, "max_new_tokens")
+            t = request.temperature
+            require(t == 0 or (math.isfinite(t) and MIN_TEMPERATURE <= t <= MAX_TEMPERATURE), "temperature",
+                    f"must be 0 (greedy) or in [{MIN_TEMPERATURE}, {MAX_TEMPERATURE}], got {t}")
         except InvalidArgument as err:
             abort_invalid(context, err)
         greedy = request.temperature == 0
@@ -88,9 +101,10 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServicer):
 def create_server(config, engine=None, engine_lock=None, metrics=None, replica_id=lambda: ""):
     """The Rollout gRPC server (not started) around `engine` (built from config when None)."""
     engine = engine or make_engine(config.rollout.engine, config.model.path, config.model.dtype, seed=config.seed)
+    model_config = AutoConfig.from_pretrained(config.model.path)
     servicer = RolloutServicer(
         engine, engine_lock or threading.Lock(),
-        AutoConfig.from_pretrained(config.model.path).vocab_size,
+        model_config.vocab_size, model_config.max_position_embeddings, config.rollout.engine.max_batch_size,
         metrics or RolloutMetrics(), config.rollout.engine.type, replica_id,
     )
     server, port, _health = build_server(

@@ -36,7 +36,9 @@ def create_server(config, engine=None):
     tcfg = config.teacher
     check_checkpoint(tcfg.model_path, "teacher.model_path")
     engine = engine or make_engine(tcfg.engine, tcfg.model_path, config.model.dtype, seed=config.seed)
-    servicer = TeacherServicer(TeacherScorer(engine, AutoConfig.from_pretrained(tcfg.model_path).vocab_size))
+    model_config = AutoConfig.from_pretrained(tcfg.model_path)
+    servicer = TeacherServicer(TeacherScorer(engine, model_config.vocab_size, model_config.max_position_embeddings,
+                                             max_sequences=config.learner.batch_size))
     server, port, _health = build_server(
         tcfg.host, tcfg.port, [lambda s: teacher_pb2_grpc.add_TeacherServicer_to_server(servicer, s)], [SERVICE],
         resolve_auth(config.security),

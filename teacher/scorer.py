@@ -12,9 +12,6 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from asyncrl.core.engines.base import Engine
 from asyncrl.core.validation import check_token_ids, require
 
-MAX_SEQUENCES = 4096
-"""Sequences per Score call: a bound on how long one caller can hold the engine."""
-
 
 class TeacherMetrics:
     def __init__(self):
@@ -25,15 +22,23 @@ class TeacherMetrics:
 
 
 class TeacherScorer:
-    def __init__(self, engine: Engine, vocab_size: int, metrics: TeacherMetrics | None = None):
+    def __init__(self, engine: Engine, vocab_size: int, context: int, max_sequences: int,
+                 metrics: TeacherMetrics | None = None):
         self.engine, self.vocab_size = engine, vocab_size
+        self.context = context
+        """Tokens per sequence at most (the model's context)."""
+        self.max_sequences = max_sequences
+        """Sequences per call at most (one learner batch): how long one caller can hold the engine."""
         self.metrics = metrics or TeacherMetrics()
 
     def score(self, sequences: list[list[int]], response_starts: list[int]) -> list[list[float]]:
         """log pi_teacher of tokens [start:] of each sequence; raises InvalidArgument naming the field."""
         require(len(sequences) > 0, "sequences", "must not be empty")
-        require(len(sequences) <= MAX_SEQUENCES, "sequences", f"at most {MAX_SEQUENCES} per call, got {len(sequences)}")
+        require(len(sequences) <= self.max_sequences, "sequences",
+                f"at most {self.max_sequences} per call (learner.batch_size), got {len(sequences)}")
         for i, (ids, start) in enumerate(zip(sequences, response_starts)):
+            require(len(ids) <= self.context, f"sequences[{i}].token_ids",
+                    f"at most {self.context} tokens (the model's context), got {len(ids)}")
             check_token_ids(ids, self.vocab_size, f"sequences[{i}].token_ids")
             require(1 <= start <= len(ids), f"sequences[{i}].response_start",
                     f"must be in [1, {len(ids)}], got {start}")  # fmt: skip

@@ -138,6 +138,10 @@ class ControllerConfig(Section):
     """How often replicas heartbeat."""
     heartbeat_timeout_s: float = Field(10.0, gt=0)
     """A replica silent this long is dead: its leases expire and return their quota."""
+    forget_dead_after_s: float = Field(600.0, gt=0)
+    """A replica dead this long is removed from the registry (it registers again if it comes back)."""
+    max_replicas: int = Field(1024, ge=1)
+    """Replicas registered at most (live, or dead and not yet forgotten); more get RESOURCE_EXHAUSTED."""
     lease_ttl_s: float = Field(120.0, gt=0)
     """A lease not completed within this time (and not kept alive) expires and returns its quota."""
     max_hold_s: float = Field(5.0, gt=0)

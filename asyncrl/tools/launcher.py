@@ -20,7 +20,7 @@ from pathlib import Path
 from asyncrl.core.auth import Auth, MissingToken, new_token, resolve_auth
 from asyncrl.core.buffer import make_buffer
 from asyncrl.core.config import AsyncRLConfig, dump_config, load_config
-from asyncrl.core.events import EventTail, read_events
+from asyncrl.core.events import EventLog, EventTail, read_events
 from asyncrl.core.grpc_util import wait_for_channel
 from asyncrl.core.preflight import ConfigError, preflight
 from asyncrl.learner.checkpoint import latest_checkpoint, read_meta
@@ -159,17 +159,42 @@ def resume(run_dir: str, overrides: list[str]) -> int:
     meta = read_meta(ckpt)
     buffer = make_buffer(cfg.buffer, consumer="learner-0")
     buffered = buffer.peek()
+    events = EventLog(run_dir, "learner")
+    survivors = drop_dead_timeline(buffer, buffered, meta, events)
+    events.close()
     buffer.close()
     cfg.controller.start_version = meta.version
     cfg.controller.start_admitted = meta.step * cfg.learner.batch_size + sum(
-        len(e.group.trajectories) for e in buffered
+        len(e.group.trajectories) for e in survivors
     )
     cfg.controller.start_prompt_index = max([meta.data_position] + [e.group.prompt_index + 1 for e in buffered])
     cfg.learner.checkpoint.resume_from = str(ckpt)
     resolved.rename(resolved.with_name(f"config.resolved.before-resume-{time.strftime('%Y%m%d-%H%M%S')}.yaml"))
     print(f"[up] resuming {run_dir} from {ckpt.name} (step {meta.step}, version {meta.version}; "
-          f"{len(buffered)} groups in the buffer)", flush=True)
+          f"{len(survivors)} groups in the buffer, {len(buffered) - len(survivors)} from the lost timeline "
+          "dead-lettered)", flush=True)
     return launch(cfg, group)
+
+
+def drop_dead_timeline(buffer, entries: list, meta, learner_events: EventLog) -> list:
+    """Entries generated with weights newer than the checkpoint came from a policy that did not survive the
+    crash: their versions name weights that no longer exist (the resumed run reissues those numbers), so
+    staleness and the learner's "not from the future" check would misread them. They go to the dead-letter
+    stream with the reason (recorded like the learner's own rejections, so the audit counts them); the rest
+    survive and count against the staleness bound."""
+    survivors = []
+    for entry in entries:
+        versions = [v for t in entry.group.trajectories for v in t.weight_version]
+        newest = max(versions, default=-1)
+        if entry.problem is None and newest <= meta.version:
+            survivors.append(entry)
+            continue
+        reason = entry.problem or (f"generated with weight version {newest}, newer than the checkpoint's "
+                                   f"{meta.version}: the policy that made it did not survive the crash")
+        buffer.dead_letter(entry.entry_id, reason)
+        learner_events.write("group_rejected", entry_id=entry.entry_id, group_id=entry.group.group_id,
+                             reason=reason)
+    return survivors
 
 
 def run_auth(cfg: AsyncRLConfig) -> Auth:

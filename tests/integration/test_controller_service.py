@@ -151,27 +151,33 @@ def push_request(**fields):
 
 INVALID = [
     ("RegisterReplica", pb.RegisterReplicaRequest(address="no-port"), "address: must be host:port"),
-    ("RegisterReplica", pb.RegisterReplicaRequest(address="h:1", weight_version=-1), "weight_version: must be >= 0"),
+    ("RegisterReplica", pb.RegisterReplicaRequest(address="h:1", weight_version=-1), "weight_version: must be in [0, 1], got -1"),
     ("RegisterReplica", pb.RegisterReplicaRequest(address="h:1", replica_id="a b"), "replica_id: must be empty or"),
-    ("Heartbeat", pb.HeartbeatRequest(replica_id=""), "replica_id: must not be empty"),
-    ("Heartbeat", pb.HeartbeatRequest(replica_id="x"), "replica_id: unknown replica 'x'"),
-    ("AcquireLease", pb.AcquireLeaseRequest(replica_id=VALID, num_trajectories=0), "num_trajectories: must be >= 1, got 0"),
-    ("AcquireLease", pb.AcquireLeaseRequest(replica_id=VALID, num_trajectories=9), "num_trajectories: must be <= batch_size (8)"),
-    ("AcquireLease", pb.AcquireLeaseRequest(replica_id=VALID, num_trajectories=1, wait_s=-1), "wait_s: must be >= 0"),
-    ("AcquireLease", pb.AcquireLeaseRequest(replica_id="x", num_trajectories=1), "replica_id: unknown replica 'x'"),
-    ("CompleteLease", pb.CompleteLeaseRequest(replica_id=VALID, lease_id=""), "lease_id: must not be empty"),
-    ("CompleteLease", pb.CompleteLeaseRequest(replica_id=VALID, lease_id="l", num_written=-1), "num_written: must be >= 0"),
+    ("Heartbeat", pb.HeartbeatRequest(replica_id=""), "replica_id: must be a name"),
+    ("AcquireLease", pb.AcquireLeaseRequest(replica_id=VALID, num_trajectories=0), "num_trajectories: must be in [1, 8], got 0"),
+    ("AcquireLease", pb.AcquireLeaseRequest(replica_id=VALID, num_trajectories=9), "num_trajectories: must be in [1, 8], got 9"),
+    ("AcquireLease", pb.AcquireLeaseRequest(replica_id=VALID, num_trajectories=1, wait_s=-1), "wait_s: must be in [0.0, "),
+    ("CompleteLease", pb.CompleteLeaseRequest(replica_id=VALID, lease_id=""), "lease_id: must be a name"),
+    ("CompleteLease", pb.CompleteLeaseRequest(replica_id=VALID, lease_id="l", num_written=-1), "num_written: must be in [0, 8], got -1"),
     ("BeginWeightPush", push_request(store_address="nowhere"), "store_address: must be host:port"),
     ("BeginWeightPush", push_request(transport="tcp"), "transport: must be one of"),
-    ("BeginWeightPush", push_request(tensors=[]), "tensors: must list at least one tensor"),
+    ("BeginWeightPush", push_request(tensors=[]), "tensors: must list 1 to"),
     ("BeginWeightPush", push_request(tensors=[weights_pb2.TensorSpec(name="w", dtype="float99")]), "tensors[0].dtype: unknown torch dtype"),
     ("BeginWeightPush", push_request(tensors=[TENSOR, TENSOR]), "tensors[1].name: duplicate"),
-    ("BeginWeightPush", push_request(bucket_bytes=0), "bucket_bytes: must be >= 1"),
-    ("BeginWeightPush", push_request(version=-1), "version: must be >= 0"),
-    ("CommitWeightPush", pb.CommitWeightPushRequest(push_id=""), "push_id: must not be empty"),
-    ("LearnerHeartbeat", pb.LearnerHeartbeatRequest(step=-1), "step: must be >= 0, got -1"),
-    ("LearnerHeartbeat", pb.LearnerHeartbeatRequest(consumed=-5), "consumed: must be >= 0, got -5"),
+    ("BeginWeightPush", push_request(bucket_bytes=0), "bucket_bytes: must be in [1, "),
+    ("BeginWeightPush", push_request(version=-1), "version: must be in [0, 9007199254740992], got -1"),
+    ("CommitWeightPush", pb.CommitWeightPushRequest(push_id=""), "push_id: must be a name"),
+    ("LearnerHeartbeat", pb.LearnerHeartbeatRequest(step=-1), "step: must be in [0, 9007199254740992], got -1"),
+    ("LearnerHeartbeat", pb.LearnerHeartbeatRequest(consumed=-5), "consumed: must be in [0, 9007199254740992], got -5"),
 ]  # fmt: skip
+
+
+def test_unknown_replicas_are_not_found(controller):
+    # NOT_FOUND tells a replica the controller forgot it (a restart, or dead too long): it registers again.
+    for call, request in [(controller.stub.Heartbeat, pb.HeartbeatRequest(replica_id="x")),
+                          (controller.stub.AcquireLease, pb.AcquireLeaseRequest(replica_id="x", num_trajectories=1))]:
+        err = rpc_error(call, request)
+        assert err.code() == grpc.StatusCode.NOT_FOUND and err.details().startswith("replica_id: unknown replica 'x'")
 
 
 @pytest.mark.parametrize(

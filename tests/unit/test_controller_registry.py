@@ -83,3 +83,26 @@ def test_snapshot_lists_what_the_status_page_shows():
     (replica,) = snap["replicas"]
     assert replica["replica_id"] == rid and replica["engine"] == "torch" and replica["active_leases"] == 1
     assert replica["last_heartbeat_age_s"] == pytest.approx(1.5)
+
+
+def test_dead_replicas_are_forgotten_and_the_registry_is_bounded():
+    from asyncrl.controller.errors import RegistryFull, UnknownReplica
+
+    state, clock, _, events = make_state(heartbeat_timeout_s=3.0, forget_dead_after_s=10.0, max_replicas=2)
+    state.register("127.0.0.1:7001", "a", 0, "torch")
+    state.register("127.0.0.1:7002", "b", 0, "torch")
+    with pytest.raises(RegistryFull, match="max_replicas"):
+        state.register("127.0.0.1:7003", "c", 0, "torch")
+    state.register("127.0.0.1:7009", "a", 0, "torch")  # an existing id may register again (a restart)
+    clock.advance(5.0)
+    state.heartbeat("b", 0)
+    state.reap()  # "a" is dead now, not yet forgotten
+    assert {r["replica_id"] for r in state.snapshot()["replicas"]} == {"a", "b"}
+    clock.advance(11.0)
+    state.heartbeat("b", 0)
+    state.reap()
+    assert [r["replica_id"] for r in state.snapshot()["replicas"]] == ["b"]
+    assert events.of_kind("replica_forgotten")[0]["replica_id"] == "a"
+    with pytest.raises(UnknownReplica):
+        state.heartbeat("a", 0)  # told NOT_FOUND at the edge: it registers again
+    state.register("127.0.0.1:7003", "c", 0, "torch")  # room again

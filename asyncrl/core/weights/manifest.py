@@ -15,13 +15,25 @@ import math
 from collections.abc import Iterable, Mapping
 from typing import Literal, get_args
 
-from asyncrl.core.validation import InvalidArgument, require
+from asyncrl.core.validation import (
+    MAX_TIMEOUT_S,
+    InvalidArgument,
+    check_host_port,
+    check_name,
+    check_range,
+    require,
+    shown,
+)
 from asyncrl.core.weights.plan import PushPlan, TensorMeta
 from asyncrl.v1 import weights_pb2
 
 Transport = Literal["gloo", "nccl"]
 """Data planes of the weight push: gloo (CPU tensors) or nccl (GPU tensors)."""
 TRANSPORTS: tuple[str, ...] = get_args(Transport)
+MAX_TENSORS = 1 << 20
+MAX_TENSOR_NAME = 1024
+MAX_PUSH_BYTES = 1 << 46
+"""64 TiB: far above any model, far below what would overflow a size computation."""
 
 
 def encode_tensors(metas: Iterable[TensorMeta]) -> list[weights_pb2.TensorSpec]:
@@ -31,37 +43,41 @@ def encode_tensors(metas: Iterable[TensorMeta]) -> list[weights_pb2.TensorSpec]:
 def decode_tensors(specs, field: str = "tensors") -> tuple[TensorMeta, ...]:
     """`TensorSpec`s -> `TensorMeta`s, refusing an empty list, empty or repeated names, negative dims and
     dtypes torch does not know."""
-    require(len(specs) >= 1, field, "must list at least one tensor")
+    require(1 <= len(specs) <= MAX_TENSORS, field, f"must list 1 to {MAX_TENSORS} tensors, got {len(specs)}")
     seen: set[str] = set()
     metas = []
+    total = 0
     for i, spec in enumerate(specs):
         where = f"{field}[{i}]"
-        require(bool(spec.name), f"{where}.name", "must not be empty")
-        require(spec.name not in seen, f"{where}.name", f"duplicate tensor name {spec.name!r}")
+        require(0 < len(spec.name) <= MAX_TENSOR_NAME, f"{where}.name",
+                f"must be 1 to {MAX_TENSOR_NAME} characters, got {shown(spec.name)}")
+        require(spec.name not in seen, f"{where}.name", f"duplicate tensor name {shown(spec.name)}")
         seen.add(spec.name)
-        require(all(d >= 0 for d in spec.shape), f"{where}.shape", f"dims must be >= 0, got {list(spec.shape)}")
+        require(len(spec.shape) <= 8 and all(0 <= d <= MAX_PUSH_BYTES for d in spec.shape), f"{where}.shape",
+                f"at most 8 dims, each in [0, {MAX_PUSH_BYTES}], got {list(spec.shape)[:9]}")
         meta = TensorMeta(spec.name, tuple(spec.shape), spec.dtype)
         try:
             _ = meta.torch_dtype  # raises for a name that is not a torch dtype
         except ValueError:
-            raise InvalidArgument(f"{where}.dtype", f"unknown torch dtype {spec.dtype!r}") from None
+            raise InvalidArgument(f"{where}.dtype", f"unknown torch dtype {shown(spec.dtype)}") from None
+        total += math.prod(spec.shape)
+        require(total <= MAX_PUSH_BYTES, field, f"more than {MAX_PUSH_BYTES} elements in all")
         metas.append(meta)
     return tuple(metas)
 
 
 def check_address(value: str, field: str) -> None:
-    host, sep, port = value.rpartition(":")
-    ok = bool(sep) and bool(host) and port.isdigit() and 1 <= int(port) <= 65535
-    require(ok, field, f"must be host:port, got {value!r}")
+    check_host_port(value, field)
 
 
 def check_transport(value: str, field: str) -> None:
-    require(value in TRANSPORTS, field, f"must be one of {TRANSPORTS}, got {value!r}")
+    require(value in TRANSPORTS, field, f"must be one of {TRANSPORTS}, got {shown(value)}")
 
 
 def check_optional_seconds(value: float, field: str) -> None:
     """A time-out where 0 means "the default"."""
-    require(math.isfinite(value) and value >= 0, field, f"must be >= 0 (0 = the default), got {value}")
+    require(math.isfinite(value) and 0 <= value <= MAX_TIMEOUT_S, field,
+            f"must be in [0, {MAX_TIMEOUT_S}] (0 = the default), got {value}")
 
 
 def encode_plan(plan: PushPlan) -> weights_pb2.WeightPushPlan:
@@ -80,13 +96,14 @@ def encode_plan(plan: PushPlan) -> weights_pb2.WeightPushPlan:
 
 def decode_plan(msg, field: str = "plan") -> PushPlan:
     """A `WeightPushPlan` message -> `PushPlan`, every field checked."""
-    require(bool(msg.push_id), f"{field}.push_id", "must not be empty")
+    check_name(msg.push_id, f"{field}.push_id")
     require(msg.version >= 0, f"{field}.version", f"must be >= 0, got {msg.version}")
     check_address(msg.store_address, f"{field}.store_address")
-    require(msg.world_size >= 2, f"{field}.world_size", f"must be >= 2 (learner + receivers), got {msg.world_size}")
+    check_range(msg.world_size, 2, 1 << 20, f"{field}.world_size")
     check_transport(msg.transport, f"{field}.transport")
-    require(msg.bucket_bytes > 0, f"{field}.bucket_bytes", f"must be > 0, got {msg.bucket_bytes}")
-    require(math.isfinite(msg.timeout_s) and msg.timeout_s > 0, f"{field}.timeout_s", f"must be > 0, got {msg.timeout_s}")
+    check_range(msg.bucket_bytes, 1, MAX_PUSH_BYTES, f"{field}.bucket_bytes")
+    require(math.isfinite(msg.timeout_s) and 0 < msg.timeout_s <= MAX_TIMEOUT_S, f"{field}.timeout_s",
+            f"must be in (0, {MAX_TIMEOUT_S}], got {msg.timeout_s}")
     check_optional_seconds(msg.join_timeout_s, f"{field}.join_timeout_s")
     return PushPlan(
         push_id=msg.push_id,
