@@ -80,11 +80,20 @@ class LeaseBook:
         self._end(lease, "completed", returned)
         return lease, returned
 
-    def extend(self, replica_id: str, now: float) -> None:
-        """A heartbeat keeps all of the replica's leases alive for another TTL."""
-        for lease in self._active.values():
-            if lease.replica_id == replica_id:
+    def extend(self, replica_id: str, now: float, held: set[str] | None = None, grace_s: float = 0.0) -> list[Lease]:
+        """A heartbeat keeps the replica's leases alive for another TTL: all of them, or (`held` reported) only
+        those it still holds. A lease it no longer lists, granted more than `grace_s` ago, was abandoned (a
+        completion that never got through, a batch that failed): it expires now and returns its quota, so
+        heartbeats cannot keep it alive. Returns the abandoned leases."""
+        abandoned = []
+        for lease in self.of_replica(replica_id):
+            if held is None or lease.lease_id in held:
                 lease.expires_at = max(lease.expires_at, now + self.lease_ttl_s)
+            elif now - lease.granted_at > grace_s:
+                abandoned.append(lease)
+        for lease in abandoned:
+            self._end(lease, "expired: abandoned", lease.num_trajectories)
+        return abandoned
 
     def expire_due(self, now: float) -> list[Lease]:
         """Expire every lease past its expiry time; returns them (each returned its whole quota)."""

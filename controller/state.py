@@ -99,7 +99,8 @@ class ControllerState:
                 replica.replica_id, self._current_version, needs_sync, self.config.heartbeat_interval_s
             )
 
-    def heartbeat(self, replica_id: str, weight_version: int) -> ReplicaPulse:
+    def heartbeat(self, replica_id: str, weight_version: int, held_leases: list[str] | None = None) -> ReplicaPulse:
+        """A replica's sign of life; `held_leases` (when reported) are the leases it still works on."""
         with self._cond:
             replica = self._registry.get(replica_id)
             lagged = replica.needs_sync(self._current_version)
@@ -107,7 +108,11 @@ class ControllerState:
             revived = self._touch(replica)
             self._reap_locked()
             self._registry.report_version(replica, weight_version)
-            self._leases.extend(replica_id, self._clock())
+            held = None if held_leases is None else set(held_leases)
+            abandoned = self._leases.extend(replica_id, self._clock(), held, self.config.lease_report_grace_s)
+            if abandoned:
+                self._log_expired(abandoned, "abandoned")
+                self._changed()
             needs_sync = replica.needs_sync(self._current_version)
             # Wake held requests only when this replica's own eligibility may have changed.
             self._changed(wake=revived or lagged != needs_sync)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import OrderedDict
 from dataclasses import dataclass
 
 import grpc
@@ -19,6 +20,7 @@ from asyncrl.learner.checkpoint import CheckpointMeta
 from asyncrl.v1 import controller_pb2, teacher_pb2
 
 log = logging.getLogger("asyncrl.learner")
+TRAINED_GROUPS_REMEMBERED = 1_000_000
 
 
 @dataclass
@@ -46,6 +48,9 @@ class LearnerLoop:
         self.metrics = metrics
         self.limits = limits
         """What a group must satisfy to be trained on (the rest is dead-lettered)."""
+        self._trained_groups: OrderedDict[str, None] = OrderedDict()
+        """Group ids this process trained on (the last TRAINED_GROUPS_REMEMBERED): a second copy of one, e.g.
+        from a buffer write retried after its reply was lost, is dead-lettered, not trained twice."""
         self.teacher = teacher_stub
         self.checkpointer = checkpointer
         """Saves the policy and the learner state (`learner.checkpoint`); None: never."""
@@ -73,6 +78,8 @@ class LearnerLoop:
         """Whether `entry` may join a batch. Anything else is dead-lettered with its reason and acked: never
         trained on, and never a crash (it would stay pending and crash every restart again)."""
         reason = entry.problem
+        if reason is None and entry.group.group_id in self._trained_groups:
+            reason = f"group_id: {entry.group.group_id!r} was already trained (a duplicate write)"
         if reason is None:
             try:
                 check_trajectory_group(entry.group, self.limits.with_max_version(self.progress.version))
@@ -217,6 +224,10 @@ class LearnerLoop:
             self.buffer.ack(batch.entry_ids)
         else:
             self._unacked.extend(batch.entry_ids)
+        for group_id in dict.fromkeys(batch.group_ids):
+            self._trained_groups[group_id] = None
+        while len(self._trained_groups) > TRAINED_GROUPS_REMEMBERED:
+            self._trained_groups.popitem(last=False)
         self.events.write("trained", step=self.progress.step, version=version, entry_ids=batch.entry_ids,
                           group_ids=sorted(set(batch.group_ids)), trajectories=len(batch))
         push = self.publisher.push(version + 1)

@@ -13,9 +13,32 @@ from asyncrl.v1 import controller_pb2
 log = logging.getLogger(__name__)
 
 
+class HeldLeases:
+    """The leases a replica still works on (granted, not yet completed or given up): its heartbeats report
+    them, so the controller expires any other lease of the replica instead of keeping it alive."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._ids: set[str] = set()
+
+    def add(self, lease_id: str) -> None:
+        with self._lock:
+            self._ids.add(lease_id)
+
+    def discard(self, lease_id: str) -> None:
+        with self._lock:
+            self._ids.discard(lease_id)
+
+    def snapshot(self) -> list[str]:
+        with self._lock:
+            return sorted(self._ids)
+
+
 class ReplicaSession:
-    def __init__(self, controller_stub, address: str, engine, engine_type: str, replica_id: str = ""):
+    def __init__(self, controller_stub, address: str, engine, engine_type: str, replica_id: str = "",
+                 held: HeldLeases | None = None):
         self._stub = controller_stub
+        self.held = held or HeldLeases()
         self._address = address
         self._engine = engine
         self._engine_type = engine_type
@@ -41,10 +64,11 @@ class ReplicaSession:
 
     def heartbeat(self) -> None:
         try:
-            resp = self._stub.Heartbeat(
-                controller_pb2.HeartbeatRequest(replica_id=self.replica_id, weight_version=self._engine.weight_version),
-                timeout=max(5.0, self.heartbeat_interval_s * 3),
+            request = controller_pb2.HeartbeatRequest(
+                replica_id=self.replica_id, weight_version=self._engine.weight_version,
+                held_leases=controller_pb2.HeldLeases(lease_ids=self.held.snapshot()),
             )
+            resp = self._stub.Heartbeat(request, timeout=max(5.0, self.heartbeat_interval_s * 3))
             self.needs_sync = resp.needs_sync
         except grpc.RpcError as err:
             if err.code() in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.INVALID_ARGUMENT):

@@ -22,6 +22,8 @@ from asyncrl.rollout.trajectories import build_group
 from asyncrl.v1 import controller_pb2
 
 log = logging.getLogger(__name__)
+COMPLETE_ATTEMPTS = 4
+COMPLETE_BACKOFF_S = 0.5
 
 
 class RolloutWorker:
@@ -77,11 +79,13 @@ class RolloutWorker:
         if not first.granted:
             return 0
         leases = [first]
+        self.session.held.add(first.lease_id)
         while len(leases) < self.config.rollout.leases_per_batch:
             extra = self._acquire(0.0)
             if not extra.granted:
                 break
             leases.append(extra)
+            self.session.held.add(extra.lease_id)
         prompts = [self.task.train_prompt(lease.prompt_index) for lease in leases]
         gen_start = time.perf_counter()
         with self.engine_lock:
@@ -101,11 +105,15 @@ class RolloutWorker:
     def _finish(self, leases, prompts, groups) -> int:
         written = 0
         for lease, prompt, gens in zip(leases, prompts, groups):
+            # Every lease of the batch is settled on its own: one failure must not strand the others.
             try:
                 written += self._write(lease, prompt, gens)
-            except grpc.RpcError as err:
-                # The lease stays open and expires (returning its quota) if CompleteLease never got through.
-                log.warning("completing lease %s failed (%s): %s", lease.lease_id, err.code().name, err.details())
+            except Exception as err:  # noqa: BLE001 - logged; the lease is given up below
+                log.warning("lease %s: %s: %s", lease.lease_id, type(err).__name__, err)
+            finally:
+                # Completed, or given up: either way no longer held, so if the controller never heard of its
+                # completion it expires it as abandoned at the next heartbeat (its quota comes back).
+                self.session.held.discard(lease.lease_id)
         return written
 
     def _write(self, lease, prompt, gens) -> int:
@@ -154,10 +162,21 @@ class RolloutWorker:
             self.metrics.groups_written.inc()
             self.metrics.reward_mean.set(sum(rewards) / len(rewards))
         # Completing after the write: a lease completed as written is data the learner will find.
-        self.stub.CompleteLease(
-            controller_pb2.CompleteLeaseRequest(
-                replica_id=self.session.replica_id, lease_id=lease.lease_id, num_written=num_written
-            ),
-            timeout=30,
-        )
+        self._complete(controller_pb2.CompleteLeaseRequest(
+            replica_id=self.session.replica_id, lease_id=lease.lease_id, num_written=num_written
+        ))
         return 1 if entry_id is not None else 0
+
+    def _complete(self, request) -> None:
+        """CompleteLease, retried with backoff while the controller is unreachable or slow (a transient error
+        must not cost the group); other answers (the lease expired meanwhile) are final."""
+        for attempt in range(COMPLETE_ATTEMPTS):
+            try:
+                self.stub.CompleteLease(request, timeout=30)
+                return
+            except grpc.RpcError as err:
+                retry = err.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+                if not retry or attempt == COMPLETE_ATTEMPTS - 1:
+                    raise
+                log.warning("CompleteLease %s: %s; retrying", request.lease_id, err.code().name)
+                time.sleep(COMPLETE_BACKOFF_S * 2**attempt)

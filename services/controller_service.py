@@ -56,6 +56,7 @@ SERVICE_NAME = "asyncrl.v1.Controller"
 # Held AcquireLease calls each occupy a worker thread for up to max_hold_s; heartbeats must still get
 # through, so the pool is sized far above the replica count (threads are created lazily).
 _MAX_WORKERS = 256
+MAX_HELD_LEASES = 4096
 MAX_ERROR = 4096
 """Characters of a sender's error message in CommitWeightPush."""
 
@@ -86,7 +87,14 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
         def run():
             check_name(request.replica_id, "replica_id")
             self._require_version(request.weight_version, "weight_version")
-            pulse = self.state.heartbeat(request.replica_id, request.weight_version)
+            held = None
+            if request.HasField("held_leases"):
+                held = list(request.held_leases.lease_ids)
+                require(len(held) <= MAX_HELD_LEASES, "held_leases.lease_ids",
+                        f"at most {MAX_HELD_LEASES}, got {len(held)}")
+                for i, lease_id in enumerate(held):
+                    check_name(lease_id, f"held_leases.lease_ids[{i}]")
+            pulse = self.state.heartbeat(request.replica_id, request.weight_version, held)
             return controller_pb2.HeartbeatResponse(
                 current_version=pulse.current_version, needs_sync=pulse.needs_sync
             )

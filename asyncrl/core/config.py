@@ -120,6 +120,9 @@ class BufferConfig(Section):
     """Consumer group the learner reads with; entries are acked after the step that used them."""
     delete_after_ack: bool = True
     """Delete acked entries (keeps Redis memory flat); the event logs keep the audit trail."""
+    retry_s: float = Field(30.0, ge=0)
+    """How long a buffer call keeps reconnecting (exponential backoff up to 1 s) when Redis is unreachable,
+    e.g. restarting, before it fails: a Redis restart on its append-only file loses nothing and stops nobody."""
     dead_letter_stream: str = "asyncrl:dead-letters"
     """Stream key where entries that must not be trained on go, with the reason and the original bytes
     (undecodable payloads, failed validation); they are acked in the main stream."""
@@ -142,6 +145,10 @@ class ControllerConfig(Section):
     """A replica dead this long is removed from the registry (it registers again if it comes back)."""
     max_replicas: int = Field(1024, ge=1)
     """Replicas registered at most (live, or dead and not yet forgotten); more get RESOURCE_EXHAUSTED."""
+    lease_report_grace_s: float = Field(5.0, gt=0)
+    """A lease missing from its replica's heartbeat (HeartbeatRequest.held_leases) is abandoned once it is
+    older than this (the grace covers a grant whose reply crossed a heartbeat); it expires and returns its
+    quota."""
     lease_ttl_s: float = Field(120.0, gt=0)
     """A lease not completed within this time (and not kept alive) expires and returns its quota."""
     max_hold_s: float = Field(5.0, gt=0)

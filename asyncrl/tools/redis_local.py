@@ -11,14 +11,14 @@ import redis
 from asyncrl.tools.processes import ProcessGroup, free_port
 
 
-def start_local_redis(group: ProcessGroup, data_dir: Path, host: str = "127.0.0.1") -> str:
+def start_local_redis(group: ProcessGroup, data_dir: Path, host: str = "127.0.0.1", port: int = 0) -> str:
     """Start redis-server as a child of `group`; returns its URL once it answers PING. Persistence: an
     append-only file in `data_dir` fsynced every second (a restart on the same directory, e.g. `up --resume`,
-    finds the stream, its consumer group and the pending entries again)."""
+    finds the stream, its consumer group and the pending entries again). `port` 0: any free port."""
     binary = shutil.which("redis-server")
     if binary is None:
         raise RuntimeError("redis-server not found: run scripts/setup.sh (installs Debian's redis-server)")
-    port = free_port(host)
+    port = port or free_port(host)
     data_dir.mkdir(parents=True, exist_ok=True)
     child = group.start("redis", [binary, "--port", str(port), "--bind", host, "--save", "", "--appendonly", "yes",
                                   "--appendfsync", "everysec",

@@ -32,12 +32,20 @@ class RegisterReplicaResponse(_message.Message):
     def __init__(self, replica_id: _Optional[str] = ..., current_version: _Optional[int] = ..., needs_sync: _Optional[bool] = ..., heartbeat_interval_s: _Optional[float] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
-    __slots__ = ("replica_id", "weight_version")
+    __slots__ = ("replica_id", "weight_version", "held_leases")
     REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
     WEIGHT_VERSION_FIELD_NUMBER: _ClassVar[int]
+    HELD_LEASES_FIELD_NUMBER: _ClassVar[int]
     replica_id: str
     weight_version: int
-    def __init__(self, replica_id: _Optional[str] = ..., weight_version: _Optional[int] = ...) -> None: ...
+    held_leases: HeldLeases
+    def __init__(self, replica_id: _Optional[str] = ..., weight_version: _Optional[int] = ..., held_leases: _Optional[_Union[HeldLeases, _Mapping]] = ...) -> None: ...
+
+class HeldLeases(_message.Message):
+    __slots__ = ("lease_ids",)
+    LEASE_IDS_FIELD_NUMBER: _ClassVar[int]
+    lease_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, lease_ids: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class HeartbeatResponse(_message.Message):
     __slots__ = ("current_version", "needs_sync")

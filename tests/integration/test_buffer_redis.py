@@ -40,3 +40,39 @@ def test_redis_buffer_dead_letters(clean_redis):
         return client.xadd(buf.stream, fields).decode()
 
     contract.check_bad_payloads_are_handed_out_and_dead_lettered(buf, put_raw)
+
+
+def test_a_redis_restart_on_its_append_only_file_loses_nothing_and_stops_nobody(tmp_path):
+    """kill -9 redis-server mid-use, start it again on the same port and directory: the clients reconnect by
+    themselves, a read blocked across the outage returns, a write issued during it lands, and every entry and
+    the pending list are still there."""
+    import threading
+    import time
+
+    from asyncrl.tools.processes import ProcessGroup
+    from asyncrl.tools.redis_local import start_local_redis
+
+    group = ProcessGroup(tmp_path / "logs")
+    url = start_local_redis(group, tmp_path / "data")
+    port = int(url.rsplit(":", 1)[1].split("/")[0])
+    try:
+        writer = make_buffer(BufferConfig(type="redis", redis_url=url, retry_s=20))
+        reader = make_buffer(BufferConfig(type="redis", redis_url=url, retry_s=20))
+        written = [writer.put(contract.group(i)) for i in range(3)]
+        assert [e.entry_id for e in reader.get(2, timeout_s=1)] == written[:2]  # 2 pending, 1 undelivered
+        [redis_child] = [c for c in group.children if c.name == "redis"]
+        redis_child.proc.kill()
+        redis_child.proc.wait()
+        during: list[str] = []
+        late_writer = threading.Thread(target=lambda: during.append(writer.put(contract.group(3))))
+        late_writer.start()
+        time.sleep(1.0)
+        start_local_redis(group, tmp_path / "data", port=port)
+        late_writer.join(30)
+        assert during, "the write issued while Redis was down never landed"
+        got = reader.get(10, timeout_s=2)
+        assert [e.entry_id for e in got] == [written[2], during[0]]
+        assert {e.entry_id for e in reader.all_pending()} == {*written, during[0]}
+        assert reader.ack(written) == 3 and reader.pending() == 1
+    finally:
+        group.stop_all()

@@ -50,6 +50,8 @@ def controller_cases():
         cases.append(("Heartbeat", c.HeartbeatRequest(replica_id=replica_id)))
         cases.append(("AcquireLease", c.AcquireLeaseRequest(replica_id=replica_id, num_trajectories=1)))
         cases.append(("CompleteLease", c.CompleteLeaseRequest(replica_id=replica_id, lease_id="lease-1")))
+    for held in [["bad id"], ["l"] * 5000, [BIG]]:
+        cases.append(("Heartbeat", c.HeartbeatRequest(replica_id="nobody", held_leases=c.HeldLeases(lease_ids=held))))
     for n in [0, -5, I32, 10_000]:
         cases.append(("AcquireLease", c.AcquireLeaseRequest(replica_id="nobody", num_trajectories=n)))
     for wait in BAD_FLOATS:

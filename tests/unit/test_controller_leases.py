@@ -201,3 +201,29 @@ def test_every_admission_in_a_concurrent_run_satisfies_the_rule(pool):
         assert admissible(g["admitted_after"] - g["n"], g["n"], g["batch_size"], g["version"], g["eta"]), g
     versions = [e["version"] for e in events.of_kind("push_committed")]
     assert versions == sorted(versions) == [1, 2, 3, 4, 5]
+
+
+def test_heartbeats_keep_only_the_leases_a_replica_still_holds():
+    """A lease whose completion never got through is missing from the replica's next heartbeats: once older
+    than the grace it expires as abandoned and returns its quota, instead of being kept alive forever."""
+    state, clock, _, events = make_state(batch_size=8, eta=None, lease_report_grace_s=2.0, lease_ttl_s=60.0)
+    rid = state.register("127.0.0.1:7001", "", 0, "torch").replica_id
+    kept, lost = state.acquire(rid, 4, 0), state.acquire(rid, 4, 0)
+    assert state.admitted == 8
+    state.heartbeat(rid, 0, held_leases=[kept.lease_id])  # inside the grace: nothing expires yet
+    assert state.admitted == 8
+    clock.advance(3.0)
+    state.heartbeat(rid, 0, held_leases=[kept.lease_id])
+    assert state.admitted == 4
+    [expired] = events.of_kind("lease_expired")
+    assert expired["lease_id"] == lost.lease_id and expired["reason"] == "abandoned" and expired["returned"] == 4
+    # The held one lives on well past its TTL while it is reported...
+    for _ in range(30):
+        clock.advance(3.0)
+        state.heartbeat(rid, 0, held_leases=[kept.lease_id])
+    assert state.complete(rid, kept.lease_id, 4) == 0
+    # ...and a heartbeat without a report (an older client) keeps every lease alive, as before.
+    third = state.acquire(rid, 4, 0)
+    clock.advance(10.0)
+    state.heartbeat(rid, 0)
+    assert state.complete(rid, third.lease_id, 4) == 0

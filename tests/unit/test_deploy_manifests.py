@@ -20,6 +20,8 @@ def _check(args: list[str], config_file: Path):
 
 def test_compose_commands_are_valid():
     compose = yaml.safe_load((DEPLOY / "docker-compose.yml").read_text())
+    assert "--appendonly" in (redis := compose["services"]["redis"]["command"]) and \
+        redis[redis.index("--appendonly") + 1] == "yes"
     commands = {name: svc["command"] for name, svc in compose["services"].items() if name != "redis"}
     assert set(commands) == {"make-model", "controller", "teacher", "rollout", "learner"}
     for name, command in commands.items():

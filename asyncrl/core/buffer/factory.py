@@ -13,7 +13,7 @@ def make_buffer(cfg, consumer: str = "learner-0") -> TrajectoryBuffer:
         if not cfg.redis_url:
             raise ValueError("buffer.redis_url is empty: start Redis (or use `asyncrl up`, which does)")
         return RedisBuffer(cfg.redis_url, cfg.stream, cfg.consumer_group, consumer, cfg.delete_after_ack,
-                           dead_letter_stream=cfg.dead_letter_stream)
+                           dead_letter_stream=cfg.dead_letter_stream, retry_s=cfg.retry_s)
     if cfg.type == "memory":
         from asyncrl.core.buffer.memory import MemoryBuffer
 
