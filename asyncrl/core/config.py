@@ -120,6 +120,9 @@ class BufferConfig(Section):
     """Consumer group the learner reads with; entries are acked after the step that used them."""
     delete_after_ack: bool = True
     """Delete acked entries (keeps Redis memory flat); the event logs keep the audit trail."""
+    local_max_restarts: int = Field(3, ge=0)
+    """`asyncrl up` restarts the local redis-server it started when it dies (same port, same append-only file;
+    the services reconnect within `retry_s`), at most this many times."""
     retry_s: float = Field(30.0, ge=0)
     """How long a buffer call keeps reconnecting (exponential backoff up to 1 s) when Redis is unreachable,
     e.g. restarting, before it fails: a Redis restart on its append-only file loses nothing and stops nobody."""
@@ -203,6 +206,9 @@ class TeacherConfig(Section):
     """Teacher checkpoint (same tokenizer as the policy)."""
     engine: EngineConfig = EngineConfig()
     """Engine computing the per-token log-probs."""
+    max_restarts: int = Field(3, ge=0)
+    """`asyncrl up` restarts a teacher process that dies (same port; the learner retries meanwhile, then trains
+    without the distillation term), at most this many times; 0 = a dead teacher ends the run."""
     annotate: bool = False
     """Learner asks the teacher for logp_teacher of every trajectory it trains on (needed by OPD)."""
     score_timeout_s: float = Field(120.0, gt=0)
@@ -309,6 +315,10 @@ class LearnerConfig(Section):
     """Samples per held-out prompt for pass@k (n >= k)."""
     checkpoint: CheckpointConfig = CheckpointConfig()
     """Saving the trained policy and the learner state."""
+    max_restarts: int = Field(2, ge=0)
+    """`asyncrl up` restarts the run from the learner's latest checkpoint when the learner dies (a controller,
+    teacher and replicas resumed at its version, the lost steps trained again), at most this many times;
+    0, or no checkpoint yet, and a dead learner ends the run."""
     batch_timeout_s: float = Field(600.0, gt=0)
     """Give up (error) when no full batch arrives within this time."""
     weight_transport: WeightTransportConfig = WeightTransportConfig()

@@ -43,7 +43,8 @@ class AuditReport:
         return (f"{self.leases_granted} leases, {len(self.eta_violations)} η violations; "
                 f"{len(self.versions_committed)} versions committed, {len(self.version_errors)} ordering errors; "
                 f"{self.groups_written} groups written, {self.groups_trained} trained, "
-                f"{len(self.trained_twice)} twice, {len(self.lost)} lost, {self.left_in_buffer} left in buffer")
+                f"{len(self.trained_twice)} twice, {len(self.lost)} lost, {self.rejected} dead-lettered, "
+                f"{self.left_in_buffer} left in buffer")
 
     def as_dict(self) -> dict:
         return {"ok": self.ok, "headline": self.headline(), "leases_granted": self.leases_granted,

@@ -51,12 +51,13 @@ def ensure_models(cfg: AsyncRLConfig) -> None:
 
 
 @dataclass
-class ReplicaProcess:
-    """A rollout replica `up` started, and how to start it again (replicas may come and go)."""
+class Restartable:
+    """A process `up` restarts when it dies (a rollout replica, the teacher), and how to start it again."""
 
     child: Child
     argv: list[str]
     env: dict[str, str]
+    max_restarts: int
     restarts: int = 0
 
 
@@ -96,29 +97,52 @@ class Progress:
                       f"(start {self.first_eval:.3f})", flush=True)
 
 
-def supervise(cfg: AsyncRLConfig, group: ProcessGroup, learner: Child, replicas: dict[str, ReplicaProcess]) -> int:
-    """Show progress until the learner exits (its exit code), restarting replicas that die; 1 when another
-    process dies or a replica has used up its restarts."""
+@dataclass
+class Outcome:
+    code: int
+    learner_died: bool = False
+    """The learner exited with an error (the run can continue from its checkpoint)."""
+
+
+def supervise(cfg: AsyncRLConfig, group: ProcessGroup, learner: Child, restartable: dict[str, Restartable]) -> Outcome:
+    """Show progress until the learner exits, restarting replicas and the teacher when they die; code 1 when
+    another process dies or one has used up its restarts."""
     progress = Progress(cfg)
+    redis_restarts = 0
     while learner.alive():
         progress.poll()
         for child in group.failed():
-            replica = replicas.get(child.name)
-            if replica is not None and replica.child is child and replica.restarts < cfg.rollout.max_restarts:
-                replica.restarts += 1
-                print(f"[up] {child.name} exited with {child.proc.returncode}; restarting it "
-                      f"({replica.restarts}/{cfg.rollout.max_restarts})", flush=True)
+            if child.name == "redis" and redis_restarts < cfg.buffer.local_max_restarts:
+                redis_restarts += 1
+                print(f"[up] redis-server exited with {child.proc.returncode}; restarting it on its append-only "
+                      f"file ({redis_restarts}/{cfg.buffer.local_max_restarts})", flush=True)
                 group.children.remove(child)
-                replica.child = group.start_cli(child.name, replica.argv, replica.env)
+                restart_local_redis(group, cfg)
+                continue
+            proc = restartable.get(child.name)
+            if proc is not None and proc.child is child and proc.restarts < proc.max_restarts:
+                proc.restarts += 1
+                print(f"[up] {child.name} exited with {child.proc.returncode}; restarting it "
+                      f"({proc.restarts}/{proc.max_restarts})", flush=True)
+                group.children.remove(child)
+                proc.child = group.start_cli(child.name, proc.argv, proc.env)
                 continue
             print(f"[up] {child.name} exited with {child.proc.returncode}; last lines:\n{child.tail()}",
                   flush=True)
-            return 1
+            return Outcome(1)
         time.sleep(1.0)
     progress.poll()
-    if learner.proc.returncode != 0:
-        print(f"[up] learner failed ({learner.proc.returncode}):\n{learner.tail()}", flush=True)
-    return learner.proc.returncode
+    code = learner.proc.returncode
+    if code != 0:
+        print(f"[up] learner failed ({code}):\n{learner.tail()}", flush=True)
+    return Outcome(code, learner_died=code != 0)
+
+
+def restart_local_redis(group: ProcessGroup, cfg: AsyncRLConfig) -> None:
+    """The run's redis-server again, on the same port and data directory (the clients reconnect)."""
+    host_port = cfg.buffer.redis_url.split("//", 1)[1].split("/", 1)[0]
+    host, port = host_port.rsplit(":", 1)
+    start_local_redis(group, Path(cfg.run_dir) / "redis", host=host, port=int(port))
 
 
 def run(config: AsyncRLConfig, config_path: str | None = None) -> int:
@@ -150,12 +174,21 @@ def resume(run_dir: str, overrides: list[str]) -> int:
     if ckpt is None:
         raise ConfigError(f"--resume: {run_dir!r} has no complete checkpoint under checkpoints/")
     cfg = load_config(resolved, overrides)
-    for section, field in ((cfg.controller, "port"), (cfg.controller, "status_port"), (cfg.teacher, "port")):
-        setattr(section, field, free_port(section.host))
     preflight(cfg)
     group = ProcessGroup(Path(run_dir) / "logs")
     if (Path(run_dir) / "redis").is_dir():  # `up` ran this run's Redis: start it again on the same files
         cfg.buffer.redis_url = start_local_redis(group, Path(run_dir) / "redis")
+    return launch(from_checkpoint(cfg, ckpt), group)
+
+
+def from_checkpoint(cfg: AsyncRLConfig, ckpt: Path) -> AsyncRLConfig:
+    """The config that continues `cfg`'s run from `ckpt`: new ports, the controller at the checkpoint's version
+    with N_r and the prompt cursor past everything trained or still in the buffer (after the lost timeline
+    is dead-lettered), the learner loading the checkpoint."""
+    cfg = cfg.model_copy(deep=True)
+    for section, field in ((cfg.controller, "port"), (cfg.controller, "status_port"), (cfg.teacher, "port")):
+        setattr(section, field, free_port(section.host))
+    run_dir = cfg.run_dir
     meta = read_meta(ckpt)
     buffer = make_buffer(cfg.buffer, consumer="learner-0")
     buffered = buffer.peek()
@@ -169,11 +202,13 @@ def resume(run_dir: str, overrides: list[str]) -> int:
     )
     cfg.controller.start_prompt_index = max([meta.data_position] + [e.group.prompt_index + 1 for e in buffered])
     cfg.learner.checkpoint.resume_from = str(ckpt)
-    resolved.rename(resolved.with_name(f"config.resolved.before-resume-{time.strftime('%Y%m%d-%H%M%S')}.yaml"))
+    resolved = Path(run_dir) / "config.resolved.yaml"
+    if resolved.is_file():
+        resolved.rename(resolved.with_name(f"config.resolved.before-resume-{time.strftime('%Y%m%d-%H%M%S')}.yaml"))
     print(f"[up] resuming {run_dir} from {ckpt.name} (step {meta.step}, version {meta.version}; "
           f"{len(survivors)} groups in the buffer, {len(buffered) - len(survivors)} from the lost timeline "
           "dead-lettered)", flush=True)
-    return launch(cfg, group)
+    return cfg
 
 
 def drop_dead_timeline(buffer, entries: list, meta, learner_events: EventLog) -> list:
@@ -214,31 +249,24 @@ def run_auth(cfg: AsyncRLConfig) -> Auth:
 
 
 def launch(cfg: AsyncRLConfig, group: ProcessGroup) -> int:
-    """Start the services of a resolved config (Redis already up), supervise them, then audit the run."""
-    run_dir = Path(cfg.run_dir)
-    code = 1
+    """Start the services of a resolved config (Redis already up), supervise them, then audit the run. A
+    learner that dies restarts the run from its latest checkpoint (`learner.max_restarts`); Redis and its
+    data stay up across that."""
+    code, restarts = 1, 0
     try:
-        resolved = run_dir / "config.resolved.yaml"
-        dump_config(cfg, resolved)
-        args = ["--config", str(resolved)]
-        print(f"[up] run dir {run_dir}  (config: {resolved})", flush=True)
-        auth = run_auth(cfg)
-        group.start_cli("controller", ["controller", *args])
-        wait_for_channel(cfg.controller.address, 60, auth)
-        print(f"[up] controller grpc {cfg.controller.address}, status page "
-              f"http://{cfg.controller.host}:{cfg.controller.status_port}/", flush=True)
-        engines = 0
-        if cfg.teacher.enabled:
-            group.start_cli("teacher", ["teacher", *args], env=vllm_cpu_binding(cfg.teacher.engine, engines))
-            engines += cfg.teacher.engine.type == "vllm"
-        replicas = {}
-        for i in range(cfg.rollout.replicas):
-            argv = ["rollout", *args, "--replica-id", f"replica-{i}"]
-            env = vllm_cpu_binding(cfg.rollout.engine, engines)
-            engines += cfg.rollout.engine.type == "vllm"
-            replicas[f"rollout-{i}"] = ReplicaProcess(group.start_cli(f"rollout-{i}", argv, env), argv, env)
-        learner = group.start_cli("learner", ["learner", *args])
-        code = supervise(cfg, group, learner, replicas)
+        while True:
+            outcome = start_and_supervise(cfg, group)
+            code = outcome.code
+            ckpt = latest_checkpoint(cfg.run_dir) if outcome.learner_died else None
+            if ckpt is None or restarts >= cfg.learner.max_restarts:
+                if outcome.learner_died and restarts < cfg.learner.max_restarts:
+                    print("[up] the learner has no checkpoint to restart from yet", flush=True)
+                break
+            restarts += 1
+            print(f"[up] restarting the run from its checkpoint {ckpt.name} "
+                  f"({restarts}/{cfg.learner.max_restarts})", flush=True)
+            group.stop_all(keep=("redis",))
+            cfg = from_checkpoint(cfg, ckpt)
     except KeyboardInterrupt:
         print("\n[up] interrupted; stopping", flush=True)
         code = 130
@@ -246,6 +274,37 @@ def launch(cfg: AsyncRLConfig, group: ProcessGroup) -> int:
         group.stop_all()
     finish(cfg)
     return code
+
+
+def start_and_supervise(cfg: AsyncRLConfig, group: ProcessGroup) -> Outcome:
+    """Start the controller, the teacher, the replicas and the learner of `cfg`; supervise until the learner
+    exits."""
+    run_dir = Path(cfg.run_dir)
+    resolved = run_dir / "config.resolved.yaml"
+    dump_config(cfg, resolved)
+    args = ["--config", str(resolved)]
+    print(f"[up] run dir {run_dir}  (config: {resolved})", flush=True)
+    auth = run_auth(cfg)
+    group.start_cli("controller", ["controller", *args])
+    wait_for_channel(cfg.controller.address, 60, auth)
+    print(f"[up] controller grpc {cfg.controller.address}, status page "
+          f"http://{cfg.controller.host}:{cfg.controller.status_port}/", flush=True)
+    engines = 0
+    restartable = {}
+    if cfg.teacher.enabled:
+        env = vllm_cpu_binding(cfg.teacher.engine, engines)
+        argv = ["teacher", *args]
+        restartable["teacher"] = Restartable(group.start_cli("teacher", argv, env), argv, env,
+                                             cfg.teacher.max_restarts)
+        engines += cfg.teacher.engine.type == "vllm"
+    for i in range(cfg.rollout.replicas):
+        argv = ["rollout", *args, "--replica-id", f"replica-{i}"]
+        env = vllm_cpu_binding(cfg.rollout.engine, engines)
+        engines += cfg.rollout.engine.type == "vllm"
+        restartable[f"rollout-{i}"] = Restartable(group.start_cli(f"rollout-{i}", argv, env), argv, env,
+                                                  cfg.rollout.max_restarts)
+    learner = group.start_cli("learner", ["learner", *args])
+    return supervise(cfg, group, learner, restartable)
 
 
 def finish(cfg: AsyncRLConfig) -> None:

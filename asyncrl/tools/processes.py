@@ -60,12 +60,16 @@ class ProcessGroup:
     def failed(self) -> list[Child]:
         return [c for c in self.children if c.proc.poll() not in (None, 0)]
 
-    def stop_all(self, grace_s: float = 15.0) -> None:
-        for child in reversed(self.children):
+    def stop_all(self, grace_s: float = 15.0, keep: tuple[str, ...] = ()) -> None:
+        """SIGTERM every child (except those named in `keep`), SIGKILL what is still running after `grace_s`;
+        the stopped ones leave the group."""
+        stopping = [c for c in reversed(self.children) if c.name not in keep]
+        for child in stopping:
             if child.alive():
                 child.proc.send_signal(signal.SIGTERM)
         deadline = time.time() + grace_s
-        for child in reversed(self.children):
+        self.children = [c for c in self.children if c.name in keep]
+        for child in stopping:
             try:
                 child.proc.wait(timeout=max(0.1, deadline - time.time()))
             except subprocess.TimeoutExpired:

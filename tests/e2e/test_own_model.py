@@ -52,7 +52,8 @@ def resumed_run(tmp_path_factory):
     run_dir = root / "run"
     overrides = [f"run_dir={run_dir}", f"model.path={root / 'policy'}", f"teacher.model_path={root / 'teacher'}",
                  f"learner.total_steps={STEPS}", f"learner.checkpoint.save_every={SAVE_EVERY}",
-                 f"learner.eval_every={SAVE_EVERY}"]  # fmt: skip
+                 f"learner.eval_every={SAVE_EVERY}",
+                 "learner.max_restarts=0"]  # fmt: skip  (this test resumes by hand: `up --resume`)
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     first = subprocess.Popen(cli("up", "--config", str(EXAMPLE), *[a for o in overrides for a in ("--set", o)]),
                              cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)  # fmt: skip

@@ -1,0 +1,97 @@
+"""Kill -9 services of a running demo, one after another (the teacher, redis-server, the learner, a replica):
+`asyncrl up` restarts each (Redis on its append-only file, the learner from its latest checkpoint with the rest
+of the run behind it), the run completes all its steps and the audit finds
+nothing lost and nothing trained twice against the surviving policy; held-out accuracy after the learner's
+restart is the checkpoint's, not the base policy's."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from asyncrl.core.events import read_events
+from asyncrl.tools.audit import surviving
+
+pytestmark = pytest.mark.chaos
+
+REPO = Path(__file__).resolve().parents[2]
+STEPS, SAVE_EVERY = 80, 20
+
+
+def steps_done(run_dir: Path) -> int:
+    return sum(e["kind"] == "step" for e in read_events(run_dir, "learner")) if (run_dir / "events").exists() else 0
+
+
+def wait_for(predicate, timeout_s: float, what: str) -> None:
+    deadline = time.time() + timeout_s
+    while not predicate():
+        assert time.time() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.3)
+
+
+def kill(run_dir: Path, role: str) -> None:
+    marker = f"{role} --config {run_dir / 'config.resolved.yaml'}"
+    pids = subprocess.run(["pgrep", "-f", marker], check=False, capture_output=True, text=True).stdout.split()
+    assert pids, f"no {role} process to kill"
+    os.kill(int(pids[0]), signal.SIGKILL)
+
+
+def kill_redis(run_dir: Path) -> None:
+    # redis-server retitles itself "redis-server host:port": find it by the port in the run's config.
+    url = yaml.safe_load((run_dir / "config.resolved.yaml").read_text())["buffer"]["redis_url"]
+    host_port = url.split("//", 1)[1].split("/", 1)[0]
+    pids = subprocess.run(["pgrep", "-f", f"redis-server {host_port}"], check=False, capture_output=True,
+                          text=True).stdout.split()
+    assert pids, "no redis-server to kill"
+    os.kill(int(pids[0]), signal.SIGKILL)
+
+
+def test_killed_services_are_restarted_and_the_run_completes(tmp_path):
+    run_dir = tmp_path / "run"
+    argv = [sys.executable, "-m", "asyncrl.tools.cli", "up", "--config", str(REPO / "examples/tiny-arith.yaml"),
+            "--set", f"run_dir={run_dir}", "--set", f"learner.total_steps={STEPS}",
+            "--set", f"learner.eval_every={SAVE_EVERY}", "--set", f"learner.checkpoint.save_every={SAVE_EVERY}"]
+    proc = subprocess.Popen(argv, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        wait_for(lambda: steps_done(run_dir) >= 12, 300, "12 learner steps")
+        kill(run_dir, "teacher")
+        wait_for(lambda: steps_done(run_dir) >= 20, 300, "20 learner steps")
+        kill_redis(run_dir)
+        wait_for(lambda: steps_done(run_dir) >= 30, 300, "30 learner steps")
+        kill(run_dir, "learner")  # its checkpoint is step 20: ten steps are lost and trained again
+        wait_for(lambda: any(e["kind"] == "resumed" for e in read_events(run_dir, "learner")), 300, "the restart")
+        wait_for(lambda: len([e for e in surviving(read_events(run_dir, "learner")) if e["kind"] == "step"]) >= 45,
+                 300, "45 steps on the surviving timeline")
+        kill(run_dir, "rollout")
+        out, _ = proc.communicate(timeout=900)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, out[-5000:]
+    assert "[up] audit OK" in out, out[-3000:]
+    for restart in ("restarting the run from its checkpoint", "teacher exited", "redis-server exited",
+                    "rollout-0 exited"):
+        assert restart in out, (restart, out[-3000:])
+    learner = read_events(run_dir, "learner")
+    [resumed] = [e for e in learner if e["kind"] == "resumed"]
+    assert resumed["from_step"] == SAVE_EVERY
+    timeline = surviving(learner)
+    assert [e["step"] for e in timeline if e["kind"] == "step"] == list(range(1, STEPS + 1))
+    # Accuracy after the restart continues from the checkpoint (the same greedy evaluation of the same weights).
+    evals = [e for e in learner if e["kind"] == "eval"]
+    at_checkpoint = [e for e in evals if e["step"] == SAVE_EVERY]
+    assert at_checkpoint[0]["accuracy"] == at_checkpoint[-1]["accuracy"], at_checkpoint
+    final = [e for e in timeline if e["kind"] == "eval"][-1]["accuracy"]
+    assert final > evals[0]["accuracy"], (evals[0], final)
+    audit = next(line for line in out.splitlines() if "[up] audit" in line)
+    print(f"accuracy {evals[0]['accuracy']:.3f} -> checkpoint {at_checkpoint[0]['accuracy']:.3f} -> final "
+          f"{final:.3f}; {audit}")
