@@ -10,7 +10,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -18,22 +17,12 @@ import yaml
 
 from asyncrl.core.events import read_events
 from asyncrl.tools.audit import surviving
+from tests.run_helpers import steps_done, wait_for
 
 pytestmark = pytest.mark.chaos
 
 REPO = Path(__file__).resolve().parents[2]
 STEPS, SAVE_EVERY = 80, 20
-
-
-def steps_done(run_dir: Path) -> int:
-    return sum(e["kind"] == "step" for e in read_events(run_dir, "learner")) if (run_dir / "events").exists() else 0
-
-
-def wait_for(predicate, timeout_s: float, what: str) -> None:
-    deadline = time.time() + timeout_s
-    while not predicate():
-        assert time.time() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.3)
 
 
 def kill(run_dir: Path, role: str) -> None:

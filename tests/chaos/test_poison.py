@@ -8,7 +8,6 @@ import math
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -18,22 +17,12 @@ import yaml
 
 from asyncrl.core.events import read_events
 from asyncrl.v1 import trajectory_pb2
+from tests.run_helpers import steps_done, wait_for
 
 pytestmark = pytest.mark.chaos
 
 REPO = Path(__file__).resolve().parents[2]
 STEPS, INJECT_AT = 60, 10
-
-
-def steps_done(run_dir: Path) -> int:
-    return sum(e["kind"] == "step" for e in read_events(run_dir, "learner")) if (run_dir / "events").exists() else 0
-
-
-def wait_for(predicate, timeout_s: float, what: str) -> None:
-    deadline = time.time() + timeout_s
-    while not predicate():
-        assert time.time() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.3)
 
 
 def poison(group_size: int, vocab_size: int) -> dict[str, tuple[dict, str]]:

@@ -15,7 +15,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -23,6 +22,7 @@ import torch
 
 from asyncrl.core.events import read_events
 from asyncrl.tools.audit import surviving
+from tests.run_helpers import steps_done, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -33,17 +33,6 @@ STEPS, SAVE_EVERY, KILL_AFTER = 150, 25, 90
 
 def cli(*args: str) -> list[str]:
     return [sys.executable, "-m", "asyncrl.tools.cli", *args]
-
-
-def wait_for(predicate, timeout_s: float, what: str) -> None:
-    deadline = time.time() + timeout_s
-    while not predicate():
-        assert time.time() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.5)
-
-
-def steps_done(run_dir: Path) -> int:
-    return sum(e["kind"] == "step" for e in read_events(run_dir, "learner")) if (run_dir / "events").exists() else 0
 
 
 @pytest.fixture(scope="module")
