@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 
@@ -18,3 +19,52 @@ def wait_for(predicate, timeout_s: float, what: str, poll_s: float = 0.3) -> Non
     while not predicate():
         assert time.time() < deadline, f"timed out waiting for {what}"
         time.sleep(poll_s)
+
+
+def process_tree(pid: int) -> list[int]:
+    """`pid` and all its descendants (from /proc)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                ppid = int(Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(entry))
+    tree, todo = [], [pid]
+    while todo:
+        current = todo.pop()
+        tree.append(current)
+        todo.extend(children.get(current, []))
+    return tree
+
+
+# Loopback as /proc/net/tcp{,6} spell it: 127.0.0.0/8 (little-endian words), ::1, ::ffff:127.x.x.x.
+def _is_loopback(hex_address: str) -> bool:
+    if len(hex_address) == 8:
+        return hex_address.endswith("7F")
+    return hex_address == "00000000000000000000000001000000" or (
+        hex_address.startswith("0000000000000000FFFF0000") and hex_address.endswith("7F"))
+
+
+def listening_sockets(pids: list[int]) -> list[tuple[str, bool]]:
+    """(local address in hex as /proc prints it, whether it is loopback) of every TCP socket the processes
+    listen on."""
+    inodes = set()
+    for pid in pids:
+        try:
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                link = os.readlink(f"/proc/{pid}/fd/{fd}")
+                if link.startswith("socket:["):
+                    inodes.add(link[8:-1])
+        except OSError:
+            continue
+    found = []
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            fields = line.split()
+            local, state, inode = fields[1], fields[3], fields[9]
+            if state == "0A" and inode in inodes:
+                address = local.rsplit(":", 1)[0]
+                found.append((local, _is_loopback(address)))
+    return found

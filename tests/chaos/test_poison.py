@@ -1,6 +1,6 @@
 """Poison: bad entries written straight into the live trajectory stream of a running demo (the learner mid-run)
 are dead-lettered with their reasons, never trained on and never a crash; the run completes, learns and audits
-clean, and the final weights are finite."""
+clean, and the final weights are finite. On the way: nothing of the run listens beyond loopback."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import yaml
 
 from asyncrl.core.events import read_events
 from asyncrl.v1 import trajectory_pb2
-from tests.run_helpers import steps_done, wait_for
+from tests.run_helpers import listening_sockets, process_tree, steps_done, wait_for
 
 pytestmark = pytest.mark.chaos
 
@@ -88,6 +88,10 @@ def test_poisoned_entries_are_dead_lettered_and_the_run_completes(tmp_path):
         reasons = rejected()
         for entry_id, (name, fragment) in injected.items():
             assert fragment in reasons[entry_id], f"{name}: {reasons[entry_id]}"
+        # Local mode listens on loopback only: every socket of every process of the run (the learner's
+        # rendezvous store too, which TCPStore alone would open on all interfaces).
+        sockets = listening_sockets(process_tree(proc.pid))
+        assert len(sockets) >= 8 and all(loopback for _, loopback in sockets), sockets
         dead = client.xrange(config["buffer"]["dead_letter_stream"])
         assert {f[b"entry_id"].decode() for _id, f in dead} >= set(injected)
         assert all(f[b"reason"] for _id, f in dead)

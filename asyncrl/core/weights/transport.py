@@ -159,10 +159,22 @@ def make_group(
 
 
 def host_store(host: str, port: int, timeout_s: float) -> TCPStore:
-    """The learner's long-lived rendezvous store (port 0 = any free port; read `.port`)."""
-    return TCPStore(
-        host, port, is_master=True, wait_for_workers=False, timeout=datetime.timedelta(seconds=timeout_s)
-    )
+    """The learner's long-lived rendezvous store (port 0 = any free port; read `.port`), listening on `host`
+    only: TCPStore by itself listens on every interface whatever host it is given, so the socket is bound
+    here and handed over."""
+    family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    listener = socket.socket(family, kind, proto)
+    try:
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(address)
+        listener.listen(1024)
+        bound_port = listener.getsockname()[1]
+    except OSError:
+        listener.close()
+        raise
+    # The store owns the descriptor from here on (detach: closing the Python object must not close it).
+    return TCPStore(host, bound_port, is_master=True, wait_for_workers=False,
+                    timeout=datetime.timedelta(seconds=timeout_s), master_listen_fd=listener.detach())
 
 
 class _StagingBuffers:
