@@ -4,7 +4,8 @@ the `PushCoordinator` that opens, commits and aborts them.
 Handshake (docs/architecture.md): Begin picks the receivers (every live replica for version current+1, the
 live replicas that need sync for version == current), ranks them 1..N, builds the plan (world_size N+1)
 and fans out: one thread per receiver calls the injected `WeightNotifier` (in production
-`asyncrl.services.weight_fanout.grpc_update_weights`, i.e. `Rollout.UpdateWeights(plan, rank)`), which
+`asyncrl.services.weight_fanout.grpc_update_weights`, i.e. `Rollout.UpdateWeights(plan, rank)`, signed for
+that replica: `asyncrl.core.auth.push_order_mac`), which
 returns once the replica has joined the broadcast and loaded the weights. Commit waits for the acks
 (bounded by push_timeout_s from Begin) *outside* the controller's lock, so lease traffic keeps flowing,
 then drops and flags the receivers that failed.
@@ -26,10 +27,11 @@ from asyncrl.controller.controller_metrics import ControllerMetrics
 from asyncrl.controller.errors import PreconditionFailed
 from asyncrl.controller.event_records import EventSink
 from asyncrl.controller.registry import ReplicaRegistry
+from asyncrl.core.auth import push_order_mac
 from asyncrl.core.config import ControllerConfig
 from asyncrl.core.weights.plan import PushPlan, TensorMeta
 
-WeightNotifier = Callable[[str, PushPlan, int, float], int]
+WeightNotifier = Callable[[str, PushPlan, int, float, bytes], int]
 """(address, plan, rank, timeout_s) -> weight version the replica now holds; raises on failure (a
 `ReceiverUnreachable` when nothing listens at the address any more)."""
 
@@ -64,6 +66,7 @@ class Receiver:
     replica_id: str
     address: str
     rank: int
+    push_key: bytes = b""
 
 
 @dataclass(frozen=True)
@@ -119,7 +122,10 @@ class PushSession:
         start = time.monotonic()
         unreachable = False
         try:
-            version = self._notify(receiver.address, self.plan, receiver.rank, self._call_timeout_s)
+            plan = self.plan
+            order = push_order_mac(receiver.push_key, plan.push_id, plan.version, receiver.rank, plan.world_size,
+                                   plan.store_address, plan.transport)
+            version = self._notify(receiver.address, plan, receiver.rank, self._call_timeout_s, order)
             ok = version == self.plan.version
             error = "" if ok else f"replica reports version {version} after a push of {self.plan.version}"
         except Exception as err:  # noqa: BLE001 - any failure of one receiver drops just that receiver
@@ -163,7 +169,7 @@ class PushCoordinator:
             raise PreconditionFailed(
                 f"version: must be {current + 1} (new policy) or {current} (resync), got {version}"
             )
-        receivers = [Receiver(r.replica_id, r.address, rank) for rank, r in enumerate(chosen, start=1)]
+        receivers = [Receiver(r.replica_id, r.address, rank, r.push_key) for rank, r in enumerate(chosen, start=1)]
         plan = PushPlan(
             push_id=f"push-v{version}-{uuid.uuid4().hex[:8]}", version=version, store_address=offer.store_address,
             world_size=len(receivers) + 1, transport=offer.transport, tensors=tuple(offer.tensors),

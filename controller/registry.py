@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from asyncrl.controller.errors import RegistryFull, UnknownReplica
+from asyncrl.core.auth import new_push_key
 
 
 @dataclass
@@ -23,6 +24,8 @@ class Replica:
     engine: str
     registered_at: float
     last_heartbeat: float
+    push_key: bytes = b""
+    """Secret of this registration; the controller signs the pushes it orders for the replica with it."""
     alive: bool = True
     force_sync: bool = False
     """Set when a push to this replica failed or was aborted: its weights may be a mix of two versions."""
@@ -51,10 +54,12 @@ class ReplicaRegistry:
         if existing is not None:
             existing.address, existing.weight_version, existing.engine = address, weight_version, engine
             existing.last_heartbeat, existing.alive, existing.force_sync = now, True, False
+            existing.push_key = new_push_key()
             return existing
         if len(self._replicas) >= self.max_replicas:
             raise RegistryFull(f"{len(self._replicas)} replicas registered (controller.max_replicas)")
-        replica = Replica(replica_id, address, weight_version, engine, registered_at=now, last_heartbeat=now)
+        replica = Replica(replica_id, address, weight_version, engine, registered_at=now, last_heartbeat=now,
+                          push_key=new_push_key())
         self._replicas[replica_id] = replica
         return replica
 

@@ -11,6 +11,7 @@ class Registration:
     current_version: int
     needs_sync: bool
     heartbeat_interval_s: float
+    push_key: bytes = b""
 
 
 @dataclass(frozen=True)

@@ -95,9 +95,8 @@ class ControllerState:
                 current_version=self._current_version, reregistered=reregistered,
             )  # fmt: skip
             self._changed()
-            return Registration(
-                replica.replica_id, self._current_version, needs_sync, self.config.heartbeat_interval_s
-            )
+            return Registration(replica.replica_id, self._current_version, needs_sync,
+                                self.config.heartbeat_interval_s, replica.push_key)
 
     def heartbeat(self, replica_id: str, weight_version: int, held_leases: list[str] | None = None) -> ReplicaPulse:
         """A replica's sign of life; `held_leases` (when reported) are the leases it still works on."""

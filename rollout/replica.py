@@ -45,6 +45,8 @@ class ReplicaSession:
         self.replica_id = replica_id
         self.needs_sync = False
         self.heartbeat_interval_s = 1.0
+        self.push_key = b""
+        """Secret of the current registration: pushes must be signed with it (empty until registered)."""
 
     def register(self) -> None:
         resp = self._stub.RegisterReplica(
@@ -57,6 +59,7 @@ class ReplicaSession:
             timeout=30,
         )
         self.replica_id = resp.replica_id
+        self.push_key = resp.push_key
         self.needs_sync = resp.needs_sync
         self.heartbeat_interval_s = resp.heartbeat_interval_s or self.heartbeat_interval_s
         log.info("registered as %s (controller version %d, needs_sync=%s)", self.replica_id,

@@ -9,6 +9,8 @@ class RolloutMetrics:
     def __init__(self):
         self.registry = r = CollectorRegistry()
         self.groups_written = Counter("asyncrl_rollout_groups_written", "Trajectory groups written", registry=r)
+        self.pushes_refused = Counter("asyncrl_rollout_pushes_refused",
+                                      "UpdateWeights calls refused: not ordered by this replica's controller", registry=r)
         self.groups_rejected = Counter("asyncrl_rollout_groups_rejected",
                                        "Groups that failed validation, dead-lettered instead of written", registry=r)
         self.tokens_generated = Counter("asyncrl_rollout_tokens_generated", "Response tokens generated", registry=r)

@@ -59,6 +59,11 @@ class ReplicaRuntime:
         self._threads: list[threading.Thread] = []
 
     @property
+    def push_key(self) -> bytes:
+        """The current registration's push key (empty before the first registration: no push is accepted)."""
+        return self.session.push_key if self.session else b""
+
+    @property
     def replica_id(self) -> str:
         """The id the controller gave this replica (the requested one until registration)."""
         return self.session.replica_id if self.session else self.requested_id

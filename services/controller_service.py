@@ -79,6 +79,7 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
                 current_version=r.current_version,
                 needs_sync=r.needs_sync,
                 heartbeat_interval_s=r.heartbeat_interval_s,
+                push_key=r.push_key,
             )
 
         return _answer(context, run)

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import hmac
 import logging
 import math
 import threading
@@ -10,7 +11,7 @@ import threading
 import grpc
 from transformers import AutoConfig
 
-from asyncrl.core.auth import resolve_auth
+from asyncrl.core.auth import push_order_mac, resolve_auth
 from asyncrl.core.engines.factory import make_engine
 from asyncrl.core.grpc_util import abort_invalid, build_server, wait_for_channel, wait_until_stopped
 from asyncrl.core.metrics import serve_metrics
@@ -28,7 +29,7 @@ MIN_TEMPERATURE, MAX_TEMPERATURE = 1e-3, 100.0
 
 class RolloutServicer(rollout_pb2_grpc.RolloutServicer):
     def __init__(self, engine, engine_lock: threading.Lock, vocab_size: int, context: int, max_prompts: int,
-                 metrics: RolloutMetrics, engine_type: str, replica_id=lambda: ""):
+                 metrics: RolloutMetrics, engine_type: str, replica_id=lambda: "", push_key=None):
         self.engine = engine
         self.engine_lock = engine_lock
         self.vocab_size = vocab_size
@@ -39,6 +40,9 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServicer):
         self.metrics = metrics
         self.engine_type = engine_type
         self.replica_id = replica_id
+        self.push_key = push_key
+        """Callable -> the key its controller signs pushes with; None: a standalone server (tests, tools) that
+        has no controller and checks no push orders."""
         metrics.weight_version.set(engine.weight_version)
 
     def UpdateWeights(self, request, context):
@@ -48,6 +52,14 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServicer):
             require(1 <= request.rank < plan.world_size, "rank", f"must be in [1, {plan.world_size}), got {request.rank}")
         except InvalidArgument as err:
             abort_invalid(context, err)
+        if self.push_key is not None:
+            key = self.push_key()
+            expected = push_order_mac(key, plan.push_id, plan.version, request.rank, plan.world_size,
+                                      plan.store_address, plan.transport)
+            if not key or not hmac.compare_digest(request.order_mac, expected):
+                self.metrics.pushes_refused.inc()
+                context.abort(grpc.StatusCode.PERMISSION_DENIED,
+                              "order_mac: this push was not ordered by this replica's controller")
         try:
             stats = self.engine.update_weights(plan, request.rank)
         except ValueError as err:  # the plan does not fit the model
@@ -98,14 +110,15 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServicer):
         )
 
 
-def create_server(config, engine=None, engine_lock=None, metrics=None, replica_id=lambda: ""):
-    """The Rollout gRPC server (not started) around `engine` (built from config when None)."""
+def create_server(config, engine=None, engine_lock=None, metrics=None, replica_id=lambda: "", push_key=None):
+    """The Rollout gRPC server (not started) around `engine` (built from config when None). `push_key`: a
+    callable giving the key pushes must be signed with (see `RolloutServicer`)."""
     engine = engine or make_engine(config.rollout.engine, config.model.path, config.model.dtype, seed=config.seed)
     model_config = AutoConfig.from_pretrained(config.model.path)
     servicer = RolloutServicer(
         engine, engine_lock or threading.Lock(),
         model_config.vocab_size, model_config.max_position_embeddings, config.rollout.engine.max_batch_size,
-        metrics or RolloutMetrics(), config.rollout.engine.type, replica_id,
+        metrics or RolloutMetrics(), config.rollout.engine.type, replica_id, push_key,
     )
     server, port, _health = build_server(
         config.rollout.host, config.rollout.port,
@@ -123,7 +136,7 @@ def serve(config, replica_id: str = "") -> None:
         wait_for_channel(config.controller.address, 120, resolve_auth(config.security))
     )
     server, port = create_server(config, runtime.engine, runtime.engine_lock, runtime.metrics,
-                                 replica_id=lambda: runtime.replica_id)  # fmt: skip
+                                 replica_id=lambda: runtime.replica_id, push_key=lambda: runtime.push_key)
     server.start()
     metrics_port = serve_metrics(config.rollout.host, config.rollout.metrics_port, runtime.metrics.registry)
     runtime.start(controller, port)

@@ -18,12 +18,14 @@ class UpdateWeightsFailed(RuntimeError):
     """A replica answered UpdateWeights with an error (or never answered)."""
 
 
-def grpc_update_weights(address: str, plan: PushPlan, rank: int, timeout_s: float, *, auth: Auth) -> int:
-    """Call `Rollout.UpdateWeights(plan, rank)` on `address`; returns the weight version the replica reports."""
+def grpc_update_weights(address: str, plan: PushPlan, rank: int, timeout_s: float, order_mac: bytes, *,
+                        auth: Auth) -> int:
+    """Call `Rollout.UpdateWeights(plan, rank, order_mac)` on `address`; returns the weight version the replica
+    reports."""
     # A fresh channel per push: receivers change between pushes and a push is rare next to its payload.
     with channel(address, auth) as ch:
         stub = rollout_pb2_grpc.RolloutStub(ch)
-        request = rollout_pb2.UpdateWeightsRequest(plan=encode_plan(plan), rank=rank)
+        request = rollout_pb2.UpdateWeightsRequest(plan=encode_plan(plan), rank=rank, order_mac=order_mac)
         try:
             response = stub.UpdateWeights(request, timeout=timeout_s)
         except grpc.RpcError as err:

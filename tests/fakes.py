@@ -35,15 +35,18 @@ class FakeNotifier:
 
     def __init__(self):
         self.calls: list[tuple[str, str, int, int, int]] = []
+        self.orders: dict[tuple[str, str], bytes] = {}
+        """(address, push_id) -> the order signature the controller sent."""
         self.failing: set[str] = set()
         self.hanging: set[str] = set()
         self.gone: set[str] = set()
         self.release = threading.Event()
         self._lock = threading.Lock()
 
-    def __call__(self, address: str, plan: PushPlan, rank: int, timeout_s: float) -> int:
+    def __call__(self, address: str, plan: PushPlan, rank: int, timeout_s: float, order_mac: bytes = b"") -> int:
         with self._lock:
             self.calls.append((address, plan.push_id, plan.version, rank, plan.world_size))
+            self.orders[(address, plan.push_id)] = order_mac
         if address in self.hanging:
             self.release.wait(timeout_s)
             raise TimeoutError(f"{address} did not answer")

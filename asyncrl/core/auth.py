@@ -1,4 +1,5 @@
-"""Who may call a service: a shared secret on every gRPC call, and request bytes checked before any handler.
+"""Who may call a service: a shared secret on every gRPC call, request bytes checked before any handler, and
+push orders signed per replica.
 
 Every server built by `asyncrl.core.grpc_util.build_server` runs `GuardInterceptor` and every client channel
 from `grpc_util.channel` attaches the token (`TokenInterceptor`). The token comes from `security.token_file`
@@ -9,6 +10,10 @@ The guard answers, before the service sees anything:
 - UNAUTHENTICATED for a missing or wrong token (compared in constant time); the health service stays open,
   since orchestrators probe it without credentials and it reveals nothing but SERVING;
 - INVALID_ARGUMENT for request bytes that are not the method's message (instead of grpc's INTERNAL).
+
+A replica takes a weight push only when its controller ordered it: registration hands the replica a fresh
+`push_key`, and every `Rollout.UpdateWeights` the controller sends carries `push_order_mac` of the order under
+that key (a caller with the token but not the key cannot replace a replica's weights).
 """
 
 from __future__ import annotations
@@ -43,6 +48,17 @@ class Auth:
 
 def new_token() -> str:
     return secrets.token_urlsafe(TOKEN_BYTES)
+
+
+def new_push_key() -> bytes:
+    return secrets.token_bytes(TOKEN_BYTES)
+
+
+def push_order_mac(key: bytes, push_id: str, version: int, rank: int, world_size: int, store_address: str,
+                   transport: str) -> bytes:
+    """The controller's signature on one push order for one replica (HMAC-SHA256 under its push key)."""
+    order = f"{push_id}\n{version}\n{rank}\n{world_size}\n{store_address}\n{transport}".encode()
+    return hmac.new(key, order, "sha256").digest()
 
 
 def resolve_auth(security) -> Auth:

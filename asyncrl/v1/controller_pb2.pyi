@@ -20,16 +20,18 @@ class RegisterReplicaRequest(_message.Message):
     def __init__(self, address: _Optional[str] = ..., replica_id: _Optional[str] = ..., weight_version: _Optional[int] = ..., engine: _Optional[str] = ...) -> None: ...
 
 class RegisterReplicaResponse(_message.Message):
-    __slots__ = ("replica_id", "current_version", "needs_sync", "heartbeat_interval_s")
+    __slots__ = ("replica_id", "current_version", "needs_sync", "heartbeat_interval_s", "push_key")
     REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
     CURRENT_VERSION_FIELD_NUMBER: _ClassVar[int]
     NEEDS_SYNC_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_INTERVAL_S_FIELD_NUMBER: _ClassVar[int]
+    PUSH_KEY_FIELD_NUMBER: _ClassVar[int]
     replica_id: str
     current_version: int
     needs_sync: bool
     heartbeat_interval_s: float
-    def __init__(self, replica_id: _Optional[str] = ..., current_version: _Optional[int] = ..., needs_sync: _Optional[bool] = ..., heartbeat_interval_s: _Optional[float] = ...) -> None: ...
+    push_key: bytes
+    def __init__(self, replica_id: _Optional[str] = ..., current_version: _Optional[int] = ..., needs_sync: _Optional[bool] = ..., heartbeat_interval_s: _Optional[float] = ..., push_key: _Optional[bytes] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
     __slots__ = ("replica_id", "weight_version", "held_leases")

@@ -8,12 +8,14 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class UpdateWeightsRequest(_message.Message):
-    __slots__ = ("plan", "rank")
+    __slots__ = ("plan", "rank", "order_mac")
     PLAN_FIELD_NUMBER: _ClassVar[int]
     RANK_FIELD_NUMBER: _ClassVar[int]
+    ORDER_MAC_FIELD_NUMBER: _ClassVar[int]
     plan: _weights_pb2.WeightPushPlan
     rank: int
-    def __init__(self, plan: _Optional[_Union[_weights_pb2.WeightPushPlan, _Mapping]] = ..., rank: _Optional[int] = ...) -> None: ...
+    order_mac: bytes
+    def __init__(self, plan: _Optional[_Union[_weights_pb2.WeightPushPlan, _Mapping]] = ..., rank: _Optional[int] = ..., order_mac: _Optional[bytes] = ...) -> None: ...
 
 class UpdateWeightsResponse(_message.Message):
     __slots__ = ("weight_version", "load_s", "pause_s")

@@ -13,6 +13,7 @@ import torch
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
+from asyncrl.core.auth import new_push_key, push_order_mac
 from asyncrl.core.grpc_util import channel as grpc_channel
 from asyncrl.core.metrics import serve_metrics
 from asyncrl.core.modeling import load_causal_lm, named_weights, sequence_logprobs
@@ -132,9 +133,12 @@ def test_rollout_generate_health_metrics_and_validation(tiny_model_dir, started)
 
 def test_rollout_update_weights_installs_the_learner_weights(tiny_model_dir, started):
     """A real gloo push in small buckets (many of them, so staging buffers are reused) over UpdateWeights:
-    afterwards the replica's log-probs for fixed tokens equal those of the sender's perturbed model."""
+    afterwards the replica's log-probs for fixed tokens equal those of the sender's perturbed model. Only a
+    push signed with the replica's push key (its controller's order) is taken: unsigned, wrongly signed or
+    re-targeted orders are PERMISSION_DENIED and change nothing."""
     config = local_config(tiny_model_dir)
-    server, channel = started(rollout_service.create_server(config))
+    key = new_push_key()
+    server, channel = started(rollout_service.create_server(config, push_key=lambda: key))
     stub = rollout_pb2_grpc.RolloutStub(channel)
     learner = load_causal_lm(tiny_model_dir.policy)
     with torch.no_grad():
@@ -143,9 +147,20 @@ def test_rollout_update_weights_installs_the_learner_weights(tiny_model_dir, sta
     named = named_weights(learner)
     store = host_store("127.0.0.1", 0, 30)
     plan = PushPlan("push-7", 7, f"127.0.0.1:{store.port}", 2, "gloo", tensor_metas(named), 64 * 1024, 30)
+
+    def order(signing_key: bytes, rank: int) -> bytes:
+        return push_order_mac(signing_key, plan.push_id, plan.version, rank, plan.world_size, plan.store_address,
+                              plan.transport)
+
+    for mac in [b"", order(new_push_key(), 1), order(key, 2), order(key, 1)[:-1] + b"\x00"]:
+        with pytest.raises(grpc.RpcError) as refused:
+            stub.UpdateWeights(rollout_pb2.UpdateWeightsRequest(plan=encode_plan(plan), rank=1, order_mac=mac),
+                               timeout=10)
+        assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED, refused.value.details()
+    assert stub.GetStatus(rollout_pb2.RolloutStatusRequest()).weight_version == 0
     replies = {}
     receiver = threading.Thread(target=lambda: replies.update(r=stub.UpdateWeights(
-        rollout_pb2.UpdateWeightsRequest(plan=encode_plan(plan), rank=1), timeout=60)))
+        rollout_pb2.UpdateWeightsRequest(plan=encode_plan(plan), rank=1, order_mac=order(key, 1)), timeout=60)))
     receiver.start()
     assert send_weights(make_group(plan, 0, store), named, plan) == plan.total_bytes
     receiver.join(60)

@@ -216,3 +216,22 @@ def test_an_unreachable_receiver_is_dead_at_once_and_the_retry_skips_it():
     notifier.gone.clear()
     again = state.register("127.0.0.1:7003", b, 0, "torch")
     assert again.needs_sync and again.current_version == 1
+
+
+def test_every_push_order_is_signed_with_the_receivers_key():
+    from asyncrl.core.auth import push_order_mac
+
+    state, _, notifier, _ = make_state()
+    first = state.register("127.0.0.1:7001", "a", 0, "torch")
+    second = state.register("127.0.0.1:7002", "b", 0, "torch")
+    assert len(first.push_key) == 32 and first.push_key != second.push_key
+    session = state.begin_push(1, PushOffer("127.0.0.1:1", "gloo", TINY_TENSORS, 1 << 20, 5.0))
+    state.commit_push(session.push_id, sender_ok=True)
+    plan = session.plan
+    for registration, address in ((first, "127.0.0.1:7001"), (second, "127.0.0.1:7002")):
+        rank = next(r.rank for r in session.receivers if r.replica_id == registration.replica_id)
+        expected = push_order_mac(registration.push_key, plan.push_id, plan.version, rank, plan.world_size,
+                                  plan.store_address, plan.transport)
+        assert notifier.orders[(address, plan.push_id)] == expected
+    # A new registration (a restart) gets a new key: orders signed for the old one no longer verify.
+    assert state.register("127.0.0.1:7009", "a", 1, "torch").push_key != first.push_key
