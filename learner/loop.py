@@ -115,7 +115,7 @@ class LearnerLoop:
             teacher_pb2.ScoreSequence(token_ids=seq, response_start=start)
             for seq, start in zip(batch.sequences, batch.response_starts)
         ])
-        error = None
+        error, reply = None, None
         for attempt in range(tcfg.score_attempts):
             if attempt:
                 time.sleep(tcfg.retry_backoff_s * 2 ** (attempt - 1))
@@ -127,8 +127,6 @@ class LearnerLoop:
                 log.warning("teacher Score attempt %d/%d failed: %s", attempt + 1, tcfg.score_attempts, error)
                 if err.code() == grpc.StatusCode.INVALID_ARGUMENT:
                     break  # the same request would fail again
-        else:
-            reply = None
         if reply is None or len(reply.sequences) != len(batch):
             error = error or f"{len(reply.sequences)} scored sequences for {len(batch)}"
             batch.logp_teacher = None

@@ -1,0 +1,70 @@
+"""The learner's teacher annotation under faults (`LearnerLoop.annotate`): retried with backoff, then the
+batch goes on without teacher log-probs (recorded), never an exception."""
+
+import grpc
+import pytest
+
+from asyncrl.controller.event_records import MemoryEvents
+from asyncrl.core.config import AsyncRLConfig
+from asyncrl.learner.learner_metrics import LearnerMetrics
+from asyncrl.learner.loop import LearnerLoop
+from asyncrl.v1 import teacher_pb2
+from tests.unit.test_trainer import batch
+
+
+class Failure(grpc.RpcError):
+    def __init__(self, code):
+        self._code = code
+
+    def code(self):
+        return self._code
+
+    def details(self):
+        return f"simulated {self._code.name}"
+
+
+class Teacher:
+    """Answers Score from a script: a status code to raise, or None to answer properly."""
+
+    def __init__(self, script):
+        self.script, self.calls = list(script), 0
+
+    def Score(self, request, timeout):
+        self.calls += 1
+        code = self.script.pop(0) if self.script else None
+        if code is not None:
+            raise Failure(code)
+        return teacher_pb2.ScoreResponse(sequences=[
+            teacher_pb2.ScoredSequence(logp_teacher=[-0.5] * (len(s.token_ids) - s.response_start))
+            for s in request.sequences
+        ])
+
+
+def loop_with(teacher) -> tuple[LearnerLoop, MemoryEvents, LearnerMetrics]:
+    config = AsyncRLConfig.model_validate({"teacher": {"score_attempts": 3, "retry_backoff_s": 0.0}})
+    events, metrics = MemoryEvents(), LearnerMetrics()
+    loop = LearnerLoop(config=config, trainer=None, buffer=None, controller_stub=None, publisher=None,
+                       evaluate=None, events=events, metrics=metrics, limits=None, teacher_stub=teacher)
+    return loop, events, metrics
+
+
+@pytest.mark.parametrize("script, calls, annotated", [
+    ([None], 1, True),
+    ([grpc.StatusCode.UNAVAILABLE, None], 2, True),
+    ([grpc.StatusCode.UNAVAILABLE] * 3, 3, False),
+    ([grpc.StatusCode.DEADLINE_EXCEEDED] * 5, 3, False),
+    ([grpc.StatusCode.INVALID_ARGUMENT], 1, False),  # the same request would fail again: no retry
+])
+def test_annotation_retries_then_goes_on_without_the_teacher(script, calls, annotated):
+    teacher = Teacher(script)
+    loop, events, metrics = loop_with(teacher)
+    b = batch()
+    b.logp_teacher = None
+    loop.annotate(b)
+    assert teacher.calls == calls
+    assert (b.logp_teacher is not None) == annotated
+    failures = events.of_kind("teacher_unavailable")
+    assert len(failures) == (0 if annotated else 1)
+    assert metrics.teacher_failures._value.get() == (0 if annotated else 1)
+    if annotated:
+        assert (b.logp_teacher[b.response_mask > 0] == -0.5).all()
