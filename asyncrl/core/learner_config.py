@@ -1,0 +1,118 @@
+"""The learner's sections of the configuration schema (`LearnerConfig` and what it holds): the weight push it
+sends, its checkpoints, its metric sinks and MoE routing replay. Part of the one schema in
+`asyncrl.core.config`, kept apart as `data_config.py` is for the task and the reward."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from asyncrl.core.algo.config import AlgoConfig
+from asyncrl.core.config_base import Section
+from asyncrl.core.weights.manifest import Transport
+
+
+class WeightTransportConfig(Section):
+    type: Transport = "gloo"
+    """Data plane of the weight push: gloo (CPU tensors) or nccl (GPU tensors)."""
+    host: str = "127.0.0.1"
+    """Address receivers use to reach the learner's rendezvous store."""
+    store_port: int = Field(0, ge=0, le=65535)
+    """Port of the learner's rendezvous store (0 = any free port)."""
+    bucket_mb: float = Field(64.0, gt=0)
+    """Tensors are flattened into buckets of at most this many MiB per broadcast call."""
+    timeout_s: float = Field(60.0, gt=0)
+    """Group formation and broadcast time-out."""
+    join_timeout_s: float = Field(5.0, gt=0)
+    """How long the learner waits for every receiver of a push to join before calling the push off and
+    retrying without the absent ones (a replica that died after being picked must not stall the rest)."""
+
+
+class CheckpointConfig(Section):
+    """What the learner keeps of the policy it trains, under `<run_dir>/checkpoints/`."""
+
+    save_every: int = Field(50, ge=0)
+    """Save every this many steps (0 = only at the end of the run). Consumed buffer entries are acknowledged
+    when the checkpoint that includes their step is complete, so a learner that dies between two saves
+    trains them again from that checkpoint: nothing is lost, nothing counts twice."""
+    keep_last: int = Field(3, ge=1)
+    """Checkpoints kept; older ones are deleted once a newer one is complete."""
+    resume_from: str = ""
+    """A checkpoint directory to continue from (model, optimizer, RNG, step and version); `up --resume RUN_DIR`
+    sets it to the run's latest. The controller must start at the same version (controller.start_version)."""
+    export_hf: bool = True
+    """Also write the policy as a Hugging Face checkpoint (safetensors, config, tokenizer, chat template),
+    loadable by `transformers` and vLLM, in `hf/` beside the learner state."""
+
+
+class TrackingConfig(Section):
+    """Where the learner's per-step metrics go besides `<run_dir>/events/learner.jsonl` (same names)."""
+
+    tensorboard: bool = True
+    """TensorBoard event files in `<run_dir>/tensorboard/`."""
+    wandb: bool = False
+    """Weights & Biases (the `wandb` extra); `wandb_mode: offline` needs no account."""
+    wandb_project: str = "asyncrl"
+    """W&B project."""
+    wandb_mode: Literal["online", "offline"] = "offline"
+    """W&B mode; offline runs can be synced later with `wandb sync`."""
+
+
+class RoutingReplayConfig(Section):
+    """MoE routing replay in the learner's forwards (R2 / R3 of the routing-replay literature)."""
+
+    mode: Literal["none", "r2", "r3"] = "none"
+    """none: the learner routes on its own. r3: every learner forward (proximal and training) uses the experts
+    the rollout engine routed each token to (needs rollout.engine.capture_routing). r2: the routing of the
+    step's proximal forward (the weights at the start of the step) is forced on every training mini-batch, so
+    later mini-batches route as the first did. Gate weights always come from the current router logits over
+    the forced experts, so the router keeps learning. Needs a MoE policy and (r2) a proximal forward."""
+    measure_unreplayed: bool = False
+    """r3 only: one more no-grad forward per step without replay, for `routing/delta_abs_unreplayed` (what
+    |logp_prox - logp_behav| would be without replay)."""
+
+
+class LearnerConfig(Section):
+    host: str = "127.0.0.1"
+    """Interface the learner's status service binds."""
+    port: int = Field(0, ge=0, le=65535)
+    """gRPC port of the learner's status service (0 = any free port)."""
+    metrics_port: int = Field(0, ge=0, le=65535)
+    """Prometheus /metrics port (0 = any free port)."""
+    batch_size: int = Field(64, ge=1)
+    """B: trajectories per learner step (a multiple of sampling.group_size)."""
+    minibatches: int = Field(1, ge=1)
+    """Optimizer steps per learner step (B is split into this many mini-batches)."""
+    total_steps: int = Field(40, ge=0)
+    """Learner steps before the run ends."""
+    lr: float = Field(1e-4, gt=0)
+    """AdamW learning rate."""
+    weight_decay: float = Field(0.0, ge=0)
+    """AdamW weight decay."""
+    max_grad_norm: float = Field(1.0, gt=0)
+    """Gradient clipping norm."""
+    device: str = "cpu"
+    """torch device of the learner."""
+    threads: int = Field(1, ge=0)
+    """torch intra-op threads (0 = torch default)."""
+    eval_every: int = Field(10, ge=0)
+    """Greedy-accuracy evaluation on the held-out set every this many steps (0 = only first and last)."""
+    eval_pass_k: int = Field(0, ge=0)
+    """Also estimate pass@k on the held-out set with `eval_samples` samples per prompt (0 = off)."""
+    eval_samples: int = Field(8, ge=1)
+    """Samples per held-out prompt for pass@k (n >= k)."""
+    checkpoint: CheckpointConfig = CheckpointConfig()
+    """Saving the trained policy and the learner state."""
+    max_restarts: int = Field(2, ge=0)
+    """`asyncrl up` restarts the run from the learner's latest checkpoint when the learner dies (a controller,
+    teacher and replicas resumed at its version, the lost steps trained again), at most this many times;
+    0, or no checkpoint yet, and a dead learner ends the run."""
+    batch_timeout_s: float = Field(600.0, gt=0)
+    """Give up (error) when no full batch arrives within this time."""
+    weight_transport: WeightTransportConfig = WeightTransportConfig()
+    """How new weights reach the replicas."""
+    algo: AlgoConfig = AlgoConfig()
+    """Objective: policy loss, rollout correction, advantages, KL, OPD, shaping."""
+    routing_replay: RoutingReplayConfig = RoutingReplayConfig()
+    """MoE routing replay (none, r2, r3)."""
