@@ -110,7 +110,8 @@ def _routed_ids(t, shape: RoutingShape) -> np.ndarray:
 
 
 def _stack_routing(trajs, shape: RoutingShape) -> tuple[torch.Tensor, torch.Tensor, int]:
-    """(ids [N, S, layers, k], captured mask [N, S], wire bytes) of the trajectories' routed experts."""
+    """(ids [N, S, layers, k], captured mask [N, S], wire bytes) of the trajectories' routed experts, each
+    decoded and checked once here; MalformedGroup names the first bad one."""
     width = max(len(t.prompt_token_ids) + len(t.response_token_ids) for t in trajs)
     dtype = torch.uint8 if shape.num_experts <= 256 else torch.int32
     ids = torch.zeros(len(trajs), width, shape.num_layers, shape.top_k, dtype=dtype)
@@ -119,7 +120,10 @@ def _stack_routing(trajs, shape: RoutingShape) -> tuple[torch.Tensor, torch.Tens
     for row, t in enumerate(trajs):
         if not t.HasField("routed_experts"):
             continue
-        routed = _routed_ids(t, shape)
+        try:
+            routed = _routed_ids(t, shape)
+        except ValueError as err:
+            raise MalformedGroup(t.group_id, f"trajectory {t.trajectory_id!r}: {err}") from None
         ids[row, : len(routed)] = torch.from_numpy(routed.astype(np.int32)).to(dtype)
         mask[row, : len(routed)] = True
         nbytes += len(t.routed_experts.expert_ids)
@@ -130,7 +134,7 @@ def assemble(entries: list[BufferEntry], routing_shape: RoutingShape | None = No
     """Stack every trajectory of every entry; raises MalformedGroup for the first bad group. With
     `routing_shape` (a MoE learner) the rollouts' routed experts come along when any trajectory has them."""
     for e in entries:
-        check_group(e.group, routing_shape)
+        check_group(e.group)  # the routing is checked as it is stacked, below
     trajs = [(gi, t) for gi, e in enumerate(entries) for t in e.group.trajectories]
     width = max(len(t.response_token_ids) for _, t in trajs)
     n = len(trajs)

@@ -2,11 +2,31 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 from asyncrl.core.events import read_events
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@contextlib.contextmanager
+def running_up(*args: str):
+    """`asyncrl up ARGS` as a subprocess of the repository root (output piped, unbuffered); killed on the way
+    out if it is still running."""
+    proc = subprocess.Popen([sys.executable, "-m", "asyncrl.tools.cli", "up", *args], cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
 
 
 def steps_done(run_dir: Path) -> int:

@@ -111,6 +111,8 @@ def _parse_checked(handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMetho
 class GuardInterceptor(grpc.ServerInterceptor):
     def __init__(self, auth: Auth):
         self._expected = None if auth.token is None else (SCHEME + auth.token).encode()
+        # method -> its parse-checked handler, built once (a handler per call would be work on every RPC).
+        self._checked: dict[str, grpc.RpcMethodHandler] = {}
 
     def intercept_service(self, continuation, handler_call_details):
         method = handler_call_details.method
@@ -120,8 +122,13 @@ class GuardInterceptor(grpc.ServerInterceptor):
                 return _abort(grpc.StatusCode.UNAUTHENTICATED, "missing token (metadata 'authorization: Bearer ...')")
             if not hmac.compare_digest(supplied.encode(), self._expected):
                 return _abort(grpc.StatusCode.UNAUTHENTICATED, "invalid token")
-        handler = continuation(handler_call_details)
-        return None if handler is None else _parse_checked(handler, method)
+        checked = self._checked.get(method)
+        if checked is None:
+            handler = continuation(handler_call_details)
+            if handler is None:
+                return None
+            checked = self._checked[method] = _parse_checked(handler, method)
+        return checked
 
 
 class TokenInterceptor(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterceptor,

@@ -8,6 +8,7 @@ it is the raw log-softmax (what vLLM's prompt_logprobs return).
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -32,6 +33,16 @@ def torch_dtype(name: str | torch.dtype) -> torch.dtype:
     if name not in _DTYPES:
         raise ValueError(f"unsupported dtype {name!r} (expected one of {sorted(_DTYPES)})")
     return _DTYPES[name]
+
+
+def checkpoint_config(path: str | Path) -> dict:
+    """A checkpoint's config.json as a dict (for a multimodal model its `text_config`: the language model's),
+    read without loading the model; {} when there is none."""
+    config_file = Path(path) / "config.json"
+    if not config_file.is_file():
+        return {}
+    raw = json.loads(config_file.read_text())
+    return raw.get("text_config", raw)
 
 
 def load_causal_lm(path: str | Path, dtype: str | torch.dtype = "float32", device: str = "cpu"):

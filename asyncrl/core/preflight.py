@@ -4,7 +4,6 @@ dataset files exist, hold rows and the named field), the reward resolves. Each f
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 
@@ -26,10 +25,11 @@ def check_routing_replay(config) -> None:
     mode = config.learner.routing_replay.mode
     if mode == "none":
         return
+    from asyncrl.core.modeling import checkpoint_config
     from asyncrl.core.routing import checkpoint_num_experts
 
     if checkpoint_num_experts(config.model.path) == 0:
-        model_type = json.loads((Path(config.model.path) / "config.json").read_text()).get("model_type", "model")
+        model_type = checkpoint_config(config.model.path).get("model_type", "model")
         raise ConfigError(
             f"learner.routing_replay.mode: {mode} replays MoE routing, but model.path {config.model.path!r} is a "
             f"dense {model_type} (no experts); use mode none"

@@ -15,7 +15,6 @@ the model has at most 256 experts, else two bytes little-endian.
 from __future__ import annotations
 
 import contextlib
-import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import partial
@@ -23,6 +22,8 @@ from pathlib import Path
 
 import numpy as np
 import torch
+
+from asyncrl.core.modeling import checkpoint_config
 
 # Router classes whose forward is softmax -> top-k (-> renormalise): class name -> renormalises always
 # (Mixtral has no norm_topk_prob attribute and always renormalises; the others follow norm_topk_prob).
@@ -113,8 +114,7 @@ def _config_num_experts(config: dict) -> int:
 
 def checkpoint_num_experts(model_path: str | Path) -> int:
     """Experts per MoE layer that a checkpoint's config.json describes (0 for a dense model or no config)."""
-    config_file = Path(model_path) / "config.json"
-    return _config_num_experts(json.loads(config_file.read_text())) if config_file.is_file() else 0
+    return _config_num_experts(checkpoint_config(model_path))
 
 
 def find_routers(model) -> list[tuple[torch.nn.Module, bool]]:

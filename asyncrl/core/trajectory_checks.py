@@ -8,12 +8,13 @@ log-prob or a 3e38 reward turns the loss and then every parameter into NaN).
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
+from asyncrl.core.modeling import checkpoint_config
 
 # A log-prob is <= 0; float rounding in another engine's log-softmax may leave a hair above.
 LOGP_TOLERANCE = 1e-4
@@ -45,8 +46,7 @@ class TrajectoryLimits:
 
 def checkpoint_limits(model_path: str | Path, config) -> TrajectoryLimits:
     """Limits from a checkpoint's config.json (vocabulary, context) and the run config (sampling, reward)."""
-    raw = json.loads((Path(model_path) / "config.json").read_text())
-    raw = raw.get("text_config", raw)
+    raw = checkpoint_config(model_path)
     return TrajectoryLimits(
         vocab_size=int(raw["vocab_size"]),
         max_sequence_tokens=int(raw.get("max_position_embeddings") or 1 << 31),

@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -17,7 +16,7 @@ import yaml
 
 from asyncrl.core.events import read_events
 from asyncrl.tools.audit import surviving
-from tests.run_helpers import steps_done, wait_for
+from tests.run_helpers import running_up, steps_done, wait_for
 
 pytestmark = pytest.mark.chaos
 
@@ -44,12 +43,10 @@ def kill_redis(run_dir: Path) -> None:
 
 def test_killed_services_are_restarted_and_the_run_completes(tmp_path):
     run_dir = tmp_path / "run"
-    argv = [sys.executable, "-m", "asyncrl.tools.cli", "up", "--config", str(REPO / "examples/tiny-arith.yaml"),
+    args = ["--config", str(REPO / "examples/tiny-arith.yaml"),
             "--set", f"run_dir={run_dir}", "--set", f"learner.total_steps={STEPS}",
             "--set", f"learner.eval_every={SAVE_EVERY}", "--set", f"learner.checkpoint.save_every={SAVE_EVERY}"]
-    proc = subprocess.Popen(argv, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    try:
+    with running_up(*args) as proc:
         wait_for(lambda: steps_done(run_dir) >= 12, 300, "12 learner steps")
         kill(run_dir, "teacher")
         wait_for(lambda: steps_done(run_dir) >= 20, 300, "20 learner steps")
@@ -61,10 +58,6 @@ def test_killed_services_are_restarted_and_the_run_completes(tmp_path):
                  300, "45 steps on the surviving timeline")
         kill(run_dir, "rollout")
         out, _ = proc.communicate(timeout=900)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
     assert proc.returncode == 0, out[-5000:]
     assert "[up] audit OK" in out, out[-3000:]
     for restart in ("restarting the run from its checkpoint", "teacher exited", "redis-server exited",

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import math
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -17,7 +15,7 @@ import yaml
 
 from asyncrl.core.events import read_events
 from asyncrl.v1 import trajectory_pb2
-from tests.run_helpers import listening_sockets, process_tree, steps_done, wait_for
+from tests.run_helpers import listening_sockets, process_tree, running_up, steps_done, wait_for
 
 pytestmark = pytest.mark.chaos
 
@@ -66,12 +64,10 @@ def poison(group_size: int, vocab_size: int) -> dict[str, tuple[dict, str]]:
 
 def test_poisoned_entries_are_dead_lettered_and_the_run_completes(tmp_path):
     run_dir = tmp_path / "run"
-    argv = [sys.executable, "-m", "asyncrl.tools.cli", "up", "--config", str(REPO / "examples/tiny-arith.yaml"),
+    args = ["--config", str(REPO / "examples/tiny-arith.yaml"),
             "--set", f"run_dir={run_dir}", "--set", f"learner.total_steps={STEPS}", "--set", "learner.eval_every=30",
             "--set", f"learner.checkpoint.save_every={STEPS}"]
-    proc = subprocess.Popen(argv, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    try:
+    with running_up(*args) as proc:
         wait_for(lambda: steps_done(run_dir) >= INJECT_AT, 300, f"{INJECT_AT} learner steps")
         config = yaml.safe_load((run_dir / "config.resolved.yaml").read_text())
         client = redis.Redis.from_url(config["buffer"]["redis_url"])
@@ -96,10 +92,6 @@ def test_poisoned_entries_are_dead_lettered_and_the_run_completes(tmp_path):
         assert {f[b"entry_id"].decode() for _id, f in dead} >= set(injected)
         assert all(f[b"reason"] for _id, f in dead)
         out, _ = proc.communicate(timeout=600)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
     assert proc.returncode == 0, out[-4000:]
     assert "[up] audit OK" in out, out[-3000:]
     learner = read_events(run_dir, "learner")

@@ -30,23 +30,6 @@ SERVICES = {
 }
 
 
-@pytest.fixture(scope="module")
-def servers(tiny_model_dir, tmp_path_factory):
-    config = local_config(tiny_model_dir)
-    config.controller.port = 0
-    started = {
-        "controller": controller_service.create_server(config, run_dir=str(tmp_path_factory.mktemp("ctl"))),
-        "rollout": rollout_service.create_server(config),
-        "teacher": teacher_service.create_server(config),
-        "learner": learner_service.create_server(config),
-    }
-    for server, _port in started.values():
-        server.start()
-    yield {name: port for name, (_server, port) in started.items()}
-    for server, _port in started.values():
-        server.stop(0).wait()
-
-
 def every_method():
     for name, (_module, pb, service) in SERVICES.items():
         descriptor = pb.DESCRIPTOR.services_by_name[service]

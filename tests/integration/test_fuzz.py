@@ -21,7 +21,7 @@ from asyncrl.v1 import (
     weights_pb2,
 )
 from tests.conftest import TEST_AUTH
-from tests.integration.test_auth import METHODS, servers  # noqa: F401 - the module's fixture
+from tests.integration.test_auth import METHODS
 
 pytestmark = pytest.mark.integration
 
@@ -134,7 +134,7 @@ def call(port: int, method: str, payload: bytes) -> grpc.RpcError | None:
     return None
 
 
-def test_malformed_requests_to_every_rpc_are_refused_with_fitting_statuses(servers, tiny_model_dir):  # noqa: F811
+def test_malformed_requests_to_every_rpc_are_refused_with_fitting_statuses(servers, tiny_model_dir):
     from transformers import AutoConfig
 
     model_config = AutoConfig.from_pretrained(str(tiny_model_dir.policy))
