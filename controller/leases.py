@@ -109,6 +109,16 @@ class LeaseBook:
             self._end(lease, f"expired: {why}", lease.num_trajectories)
         return leases
 
+    def restore(self, admitted: int, next_prompt_index: int, granted_total: int, expired_total: int,
+                leases: list[Lease]) -> None:
+        """Continue a saved book (a controller restart): its counters and its active leases."""
+        self.admitted, self.next_prompt_index = admitted, next_prompt_index
+        self.granted_total, self.expired_total = granted_total, expired_total
+        self._active = {lease.lease_id: lease for lease in leases}
+
+    def active_by_id(self) -> dict[str, Lease]:
+        return self._active
+
     def of_replica(self, replica_id: str) -> list[Lease]:
         return [lease for lease in self._active.values() if lease.replica_id == replica_id]
 

@@ -63,6 +63,10 @@ class ReplicaRegistry:
         self._replicas[replica_id] = replica
         return replica
 
+    def restore(self, replica: Replica) -> None:
+        """Add a replica saved by an earlier controller (a restart), keeping its id and push key."""
+        self._replicas[replica.replica_id] = replica
+
     def known(self, replica_id: str) -> bool:
         return replica_id in self._replicas
 

@@ -22,6 +22,7 @@ from asyncrl.controller.controller_metrics import ControllerMetrics
 from asyncrl.controller.errors import InvalidRequest
 from asyncrl.controller.event_records import EventSink, NoEvents
 from asyncrl.controller.leases import Lease, LeaseBook
+from asyncrl.controller.persistence import ControllerStore, NoStore, SavedState, StateWriter
 from asyncrl.controller.push import NEW, Outcome, PushCoordinator, PushOffer, PushSession, WeightNotifier
 from asyncrl.controller.reaper import Reaper
 from asyncrl.controller.registry import Replica, ReplicaRegistry
@@ -34,6 +35,12 @@ from asyncrl.controller.results import (
     ReplicaPulse,
 )
 from asyncrl.core.config import ControllerConfig
+from asyncrl.core.preflight import ConfigError
+
+
+class StateOfAnotherRun(ConfigError):
+    """The store holds the state of another run (its run_dir differs)."""
+
 
 # A held request re-checks at least this often, so an expiry found by lazy reaping (no reaper thread in
 # unit tests) still releases it.
@@ -49,6 +56,8 @@ class ControllerState:
         events: EventSink | None = None,
         metrics: ControllerMetrics | None = None,
         notify: WeightNotifier,
+        store: ControllerStore | None = None,
+        run_id: str = "",
         clock=time.monotonic,
         wall_clock=time.time,
     ):
@@ -64,6 +73,9 @@ class ControllerState:
         self._held = 0
         self._learner: LearnerReport | None = None
         self._reaper: Reaper | None = None
+        self._run_id = run_id
+        self._writer = StateWriter(store or NoStore())
+        self.restored = self._restore(self._writer.store.load())
         self._publish_gauges()
 
     def start_reaper(self) -> None:
@@ -72,11 +84,12 @@ class ControllerState:
         self._reaper = Reaper.for_timeouts(self.reap, cfg.heartbeat_timeout_s, cfg.lease_ttl_s).start()
 
     def close(self) -> None:
-        """Stop the reaper and close the event log (idempotent)."""
+        """Stop the reaper, close the event log and the store (idempotent)."""
         if self._reaper is not None:
             self._reaper.stop()
             self._reaper = None
         self.events.close()
+        self._writer.store.close()
 
     # ---- replicas -------------------------------------------------------------------------------------
 
@@ -94,7 +107,7 @@ class ControllerState:
                 weight_version=weight_version, engine=engine, needs_sync=needs_sync,
                 current_version=self._current_version, reregistered=reregistered,
             )  # fmt: skip
-            self._changed()
+            self._changed(replicas=True)
             return Registration(replica.replica_id, self._current_version, needs_sync,
                                 self.config.heartbeat_interval_s, replica.push_key)
 
@@ -106,6 +119,7 @@ class ControllerState:
             # Touch before reaping: a replica that speaks is alive, whatever its silence before.
             revived = self._touch(replica)
             self._reap_locked()
+            reported = replica.weight_version
             self._registry.report_version(replica, weight_version)
             held = None if held_leases is None else set(held_leases)
             abandoned = self._leases.extend(replica_id, self._clock(), held, self.config.lease_report_grace_s)
@@ -114,7 +128,7 @@ class ControllerState:
                 self._changed()
             needs_sync = replica.needs_sync(self._current_version)
             # Wake held requests only when this replica's own eligibility may have changed.
-            self._changed(wake=revived or lagged != needs_sync)
+            self._changed(wake=revived or lagged != needs_sync, replicas=replica.weight_version != reported)
             return ReplicaPulse(self._current_version, needs_sync)
 
     # ---- leases ---------------------------------------------------------------------------------------
@@ -177,7 +191,7 @@ class ControllerState:
         with self._cond:
             self._reap_locked()
             session = self._pushes.begin(version, self._current_version, offer, self._clock())
-            self._changed()  # an aborted predecessor flagged its receivers
+            self._changed(replicas=True)  # an aborted predecessor flagged its receivers
             return session
 
     def commit_push(self, push_id: str, sender_ok: bool, error: str = "") -> CommitResult:
@@ -187,7 +201,7 @@ class ControllerState:
             if not sender_ok:
                 self._bury_unreachable(session.outcomes_so_far())
                 self._pushes.abort(session, f"sender failed: {error or 'no detail'}")
-                self._changed()
+                self._changed(replicas=True)
                 return CommitResult(False, self._current_version, [], [r.replica_id for r in session.receivers])
         outcomes = session.wait(wait_s)  # outside the lock: leases keep flowing meanwhile
         with self._cond:
@@ -197,7 +211,7 @@ class ControllerState:
                 self._current_version = max(self._current_version, session.plan.version)  # versions only grow
             self._pushes.record_commit(session, self._current_version, acked, dropped,
                                        self._clock() - session.begun_at)  # fmt: skip
-            self._changed()
+            self._changed(replicas=True)
             return CommitResult(True, self._current_version, acked, dropped)
 
     def learner_heartbeat(self, step: int, version: int, consumed: int) -> LearnerPulse:
@@ -274,6 +288,7 @@ class ControllerState:
     def _grant(self, replica: Replica, n: int, held_s: float) -> LeaseDecision:
         now = self._clock()
         lease = self._leases.grant(replica.replica_id, n, self._current_version, now)
+        self._persist()  # before the answer (and its event): a restart must know every lease it granted
         self.events.write(
             "lease_granted", lease_id=lease.lease_id, replica_id=replica.replica_id, n=n,
             admitted_after=self._leases.admitted, version=lease.version, eta=self.eta,
@@ -305,12 +320,13 @@ class ControllerState:
             changed = True
         for replica in self._registry.forget(now):
             self.events.write("replica_forgotten", replica_id=replica.replica_id, silent_s=replica.heartbeat_age(now))
+            changed = True
         due = self._leases.expire_due(now)
         if due:
             self._log_expired(due, "ttl")
             changed = True
         if changed:
-            self._changed()
+            self._changed(replicas=True)
 
     def _bury_unreachable(self, outcomes: dict[str, Outcome]) -> None:
         """A receiver nothing listens for any more is dead now, not after the heartbeat time-out: the retry
@@ -338,10 +354,48 @@ class ControllerState:
             )  # fmt: skip
         self.metrics.leases_expired.inc(len(leases))
 
-    def _changed(self, wake: bool = True) -> None:
+    def _changed(self, wake: bool = True, replicas: bool = False) -> None:
+        self._persist(replicas)
         self._publish_gauges()
         if wake:
             self._cond.notify_all()
+
+    # ---- persistence (call with the lock held) -----------------------------------------------------------
+
+    def _persist(self, replicas_changed: bool = False) -> None:
+        """Write what changed to the store (one transaction; nothing when unchanged). Replicas are compared
+        only when `replicas_changed` says an operation may have changed one (a scan of all of them)."""
+        meta = {
+            "run_dir": self._run_id, "current_version": self._current_version, "admitted": self._leases.admitted,
+            "next_prompt_index": self._leases.next_prompt_index, "granted_total": self._leases.granted_total,
+            "expired_total": self._leases.expired_total, "pushes_committed": self._pushes.committed,
+        }  # fmt: skip
+        self._writer.write(meta, self._leases.active_by_id(), self._registry.all() if replicas_changed else None)
+
+    def _restore(self, saved: SavedState | None) -> dict | None:
+        """Continue from a saved state (a controller restart); returns what was restored, for the event log."""
+        if saved is None:
+            self._persist(replicas_changed=True)
+            return None
+        if saved.run_dir != self._run_id:
+            raise StateOfAnotherRun(
+                f"controller.state_key: the store holds the controller state of run {saved.run_dir!r}, not "
+                f"{self._run_id!r}; use another controller.state_key, or delete it to start this run afresh"
+            )
+        now = self._clock()
+        self._current_version = saved.current_version
+        self._pushes.committed = saved.pushes_committed
+        self._leases.restore(saved.admitted, saved.next_prompt_index, saved.granted_total, saved.expired_total,
+                             [Lease(x.lease_id, x.replica_id, x.num_trajectories, x.prompt_index, x.version,
+                                    granted_at=now, expires_at=now + self.config.lease_ttl_s)
+                              for x in saved.leases])  # fmt: skip
+        for r in saved.replicas:
+            self._registry.restore(Replica(r.replica_id, r.address, r.weight_version, r.engine, registered_at=now,
+                                           last_heartbeat=now, push_key=r.push_key, force_sync=r.force_sync))
+        self._persist(replicas_changed=True)  # the baseline of later diffs
+        return {"version": saved.current_version, "admitted": saved.admitted,
+                "next_prompt_index": saved.next_prompt_index, "leases": len(saved.leases),
+                "replicas": len(saved.replicas)}
 
     def _publish_gauges(self) -> None:
         self.metrics.current_version.set(self._current_version)

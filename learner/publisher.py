@@ -7,6 +7,8 @@ import logging
 import time
 from dataclasses import dataclass
 
+import grpc
+
 from asyncrl.core.modeling import named_weights
 from asyncrl.core.weights.flat import bind_parameters
 from asyncrl.core.weights.manifest import decode_plan, encode_tensors
@@ -69,10 +71,17 @@ class WeightPublisher:
                     ok, error = False, f"{type(err).__name__}: {err}"
                     log.warning("push %s (version %d) failed on the sender: %s", plan.push_id, version, error)
                 t_bcast = time.perf_counter() - t0
-            commit = self.stub.CommitWeightPush(
-                controller_pb2.CommitWeightPushRequest(push_id=plan.push_id, sender_ok=ok, error=error),
-                timeout=self.commit_deadline_s,
-            )
+            try:
+                commit = self.stub.CommitWeightPush(
+                    controller_pb2.CommitWeightPushRequest(push_id=plan.push_id, sender_ok=ok, error=error),
+                    timeout=self.commit_deadline_s,
+                )
+            except grpc.RpcError as err:
+                if err.code() != grpc.StatusCode.FAILED_PRECONDITION:
+                    raise
+                # The controller no longer knows this push (it restarted, or aborted it): begin again.
+                log.warning("push %s (version %d) not committed: %s", plan.push_id, version, err.details())
+                continue
             if commit.committed:
                 return PushResult(version, True, plan.world_size - 1, list(commit.acked), list(commit.dropped),
                                   sent, t_bcast, time.perf_counter() - start, attempt)

@@ -26,6 +26,7 @@ import logging
 import grpc
 
 from asyncrl.controller.errors import InvalidRequest, PreconditionFailed, RegistryFull, UnknownReplica
+from asyncrl.controller.persistence import make_store
 from asyncrl.controller.push import PushOffer, WeightNotifier
 from asyncrl.controller.state import ControllerState
 from asyncrl.controller.status_page import StatusPage
@@ -201,10 +202,12 @@ def create_server(
 ) -> tuple[grpc.Server, int]:
     """The controller's gRPC server, not started; the state is `server.controller_state` (see module doc)."""
     auth = resolve_auth(config.security)
-    events = EventLog(run_dir or config.run_dir, "controller")
+    run_dir = run_dir or config.run_dir
+    events = EventLog(run_dir, "controller")
     state = ControllerState(
         config.controller, config.learner.batch_size, events=events,
         notify=notify or functools.partial(grpc_update_weights, auth=auth),
+        store=make_store(config), run_id=str(run_dir),
     )
     state.start_reaper()
     servicer = ControllerServicer(state)
@@ -232,7 +235,8 @@ def serve(config: AsyncRLConfig) -> None:
     cc = config.controller
     state.events.write("controller_started", grpc=f"{host}:{port}", http=f"{host}:{http_port}",
                        eta=state.eta, batch_size=state.batch_size, start_version=cc.start_version,
-                       start_admitted=cc.start_admitted, start_prompt_index=cc.start_prompt_index)  # fmt: skip
+                       start_admitted=cc.start_admitted, start_prompt_index=cc.start_prompt_index,
+                       state_store=cc.state_store, restored=state.restored)  # fmt: skip
     print(f"asyncrl-controller listening grpc={host}:{port} http={host}:{http_port}", flush=True)
     wait_until_stopped(server, on_stop=page.stop)
     state.close()

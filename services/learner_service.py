@@ -67,7 +67,7 @@ def serve(config) -> LearnerProgress:
     model = load_causal_lm(config.model.path, config.model.dtype, config.learner.device)
     sampling = SamplingParams.from_config(config.sampling)
     auth = resolve_auth(config.security)
-    controller = controller_pb2_grpc.ControllerStub(wait_for_channel(config.controller.address, 120, auth))
+    controller = controller_pb2_grpc.ControllerStub(wait_for_channel(config.controller.address, 120, auth, patient=True))
     teacher = None
     if config.teacher.enabled and config.teacher.annotate:
         teacher = teacher_pb2_grpc.TeacherStub(wait_for_channel(config.teacher.address, 300, auth))

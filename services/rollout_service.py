@@ -133,7 +133,7 @@ def serve(config, replica_id: str = "") -> None:
     """Run one replica: engine, gRPC service, controller session, heartbeats and the rollout loop."""
     runtime = ReplicaRuntime(config, replica_id)
     controller = controller_pb2_grpc.ControllerStub(
-        wait_for_channel(config.controller.address, 120, resolve_auth(config.security))
+        wait_for_channel(config.controller.address, 120, resolve_auth(config.security), patient=True)
     )
     server, port = create_server(config, runtime.engine, runtime.engine_lock, runtime.metrics,
                                  replica_id=lambda: runtime.replica_id, push_key=lambda: runtime.push_key)

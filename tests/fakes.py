@@ -58,13 +58,16 @@ class FakeNotifier:
 
 
 def make_state(
-    *, batch_size: int = 8, eta: int | None = 0, clock: FakeClock | None = None, **controller_fields
+    *, batch_size: int = 8, eta: int | None = 0, clock: FakeClock | None = None, store=None, run_id: str = "run",
+    **controller_fields,
 ) -> tuple[ControllerState, FakeClock, FakeNotifier, MemoryEvents]:
-    """A ControllerState with a fake clock, a fake notifier and in-memory events (no reaper thread)."""
+    """A ControllerState with a fake clock, a fake notifier and in-memory events (no reaper thread); `store`:
+    where its state is saved (none by default)."""
     clock = clock or FakeClock()
     notifier, events = FakeNotifier(), MemoryEvents()
     config = ControllerConfig(eta=eta, **controller_fields)
-    state = ControllerState(config, batch_size, events=events, notify=notifier, clock=clock)
+    state = ControllerState(config, batch_size, events=events, notify=notifier, clock=clock, store=store,
+                            run_id=run_id)
     return state, clock, notifier, events
 
 

@@ -128,6 +128,18 @@ class BufferConfig(Section):
     dead_letter_stream: str = "asyncrl:dead-letters"
     """Stream key where entries that must not be trained on go, with the reason and the original bytes
     (undecodable payloads, failed validation); they are acked in the main stream."""
+    password_file: str | None = None
+    """File holding the Redis password (AUTH; e.g. a mounted Kubernetes Secret). Empty: the environment variable
+    `password_env`."""
+    password_env: str = "ASYNCRL_REDIS_PASSWORD"
+    """Environment variable holding the Redis password when `password_file` is empty; unset = no password.
+    `asyncrl up` sets one for the redis-server it starts."""
+    tls_ca_file: str | None = None
+    """CA certificate that signed the Redis server's certificate (a `rediss://` URL turns TLS on)."""
+    tls_cert_file: str | None = None
+    """Client certificate for Redis servers that require one (`tls-auth-clients yes`), with `tls_key_file`."""
+    tls_key_file: str | None = None
+    """Private key of `tls_cert_file`."""
 
 
 class ControllerConfig(Section):
@@ -163,6 +175,16 @@ class ControllerConfig(Section):
     """N_r the controller starts with: trajectories already trained or waiting in the buffer (`up --resume`)."""
     start_prompt_index: int = Field(0, ge=0)
     """First prompt index handed out (`up --resume`: past every prompt already trained or in the buffer)."""
+    state_store: Literal["redis", "none"] = "redis"
+    """Where the controller keeps its state (version, N_r, prompt cursor, replicas, leases) so a restarted
+    controller continues where it stopped: "redis" (the buffer's Redis, under `state_key`; every deployment)
+    or "none" (lost with the process; needs no Redis)."""
+    state_key: str = "asyncrl:controller"
+    """Redis key prefix of the controller's state. A saved state wins over the start_* fields; one saved by
+    another run_dir is refused (use another key, or `up --resume`, which starts a new controller timeline)."""
+    max_restarts: int = Field(3, ge=0)
+    """`asyncrl up` restarts a controller that dies (same ports; it restores its state from the store), at
+    most this many times."""
 
     @property
     def address(self) -> str:
@@ -293,6 +315,9 @@ class AsyncRLConfig(Section):
                 "learner.routing_replay.mode r2 replays the proximal forward's routing; the bypass objective "
                 f"({self.learner.algo.preset or 'bypass: true'}) has none: use r3 or a decoupled preset"
             )
+        if self.controller.state_store == "redis" and self.buffer.type != "redis":
+            raise ValueError("controller.state_store redis keeps the controller's state in the buffer's Redis; "
+                             f"buffer.type is {self.buffer.type!r}: set controller.state_store: none")
         if self.learner.algo.opd.enabled and not (self.teacher.enabled and self.teacher.annotate):
             raise ValueError("learner.algo.opd.enabled needs teacher.enabled and teacher.annotate")
         return self

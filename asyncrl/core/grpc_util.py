@@ -3,6 +3,7 @@ client channels, graceful stop. (Request checks themselves: `asyncrl.core.valida
 
 from __future__ import annotations
 
+import json
 import signal
 import threading
 from concurrent import futures
@@ -51,14 +52,28 @@ def build_server(
     return server, bound, health_servicer
 
 
-def channel(address: str, auth: Auth) -> grpc.Channel:
-    """A client channel that sends `auth`'s token with every call."""
-    ch = grpc.insecure_channel(address, options=_OPTIONS)
+# A patient channel's calls ride out a server restart: they wait for the server (within their deadline)
+# instead of failing at once, and a call cut off by the server's death (UNAVAILABLE) is sent again.
+_PATIENT_SERVICE_CONFIG = json.dumps({"methodConfig": [{
+    "name": [{}],
+    "waitForReady": True,
+    "retryPolicy": {"maxAttempts": 5, "initialBackoff": "0.5s", "maxBackoff": "4s", "backoffMultiplier": 2,
+                    "retryableStatusCodes": ["UNAVAILABLE"]},
+}]})  # fmt: skip
+
+
+def channel(address: str, auth: Auth, patient: bool = False) -> grpc.Channel:
+    """A client channel that sends `auth`'s token with every call. `patient`: for a server that restarts
+    (the controller): calls wait for it within their deadline and are retried when cut off (UNAVAILABLE);
+    a call whose request was processed before the cut-off can then arrive twice (the controller's calls
+    are idempotent or answered FAILED_PRECONDITION the second time)."""
+    options = [*_OPTIONS, ("grpc.service_config", _PATIENT_SERVICE_CONFIG)] if patient else _OPTIONS
+    ch = grpc.insecure_channel(address, options=options)
     return ch if auth.token is None else grpc.intercept_channel(ch, TokenInterceptor(auth.token))
 
 
-def wait_for_channel(address: str, timeout_s: float, auth: Auth) -> grpc.Channel:
-    ch = channel(address, auth)
+def wait_for_channel(address: str, timeout_s: float, auth: Auth, patient: bool = False) -> grpc.Channel:
+    ch = channel(address, auth, patient)
     grpc.channel_ready_future(ch).result(timeout=timeout_s)
     return ch
 

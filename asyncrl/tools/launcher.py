@@ -1,11 +1,14 @@
 """`asyncrl up`: the whole system on one machine.
 
-Builds the tiny model when missing, starts redis-server when no URL is given, picks free ports, writes the
-resolved config, starts controller, teacher, rollout replicas and learner as separate processes, shows live
-progress, and when the learner finishes (or on Ctrl-C, or when a process other than a rollout replica dies)
-stops everything it started, then writes the plots and the audit of the run. A replica that dies is started
-again under its id (at most `rollout.max_restarts` times): it re-registers, is resynced to the current
-weights, and gets leases again, while the others go on.
+Builds the tiny model when missing, starts redis-server when no URL is given (append-only file, a password
+made for the run), picks free ports, writes the resolved config, starts controller, teacher, rollout replicas
+and learner as separate processes, shows live progress, and when the learner finishes (or on Ctrl-C) stops
+everything it started, then writes the plots and the audit of the run. What dies is started again:
+- a replica, under its id (`rollout.max_restarts`): it re-registers, is resynced, gets leases again;
+- the teacher (`teacher.max_restarts`) and the controller (`controller.max_restarts`), on the same ports: the
+  controller restores its state from Redis, the others' calls wait for it and retry;
+- redis-server (`buffer.local_max_restarts`), on its append-only file: the clients reconnect;
+- the learner (`learner.max_restarts`): the run continues from its latest checkpoint.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
-from asyncrl.core.auth import Auth, MissingToken, new_token, resolve_auth
+from asyncrl.controller.persistence import make_store
 from asyncrl.core.buffer import make_buffer
 from asyncrl.core.config import AsyncRLConfig, dump_config, load_config
 from asyncrl.core.events import EventLog, EventTail, read_events
@@ -26,6 +29,7 @@ from asyncrl.core.preflight import ConfigError, preflight
 from asyncrl.learner.checkpoint import latest_checkpoint, read_meta
 from asyncrl.tools.processes import Child, ProcessGroup, free_port
 from asyncrl.tools.redis_local import start_local_redis
+from asyncrl.tools.run_secrets import local_redis_password, run_auth
 
 
 def resolve(config: AsyncRLConfig) -> AsyncRLConfig:
@@ -52,11 +56,12 @@ def ensure_models(cfg: AsyncRLConfig) -> None:
 
 @dataclass
 class Restartable:
-    """A process `up` restarts when it dies (a rollout replica, the teacher), and how to start it again."""
+    """A process `up` restarts when it dies (the controller, the teacher, a rollout replica), and how to start
+    it again."""
 
     child: Child
     argv: list[str]
-    env: dict[str, str]
+    env: dict[str, str] | None
     max_restarts: int
     restarts: int = 0
 
@@ -142,7 +147,8 @@ def restart_local_redis(group: ProcessGroup, cfg: AsyncRLConfig) -> None:
     """The run's redis-server again, on the same port and data directory (the clients reconnect)."""
     host_port = cfg.buffer.redis_url.split("//", 1)[1].split("/", 1)[0]
     host, port = host_port.rsplit(":", 1)
-    start_local_redis(group, Path(cfg.run_dir) / "redis", host=host, port=int(port))
+    start_local_redis(group, Path(cfg.run_dir) / "redis", host=host, port=int(port),
+                      password=local_redis_password(cfg))
 
 
 def run(config: AsyncRLConfig, config_path: str | None = None) -> int:
@@ -158,7 +164,7 @@ def run(config: AsyncRLConfig, config_path: str | None = None) -> int:
     run_dir.mkdir(parents=True, exist_ok=True)
     group = ProcessGroup(run_dir / "logs")
     if cfg.buffer.type == "redis" and not cfg.buffer.redis_url:
-        cfg.buffer.redis_url = start_local_redis(group, run_dir / "redis")
+        cfg.buffer.redis_url = start_local_redis(group, run_dir / "redis", password=local_redis_password(cfg))
     return launch(cfg, group)
 
 
@@ -177,7 +183,7 @@ def resume(run_dir: str, overrides: list[str]) -> int:
     preflight(cfg)
     group = ProcessGroup(Path(run_dir) / "logs")
     if (Path(run_dir) / "redis").is_dir():  # `up` ran this run's Redis: start it again on the same files
-        cfg.buffer.redis_url = start_local_redis(group, Path(run_dir) / "redis")
+        cfg.buffer.redis_url = start_local_redis(group, Path(run_dir) / "redis", password=local_redis_password(cfg))
     return launch(from_checkpoint(cfg, ckpt), group)
 
 
@@ -196,6 +202,9 @@ def from_checkpoint(cfg: AsyncRLConfig, ckpt: Path) -> AsyncRLConfig:
     survivors = drop_dead_timeline(buffer, buffered, meta, events)
     events.close()
     buffer.close()
+    store = make_store(cfg)  # the controller's saved state belongs to the timeline that did not survive
+    store.clear()
+    store.close()
     cfg.controller.start_version = meta.version
     cfg.controller.start_admitted = meta.step * cfg.learner.batch_size + sum(
         len(e.group.trajectories) for e in survivors
@@ -230,22 +239,6 @@ def drop_dead_timeline(buffer, entries: list, meta, learner_events: EventLog) ->
         learner_events.write("group_rejected", entry_id=entry.entry_id, group_id=entry.group.group_id,
                              reason=reason)
     return survivors
-
-
-def run_auth(cfg: AsyncRLConfig) -> Auth:
-    """The run's credentials. With no token configured (and not `security.insecure`) `up` makes one for this
-    run: in the environment its processes inherit, and in `<run_dir>/token` (owner-only) for a user's own
-    clients."""
-    try:
-        return resolve_auth(cfg.security)
-    except MissingToken:
-        token = new_token()
-        path = Path(cfg.run_dir) / "token"
-        path.touch(mode=0o600)
-        path.write_text(token + "\n")
-        os.environ[cfg.security.token_env] = token
-        print(f"[up] generated the run's access token: {path} (env {cfg.security.token_env})", flush=True)
-        return resolve_auth(cfg.security)
 
 
 def launch(cfg: AsyncRLConfig, group: ProcessGroup) -> int:
@@ -285,12 +278,13 @@ def start_and_supervise(cfg: AsyncRLConfig, group: ProcessGroup) -> Outcome:
     args = ["--config", str(resolved)]
     print(f"[up] run dir {run_dir}  (config: {resolved})", flush=True)
     auth = run_auth(cfg)
-    group.start_cli("controller", ["controller", *args])
+    argv = ["controller", *args]
+    restartable = {"controller": Restartable(group.start_cli("controller", argv), argv, None,
+                                             cfg.controller.max_restarts)}
     wait_for_channel(cfg.controller.address, 60, auth)
     print(f"[up] controller grpc {cfg.controller.address}, status page "
           f"http://{cfg.controller.host}:{cfg.controller.status_port}/", flush=True)
     engines = 0
-    restartable = {}
     if cfg.teacher.enabled:
         env = vllm_cpu_binding(cfg.teacher.engine, engines)
         argv = ["teacher", *args]

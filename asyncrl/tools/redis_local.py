@@ -11,20 +11,24 @@ import redis
 from asyncrl.tools.processes import ProcessGroup, free_port
 
 
-def start_local_redis(group: ProcessGroup, data_dir: Path, host: str = "127.0.0.1", port: int = 0) -> str:
+def start_local_redis(group: ProcessGroup, data_dir: Path, host: str = "127.0.0.1", port: int = 0,
+                      password: str | None = None) -> str:
     """Start redis-server as a child of `group`; returns its URL once it answers PING. Persistence: an
     append-only file in `data_dir` fsynced every second (a restart on the same directory, e.g. `up --resume`,
-    finds the stream, its consumer group and the pending entries again). `port` 0: any free port."""
+    finds the stream, its consumer group and the pending entries again). `port` 0: any free port. With a
+    `password`, clients must AUTH; it goes into an owner-only config file, not onto the command line."""
     binary = shutil.which("redis-server")
     if binary is None:
         raise RuntimeError("redis-server not found: run scripts/setup.sh (installs Debian's redis-server)")
     port = port or free_port(host)
     data_dir.mkdir(parents=True, exist_ok=True)
-    child = group.start("redis", [binary, "--port", str(port), "--bind", host, "--save", "", "--appendonly", "yes",
-                                  "--appendfsync", "everysec",
-                                  "--dir", str(data_dir)])
+    conf = data_dir / "redis.conf"
+    conf.touch(mode=0o600)
+    conf.write_text(f"requirepass {password}\n" if password else "")
+    child = group.start("redis", [binary, str(conf), "--port", str(port), "--bind", host, "--save", "",
+                                  "--appendonly", "yes", "--appendfsync", "everysec", "--dir", str(data_dir)])
     url = f"redis://{host}:{port}/0"
-    client = redis.Redis.from_url(url)
+    client = redis.Redis.from_url(url, password=password)
     deadline = time.time() + 20
     while True:
         try:

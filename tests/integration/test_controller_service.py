@@ -41,7 +41,8 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def make_config(**controller) -> AsyncRLConfig:
-    fields = {"port": 0, "status_port": 0, "eta": 0, "max_hold_s": 5.0, "push_timeout_s": 30.0, **controller}
+    fields = {"port": 0, "status_port": 0, "eta": 0, "max_hold_s": 5.0, "push_timeout_s": 30.0,
+              "state_store": "none", **controller}
     return AsyncRLConfig.model_validate(
         {"controller": fields, "learner": {"batch_size": 8}, "sampling": {"group_size": 4}}
     )

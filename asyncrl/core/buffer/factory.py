@@ -9,11 +9,10 @@ def make_buffer(cfg, consumer: str = "learner-0") -> TrajectoryBuffer:
     """Factory: the buffer named by `cfg.type`."""
     if cfg.type == "redis":
         from asyncrl.core.buffer.redis_buffer import RedisBuffer
+        from asyncrl.core.buffer.redis_connection import redis_client
 
-        if not cfg.redis_url:
-            raise ValueError("buffer.redis_url is empty: start Redis (or use `asyncrl up`, which does)")
-        return RedisBuffer(cfg.redis_url, cfg.stream, cfg.consumer_group, consumer, cfg.delete_after_ack,
-                           dead_letter_stream=cfg.dead_letter_stream, retry_s=cfg.retry_s)
+        return RedisBuffer(redis_client(cfg), cfg.stream, cfg.consumer_group, consumer, cfg.delete_after_ack,
+                           dead_letter_stream=cfg.dead_letter_stream)
     if cfg.type == "memory":
         from asyncrl.core.buffer.memory import MemoryBuffer
 

@@ -1,6 +1,6 @@
 """Redis Streams buffer: XADD by replicas, XREADGROUP + XACK by the learner's consumer group.
 
-Every command reconnects and retries for up to `retry_s` when Redis is unreachable (redis-py's Retry with
+Every command reconnects and retries for up to `buffer.retry_s` when Redis is unreachable (redis-py's Retry with
 exponential backoff), so a Redis restart costs a pause, not a crash. XADD is retried too: a write whose
 reply was lost can land twice; the learner's exactly-once bookkeeping is per group id, and the audit shows
 such a duplicate as a group trained twice.
@@ -9,8 +9,6 @@ such a duplicate as a group trained twice.
 from __future__ import annotations
 
 import redis
-from redis.backoff import ExponentialBackoff
-from redis.retry import Retry
 
 from asyncrl.core.buffer.base import BufferEntry, DeadLetter, TrajectoryBuffer, decode_entry
 from asyncrl.v1 import trajectory_pb2
@@ -24,12 +22,9 @@ def _entry(entry_id: bytes, fields: dict) -> BufferEntry:
 
 
 class RedisBuffer(TrajectoryBuffer):
-    def __init__(self, url: str, stream: str, group: str, consumer: str, delete_after_ack: bool = True,
-                 dead_letter_stream: str = "asyncrl:dead-letters", retry_s: float = 30.0):
-        # Backoff 0.05 s doubling to 1 s: about retry_s in all over this many attempts.
-        retry = Retry(ExponentialBackoff(cap=1.0, base=0.05), retries=int(retry_s) + 5 if retry_s > 0 else 0)
-        self._r = redis.Redis.from_url(url, retry=retry,
-                                       retry_on_error=[redis.ConnectionError, redis.TimeoutError])
+    def __init__(self, client: redis.Redis, stream: str, group: str, consumer: str, delete_after_ack: bool = True,
+                 dead_letter_stream: str = "asyncrl:dead-letters"):
+        self._r = client  # `asyncrl.core.buffer.redis_connection.redis_client`: retries, password, TLS
         self.stream, self.group, self.consumer = stream, group, consumer
         self.delete_after_ack = delete_after_ack
         self.dead_stream = dead_letter_stream

@@ -1,0 +1,42 @@
+"""One way to connect to the run's Redis (the buffer, the controller's state store, `up`): retries across a
+Redis restart, the password and TLS of `BufferConfig`."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import redis
+from redis.backoff import ExponentialBackoff
+from redis.retry import Retry
+
+from asyncrl.core.preflight import ConfigError
+
+
+def redis_password(cfg) -> str | None:
+    """The password of `cfg` (a BufferConfig): `password_file`, else the environment variable `password_env`."""
+    if cfg.password_file:
+        path = Path(cfg.password_file)
+        if not path.is_file():
+            raise ConfigError(f"buffer.password_file: {path} does not exist")
+        return path.read_text().strip() or None
+    return os.environ.get(cfg.password_env, "").strip() or None
+
+
+def redis_client(cfg) -> redis.Redis:
+    """A client of `cfg.redis_url` that reconnects and retries for about `cfg.retry_s` (exponential backoff
+    0.05 s doubling to 1 s), authenticates with the configured password and, for `rediss://` URLs, verifies
+    the server against `tls_ca_file` and presents `tls_cert_file` when given."""
+    if not cfg.redis_url:
+        raise ConfigError("buffer.redis_url is empty: start Redis (or use `asyncrl up`, which does)")
+    retry = Retry(ExponentialBackoff(cap=1.0, base=0.05), retries=int(cfg.retry_s) + 5 if cfg.retry_s > 0 else 0)
+    options: dict = {"retry": retry, "retry_on_error": [redis.ConnectionError, redis.TimeoutError]}
+    password = redis_password(cfg)
+    if password:
+        options["password"] = password
+    if cfg.redis_url.startswith("rediss://"):
+        options.update(ssl_ca_certs=cfg.tls_ca_file, ssl_certfile=cfg.tls_cert_file, ssl_keyfile=cfg.tls_key_file,
+                       ssl_cert_reqs="required")
+    elif cfg.tls_ca_file or cfg.tls_cert_file:
+        raise ConfigError("buffer.tls_ca_file: TLS options need a rediss:// URL in buffer.redis_url")
+    return redis.Redis.from_url(cfg.redis_url, **options)

@@ -1,0 +1,46 @@
+"""The secrets `asyncrl up` makes for a run when none are configured: the gRPC access token and the password
+of the redis-server it starts. Each is written owner-only into the run directory (so a user's own clients,
+and `up --resume`, find it) and put into the environment the run's processes inherit."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from asyncrl.core.auth import Auth, MissingToken, new_token, resolve_auth
+from asyncrl.core.buffer.redis_connection import redis_password
+from asyncrl.core.config import AsyncRLConfig
+
+
+def run_auth(cfg: AsyncRLConfig) -> Auth:
+    """The run's credentials. With no token configured (and not `security.insecure`) `up` makes one for this
+    run: `<run_dir>/token`, and the environment variable `security.token_env`."""
+    try:
+        return resolve_auth(cfg.security)
+    except MissingToken:
+        token = _secret(Path(cfg.run_dir) / "token")
+        os.environ[cfg.security.token_env] = token
+        print(f"[up] generated the run's access token: {Path(cfg.run_dir) / 'token'} "
+              f"(env {cfg.security.token_env})", flush=True)
+        return resolve_auth(cfg.security)
+
+
+def local_redis_password(cfg: AsyncRLConfig) -> str:
+    """The password of the redis-server `up` starts: the configured one, else the run's own
+    (`<run_dir>/redis-password`, made once; the environment variable `buffer.password_env`)."""
+    configured = redis_password(cfg.buffer)
+    if configured:
+        return configured
+    password = _secret(Path(cfg.run_dir) / "redis-password")
+    os.environ[cfg.buffer.password_env] = password
+    return password
+
+
+def _secret(path: Path) -> str:
+    """The secret in `path`, made (owner-only) when the file does not exist yet."""
+    if path.is_file() and path.read_text().strip():
+        return path.read_text().strip()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.touch(mode=0o600)
+    path.write_text(new_token() + "\n")
+    return path.read_text().strip()

@@ -1,0 +1,210 @@
+"""Where the controller's state survives a controller crash: `ControllerStore` (redis | none) and its factory.
+
+What is kept, so a restarted controller continues with exact η accounting:
+- meta: the run it belongs to, the committed version, N_r (`admitted`), the prompt cursor, counters;
+- the active leases (id, replica, n, prompt index, version at admission);
+- the replicas (id, address, engine, the push key of their registration, the version they hold, force_sync),
+  in registration order.
+What is not: liveness clocks (a restored replica counts as just heard from, a restored lease gets a fresh TTL:
+monotonic clocks do not survive a process) and the open push (the learner's commit of a push the new
+controller never saw is refused, and the learner begins it again).
+
+Redis layout under `controller.state_key` K: hash `K:meta`, hash `K:leases` (lease id -> JSON), hash
+`K:replicas` (replica id -> JSON). Every change is one MULTI/EXEC transaction written under the
+controller's lock before the answer leaves, so what a caller was told is what a restart finds.
+"""
+
+from __future__ import annotations
+
+import json
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+
+
+@dataclass
+class SavedLease:
+    lease_id: str
+    replica_id: str
+    num_trajectories: int
+    prompt_index: int
+    version: int
+
+
+@dataclass
+class SavedReplica:
+    replica_id: str
+    address: str
+    engine: str
+    push_key: bytes
+    weight_version: int
+    force_sync: bool
+    seq: int
+    """Registration order (rank order of pushes)."""
+
+
+@dataclass
+class SavedState:
+    run_dir: str
+    current_version: int
+    admitted: int
+    next_prompt_index: int
+    granted_total: int = 0
+    expired_total: int = 0
+    pushes_committed: int = 0
+    leases: list[SavedLease] = field(default_factory=list)
+    replicas: list[SavedReplica] = field(default_factory=list)
+
+
+@dataclass
+class Changes:
+    """One transaction: the meta fields, the leases and replicas to write and those to delete."""
+
+    meta: dict
+    leases: list[SavedLease] = field(default_factory=list)
+    ended_leases: list[str] = field(default_factory=list)
+    replicas: list[SavedReplica] = field(default_factory=list)
+    forgotten_replicas: list[str] = field(default_factory=list)
+
+
+class ControllerStore(ABC):
+    """The seam. `NoStore` keeps nothing (unit tests, an in-memory buffer)."""
+
+    @abstractmethod
+    def load(self) -> SavedState | None:
+        """The saved state, or None when nothing was saved."""
+
+    @abstractmethod
+    def save(self, changes: Changes) -> None:
+        """Apply one set of changes atomically."""
+
+    @abstractmethod
+    def clear(self) -> None:
+        """Forget everything (a run resumed from a checkpoint starts a new controller timeline)."""
+
+    def close(self) -> None:
+        """Release connections."""
+
+
+class NoStore(ControllerStore):
+    def load(self) -> SavedState | None:
+        return None
+
+    def save(self, changes: Changes) -> None:
+        pass
+
+    def clear(self) -> None:
+        pass
+
+
+class MemoryStore(ControllerStore):
+    """A store that outlives a `ControllerState` inside one process: unit tests of restore."""
+
+    def __init__(self):
+        self.meta: dict = {}
+        self.leases: dict[str, SavedLease] = {}
+        self.replicas: dict[str, SavedReplica] = {}
+        self.saves = 0
+
+    def load(self) -> SavedState | None:
+        if not self.meta:
+            return None
+        return _state(dict(self.meta), list(self.leases.values()), list(self.replicas.values()))
+
+    def save(self, changes: Changes) -> None:
+        self.saves += 1
+        self.meta.update(changes.meta)
+        self.leases.update({lease.lease_id: lease for lease in changes.leases})
+        for lease_id in changes.ended_leases:
+            self.leases.pop(lease_id, None)
+        self.replicas.update({r.replica_id: r for r in changes.replicas})
+        for replica_id in changes.forgotten_replicas:
+            self.replicas.pop(replica_id, None)
+
+    def clear(self) -> None:
+        self.meta, self.leases, self.replicas = {}, {}, {}
+
+
+class RedisStore(ControllerStore):
+    def __init__(self, client, key: str):
+        self._r, self.key = client, key
+        self._meta, self._leases, self._replicas = f"{key}:meta", f"{key}:leases", f"{key}:replicas"
+
+    def load(self) -> SavedState | None:
+        meta = {k.decode(): v.decode() for k, v in self._r.hgetall(self._meta).items()}
+        if not meta:
+            return None
+        leases = [SavedLease(**json.loads(v)) for v in self._r.hvals(self._leases)]
+        replicas = []
+        for v in self._r.hvals(self._replicas):
+            raw = json.loads(v)
+            replicas.append(SavedReplica(**{**raw, "push_key": bytes.fromhex(raw["push_key"])}))
+        return _state(meta, leases, replicas)
+
+    def save(self, changes: Changes) -> None:
+        pipe = self._r.pipeline(transaction=True)
+        pipe.hset(self._meta, mapping={k: str(v) for k, v in changes.meta.items()})
+        if changes.leases:
+            pipe.hset(self._leases, mapping={x.lease_id: json.dumps(x.__dict__) for x in changes.leases})
+        if changes.ended_leases:
+            pipe.hdel(self._leases, *changes.ended_leases)
+        if changes.replicas:
+            pipe.hset(self._replicas, mapping={
+                r.replica_id: json.dumps({**r.__dict__, "push_key": r.push_key.hex()}) for r in changes.replicas
+            })  # fmt: skip
+        if changes.forgotten_replicas:
+            pipe.hdel(self._replicas, *changes.forgotten_replicas)
+        pipe.execute()
+
+    def clear(self) -> None:
+        self._r.delete(self._meta, self._leases, self._replicas)
+
+    def close(self) -> None:
+        self._r.close()
+
+
+class StateWriter:
+    """Writes the difference between the controller's state and what it last wrote: a heartbeat that changes
+    nothing writes nothing; a grant writes the meta and one lease."""
+
+    def __init__(self, store: ControllerStore):
+        self.store = store
+        self._meta: dict = {}
+        self._leases: set[str] = set()
+        self._replicas: dict[str, SavedReplica] = {}
+
+    def write(self, meta: dict, active_leases: dict, replicas: list | None) -> None:
+        """`active_leases`: lease id -> `Lease`; `replicas`: every `Replica` in registration order, or None
+        when no replica can have changed."""
+        new = [lease for lease_id, lease in active_leases.items() if lease_id not in self._leases]
+        ended = [lease_id for lease_id in self._leases if lease_id not in active_leases]
+        changed, forgotten, saved = [], [], self._replicas
+        if replicas is not None:
+            saved = {r.replica_id: SavedReplica(r.replica_id, r.address, r.engine, r.push_key, r.weight_version,
+                                                r.force_sync, seq) for seq, r in enumerate(replicas)}  # fmt: skip
+            changed = [r for rid, r in saved.items() if self._replicas.get(rid) != r]
+            forgotten = [rid for rid in self._replicas if rid not in saved]
+        if meta == self._meta and not (new or ended or changed or forgotten):
+            return
+        self.store.save(Changes(
+            meta=meta, ended_leases=ended, replicas=changed, forgotten_replicas=forgotten,
+            leases=[SavedLease(x.lease_id, x.replica_id, x.num_trajectories, x.prompt_index, x.version) for x in new],
+        ))  # fmt: skip
+        self._meta, self._leases, self._replicas = dict(meta), set(active_leases), saved
+
+
+def _state(meta: dict, leases: list[SavedLease], replicas: list[SavedReplica]) -> SavedState:
+    ints = ("current_version", "admitted", "next_prompt_index", "granted_total", "expired_total", "pushes_committed")
+    return SavedState(run_dir=meta.get("run_dir", ""), **{k: int(meta.get(k, 0)) for k in ints},
+                      leases=leases, replicas=sorted(replicas, key=lambda r: r.seq))
+
+
+def make_store(config) -> ControllerStore:
+    """Factory: the store `controller.state_store` names (`config` is the whole `AsyncRLConfig`)."""
+    kind = config.controller.state_store
+    if kind == "none":
+        return NoStore()
+    if kind == "redis":
+        from asyncrl.core.buffer.redis_connection import redis_client
+
+        return RedisStore(redis_client(config.buffer), config.controller.state_key)
+    raise ValueError(f"controller.state_store: unknown store {kind!r} (expected 'redis' or 'none')")

@@ -1,0 +1,114 @@
+"""The controller keeps its state in Redis: a controller started again (same port, same Redis) continues with
+the version, N_r, the prompt cursor, the replicas and their leases; clients on patient channels ride the gap."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import grpc
+import pytest
+
+from asyncrl.controller.state import StateOfAnotherRun
+from asyncrl.core.grpc_util import channel as grpc_channel
+from asyncrl.services.controller_service import create_server
+from asyncrl.v1 import controller_pb2 as pb
+from asyncrl.v1 import controller_pb2_grpc, weights_pb2
+from tests.conftest import TEST_AUTH
+from tests.integration.test_controller_service import make_config
+
+
+def redis_config(redis_url, run_dir, port=0):
+    config = make_config(state_store="redis", eta=1, port=port)
+    config.buffer.redis_url = redis_url
+    config.run_dir = str(run_dir)
+    return config
+
+
+def start(config):
+    server, port = create_server(config)
+    server.start()
+    return server, port
+
+
+def stop(server):
+    server.stop(0).wait()
+    server.controller_state.close()
+
+
+def test_restarted_controller_continues_and_patient_clients_wait_for_it(clean_redis, tmp_path):
+    server, port = start(redis_config(clean_redis, tmp_path))
+    ch = grpc_channel(f"127.0.0.1:{port}", TEST_AUTH, patient=True)
+    stub = controller_pb2_grpc.ControllerStub(ch)
+    rid = stub.RegisterReplica(pb.RegisterReplicaRequest(address="127.0.0.1:9", engine="torch")).replica_id
+    leases = [stub.AcquireLease(pb.AcquireLeaseRequest(replica_id=rid, num_trajectories=4, wait_s=0))
+              for _ in range(3)]
+    assert all(x.granted for x in leases)
+    stub.CompleteLease(pb.CompleteLeaseRequest(replica_id=rid, lease_id=leases[0].lease_id, num_written=4))
+    before = stub.GetStatus(pb.GetStatusRequest())
+    stop(server)  # what it told its clients is in Redis already; nothing is flushed on the way out
+
+    # A call made while no controller listens waits for the next one (within its deadline).
+    answers = []
+    waiting = threading.Thread(target=lambda: answers.append(stub.Heartbeat(
+        pb.HeartbeatRequest(replica_id=rid, weight_version=0,
+                            held_leases=pb.HeldLeases(lease_ids=[x.lease_id for x in leases[1:]])), timeout=30)))
+    waiting.start()
+    time.sleep(1.5)
+    assert waiting.is_alive()
+    again, port_again = start(redis_config(clean_redis, tmp_path, port=port))
+    try:
+        assert port_again == port
+        waiting.join(30)
+        assert answers and answers[0].current_version == 0 and not answers[0].needs_sync
+        after = stub.GetStatus(pb.GetStatusRequest())
+        assert (after.current_version, after.admitted) == (before.current_version, before.admitted) == (0, 12)
+        assert [r.replica_id for r in after.replicas] == [rid] and after.replicas[0].active_leases == 2
+        # The leases granted before the restart complete normally; η still counts them: (0 + 1 + 1) * 8 = 16.
+        stub.CompleteLease(pb.CompleteLeaseRequest(replica_id=rid, lease_id=leases[1].lease_id, num_written=4))
+        assert stub.AcquireLease(pb.AcquireLeaseRequest(replica_id=rid, num_trajectories=4, wait_s=0)).granted
+        refused = stub.AcquireLease(pb.AcquireLeaseRequest(replica_id=rid, num_trajectories=4, wait_s=0))
+        assert not refused.granted and "staleness bound" in refused.reason
+        restored = again.controller_state.restored
+        assert restored == {"version": 0, "admitted": 12, "next_prompt_index": 3, "leases": 2, "replicas": 1}
+    finally:
+        ch.close()
+        stop(again)
+
+
+def begin_request():
+    return pb.BeginWeightPushRequest(version=1, store_address="127.0.0.1:1", transport="gloo", bucket_bytes=1024,
+                                     timeout_s=5, tensors=[weights_pb2.TensorSpec(name="w", shape=[2, 2],
+                                                                                  dtype="float32")])
+
+
+def test_a_push_open_when_the_controller_died_is_refused_at_commit(clean_redis, tmp_path):
+    server, port = start(redis_config(clean_redis, tmp_path))
+    with grpc_channel(f"127.0.0.1:{port}", TEST_AUTH, patient=True) as ch:
+        stub = controller_pb2_grpc.ControllerStub(ch)
+        begun = stub.BeginWeightPush(begin_request())
+        stop(server)
+        again, _ = start(redis_config(clean_redis, tmp_path, port=port))
+        try:
+            with pytest.raises(grpc.RpcError) as info:
+                stub.CommitWeightPush(pb.CommitWeightPushRequest(push_id=begun.plan.push_id, sender_ok=True))
+            assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+            assert "no push is open" in info.value.details()
+            # The learner begins it again and commits.
+            retry = stub.BeginWeightPush(begin_request())
+            done = stub.CommitWeightPush(pb.CommitWeightPushRequest(push_id=retry.plan.push_id, sender_ok=True))
+            assert done.committed and done.current_version == 1
+        finally:
+            stop(again)
+    third, _ = start(redis_config(clean_redis, tmp_path, port=port))
+    try:
+        assert third.controller_state.current_version == 1
+    finally:
+        stop(third)
+
+
+def test_a_controller_of_another_run_refuses_the_saved_state(clean_redis, tmp_path):
+    server, _ = start(redis_config(clean_redis, tmp_path / "a"))
+    stop(server)
+    with pytest.raises(StateOfAnotherRun, match="controller.state_key"):
+        create_server(redis_config(clean_redis, tmp_path / "b"))
