@@ -93,7 +93,12 @@ class PushSession:
         return self.plan.push_id
 
     def start(self) -> None:
-        """Fan out: one daemon thread per receiver (a hung replica must not keep the process alive)."""
+        """Fan out: one daemon thread per receiver (every receiver must be in the collective at once; a hung
+        replica must not keep the process alive), started from a thread of its own: starting a thousand
+        threads takes tens of milliseconds, which must not be spent under the controller's lock."""
+        threading.Thread(target=self._fan_out, name=f"push-{self.plan.version}", daemon=True).start()
+
+    def _fan_out(self) -> None:
         for receiver in self.receivers:
             name = f"push-{self.plan.version}-rank{receiver.rank}"
             threading.Thread(target=self._deliver, args=(receiver,), name=name, daemon=True).start()

@@ -42,6 +42,9 @@ class StateOfAnotherRun(ConfigError):
     """The store holds the state of another run (its run_dir differs)."""
 
 
+_REPLICA_SCAN_S = 0.1
+"""Lazy reaping looks for dead replicas at most this often (seconds of the state's clock)."""
+
 # A held request re-checks at least this often, so an expiry found by lazy reaping (no reaper thread in
 # unit tests) still releases it.
 _HOLD_POLL_S = 0.25
@@ -71,6 +74,8 @@ class ControllerState:
         self._current_version = config.start_version
         self._pushes = PushCoordinator(config, self._registry, notify, self.events, self.metrics)
         self._held = 0
+        self._last_replica_scan = float("-inf")
+        self._wakers: list = []
         self._learner: LearnerReport | None = None
         self._reaper: Reaper | None = None
         self._run_id = run_id
@@ -134,14 +139,10 @@ class ControllerState:
     # ---- leases ---------------------------------------------------------------------------------------
 
     def acquire(self, replica_id: str, num_trajectories: int, wait_s: float) -> LeaseDecision:
-        """Grant a lease now, or hold up to min(wait_s, max_hold_s) until it becomes admissible."""
-        if num_trajectories > self.batch_size:
-            # Larger than B could starve forever under η = 0; one lease is one group and G divides B.
-            raise InvalidRequest(
-                "num_trajectories", f"must be <= batch_size ({self.batch_size}), got {num_trajectories}"
-            )
+        """Grant a lease now, or hold (this thread) up to min(wait_s, max_hold_s) until it becomes admissible.
+        The gRPC edge holds without a thread: `try_acquire` on every wake-up (`add_waker`)."""
         started = time.monotonic()
-        deadline = started + min(max(wait_s, 0.0), self.config.max_hold_s)
+        deadline = started + self.hold_limit(wait_s)
         held = False
         with self._cond:
             replica = self._registry.get(replica_id)
@@ -149,26 +150,46 @@ class ControllerState:
                 self._reap_locked()
                 self._touch(replica)
                 while True:
-                    reason = self._refusal(replica, num_trajectories)
-                    remaining = deadline - time.monotonic()
-                    if reason is None or remaining <= 0:
-                        break
+                    decision = self._decide(replica, num_trajectories, started, time.monotonic() >= deadline)
+                    if decision is not None:
+                        return decision
                     if not held:
                         held = True
-                        self._held += 1
-                        self.metrics.held_requests.set(self._held)
-                    self._cond.wait(min(remaining, _HOLD_POLL_S))
+                        self._count_held(+1)
+                    self._cond.wait(min(deadline - time.monotonic(), _HOLD_POLL_S))
                     self._touch(replica)  # a replica waiting in AcquireLease is evidently alive
                     self._reap_locked()
-                held_s = time.monotonic() - started
-                if reason is not None:
-                    return LeaseDecision(False, self._current_version, reason=reason, held_s=held_s)
-                return self._grant(replica, num_trajectories, held_s)
             finally:
                 if held:
-                    self._held -= 1
-                    self.metrics.held_requests.set(self._held)
+                    self._count_held(-1)
                 self.metrics.lease_hold_seconds.observe(time.monotonic() - started)
+
+    def try_acquire(self, replica_id: str, num_trajectories: int, started: float, final: bool) -> LeaseDecision | None:
+        """One look at a lease request, never waiting: a grant; a refusal with its reason when `final`; else None
+        (the caller holds the request and asks again when woken). `started`: when the request arrived
+        (time.monotonic), for the hold time."""
+        with self._cond:
+            replica = self._registry.get(replica_id)
+            self._reap_locked()
+            self._touch(replica)  # a replica waiting in AcquireLease is evidently alive
+            return self._decide(replica, num_trajectories, started, final)
+
+    def hold_limit(self, wait_s: float) -> float:
+        """How long a request asking to wait `wait_s` is held at most."""
+        return min(max(wait_s, 0.0), self.config.max_hold_s)
+
+    def holding(self, started: float | None) -> None:
+        """Count a request the caller starts holding (`started` None) or stopped holding (when it arrived)."""
+        with self._cond:
+            self._count_held(+1 if started is None else -1)
+        if started is not None:
+            self.metrics.lease_hold_seconds.observe(time.monotonic() - started)
+
+    def add_waker(self, wake) -> None:
+        """Call `wake()` (from any thread, under the lock: it must only schedule) whenever a held request may
+        have become admissible."""
+        with self._cond:
+            self._wakers.append(wake)
 
     def complete(self, replica_id: str, lease_id: str, num_written: int) -> int:
         """Close a lease; the unwritten part of its quota returns. Returns the quota returned."""
@@ -228,7 +249,7 @@ class ControllerState:
     def reap(self) -> None:
         """Declare silent replicas dead and expire due leases (the reaper thread calls this)."""
         with self._cond:
-            self._reap_locked()
+            self._reap_locked(full=True)
 
     @property
     def current_version(self) -> int:
@@ -266,6 +287,22 @@ class ControllerState:
             }  # fmt: skip
 
     # ---- internals (call with the lock held) ------------------------------------------------------------
+
+    def _decide(self, replica: Replica, n: int, started: float, final: bool) -> LeaseDecision | None:
+        if n > self.batch_size:
+            # Larger than B could starve forever under η = 0; one lease is one group and G divides B.
+            raise InvalidRequest("num_trajectories", f"must be <= batch_size ({self.batch_size}), got {n}")
+        reason = self._refusal(replica, n)
+        held_s = time.monotonic() - started
+        if reason is None:
+            return self._grant(replica, n, held_s)
+        if final:
+            return LeaseDecision(False, self._current_version, reason=reason, held_s=held_s)
+        return None
+
+    def _count_held(self, delta: int) -> None:
+        self._held += delta
+        self.metrics.held_requests.set(self._held)
 
     def _refusal(self, replica: Replica, n: int) -> str | None:
         """Why a lease of n for this replica cannot be granted now (None = it can)."""
@@ -307,10 +344,16 @@ class ControllerState:
             self.events.write("replica_revived", replica_id=replica.replica_id)
         return revived
 
-    def _reap_locked(self) -> None:
+    def _reap_locked(self, full: bool = False) -> None:
+        """Expire due leases (every time: cheap, and a late completion must find its lease expired); declare
+        silent replicas dead and forget long-dead ones when `full` or at most every _REPLICA_SCAN_S (a scan
+        of the whole fleet on every call would make each call O(replicas))."""
         now = self._clock()
         changed = False
-        for replica in self._registry.reap(now):
+        scan = full or now - self._last_replica_scan >= _REPLICA_SCAN_S
+        if scan:
+            self._last_replica_scan = now
+        for replica in self._registry.reap(now) if scan else ():
             leases = self._leases.expire_replica(replica.replica_id, "replica_dead")
             self.events.write(
                 "replica_dead", replica_id=replica.replica_id, silent_s=replica.heartbeat_age(now),
@@ -318,7 +361,7 @@ class ControllerState:
             )  # fmt: skip
             self._log_expired(leases, "replica_dead")
             changed = True
-        for replica in self._registry.forget(now):
+        for replica in self._registry.forget(now) if scan else ():
             self.events.write("replica_forgotten", replica_id=replica.replica_id, silent_s=replica.heartbeat_age(now))
             changed = True
         due = self._leases.expire_due(now)
@@ -359,6 +402,8 @@ class ControllerState:
         self._publish_gauges()
         if wake:
             self._cond.notify_all()
+            for wake_up in self._wakers:
+                wake_up()
 
     # ---- persistence (call with the lock held) -----------------------------------------------------------
 

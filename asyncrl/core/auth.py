@@ -19,6 +19,7 @@ that key (a caller with the token but not the key cannot replace a replica's wei
 from __future__ import annotations
 
 import hmac
+import inspect
 import os
 import secrets
 from dataclasses import dataclass
@@ -90,45 +91,90 @@ def _abort(code: grpc.StatusCode, message: str):
 
 
 def _parse_checked(handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodHandler:
-    """The same handler, taking raw bytes and parsing them itself, so undecodable bytes get INVALID_ARGUMENT."""
+    """The same handler, taking raw bytes and parsing them itself, so undecodable bytes get INVALID_ARGUMENT.
+    Coroutine handlers (an asyncio server's) get a coroutine wrapper."""
     parse = handler.request_deserializer
     if parse is None or not handler.unary_unary:
         return handler
     behaviour = handler.unary_unary
 
-    def checked(raw: bytes, context):
-        try:
-            request = parse(raw)
-        except Exception as err:  # noqa: BLE001 - any parse failure is the caller's bytes
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"request is not a valid message for {method}: "
-                                                            f"{type(err).__name__}")
-        return behaviour(request, context)
+    def invalid(err: Exception) -> str:
+        return f"request is not a valid message for {method}: {type(err).__name__}"
+
+    if inspect.iscoroutinefunction(behaviour):
+        async def checked_async(raw: bytes, context):
+            try:
+                request = parse(raw)
+            except Exception as err:  # noqa: BLE001 - any parse failure is the caller's bytes
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, invalid(err))
+            return await behaviour(request, context)
+
+        checked = checked_async
+    else:
+        def checked(raw: bytes, context):
+            try:
+                request = parse(raw)
+            except Exception as err:  # noqa: BLE001 - any parse failure is the caller's bytes
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT, invalid(err))
+            return behaviour(request, context)
 
     return grpc.unary_unary_rpc_method_handler(checked, request_deserializer=None,
                                                response_serializer=handler.response_serializer)
 
 
-class GuardInterceptor(grpc.ServerInterceptor):
+class _Guard:
+    """The guard's decisions, shared by the thread-pool and the asyncio interceptors."""
+
     def __init__(self, auth: Auth):
         self._expected = None if auth.token is None else (SCHEME + auth.token).encode()
         # method -> its parse-checked handler, built once (a handler per call would be work on every RPC).
         self._checked: dict[str, grpc.RpcMethodHandler] = {}
 
-    def intercept_service(self, continuation, handler_call_details):
+    def refusal(self, handler_call_details) -> grpc.RpcMethodHandler | None:
+        """A handler answering UNAUTHENTICATED, or None when the call may proceed."""
         method = handler_call_details.method
-        if self._expected is not None and not method.startswith(OPEN_SERVICES):
-            supplied = dict(handler_call_details.invocation_metadata or ()).get(METADATA_KEY)
-            if supplied is None:
-                return _abort(grpc.StatusCode.UNAUTHENTICATED, "missing token (metadata 'authorization: Bearer ...')")
-            if not hmac.compare_digest(supplied.encode(), self._expected):
-                return _abort(grpc.StatusCode.UNAUTHENTICATED, "invalid token")
+        if self._expected is None or method.startswith(OPEN_SERVICES):
+            return None
+        supplied = dict(handler_call_details.invocation_metadata or ()).get(METADATA_KEY)
+        if supplied is None:
+            return _abort(grpc.StatusCode.UNAUTHENTICATED, "missing token (metadata 'authorization: Bearer ...')")
+        if not hmac.compare_digest(supplied.encode(), self._expected):
+            return _abort(grpc.StatusCode.UNAUTHENTICATED, "invalid token")
+        return None
+
+    def checked(self, method: str, handler: grpc.RpcMethodHandler | None) -> grpc.RpcMethodHandler | None:
+        if handler is None:
+            return None
         checked = self._checked.get(method)
         if checked is None:
-            handler = continuation(handler_call_details)
-            if handler is None:
-                return None
             checked = self._checked[method] = _parse_checked(handler, method)
         return checked
+
+
+class GuardInterceptor(grpc.ServerInterceptor):
+    """The guard of a thread-pool server."""
+
+    def __init__(self, auth: Auth):
+        self._guard = _Guard(auth)
+
+    def intercept_service(self, continuation, handler_call_details):
+        refused = self._guard.refusal(handler_call_details)
+        if refused is not None:
+            return refused
+        return self._guard.checked(handler_call_details.method, continuation(handler_call_details))
+
+
+class AioGuardInterceptor(grpc.aio.ServerInterceptor):
+    """The guard of an asyncio server (`asyncrl.core.grpc_util.build_aio_server`)."""
+
+    def __init__(self, auth: Auth):
+        self._guard = _Guard(auth)
+
+    async def intercept_service(self, continuation, handler_call_details):
+        refused = self._guard.refusal(handler_call_details)
+        if refused is not None:
+            return refused
+        return self._guard.checked(handler_call_details.method, await continuation(handler_call_details))
 
 
 class TokenInterceptor(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterceptor,

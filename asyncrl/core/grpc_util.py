@@ -16,7 +16,7 @@ from asyncrl.core.auth import Auth, GuardInterceptor, TokenInterceptor
 from asyncrl.core.validation import InvalidArgument
 
 MAX_MESSAGE_BYTES = 256 * 1024 * 1024
-_OPTIONS = [
+MESSAGE_OPTIONS = [
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
 ]
@@ -37,7 +37,7 @@ def build_server(
     """A started-ready (not yet started) server with `register` callbacks applied, grpc.health.v1 and
     reflection registered for `service_names` (full names, e.g. "asyncrl.v1.Controller"), every call guarded
     by `asyncrl.core.auth.GuardInterceptor` (token, undecodable bytes)."""
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers), options=_OPTIONS,
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers), options=MESSAGE_OPTIONS,
                          interceptors=[GuardInterceptor(auth)])
     for add in register:
         add(server)
@@ -67,7 +67,7 @@ def channel(address: str, auth: Auth, patient: bool = False) -> grpc.Channel:
     (the controller): calls wait for it within their deadline and are retried when cut off (UNAVAILABLE);
     a call whose request was processed before the cut-off can then arrive twice (the controller's calls
     are idempotent or answered FAILED_PRECONDITION the second time)."""
-    options = [*_OPTIONS, ("grpc.service_config", _PATIENT_SERVICE_CONFIG)] if patient else _OPTIONS
+    options = [*MESSAGE_OPTIONS, ("grpc.service_config", _PATIENT_SERVICE_CONFIG)] if patient else MESSAGE_OPTIONS
     ch = grpc.insecure_channel(address, options=options)
     return ch if auth.token is None else grpc.intercept_channel(ch, TokenInterceptor(auth.token))
 

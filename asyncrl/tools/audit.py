@@ -57,7 +57,7 @@ class AuditReport:
                 "rejected": self.rejected, "staleness_hist": self.staleness_hist}
 
 
-def _check_eta(report: AuditReport, controller: list[dict]) -> None:
+def check_eta(report: AuditReport, controller: list[dict]) -> None:
     for ev in controller:
         if ev["kind"] != "lease_granted":
             continue
@@ -123,7 +123,7 @@ def audit_run(run_dir: str | Path) -> AuditReport:
         for ev in read_events(run_dir, path.stem):
             if ev["kind"] == "group_written":
                 rollouts.append({**ev, "_source": path.stem})
-    _check_eta(report, controller)
+    check_eta(report, controller)
     _check_versions(report, controller, learner, rollouts)
 
     written = {ev["group_id"]: ev for ev in rollouts}

@@ -1,0 +1,201 @@
+"""Simulated rollout replicas against a live controller: many held `AcquireLease` calls, heartbeats timed.
+
+Each simulated replica registers, heartbeats every `heartbeat_interval_s` (reporting its leases), and loops:
+AcquireLease (held server-side while the staleness bound says no), "generates" for `work_s`, CompleteLease.
+A simulated learner commits a new version every `push_every_s` (the controller's fan-out must be a fake
+that acks at once: the replicas have no weights to receive), which admits one more batch. Used by
+`bench/controller_leases.py` and the load test; everything runs on one asyncio loop in the caller's process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import multiprocessing
+import random
+import time
+from dataclasses import dataclass, field
+
+import grpc
+
+from asyncrl.core.auth import METADATA_KEY, SCHEME, Auth
+from asyncrl.core.grpc_util import MESSAGE_OPTIONS
+from asyncrl.v1 import controller_pb2 as pb
+from asyncrl.v1 import controller_pb2_grpc, weights_pb2
+
+
+@dataclass
+class LoadResult:
+    replicas: int
+    seconds: float
+    heartbeat_latencies_s: list[float] = field(default_factory=list)
+    grant_latencies_s: list[float] = field(default_factory=list)
+    """Time of AcquireLease calls that were granted (including any hold)."""
+    heartbeat_errors: int = 0
+    grants: int = 0
+    granted_trajectories: int = 0
+    refusals: int = 0
+    acquire_errors: int = 0
+    versions_committed: int = 0
+    max_held: int = 0
+    final_admitted: int = -1
+    final_version: int = -1
+
+    def percentile_ms(self, q: float, values: list[float] | None = None) -> float | None:
+        values = sorted(self.heartbeat_latencies_s if values is None else values)
+        return round(values[min(len(values) - 1, int(q * len(values)))] * 1000, 2) if values else None
+
+    def summary(self) -> dict:
+        return {
+            "replicas": self.replicas, "seconds": round(self.seconds, 2),
+            "heartbeats": len(self.heartbeat_latencies_s), "heartbeat_errors": self.heartbeat_errors,
+            "heartbeat_p50_ms": self.percentile_ms(0.50), "heartbeat_p99_ms": self.percentile_ms(0.99),
+            "grant_p50_ms": self.percentile_ms(0.50, self.grant_latencies_s),
+            "grant_p99_ms": self.percentile_ms(0.99, self.grant_latencies_s),
+            "grants": self.grants, "grants_per_s": round(self.grants / self.seconds, 1),
+            "granted_trajectories": self.granted_trajectories, "refusals": self.refusals,
+            "acquire_errors": self.acquire_errors, "versions_committed": self.versions_committed,
+            "max_held": self.max_held, "final_admitted": self.final_admitted, "final_version": self.final_version,
+        }  # fmt: skip
+
+
+async def run_load(address: str, auth: Auth, *, replicas: int, seconds: float, group_size: int,
+                   heartbeat_interval_s: float = 1.0, push_every_s: float | None = 1.0, work_s: float = 0.05,
+                   wait_s: float = 5.0, acquire: bool = True) -> LoadResult:  # fmt: skip
+    """Drive `replicas` simulated replicas for `seconds`; returns what was measured. `acquire` False: the
+    replicas only heartbeat (a baseline)."""
+    metadata = () if auth.token is None else ((METADATA_KEY, SCHEME + auth.token),)
+    result = LoadResult(replicas, seconds)
+    async with grpc.aio.insecure_channel(address, options=MESSAGE_OPTIONS) as ch:
+        stub = _Stub(controller_pb2_grpc.ControllerStub(ch), metadata)
+        ids = [(await stub.RegisterReplica(pb.RegisterReplicaRequest(
+            address=f"127.0.0.1:{20000 + i}", replica_id=f"sim-{i}", weight_version=0, engine="sim"))).replica_id
+            for i in range(replicas)]  # fmt: skip
+        stop = asyncio.Event()
+        started = time.monotonic()
+        tasks = [asyncio.create_task(_replica(stub, rid, result, stop, group_size, heartbeat_interval_s, work_s,
+                                              wait_s, acquire)) for rid in ids]  # fmt: skip
+        tasks.append(asyncio.create_task(_watch_held(stub, result, stop)))
+        if push_every_s:
+            tasks.append(asyncio.create_task(_learner(stub, result, stop, push_every_s, ids)))
+        await asyncio.sleep(seconds)
+        result.seconds = time.monotonic() - started
+        stop.set()
+        await asyncio.gather(*tasks)  # held calls still end their hold (up to wait_s)
+        status = await stub.GetStatus(pb.GetStatusRequest())
+        result.final_admitted, result.final_version = status.admitted, status.current_version
+    return result
+
+
+async def _replica(stub, rid: str, result: LoadResult, stop: asyncio.Event, group_size: int,
+                   heartbeat_interval_s: float, work_s: float, wait_s: float, acquire: bool) -> None:  # fmt: skip
+    held: set[str] = set()
+    beat = asyncio.create_task(_heartbeats(stub, rid, result, stop, heartbeat_interval_s, held))
+    await asyncio.sleep(random.random() * wait_s)  # replicas come up at different times, not all at once
+    while acquire and not stop.is_set():
+        t0 = time.perf_counter()
+        try:
+            lease = await stub.AcquireLease(pb.AcquireLeaseRequest(
+                replica_id=rid, num_trajectories=group_size, wait_s=wait_s), timeout=wait_s + 30)
+        except grpc.aio.AioRpcError:
+            result.acquire_errors += 1
+            await asyncio.sleep(0.1)
+            continue
+        if not lease.granted:
+            result.refusals += 1
+            continue
+        result.grants += 1
+        result.grant_latencies_s.append(time.perf_counter() - t0)
+        result.granted_trajectories += group_size
+        held.add(lease.lease_id)
+        await asyncio.sleep(work_s * (0.5 + random.random()))
+        await stub.CompleteLease(pb.CompleteLeaseRequest(replica_id=rid, lease_id=lease.lease_id,
+                                                         num_written=group_size))  # fmt: skip
+        held.discard(lease.lease_id)
+    await beat
+
+
+async def _heartbeats(stub, rid: str, result: LoadResult, stop: asyncio.Event, interval_s: float,
+                      held: set[str]) -> None:  # fmt: skip
+    await asyncio.sleep(random.random() * interval_s)  # spread the fleet's heartbeats over the interval
+    while not stop.is_set():
+        t0 = time.perf_counter()
+        try:
+            await stub.Heartbeat(pb.HeartbeatRequest(replica_id=rid, weight_version=0,
+                                                     held_leases=pb.HeldLeases(lease_ids=sorted(held))),
+                                 timeout=10)  # fmt: skip
+            result.heartbeat_latencies_s.append(time.perf_counter() - t0)
+        except grpc.aio.AioRpcError:
+            result.heartbeat_errors += 1
+        try:
+            await asyncio.wait_for(stop.wait(), interval_s)
+        except TimeoutError:
+            pass
+
+
+async def _learner(stub, result: LoadResult, stop: asyncio.Event, every_s: float, ids: list[str]) -> None:
+    spec = weights_pb2.TensorSpec(name="w", shape=[2, 2], dtype="float32")
+    while True:
+        try:
+            await asyncio.wait_for(stop.wait(), every_s)
+            return
+        except TimeoutError:
+            pass
+        status = await stub.GetStatus(pb.GetStatusRequest())
+        begun = await stub.BeginWeightPush(pb.BeginWeightPushRequest(
+            version=status.current_version + 1, store_address="127.0.0.1:1", transport="gloo", bucket_bytes=1024,
+            timeout_s=30, tensors=[spec]))  # fmt: skip
+        commit = await stub.CommitWeightPush(pb.CommitWeightPushRequest(push_id=begun.plan.push_id, sender_ok=True))
+        result.versions_committed += bool(commit.committed)
+
+
+async def _watch_held(stub, result: LoadResult, stop: asyncio.Event) -> None:
+    while not stop.is_set():
+        status = await stub.GetStatus(pb.GetStatusRequest())
+        result.max_held = max(result.max_held, status.held_requests)
+        try:
+            await asyncio.wait_for(stop.wait(), 1.0)
+        except TimeoutError:
+            pass
+
+
+class _Stub:
+    """The controller stub with the token's metadata on every call."""
+
+    def __init__(self, stub, metadata: tuple):
+        self._stub, self._metadata = stub, metadata
+
+    def __getattr__(self, name: str):
+        method = getattr(self._stub, name)
+        return lambda request, **kw: method(request, metadata=self._metadata, **kw)
+
+
+def _serve(raw_config: dict, ports, stop) -> None:
+    """A controller process whose weight fan-out acks at once (simulated replicas hold no weights)."""
+    from asyncrl.core.config import AsyncRLConfig
+    from asyncrl.services.controller_service import create_server
+
+    server, port = create_server(AsyncRLConfig.model_validate(raw_config),
+                                 notify=lambda address, plan, rank, timeout_s, order=b"": plan.version)
+    server.start()
+    ports.put(port)
+    stop.wait()
+    server.stop(0).wait()
+    server.controller_state.close()
+
+
+@contextlib.contextmanager
+def controller_process(raw_config: dict):
+    """A controller for simulated replicas in a process of its own (not sharing the load's interpreter);
+    yields its gRPC port. The token comes from the environment, as for any service."""
+    ctx = multiprocessing.get_context("spawn")
+    ports, stop = ctx.Queue(), ctx.Event()
+    process = ctx.Process(target=_serve, args=(raw_config, ports, stop), daemon=True)
+    process.start()
+    try:
+        yield ports.get(timeout=120)
+    finally:
+        stop.set()
+        process.join(30)
+        if process.is_alive():
+            process.kill()
