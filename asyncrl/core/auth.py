@@ -40,11 +40,33 @@ class MissingToken(ConfigError):
 
 
 @dataclass(frozen=True)
+class Tls:
+    """The PEM bytes of `security.tls_*`, read once at start."""
+
+    cert: bytes
+    key: bytes
+    ca: bytes | None
+    client_auth: bool
+    server_name: str | None = None
+
+    def server_credentials(self) -> grpc.ServerCredentials:
+        return grpc.ssl_server_credentials([(self.key, self.cert)], root_certificates=self.ca,
+                                           require_client_auth=self.client_auth)
+
+    def channel_credentials(self) -> grpc.ChannelCredentials:
+        if self.client_auth:
+            return grpc.ssl_channel_credentials(self.ca, private_key=self.key, certificate_chain=self.cert)
+        return grpc.ssl_channel_credentials(self.ca)
+
+
+@dataclass(frozen=True)
 class Auth:
     """The resolved credentials of one process."""
 
     token: str | None
     """The shared secret; None only when `security.insecure` is set."""
+    tls: Tls | None = None
+    """Certificates when `security.tls_cert_file` is set: servers listen with TLS, clients verify it."""
 
 
 def new_token() -> str:
@@ -63,7 +85,32 @@ def push_order_mac(key: bytes, push_id: str, version: int, rank: int, world_size
 
 
 def resolve_auth(security) -> Auth:
-    """The token of `security` (a SecurityConfig): the file, else the environment variable."""
+    """The credentials of `security` (a SecurityConfig): the token (the file, else the environment variable)
+    and the TLS certificates when configured."""
+    return Auth(_token(security), _tls(security))
+
+
+def _tls(security) -> Tls | None:
+    if not (security.tls_cert_file or security.tls_key_file):
+        if security.tls_client_auth:
+            raise ConfigError("security.tls_client_auth: needs security.tls_cert_file and tls_key_file")
+        return None
+
+    def pem(field: str, required: bool = True) -> bytes | None:
+        path = getattr(security, field)
+        if not path:
+            if required:
+                raise ConfigError(f"security.{field}: required with security.tls_cert_file / tls_key_file")
+            return None
+        if not Path(path).is_file():
+            raise ConfigError(f"security.{field}: {path} does not exist")
+        return Path(path).read_bytes()
+
+    ca = pem("tls_ca_file", required=security.tls_client_auth)
+    return Tls(pem("tls_cert_file"), pem("tls_key_file"), ca, security.tls_client_auth, security.tls_server_name)
+
+
+def _token(security) -> str | None:
     if security.token_file:
         path = Path(security.token_file)
         if not path.is_file():
@@ -71,12 +118,12 @@ def resolve_auth(security) -> Auth:
         token = path.read_text().strip()
         if not token:
             raise MissingToken(f"security.token_file: {path} is empty")
-        return Auth(token)
+        return token
     token = os.environ.get(security.token_env, "").strip()
     if token:
-        return Auth(token)
+        return token
     if security.insecure:
-        return Auth(None)
+        return None
     raise MissingToken(
         f"no token: set security.token_file or the environment variable {security.token_env} (asyncrl up "
         "generates one per run), or security.insecure: true to accept unauthenticated calls"

@@ -246,7 +246,8 @@ class TeacherConfig(Section):
 
 
 class SecurityConfig(Section):
-    """Who may call the services: a shared secret sent with every gRPC call (`asyncrl.core.auth`)."""
+    """Who may call the services: a shared secret sent with every gRPC call (`asyncrl.core.auth`), optionally
+    over TLS with client certificates."""
 
     token_file: str | None = None
     """File holding the shared token (e.g. a mounted Kubernetes Secret). Empty: the environment variable
@@ -256,6 +257,21 @@ class SecurityConfig(Section):
     insecure: bool = False
     """Accept and make calls without a token. Without a token and without this, every service refuses to
     start (an open controller lets anyone on the network steer the run)."""
+    tls_cert_file: str | None = None
+    """PEM certificate every service presents (its name or IP must match the host others dial). With
+    `tls_key_file` set, every gRPC server listens with TLS and every client verifies it against `tls_ca_file`.
+    Empty: plaintext gRPC (the token still travels with every call; keep such a deployment on a private
+    network)."""
+    tls_key_file: str | None = None
+    """PEM private key of `tls_cert_file`."""
+    tls_ca_file: str | None = None
+    """PEM certificate of the authority that signed the services' (and clients') certificates."""
+    tls_client_auth: bool = False
+    """Mutual TLS: servers require a client certificate signed by `tls_ca_file`, and clients present
+    `tls_cert_file`."""
+    tls_server_name: str | None = None
+    """Name to expect in the servers' certificates when it is not the dialled host (e.g. dialling 127.0.0.1
+    with a certificate for asyncrl.internal)."""
 
 
 class AsyncRLConfig(Section):

@@ -24,7 +24,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from asyncrl.core.auth import AioGuardInterceptor, Auth
-from asyncrl.core.grpc_util import MESSAGE_OPTIONS
+from asyncrl.core.grpc_util import MESSAGE_OPTIONS, add_port
 
 
 class AioServerThread:
@@ -103,7 +103,7 @@ def build_aio_server(host: str, port: int, register: list, service_names: list[s
         for name in [*service_names, ""]:
             await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
         reflection.enable_server_reflection([*service_names, health.SERVICE_NAME, reflection.SERVICE_NAME], server)
-        return server.add_insecure_port(f"{host}:{port}")
+        return add_port(server, f"{host}:{port}", auth)
 
     try:
         bound = handle.call(build())

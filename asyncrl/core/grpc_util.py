@@ -46,7 +46,7 @@ def build_server(
     for name in [*service_names, ""]:
         health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
     reflection.enable_server_reflection([*service_names, health.SERVICE_NAME, reflection.SERVICE_NAME], server)
-    bound = server.add_insecure_port(f"{host}:{port}")
+    bound = add_port(server, f"{host}:{port}", auth)
     if bound == 0:
         raise OSError(f"could not bind gRPC server to {host}:{port}")
     return server, bound, health_servicer
@@ -62,13 +62,26 @@ _PATIENT_SERVICE_CONFIG = json.dumps({"methodConfig": [{
 }]})  # fmt: skip
 
 
+def add_port(server, address: str, auth: Auth) -> int:
+    """Listen on `address`: with TLS when `auth` has certificates, else plaintext. Returns the bound port."""
+    if auth.tls is not None:
+        return server.add_secure_port(address, auth.tls.server_credentials())
+    return server.add_insecure_port(address)
+
+
 def channel(address: str, auth: Auth, patient: bool = False) -> grpc.Channel:
-    """A client channel that sends `auth`'s token with every call. `patient`: for a server that restarts
+    """A client channel that sends `auth`'s token with every call, over TLS when `auth` has certificates
+    (verifying the server against the configured CA, presenting the client certificate for mutual TLS). `patient`: for a server that restarts
     (the controller): calls wait for it within their deadline and are retried when cut off (UNAVAILABLE);
     a call whose request was processed before the cut-off can then arrive twice (the controller's calls
     are idempotent or answered FAILED_PRECONDITION the second time)."""
     options = [*MESSAGE_OPTIONS, ("grpc.service_config", _PATIENT_SERVICE_CONFIG)] if patient else MESSAGE_OPTIONS
-    ch = grpc.insecure_channel(address, options=options)
+    if auth.tls is None:
+        ch = grpc.insecure_channel(address, options=options)
+    else:
+        if auth.tls.server_name:
+            options = [*options, ("grpc.ssl_target_name_override", auth.tls.server_name)]
+        ch = grpc.secure_channel(address, auth.tls.channel_credentials(), options=options)
     return ch if auth.token is None else grpc.intercept_channel(ch, TokenInterceptor(auth.token))
 
 

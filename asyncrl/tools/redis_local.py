@@ -24,7 +24,8 @@ def start_local_redis(group: ProcessGroup, data_dir: Path, host: str = "127.0.0.
     data_dir.mkdir(parents=True, exist_ok=True)
     conf = data_dir / "redis.conf"
     conf.touch(mode=0o600)
-    conf.write_text(f"requirepass {password}\n" if password else "")
+    quoted = (password or "").replace("\\", "\\\\").replace('"', '\\"')  # a double-quoted redis.conf string
+    conf.write_text(f'requirepass "{quoted}"\n' if password else "")
     child = group.start("redis", [binary, str(conf), "--port", str(port), "--bind", host, "--save", "",
                                   "--appendonly", "yes", "--appendfsync", "everysec", "--dir", str(data_dir)])
     url = f"redis://{host}:{port}/0"

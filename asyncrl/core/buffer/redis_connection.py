@@ -23,13 +23,24 @@ def redis_password(cfg) -> str | None:
     return os.environ.get(cfg.password_env, "").strip() or None
 
 
+class _Retry(Retry):
+    """Retries connection failures, but not a refused password (redis-py's AuthenticationError is a
+    ConnectionError): a wrong password fails at once with its own message, not after `retry_s`."""
+
+    def call_with_retry(self, do, fail, is_retryable=None, with_failure_count=False):
+        def retryable(error: Exception) -> bool:
+            return not isinstance(error, redis.AuthenticationError) and (is_retryable is None or is_retryable(error))
+
+        return super().call_with_retry(do, fail, retryable, with_failure_count)
+
+
 def redis_client(cfg) -> redis.Redis:
     """A client of `cfg.redis_url` that reconnects and retries for about `cfg.retry_s` (exponential backoff
     0.05 s doubling to 1 s), authenticates with the configured password and, for `rediss://` URLs, verifies
     the server against `tls_ca_file` and presents `tls_cert_file` when given."""
     if not cfg.redis_url:
         raise ConfigError("buffer.redis_url is empty: start Redis (or use `asyncrl up`, which does)")
-    retry = Retry(ExponentialBackoff(cap=1.0, base=0.05), retries=int(cfg.retry_s) + 5 if cfg.retry_s > 0 else 0)
+    retry = _Retry(ExponentialBackoff(cap=1.0, base=0.05), retries=int(cfg.retry_s) + 5 if cfg.retry_s > 0 else 0)
     options: dict = {"retry": retry, "retry_on_error": [redis.ConnectionError, redis.TimeoutError]}
     password = redis_password(cfg)
     if password:
