@@ -31,3 +31,7 @@ class UnknownReplica(InvalidRequest):
 
 class RegistryFull(ControllerError):
     """controller.max_replicas are registered (RESOURCE_EXHAUSTED)."""
+
+
+class ReplicaIdInUse(ControllerError):
+    """A live replica, which proved it holds the registration, already has the id (ALREADY_EXISTS)."""

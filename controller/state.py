@@ -14,12 +14,14 @@ uses real time (`time.monotonic`) because it is a real wait on a condition varia
 
 from __future__ import annotations
 
+import hmac
+import secrets
 import threading
 import time
 
 from asyncrl.controller import staleness
 from asyncrl.controller.controller_metrics import ControllerMetrics
-from asyncrl.controller.errors import InvalidRequest
+from asyncrl.controller.errors import InvalidRequest, ReplicaIdInUse
 from asyncrl.controller.event_records import EventSink, NoEvents
 from asyncrl.controller.leases import Lease, LeaseBook
 from asyncrl.controller.persistence import ControllerStore, NoStore, SavedState, StateWriter
@@ -34,6 +36,7 @@ from asyncrl.controller.results import (
     Registration,
     ReplicaPulse,
 )
+from asyncrl.core.auth import liveness_mac
 from asyncrl.core.config import ControllerConfig
 from asyncrl.core.preflight import ConfigError
 
@@ -59,6 +62,7 @@ class ControllerState:
         events: EventSink | None = None,
         metrics: ControllerMetrics | None = None,
         notify: WeightNotifier,
+        probe=None,
         store: ControllerStore | None = None,
         run_id: str = "",
         clock=time.monotonic,
@@ -79,6 +83,8 @@ class ControllerState:
         self._learner: LearnerReport | None = None
         self._reaper: Reaper | None = None
         self._run_id = run_id
+        self._probe = probe
+        """(address, challenge) -> the replica's answer (b"" when none); None: ids are never checked."""
         self._writer = StateWriter(store or NoStore())
         self.restored = self._restore(self._writer.store.load())
         self._publish_gauges()
@@ -98,7 +104,20 @@ class ControllerState:
 
     # ---- replicas -------------------------------------------------------------------------------------
 
-    def register(self, address: str, replica_id: str, weight_version: int, engine: str) -> Registration:
+    def register(self, address: str, replica_id: str, weight_version: int, engine: str,
+                 push_key: bytes = b"") -> Registration:
+        """Add a replica, or register one again: its own process (it presents its current `push_key`), or a
+        new process taking the id over from a holder that is gone (a restart). An id whose holder still proves
+        itself alive (`probe`, outside the lock) is refused: one caller cannot redirect another replica's
+        pushes to itself."""
+        holder = self._live_holder(replica_id)
+        if holder is not None and push_key and hmac.compare_digest(push_key, holder.push_key):
+            holder = None  # the holder itself
+        if holder is not None and self._probe is not None:
+            challenge = secrets.token_bytes(32)
+            if hmac.compare_digest(self._probe(holder.address, challenge), liveness_mac(holder.push_key, challenge)):
+                raise ReplicaIdInUse(f"replica_id: {replica_id!r} is registered by a live replica at "
+                                     f"{holder.address}; choose another id")
         with self._cond:
             self._reap_locked()
             reregistered = bool(replica_id) and self._registry.known(replica_id)
@@ -115,6 +134,14 @@ class ControllerState:
             self._changed(replicas=True)
             return Registration(replica.replica_id, self._current_version, needs_sync,
                                 self.config.heartbeat_interval_s, replica.push_key)
+
+    def _live_holder(self, replica_id: str) -> Replica | None:
+        with self._cond:
+            self._reap_locked()
+            if not replica_id or not self._registry.known(replica_id):
+                return None
+            replica = self._registry.get(replica_id)
+            return replica if replica.alive else None
 
     def heartbeat(self, replica_id: str, weight_version: int, held_leases: list[str] | None = None) -> ReplicaPulse:
         """A replica's sign of life; `held_leases` (when reported) are the leases it still works on."""

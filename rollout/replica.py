@@ -55,6 +55,7 @@ class ReplicaSession:
                 replica_id=self.replica_id,
                 weight_version=self._engine.weight_version,
                 engine=self._engine_type,
+                push_key=self.push_key,  # registering again from the same process: we hold the id
             ),
             timeout=30,
         )

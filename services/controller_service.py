@@ -10,7 +10,8 @@ Public API
   `server.controller_state` (a `ControllerState`; its reaper thread is already running). After
   `server.stop(...)`, call `server.controller_state.close()` (stops the reaper, closes the event log).
   Events go to `<run_dir>/events/controller.jsonl`, run_dir defaulting to `config.run_dir`. `notify`
-  replaces the gRPC `Rollout.UpdateWeights` fan-out (tests).
+  replaces the gRPC `Rollout.UpdateWeights` fan-out, `probe` the liveness challenge of a registered replica
+  (tests).
 - `serve(config)`: the process entry point: gRPC + the status page (`controller.status_page`) on
   `config.controller.status_port`, prints `asyncrl-controller listening grpc=HOST:PORT http=HOST:PORT`,
   blocks until SIGTERM/SIGINT, stops gracefully.
@@ -30,7 +31,13 @@ import time
 
 import grpc
 
-from asyncrl.controller.errors import InvalidRequest, PreconditionFailed, RegistryFull, UnknownReplica
+from asyncrl.controller.errors import (
+    InvalidRequest,
+    PreconditionFailed,
+    RegistryFull,
+    ReplicaIdInUse,
+    UnknownReplica,
+)
 from asyncrl.controller.persistence import make_store
 from asyncrl.controller.push import PushOffer, WeightNotifier
 from asyncrl.controller.state import ControllerState
@@ -56,7 +63,7 @@ from asyncrl.core.weights.manifest import (
     decode_tensors,
     encode_plan,
 )
-from asyncrl.services.weight_fanout import grpc_update_weights
+from asyncrl.services.weight_fanout import grpc_liveness_answer, grpc_update_weights
 from asyncrl.v1 import controller_pb2, controller_pb2_grpc
 
 SERVICE_NAME = "asyncrl.v1.Controller"
@@ -82,8 +89,9 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
             check_name(request.replica_id, "replica_id", optional=True)
             self._require_version(request.weight_version, "weight_version")
             check_name(request.engine, "engine", optional=True)
+            require(len(request.push_key) <= 64, "push_key", f"at most 64 bytes, got {len(request.push_key)}")
             r = self.state.register(
-                request.address, request.replica_id, request.weight_version, request.engine
+                request.address, request.replica_id, request.weight_version, request.engine, request.push_key
             )
             return controller_pb2.RegisterReplicaResponse(
                 replica_id=r.replica_id,
@@ -218,7 +226,7 @@ def status_message(snap: dict) -> controller_pb2.ControllerStatus:
 
 
 def create_server(
-    config: AsyncRLConfig, run_dir: str | None = None, notify: WeightNotifier | None = None
+    config: AsyncRLConfig, run_dir: str | None = None, notify: WeightNotifier | None = None, probe=None
 ) -> tuple[grpc.Server, int]:
     """The controller's gRPC server, not started; the state is `server.controller_state` (see module doc)."""
     auth = resolve_auth(config.security)
@@ -227,6 +235,7 @@ def create_server(
     state = ControllerState(
         config.controller, config.learner.batch_size, events=events,
         notify=notify or functools.partial(grpc_update_weights, auth=auth),
+        probe=functools.partial(grpc_liveness_answer, auth=auth) if probe is None else probe,
         store=make_store(config), run_id=str(run_dir),
     )
     servicer = ControllerServicer(state)
@@ -271,7 +280,7 @@ def serve(config: AsyncRLConfig) -> None:
 # ---- validation and error translation ------------------------------------------------------------------
 
 
-ERRORS = (UnknownReplica, InvalidArgument, InvalidRequest, RegistryFull, PreconditionFailed)
+ERRORS = (UnknownReplica, InvalidArgument, InvalidRequest, RegistryFull, PreconditionFailed, ReplicaIdInUse)
 
 
 def _status(err: Exception) -> tuple[grpc.StatusCode, str]:
@@ -282,6 +291,8 @@ def _status(err: Exception) -> tuple[grpc.StatusCode, str]:
         return grpc.StatusCode.INVALID_ARGUMENT, str(err)
     if isinstance(err, RegistryFull):
         return grpc.StatusCode.RESOURCE_EXHAUSTED, str(err)
+    if isinstance(err, ReplicaIdInUse):
+        return grpc.StatusCode.ALREADY_EXISTS, str(err)
     return grpc.StatusCode.FAILED_PRECONDITION, str(err)
 
 

@@ -11,7 +11,7 @@ import threading
 import grpc
 from transformers import AutoConfig
 
-from asyncrl.core.auth import push_order_mac, resolve_auth
+from asyncrl.core.auth import liveness_mac, push_order_mac, resolve_auth
 from asyncrl.core.engines.factory import make_engine
 from asyncrl.core.grpc_util import abort_invalid, build_server, wait_for_channel, wait_until_stopped
 from asyncrl.core.metrics import serve_metrics
@@ -24,6 +24,7 @@ from asyncrl.v1 import controller_pb2_grpc, rollout_pb2, rollout_pb2_grpc
 
 log = logging.getLogger("asyncrl.rollout")
 SERVICE = "asyncrl.v1.Rollout"
+MAX_CHALLENGE = 64
 MIN_TEMPERATURE, MAX_TEMPERATURE = 1e-3, 100.0
 
 
@@ -101,12 +102,17 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServicer):
         ])
 
     def GetStatus(self, request, context):
+        if len(request.challenge) > MAX_CHALLENGE:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                          f"challenge: at most {MAX_CHALLENGE} bytes, got {len(request.challenge)}")
+        key = self.push_key() if self.push_key is not None else b""
         return rollout_pb2.RolloutStatus(
             replica_id=self.replica_id(),
             weight_version=self.engine.weight_version,
             engine=self.engine_type,
             groups_written=int(self.metrics.groups_written._value.get()),
             tokens_generated=int(self.metrics.tokens_generated._value.get()),
+            challenge_mac=liveness_mac(key, request.challenge) if key and request.challenge else b"",
         )
 
 

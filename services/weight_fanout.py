@@ -1,5 +1,6 @@
-"""The production `WeightNotifier` (`asyncrl.controller.push`): tell one replica over gRPC to join a push
-(`Rollout.UpdateWeights`). The controller's logic takes the notifier as a parameter, so its unit tests run
+"""The controller's gRPC client of the replicas: the production `WeightNotifier` (`asyncrl.controller.push`)
+that tells one replica to join a push (`Rollout.UpdateWeights`), and the liveness probe that asks the holder
+of a replica id to prove it is still there (`Rollout.GetStatus` with a challenge). The controller's logic takes the notifier as a parameter, so its unit tests run
 without a network; this is the gRPC client that `controller_service` hands it."""
 
 from __future__ import annotations
@@ -34,3 +35,15 @@ def grpc_update_weights(address: str, plan: PushPlan, rank: int, timeout_s: floa
             failure = ReceiverUnreachable if err.code() == grpc.StatusCode.UNAVAILABLE else UpdateWeightsFailed
             raise failure(message) from None
     return response.weight_version
+
+
+def grpc_liveness_answer(address: str, challenge: bytes, *, auth: Auth, timeout_s: float = 2.0) -> bytes:
+    """Ask the replica at `address` to answer `challenge` (`Rollout.GetStatus`); b"" when nothing answers in
+    time (the process is gone or hung) or it answers without a key."""
+    with channel(address, auth) as ch:
+        try:
+            status = rollout_pb2_grpc.RolloutStub(ch).GetStatus(rollout_pb2.RolloutStatusRequest(challenge=challenge),
+                                                                timeout=timeout_s)
+        except grpc.RpcError:
+            return b""
+    return status.challenge_mac

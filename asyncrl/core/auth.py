@@ -13,7 +13,8 @@ The guard answers, before the service sees anything:
 
 A replica takes a weight push only when its controller ordered it: registration hands the replica a fresh
 `push_key`, and every `Rollout.UpdateWeights` the controller sends carries `push_order_mac` of the order under
-that key (a caller with the token but not the key cannot replace a replica's weights).
+that key (a caller with the token but not the key cannot replace a replica's weights). The same key proves a
+registration's holder alive (`liveness_mac`): an id whose holder still answers cannot be registered again.
 """
 
 from __future__ import annotations
@@ -82,6 +83,12 @@ def push_order_mac(key: bytes, push_id: str, version: int, rank: int, world_size
     """The controller's signature on one push order for one replica (HMAC-SHA256 under its push key)."""
     order = f"{push_id}\n{version}\n{rank}\n{world_size}\n{store_address}\n{transport}".encode()
     return hmac.new(key, order, "sha256").digest()
+
+
+def liveness_mac(key: bytes, challenge: bytes) -> bytes:
+    """A replica's answer to the controller's liveness challenge (HMAC-SHA256 under its push key): only the
+    process holding the registration's key can give it."""
+    return hmac.new(key, b"alive\n" + challenge, "sha256").digest()
 
 
 def resolve_auth(security) -> Auth:

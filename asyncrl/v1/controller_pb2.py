@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from asyncrl.v1 import weights_pb2 as asyncrl_dot_v1_dot_weights__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1b\x61syncrl/v1/controller.proto\x12\nasyncrl.v1\x1a\x18\x61syncrl/v1/weights.proto\"e\n\x16RegisterReplicaRequest\x12\x0f\n\x07\x61\x64\x64ress\x18\x01 \x01(\t\x12\x12\n\nreplica_id\x18\x02 \x01(\t\x12\x16\n\x0eweight_version\x18\x03 \x01(\x03\x12\x0e\n\x06\x65ngine\x18\x04 \x01(\t\"\x8a\x01\n\x17RegisterReplicaResponse\x12\x12\n\nreplica_id\x18\x01 \x01(\t\x12\x17\n\x0f\x63urrent_version\x18\x02 \x01(\x03\x12\x12\n\nneeds_sync\x18\x03 \x01(\x08\x12\x1c\n\x14heartbeat_interval_s\x18\x04 \x01(\x01\x12\x10\n\x08push_key\x18\x05 \x01(\x0c\"k\n\x10HeartbeatRequest\x12\x12\n\nreplica_id\x18\x01 \x01(\t\x12\x16\n\x0eweight_version\x18\x02 \x01(\x03\x12+\n\x0bheld_leases\x18\x03 \x01(\x0b\x32\x16.asyncrl.v1.HeldLeases\"\x1f\n\nHeldLeases\x12\x11\n\tlease_ids\x18\x01 \x03(\t\"@\n\x11HeartbeatResponse\x12\x17\n\x0f\x63urrent_version\x18\x01 \x01(\x03\x12\x12\n\nneeds_sync\x18\x02 \x01(\x08\"S\n\x13\x41\x63quireLeaseRequest\x12\x12\n\nreplica_id\x18\x01 \x01(\t\x12\x18\n\x10num_trajectories\x18\x02 \x01(\x05\x12\x0e\n\x06wait_s\x18\x03 \x01(\x01\"\x88\x01\n\x14\x41\x63quireLeaseResponse\x12\x0f\n\x07granted\x18\x01 \x01(\x08\x12\x10\n\x08lease_id\x18\x02 \x01(\t\x12\x14\n\x0cprompt_index\x18\x03 \x01(\x03\x12\x0f\n\x07version\x18\x04 \x01(\x03\x12\x0e\n\x06reason\x18\x05 \x01(\t\x12\x16\n\x0e\x65xpires_unix_s\x18\x06 \x01(\x01\"Q\n\x14\x43ompleteLeaseRequest\x12\x12\n\nreplica_id\x18\x01 \x01(\t\x12\x10\n\x08lease_id\x18\x02 \x01(\t\x12\x13\n\x0bnum_written\x18\x03 \x01(\x05\"\x17\n\x15\x43ompleteLeaseResponse\"\xbd\x01\n\x16\x42\x65ginWeightPushRequest\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x15\n\rstore_address\x18\x02 \x01(\t\x12\x11\n\ttransport\x18\x03 \x01(\t\x12\'\n\x07tensors\x18\x04 \x03(\x0b\x32\x16.asyncrl.v1.TensorSpec\x12\x14\n\x0c\x62ucket_bytes\x18\x05 \x01(\x03\x12\x11\n\ttimeout_s\x18\x06 \x01(\x01\x12\x16\n\x0ejoin_timeout_s\x18\x07 \x01(\x01\"V\n\x17\x42\x65ginWeightPushResponse\x12(\n\x04plan\x18\x01 \x01(\x0b\x32\x1a.asyncrl.v1.WeightPushPlan\x12\x11\n\treceivers\x18\x02 \x03(\t\"L\n\x17\x43ommitWeightPushRequest\x12\x0f\n\x07push_id\x18\x01 \x01(\t\x12\x11\n\tsender_ok\x18\x02 \x01(\x08\x12\r\n\x05\x65rror\x18\x03 \x01(\t\"f\n\x18\x43ommitWeightPushResponse\x12\x11\n\tcommitted\x18\x01 \x01(\x08\x12\x17\n\x0f\x63urrent_version\x18\x02 \x01(\x03\x12\r\n\x05\x61\x63ked\x18\x03 \x03(\t\x12\x0f\n\x07\x64ropped\x18\x04 \x03(\t\"J\n\x17LearnerHeartbeatRequest\x12\x0c\n\x04step\x18\x01 \x01(\x03\x12\x0f\n\x07version\x18\x02 \x01(\x03\x12\x10\n\x08\x63onsumed\x18\x03 \x01(\x03\"K\n\x18LearnerHeartbeatResponse\x12\x16\n\x0esync_requested\x18\x01 \x01(\x08\x12\x17\n\x0f\x63urrent_version\x18\x02 \x01(\x03\"\x12\n\x10GetStatusRequest\"\xb4\x01\n\rReplicaStatus\x12\x12\n\nreplica_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x16\n\x0eweight_version\x18\x03 \x01(\x03\x12\r\n\x05\x61live\x18\x04 \x01(\x08\x12\x12\n\nneeds_sync\x18\x05 \x01(\x08\x12\x15\n\ractive_leases\x18\x06 \x01(\x05\x12\x1c\n\x14last_heartbeat_age_s\x18\x07 \x01(\x01\x12\x0e\n\x06\x65ngine\x18\x08 \x01(\t\"\xd4\x01\n\x10\x43ontrollerStatus\x12\x17\n\x0f\x63urrent_version\x18\x01 \x01(\x03\x12\x10\n\x08\x61\x64mitted\x18\x02 \x01(\x03\x12\x12\n\nbatch_size\x18\x03 \x01(\x03\x12\x0b\n\x03\x65ta\x18\x04 \x01(\x03\x12\x15\n\rheld_requests\x18\x05 \x01(\x03\x12+\n\x08replicas\x18\x06 \x03(\x0b\x32\x19.asyncrl.v1.ReplicaStatus\x12\x18\n\x10pushes_committed\x18\x07 \x01(\x03\x12\x16\n\x0eleases_expired\x18\x08 \x01(\x03\x32\xbe\x05\n\nController\x12Z\n\x0fRegisterReplica\x12\".asyncrl.v1.RegisterReplicaRequest\x1a#.asyncrl.v1.RegisterReplicaResponse\x12H\n\tHeartbeat\x12\x1c.asyncrl.v1.HeartbeatRequest\x1a\x1d.asyncrl.v1.HeartbeatResponse\x12Q\n\x0c\x41\x63quireLease\x12\x1f.asyncrl.v1.AcquireLeaseRequest\x1a .asyncrl.v1.AcquireLeaseResponse\x12T\n\rCompleteLease\x12 .asyncrl.v1.CompleteLeaseRequest\x1a!.asyncrl.v1.CompleteLeaseResponse\x12Z\n\x0f\x42\x65ginWeightPush\x12\".asyncrl.v1.BeginWeightPushRequest\x1a#.asyncrl.v1.BeginWeightPushResponse\x12]\n\x10\x43ommitWeightPush\x12#.asyncrl.v1.CommitWeightPushRequest\x1a$.asyncrl.v1.CommitWeightPushResponse\x12]\n\x10LearnerHeartbeat\x12#.asyncrl.v1.LearnerHeartbeatRequest\x1a$.asyncrl.v1.LearnerHeartbeatResponse\x12G\n\tGetStatus\x12\x1c.asyncrl.v1.GetStatusRequest\x1a\x1c.asyncrl.v1.ControllerStatusb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1b\x61syncrl/v1/controller.proto\x12\nasyncrl.v1\x1a\x18\x61syncrl/v1/weights.proto\"w\n\x16RegisterReplicaRequest\x12\x0f\n\x07\x61\x64\x64ress\x18\x01 \x01(\t\x12\x12\n\nreplica_id\x18\x02 \x01(\t\x12\x16\n\x0eweight_version\x18\x03 \x01(\x03\x12\x0e\n\x06\x65ngine\x18\x04 \x01(\t\x12\x10\n\x08push_key\x18\x05 \x01(\x0c\"\x8a\x01\n\x17RegisterReplicaResponse\x12\x12\n\nreplica_id\x18\x01 \x01(\t\x12\x17\n\x0f\x63urrent_version\x18\x02 \x01(\x03\x12\x12\n\nneeds_sync\x18\x03 \x01(\x08\x12\x1c\n\x14heartbeat_interval_s\x18\x04 \x01(\x01\x12\x10\n\x08push_key\x18\x05 \x01(\x0c\"k\n\x10HeartbeatRequest\x12\x12\n\nreplica_id\x18\x01 \x01(\t\x12\x16\n\x0eweight_version\x18\x02 \x01(\x03\x12+\n\x0bheld_leases\x18\x03 \x01(\x0b\x32\x16.asyncrl.v1.HeldLeases\"\x1f\n\nHeldLeases\x12\x11\n\tlease_ids\x18\x01 \x03(\t\"@\n\x11HeartbeatResponse\x12\x17\n\x0f\x63urrent_version\x18\x01 \x01(\x03\x12\x12\n\nneeds_sync\x18\x02 \x01(\x08\"S\n\x13\x41\x63quireLeaseRequest\x12\x12\n\nreplica_id\x18\x01 \x01(\t\x12\x18\n\x10num_trajectories\x18\x02 \x01(\x05\x12\x0e\n\x06wait_s\x18\x03 \x01(\x01\"\x88\x01\n\x14\x41\x63quireLeaseResponse\x12\x0f\n\x07granted\x18\x01 \x01(\x08\x12\x10\n\x08lease_id\x18\x02 \x01(\t\x12\x14\n\x0cprompt_index\x18\x03 \x01(\x03\x12\x0f\n\x07version\x18\x04 \x01(\x03\x12\x0e\n\x06reason\x18\x05 \x01(\t\x12\x16\n\x0e\x65xpires_unix_s\x18\x06 \x01(\x01\"Q\n\x14\x43ompleteLeaseRequest\x12\x12\n\nreplica_id\x18\x01 \x01(\t\x12\x10\n\x08lease_id\x18\x02 \x01(\t\x12\x13\n\x0bnum_written\x18\x03 \x01(\x05\"\x17\n\x15\x43ompleteLeaseResponse\"\xbd\x01\n\x16\x42\x65ginWeightPushRequest\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x15\n\rstore_address\x18\x02 \x01(\t\x12\x11\n\ttransport\x18\x03 \x01(\t\x12\'\n\x07tensors\x18\x04 \x03(\x0b\x32\x16.asyncrl.v1.TensorSpec\x12\x14\n\x0c\x62ucket_bytes\x18\x05 \x01(\x03\x12\x11\n\ttimeout_s\x18\x06 \x01(\x01\x12\x16\n\x0ejoin_timeout_s\x18\x07 \x01(\x01\"V\n\x17\x42\x65ginWeightPushResponse\x12(\n\x04plan\x18\x01 \x01(\x0b\x32\x1a.asyncrl.v1.WeightPushPlan\x12\x11\n\treceivers\x18\x02 \x03(\t\"L\n\x17\x43ommitWeightPushRequest\x12\x0f\n\x07push_id\x18\x01 \x01(\t\x12\x11\n\tsender_ok\x18\x02 \x01(\x08\x12\r\n\x05\x65rror\x18\x03 \x01(\t\"f\n\x18\x43ommitWeightPushResponse\x12\x11\n\tcommitted\x18\x01 \x01(\x08\x12\x17\n\x0f\x63urrent_version\x18\x02 \x01(\x03\x12\r\n\x05\x61\x63ked\x18\x03 \x03(\t\x12\x0f\n\x07\x64ropped\x18\x04 \x03(\t\"J\n\x17LearnerHeartbeatRequest\x12\x0c\n\x04step\x18\x01 \x01(\x03\x12\x0f\n\x07version\x18\x02 \x01(\x03\x12\x10\n\x08\x63onsumed\x18\x03 \x01(\x03\"K\n\x18LearnerHeartbeatResponse\x12\x16\n\x0esync_requested\x18\x01 \x01(\x08\x12\x17\n\x0f\x63urrent_version\x18\x02 \x01(\x03\"\x12\n\x10GetStatusRequest\"\xb4\x01\n\rReplicaStatus\x12\x12\n\nreplica_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x16\n\x0eweight_version\x18\x03 \x01(\x03\x12\r\n\x05\x61live\x18\x04 \x01(\x08\x12\x12\n\nneeds_sync\x18\x05 \x01(\x08\x12\x15\n\ractive_leases\x18\x06 \x01(\x05\x12\x1c\n\x14last_heartbeat_age_s\x18\x07 \x01(\x01\x12\x0e\n\x06\x65ngine\x18\x08 \x01(\t\"\xd4\x01\n\x10\x43ontrollerStatus\x12\x17\n\x0f\x63urrent_version\x18\x01 \x01(\x03\x12\x10\n\x08\x61\x64mitted\x18\x02 \x01(\x03\x12\x12\n\nbatch_size\x18\x03 \x01(\x03\x12\x0b\n\x03\x65ta\x18\x04 \x01(\x03\x12\x15\n\rheld_requests\x18\x05 \x01(\x03\x12+\n\x08replicas\x18\x06 \x03(\x0b\x32\x19.asyncrl.v1.ReplicaStatus\x12\x18\n\x10pushes_committed\x18\x07 \x01(\x03\x12\x16\n\x0eleases_expired\x18\x08 \x01(\x03\x32\xbe\x05\n\nController\x12Z\n\x0fRegisterReplica\x12\".asyncrl.v1.RegisterReplicaRequest\x1a#.asyncrl.v1.RegisterReplicaResponse\x12H\n\tHeartbeat\x12\x1c.asyncrl.v1.HeartbeatRequest\x1a\x1d.asyncrl.v1.HeartbeatResponse\x12Q\n\x0c\x41\x63quireLease\x12\x1f.asyncrl.v1.AcquireLeaseRequest\x1a .asyncrl.v1.AcquireLeaseResponse\x12T\n\rCompleteLease\x12 .asyncrl.v1.CompleteLeaseRequest\x1a!.asyncrl.v1.CompleteLeaseResponse\x12Z\n\x0f\x42\x65ginWeightPush\x12\".asyncrl.v1.BeginWeightPushRequest\x1a#.asyncrl.v1.BeginWeightPushResponse\x12]\n\x10\x43ommitWeightPush\x12#.asyncrl.v1.CommitWeightPushRequest\x1a$.asyncrl.v1.CommitWeightPushResponse\x12]\n\x10LearnerHeartbeat\x12#.asyncrl.v1.LearnerHeartbeatRequest\x1a$.asyncrl.v1.LearnerHeartbeatResponse\x12G\n\tGetStatus\x12\x1c.asyncrl.v1.GetStatusRequest\x1a\x1c.asyncrl.v1.ControllerStatusb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,41 +33,41 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'asyncrl.v1.controller_pb2',
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_REGISTERREPLICAREQUEST']._serialized_start=69
-  _globals['_REGISTERREPLICAREQUEST']._serialized_end=170
-  _globals['_REGISTERREPLICARESPONSE']._serialized_start=173
-  _globals['_REGISTERREPLICARESPONSE']._serialized_end=311
-  _globals['_HEARTBEATREQUEST']._serialized_start=313
-  _globals['_HEARTBEATREQUEST']._serialized_end=420
-  _globals['_HELDLEASES']._serialized_start=422
-  _globals['_HELDLEASES']._serialized_end=453
-  _globals['_HEARTBEATRESPONSE']._serialized_start=455
-  _globals['_HEARTBEATRESPONSE']._serialized_end=519
-  _globals['_ACQUIRELEASEREQUEST']._serialized_start=521
-  _globals['_ACQUIRELEASEREQUEST']._serialized_end=604
-  _globals['_ACQUIRELEASERESPONSE']._serialized_start=607
-  _globals['_ACQUIRELEASERESPONSE']._serialized_end=743
-  _globals['_COMPLETELEASEREQUEST']._serialized_start=745
-  _globals['_COMPLETELEASEREQUEST']._serialized_end=826
-  _globals['_COMPLETELEASERESPONSE']._serialized_start=828
-  _globals['_COMPLETELEASERESPONSE']._serialized_end=851
-  _globals['_BEGINWEIGHTPUSHREQUEST']._serialized_start=854
-  _globals['_BEGINWEIGHTPUSHREQUEST']._serialized_end=1043
-  _globals['_BEGINWEIGHTPUSHRESPONSE']._serialized_start=1045
-  _globals['_BEGINWEIGHTPUSHRESPONSE']._serialized_end=1131
-  _globals['_COMMITWEIGHTPUSHREQUEST']._serialized_start=1133
-  _globals['_COMMITWEIGHTPUSHREQUEST']._serialized_end=1209
-  _globals['_COMMITWEIGHTPUSHRESPONSE']._serialized_start=1211
-  _globals['_COMMITWEIGHTPUSHRESPONSE']._serialized_end=1313
-  _globals['_LEARNERHEARTBEATREQUEST']._serialized_start=1315
-  _globals['_LEARNERHEARTBEATREQUEST']._serialized_end=1389
-  _globals['_LEARNERHEARTBEATRESPONSE']._serialized_start=1391
-  _globals['_LEARNERHEARTBEATRESPONSE']._serialized_end=1466
-  _globals['_GETSTATUSREQUEST']._serialized_start=1468
-  _globals['_GETSTATUSREQUEST']._serialized_end=1486
-  _globals['_REPLICASTATUS']._serialized_start=1489
-  _globals['_REPLICASTATUS']._serialized_end=1669
-  _globals['_CONTROLLERSTATUS']._serialized_start=1672
-  _globals['_CONTROLLERSTATUS']._serialized_end=1884
-  _globals['_CONTROLLER']._serialized_start=1887
-  _globals['_CONTROLLER']._serialized_end=2589
+  _globals['_REGISTERREPLICAREQUEST']._serialized_end=188
+  _globals['_REGISTERREPLICARESPONSE']._serialized_start=191
+  _globals['_REGISTERREPLICARESPONSE']._serialized_end=329
+  _globals['_HEARTBEATREQUEST']._serialized_start=331
+  _globals['_HEARTBEATREQUEST']._serialized_end=438
+  _globals['_HELDLEASES']._serialized_start=440
+  _globals['_HELDLEASES']._serialized_end=471
+  _globals['_HEARTBEATRESPONSE']._serialized_start=473
+  _globals['_HEARTBEATRESPONSE']._serialized_end=537
+  _globals['_ACQUIRELEASEREQUEST']._serialized_start=539
+  _globals['_ACQUIRELEASEREQUEST']._serialized_end=622
+  _globals['_ACQUIRELEASERESPONSE']._serialized_start=625
+  _globals['_ACQUIRELEASERESPONSE']._serialized_end=761
+  _globals['_COMPLETELEASEREQUEST']._serialized_start=763
+  _globals['_COMPLETELEASEREQUEST']._serialized_end=844
+  _globals['_COMPLETELEASERESPONSE']._serialized_start=846
+  _globals['_COMPLETELEASERESPONSE']._serialized_end=869
+  _globals['_BEGINWEIGHTPUSHREQUEST']._serialized_start=872
+  _globals['_BEGINWEIGHTPUSHREQUEST']._serialized_end=1061
+  _globals['_BEGINWEIGHTPUSHRESPONSE']._serialized_start=1063
+  _globals['_BEGINWEIGHTPUSHRESPONSE']._serialized_end=1149
+  _globals['_COMMITWEIGHTPUSHREQUEST']._serialized_start=1151
+  _globals['_COMMITWEIGHTPUSHREQUEST']._serialized_end=1227
+  _globals['_COMMITWEIGHTPUSHRESPONSE']._serialized_start=1229
+  _globals['_COMMITWEIGHTPUSHRESPONSE']._serialized_end=1331
+  _globals['_LEARNERHEARTBEATREQUEST']._serialized_start=1333
+  _globals['_LEARNERHEARTBEATREQUEST']._serialized_end=1407
+  _globals['_LEARNERHEARTBEATRESPONSE']._serialized_start=1409
+  _globals['_LEARNERHEARTBEATRESPONSE']._serialized_end=1484
+  _globals['_GETSTATUSREQUEST']._serialized_start=1486
+  _globals['_GETSTATUSREQUEST']._serialized_end=1504
+  _globals['_REPLICASTATUS']._serialized_start=1507
+  _globals['_REPLICASTATUS']._serialized_end=1687
+  _globals['_CONTROLLERSTATUS']._serialized_start=1690
+  _globals['_CONTROLLERSTATUS']._serialized_end=1902
+  _globals['_CONTROLLER']._serialized_start=1905
+  _globals['_CONTROLLER']._serialized_end=2607
 # @@protoc_insertion_point(module_scope)

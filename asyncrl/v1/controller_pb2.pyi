@@ -8,16 +8,18 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class RegisterReplicaRequest(_message.Message):
-    __slots__ = ("address", "replica_id", "weight_version", "engine")
+    __slots__ = ("address", "replica_id", "weight_version", "engine", "push_key")
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
     WEIGHT_VERSION_FIELD_NUMBER: _ClassVar[int]
     ENGINE_FIELD_NUMBER: _ClassVar[int]
+    PUSH_KEY_FIELD_NUMBER: _ClassVar[int]
     address: str
     replica_id: str
     weight_version: int
     engine: str
-    def __init__(self, address: _Optional[str] = ..., replica_id: _Optional[str] = ..., weight_version: _Optional[int] = ..., engine: _Optional[str] = ...) -> None: ...
+    push_key: bytes
+    def __init__(self, address: _Optional[str] = ..., replica_id: _Optional[str] = ..., weight_version: _Optional[int] = ..., engine: _Optional[str] = ..., push_key: _Optional[bytes] = ...) -> None: ...
 
 class RegisterReplicaResponse(_message.Message):
     __slots__ = ("replica_id", "current_version", "needs_sync", "heartbeat_interval_s", "push_key")

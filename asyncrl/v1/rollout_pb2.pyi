@@ -62,19 +62,23 @@ class GenerateResponse(_message.Message):
     def __init__(self, sequences: _Optional[_Iterable[_Union[GeneratedSequence, _Mapping]]] = ...) -> None: ...
 
 class RolloutStatusRequest(_message.Message):
-    __slots__ = ()
-    def __init__(self) -> None: ...
+    __slots__ = ("challenge",)
+    CHALLENGE_FIELD_NUMBER: _ClassVar[int]
+    challenge: bytes
+    def __init__(self, challenge: _Optional[bytes] = ...) -> None: ...
 
 class RolloutStatus(_message.Message):
-    __slots__ = ("replica_id", "weight_version", "engine", "groups_written", "tokens_generated")
+    __slots__ = ("replica_id", "weight_version", "engine", "groups_written", "tokens_generated", "challenge_mac")
     REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
     WEIGHT_VERSION_FIELD_NUMBER: _ClassVar[int]
     ENGINE_FIELD_NUMBER: _ClassVar[int]
     GROUPS_WRITTEN_FIELD_NUMBER: _ClassVar[int]
     TOKENS_GENERATED_FIELD_NUMBER: _ClassVar[int]
+    CHALLENGE_MAC_FIELD_NUMBER: _ClassVar[int]
     replica_id: str
     weight_version: int
     engine: str
     groups_written: int
     tokens_generated: int
-    def __init__(self, replica_id: _Optional[str] = ..., weight_version: _Optional[int] = ..., engine: _Optional[str] = ..., groups_written: _Optional[int] = ..., tokens_generated: _Optional[int] = ...) -> None: ...
+    challenge_mac: bytes
+    def __init__(self, replica_id: _Optional[str] = ..., weight_version: _Optional[int] = ..., engine: _Optional[str] = ..., groups_written: _Optional[int] = ..., tokens_generated: _Optional[int] = ..., challenge_mac: _Optional[bytes] = ...) -> None: ...

@@ -88,3 +88,40 @@ def test_a_service_without_a_token_refuses_to_start(tiny_model_dir, monkeypatch)
     config.security.insecure = True
     server, _port = learner_service.create_server(config)
     server.stop(0)
+
+
+def test_a_live_replica_id_cannot_be_taken_over(tiny_model_dir, tmp_path):
+    """RegisterReplica under the id of a live replica (which proves it holds the registration's key through
+    Rollout.GetStatus) answers ALREADY_EXISTS; once that replica is gone, its id can be registered again (a
+    restart)."""
+    from asyncrl.core.grpc_util import channel
+    from asyncrl.v1 import controller_pb2_grpc
+
+    config = local_config(tiny_model_dir)
+    config.controller.port = 0
+    ctl, ctl_port = controller_service.create_server(config, run_dir=str(tmp_path))
+    key = []
+    replica, replica_port = rollout_service.create_server(config, push_key=lambda: key[0] if key else b"")
+    ctl.start()
+    replica.start()
+    try:
+        with channel(f"127.0.0.1:{ctl_port}", TEST_AUTH) as ch:
+            stub = controller_pb2_grpc.ControllerStub(ch)
+
+            def register(address):
+                return stub.RegisterReplica(controller_pb2.RegisterReplicaRequest(
+                    address=address, replica_id="replica-x", weight_version=0, engine="torch"), timeout=10)
+
+            key.append(register(f"127.0.0.1:{replica_port}").push_key)
+            with pytest.raises(grpc.RpcError) as info:
+                register("127.0.0.1:6666")
+            assert info.value.code() == grpc.StatusCode.ALREADY_EXISTS
+            assert info.value.details().startswith("replica_id:")
+            status = stub.GetStatus(controller_pb2.GetStatusRequest(), timeout=10)
+            assert [r.address for r in status.replicas] == [f"127.0.0.1:{replica_port}"]
+            replica.stop(0).wait()  # the holder is gone: its id is free for its restarted process
+            assert register("127.0.0.1:6667").replica_id == "replica-x"
+    finally:
+        replica.stop(0).wait()
+        ctl.stop(0).wait()
+        ctl.controller_state.close()

@@ -106,3 +106,57 @@ def test_dead_replicas_are_forgotten_and_the_registry_is_bounded():
     with pytest.raises(UnknownReplica):
         state.heartbeat("a", 0)  # told NOT_FOUND at the edge: it registers again
     state.register("127.0.0.1:7003", "c", 0, "torch")  # room again
+
+
+def _state_with_probe(answers):
+    """A state whose liveness probe answers from `answers` (address -> callable(challenge) -> bytes)."""
+    from asyncrl.controller.state import ControllerState
+    from asyncrl.core.config import ControllerConfig
+    from tests.fakes import FakeClock, FakeNotifier
+
+    calls = []
+
+    def probe(address, challenge):
+        calls.append(address)
+        return answers.get(address, lambda _c: b"")(challenge)
+
+    state = ControllerState(ControllerConfig(eta=0), 8, notify=FakeNotifier(), probe=probe, clock=FakeClock())
+    return state, calls
+
+
+def test_a_live_holder_that_proves_its_key_keeps_its_id():
+    from asyncrl.controller.errors import ReplicaIdInUse
+    from asyncrl.core.auth import liveness_mac
+
+    answers = {}
+    state, calls = _state_with_probe(answers)
+    first = state.register("127.0.0.1:7001", "a", 0, "torch")
+    answers["127.0.0.1:7001"] = lambda challenge: liveness_mac(first.push_key, challenge)
+    with pytest.raises(ReplicaIdInUse, match="replica_id: 'a' is registered by a live replica at 127.0.0.1:7001"):
+        state.register("10.0.0.66:6666", "a", 0, "torch")
+    assert calls == ["127.0.0.1:7001"]
+    assert state.snapshot()["replicas"][0]["address"] == "127.0.0.1:7001"  # pushes still go to the holder
+
+
+def test_an_id_whose_holder_is_gone_or_cannot_prove_it_is_taken_over():
+    from asyncrl.core.auth import liveness_mac
+
+    answers = {"127.0.0.1:7001": lambda challenge: liveness_mac(b"some other key", challenge)}
+    state, calls = _state_with_probe(answers)
+    first = state.register("127.0.0.1:7001", "a", 0, "torch")
+    second = state.register("127.0.0.1:7002", "a", 0, "torch")  # a restart: the old process has another key
+    assert second.push_key != first.push_key and calls == ["127.0.0.1:7001"]
+    third = state.register("127.0.0.1:7003", "a", 0, "torch")  # nothing answers at 7002 (a dead process)
+    assert third.push_key != second.push_key and calls[-1] == "127.0.0.1:7002"
+    assert state.snapshot()["replicas"][0]["address"] == "127.0.0.1:7003"
+
+
+def test_the_holder_itself_may_register_again_with_its_key():
+    from asyncrl.core.auth import liveness_mac
+
+    answers = {}
+    state, calls = _state_with_probe(answers)
+    first = state.register("127.0.0.1:7001", "a", 0, "torch")
+    answers["127.0.0.1:7001"] = lambda challenge: liveness_mac(first.push_key, challenge)
+    again = state.register("127.0.0.1:7001", "a", 0, "torch", push_key=first.push_key)
+    assert again.replica_id == "a" and again.push_key != first.push_key and calls == []
