@@ -109,6 +109,19 @@ class LeaseBook:
             self._end(lease, f"expired: {why}", lease.num_trajectories)
         return leases
 
+    def expire_all(self, why: str) -> list[Lease]:
+        """Expire every active lease (a timeline reset); returns them."""
+        leases = list(self._active.values())
+        for lease in leases:
+            self._end(lease, f"expired: {why}", lease.num_trajectories)
+        return leases
+
+    def restart_counts(self, admitted: int, next_prompt_index: int) -> int:
+        """A new timeline's N_r; the prompt cursor never moves back (lost prompts are skipped). Returns it."""
+        self.admitted = admitted
+        self.next_prompt_index = max(self.next_prompt_index, next_prompt_index)
+        return self.next_prompt_index
+
     def restore(self, admitted: int, next_prompt_index: int, granted_total: int, expired_total: int,
                 leases: list[Lease]) -> None:
         """Continue a saved book (a controller restart): its counters and its active leases."""

@@ -20,6 +20,9 @@ import json
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 
+from asyncrl.controller.leases import Lease
+from asyncrl.controller.registry import Replica
+
 
 @dataclass
 class SavedLease:
@@ -53,6 +56,12 @@ class SavedState:
     pushes_committed: int = 0
     leases: list[SavedLease] = field(default_factory=list)
     replicas: list[SavedReplica] = field(default_factory=list)
+
+
+    def summary(self) -> dict:
+        return {"version": self.current_version, "admitted": self.admitted,
+                "next_prompt_index": self.next_prompt_index, "leases": len(self.leases),
+                "replicas": len(self.replicas)}
 
 
 @dataclass
@@ -190,6 +199,17 @@ class StateWriter:
             leases=[SavedLease(x.lease_id, x.replica_id, x.num_trajectories, x.prompt_index, x.version) for x in new],
         ))  # fmt: skip
         self._meta, self._leases, self._replicas = dict(meta), set(active_leases), saved
+
+
+def restore_books(saved: SavedState, leases, registry, now: float, lease_ttl_s: float) -> None:
+    """Put the saved leases and replicas back into a `LeaseBook` and a `ReplicaRegistry`: every replica as
+    just heard from, every lease with a fresh TTL (monotonic clocks do not survive a process)."""
+    leases.restore(saved.admitted, saved.next_prompt_index, saved.granted_total, saved.expired_total,
+                   [Lease(x.lease_id, x.replica_id, x.num_trajectories, x.prompt_index, x.version, granted_at=now,
+                          expires_at=now + lease_ttl_s) for x in saved.leases])  # fmt: skip
+    for r in saved.replicas:
+        registry.restore(Replica(r.replica_id, r.address, r.weight_version, r.engine, registered_at=now,
+                                 last_heartbeat=now, push_key=r.push_key, force_sync=r.force_sync))
 
 
 def _state(meta: dict, leases: list[SavedLease], replicas: list[SavedReplica]) -> SavedState:

@@ -59,3 +59,12 @@ class LearnerReport:
     consumed: int
     at: float
     """State clock time of the heartbeat."""
+
+
+@dataclass(frozen=True)
+class TimelineReset:
+    """Answer to a timeline reset."""
+
+    current_version: int
+    leases_expired: int
+    prompt_index: int

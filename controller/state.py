@@ -2,9 +2,10 @@
 
 One lock, one condition variable (`_cond`) over it. Every operation takes the lock, lazily reaps what is
 due (dead replicas, expired leases) so correctness never depends on the reaper thread's timing, mutates,
-writes its event records and updates the gauges. Held `AcquireLease` calls wait on `_cond`; everything that
-can make a held request admissible calls `notify_all`: returned quota (partial completion, expiry), a
-committed version, a replica becoming synced. Pushes are opened, settled and aborted by the
+writes its event records, saves what changed to its store (`controller.persistence`: a restarted controller
+continues from it) and updates the gauges. Leases are granted, held and taken back by the `Admission` part
+(`controller.admission`); everything that can make a held request admissible wakes the held ones: returned
+quota (partial completion, expiry), a committed version, a replica becoming synced. Pushes are opened, settled and aborted by the
 `PushCoordinator` (`controller.push`) under this lock; its fan-out runs on its own threads and the commit
 waits for the acks *outside* the lock. The policy version is this object's: a push only reports it.
 
@@ -20,11 +21,12 @@ import threading
 import time
 
 from asyncrl.controller import staleness
+from asyncrl.controller.admission import Admission
 from asyncrl.controller.controller_metrics import ControllerMetrics
-from asyncrl.controller.errors import InvalidRequest, ReplicaIdInUse
+from asyncrl.controller.errors import PreconditionFailed, ReplicaIdInUse
 from asyncrl.controller.event_records import EventSink, NoEvents
 from asyncrl.controller.leases import Lease, LeaseBook
-from asyncrl.controller.persistence import ControllerStore, NoStore, SavedState, StateWriter
+from asyncrl.controller.persistence import ControllerStore, NoStore, SavedState, StateWriter, restore_books
 from asyncrl.controller.push import NEW, Outcome, PushCoordinator, PushOffer, PushSession, WeightNotifier
 from asyncrl.controller.reaper import Reaper
 from asyncrl.controller.registry import Replica, ReplicaRegistry
@@ -32,9 +34,9 @@ from asyncrl.controller.results import (
     CommitResult,
     LearnerPulse,
     LearnerReport,
-    LeaseDecision,
     Registration,
     ReplicaPulse,
+    TimelineReset,
 )
 from asyncrl.core.auth import liveness_mac
 from asyncrl.core.config import ControllerConfig
@@ -48,12 +50,8 @@ class StateOfAnotherRun(ConfigError):
 _REPLICA_SCAN_S = 0.1
 """Lazy reaping looks for dead replicas at most this often (seconds of the state's clock)."""
 
-# A held request re-checks at least this often, so an expiry found by lazy reaping (no reaper thread in
-# unit tests) still releases it.
-_HOLD_POLL_S = 0.25
 
-
-class ControllerState:
+class ControllerState(Admission):
     def __init__(
         self,
         config: ControllerConfig,
@@ -163,75 +161,6 @@ class ControllerState:
             self._changed(wake=revived or lagged != needs_sync, replicas=replica.weight_version != reported)
             return ReplicaPulse(self._current_version, needs_sync)
 
-    # ---- leases ---------------------------------------------------------------------------------------
-
-    def acquire(self, replica_id: str, num_trajectories: int, wait_s: float) -> LeaseDecision:
-        """Grant a lease now, or hold (this thread) up to min(wait_s, max_hold_s) until it becomes admissible.
-        The gRPC edge holds without a thread: `try_acquire` on every wake-up (`add_waker`)."""
-        started = time.monotonic()
-        deadline = started + self.hold_limit(wait_s)
-        held = False
-        with self._cond:
-            replica = self._registry.get(replica_id)
-            try:
-                self._reap_locked()
-                self._touch(replica)
-                while True:
-                    decision = self._decide(replica, num_trajectories, started, time.monotonic() >= deadline)
-                    if decision is not None:
-                        return decision
-                    if not held:
-                        held = True
-                        self._count_held(+1)
-                    self._cond.wait(min(deadline - time.monotonic(), _HOLD_POLL_S))
-                    self._touch(replica)  # a replica waiting in AcquireLease is evidently alive
-                    self._reap_locked()
-            finally:
-                if held:
-                    self._count_held(-1)
-                self.metrics.lease_hold_seconds.observe(time.monotonic() - started)
-
-    def try_acquire(self, replica_id: str, num_trajectories: int, started: float, final: bool) -> LeaseDecision | None:
-        """One look at a lease request, never waiting: a grant; a refusal with its reason when `final`; else None
-        (the caller holds the request and asks again when woken). `started`: when the request arrived
-        (time.monotonic), for the hold time."""
-        with self._cond:
-            replica = self._registry.get(replica_id)
-            self._reap_locked()
-            self._touch(replica)  # a replica waiting in AcquireLease is evidently alive
-            return self._decide(replica, num_trajectories, started, final)
-
-    def hold_limit(self, wait_s: float) -> float:
-        """How long a request asking to wait `wait_s` is held at most."""
-        return min(max(wait_s, 0.0), self.config.max_hold_s)
-
-    def holding(self, started: float | None) -> None:
-        """Count a request the caller starts holding (`started` None) or stopped holding (when it arrived)."""
-        with self._cond:
-            self._count_held(+1 if started is None else -1)
-        if started is not None:
-            self.metrics.lease_hold_seconds.observe(time.monotonic() - started)
-
-    def add_waker(self, wake) -> None:
-        """Call `wake()` (from any thread, under the lock: it must only schedule) whenever a held request may
-        have become admissible."""
-        with self._cond:
-            self._wakers.append(wake)
-
-    def complete(self, replica_id: str, lease_id: str, num_written: int) -> int:
-        """Close a lease; the unwritten part of its quota returns. Returns the quota returned."""
-        with self._cond:
-            replica = self._registry.get(replica_id)
-            self._reap_locked()  # first: a lease past its expiry is expired, whatever the reaper's timing
-            self._touch(replica)
-            lease, returned = self._leases.complete(replica_id, lease_id, num_written)
-            self.events.write(
-                "lease_completed", lease_id=lease_id, replica_id=replica_id, n=lease.num_trajectories,
-                num_written=num_written, returned=returned, admitted_after=self._leases.admitted,
-            )  # fmt: skip
-            self._changed(wake=returned > 0)
-            return returned
-
     # ---- weight pushes --------------------------------------------------------------------------------
 
     def begin_push(self, version: int, offer: PushOffer) -> PushSession:
@@ -261,6 +190,30 @@ class ControllerState:
                                        self._clock() - session.begun_at)  # fmt: skip
             self._changed(replicas=True)
             return CommitResult(True, self._current_version, acked, dropped)
+
+    def reset_timeline(self, version: int, admitted: int, prompt_index: int) -> TimelineReset:
+        """The learner continues from a checkpoint at `version`, behind the controller (it restarted alone):
+        every active lease (admitted on the lost timeline) expires, an open push is aborted, every replica
+        needs a resync (its weights may be the lost timeline's), and the version, N_r and the prompt cursor
+        (never moved back) start the new timeline."""
+        with self._cond:
+            self._reap_locked()
+            previous = self._current_version
+            if version > previous:
+                raise PreconditionFailed(f"version: {version} is ahead of the controller's {previous}; a learner "
+                                         "ahead of its controller pushes its weights instead")
+            if self._pushes.open is not None:
+                self._pushes.abort(self._pushes.open, "timeline reset by the learner")
+            expired = self._leases.expire_all("timeline_reset")
+            self._log_expired(expired, "timeline_reset")
+            cursor = self._leases.restart_counts(admitted, prompt_index)
+            for replica in self._registry.all():
+                replica.force_sync = True
+            self._current_version = version
+            self.events.write("timeline_reset", version=version, previous_version=previous, admitted=admitted,
+                              prompt_index=cursor, leases_expired=len(expired))  # fmt: skip
+            self._changed(replicas=True)
+            return TimelineReset(version, len(expired), cursor)
 
     def learner_heartbeat(self, step: int, version: int, consumed: int) -> LearnerPulse:
         """Record the learner's progress; ask for a resync push when a live replica needs one."""
@@ -314,56 +267,6 @@ class ControllerState:
             }  # fmt: skip
 
     # ---- internals (call with the lock held) ------------------------------------------------------------
-
-    def _decide(self, replica: Replica, n: int, started: float, final: bool) -> LeaseDecision | None:
-        if n > self.batch_size:
-            # Larger than B could starve forever under η = 0; one lease is one group and G divides B.
-            raise InvalidRequest("num_trajectories", f"must be <= batch_size ({self.batch_size}), got {n}")
-        reason = self._refusal(replica, n)
-        held_s = time.monotonic() - started
-        if reason is None:
-            return self._grant(replica, n, held_s)
-        if final:
-            return LeaseDecision(False, self._current_version, reason=reason, held_s=held_s)
-        return None
-
-    def _count_held(self, delta: int) -> None:
-        self._held += delta
-        self.metrics.held_requests.set(self._held)
-
-    def _refusal(self, replica: Replica, n: int) -> str | None:
-        """Why a lease of n for this replica cannot be granted now (None = it can)."""
-        current = self._current_version
-        if not replica.alive:
-            return f"replica {replica.replica_id!r} was declared dead; register again"
-        if replica.needs_sync(current):
-            why = (
-                "its last push failed" if replica.force_sync else f"it holds version {replica.weight_version}"
-            )
-            return f"replica needs a weight sync to version {current} ({why})"
-        if not staleness.admissible(self._leases.admitted, n, self.batch_size, current, self.eta):
-            limit = staleness.max_admissible(current, self.batch_size, self.eta)
-            return (
-                f"staleness bound: N_r would reach {self._leases.admitted + n} > (i+eta+1)*B = {limit} "
-                f"(i={current}, eta={self.eta}, B={self.batch_size}); waiting for version {current + 1}"
-            )
-        return None
-
-    def _grant(self, replica: Replica, n: int, held_s: float) -> LeaseDecision:
-        now = self._clock()
-        lease = self._leases.grant(replica.replica_id, n, self._current_version, now)
-        self._persist()  # before the answer (and its event): a restart must know every lease it granted
-        self.events.write(
-            "lease_granted", lease_id=lease.lease_id, replica_id=replica.replica_id, n=n,
-            admitted_after=self._leases.admitted, version=lease.version, eta=self.eta,
-            batch_size=self.batch_size, prompt_index=lease.prompt_index, held_s=held_s,
-        )  # fmt: skip
-        self.metrics.leases_granted.inc()
-        self._publish_gauges()
-        expires_unix_s = self._wall() + (lease.expires_at - now)
-        return LeaseDecision(
-            True, lease.version, lease.lease_id, lease.prompt_index, expires_unix_s, "", held_s
-        )
 
     def _touch(self, replica: Replica) -> bool:
         revived = self._registry.touch(replica, self._clock())
@@ -446,28 +349,17 @@ class ControllerState:
 
     def _restore(self, saved: SavedState | None) -> dict | None:
         """Continue from a saved state (a controller restart); returns what was restored, for the event log."""
-        if saved is None:
-            self._persist(replicas_changed=True)
-            return None
-        if saved.run_dir != self._run_id:
-            raise StateOfAnotherRun(
-                f"controller.state_key: the store holds the controller state of run {saved.run_dir!r}, not "
-                f"{self._run_id!r}; use another controller.state_key, or delete it to start this run afresh"
-            )
-        now = self._clock()
-        self._current_version = saved.current_version
-        self._pushes.committed = saved.pushes_committed
-        self._leases.restore(saved.admitted, saved.next_prompt_index, saved.granted_total, saved.expired_total,
-                             [Lease(x.lease_id, x.replica_id, x.num_trajectories, x.prompt_index, x.version,
-                                    granted_at=now, expires_at=now + self.config.lease_ttl_s)
-                              for x in saved.leases])  # fmt: skip
-        for r in saved.replicas:
-            self._registry.restore(Replica(r.replica_id, r.address, r.weight_version, r.engine, registered_at=now,
-                                           last_heartbeat=now, push_key=r.push_key, force_sync=r.force_sync))
+        if saved is not None:
+            if saved.run_dir != self._run_id:
+                raise StateOfAnotherRun(
+                    f"controller.state_key: the store holds the controller state of run {saved.run_dir!r}, not "
+                    f"{self._run_id!r}; use another controller.state_key, or delete it to start this run afresh"
+                )
+            self._current_version = saved.current_version
+            self._pushes.committed = saved.pushes_committed
+            restore_books(saved, self._leases, self._registry, self._clock(), self.config.lease_ttl_s)
         self._persist(replicas_changed=True)  # the baseline of later diffs
-        return {"version": saved.current_version, "admitted": saved.admitted,
-                "next_prompt_index": saved.next_prompt_index, "leases": len(saved.leases),
-                "replicas": len(saved.replicas)}
+        return None if saved is None else saved.summary()
 
     def _publish_gauges(self) -> None:
         self.metrics.current_version.set(self._current_version)

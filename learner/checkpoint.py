@@ -55,6 +55,16 @@ def latest_checkpoint(run_dir: str | Path) -> Path | None:
     return found[-1] if found else None
 
 
+def resume_path(config) -> str:
+    """The checkpoint `learner.checkpoint.resume_from` names: a path, "latest" (the newest complete one under
+    the run directory, "" when there is none yet), or "" (start from model.path)."""
+    wanted = config.learner.checkpoint.resume_from
+    if wanted != "latest":
+        return wanted
+    found = latest_checkpoint(config.run_dir)
+    return str(found) if found is not None else ""
+
+
 def read_meta(path: str | Path) -> CheckpointMeta:
     return CheckpointMeta(**json.loads((Path(path) / "meta.json").read_text()))
 

@@ -17,6 +17,7 @@ import torch
 from asyncrl.core.trajectory_checks import BadGroup, TrajectoryLimits, check_trajectory_group
 from asyncrl.learner.batch import MalformedGroup, assemble, check_group
 from asyncrl.learner.checkpoint import CheckpointMeta
+from asyncrl.learner.timeline import TimelineFilter, rejoin
 from asyncrl.v1 import controller_pb2, teacher_pb2
 
 log = logging.getLogger("asyncrl.learner")
@@ -61,6 +62,8 @@ class LearnerLoop:
         """Entries trained since the last checkpoint: acknowledged once a checkpoint includes their step."""
         self.resumed: CheckpointMeta | None = None
         """Set by `resume`: the checkpoint this learner continues from."""
+        self.timeline: TimelineFilter | None = None
+        """Set when this learner reset the run to its checkpoint: keeps the lost timeline's late groups out."""
         self.groups_per_step = config.learner.batch_size // config.sampling.group_size
         self.progress = LearnerProgress()
 
@@ -78,6 +81,8 @@ class LearnerLoop:
         """Whether `entry` may join a batch. Anything else is dead-lettered with its reason and acked: never
         trained on, and never a crash (it would stay pending and crash every restart again)."""
         reason = entry.problem
+        if reason is None and self.timeline is not None:
+            reason = self.timeline.refusal(entry)
         if reason is None and entry.group.group_id in self._trained_groups:
             reason = f"group_id: {entry.group.group_id!r} was already trained (a duplicate write)"
         if reason is None:
@@ -178,13 +183,17 @@ class LearnerLoop:
     def run(self, stop) -> LearnerProgress:
         cfg = self.config.learner
         hb = self.stub.LearnerHeartbeat(controller_pb2.LearnerHeartbeatRequest(), timeout=30)
-        if self.resumed is not None and hb.current_version != self.resumed.version:
+        if self.resumed is not None and hb.current_version < self.resumed.version:
             raise RuntimeError(
                 f"the controller is at version {hb.current_version} but the checkpoint at step {self.resumed.step} "
                 f"holds version {self.resumed.version}: start the controller with controller.start_version="
                 f"{self.resumed.version} (asyncrl up --resume does)"
             )
-        self.progress.version = hb.current_version
+        if self.resumed is not None and hb.current_version > self.resumed.version:
+            # Restarted alone: the run went on after our checkpoint; take it back to the checkpoint.
+            self.timeline = rejoin(self.buffer, self.stub, self.resumed.step, self.resumed.version,
+                                   self.config.learner.batch_size, self.events)
+        self.progress.version = self.resumed.version if self.resumed is not None else hb.current_version
         # Entries delivered to us before a restart and never acked come first (all of them, in order):
         # trained after the last checkpoint or not at all, they are trained again from it.
         carry = self.buffer.all_pending()

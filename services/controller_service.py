@@ -31,6 +31,7 @@ import time
 
 import grpc
 
+from asyncrl.controller.admission import HOLD_POLL_S
 from asyncrl.controller.errors import (
     InvalidRequest,
     PreconditionFailed,
@@ -70,8 +71,7 @@ SERVICE_NAME = "asyncrl.v1.Controller"
 _WORKERS = 32
 """Threads for the calls that run as plain functions (all but AcquireLease): each is short, or bounded like
 CommitWeightPush's wait for acks; held AcquireLease calls are coroutines and take none."""
-_HOLD_POLL_S = 0.25
-"""A held request looks again at least this often (an expiry found by lazy reaping wakes no one)."""
+
 MAX_HELD_LEASES = 4096
 MAX_ERROR = 4096
 """Characters of a sender's error message in CommitWeightPush."""
@@ -123,7 +123,7 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
 
     async def AcquireLease(self, request, context):
         """Held without a thread: a coroutine on the server's loop that looks again whenever the state says a
-        held request may have become admissible (or every _HOLD_POLL_S, for expiries found by reaping)."""
+        held request may have become admissible (or every HOLD_POLL_S, for expiries found by reaping)."""
         started, held = time.monotonic(), False
         try:
             check_name(request.replica_id, "replica_id")
@@ -141,7 +141,7 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
                 if not held:
                     held = True
                     self.state.holding(None)
-                await self.wakeup.wait(max(0.0, min(deadline - time.monotonic(), _HOLD_POLL_S)))
+                await self.wakeup.wait(max(0.0, min(deadline - time.monotonic(), HOLD_POLL_S)))
         except ERRORS as err:
             await context.abort(*_status(err))
         finally:
@@ -200,6 +200,18 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
             return controller_pb2.LearnerHeartbeatResponse(
                 sync_requested=pulse.sync_requested, current_version=pulse.current_version
             )
+
+        return _answer(context, run)
+
+    def ResetTimeline(self, request, context):
+        def run():
+            check_range(request.version, 0, MAX_COUNT, "version")
+            check_range(request.admitted, 0, MAX_COUNT, "admitted")
+            check_range(request.prompt_index, 0, MAX_COUNT, "prompt_index")
+            reset = self.state.reset_timeline(request.version, request.admitted, request.prompt_index)
+            return controller_pb2.ResetTimelineResponse(current_version=reset.current_version,
+                                                        leases_expired=reset.leases_expired,
+                                                        prompt_index=reset.prompt_index)
 
         return _answer(context, run)
 

@@ -22,7 +22,7 @@ from asyncrl.core.preflight import check_checkpoint
 from asyncrl.core.sampling import SamplingParams
 from asyncrl.core.tasks import task_for_run
 from asyncrl.core.trajectory_checks import checkpoint_limits
-from asyncrl.learner.checkpoint import Checkpointer, load_checkpoint
+from asyncrl.learner.checkpoint import Checkpointer, load_checkpoint, resume_path
 from asyncrl.learner.held_out import evaluate_held_out
 from asyncrl.learner.learner_metrics import LearnerMetrics
 from asyncrl.learner.loop import LearnerLoop, LearnerProgress
@@ -89,8 +89,8 @@ def serve(config) -> LearnerProgress:
         checkpointer=Checkpointer(config, task.tokenizer.hf),
         sinks=MetricSinks(config),
     )
-    if config.learner.checkpoint.resume_from:
-        path = config.learner.checkpoint.resume_from
+    path = resume_path(config)
+    if path:
         loop.resume(load_checkpoint(path, model, loop.trainer.optimizer), path)
     server, port = create_server(config, loop.progress)
     server.start()

@@ -39,8 +39,10 @@ class CheckpointConfig(Section):
     keep_last: int = Field(3, ge=1)
     """Checkpoints kept; older ones are deleted once a newer one is complete."""
     resume_from: str = ""
-    """A checkpoint directory to continue from (model, optimizer, RNG, step and version); `up --resume RUN_DIR`
-    sets it to the run's latest. The controller must start at the same version (controller.start_version)."""
+    """A checkpoint directory to continue from (model, optimizer, RNG, step and version), or "latest": the
+    newest complete checkpoint under `<run_dir>/checkpoints/` if there is one (a learner that restarts and
+    resumes: `asyncrl up` after a learner crash, the deploy manifests). A controller ahead of the checkpoint
+    goes back to it (`Controller.ResetTimeline`); `up --resume RUN_DIR` starts the controller at it instead."""
     export_hf: bool = True
     """Also write the policy as a Hugging Face checkpoint (safetensors, config, tokenizer, chat template),
     loadable by `transformers` and vLLM, in `hf/` beside the learner state."""

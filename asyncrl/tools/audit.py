@@ -1,10 +1,11 @@
 """Audit of a run from its event logs: the η rule held at every admission, versions only grew, and every
 trajectory group written was trained exactly once (or is still in the buffer: none lost, none twice).
 
-A resumed run (`up --resume`) appends to the same logs. Its learner continues from a checkpoint at step s and
-trains again what it had trained after s: the audit counts against the surviving policy, so the learner's
-`trained`/`step` records after step s that precede the `resumed` record are void, and each controller start
-begins a new epoch of version ordering (the version restarts at the checkpoint's).
+A resumed run (`up --resume`, or a learner restarted alone) appends to the same logs. Its learner continues
+from a checkpoint at step s and trains again what it had trained after s: the audit counts against the
+surviving policy, so the learner's `trained`/`step` records after step s that precede the `resumed` record are
+void, and each fresh controller start or timeline reset begins a new epoch of version ordering (the version
+restarts at the checkpoint's). A controller restored from its saved state continues its epoch.
 """
 
 from __future__ import annotations
@@ -93,7 +94,10 @@ def _epochs(events: list[dict], starts: list[float]) -> list[list[dict]]:
 
 def _check_versions(report: AuditReport, controller: list[dict], learner: list[dict], rollouts: list[dict]):
     # Resync pushes re-commit the current version; a new version is always exactly the previous + 1.
-    starts = [ev["t"] for ev in controller if ev["kind"] == "controller_started"][1:]
+    # A new epoch of version ordering: a controller started afresh (not restored), or the learner resetting the
+    # run to its checkpoint (versions start again from it).
+    fresh = [ev["t"] for ev in controller if ev["kind"] == "controller_started" and not ev.get("restored")]
+    starts = sorted(fresh[1:] + [ev["t"] for ev in controller if ev["kind"] == "timeline_reset"])
     report.versions_committed = sorted({ev["version"] for ev in controller if ev["kind"] == "push_committed"})
     for epoch in _epochs([ev for ev in controller if ev["kind"] == "push_committed"], starts):
         for a, b in itertools.pairwise(ev["version"] for ev in epoch):

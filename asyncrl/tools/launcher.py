@@ -2,13 +2,10 @@
 
 Builds the tiny model when missing, starts redis-server when no URL is given (append-only file, a password
 made for the run), picks free ports, writes the resolved config, starts controller, teacher, rollout replicas
-and learner as separate processes, shows live progress, and when the learner finishes (or on Ctrl-C) stops
-everything it started, then writes the plots and the audit of the run. What dies is started again:
-- a replica, under its id (`rollout.max_restarts`): it re-registers, is resynced, gets leases again;
-- the teacher (`teacher.max_restarts`) and the controller (`controller.max_restarts`), on the same ports: the
-  controller restores its state from Redis, the others' calls wait for it and retry;
-- redis-server (`buffer.local_max_restarts`), on its append-only file: the clients reconnect;
-- the learner (`learner.max_restarts`): the run continues from its latest checkpoint.
+and learner as separate processes, and hands them to the `Supervisor` (live progress, restarts of whatever
+dies: `asyncrl.tools.supervisor`). When the learner finishes (or on Ctrl-C) it stops everything it started,
+then writes the plots and the audit of the run. `up --resume RUN_DIR` continues a stopped run from its latest
+checkpoint.
 """
 
 from __future__ import annotations
@@ -16,20 +13,21 @@ from __future__ import annotations
 import json
 import os
 import time
-from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
 from asyncrl.controller.persistence import make_store
 from asyncrl.core.buffer import make_buffer
 from asyncrl.core.config import AsyncRLConfig, dump_config, load_config
-from asyncrl.core.events import EventLog, EventTail, read_events
+from asyncrl.core.events import EventLog, read_events
 from asyncrl.core.grpc_util import wait_for_channel
 from asyncrl.core.preflight import ConfigError, preflight
 from asyncrl.learner.checkpoint import latest_checkpoint, read_meta
-from asyncrl.tools.processes import Child, ProcessGroup, free_port
+from asyncrl.learner.timeline import drop_dead_timeline
+from asyncrl.tools.processes import ProcessGroup, free_port
 from asyncrl.tools.redis_local import start_local_redis
 from asyncrl.tools.run_secrets import local_redis_password, run_auth
+from asyncrl.tools.supervisor import Restartable, Supervisor
 
 
 def resolve(config: AsyncRLConfig) -> AsyncRLConfig:
@@ -54,18 +52,6 @@ def ensure_models(cfg: AsyncRLConfig) -> None:
         print(f"[up] built the tiny model into {paths.policy} (cached for later runs)", flush=True)
 
 
-@dataclass
-class Restartable:
-    """A process `up` restarts when it dies (the controller, the teacher, a rollout replica), and how to start
-    it again."""
-
-    child: Child
-    argv: list[str]
-    env: dict[str, str] | None
-    max_restarts: int
-    restarts: int = 0
-
-
 def vllm_cpu_binding(engine_cfg, index: int) -> dict[str, str]:
     """Environment for the `index`-th vLLM engine on CPU: its own core, round robin.
 
@@ -76,79 +62,6 @@ def vllm_cpu_binding(engine_cfg, index: int) -> dict[str, str]:
     if engine_cfg.type != "vllm" or engine_cfg.device != "cpu" or "VLLM_CPU_OMP_THREADS_BIND" in os.environ:
         return {}
     return {"VLLM_CPU_OMP_THREADS_BIND": str(index % (os.cpu_count() or 1))}
-
-
-class Progress:
-    """Prints one line per learner step / eval from the learner's event log."""
-
-    def __init__(self, cfg: AsyncRLConfig):
-        self.cfg = cfg
-        self.tail = EventTail(cfg.run_dir, "learner", from_end=bool(cfg.learner.checkpoint.resume_from))
-        self.start = time.time()
-        self.first_eval: float | None = None
-
-    def poll(self) -> None:
-        for ev in self.tail.poll():
-            elapsed = time.time() - self.start
-            if ev["kind"] == "step":
-                print(f"[{elapsed:6.0f}s] step {ev['step']:3d}/{self.cfg.learner.total_steps} "
-                      f"v{ev['version']:<3d} reward {ev['reward/mean']:.3f} "
-                      f"staleness mean {ev['staleness/mean']:.2f} max {ev['staleness/max']} "
-                      f"step {ev['time/step_s']:.1f}s push {ev['push_s']:.2f}s", flush=True)
-            elif ev["kind"] == "eval":
-                if self.first_eval is None:
-                    self.first_eval = ev["accuracy"]
-                print(f"[{elapsed:6.0f}s] eval  step {ev['step']:3d}: greedy accuracy {ev['accuracy']:.3f} "
-                      f"(start {self.first_eval:.3f})", flush=True)
-
-
-@dataclass
-class Outcome:
-    code: int
-    learner_died: bool = False
-    """The learner exited with an error (the run can continue from its checkpoint)."""
-
-
-def supervise(cfg: AsyncRLConfig, group: ProcessGroup, learner: Child, restartable: dict[str, Restartable]) -> Outcome:
-    """Show progress until the learner exits, restarting replicas and the teacher when they die; code 1 when
-    another process dies or one has used up its restarts."""
-    progress = Progress(cfg)
-    redis_restarts = 0
-    while learner.alive():
-        progress.poll()
-        for child in group.failed():
-            if child.name == "redis" and redis_restarts < cfg.buffer.local_max_restarts:
-                redis_restarts += 1
-                print(f"[up] redis-server exited with {child.proc.returncode}; restarting it on its append-only "
-                      f"file ({redis_restarts}/{cfg.buffer.local_max_restarts})", flush=True)
-                group.children.remove(child)
-                restart_local_redis(group, cfg)
-                continue
-            proc = restartable.get(child.name)
-            if proc is not None and proc.child is child and proc.restarts < proc.max_restarts:
-                proc.restarts += 1
-                print(f"[up] {child.name} exited with {child.proc.returncode}; restarting it "
-                      f"({proc.restarts}/{proc.max_restarts})", flush=True)
-                group.children.remove(child)
-                proc.child = group.start_cli(child.name, proc.argv, proc.env)
-                continue
-            print(f"[up] {child.name} exited with {child.proc.returncode}; last lines:\n{child.tail()}",
-                  flush=True)
-            return Outcome(1)
-        time.sleep(1.0)
-    progress.poll()
-    code = learner.proc.returncode
-    if code != 0:
-        print(f"[up] learner failed ({code}):\n{learner.tail()}", flush=True)
-    return Outcome(code, learner_died=code != 0)
-
-
-def restart_local_redis(group: ProcessGroup, cfg: AsyncRLConfig) -> None:
-    """The run's redis-server again, on the same port and data directory (the clients reconnect)."""
-    host_port = cfg.buffer.redis_url.split("//", 1)[1].split("/", 1)[0]
-    host, port = host_port.rsplit(":", 1)
-    start_local_redis(group, Path(cfg.run_dir) / "redis", host=host, port=int(port),
-                      password=local_redis_password(cfg))
 
 
 def run(config: AsyncRLConfig, config_path: str | None = None) -> int:
@@ -199,7 +112,7 @@ def from_checkpoint(cfg: AsyncRLConfig, ckpt: Path) -> AsyncRLConfig:
     buffer = make_buffer(cfg.buffer, consumer="learner-0")
     buffered = buffer.peek()
     events = EventLog(run_dir, "learner")
-    survivors = drop_dead_timeline(buffer, buffered, meta, events)
+    survivors = drop_dead_timeline(buffer, buffered, meta.version, events)
     events.close()
     buffer.close()
     store = make_store(cfg)  # the controller's saved state belongs to the timeline that did not survive
@@ -220,46 +133,12 @@ def from_checkpoint(cfg: AsyncRLConfig, ckpt: Path) -> AsyncRLConfig:
     return cfg
 
 
-def drop_dead_timeline(buffer, entries: list, meta, learner_events: EventLog) -> list:
-    """Entries generated with weights newer than the checkpoint came from a policy that did not survive the
-    crash: their versions name weights that no longer exist (the resumed run reissues those numbers), so
-    staleness and the learner's "not from the future" check would misread them. They go to the dead-letter
-    stream with the reason (recorded like the learner's own rejections, so the audit counts them); the rest
-    survive and count against the staleness bound."""
-    survivors = []
-    for entry in entries:
-        versions = [v for t in entry.group.trajectories for v in t.weight_version]
-        newest = max(versions, default=-1)
-        if entry.problem is None and newest <= meta.version:
-            survivors.append(entry)
-            continue
-        reason = entry.problem or (f"generated with weight version {newest}, newer than the checkpoint's "
-                                   f"{meta.version}: the policy that made it did not survive the crash")
-        buffer.dead_letter(entry.entry_id, reason)
-        learner_events.write("group_rejected", entry_id=entry.entry_id, group_id=entry.group.group_id,
-                             reason=reason)
-    return survivors
-
-
 def launch(cfg: AsyncRLConfig, group: ProcessGroup) -> int:
-    """Start the services of a resolved config (Redis already up), supervise them, then audit the run. A
-    learner that dies restarts the run from its latest checkpoint (`learner.max_restarts`); Redis and its
-    data stay up across that."""
-    code, restarts = 1, 0
+    """Start the services of a resolved config (Redis already up), supervise them until the learner is done,
+    then stop them and audit the run."""
+    code = 1
     try:
-        while True:
-            outcome = start_and_supervise(cfg, group)
-            code = outcome.code
-            ckpt = latest_checkpoint(cfg.run_dir) if outcome.learner_died else None
-            if ckpt is None or restarts >= cfg.learner.max_restarts:
-                if outcome.learner_died and restarts < cfg.learner.max_restarts:
-                    print("[up] the learner has no checkpoint to restart from yet", flush=True)
-                break
-            restarts += 1
-            print(f"[up] restarting the run from its checkpoint {ckpt.name} "
-                  f"({restarts}/{cfg.learner.max_restarts})", flush=True)
-            group.stop_all(keep=("redis",))
-            cfg = from_checkpoint(cfg, ckpt)
+        code = start_and_supervise(cfg, group)
     except KeyboardInterrupt:
         print("\n[up] interrupted; stopping", flush=True)
         code = 130
@@ -269,7 +148,7 @@ def launch(cfg: AsyncRLConfig, group: ProcessGroup) -> int:
     return code
 
 
-def start_and_supervise(cfg: AsyncRLConfig, group: ProcessGroup) -> Outcome:
+def start_and_supervise(cfg: AsyncRLConfig, group: ProcessGroup) -> int:
     """Start the controller, the teacher, the replicas and the learner of `cfg`; supervise until the learner
     exits."""
     run_dir = Path(cfg.run_dir)
@@ -297,8 +176,12 @@ def start_and_supervise(cfg: AsyncRLConfig, group: ProcessGroup) -> Outcome:
         engines += cfg.rollout.engine.type == "vllm"
         restartable[f"rollout-{i}"] = Restartable(group.start_cli(f"rollout-{i}", argv, env), argv, env,
                                                   cfg.rollout.max_restarts)
-    learner = group.start_cli("learner", ["learner", *args])
-    return supervise(cfg, group, learner, restartable)
+    argv = ["learner", *args]
+    # A learner that dies comes back from its latest checkpoint; with none yet, it could only start over from
+    # the base weights under the run's later version numbers, so the supervisor then ends the run.
+    learner = Restartable(group.start_cli("learner", argv), [*argv, "--set", "learner.checkpoint.resume_from=latest"],
+                          None, cfg.learner.max_restarts)
+    return Supervisor(cfg, group, learner, restartable).run()
 
 
 def finish(cfg: AsyncRLConfig) -> None:

@@ -165,6 +165,26 @@ class LearnerHeartbeatResponse(_message.Message):
     current_version: int
     def __init__(self, sync_requested: _Optional[bool] = ..., current_version: _Optional[int] = ...) -> None: ...
 
+class ResetTimelineRequest(_message.Message):
+    __slots__ = ("version", "admitted", "prompt_index")
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    ADMITTED_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_INDEX_FIELD_NUMBER: _ClassVar[int]
+    version: int
+    admitted: int
+    prompt_index: int
+    def __init__(self, version: _Optional[int] = ..., admitted: _Optional[int] = ..., prompt_index: _Optional[int] = ...) -> None: ...
+
+class ResetTimelineResponse(_message.Message):
+    __slots__ = ("current_version", "leases_expired", "prompt_index")
+    CURRENT_VERSION_FIELD_NUMBER: _ClassVar[int]
+    LEASES_EXPIRED_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_INDEX_FIELD_NUMBER: _ClassVar[int]
+    current_version: int
+    leases_expired: int
+    prompt_index: int
+    def __init__(self, current_version: _Optional[int] = ..., leases_expired: _Optional[int] = ..., prompt_index: _Optional[int] = ...) -> None: ...
+
 class GetStatusRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...

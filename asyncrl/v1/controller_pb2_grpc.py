@@ -74,6 +74,11 @@ class ControllerStub:
                 request_serializer=asyncrl_dot_v1_dot_controller__pb2.GetStatusRequest.SerializeToString,
                 response_deserializer=asyncrl_dot_v1_dot_controller__pb2.ControllerStatus.FromString,
                 _registered_method=True)
+        self.ResetTimeline = channel.unary_unary(
+                '/asyncrl.v1.Controller/ResetTimeline',
+                request_serializer=asyncrl_dot_v1_dot_controller__pb2.ResetTimelineRequest.SerializeToString,
+                response_deserializer=asyncrl_dot_v1_dot_controller__pb2.ResetTimelineResponse.FromString,
+                _registered_method=True)
 
 
 class ControllerServicer:
@@ -135,6 +140,15 @@ class ControllerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ResetTimeline(self, request, context):
+        """Learner: continue from a checkpoint behind the controller's version (the learner restarted alone). The
+        controller goes back to `version` with the given N_r and prompt cursor, expires every active lease, aborts
+        an open push and marks every replica for a resync (their weights may come from the lost timeline).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ControllerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -177,6 +191,11 @@ def add_ControllerServicer_to_server(servicer, server):
                     servicer.GetStatus,
                     request_deserializer=asyncrl_dot_v1_dot_controller__pb2.GetStatusRequest.FromString,
                     response_serializer=asyncrl_dot_v1_dot_controller__pb2.ControllerStatus.SerializeToString,
+            ),
+            'ResetTimeline': grpc.unary_unary_rpc_method_handler(
+                    servicer.ResetTimeline,
+                    request_deserializer=asyncrl_dot_v1_dot_controller__pb2.ResetTimelineRequest.FromString,
+                    response_serializer=asyncrl_dot_v1_dot_controller__pb2.ResetTimelineResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -395,6 +414,33 @@ class Controller:
             '/asyncrl.v1.Controller/GetStatus',
             asyncrl_dot_v1_dot_controller__pb2.GetStatusRequest.SerializeToString,
             asyncrl_dot_v1_dot_controller__pb2.ControllerStatus.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ResetTimeline(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/asyncrl.v1.Controller/ResetTimeline',
+            asyncrl_dot_v1_dot_controller__pb2.ResetTimelineRequest.SerializeToString,
+            asyncrl_dot_v1_dot_controller__pb2.ResetTimelineResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,6 +1,6 @@
 """Kill -9 services of a running demo, one after another (the teacher, the controller, redis-server, the
 learner, a replica): `asyncrl up` restarts each (the controller from its state in Redis, Redis on its
-append-only file, the learner from its latest checkpoint with the rest of the run behind it), the run
+append-only file, the learner alone from its latest checkpoint, taking the run back to it), the run
 completes all its steps and the audit finds
 nothing lost and nothing trained twice against the surviving policy; held-out accuracy after the learner's
 restart is the checkpoint's, not the base policy's."""
@@ -63,14 +63,17 @@ def test_killed_services_are_restarted_and_the_run_completes(tmp_path):
         out, _ = proc.communicate(timeout=900)
     assert proc.returncode == 0, out[-5000:]
     assert "[up] audit OK" in out, out[-3000:]
-    for restart in ("restarting the run from its checkpoint", "teacher exited", "controller exited",
+    for restart in ("restarting it from its checkpoint", "teacher exited", "controller exited",
                     "redis-server exited", "rollout-0 exited"):
         assert restart in out, (restart, out[-3000:])
-    # The controller killed mid-run continued from its saved state (the learner's restart clears it: a new
-    # timeline from the checkpoint).
-    starts = [e for e in read_events(run_dir, "controller") if e["kind"] == "controller_started"]
-    assert len(starts) == 3 and starts[0]["restored"] is None and starts[2]["restored"] is None, starts
+    # The controller killed mid-run continued from its saved state; the learner restarted alone took the run
+    # back to its checkpoint (version 20) with a timeline reset.
+    controller = read_events(run_dir, "controller")
+    starts = [e for e in controller if e["kind"] == "controller_started"]
+    assert len(starts) == 2 and starts[0]["restored"] is None, starts
     assert starts[1]["restored"]["version"] >= 12 and starts[1]["restored"]["replicas"] == 2, starts[1]
+    [reset] = [e for e in controller if e["kind"] == "timeline_reset"]
+    assert reset["version"] == SAVE_EVERY and reset["previous_version"] >= 30, reset
     learner = read_events(run_dir, "learner")
     [resumed] = [e for e in learner if e["kind"] == "resumed"]
     assert resumed["from_step"] == SAVE_EVERY

@@ -84,3 +84,27 @@ def test_cleared_store_starts_from_the_config():
     again, _, _, _ = make_state(store=store, start_version=3, start_admitted=24, start_prompt_index=6)
     assert again.restored is None
     assert (again.current_version, again.admitted) == (3, 24)
+
+
+def test_timeline_reset_goes_back_to_the_checkpoint():
+    from tests.unit.test_controller_leases import publish
+
+    state, _, _, events = make_state(batch_size=4, eta=1)
+    state.register("127.0.0.1:7001", "replica-a", 0, "torch")
+    for version in (1, 2, 3):
+        assert publish(state, version).committed
+    leases = [state.acquire("replica-a", 2, 0) for _ in range(2)]
+    assert all(x.granted for x in leases)
+    cursor_before = state.snapshot()["next_prompt_index"]
+    with pytest.raises(PreconditionFailed, match="version: 4 is ahead"):
+        state.reset_timeline(4, 0, 0)
+    reset = state.reset_timeline(version=1, admitted=6, prompt_index=1)
+    # Back at the checkpoint's version with its N_r; the lost timeline's leases expired; the prompt cursor did
+    # not move back (a late group of an expired lease is told apart by its prompt index).
+    assert (reset.current_version, reset.leases_expired, reset.prompt_index) == (1, 2, cursor_before)
+    assert (state.current_version, state.admitted) == (1, 6)
+    assert [e["reason"] for e in events.of_kind("lease_expired")] == ["timeline_reset"] * 2
+    # Every replica may hold weights of the lost timeline: no lease until a push reaches it.
+    refused = state.acquire("replica-a", 2, 0)
+    assert not refused.granted and "weight sync" in refused.reason
+    assert state.learner_heartbeat(0, 1, 0).sync_requested

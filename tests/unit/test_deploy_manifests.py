@@ -27,10 +27,15 @@ def test_compose_commands_are_valid():
     for name, command in commands.items():
         # Every service gets the shared token (compose refuses to start without ASYNCRL_TOKEN exported).
         assert "${ASYNCRL_TOKEN:?" in compose["services"][name]["environment"]["ASYNCRL_TOKEN"], name
+        assert "${ASYNCRL_REDIS_PASSWORD:?" in compose["services"][name]["environment"]["ASYNCRL_REDIS_PASSWORD"]
         cfg = _check(command, DEPLOY / "config.yaml")
         assert cfg.buffer.redis_url == "redis://redis:6379/0", name
         if name in ("rollout", "learner"):
             assert cfg.controller.host == "controller"
+    assert "--requirepass" in compose["services"]["redis"]["command"]
+    learner = compose["services"]["learner"]
+    assert learner["restart"] == "on-failure"
+    assert _check(learner["command"], DEPLOY / "config.yaml").learner.checkpoint.resume_from == "latest"
 
 
 def test_k8s_commands_are_valid(tmp_path):
@@ -45,8 +50,20 @@ def test_k8s_commands_are_valid(tmp_path):
     assert roles == {"make-tiny-model", "controller", "teacher", "rollout", "learner"}
     for c in containers:
         _check(c["args"], config_file)
-        token = {e["name"]: e for e in c.get("env", [])}["ASYNCRL_TOKEN"]
-        assert token["valueFrom"]["secretKeyRef"] == {"name": "asyncrl-token", "key": "token"}
+        env = {e["name"]: e for e in c.get("env", [])}
+        assert env["ASYNCRL_TOKEN"]["valueFrom"]["secretKeyRef"] == {"name": "asyncrl-token", "key": "token"}
+        assert env["ASYNCRL_REDIS_PASSWORD"]["valueFrom"]["secretKeyRef"] == {"name": "asyncrl-redis",
+                                                                              "key": "password"}
+    # The learner restarts in place and resumes from its checkpoint on a persistent volume.
+    job = next(d for d in docs if d["kind"] == "Job")
+    pod = job["spec"]["template"]["spec"]
+    assert pod["restartPolicy"] == "OnFailure" and job["spec"]["backoffLimit"] > 0
+    [learner] = pod["containers"]
+    assert _check(learner["args"], config_file).learner.checkpoint.resume_from == "latest"
+    runs = next(v for v in pod["volumes"] if v["name"] == "runs")
+    assert runs["persistentVolumeClaim"]["claimName"] == "asyncrl-runs"
+    assert {"name": "runs", "mountPath": "/runs"} in learner["volumeMounts"]
+    assert any(d["kind"] == "PersistentVolumeClaim" and d["metadata"]["name"] == "asyncrl-runs" for d in docs)
     services = {d["metadata"]["name"] for d in docs if d["kind"] == "Service"}
     assert {"asyncrl-redis", "asyncrl-controller", "asyncrl-teacher", "asyncrl-learner"} <= services
 

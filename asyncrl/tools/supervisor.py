@@ -1,0 +1,126 @@
+"""`asyncrl up`'s watch over its processes: live progress from the learner's event log, and restarts.
+
+What dies is started again, each at most its `max_restarts` times:
+- a rollout replica, under its id: it re-registers, is resynced, gets leases again;
+- the teacher and the controller, on their ports (the controller restores its state from Redis; the others'
+  calls wait for it and retry);
+- the local redis-server, on its port and append-only file (`buffer.local_max_restarts`; clients reconnect);
+- the learner, from its latest checkpoint (`learner.max_restarts`): it resets the run to that checkpoint
+  (`Controller.ResetTimeline`) and trains on; without a checkpoint yet the run ends.
+Anything else that dies, or a process out of restarts, ends the run (exit code 1).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from asyncrl.core.config import AsyncRLConfig
+from asyncrl.core.events import EventTail
+from asyncrl.learner.checkpoint import latest_checkpoint
+from asyncrl.tools.processes import Child, ProcessGroup
+from asyncrl.tools.redis_local import start_local_redis
+from asyncrl.tools.run_secrets import local_redis_password
+
+
+@dataclass
+class Restartable:
+    """A process `up` restarts when it dies, and how to start it again."""
+
+    child: Child
+    argv: list[str]
+    env: dict[str, str] | None
+    max_restarts: int
+    restarts: int = 0
+
+    def restart(self, group: ProcessGroup) -> None:
+        self.restarts += 1
+        group.children.remove(self.child)
+        self.child = group.start_cli(self.child.name, self.argv, self.env)
+
+
+class Supervisor:
+    def __init__(self, cfg: AsyncRLConfig, group: ProcessGroup, learner: Restartable,
+                 restartable: dict[str, Restartable]):  # fmt: skip
+        self.cfg, self.group, self.learner, self.restartable = cfg, group, learner, restartable
+        self.progress = Progress(cfg)
+        self.redis_restarts = 0
+
+    def run(self) -> int:
+        """Supervise until the learner finishes; returns the run's exit code."""
+        while True:
+            self.progress.poll()
+            learner = self.learner.child
+            if not learner.alive():
+                code = learner.proc.returncode
+                if code == 0 or not self._restart_learner(code):
+                    self.progress.poll()
+                    return code
+            for child in self.group.failed():
+                if child is not self.learner.child and not self._restart(child):
+                    print(f"[up] {child.name} exited with {child.proc.returncode}; last lines:\n{child.tail()}",
+                          flush=True)
+                    return 1
+            time.sleep(1.0)
+
+    def _restart_learner(self, code: int) -> bool:
+        ckpt = latest_checkpoint(self.cfg.run_dir)
+        if ckpt is None or self.learner.restarts >= self.learner.max_restarts:
+            why = "it has no checkpoint to resume from yet" if ckpt is None else "out of restarts"
+            print(f"[up] learner failed ({code}); {why}:\n{self.learner.child.tail()}", flush=True)
+            return False
+        print(f"[up] learner exited with {code}; restarting it from its checkpoint {ckpt.name} "
+              f"({self.learner.restarts + 1}/{self.learner.max_restarts})", flush=True)
+        self.learner.restart(self.group)
+        return True
+
+    def _restart(self, child: Child) -> bool:
+        if child.name == "redis" and self.redis_restarts < self.cfg.buffer.local_max_restarts:
+            self.redis_restarts += 1
+            print(f"[up] redis-server exited with {child.proc.returncode}; restarting it on its append-only "
+                  f"file ({self.redis_restarts}/{self.cfg.buffer.local_max_restarts})", flush=True)
+            self.group.children.remove(child)
+            restart_local_redis(self.group, self.cfg)
+            return True
+        proc = self.restartable.get(child.name)
+        if proc is None or proc.child is not child or proc.restarts >= proc.max_restarts:
+            return False
+        print(f"[up] {child.name} exited with {child.proc.returncode}; restarting it "
+              f"({proc.restarts + 1}/{proc.max_restarts})", flush=True)
+        proc.restart(self.group)
+        return True
+
+
+def restart_local_redis(group: ProcessGroup, cfg: AsyncRLConfig) -> None:
+    """The run's redis-server again, on the same port and data directory (the clients reconnect)."""
+    host_port = cfg.buffer.redis_url.split("//", 1)[1].split("/", 1)[0]
+    host, port = host_port.rsplit(":", 1)
+    start_local_redis(group, Path(cfg.run_dir) / "redis", host=host, port=int(port),
+                      password=local_redis_password(cfg))
+
+
+class Progress:
+    """Prints one line per learner step / eval from the learner's event log."""
+
+    def __init__(self, cfg: AsyncRLConfig):
+        self.cfg = cfg
+        self.tail = EventTail(cfg.run_dir, "learner", from_end=bool(cfg.learner.checkpoint.resume_from))
+        self.start = time.time()
+        self.first_eval: float | None = None
+
+    def poll(self) -> None:
+        for ev in self.tail.poll():
+            elapsed = time.time() - self.start
+            if ev["kind"] == "step":
+                print(f"[{elapsed:6.0f}s] step {ev['step']:3d}/{self.cfg.learner.total_steps} "
+                      f"v{ev['version']:<3d} reward {ev['reward/mean']:.3f} "
+                      f"staleness mean {ev['staleness/mean']:.2f} max {ev['staleness/max']} "
+                      f"step {ev['time/step_s']:.1f}s push {ev['push_s']:.2f}s", flush=True)
+            elif ev["kind"] == "eval":
+                if self.first_eval is None:
+                    self.first_eval = ev["accuracy"]
+                print(f"[{elapsed:6.0f}s] eval  step {ev['step']:3d}: greedy accuracy {ev['accuracy']:.3f} "
+                      f"(start {self.first_eval:.3f})", flush=True)
+
+

@@ -1,0 +1,142 @@
+"""Admission: the part of `ControllerState` that grants leases under the staleness bound, holds requests that
+must wait, and takes leases back (a mixin: it shares the state's lock, books and clock).
+
+A request the η rule (or a replica's missing weights) forbids is held: a thread in `acquire` waits on the
+state's condition; the gRPC edge holds without a thread, calling `try_acquire` whenever a waker registered
+with `add_waker` fires. Every change that can make a held request admissible wakes both (see
+`ControllerState._changed`).
+"""
+
+from __future__ import annotations
+
+import time
+
+from asyncrl.controller import staleness
+from asyncrl.controller.errors import InvalidRequest
+from asyncrl.controller.registry import Replica
+from asyncrl.controller.results import LeaseDecision
+
+HOLD_POLL_S = 0.25
+"""A held request re-checks at least this often, so an expiry found by lazy reaping (no reaper thread in unit
+tests) still releases it."""
+
+
+class Admission:
+    def acquire(self, replica_id: str, num_trajectories: int, wait_s: float) -> LeaseDecision:
+        """Grant a lease now, or hold (this thread) up to min(wait_s, max_hold_s) until it becomes admissible.
+        The gRPC edge holds without a thread: `try_acquire` on every wake-up (`add_waker`)."""
+        started = time.monotonic()
+        deadline = started + self.hold_limit(wait_s)
+        held = False
+        with self._cond:
+            replica = self._registry.get(replica_id)
+            try:
+                self._reap_locked()
+                self._touch(replica)
+                while True:
+                    decision = self._decide(replica, num_trajectories, started, time.monotonic() >= deadline)
+                    if decision is not None:
+                        return decision
+                    if not held:
+                        held = True
+                        self._count_held(+1)
+                    self._cond.wait(min(deadline - time.monotonic(), HOLD_POLL_S))
+                    self._touch(replica)  # a replica waiting in AcquireLease is evidently alive
+                    self._reap_locked()
+            finally:
+                if held:
+                    self._count_held(-1)
+                self.metrics.lease_hold_seconds.observe(time.monotonic() - started)
+
+    def try_acquire(self, replica_id: str, num_trajectories: int, started: float, final: bool) -> LeaseDecision | None:
+        """One look at a lease request, never waiting: a grant; a refusal with its reason when `final`; else None
+        (the caller holds the request and asks again when woken). `started`: when the request arrived
+        (time.monotonic), for the hold time."""
+        with self._cond:
+            replica = self._registry.get(replica_id)
+            self._reap_locked()
+            self._touch(replica)  # a replica waiting in AcquireLease is evidently alive
+            return self._decide(replica, num_trajectories, started, final)
+
+    def hold_limit(self, wait_s: float) -> float:
+        """How long a request asking to wait `wait_s` is held at most."""
+        return min(max(wait_s, 0.0), self.config.max_hold_s)
+
+    def holding(self, started: float | None) -> None:
+        """Count a request the caller starts holding (`started` None) or stopped holding (when it arrived)."""
+        with self._cond:
+            self._count_held(+1 if started is None else -1)
+        if started is not None:
+            self.metrics.lease_hold_seconds.observe(time.monotonic() - started)
+
+    def add_waker(self, wake) -> None:
+        """Call `wake()` (from any thread, under the lock: it must only schedule) whenever a held request may
+        have become admissible."""
+        with self._cond:
+            self._wakers.append(wake)
+
+    def complete(self, replica_id: str, lease_id: str, num_written: int) -> int:
+        """Close a lease; the unwritten part of its quota returns. Returns the quota returned."""
+        with self._cond:
+            replica = self._registry.get(replica_id)
+            self._reap_locked()  # first: a lease past its expiry is expired, whatever the reaper's timing
+            self._touch(replica)
+            lease, returned = self._leases.complete(replica_id, lease_id, num_written)
+            self.events.write(
+                "lease_completed", lease_id=lease_id, replica_id=replica_id, n=lease.num_trajectories,
+                num_written=num_written, returned=returned, admitted_after=self._leases.admitted,
+            )  # fmt: skip
+            self._changed(wake=returned > 0)
+            return returned
+
+    # ---- internals (call with the lock held) ------------------------------------------------------------
+
+    def _decide(self, replica: Replica, n: int, started: float, final: bool) -> LeaseDecision | None:
+        if n > self.batch_size:
+            # Larger than B could starve forever under η = 0; one lease is one group and G divides B.
+            raise InvalidRequest("num_trajectories", f"must be <= batch_size ({self.batch_size}), got {n}")
+        reason = self._refusal(replica, n)
+        held_s = time.monotonic() - started
+        if reason is None:
+            return self._grant(replica, n, held_s)
+        if final:
+            return LeaseDecision(False, self._current_version, reason=reason, held_s=held_s)
+        return None
+
+    def _count_held(self, delta: int) -> None:
+        self._held += delta
+        self.metrics.held_requests.set(self._held)
+
+    def _refusal(self, replica: Replica, n: int) -> str | None:
+        """Why a lease of n for this replica cannot be granted now (None = it can)."""
+        current = self._current_version
+        if not replica.alive:
+            return f"replica {replica.replica_id!r} was declared dead; register again"
+        if replica.needs_sync(current):
+            why = (
+                "its last push failed" if replica.force_sync else f"it holds version {replica.weight_version}"
+            )
+            return f"replica needs a weight sync to version {current} ({why})"
+        if not staleness.admissible(self._leases.admitted, n, self.batch_size, current, self.eta):
+            limit = staleness.max_admissible(current, self.batch_size, self.eta)
+            return (
+                f"staleness bound: N_r would reach {self._leases.admitted + n} > (i+eta+1)*B = {limit} "
+                f"(i={current}, eta={self.eta}, B={self.batch_size}); waiting for version {current + 1}"
+            )
+        return None
+
+    def _grant(self, replica: Replica, n: int, held_s: float) -> LeaseDecision:
+        now = self._clock()
+        lease = self._leases.grant(replica.replica_id, n, self._current_version, now)
+        self._persist()  # before the answer (and its event): a restart must know every lease it granted
+        self.events.write(
+            "lease_granted", lease_id=lease.lease_id, replica_id=replica.replica_id, n=n,
+            admitted_after=self._leases.admitted, version=lease.version, eta=self.eta,
+            batch_size=self.batch_size, prompt_index=lease.prompt_index, held_s=held_s,
+        )  # fmt: skip
+        self.metrics.leases_granted.inc()
+        self._publish_gauges()
+        expires_unix_s = self._wall() + (lease.expires_at - now)
+        return LeaseDecision(
+            True, lease.version, lease.lease_id, lease.prompt_index, expires_unix_s, "", held_s
+        )
