@@ -70,7 +70,11 @@ def test_poisoned_entries_are_dead_lettered_and_the_run_completes(tmp_path):
     with running_up(*args) as proc:
         wait_for(lambda: steps_done(run_dir) >= INJECT_AT, 300, f"{INJECT_AT} learner steps")
         config = yaml.safe_load((run_dir / "config.resolved.yaml").read_text())
-        client = redis.Redis.from_url(config["buffer"]["redis_url"])
+        # The run's redis-server wants the password `up` made for it; without it, writing is refused.
+        with pytest.raises(redis.AuthenticationError):
+            redis.Redis.from_url(config["buffer"]["redis_url"]).ping()
+        password = (run_dir / "redis-password").read_text().strip()
+        client = redis.Redis.from_url(config["buffer"]["redis_url"], password=password)
         vocab = yaml.safe_load((REPO / config["model"]["path"] / "config.json").read_text())["vocab_size"]
         kinds = poison(config["sampling"]["group_size"], vocab)
         injected = {client.xadd(config["buffer"]["stream"], fields).decode(): (name, fragment)
