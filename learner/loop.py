@@ -189,11 +189,15 @@ class LearnerLoop:
                 f"holds version {self.resumed.version}: start the controller with controller.start_version="
                 f"{self.resumed.version} (asyncrl up --resume does)"
             )
-        if self.resumed is not None and hb.current_version > self.resumed.version:
-            # Restarted alone: the run went on after our checkpoint; take it back to the checkpoint.
-            self.timeline = rejoin(self.buffer, self.stub, self.resumed.step, self.resumed.version,
+        start_step, start_version = (self.resumed.step, self.resumed.version) if self.resumed else (0, 0)
+        if hb.current_version > start_version:
+            # Restarted alone: the run went on after our checkpoint (or, with none, after the base model);
+            # take it back there instead of training older weights under newer version numbers.
+            if self.resumed is None:
+                self.events.write("resumed", from_step=0, version=0, path=self.config.model.path)
+            self.timeline = rejoin(self.buffer, self.stub, start_step, start_version,
                                    self.config.learner.batch_size, self.events)
-        self.progress.version = self.resumed.version if self.resumed is not None else hb.current_version
+        self.progress.version = start_version
         # Entries delivered to us before a restart and never acked come first (all of them, in order):
         # trained after the last checkpoint or not at all, they are trained again from it.
         carry = self.buffer.all_pending()

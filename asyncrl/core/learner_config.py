@@ -107,9 +107,9 @@ class LearnerConfig(Section):
     checkpoint: CheckpointConfig = CheckpointConfig()
     """Saving the trained policy and the learner state."""
     max_restarts: int = Field(2, ge=0)
-    """`asyncrl up` restarts the run from the learner's latest checkpoint when the learner dies (a controller,
-    teacher and replicas resumed at its version, the lost steps trained again), at most this many times;
-    0, or no checkpoint yet, and a dead learner ends the run."""
+    """`asyncrl up` restarts a learner that dies, at most this many times (0: a dead learner ends the run): it
+    resumes from its latest checkpoint (the base model when there is none yet) and takes the run back there
+    (`Controller.ResetTimeline`; the lost steps are trained again)."""
     batch_timeout_s: float = Field(600.0, gt=0)
     """Give up (error) when no full batch arrives within this time."""
     weight_transport: WeightTransportConfig = WeightTransportConfig()

@@ -1,5 +1,7 @@
-"""Audit of a run from its event logs: the η rule held at every admission, versions only grew, and every
-trajectory group written was trained exactly once (or is still in the buffer: none lost, none twice).
+"""Audit of a run from its event logs: the η rule held at every admission, versions only grew, every
+trajectory group written was trained exactly once (or is still in the buffer, or dead-lettered with its
+reason: none lost, none twice), every lease was completed by its holder, and the policy never fell back (a
+learner starting over without resuming from a checkpoint).
 
 A resumed run (`up --resume`, or a learner restarted alone) appends to the same logs. Its learner continues
 from a checkpoint at step s and trains again what it had trained after s: the audit counts against the
@@ -34,18 +36,26 @@ class AuditReport:
     written_after_end: int = 0
     rejected: int = 0
     staleness_hist: dict = field(default_factory=dict)
+    fell_back: list = field(default_factory=list)
+    """Learner steps that start over (a step number not one past the last) without a `resumed` record: older
+    weights trained under the run's newer version numbers."""
+    stolen_leases: list = field(default_factory=list)
+    """Leases completed by a replica other than the one they were granted to."""
+    open_leases: int = 0
+    """Leases neither completed nor expired in the log (in flight when the run stopped)."""
 
     @property
     def ok(self) -> bool:
         return not (self.eta_violations or self.version_errors or self.trained_twice or self.trained_unwritten
-                    or self.lost) and self.groups_trained > 0
+                    or self.lost or self.fell_back or self.stolen_leases) and self.groups_trained > 0
 
     def headline(self) -> str:
         return (f"{self.leases_granted} leases, {len(self.eta_violations)} η violations; "
                 f"{len(self.versions_committed)} versions committed, {len(self.version_errors)} ordering errors; "
                 f"{self.groups_written} groups written, {self.groups_trained} trained, "
                 f"{len(self.trained_twice)} twice, {len(self.lost)} lost, {self.rejected} dead-lettered, "
-                f"{self.left_in_buffer} left in buffer")
+                f"{self.left_in_buffer} left in buffer; {len(self.fell_back)} fall-backs, "
+                f"{len(self.stolen_leases)} stolen leases")
 
     def as_dict(self) -> dict:
         return {"ok": self.ok, "headline": self.headline(), "leases_granted": self.leases_granted,
@@ -55,7 +65,8 @@ class AuditReport:
                 "trained_unwritten": self.trained_unwritten[:20],
                 "written_by_dead_replica": self.written_by_dead_replica[:20], "lost": self.lost[:20],
                 "left_in_buffer": self.left_in_buffer, "written_after_end": self.written_after_end,
-                "rejected": self.rejected, "staleness_hist": self.staleness_hist}
+                "rejected": self.rejected, "staleness_hist": self.staleness_hist, "fell_back": self.fell_back[:20],
+                "stolen_leases": self.stolen_leases[:20], "open_leases": self.open_leases}
 
 
 def check_eta(report: AuditReport, controller: list[dict]) -> None:
@@ -68,6 +79,33 @@ def check_eta(report: AuditReport, controller: list[dict]) -> None:
         # The rule for the last trajectory admitted by this lease: floor((N_r - 1) / B) <= i + η.
         if (ev["admitted_after"] - 1) // ev["batch_size"] > ev["version"] + ev["eta"]:
             report.eta_violations.append({k: ev[k] for k in ("lease_id", "admitted_after", "version", "eta")})
+
+
+def check_leases(report: AuditReport, controller: list[dict]) -> None:
+    """Every completion came from the lease's holder; count leases still open at the end of the log."""
+    holder = {ev["lease_id"]: ev.get("replica_id") for ev in controller if ev["kind"] == "lease_granted"}
+    ended = set()
+    for ev in controller:
+        if ev["kind"] in ("lease_completed", "lease_expired"):
+            ended.add(ev["lease_id"])
+            by = ev.get("replica_id")
+            if ev["kind"] == "lease_completed" and holder.get(ev["lease_id"], by) not in (by, None):
+                report.stolen_leases.append({"lease_id": ev["lease_id"], "holder": holder[ev["lease_id"]],
+                                             "completed_by": ev["replica_id"]})
+    report.open_leases = len(set(holder) - ended)
+
+
+def check_fall_back(report: AuditReport, learner: list[dict]) -> None:
+    """The learner's step numbers only go on by one, except right after a `resumed` record (from its step)."""
+    last = 0
+    for ev in learner:
+        if ev["kind"] == "resumed":
+            last = ev["from_step"]
+        elif ev["kind"] == "step" and "step" in ev:
+            if ev["step"] != last + 1:
+                report.fell_back.append(f"step {ev['step']} (version {ev['version']}) after step {last} "
+                                        "without resuming")
+            last = ev["step"]
 
 
 def surviving(learner: list[dict]) -> list[dict]:
@@ -129,6 +167,8 @@ def audit_run(run_dir: str | Path) -> AuditReport:
                 rollouts.append({**ev, "_source": path.stem})
     check_eta(report, controller)
     _check_versions(report, controller, learner, rollouts)
+    check_leases(report, controller)
+    check_fall_back(report, read_events(run_dir, "learner"))
 
     written = {ev["group_id"]: ev for ev in rollouts}
     report.groups_written = len(written)

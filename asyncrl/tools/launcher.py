@@ -177,8 +177,8 @@ def start_and_supervise(cfg: AsyncRLConfig, group: ProcessGroup) -> int:
         restartable[f"rollout-{i}"] = Restartable(group.start_cli(f"rollout-{i}", argv, env), argv, env,
                                                   cfg.rollout.max_restarts)
     argv = ["learner", *args]
-    # A learner that dies comes back from its latest checkpoint; with none yet, it could only start over from
-    # the base weights under the run's later version numbers, so the supervisor then ends the run.
+    # A learner that dies comes back from its latest checkpoint (the base model when there is none yet) and
+    # takes the run back there.
     learner = Restartable(group.start_cli("learner", argv), [*argv, "--set", "learner.checkpoint.resume_from=latest"],
                           None, cfg.learner.max_restarts)
     return Supervisor(cfg, group, learner, restartable).run()

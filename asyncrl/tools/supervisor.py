@@ -5,8 +5,8 @@ What dies is started again, each at most its `max_restarts` times:
 - the teacher and the controller, on their ports (the controller restores its state from Redis; the others'
   calls wait for it and retry);
 - the local redis-server, on its port and append-only file (`buffer.local_max_restarts`; clients reconnect);
-- the learner, from its latest checkpoint (`learner.max_restarts`): it resets the run to that checkpoint
-  (`Controller.ResetTimeline`) and trains on; without a checkpoint yet the run ends.
+- the learner, from its latest checkpoint (`learner.max_restarts`), or the base model when it has none yet: it
+  takes the run back there (`Controller.ResetTimeline`) and trains on.
 Anything else that dies, or a process out of restarts, ends the run (exit code 1).
 """
 
@@ -65,12 +65,12 @@ class Supervisor:
             time.sleep(1.0)
 
     def _restart_learner(self, code: int) -> bool:
-        ckpt = latest_checkpoint(self.cfg.run_dir)
-        if ckpt is None or self.learner.restarts >= self.learner.max_restarts:
-            why = "it has no checkpoint to resume from yet" if ckpt is None else "out of restarts"
-            print(f"[up] learner failed ({code}); {why}:\n{self.learner.child.tail()}", flush=True)
+        if self.learner.restarts >= self.learner.max_restarts:
+            print(f"[up] learner failed ({code}); out of restarts:\n{self.learner.child.tail()}", flush=True)
             return False
-        print(f"[up] learner exited with {code}; restarting it from its checkpoint {ckpt.name} "
+        ckpt = latest_checkpoint(self.cfg.run_dir)
+        start = f"its checkpoint {ckpt.name}" if ckpt is not None else "the base model (no checkpoint yet)"
+        print(f"[up] learner exited with {code}; restarting it from {start} "
               f"({self.learner.restarts + 1}/{self.learner.max_restarts})", flush=True)
         self.learner.restart(self.group)
         return True

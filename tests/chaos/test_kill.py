@@ -1,6 +1,7 @@
-"""Kill -9 services of a running demo, one after another (the teacher, the controller, redis-server, the
-learner, a replica): `asyncrl up` restarts each (the controller from its state in Redis, Redis on its
-append-only file, the learner alone from its latest checkpoint, taking the run back to it), the run
+"""Kill -9 services of a running demo, one after another (the learner before its first checkpoint, the
+teacher, the controller, redis-server, the learner again, a replica): `asyncrl up` restarts each (the
+controller from its state in Redis, Redis on its append-only file, the learner alone from its latest
+checkpoint or the base model, taking the run back there), the run
 completes all its steps and the audit finds
 nothing lost and nothing trained twice against the surviving policy; held-out accuracy after the learner's
 restart is the checkpoint's, not the base policy's."""
@@ -48,7 +49,11 @@ def test_killed_services_are_restarted_and_the_run_completes(tmp_path):
             "--set", f"run_dir={run_dir}", "--set", f"learner.total_steps={STEPS}",
             "--set", f"learner.eval_every={SAVE_EVERY}", "--set", f"learner.checkpoint.save_every={SAVE_EVERY}"]
     with running_up(*args) as proc:
-        wait_for(lambda: steps_done(run_dir) >= 12, 300, "12 learner steps")
+        wait_for(lambda: steps_done(run_dir) >= 6, 300, "6 learner steps")
+        kill(run_dir, "learner")  # no checkpoint yet: it comes back from the base model, the run back to version 0
+        wait_for(lambda: any(e["kind"] == "resumed" for e in read_events(run_dir, "learner")), 300, "the restart")
+        wait_for(lambda: len([e for e in surviving(read_events(run_dir, "learner")) if e["kind"] == "step"]) >= 12,
+                 300, "12 steps on the surviving timeline")
         kill(run_dir, "teacher")
         wait_for(lambda: steps_done(run_dir) >= 16, 300, "16 learner steps")
         kill(run_dir, "controller")
@@ -56,15 +61,16 @@ def test_killed_services_are_restarted_and_the_run_completes(tmp_path):
         kill_redis(run_dir)
         wait_for(lambda: steps_done(run_dir) >= 30, 300, "30 learner steps")
         kill(run_dir, "learner")  # its checkpoint is step 20: ten steps are lost and trained again
-        wait_for(lambda: any(e["kind"] == "resumed" for e in read_events(run_dir, "learner")), 300, "the restart")
+        wait_for(lambda: sum(e["kind"] == "resumed" for e in read_events(run_dir, "learner")) == 2, 300,
+                 "the second restart")
         wait_for(lambda: len([e for e in surviving(read_events(run_dir, "learner")) if e["kind"] == "step"]) >= 45,
                  300, "45 steps on the surviving timeline")
         kill(run_dir, "rollout")
         out, _ = proc.communicate(timeout=900)
     assert proc.returncode == 0, out[-5000:]
     assert "[up] audit OK" in out, out[-3000:]
-    for restart in ("restarting it from its checkpoint", "teacher exited", "controller exited",
-                    "redis-server exited", "rollout-0 exited"):
+    for restart in ("restarting it from the base model", "restarting it from its checkpoint", "teacher exited",
+                    "controller exited", "redis-server exited", "rollout-0 exited"):
         assert restart in out, (restart, out[-3000:])
     # The controller killed mid-run continued from its saved state; the learner restarted alone took the run
     # back to its checkpoint (version 20) with a timeline reset.
@@ -72,11 +78,11 @@ def test_killed_services_are_restarted_and_the_run_completes(tmp_path):
     starts = [e for e in controller if e["kind"] == "controller_started"]
     assert len(starts) == 2 and starts[0]["restored"] is None, starts
     assert starts[1]["restored"]["version"] >= 12 and starts[1]["restored"]["replicas"] == 2, starts[1]
-    [reset] = [e for e in controller if e["kind"] == "timeline_reset"]
-    assert reset["version"] == SAVE_EVERY and reset["previous_version"] >= 30, reset
+    first, second = [e for e in controller if e["kind"] == "timeline_reset"]
+    assert first["version"] == 0 and first["previous_version"] >= 6, first
+    assert second["version"] == SAVE_EVERY and second["previous_version"] > SAVE_EVERY, second
     learner = read_events(run_dir, "learner")
-    [resumed] = [e for e in learner if e["kind"] == "resumed"]
-    assert resumed["from_step"] == SAVE_EVERY
+    assert [e["from_step"] for e in learner if e["kind"] == "resumed"] == [0, SAVE_EVERY]
     timeline = surviving(learner)
     assert [e["step"] for e in timeline if e["kind"] == "step"] == list(range(1, STEPS + 1))
     # Accuracy after the restart continues from the checkpoint (the same greedy evaluation of the same weights).

@@ -12,8 +12,8 @@ def write(run_dir, name, events):
 
 
 def lease(lid, admitted_after, version, eta=1, b=4):
-    return {"t": 1, "kind": "lease_granted", "lease_id": lid, "admitted_after": admitted_after, "version": version,
-            "eta": eta, "batch_size": b}
+    return {"t": 1, "kind": "lease_granted", "lease_id": lid, "replica_id": "r0", "admitted_after": admitted_after,
+            "version": version, "eta": eta, "batch_size": b}
 
 
 def written(gid, eid, t=1.0, v=0):
@@ -136,3 +136,24 @@ def test_a_group_whose_lease_completed_as_written_is_accounted_for(tmp_path):
                             "num_written": 8}) + "\n")  # fmt: skip
     report = audit_run(tmp_path)
     assert report.trained_unwritten == [] and report.written_by_dead_replica == ["r1-l9"] and report.ok
+
+
+def test_a_learner_starting_over_without_resuming_is_a_fall_back(tmp_path):
+    """The failure this catches: a learner restarted by hand from the base weights while the run's versions
+    went on (its step numbers start again at 1, with no `resumed` record)."""
+    resumed_run(tmp_path)
+    assert audit_run(tmp_path).fell_back == []
+    resumed_run(tmp_path, with_resume_record=False)
+    report = audit_run(tmp_path)
+    assert report.fell_back == ["step 2 (version 2) after step 2 without resuming"] and not report.ok
+
+
+def test_a_lease_completed_by_another_replica_is_stolen_and_open_leases_are_counted(tmp_path):
+    good_run(tmp_path)
+    assert audit_run(tmp_path).open_leases == 3
+    with (tmp_path / "events" / "controller.jsonl").open("a") as f:
+        f.write(json.dumps({"t": 2, "kind": "lease_completed", "replica_id": "intruder", "lease_id": "l1", "n": 4,
+                            "num_written": 4}) + "\n")  # fmt: skip
+    report = audit_run(tmp_path)
+    assert report.stolen_leases == [{"lease_id": "l1", "holder": "r0", "completed_by": "intruder"}]
+    assert report.open_leases == 2 and not report.ok
