@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -25,8 +26,16 @@ def running_up(*args: str):
         yield proc
     finally:
         if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
+            # SIGTERM: `up` stops its children (they run in sessions of their own and would outlive a SIGKILL of
+            # `up`); whatever is left after that is killed, the whole tree.
+            proc.terminate()
+            try:
+                proc.communicate(timeout=60)
+            except subprocess.TimeoutExpired:
+                for pid in process_tree(proc.pid):
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGKILL)
+                proc.communicate()
 
 
 def steps_done(run_dir: Path) -> int:

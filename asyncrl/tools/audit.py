@@ -188,7 +188,7 @@ def audit_run(run_dir: str | Path) -> AuditReport:
     report.trained_unwritten = [g for g in unlogged if g not in accounted]
     final = [ev for ev in learner if ev["kind"] == "final_buffer"]
     remaining = set(final[-1]["entry_ids"]) if final else set()
-    end_t = final[-1]["t"] if final else float("inf")
+    end_t = final[-1].get("snapshot_t", final[-1]["t"]) if final else float("inf")
     for group_id, ev in written.items():
         if group_id in trained or group_id in rejected:
             continue

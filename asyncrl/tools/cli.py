@@ -3,14 +3,19 @@
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import json
 import logging
+import os
+import signal
 import sys
 
 from pydantic import ValidationError
 
 from asyncrl.core.config import AsyncRLConfig, load_config
 from asyncrl.core.preflight import ConfigError
+
+LOG_LEVEL_ENV = "ASYNCRL_LOG_LEVEL"
 
 
 def _config(args) -> AsyncRLConfig:
@@ -19,6 +24,17 @@ def _config(args) -> AsyncRLConfig:
 
 def _up(args):
     from asyncrl.tools.launcher import resume, run
+
+    def stop(_signum, _frame):
+        # SIGTERM stops the run like Ctrl-C: children stopped in order, then the audit. Once: a second signal
+        # (a second Ctrl-C, a supervisor forwarding it again) must not cut the clean-up short; whatever does
+        # not stop within its grace period is killed anyway.
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, signal.SIG_IGN)
+        raise KeyboardInterrupt
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, stop)
 
     if args.resume:
         return resume(args.resume, args.set)
@@ -89,7 +105,9 @@ def _probe(args):
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="asyncrl", description=__doc__)
-    parser.add_argument("--log-level", default="INFO")
+    parser.add_argument("--log-level", default=os.environ.get(LOG_LEVEL_ENV, "INFO"),
+                        help=f"DEBUG, INFO, WARNING, ... (also for the processes `up` starts; env {LOG_LEVEL_ENV})")
+    parser.add_argument("--version", action="version", version=f"asyncrl {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     def with_config(name, fn, help_, config_required=True):
@@ -125,6 +143,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    os.environ[LOG_LEVEL_ENV] = args.log_level  # the processes `up` starts inherit it
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
         return int(args.fn(args) or 0)
@@ -132,6 +151,13 @@ def main(argv: list[str] | None = None) -> int:
         # A config that cannot work is the user's to fix: say what and where, no traceback.
         print(f"asyncrl {args.command}: config error: {_one_line(err)}", file=sys.stderr, flush=True)
         return 2
+
+
+def _version() -> str:
+    try:
+        return importlib.metadata.version("asyncrl")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown (not installed)"
 
 
 def _one_line(err: Exception) -> str:

@@ -31,13 +31,32 @@ from asyncrl.tools.supervisor import Restartable, Supervisor
 
 
 def resolve(config: AsyncRLConfig) -> AsyncRLConfig:
-    """Fill in what a local run decides at start: the run dir ("{time}" expanded) and free ports for the
-    services others dial (a local run never collides with another one on fixed ports)."""
+    """Fill in what a local run decides at start: the run dir ("{time}" expanded, claimed) and free ports for
+    the services others dial that the config leaves at their defaults (a local run never collides with another
+    one on fixed ports; a port set in the config or with --set is kept)."""
     cfg = config.model_copy(deep=True)
-    cfg.run_dir = cfg.run_dir.format(time=datetime.now().strftime("%Y%m%d-%H%M%S"))
+    cfg.run_dir = claim_run_dir(cfg.run_dir)
     for section, field in ((cfg.controller, "port"), (cfg.controller, "status_port"), (cfg.teacher, "port")):
-        setattr(section, field, free_port(section.host))
+        if field not in section.model_fields_set:  # a port the user chose is kept
+            setattr(section, field, free_port(section.host))
     return cfg
+
+
+def claim_run_dir(template: str) -> str:
+    """The run directory: `template` with "{time}" expanded, created here so that two `up`s started in the
+    same second never share one (the second gets a "-2" suffix). A template without "{time}" is used as it
+    is (an existing non-empty directory is refused later)."""
+    if "{time}" not in template:
+        return template
+    base = template.format(time=datetime.now().strftime("%Y%m%d-%H%M%S"))
+    for n in range(1, 1000):
+        path = Path(base if n == 1 else f"{base}-{n}")
+        try:
+            path.mkdir(parents=True, exist_ok=False)
+            return str(path)
+        except FileExistsError:
+            continue
+    raise ConfigError(f"run_dir: no free directory for {template!r} after 999 tries")
 
 
 def ensure_models(cfg: AsyncRLConfig) -> None:
@@ -143,7 +162,7 @@ def launch(cfg: AsyncRLConfig, group: ProcessGroup) -> int:
         print("\n[up] interrupted; stopping", flush=True)
         code = 130
     finally:
-        group.stop_all()
+        group.stop_all(first=("learner",))
     finish(cfg)
     return code
 
@@ -157,6 +176,7 @@ def start_and_supervise(cfg: AsyncRLConfig, group: ProcessGroup) -> int:
     args = ["--config", str(resolved)]
     print(f"[up] run dir {run_dir}  (config: {resolved})", flush=True)
     auth = run_auth(cfg)
+    print("[up] starting the controller", flush=True)
     argv = ["controller", *args]
     restartable = {"controller": Restartable(group.start_cli("controller", argv), argv, None,
                                              cfg.controller.max_restarts)}
@@ -172,10 +192,15 @@ def start_and_supervise(cfg: AsyncRLConfig, group: ProcessGroup) -> int:
         engines += cfg.teacher.engine.type == "vllm"
     for i in range(cfg.rollout.replicas):
         argv = ["rollout", *args, "--replica-id", f"replica-{i}"]
+        for field in ("port", "metrics_port"):  # fixed ports: one per replica, counting up from the configured
+            if getattr(cfg.rollout, field):
+                argv += ["--set", f"rollout.{field}={getattr(cfg.rollout, field) + i}"]
         env = vllm_cpu_binding(cfg.rollout.engine, engines)
         engines += cfg.rollout.engine.type == "vllm"
         restartable[f"rollout-{i}"] = Restartable(group.start_cli(f"rollout-{i}", argv, env), argv, env,
                                                   cfg.rollout.max_restarts)
+    print(f"[up] started {'the teacher, ' if cfg.teacher.enabled else ''}{cfg.rollout.replicas} rollout "
+          f"replicas and the learner (logs in {run_dir / 'logs'})", flush=True)
     argv = ["learner", *args]
     # A learner that dies comes back from its latest checkpoint (the base model when there is none yet) and
     # takes the run back there.

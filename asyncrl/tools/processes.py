@@ -60,9 +60,12 @@ class ProcessGroup:
     def failed(self) -> list[Child]:
         return [c for c in self.children if c.proc.poll() not in (None, 0)]
 
-    def stop_all(self, grace_s: float = 15.0, keep: tuple[str, ...] = ()) -> None:
+    def stop_all(self, grace_s: float = 15.0, keep: tuple[str, ...] = (), first: tuple[str, ...] = ()) -> None:
         """SIGTERM every child (except those named in `keep`), SIGKILL what is still running after `grace_s`;
-        the stopped ones leave the group."""
+        the stopped ones leave the group. Children named in `first` are stopped (and waited for) before the
+        others: the learner ends its step and records what is left while the services it talks to still run."""
+        if first:
+            self.stop_all(grace_s, keep=tuple(c.name for c in self.children if c.name not in first) + keep)
         stopping = [c for c in reversed(self.children) if c.name not in keep]
         for child in stopping:
             if child.alive():

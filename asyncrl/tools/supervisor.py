@@ -108,11 +108,20 @@ class Progress:
         self.tail = EventTail(cfg.run_dir, "learner", from_end=bool(cfg.learner.checkpoint.resume_from))
         self.start = time.time()
         self.first_eval: float | None = None
+        self.steps_seen = 0
+        self._said_waiting = self.start
 
     def poll(self) -> None:
+        now = time.time()
+        if self.steps_seen == 0 and now - self._said_waiting >= 5.0:
+            # Until the first step the log is silent: say what the run is waiting for.
+            self._said_waiting = now
+            print(f"[{now - self.start:6.0f}s] waiting for the first learner step (the replicas generate the first "
+                  f"batch of {self.cfg.learner.batch_size} trajectories)", flush=True)
         for ev in self.tail.poll():
             elapsed = time.time() - self.start
             if ev["kind"] == "step":
+                self.steps_seen += 1
                 print(f"[{elapsed:6.0f}s] step {ev['step']:3d}/{self.cfg.learner.total_steps} "
                       f"v{ev['version']:<3d} reward {ev['reward/mean']:.3f} "
                       f"staleness mean {ev['staleness/mean']:.2f} max {ev['staleness/max']} "

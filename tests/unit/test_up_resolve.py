@@ -1,0 +1,28 @@
+"""What `asyncrl up` decides at start: a run directory of its own, free ports only where the user chose none."""
+
+from asyncrl.core.config import load_config
+from asyncrl.tools.cli import main
+from asyncrl.tools.launcher import claim_run_dir, resolve
+
+
+def test_two_runs_started_in_the_same_second_get_directories_of_their_own(tmp_path):
+    template = str(tmp_path / "runs" / "{time}")
+    first, second = claim_run_dir(template), claim_run_dir(template)
+    assert first != second and second.startswith(first)  # "<time>" and "<time>-2" (or the next second)
+    assert claim_run_dir(str(tmp_path / "fixed")) == str(tmp_path / "fixed")  # no {time}: used as given
+
+
+def test_ports_set_by_the_user_are_kept_the_others_are_picked(tmp_path):
+    config_file = tmp_path / "c.yaml"
+    config_file.write_text(f"run_dir: {tmp_path}/r-{{time}}\n")
+    cfg = resolve(load_config(config_file, ["controller.status_port=18080"]))
+    assert cfg.controller.status_port == 18080
+    assert cfg.controller.port != 50051 and cfg.teacher.port != 50061  # the defaults were replaced by free ports
+
+
+def test_version(capsys):
+    try:
+        main(["--version"])
+    except SystemExit as done:
+        assert done.code == 0
+    assert capsys.readouterr().out.startswith("asyncrl ")
