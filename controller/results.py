@@ -59,6 +59,18 @@ class LearnerReport:
     consumed: int
     at: float
     """State clock time of the heartbeat."""
+    progress: LearnerFigures | None = None
+
+
+@dataclass(frozen=True)
+class LearnerFigures:
+    """What the learner reports after a step, for the status page (None: not reported)."""
+
+    total_steps: int = 0
+    reward_mean: float | None = None
+    eval_accuracy: float | None = None
+    staleness_mean: float | None = None
+    step_seconds: float | None = None
 
 
 @dataclass(frozen=True)

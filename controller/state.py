@@ -19,6 +19,7 @@ import hmac
 import secrets
 import threading
 import time
+from collections import deque
 
 from asyncrl.controller import staleness
 from asyncrl.controller.admission import Admission
@@ -32,6 +33,7 @@ from asyncrl.controller.reaper import Reaper
 from asyncrl.controller.registry import Replica, ReplicaRegistry
 from asyncrl.controller.results import (
     CommitResult,
+    LearnerFigures,
     LearnerPulse,
     LearnerReport,
     Registration,
@@ -46,6 +48,9 @@ from asyncrl.core.preflight import ConfigError
 class StateOfAnotherRun(ConfigError):
     """The store holds the state of another run (its run_dir differs)."""
 
+
+_HISTORY = 1000
+"""Learner steps the status page's charts keep."""
 
 _REPLICA_SCAN_S = 0.1
 """Lazy reaping looks for dead replicas at most this often (seconds of the state's clock)."""
@@ -79,6 +84,8 @@ class ControllerState(Admission):
         self._last_replica_scan = float("-inf")
         self._wakers: list = []
         self._learner: LearnerReport | None = None
+        self._history: deque[dict] = deque(maxlen=_HISTORY)
+        """The learner's figures per step (the status page's charts), the last _HISTORY steps."""
         self._reaper: Reaper | None = None
         self._run_id = run_id
         self._probe = probe
@@ -215,12 +222,21 @@ class ControllerState(Admission):
             self._changed(replicas=True)
             return TimelineReset(version, len(expired), cursor)
 
-    def learner_heartbeat(self, step: int, version: int, consumed: int) -> LearnerPulse:
-        """Record the learner's progress; ask for a resync push when a live replica needs one."""
+    def learner_heartbeat(self, step: int, version: int, consumed: int,
+                          figures: LearnerFigures | None = None) -> LearnerPulse:
+        """Record the learner's progress (and, after a step, its figures: the status page's history); ask for
+        a resync push when a live replica needs one."""
         with self._cond:
             self._reap_locked()
             now = self._clock()
-            self._learner = LearnerReport(step, version, consumed, now)
+            # A heartbeat while waiting for data carries no figures: the last step's stay on show.
+            shown = figures or (self._learner.progress if self._learner is not None else None)
+            self._learner = LearnerReport(step, version, consumed, now, shown)
+            if figures is not None and figures.reward_mean is not None and (
+                    not self._history or self._history[-1]["step"] != step):
+                self._history.append({"step": step, "t": self._wall(), "reward": figures.reward_mean,
+                                      "accuracy": figures.eval_accuracy, "staleness": figures.staleness_mean,
+                                      "step_s": figures.step_seconds})
             lagging = any(r.needs_sync(self._current_version) for r in self._registry.live())
             return LearnerPulse(lagging and not self._pushes.is_fresh(now), self._current_version)
 
@@ -259,10 +275,8 @@ class ControllerState(Admission):
                 "leases_expired": self._leases.expired_total,
                 "pushes_committed": self._pushes.committed,
                 "open_push": self._pushes.view(now),
-                "learner": None if self._learner is None else {
-                    "step": self._learner.step, "version": self._learner.version,
-                    "consumed": self._learner.consumed, "heartbeat_age_s": now - self._learner.at,
-                },
+                "learner": None if self._learner is None else learner_view(self._learner, now),
+                "history": list(self._history),
                 "replicas": [self._replica_view(r, now, current) for r in self._registry.all()],
             }  # fmt: skip
 
@@ -378,3 +392,17 @@ class ControllerState(Admission):
             "last_heartbeat_age_s": replica.heartbeat_age(now),
             "engine": replica.engine,
         }
+
+
+def learner_view(report: LearnerReport, now: float) -> dict:
+    """The learner's last report as the status page shows it, with the ETA from its last step time."""
+    view = {"step": report.step, "version": report.version, "consumed": report.consumed,
+            "heartbeat_age_s": now - report.at}
+    figures = report.progress
+    if figures is not None:
+        view.update(total_steps=figures.total_steps, reward_mean=figures.reward_mean,
+                    eval_accuracy=figures.eval_accuracy, staleness_mean=figures.staleness_mean,
+                    step_seconds=figures.step_seconds)
+        if figures.step_seconds and figures.total_steps > report.step:
+            view["eta_s"] = figures.step_seconds * (figures.total_steps - report.step)
+    return view

@@ -44,7 +44,9 @@ def make_app(state: ControllerState) -> FastAPI:
 
 
 def render_html(snap: dict) -> str:
-    """A small self-refreshing page: the admission numbers, the replicas table, the push in flight."""
+    """A small self-refreshing page: the learner's progress (step of total, reward, held-out accuracy,
+    staleness, step time, ETA) with charts of the last steps, the admission numbers, the push in flight, the
+    replicas table."""
     esc = html.escape
     eta = "unbounded" if snap["eta"] is None else snap["eta"]
     limit = "∞" if snap["max_admissible"] is None else snap["max_admissible"]
@@ -65,11 +67,12 @@ def render_html(snap: dict) -> str:
         f"{len(push['receivers'])} receivers, {push['age_s']:.1f} s)"
     )
     learner = snap["learner"]
-    learner_line = (
-        "no heartbeat yet"
-        if learner is None
-        else f"step {learner['step']}, version {learner['version']}, consumed {learner['consumed']}, "
-        f"heartbeat {learner['heartbeat_age_s']:.1f} s ago"
+    learner_line = "no heartbeat yet" if learner is None else learner_summary(learner)
+    history = snap.get("history", [])
+    charts = "".join(
+        chart(f"{label} by step", [(h["step"], h[key]) for h in history if h.get(key) is not None])
+        for key, label in (("reward", "reward (mean)"), ("accuracy", "held-out greedy accuracy"),
+                           ("staleness", "staleness (mean versions)"), ("step_s", "seconds per step"))
     )
     return f"""<!doctype html>
 <html><head><meta charset="utf-8"><meta http-equiv="refresh" content="{_REFRESH_S}">
@@ -84,10 +87,52 @@ of at most {limit} &middot; held requests <b>{snap["held_requests"]}</b> &middot
 &middot; next prompt index {snap["next_prompt_index"]}</p>
 <p>pushes committed: {snap["pushes_committed"]} &middot; open push: {push_line}</p>
 <p>learner: {learner_line}</p>
+<div>{charts}</div>
 <table><tr><th>replica</th><th>address</th><th>engine</th><th>version</th><th>alive</th><th>needs sync</th>
 <th>leases</th><th>heartbeat age</th></tr>{rows}</table>
 <p><a href="/status">/status</a> &middot; <a href="/metrics">/metrics</a></p>
 </body></html>"""
+
+
+def learner_summary(learner: dict) -> str:
+    """Step (of total, with a progress bar), version, the last step's figures, the ETA."""
+    total = learner.get("total_steps") or 0
+    parts = [f"step <b>{learner['step']}</b>" + (f" of {total}" if total else "")]
+    if total:
+        parts[0] += f' <progress value="{min(learner["step"], total)}" max="{total}"></progress>'
+    parts.append(f"version {learner['version']}")
+    for key, label, fmt in (("reward_mean", "reward", "{:.3f}"), ("eval_accuracy", "held-out accuracy", "{:.3f}"),
+                            ("staleness_mean", "staleness", "{:.2f}"), ("step_seconds", "step", "{:.2f} s")):
+        if learner.get(key) is not None:
+            parts.append(f"{label} <b>{fmt.format(learner[key])}</b>")
+    if learner.get("eta_s") is not None:
+        parts.append(f"ETA {_duration(learner['eta_s'])}")
+    parts.append(f"consumed {learner['consumed']}, heartbeat {learner['heartbeat_age_s']:.1f} s ago")
+    return " &middot; ".join(parts)
+
+
+def chart(title: str, points: list[tuple[float, float]], width: int = 320, height: int = 90) -> str:
+    """An inline SVG line chart of (x, y) points with its title and the y range (empty without two points)."""
+    if len(points) < 2:
+        return ""
+    xs, ys = [x for x, _ in points], [y for _, y in points]
+    x0, x1, y0, y1 = min(xs), max(xs), min(ys), max(ys)
+    xspan, yspan = (x1 - x0) or 1.0, (y1 - y0) or 1.0
+    pad = 4
+    coords = " ".join(
+        f"{pad + (x - x0) / xspan * (width - 2 * pad):.1f},{height - pad - (y - y0) / yspan * (height - 2 * pad):.1f}"
+        for x, y in points
+    )
+    return (f'<figure style="display:inline-block;margin:0 1em 1em 0"><figcaption>{html.escape(title)}: '
+            f"{ys[-1]:.3g} (range {y0:.3g} to {y1:.3g})</figcaption>"
+            f'<svg width="{width}" height="{height}" style="border:1px solid #ccc">'
+            f'<polyline fill="none" stroke="#1f77b4" stroke-width="1.5" points="{coords}"/></svg></figure>')
+
+
+def _duration(seconds: float) -> str:
+    minutes, secs = divmod(int(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{secs:02d}s"
 
 
 class StatusPage:

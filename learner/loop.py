@@ -32,6 +32,9 @@ class LearnerProgress:
     last_reward_mean: float = 0.0
     last_eval_accuracy: float = -1.0
     last_step_s: float = 0.0
+    last_staleness_mean: float = 0.0
+    last_wall_s: float = 0.0
+    """Wall time from the end of the previous step to the end of this one (waiting for data included)."""
     data_position: int = 0
     """One past the highest prompt index trained on."""
 
@@ -66,12 +69,21 @@ class LearnerLoop:
         """Set when this learner reset the run to its checkpoint: keeps the lost timeline's late groups out."""
         self.groups_per_step = config.learner.batch_size // config.sampling.group_size
         self.progress = LearnerProgress()
+        self._last_step_end: float | None = None
 
     # -- data -----------------------------------------------------------------------------------------
     def _heartbeat(self) -> None:
-        resp = self.stub.LearnerHeartbeat(
-            controller_pb2.LearnerHeartbeatRequest(step=self.progress.step, version=self.progress.version,
-                                                   consumed=self.progress.consumed), timeout=30)
+        """Tell the controller where the learner is (its status page shows it): while waiting for data, and
+        after every step with that step's figures."""
+        p = self.progress
+        request = controller_pb2.LearnerHeartbeatRequest(step=p.step, version=p.version, consumed=p.consumed,
+                                                         total_steps=self.config.learner.total_steps)
+        if p.step > 0:
+            request.reward_mean, request.staleness_mean = p.last_reward_mean, p.last_staleness_mean
+            request.step_seconds = p.last_wall_s
+        if p.last_eval_accuracy >= 0:
+            request.eval_accuracy = p.last_eval_accuracy
+        resp = self.stub.LearnerHeartbeat(request, timeout=30)
         if resp.sync_requested:
             result = self.publisher.push(self.progress.version)
             self.events.write("resync", version=result.version, acked=result.acked, dropped=result.dropped,
@@ -252,6 +264,10 @@ class LearnerLoop:
         self.progress.consumed += len(batch)
         self.progress.last_reward_mean = metrics["reward/mean"]
         self.progress.last_step_s = metrics["time/step_s"]
+        self.progress.last_staleness_mean = metrics.get("staleness/mean", 0.0)
+        now = time.time()
+        self.progress.last_wall_s = now - (self._last_step_end or now - metrics["time/step_s"])
+        self._last_step_end = now
         self.progress.data_position = max(
             [self.progress.data_position] + [entry.group.prompt_index + 1 for entry in entries]
         )
@@ -261,3 +277,4 @@ class LearnerLoop:
         self.events.write("step", step=self.progress.step, version=push.version, push_s=push.total_s,
                           push_bytes=push.bytes_sent, push_receivers=push.receivers, push_dropped=push.dropped,
                           **metrics)
+        self._heartbeat()  # the status page follows every step

@@ -41,6 +41,7 @@ from asyncrl.controller.errors import (
 )
 from asyncrl.controller.persistence import make_store
 from asyncrl.controller.push import PushOffer, WeightNotifier
+from asyncrl.controller.results import LearnerFigures
 from asyncrl.controller.state import ControllerState
 from asyncrl.controller.status_page import StatusPage
 from asyncrl.core.auth import resolve_auth
@@ -196,7 +197,9 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
             check_range(request.step, 0, MAX_COUNT, "step")
             check_range(request.consumed, 0, MAX_COUNT, "consumed")
             self._require_version(request.version, "version")
-            pulse = self.state.learner_heartbeat(request.step, request.version, request.consumed)
+            check_range(request.total_steps, 0, MAX_COUNT, "total_steps")
+            pulse = self.state.learner_heartbeat(request.step, request.version, request.consumed,
+                                                 learner_figures(request))
             return controller_pb2.LearnerHeartbeatResponse(
                 sync_requested=pulse.sync_requested, current_version=pulse.current_version
             )
@@ -221,6 +224,20 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
     def _require_version(self, version: int, field: str) -> None:
         """A version someone holds or offers is at most one past the committed one (a push in flight)."""
         check_range(version, 0, self.state.current_version + 1, field)
+
+
+def learner_figures(request) -> LearnerFigures | None:
+    """The optional progress figures of a LearnerHeartbeatRequest, checked (finite, in range)."""
+    bounds = {"reward_mean": (-1e6, 1e6), "eval_accuracy": (0.0, 1.0), "staleness_mean": (0.0, 1e9),
+              "step_seconds": (0.0, MAX_TIMEOUT_S)}
+    values = {}
+    for field, (low, high) in bounds.items():
+        if request.HasField(field):
+            check_range(getattr(request, field), low, high, field)
+            values[field] = getattr(request, field)
+    if not values:
+        return None
+    return LearnerFigures(total_steps=request.total_steps, **values)
 
 
 def status_message(snap: dict) -> controller_pb2.ControllerStatus:

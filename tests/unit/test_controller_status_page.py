@@ -29,3 +29,23 @@ def test_html_escapes_replica_fields():
     snap = state.snapshot()
     snap["replicas"][0]["replica_id"] = "<script>"
     assert "<script>" not in render_html(snap) and "&lt;script&gt;" in render_html(snap)
+
+
+def test_the_learner_reports_every_step_and_the_page_shows_progress_charts_and_eta():
+    from asyncrl.controller.results import LearnerFigures
+
+    state, _, _, _ = make_state()
+    for step in range(1, 6):
+        accuracy = 0.4 + 0.02 * step if step % 2 == 0 else None
+        state.learner_heartbeat(step, step, step * 8, LearnerFigures(
+            total_steps=100, reward_mean=0.1 * step, eval_accuracy=accuracy, staleness_mean=1.5, step_seconds=0.5))
+    state.learner_heartbeat(5, 5, 40)  # a heartbeat while waiting for data adds no point
+    snap = state.snapshot()
+    assert [h["step"] for h in snap["history"]] == [1, 2, 3, 4, 5]
+    # The last figures stay on show while the learner waits for data; ETA = 95 steps x 0.5 s.
+    assert snap["learner"]["step"] == 5 and snap["learner"]["eta_s"] == 47.5
+    page = render_html(snap)
+    assert "step <b>5</b> of 100" in page and '<progress value="5" max="100">' in page
+    assert "reward <b>0.500</b>" in page and "staleness <b>1.50</b>" in page and "ETA 0m47s" in page
+    assert page.count("<polyline") == 4  # reward, accuracy (two evaluated steps), staleness, step time
+    assert "reward (mean) by step: 0.5" in page
