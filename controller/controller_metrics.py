@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from asyncrl.core.metrics import service_registry
+
 PREFIX = "asyncrl_controller_"
 
 # Holds are bounded by max_hold_s (seconds); pushes range from milliseconds (tiny model, loopback) to minutes.
@@ -18,7 +20,7 @@ _PUSH_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 12
 
 class ControllerMetrics:
     def __init__(self, registry: CollectorRegistry | None = None):
-        self.registry = registry or CollectorRegistry()
+        self.registry = registry or service_registry("controller")
         r = self.registry
         self.current_version = Gauge(PREFIX + "current_version", "Committed policy version i.", registry=r)
         self.admitted_trajectories = Gauge(

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import Counter, Gauge, Histogram
+
+from asyncrl.core.metrics import service_registry
 
 
 class LearnerMetrics:
     def __init__(self):
-        self.registry = r = CollectorRegistry()
+        self.registry = r = service_registry("learner")
         self.step = Gauge("asyncrl_learner_step", "Learner steps done", registry=r)
         self.version = Gauge("asyncrl_learner_version", "Policy version published", registry=r)
         self.consumed = Counter("asyncrl_learner_trajectories_consumed", "Trajectories trained on", registry=r)

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import Counter, Gauge, Histogram
+
+from asyncrl.core.metrics import service_registry
 
 
 class RolloutMetrics:
     def __init__(self):
-        self.registry = r = CollectorRegistry()
+        self.registry = r = service_registry("rollout")
         self.groups_written = Counter("asyncrl_rollout_groups_written", "Trajectory groups written", registry=r)
         self.pushes_refused = Counter("asyncrl_rollout_pushes_refused",
                                       "UpdateWeights calls refused: not ordered by this replica's controller", registry=r)

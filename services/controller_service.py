@@ -275,6 +275,7 @@ def create_server(
         [SERVICE_NAME],
         auth,
         migration_workers=_WORKERS,
+        registry=state.metrics.registry,
     )
     servicer.wakeup = Wakeup(server.loop)
     state.add_waker(servicer.wakeup.notify)

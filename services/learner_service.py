@@ -46,13 +46,14 @@ class LearnerServicer(learner_pb2_grpc.LearnerServicer):
                                          last_eval_accuracy=p.last_eval_accuracy, last_step_s=p.last_step_s)
 
 
-def create_server(config, progress: LearnerProgress | None = None):
-    """The Learner status gRPC server (not started); `server.servicer.progress` is live progress."""
+def create_server(config, progress: LearnerProgress | None = None, registry=None):
+    """The Learner status gRPC server (not started); `server.servicer.progress` is live progress; its RPCs are
+    counted in `registry` (the learner's metrics) when given."""
     servicer = LearnerServicer(progress or LearnerProgress())
     server, port, _health = build_server(
         config.learner.host, config.learner.port,
         [lambda s: learner_pb2_grpc.add_LearnerServicer_to_server(servicer, s)], [SERVICE],
-        resolve_auth(config.security),
+        resolve_auth(config.security), registry=registry,
     )
     server.servicer = servicer
     return server, port
@@ -92,7 +93,7 @@ def serve(config) -> LearnerProgress:
     path = resume_path(config)
     if path:
         loop.resume(load_checkpoint(path, model, loop.trainer.optimizer), path)
-    server, port = create_server(config, loop.progress)
+    server, port = create_server(config, loop.progress, metrics.registry)
     server.start()
     metrics_port = serve_metrics(config.learner.host, config.learner.metrics_port, metrics.registry)
     print(f"asyncrl-learner listening grpc={config.learner.host}:{port} "

@@ -129,7 +129,7 @@ def create_server(config, engine=None, engine_lock=None, metrics=None, replica_i
     server, port, _health = build_server(
         config.rollout.host, config.rollout.port,
         [lambda s: rollout_pb2_grpc.add_RolloutServicer_to_server(servicer, s)], [SERVICE],
-        resolve_auth(config.security),
+        resolve_auth(config.security), registry=servicer.metrics.registry,
     )
     server.servicer = servicer
     return server, port

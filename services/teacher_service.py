@@ -41,7 +41,7 @@ def create_server(config, engine=None):
                                              max_sequences=config.learner.batch_size))
     server, port, _health = build_server(
         tcfg.host, tcfg.port, [lambda s: teacher_pb2_grpc.add_TeacherServicer_to_server(servicer, s)], [SERVICE],
-        resolve_auth(config.security),
+        resolve_auth(config.security), registry=servicer.scorer.metrics.registry,
     )
     server.servicer = servicer
     return server, port

@@ -7,15 +7,16 @@ from __future__ import annotations
 
 import time
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import Counter, Histogram
 
 from asyncrl.core.engines.base import Engine
+from asyncrl.core.metrics import service_registry
 from asyncrl.core.validation import check_token_ids, require
 
 
 class TeacherMetrics:
     def __init__(self):
-        self.registry = r = CollectorRegistry()
+        self.registry = r = service_registry("teacher")
         self.sequences = Counter("asyncrl_teacher_sequences_scored", "Sequences scored", registry=r)
         self.tokens = Counter("asyncrl_teacher_tokens_scored", "Response tokens scored", registry=r)
         self.seconds = Histogram("asyncrl_teacher_score_seconds", "Score RPC time", registry=r)

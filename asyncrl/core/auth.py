@@ -23,6 +23,7 @@ import hmac
 import inspect
 import os
 import secrets
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -144,72 +145,117 @@ def _abort(code: grpc.StatusCode, message: str):
     return grpc.unary_unary_rpc_method_handler(behaviour)
 
 
-def _parse_checked(handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodHandler:
-    """The same handler, taking raw bytes and parsing them itself, so undecodable bytes get INVALID_ARGUMENT.
+def _parse_checked(handler: grpc.RpcMethodHandler, method: str, metrics=None) -> grpc.RpcMethodHandler:
+    """The same handler, taking raw bytes and parsing them itself, so undecodable bytes get INVALID_ARGUMENT;
+    timed and counted by status code in `metrics` (an `asyncrl.core.metrics.RpcMetrics`) when given.
     Coroutine handlers (an asyncio server's) get a coroutine wrapper."""
     parse = handler.request_deserializer
-    if parse is None or not handler.unary_unary:
+    if not handler.unary_unary:
         return handler
     behaviour = handler.unary_unary
 
-    def invalid(err: Exception) -> str:
-        return f"request is not a valid message for {method}: {type(err).__name__}"
+    def request_of(raw: bytes):
+        if parse is None:
+            return raw, None
+        try:
+            return parse(raw), None
+        except Exception as err:  # noqa: BLE001 - any parse failure is the caller's bytes
+            return None, f"request is not a valid message for {method}: {type(err).__name__}"
 
     if inspect.iscoroutinefunction(behaviour):
         async def checked_async(raw: bytes, context):
+            labels, started = (metrics.start(method), time.perf_counter()) if metrics else (None, 0.0)
             try:
-                request = parse(raw)
-            except Exception as err:  # noqa: BLE001 - any parse failure is the caller's bytes
-                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, invalid(err))
-            return await behaviour(request, context)
+                request, invalid = request_of(raw)
+                if invalid:
+                    await context.abort(grpc.StatusCode.INVALID_ARGUMENT, invalid)
+                return await behaviour(request, context)
+            finally:
+                if metrics:
+                    metrics.done(labels, context.code(), time.perf_counter() - started)
 
         checked = checked_async
     else:
         def checked(raw: bytes, context):
+            if not metrics:
+                request, invalid = request_of(raw)
+                if invalid:
+                    context.abort(grpc.StatusCode.INVALID_ARGUMENT, invalid)
+                return behaviour(request, context)
+            labels, started = metrics.start(method), time.perf_counter()
+            # A sync handler on an asyncio server gets a context without code(): record what it sets instead.
+            recorded = _CodeRecorder(context)
+            failed = True
             try:
-                request = parse(raw)
-            except Exception as err:  # noqa: BLE001 - any parse failure is the caller's bytes
-                context.abort(grpc.StatusCode.INVALID_ARGUMENT, invalid(err))
-            return behaviour(request, context)
+                request, invalid = request_of(raw)
+                if invalid:
+                    recorded.abort(grpc.StatusCode.INVALID_ARGUMENT, invalid)
+                answer = behaviour(request, recorded)
+                failed = False
+                return answer
+            finally:
+                code = recorded.code or (grpc.StatusCode.UNKNOWN if failed else grpc.StatusCode.OK)
+                metrics.done(labels, code, time.perf_counter() - started)
 
     return grpc.unary_unary_rpc_method_handler(checked, request_deserializer=None,
                                                response_serializer=handler.response_serializer)
 
 
+class _CodeRecorder:
+    """A servicer context that remembers the status code a handler sets (abort, set_code)."""
+
+    def __init__(self, context):
+        self._context, self.code = context, None
+
+    def abort(self, code, details):
+        self.code = code
+        return self._context.abort(code, details)
+
+    def set_code(self, code):
+        self.code = code
+        return self._context.set_code(code)
+
+    def __getattr__(self, name):
+        return getattr(self._context, name)
+
+
 class _Guard:
     """The guard's decisions, shared by the thread-pool and the asyncio interceptors."""
 
-    def __init__(self, auth: Auth):
+    def __init__(self, auth: Auth, metrics=None):
+        self._metrics = metrics
         self._expected = None if auth.token is None else (SCHEME + auth.token).encode()
         # method -> its parse-checked handler, built once (a handler per call would be work on every RPC).
         self._checked: dict[str, grpc.RpcMethodHandler] = {}
 
     def refusal(self, handler_call_details) -> grpc.RpcMethodHandler | None:
-        """A handler answering UNAUTHENTICATED, or None when the call may proceed."""
+        """A handler answering UNAUTHENTICATED (counted like any call), or None when the call may proceed."""
         method = handler_call_details.method
         if self._expected is None or method.startswith(OPEN_SERVICES):
             return None
         supplied = dict(handler_call_details.invocation_metadata or ()).get(METADATA_KEY)
         if supplied is None:
-            return _abort(grpc.StatusCode.UNAUTHENTICATED, "missing token (metadata 'authorization: Bearer ...')")
-        if not hmac.compare_digest(supplied.encode(), self._expected):
-            return _abort(grpc.StatusCode.UNAUTHENTICATED, "invalid token")
-        return None
+            why = "missing token (metadata 'authorization: Bearer ...')"
+        elif not hmac.compare_digest(supplied.encode(), self._expected):
+            why = "invalid token"
+        else:
+            return None
+        return _parse_checked(_abort(grpc.StatusCode.UNAUTHENTICATED, why), method, self._metrics)
 
     def checked(self, method: str, handler: grpc.RpcMethodHandler | None) -> grpc.RpcMethodHandler | None:
         if handler is None:
             return None
         checked = self._checked.get(method)
         if checked is None:
-            checked = self._checked[method] = _parse_checked(handler, method)
+            checked = self._checked[method] = _parse_checked(handler, method, self._metrics)
         return checked
 
 
 class GuardInterceptor(grpc.ServerInterceptor):
     """The guard of a thread-pool server."""
 
-    def __init__(self, auth: Auth):
-        self._guard = _Guard(auth)
+    def __init__(self, auth: Auth, metrics=None):
+        self._guard = _Guard(auth, metrics)
 
     def intercept_service(self, continuation, handler_call_details):
         refused = self._guard.refusal(handler_call_details)
@@ -221,8 +267,8 @@ class GuardInterceptor(grpc.ServerInterceptor):
 class AioGuardInterceptor(grpc.aio.ServerInterceptor):
     """The guard of an asyncio server (`asyncrl.core.grpc_util.build_aio_server`)."""
 
-    def __init__(self, auth: Auth):
-        self._guard = _Guard(auth)
+    def __init__(self, auth: Auth, metrics=None):
+        self._guard = _Guard(auth, metrics)
 
     async def intercept_service(self, continuation, handler_call_details):
         refused = self._guard.refusal(handler_call_details)

@@ -25,6 +25,7 @@ from grpc_reflection.v1alpha import reflection
 
 from asyncrl.core.auth import AioGuardInterceptor, Auth
 from asyncrl.core.grpc_util import MESSAGE_OPTIONS, add_port
+from asyncrl.core.metrics import RpcMetrics
 
 
 class AioServerThread:
@@ -83,7 +84,7 @@ class Wakeup:
 
 
 def build_aio_server(host: str, port: int, register: list, service_names: list[str], auth: Auth,
-                     migration_workers: int = 32) -> tuple[AioServerThread, int]:
+                     migration_workers: int = 32, registry=None) -> tuple[AioServerThread, int]:
     """Like `grpc_util.build_server`: `register` callbacks applied, grpc.health.v1 (SERVING for
     `service_names`) and reflection, every call guarded by `AioGuardInterceptor`; not yet started. Returns
     the server and the bound port; `register` callbacks may use `server.loop`."""
@@ -94,7 +95,8 @@ def build_aio_server(host: str, port: int, register: list, service_names: list[s
 
     async def build() -> int:
         server = grpc.aio.server(migration_thread_pool=futures.ThreadPoolExecutor(max_workers=migration_workers),
-                                 options=MESSAGE_OPTIONS, interceptors=[AioGuardInterceptor(auth)])
+                                 options=MESSAGE_OPTIONS,
+                                 interceptors=[AioGuardInterceptor(auth, RpcMetrics(registry) if registry else None)])
         handle._server = server
         for add in register:
             add(server)

@@ -13,6 +13,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from asyncrl.core.auth import Auth, GuardInterceptor, TokenInterceptor
+from asyncrl.core.metrics import RpcMetrics
 from asyncrl.core.validation import InvalidArgument
 
 MAX_MESSAGE_BYTES = 256 * 1024 * 1024
@@ -33,12 +34,15 @@ def build_server(
     service_names: list[str],
     auth: Auth,
     max_workers: int = 16,
+    registry=None,
 ) -> tuple[grpc.Server, int, health.HealthServicer]:
     """A started-ready (not yet started) server with `register` callbacks applied, grpc.health.v1 and
     reflection registered for `service_names` (full names, e.g. "asyncrl.v1.Controller"), every call guarded
-    by `asyncrl.core.auth.GuardInterceptor` (token, undecodable bytes)."""
+    by `asyncrl.core.auth.GuardInterceptor` (token, undecodable bytes) and, with a Prometheus `registry`, timed and
+    counted per method and status code (`asyncrl.core.metrics.RpcMetrics`)."""
+    metrics = RpcMetrics(registry) if registry is not None else None
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers), options=MESSAGE_OPTIONS,
-                         interceptors=[GuardInterceptor(auth)])
+                         interceptors=[GuardInterceptor(auth, metrics)])
     for add in register:
         add(server)
     health_servicer = health.HealthServicer()
