@@ -27,8 +27,10 @@ queue of held requests, and what unblocks each:
       |  events/controller.jsonl (controller.events)     |  status page /, /status, /metrics, /healthz
 
 Modules: `staleness` (the rule), `registry`, `leases`, `push` (the push in flight, its fan-out, and the
-`PushCoordinator` that begins, settles and aborts it), `state` (the lock, holding, reaping, the version),
-`reaper`, `controller_metrics`, `event_records` (record fields), `status_page`. The gRPC notifier that
-tells a replica to join a push is the service edge's (`asyncrl.services.weight_fanout`); test fakes are in
-`tests/fakes.py`.
+`PushCoordinator` that begins, settles and aborts it), `state` (the lock, reaping, the version, timeline
+resets), `admission` (granting and holding leases: held requests wait on the condition, or, on the asyncio
+gRPC edge, as coroutines woken by `add_waker`), `persistence` (the state kept in Redis across a controller
+restart), `reaper`, `controller_metrics`, `event_records` (record fields), `views` and `status_page`. The
+gRPC notifier that tells a replica to join a push, and the liveness probe of a registered replica, are the
+service edge's (`asyncrl.services.weight_fanout`); test fakes are in `tests/fakes.py`.
 """

@@ -22,6 +22,11 @@ from dataclasses import dataclass, field
 
 from asyncrl.controller.leases import Lease
 from asyncrl.controller.registry import Replica
+from asyncrl.core.preflight import ConfigError
+
+
+class StateOfAnotherRun(ConfigError):
+    """The store holds the state of another run (its run_dir differs)."""
 
 
 @dataclass

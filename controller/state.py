@@ -27,7 +27,14 @@ from asyncrl.controller.controller_metrics import ControllerMetrics
 from asyncrl.controller.errors import PreconditionFailed, ReplicaIdInUse
 from asyncrl.controller.event_records import EventSink, NoEvents
 from asyncrl.controller.leases import Lease, LeaseBook
-from asyncrl.controller.persistence import ControllerStore, NoStore, SavedState, StateWriter, restore_books
+from asyncrl.controller.persistence import (
+    ControllerStore,
+    NoStore,
+    SavedState,
+    StateOfAnotherRun,
+    StateWriter,
+    restore_books,
+)
 from asyncrl.controller.push import NEW, Outcome, PushCoordinator, PushOffer, PushSession, WeightNotifier
 from asyncrl.controller.reaper import Reaper
 from asyncrl.controller.registry import Replica, ReplicaRegistry
@@ -40,14 +47,9 @@ from asyncrl.controller.results import (
     ReplicaPulse,
     TimelineReset,
 )
+from asyncrl.controller.views import learner_view, replica_view
 from asyncrl.core.auth import liveness_mac
 from asyncrl.core.config import ControllerConfig
-from asyncrl.core.preflight import ConfigError
-
-
-class StateOfAnotherRun(ConfigError):
-    """The store holds the state of another run (its run_dir differs)."""
-
 
 _HISTORY = 1000
 """Learner steps the status page's charts keep."""
@@ -277,7 +279,8 @@ class ControllerState(Admission):
                 "open_push": self._pushes.view(now),
                 "learner": None if self._learner is None else learner_view(self._learner, now),
                 "history": list(self._history),
-                "replicas": [self._replica_view(r, now, current) for r in self._registry.all()],
+                "replicas": [replica_view(r, now, current, len(self._leases.of_replica(r.replica_id)))
+                             for r in self._registry.all()],
             }  # fmt: skip
 
     # ---- internals (call with the lock held) ------------------------------------------------------------
@@ -380,29 +383,3 @@ class ControllerState(Admission):
         self.metrics.admitted_trajectories.set(self._leases.admitted)
         self.metrics.held_requests.set(self._held)
         self.metrics.live_replicas.set(len(self._registry.live()))
-
-    def _replica_view(self, replica: Replica, now: float, current: int) -> dict:
-        return {
-            "replica_id": replica.replica_id,
-            "address": replica.address,
-            "weight_version": replica.weight_version,
-            "alive": replica.alive,
-            "needs_sync": replica.needs_sync(current),
-            "active_leases": len(self._leases.of_replica(replica.replica_id)),
-            "last_heartbeat_age_s": replica.heartbeat_age(now),
-            "engine": replica.engine,
-        }
-
-
-def learner_view(report: LearnerReport, now: float) -> dict:
-    """The learner's last report as the status page shows it, with the ETA from its last step time."""
-    view = {"step": report.step, "version": report.version, "consumed": report.consumed,
-            "heartbeat_age_s": now - report.at}
-    figures = report.progress
-    if figures is not None:
-        view.update(total_steps=figures.total_steps, reward_mean=figures.reward_mean,
-                    eval_accuracy=figures.eval_accuracy, staleness_mean=figures.staleness_mean,
-                    step_seconds=figures.step_seconds)
-        if figures.step_seconds and figures.total_steps > report.step:
-            view["eta_s"] = figures.step_seconds * (figures.total_steps - report.step)
-    return view

@@ -266,7 +266,7 @@ class LearnerLoop:
         self.progress.last_step_s = metrics["time/step_s"]
         self.progress.last_staleness_mean = metrics.get("staleness/mean", 0.0)
         now = time.time()
-        self.progress.last_wall_s = now - (self._last_step_end or now - metrics["time/step_s"])
+        self.progress.last_wall_s = now - self._last_step_end if self._last_step_end else metrics["time/step_s"]
         self._last_step_end = now
         self.progress.data_position = max(
             [self.progress.data_position] + [entry.group.prompt_index + 1 for entry in entries]

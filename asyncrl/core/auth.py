@@ -162,30 +162,22 @@ def _parse_checked(handler: grpc.RpcMethodHandler, method: str, metrics=None) ->
         except Exception as err:  # noqa: BLE001 - any parse failure is the caller's bytes
             return None, f"request is not a valid message for {method}: {type(err).__name__}"
 
+    metrics = metrics or _NO_METRICS
     if inspect.iscoroutinefunction(behaviour):
-        async def checked_async(raw: bytes, context):
-            labels, started = (metrics.start(method), time.perf_counter()) if metrics else (None, 0.0)
+        async def checked(raw: bytes, context):
+            labels, started, recorded, failed = metrics.start(method), time.perf_counter(), _CodeRecorder(context), True
             try:
                 request, invalid = request_of(raw)
                 if invalid:
-                    await context.abort(grpc.StatusCode.INVALID_ARGUMENT, invalid)
-                return await behaviour(request, context)
+                    await recorded.abort(grpc.StatusCode.INVALID_ARGUMENT, invalid)
+                answer = await behaviour(request, recorded)
+                failed = False
+                return answer
             finally:
-                if metrics:
-                    metrics.done(labels, context.code(), time.perf_counter() - started)
-
-        checked = checked_async
+                metrics.done(labels, recorded.outcome(failed), time.perf_counter() - started)
     else:
         def checked(raw: bytes, context):
-            if not metrics:
-                request, invalid = request_of(raw)
-                if invalid:
-                    context.abort(grpc.StatusCode.INVALID_ARGUMENT, invalid)
-                return behaviour(request, context)
-            labels, started = metrics.start(method), time.perf_counter()
-            # A sync handler on an asyncio server gets a context without code(): record what it sets instead.
-            recorded = _CodeRecorder(context)
-            failed = True
+            labels, started, recorded, failed = metrics.start(method), time.perf_counter(), _CodeRecorder(context), True
             try:
                 request, invalid = request_of(raw)
                 if invalid:
@@ -194,18 +186,32 @@ def _parse_checked(handler: grpc.RpcMethodHandler, method: str, metrics=None) ->
                 failed = False
                 return answer
             finally:
-                code = recorded.code or (grpc.StatusCode.UNKNOWN if failed else grpc.StatusCode.OK)
-                metrics.done(labels, code, time.perf_counter() - started)
+                metrics.done(labels, recorded.outcome(failed), time.perf_counter() - started)
 
     return grpc.unary_unary_rpc_method_handler(checked, request_deserializer=None,
                                                response_serializer=handler.response_serializer)
 
 
+class _NoMetrics:
+    def start(self, method: str) -> None:
+        return None
+
+    def done(self, labels, code, seconds: float) -> None:
+        pass
+
+
+_NO_METRICS = _NoMetrics()
+
+
 class _CodeRecorder:
-    """A servicer context that remembers the status code a handler sets (abort, set_code)."""
+    """A servicer context that remembers the status code a handler sets (abort, set_code): the context of a
+    plain function on an asyncio server has no code()."""
 
     def __init__(self, context):
         self._context, self.code = context, None
+
+    def outcome(self, failed: bool) -> grpc.StatusCode:
+        return self.code or (grpc.StatusCode.UNKNOWN if failed else grpc.StatusCode.OK)
 
     def abort(self, code, details):
         self.code = code

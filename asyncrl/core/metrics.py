@@ -36,7 +36,7 @@ def service_registry(service: str) -> CollectorRegistry:
     for collector in (PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR):
         registry.register(collector)
     Gauge("asyncrl_service_info", "The service behind this endpoint (always 1).", ["service", "version"],
-          registry=registry).labels(service=service, version=_version()).set(1)
+          registry=registry).labels(service=service, version=package_version()).set(1)
     return registry
 
 
@@ -65,7 +65,8 @@ def serve_metrics(host: str, port: int, registry: CollectorRegistry) -> int:
     return server.server_address[1]
 
 
-def _version() -> str:
+def package_version() -> str:
+    """The installed asyncrl's version ("unknown" when it runs from a tree that is not installed)."""
     try:
         return importlib.metadata.version("asyncrl")
     except importlib.metadata.PackageNotFoundError:

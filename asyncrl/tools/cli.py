@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import importlib.metadata
 import json
 import logging
 import os
@@ -13,6 +12,7 @@ import sys
 from pydantic import ValidationError
 
 from asyncrl.core.config import AsyncRLConfig, load_config
+from asyncrl.core.metrics import package_version
 from asyncrl.core.preflight import ConfigError
 
 LOG_LEVEL_ENV = "ASYNCRL_LOG_LEVEL"
@@ -107,7 +107,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="asyncrl", description=__doc__)
     parser.add_argument("--log-level", default=os.environ.get(LOG_LEVEL_ENV, "INFO"),
                         help=f"DEBUG, INFO, WARNING, ... (also for the processes `up` starts; env {LOG_LEVEL_ENV})")
-    parser.add_argument("--version", action="version", version=f"asyncrl {_version()}")
+    parser.add_argument("--version", action="version", version=f"asyncrl {package_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     def with_config(name, fn, help_, config_required=True):
@@ -151,13 +151,6 @@ def main(argv: list[str] | None = None) -> int:
         # A config that cannot work is the user's to fix: say what and where, no traceback.
         print(f"asyncrl {args.command}: config error: {_one_line(err)}", file=sys.stderr, flush=True)
         return 2
-
-
-def _version() -> str:
-    try:
-        return importlib.metadata.version("asyncrl")
-    except importlib.metadata.PackageNotFoundError:
-        return "unknown (not installed)"
 
 
 def _one_line(err: Exception) -> str:

@@ -38,9 +38,11 @@ def local_redis_password(cfg: AsyncRLConfig) -> str:
 
 def _secret(path: Path) -> str:
     """The secret in `path`, made (owner-only) when the file does not exist yet."""
-    if path.is_file() and path.read_text().strip():
-        return path.read_text().strip()
+    existing = path.read_text().strip() if path.is_file() else ""
+    if existing:
+        return existing
+    secret = new_token()
     path.parent.mkdir(parents=True, exist_ok=True)
     path.touch(mode=0o600)
-    path.write_text(new_token() + "\n")
-    return path.read_text().strip()
+    path.write_text(secret + "\n")
+    return secret

@@ -9,7 +9,7 @@ import time
 import grpc
 import pytest
 
-from asyncrl.controller.state import StateOfAnotherRun
+from asyncrl.controller.persistence import StateOfAnotherRun
 from asyncrl.core.grpc_util import channel as grpc_channel
 from asyncrl.services.controller_service import create_server
 from asyncrl.v1 import controller_pb2 as pb

@@ -3,8 +3,7 @@
 import pytest
 
 from asyncrl.controller.errors import PreconditionFailed
-from asyncrl.controller.persistence import MemoryStore
-from asyncrl.controller.state import StateOfAnotherRun
+from asyncrl.controller.persistence import MemoryStore, StateOfAnotherRun
 from tests.fakes import make_state
 from tests.unit.test_controller_leases import publish
 

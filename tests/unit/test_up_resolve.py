@@ -1,5 +1,7 @@
 """What `asyncrl up` decides at start: a run directory of its own, free ports only where the user chose none."""
 
+import pytest
+
 from asyncrl.core.config import load_config
 from asyncrl.tools.cli import main
 from asyncrl.tools.launcher import claim_run_dir, resolve
@@ -21,8 +23,7 @@ def test_ports_set_by_the_user_are_kept_the_others_are_picked(tmp_path):
 
 
 def test_version(capsys):
-    try:
+    with pytest.raises(SystemExit) as done:
         main(["--version"])
-    except SystemExit as done:
-        assert done.code == 0
+    assert done.value.code == 0
     assert capsys.readouterr().out.startswith("asyncrl ")

@@ -1,0 +1,33 @@
+"""How the status page, /status and GetStatus show the controller's parts (plain, JSON-able dicts)."""
+
+from __future__ import annotations
+
+from asyncrl.controller.registry import Replica
+from asyncrl.controller.results import LearnerReport
+
+
+def replica_view(replica: Replica, now: float, current: int, active_leases: int) -> dict:
+    return {
+        "replica_id": replica.replica_id,
+        "address": replica.address,
+        "weight_version": replica.weight_version,
+        "alive": replica.alive,
+        "needs_sync": replica.needs_sync(current),
+        "active_leases": active_leases,
+        "last_heartbeat_age_s": replica.heartbeat_age(now),
+        "engine": replica.engine,
+    }
+
+
+def learner_view(report: LearnerReport, now: float) -> dict:
+    """The learner's last report as the status page shows it, with the ETA from its last step time."""
+    view = {"step": report.step, "version": report.version, "consumed": report.consumed,
+            "heartbeat_age_s": now - report.at}
+    figures = report.progress
+    if figures is not None:
+        view.update(total_steps=figures.total_steps, reward_mean=figures.reward_mean,
+                    eval_accuracy=figures.eval_accuracy, staleness_mean=figures.staleness_mean,
+                    step_seconds=figures.step_seconds)
+        if figures.step_seconds and figures.total_steps > report.step:
+            view["eta_s"] = figures.step_seconds * (figures.total_steps - report.step)
+    return view
