@@ -7,7 +7,11 @@ serves exactly that registry on /metrics.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
 
 from asyncrl.core.metrics import service_registry
 
@@ -58,6 +62,45 @@ class ControllerMetrics:
             registry=r,
         )
 
+    def follow(self, snapshot: Callable[[], dict]) -> None:
+        """Per-replica and lease series, computed from the controller's snapshot when scraped: one pass over
+        the fleet per scrape instead of one per heartbeat."""
+        self.registry.register(FleetCollector(snapshot))
+
     def exposition(self) -> bytes:
         """The Prometheus text format of this registry."""
         return generate_latest(self.registry)
+
+
+class FleetCollector(Collector):
+    """Series read off `ControllerState.snapshot()` at scrape time: each replica's weight version and its lag
+    behind the committed version (labelled `replica`), leases outstanding and the admission ceiling."""
+
+    def __init__(self, snapshot: Callable[[], dict]):
+        self._snapshot = snapshot
+
+    def collect(self):
+        snap = self._snapshot()
+        current = snap["current_version"]
+        lag = GaugeMetricFamily(PREFIX + "replica_version_lag",
+                                "Committed version minus the weight version the replica runs.", labels=["replica"])
+        version = GaugeMetricFamily(PREFIX + "replica_weight_version", "Weight version the replica runs.",
+                                    labels=["replica"])
+        leases = GaugeMetricFamily(PREFIX + "replica_active_leases", "Leases the replica holds.", labels=["replica"])
+        for replica in snap["replicas"]:
+            if replica["alive"]:
+                lag.add_metric([replica["replica_id"]], current - replica["weight_version"])
+                version.add_metric([replica["replica_id"]], replica["weight_version"])
+                leases.add_metric([replica["replica_id"]], replica["active_leases"])
+        yield lag
+        yield version
+        yield leases
+        yield GaugeMetricFamily(PREFIX + "active_leases", "Leases granted and not yet completed or expired.",
+                                value=snap["active_leases"])
+        if snap["max_admissible"] is not None:  # None: eta unbounded
+            yield GaugeMetricFamily(PREFIX + "max_admissible_trajectories",
+                                    "(i + eta + 1) * B: the ceiling N_r may reach at the committed version i.",
+                                    value=snap["max_admissible"])
+
+    def describe(self):
+        return []  # collected lazily: nothing is read at registration

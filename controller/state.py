@@ -95,6 +95,7 @@ class ControllerState(Admission):
         self._writer = StateWriter(store or NoStore())
         self.restored = self._restore(self._writer.store.load())
         self._publish_gauges()
+        self.metrics.follow(self.snapshot)
 
     def start_reaper(self) -> None:
         """Reap on a timer too (production); unit tests rely on the lazy reaping of every operation."""
@@ -277,7 +278,7 @@ class ControllerState(Admission):
                 "leases_expired": self._leases.expired_total,
                 "pushes_committed": self._pushes.committed,
                 "open_push": self._pushes.view(now),
-                "learner": None if self._learner is None else learner_view(self._learner, now),
+                "learner": None if self._learner is None else learner_view(self._learner, now, self.batch_size),
                 "history": list(self._history),
                 "replicas": [replica_view(r, now, current, len(self._leases.of_replica(r.replica_id)))
                              for r in self._registry.all()],

@@ -45,7 +45,7 @@ def make_app(state: ControllerState) -> FastAPI:
 
 def render_html(snap: dict) -> str:
     """A small self-refreshing page: the learner's progress (step of total, reward, held-out accuracy,
-    staleness, step time, ETA) with charts of the last steps, the admission numbers, the push in flight, the
+    staleness, step time, throughput, ETA) with charts of the last steps, the admission numbers, the push in flight, the
     replicas table."""
     esc = html.escape
     eta = "unbounded" if snap["eta"] is None else snap["eta"]
@@ -102,7 +102,8 @@ def learner_summary(learner: dict) -> str:
         parts[0] += f' <progress value="{min(learner["step"], total)}" max="{total}"></progress>'
     parts.append(f"version {learner['version']}")
     for key, label, fmt in (("reward_mean", "reward", "{:.3f}"), ("eval_accuracy", "held-out accuracy", "{:.3f}"),
-                            ("staleness_mean", "staleness", "{:.2f}"), ("step_seconds", "step", "{:.2f} s")):
+                            ("staleness_mean", "staleness", "{:.2f}"), ("step_seconds", "step", "{:.2f} s"),
+                            ("trajectories_per_s", "throughput", "{:.0f} trajectories/s")):
         if learner.get(key) is not None:
             parts.append(f"{label} <b>{fmt.format(learner[key])}</b>")
     if learner.get("eta_s") is not None:

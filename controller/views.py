@@ -19,8 +19,9 @@ def replica_view(replica: Replica, now: float, current: int, active_leases: int)
     }
 
 
-def learner_view(report: LearnerReport, now: float) -> dict:
-    """The learner's last report as the status page shows it, with the ETA from its last step time."""
+def learner_view(report: LearnerReport, now: float, batch_size: int) -> dict:
+    """The learner's last report as the status page shows it, with the ETA and the throughput (trajectories
+    trained per second of wall time) from its last step time."""
     view = {"step": report.step, "version": report.version, "consumed": report.consumed,
             "heartbeat_age_s": now - report.at}
     figures = report.progress
@@ -28,6 +29,8 @@ def learner_view(report: LearnerReport, now: float) -> dict:
         view.update(total_steps=figures.total_steps, reward_mean=figures.reward_mean,
                     eval_accuracy=figures.eval_accuracy, staleness_mean=figures.staleness_mean,
                     step_seconds=figures.step_seconds)
-        if figures.step_seconds and figures.total_steps > report.step:
-            view["eta_s"] = figures.step_seconds * (figures.total_steps - report.step)
+        if figures.step_seconds:
+            view["trajectories_per_s"] = batch_size / figures.step_seconds
+            if figures.total_steps > report.step:
+                view["eta_s"] = figures.step_seconds * (figures.total_steps - report.step)
     return view

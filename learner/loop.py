@@ -271,7 +271,8 @@ class LearnerLoop:
         self.progress.data_position = max(
             [self.progress.data_position] + [entry.group.prompt_index + 1 for entry in entries]
         )
-        self.metrics.observe_step(metrics, push)
+        self.metrics.observe_step(metrics, push, [entry.group.created_unix_s for entry in entries])
+        self.metrics.observe_buffer(self.buffer.backlog(), self.buffer.pending())
         if self.sinks is not None:
             self.sinks.log(self.progress.step, {**metrics, "push_s": push.total_s, "push_bytes": push.bytes_sent})
         self.events.write("step", step=self.progress.step, version=push.version, push_s=push.total_s,

@@ -125,6 +125,7 @@ class Trainer:
                 "reward/max": batch.rewards.max().item(),
                 "response/length_mean": lengths.mean().item(),
                 "batch/sequences": len(batch),
+                "batch/response_tokens": int(lengths.sum().item()),
                 "batch/trained_sequences": int(adv.keep.sum().item()),
                 "time/prox_s": t_prox,
                 "time/step_s": time.perf_counter() - t0,

@@ -36,8 +36,10 @@ class HeldLeases:
 
 class ReplicaSession:
     def __init__(self, controller_stub, address: str, engine, engine_type: str, replica_id: str = "",
-                 held: HeldLeases | None = None):
+                 held: HeldLeases | None = None, on_registered=None):
         self._stub = controller_stub
+        self._on_registered = on_registered
+        """Called with the granted replica id after every registration (the metrics' `replica` label)."""
         self.held = held or HeldLeases()
         self._address = address
         self._engine = engine
@@ -65,6 +67,8 @@ class ReplicaSession:
         self.heartbeat_interval_s = resp.heartbeat_interval_s or self.heartbeat_interval_s
         log.info("registered as %s (controller version %d, needs_sync=%s)", self.replica_id,
                  resp.current_version, resp.needs_sync)
+        if self._on_registered is not None:
+            self._on_registered(self.replica_id)
 
     def heartbeat(self) -> None:
         try:

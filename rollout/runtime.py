@@ -52,7 +52,7 @@ class ReplicaRuntime:
         torch.manual_seed(seed)
         self.engine = make_engine(config.rollout.engine, config.model.path, config.model.dtype, seed=seed)
         self.engine_lock = threading.Lock()
-        self.metrics = RolloutMetrics()
+        self.metrics = RolloutMetrics(replica_id)
         self.session: ReplicaSession | None = None
         self.rewards: RewardPool | None = None
         self._stop = threading.Event()
@@ -72,11 +72,12 @@ class ReplicaRuntime:
         """Register with the controller as `<advertised host>:port`, then heartbeat and roll out until `stop`."""
         cfg = self.config
         address = f"{advertised_host(cfg.rollout)}:{port}"
-        self.session = ReplicaSession(controller_stub, address, self.engine, cfg.rollout.engine.type, self.requested_id)
+        self.session = ReplicaSession(controller_stub, address, self.engine, cfg.rollout.engine.type, self.requested_id,
+                                      on_registered=self.metrics.bind)
         self.session.register()
         task = task_for_run(cfg)
         self.rewards = RewardPool(task.reward_fn, cfg.reward.workers, cfg.reward.timeout_s,
-                                  on_error=lambda kind: self.metrics.reward_errors.labels(kind=kind).inc())  # fmt: skip
+                                  on_error=self.metrics.reward_error)
         worker = RolloutWorker(
             config=cfg, engine=self.engine, engine_lock=self.engine_lock, buffer=make_buffer(cfg.buffer),
             controller_stub=controller_stub, session=self.session, task=task, rewards=self.rewards,

@@ -11,11 +11,15 @@ WITH_VLLM=${ASYNCRL_WITH_VLLM:-1}
 
 log() { echo "[setup] $*" >&2; }
 
-if ! command -v redis-server >/dev/null 2>&1; then
-  log "installing redis-server (Debian package)"
+# Debian packages: Redis (the buffer), Prometheus and promtool (the metrics tests scrape a real run).
+missing=()
+command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
+command -v prometheus >/dev/null 2>&1 && command -v promtool >/dev/null 2>&1 || missing+=(prometheus)
+if [ ${#missing[@]} -gt 0 ]; then
+  log "installing ${missing[*]} (Debian packages)"
   if [ "$(id -u)" = 0 ]; then SUDO=""; else SUDO="sudo"; fi
   $SUDO apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq redis-server >/dev/null
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 
 # Re-install only when the dependency spec changed.

@@ -14,6 +14,7 @@ import torch
 
 from asyncrl.core.auth import resolve_auth
 from asyncrl.core.buffer import make_buffer
+from asyncrl.core.config import dump_config
 from asyncrl.core.events import EventLog
 from asyncrl.core.grpc_util import build_server, wait_for_channel
 from asyncrl.core.metrics import serve_metrics
@@ -65,6 +66,10 @@ def serve(config) -> LearnerProgress:
         torch.set_num_threads(config.learner.threads)
     torch.manual_seed(config.seed)
     check_checkpoint(config.model.path, "model.path")
+    # What this learner runs with, every default filled in (`up` writes the run's config too; in a container
+    # this is the run directory's record of the config).
+    Path(config.run_dir).mkdir(parents=True, exist_ok=True)
+    dump_config(config, Path(config.run_dir) / "config.learner.resolved.yaml")
     model = load_causal_lm(config.model.path, config.model.dtype, config.learner.device)
     sampling = SamplingParams.from_config(config.sampling)
     auth = resolve_auth(config.security)

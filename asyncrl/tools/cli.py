@@ -103,6 +103,18 @@ def _probe(args):
     run(_config(args), num_prompts=args.num_prompts, out=args.out)
 
 
+def _health(args):
+    from asyncrl.tools.health import run
+
+    return run(args, build_parser())
+
+
+def _grafana_dashboard(args):
+    from asyncrl.tools.dashboard import render
+
+    print(render(), end="")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="asyncrl", description=__doc__)
     parser.add_argument("--log-level", default=os.environ.get(LOG_LEVEL_ENV, "INFO"),
@@ -138,6 +150,15 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("config-schema", help="print the config JSON schema").set_defaults(fn=_schema)
     sub.add_parser("config-docs", help="print the config reference (docs/configuration.md)").set_defaults(
         fn=_config_docs)
+    health = sub.add_parser("health", help="exit 0 if a service on this host is SERVING (container health check)")
+    health.add_argument("role", nargs="?", default="", help="controller | rollout | teacher | learner (with --config)")
+    health.add_argument("--config", default="", help="the service's config (default: read PID 1's command line)")
+    health.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="as the service was given")
+    health.add_argument("--pid", type=int, default=1, help="the process whose command line names role and config")
+    health.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for the answer")
+    health.set_defaults(fn=_health)
+    sub.add_parser("grafana-dashboard", help="print the Grafana dashboard (deploy/grafana/dashboards/asyncrl.json)"
+                   ).set_defaults(fn=_grafana_dashboard)
     return parser
 
 

@@ -69,7 +69,7 @@ def check_run(run_dir: Path, summary: dict, steps: int, replicas: int) -> None:
         assert written and max(ev["max_version"] for ev in written) >= steps - 3, name
     assert sum(audit["staleness_hist"].values()) == steps * 64
     assert Path(summary["plot"]).stat().st_size > 10_000
-    assert (run_dir / "config.resolved.yaml").exists()
+    assert (run_dir / "config.resolved.yaml").exists() and (run_dir / "config.learner.resolved.yaml").exists()
     no_process_left(run_dir)
 
 

@@ -35,3 +35,19 @@ def test_sigterm_stops_the_run_cleanly(tmp_path, monkeypatch):
     no_process_left(run_dir)
     # The log level reached the learner: none of its INFO lines (an eval line per eval) in its log.
     assert "asyncrl.learner INFO" not in (run_dir / "logs" / "learner.log").read_text()
+
+
+def test_two_ups_started_together_each_get_their_own_run(tmp_path):
+    """Same config, same run_dir template, started in the same second: two run directories, two sets of
+    ports, two clean audits."""
+    args = ["--config", str(DEMO_CONFIG), "--set", f"run_dir={tmp_path}/run-{{time}}", "--set", "learner.total_steps=3",
+            "--set", "rollout.replicas=1", "--set", "learner.eval_every=0"]
+    with running_up(*args) as first, running_up(*args) as second:
+        outputs = [proc.communicate(timeout=300)[0] for proc in (first, second)]
+    for proc, out in zip((first, second), outputs):
+        assert proc.returncode == 0, out[-3000:]
+        assert "[up] audit OK" in out and " 0 lost" in out, out[-3000:]
+    run_dirs = sorted(p for p in tmp_path.iterdir() if p.name.startswith("run-"))
+    assert len(run_dirs) == 2 and all((d / "summary.json").exists() for d in run_dirs), run_dirs
+    for run_dir in run_dirs:
+        no_process_left(run_dir)

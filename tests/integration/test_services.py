@@ -4,6 +4,7 @@ and a real gloo weight push into a rollout replica through its UpdateWeights RPC
 
 from __future__ import annotations
 
+import socket
 import threading
 import urllib.request
 
@@ -127,7 +128,7 @@ def test_rollout_generate_health_metrics_and_validation(tiny_model_dir, started)
     assert len(again.token_ids) >= 1 and set(again.weight_version) == {0}
 
     text = scrape(server.servicer.metrics.registry)
-    assert "asyncrl_rollout_weight_version 0.0" in text
+    assert f"asyncrl_rollout_weight_version{{replica=\"{socket.gethostname()}\"}} 0.0" in text  # not registered: host name
     assert "asyncrl_rollout_generation_seconds_bucket" in text
 
 

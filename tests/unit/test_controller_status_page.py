@@ -47,5 +47,7 @@ def test_the_learner_reports_every_step_and_the_page_shows_progress_charts_and_e
     page = render_html(snap)
     assert "step <b>5</b> of 100" in page and '<progress value="5" max="100">' in page
     assert "reward <b>0.500</b>" in page and "staleness <b>1.50</b>" in page and "ETA 0m47s" in page
+    assert snap["learner"]["trajectories_per_s"] == state.batch_size / 0.5
+    assert f"throughput <b>{state.batch_size / 0.5:.0f} trajectories/s</b>" in page
     assert page.count("<polyline") == 4  # reward, accuracy (two evaluated steps), staleness, step time
     assert "reward (mean) by step: 0.5" in page

