@@ -43,6 +43,14 @@ class TrainBatch:
     def __len__(self) -> int:
         return len(self.sequences)
 
+    def to(self, device: torch.device | str) -> TrainBatch:
+        """The batch with its tensors on `device` (the learner's: its log-probs meet them in the objective)."""
+        move = lambda t: None if t is None else t.to(device)
+        return replace(self, logp_behav=move(self.logp_behav), token_versions=move(self.token_versions),
+                       response_mask=move(self.response_mask), rewards=move(self.rewards),
+                       group_index=move(self.group_index), logp_teacher=move(self.logp_teacher),
+                       routing=move(self.routing), routing_mask=move(self.routing_mask))
+
     def rows(self, index: list[int]) -> TrainBatch:
         """The sub-batch of the given rows, trimmed to its own longest response."""
         idx = torch.tensor(index, dtype=torch.long)

@@ -1,8 +1,9 @@
 """Keeping what the learner trained: `<run_dir>/checkpoints/step-NNNNNN/` every `save_every` steps and at the end.
 
 Each checkpoint directory holds
-- `learner/`: model and optimizer state with `torch.distributed.checkpoint` (state dicts from `get_state_dict`,
-  so a sharded learner saves the same way), and `rng.pt`, this process's RNG states;
+- `learner/`: model and optimizer state with `torch.distributed.checkpoint` (state dicts from `get_state_dict`:
+  a sharded learner writes one file per rank, and any number of ranks loads them), and `rng.pt`, the
+  leader's RNG states;
 - `hf/` (`export_hf`): the policy as a Hugging Face checkpoint (safetensors, config, generation config, the
   tokenizer with its special tokens and chat template) that `transformers` and vLLM load as they are;
 - `config.resolved.yaml` and `meta.json` (step, version, data position, time).
@@ -25,6 +26,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from asyncrl.core.config import dump_config
+from asyncrl.learner.sharding import SAVE, SINGLE, Ranks
 
 PREFIX = "step-"
 
@@ -70,22 +72,27 @@ def read_meta(path: str | Path) -> CheckpointMeta:
 
 
 class Checkpointer:
-    def __init__(self, config, tokenizer):
+    def __init__(self, config, tokenizer, ranks: Ranks = SINGLE, export_model=None):
         self.config, self.cfg = config, config.learner.checkpoint
         self.tokenizer = tokenizer
         """A `transformers` tokenizer (the policy's), saved with every Hugging Face export."""
+        self.ranks = ranks
+        self.export_model = export_model
+        """The unsharded policy the Hugging Face export reads (the leader's mirror); None: the model saved."""
 
     def save(self, model, optimizer, meta: CheckpointMeta) -> Path:
+        """(The leader; every other rank saves its shards when told, `sharding.follow`.)"""
         root = checkpoints_dir(self.config.run_dir)
         final = root / f"{PREFIX}{meta.step:06d}"
         tmp = root / f".{final.name}.tmp"
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
-        model_sd, optim_sd = get_state_dict(model, optimizer)
-        dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(tmp / "learner"), no_dist=_no_dist())
+        if self.ranks.sharded:
+            self.ranks.broadcast((SAVE, str(tmp / "learner")))
+        save_shards(str(tmp / "learner"), model, optimizer)
         torch.save(rng_state(), tmp / "learner" / "rng.pt")
         if self.cfg.export_hf:
-            export_hf(model, self.tokenizer, tmp / "hf")
+            export_hf(self.export_model or model, self.tokenizer, tmp / "hf")
         dump_config(self.config, tmp / "config.resolved.yaml")
         (tmp / "meta.json").write_text(json.dumps(asdict(meta), indent=2))
         shutil.rmtree(final, ignore_errors=True)
@@ -103,12 +110,25 @@ def export_hf(model, tokenizer, directory: Path) -> None:
     tokenizer.save_pretrained(str(directory))
 
 
-def load_checkpoint(path: str | Path, model, optimizer) -> CheckpointMeta:
-    """Restore model, optimizer and RNG states from `<path>/learner`; returns the saved progress."""
+def save_shards(path: str, model, optimizer) -> None:
+    """Model and optimizer state into `path` with torch.distributed.checkpoint: on a sharded learner every
+    rank writes its shards (all ranks call this together); the files are the same whatever the rank count."""
+    model_sd, optim_sd = get_state_dict(model, optimizer)
+    dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=path, no_dist=_no_dist())
+
+
+def load_shards(path: str, model, optimizer) -> None:
+    """Model and optimizer state from `path` (saved by any number of ranks) into this rank's shards (all
+    ranks call this together)."""
     model_sd, optim_sd = get_state_dict(model, optimizer)
     state = {"model": model_sd, "optim": optim_sd}
-    dcp.load(state, checkpoint_id=str(Path(path) / "learner"), no_dist=_no_dist())
+    dcp.load(state, checkpoint_id=path, no_dist=_no_dist())
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+
+
+def load_checkpoint(path: str | Path, model, optimizer) -> CheckpointMeta:
+    """Restore model, optimizer and RNG states from `<path>/learner`; returns the saved progress."""
+    load_shards(str(Path(path) / "learner"), model, optimizer)
     set_rng_state(torch.load(Path(path) / "learner" / "rng.pt", weights_only=False))
     return read_meta(path)
 

@@ -17,6 +17,7 @@ import torch
 from asyncrl.core.trajectory_checks import BadGroup, TrajectoryLimits, check_trajectory_group
 from asyncrl.learner.batch import MalformedGroup, assemble, check_group
 from asyncrl.learner.checkpoint import CheckpointMeta
+from asyncrl.learner.sharding import SINGLE, STEP, Mirror, Ranks, train_step
 from asyncrl.learner.timeline import TimelineFilter, rejoin
 from asyncrl.v1 import controller_pb2, teacher_pb2
 
@@ -41,7 +42,8 @@ class LearnerProgress:
 
 class LearnerLoop:
     def __init__(self, *, config, trainer, buffer, controller_stub, publisher, evaluate, events, metrics,
-                 limits: TrajectoryLimits, teacher_stub=None, checkpointer=None, sinks=None):
+                 limits: TrajectoryLimits, teacher_stub=None, checkpointer=None, sinks=None, ranks: Ranks = SINGLE,
+                 mirror: Mirror | None = None):
         self.config = config
         self.trainer = trainer
         self.buffer = buffer
@@ -70,6 +72,10 @@ class LearnerLoop:
         self.groups_per_step = config.learner.batch_size // config.sampling.group_size
         self.progress = LearnerProgress()
         self._last_step_end: float | None = None
+        self.ranks = ranks
+        """The learner's ranks: this loop runs on the leader and tells the others each step."""
+        self.mirror = mirror
+        """The leader's full copy of a sharded policy (None with one rank)."""
 
     # -- data -----------------------------------------------------------------------------------------
     def _heartbeat(self) -> None:
@@ -243,8 +249,10 @@ class LearnerLoop:
         batch = assemble(entries, self.trainer.replay.shape)
         if self.teacher is not None:
             self.annotate(batch)
-        metrics = self.trainer.step(batch, version)
-        if not self.trainer.weights_finite():
+        if self.ranks.sharded:
+            self.ranks.broadcast((STEP, batch, version))
+        metrics = train_step(self.trainer, batch, version, self.mirror)
+        if not metrics.pop("weights/finite"):
             # Updates with a non-finite loss or gradient are skipped, so this is a bug, not bad data: stop
             # before such weights reach a replica (the last checkpoint is intact).
             raise RuntimeError(f"non-finite weights after step {self.progress.step}: not pushing them")

@@ -1,6 +1,14 @@
 """One learner step: logp_prox (no grad), advantages, then per mini-batch logp (with grad), the
 objective, backward, clip, optimizer step. The objective itself lives in `learner.algos` (pure); which experts
-a MoE policy's forwards use is `learner.routing_replay`."""
+a MoE policy's forwards use is `learner.routing_replay`.
+
+Sharded over ranks (`learner.sharding`) or cut into micro-batches (`learner.microbatch_tokens`), a mini-batch
+is trained in parts: every rank holds the whole batch, forwards the rows of its groups (round-robin), and
+every part's loss divides by the whole mini-batch's denominator (`objective_units`), so the parts' gradients,
+accumulated over micro-batches and summed over ranks, are the whole mini-batch's gradient. Every rank runs
+the same number of forwards and backwards (a rank short of rows runs one at zero weight): FSDP's collectives
+must pair up.
+"""
 
 from __future__ import annotations
 
@@ -13,19 +21,22 @@ import torch
 
 from asyncrl.core.modeling import sequence_logprobs
 from asyncrl.core.sampling import SamplingParams
-from asyncrl.learner.algos import build_advantages, policy_objective
+from asyncrl.learner.algos import build_advantages, objective_units, policy_objective
 from asyncrl.learner.algos.diagnostics import to_floats
 from asyncrl.learner.batch import TrainBatch, staleness_stats
 from asyncrl.learner.routing_replay import RoutingReplay
+from asyncrl.learner.sharding import SINGLE, Ranks
 
 
 class Trainer:
-    def __init__(self, model: torch.nn.Module, learner_cfg, sampling: SamplingParams, pad_id: int):
+    def __init__(self, model: torch.nn.Module, learner_cfg, sampling: SamplingParams, pad_id: int,
+                 ranks: Ranks = SINGLE):
         self.model = model
         self.cfg = learner_cfg
         self.algo = learner_cfg.algo
         self.sampling = sampling
         self.pad_id = pad_id
+        self.ranks = ranks
         self.optimizer = torch.optim.AdamW(
             model.parameters(), lr=learner_cfg.lr, weight_decay=learner_cfg.weight_decay
         )
@@ -38,6 +49,8 @@ class Trainer:
         self.algo_without_teacher = self.algo.model_copy(update={"opd": no_opd})
         # After the reference copy: the router hooks stay on the policy only.
         self.replay = RoutingReplay(model, learner_cfg.routing_replay)
+        self.in_parts = ranks.sharded or learner_cfg.microbatch_tokens > 0
+        """Mini-batches trained in parts (ranks, micro-batches): denominators come from the whole mini-batch."""
 
     def _logprobs(self, batch: TrainBatch, model: torch.nn.Module | None = None) -> torch.Tensor:
         logp, _mask = sequence_logprobs(model or self.model, batch.sequences, batch.response_starts,
@@ -46,7 +59,8 @@ class Trainer:
 
     @torch.no_grad()
     def weights_finite(self) -> bool:
-        return bool(torch.stack([p.isfinite().all() for p in self.model.parameters()]).all())
+        local = [(p.to_local() if hasattr(p, "to_local") else p).isfinite().all() for p in self.model.parameters()]
+        return self.ranks.all(bool(torch.stack(local).all()))
 
     def minibatch_rows(self, batch: TrainBatch, keep: torch.Tensor) -> list[list[int]]:
         """Split the kept rows into `minibatches` chunks along group boundaries."""
@@ -61,21 +75,66 @@ class Trainer:
         chunks = [list(itertools.chain.from_iterable(part)) for part in parts]
         return [sorted(c) for c in chunks if c]
 
+    def my_rows(self, batch: TrainBatch, rows: list[int]) -> list[int]:
+        """This rank's rows of `rows`: whole groups, dealt round-robin in group order."""
+        if not self.ranks.sharded:
+            return rows
+        groups = sorted({int(batch.group_index[r]) for r in rows})
+        mine = set(self.ranks.share(groups))
+        return [r for r in rows if int(batch.group_index[r]) in mine]
+
+    def micro_batches(self, batch: TrainBatch, rows: list[int]) -> list[list[int]]:
+        """`rows` in runs of at most `microbatch_tokens` tokens (at least one row each); one run when 0."""
+        budget = self.cfg.microbatch_tokens
+        if not budget or not rows:
+            return [rows]
+        out, current, tokens = [], [], 0
+        for row in rows:
+            length = len(batch.sequences[row])
+            if current and tokens + length > budget:
+                out.append(current)
+                current, tokens = [], 0
+            current.append(row)
+            tokens += length
+        return out + [current]
+
+    def _full_logprobs(self, batch: TrainBatch, model: torch.nn.Module | None = None) -> torch.Tensor:
+        """Log-probs of every row of `batch` [B, T]: each rank forwards its rows (micro-batched), the ranks'
+        parts are summed into the whole."""
+        device = next((model or self.model).parameters()).device
+        full = torch.zeros(batch.logp_behav.shape, dtype=torch.float32, device=device)
+        mine = self.my_rows(batch, list(range(len(batch))))
+        parts = self.micro_batches(batch, mine)
+        count = self.ranks.max(len(parts))
+        for k in range(count):
+            rows = parts[k] if k < len(parts) and parts[k] else [0]  # a spare forward keeps FSDP in step
+            logp = self._logprobs(batch.rows(rows), model).float()
+            if k < len(parts) and parts[k]:
+                full[torch.tensor(rows, device=device), : logp.shape[1]] = logp.to(device)
+        return self.ranks.sum(full)
+
     def step(self, batch: TrainBatch, version: int) -> dict:
         """Train on `batch` with the policy at `version`; returns flat metrics."""
         t0 = time.perf_counter()
         self.model.train()
+        device = next(self.model.parameters()).device
+        if batch.logp_behav.device != device:
+            batch = batch.to(device)
         routing_metrics: dict = {}
         if self.algo.needs_prox_forward:
             with torch.no_grad():
-                logp_prox, routing_metrics = self.replay.proximal(batch, lambda: self._logprobs(batch))
+                if self.in_parts:
+                    logp_prox = self._full_logprobs(batch)
+                else:
+                    logp_prox, routing_metrics = self.replay.proximal(batch, lambda: self._logprobs(batch))
         else:
             logp_prox = batch.logp_behav  # bypass mode: one forward less
         t_prox = time.perf_counter() - t0
         logp_ref = None
         if self.ref_model is not None:
             with torch.no_grad():
-                logp_ref = self._logprobs(batch, self.ref_model)
+                logp_ref = (self._full_logprobs(batch, self.ref_model) if self.in_parts
+                            else self._logprobs(batch, self.ref_model))
         algo = self.algo
         if algo.opd.enabled and batch.logp_teacher is None:
             algo = self.algo_without_teacher
@@ -86,22 +145,8 @@ class Trainer:
         sums: dict[str, float] = defaultdict(float)
         chunks = self.minibatch_rows(batch, adv.keep)
         skipped = 0
-        for rows in chunks:
-            mb = batch.rows(rows)
-            width = mb.response_mask.shape[1]
-            idx = torch.tensor(rows, dtype=torch.long)
-            with self.replay.training(mb, rows, measure=not self.algo.needs_prox_forward) as mb_routing:
-                logp = self._logprobs(mb)
-                loss, mb_metrics = policy_objective(
-                    logp, logp_prox[idx, :width], mb.logp_behav, adv.advantages[idx, :width], mb.response_mask,
-                    algo, logp_ref=None if logp_ref is None else logp_ref[idx, :width],
-                    logp_teacher=mb.logp_teacher,
-                    opd_mask=None if adv.opd_mask is None else adv.opd_mask[idx, :width],
-                )
-                self.optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-            mb_metrics.update(to_floats(mb_routing))
-            grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.max_grad_norm)
+        for chunk in chunks:
+            loss, grad_norm, mb_metrics = self._train_chunk(batch, chunk, algo, adv, logp_prox, logp_ref)
             if not (torch.isfinite(loss) and torch.isfinite(grad_norm)):
                 # One non-finite value would spread to every weight through the optimizer: skip the update
                 # (the optimizer state stays as it was) and count it; the weights never see it.
@@ -133,3 +178,70 @@ class Trainer:
         )
         metrics.update(staleness_stats(batch, version))
         return metrics
+
+    def _objective(self, batch: TrainBatch, rows: list[int], algo, adv, logp_prox, logp_ref, units=None,
+                   weight: float = 1.0):
+        """Forward `rows`, their loss, backward of `weight` x loss (inside the routing-replay context)."""
+        mb = batch.rows(rows)
+        width = mb.response_mask.shape[1]
+        idx = torch.tensor(rows, dtype=torch.long)
+        with self.replay.training(mb, rows, measure=not self.algo.needs_prox_forward) as mb_routing:
+            logp = self._logprobs(mb)
+            loss, mb_metrics = policy_objective(
+                logp, logp_prox[idx, :width], mb.logp_behav, adv.advantages[idx, :width], mb.response_mask,
+                algo, logp_ref=None if logp_ref is None else logp_ref[idx, :width],
+                logp_teacher=mb.logp_teacher,
+                opd_mask=None if adv.opd_mask is None else adv.opd_mask[idx, :width], units=units,
+            )
+            (loss if weight == 1.0 else loss * weight).backward()
+        return loss, {**mb_metrics, **to_floats(mb_routing)}
+
+    def _train_chunk(self, batch: TrainBatch, chunk: list[int], algo, adv, logp_prox, logp_ref):
+        """Gradients of one mini-batch, clipped: (its loss, the gradient norm, its metrics). Whole on one
+        rank; else in parts, each rank its groups, each in micro-batches."""
+        self.optimizer.zero_grad(set_to_none=True)
+        if not self.in_parts:
+            loss, mb_metrics = self._objective(batch, chunk, algo, adv, logp_prox, logp_ref)
+        else:
+            idx = torch.tensor(chunk, dtype=torch.long)
+            width = int(batch.response_mask[idx].sum(dim=1).max().item())
+            units = objective_units(logp_prox[idx, :width], batch.logp_behav[idx, :width],
+                                    batch.response_mask[idx, :width], algo)
+            parts = self.micro_batches(batch, self.my_rows(batch, chunk))
+            count = self.ranks.max(len(parts))
+            local_loss = torch.zeros(())
+            weighted: dict[str, float] = defaultdict(float)
+            real = 0
+            for k in range(count):
+                rows = parts[k] if k < len(parts) else []
+                spare = not rows
+                # A spare part (this rank is out of rows) forwards one row at zero weight: FSDP's all-gathers
+                # and reduce-scatters must pair up across the ranks. Real parts weigh world_size: FSDP
+                # averages the ranks' gradients, and the whole is their sum.
+                part_loss, part_metrics = self._objective(batch, rows or chunk[:1], algo, adv, logp_prox,
+                                                          logp_ref, units,
+                                                          weight=0.0 if spare else float(self.ranks.world_size))
+                if not spare:
+                    local_loss = local_loss + part_loss.detach().cpu()
+                    real += 1
+                for key, value in part_metrics.items():  # every key, so every rank sums the same ones
+                    weighted[key] += 0.0 if spare else float(value)
+            loss = self.ranks.sum(local_loss)
+            mb_metrics = self._mean_over_parts(weighted, real)
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.max_grad_norm)
+        if hasattr(grad_norm, "full_tensor"):
+            grad_norm = grad_norm.full_tensor()
+        # The skip decision must be the same on every rank.
+        finite = self.ranks.all(bool(torch.isfinite(loss)) and bool(torch.isfinite(grad_norm)))
+        if not finite:
+            loss = torch.tensor(float("nan"))
+        return loss, grad_norm, mb_metrics
+
+    def _mean_over_parts(self, sums: dict[str, float], parts: int) -> dict[str, float]:
+        """Diagnostics of a mini-batch trained in parts: the mean over its parts on every rank (every part's
+        diagnostics are over its own rows, so this approximates the whole mini-batch's)."""
+        keys = self.ranks.broadcast(sorted(sums))  # the leader's key order; every rank computed the same keys
+        values = torch.tensor([sums.get(k, 0.0) for k in keys] + [float(parts)], dtype=torch.float64)
+        total = self.ranks.sum(values)
+        count = max(1.0, float(total[-1]))
+        return {k: float(v) / count for k, v in zip(keys, total[:-1].tolist())}

@@ -23,11 +23,12 @@ from asyncrl.core.preflight import check_checkpoint
 from asyncrl.core.sampling import SamplingParams
 from asyncrl.core.tasks import task_for_run
 from asyncrl.core.trajectory_checks import checkpoint_limits
-from asyncrl.learner.checkpoint import Checkpointer, load_checkpoint, resume_path
+from asyncrl.learner.checkpoint import Checkpointer, load_checkpoint, resume_path, save_shards
 from asyncrl.learner.held_out import evaluate_held_out
 from asyncrl.learner.learner_metrics import LearnerMetrics
 from asyncrl.learner.loop import LearnerLoop, LearnerProgress
 from asyncrl.learner.publisher import WeightPublisher
+from asyncrl.learner.sharding import STOP, Mirror, follow, init_ranks, rank_device, shard
 from asyncrl.learner.tracking import MetricSinks
 from asyncrl.learner.trainer import Trainer
 from asyncrl.v1 import controller_pb2_grpc, learner_pb2, learner_pb2_grpc, teacher_pb2_grpc
@@ -47,6 +48,16 @@ class LearnerServicer(learner_pb2_grpc.LearnerServicer):
                                          last_eval_accuracy=p.last_eval_accuracy, last_step_s=p.last_step_s)
 
 
+def _follow(trainer, ranks, mirror) -> LearnerProgress:
+    """A rank other than 0: the leader's steps and saves until it says stop. Signals are the leader's to act
+    on (it finishes its step, then stops every rank); a follower leaving mid-collective would hang it."""
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, signal.SIG_IGN)
+    follow(trainer, ranks, mirror, lambda path: save_shards(path, trainer.model, trainer.optimizer))
+    torch.distributed.destroy_process_group()
+    return LearnerProgress()
+
+
 def create_server(config, progress: LearnerProgress | None = None, registry=None):
     """The Learner status gRPC server (not started); `server.servicer.progress` is live progress; its RPCs are
     counted in `registry` (the learner's metrics) when given."""
@@ -61,17 +72,35 @@ def create_server(config, progress: LearnerProgress | None = None, registry=None
 
 
 def serve(config) -> LearnerProgress:
-    """Train for learner.total_steps, then stop. SIGTERM/SIGINT stops after the current step."""
+    """Train for learner.total_steps, then stop. SIGTERM/SIGINT stops after the current step. With
+    learner.world_size > 1 this is one rank (under torchrun): rank 0 runs the loop below, the others follow
+    it (`learner.sharding`)."""
+    ranks = init_ranks(config.learner.world_size, config.learner.device)
     if config.learner.threads:
         torch.set_num_threads(config.learner.threads)
     torch.manual_seed(config.seed)
     check_checkpoint(config.model.path, "model.path")
-    # What this learner runs with, every default filled in (`up` writes the run's config too; in a container
-    # this is the run directory's record of the config).
-    Path(config.run_dir).mkdir(parents=True, exist_ok=True)
-    dump_config(config, Path(config.run_dir) / "config.learner.resolved.yaml")
-    model = load_causal_lm(config.model.path, config.model.dtype, config.learner.device)
+    if ranks.leader:
+        # What this learner runs with, every default filled in (`up` writes the run's config too; in a
+        # container this is the run directory's record of the config).
+        Path(config.run_dir).mkdir(parents=True, exist_ok=True)
+        dump_config(config, Path(config.run_dir) / "config.learner.resolved.yaml")
+    model = load_causal_lm(config.model.path, config.model.dtype, rank_device(config.learner.device))
+    mirror = None
+    if ranks.sharded:
+        mirror = Mirror.before_sharding(model, ranks)
+        shard(model, config.learner.mixed_precision, config.learner.activation_checkpointing)
+    elif config.learner.activation_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     sampling = SamplingParams.from_config(config.sampling)
+    trainer = Trainer(model, config.learner, sampling, pad_token_id(model), ranks)
+    path = ranks.broadcast(resume_path(config))  # the leader's view of the run directory
+    meta = load_checkpoint(path, model, trainer.optimizer) if path else None
+    if mirror is not None:
+        mirror.refresh(model)
+    if not ranks.leader:
+        return _follow(trainer, ranks, mirror)
+    full_model = model if mirror is None else mirror.module
     auth = resolve_auth(config.security)
     controller = controller_pb2_grpc.ControllerStub(wait_for_channel(config.controller.address, 120, auth, patient=True))
     teacher = None
@@ -81,23 +110,24 @@ def serve(config) -> LearnerProgress:
     metrics = LearnerMetrics()
     loop = LearnerLoop(
         config=config,
-        trainer=Trainer(model, config.learner, sampling, pad_token_id(model)),
+        trainer=trainer,
         buffer=make_buffer(config.buffer, consumer="learner-0"),
         controller_stub=controller,
-        publisher=WeightPublisher(controller, model, config.learner.weight_transport,
+        publisher=WeightPublisher(controller, full_model, config.learner.weight_transport,
                                   config.controller.push_timeout_s),
-        evaluate=functools.partial(evaluate_held_out, model, task, sampling, config.learner.eval_pass_k,
+        evaluate=functools.partial(evaluate_held_out, full_model, task, sampling, config.learner.eval_pass_k,
                                    config.learner.eval_samples),
         events=EventLog(config.run_dir, "learner"),
         metrics=metrics,
         limits=checkpoint_limits(config.model.path, config),
         teacher_stub=teacher,
-        checkpointer=Checkpointer(config, task.tokenizer.hf),
+        checkpointer=Checkpointer(config, task.tokenizer.hf, ranks, export_model=full_model),
         sinks=MetricSinks(config),
+        ranks=ranks,
+        mirror=mirror,
     )
-    path = resume_path(config)
-    if path:
-        loop.resume(load_checkpoint(path, model, loop.trainer.optimizer), path)
+    if meta is not None:
+        loop.resume(meta, path)
     server, port = create_server(config, loop.progress, metrics.registry)
     server.start()
     metrics_port = serve_metrics(config.learner.host, config.learner.metrics_port, metrics.registry)
@@ -111,6 +141,11 @@ def serve(config) -> LearnerProgress:
     finally:
         server.stop(2)
         loop.sinks.close()
+    # Only after a loop that ended normally: a leader that failed mid-step leaves the others inside a
+    # collective, and its exit (torchrun then stops them) is what ends them.
+    if ranks.sharded:
+        ranks.broadcast((STOP,))
+        torch.distributed.destroy_process_group()
     summary = {"step": progress.step, "version": progress.version, "consumed": progress.consumed,
                "final_eval_accuracy": progress.last_eval_accuracy}
     Path(config.run_dir, "learner-summary.json").write_text(json.dumps(summary, indent=2))

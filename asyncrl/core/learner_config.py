@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from asyncrl.core.algo.config import AlgoConfig
 from asyncrl.core.config_base import Section
@@ -95,7 +95,21 @@ class LearnerConfig(Section):
     max_grad_norm: float = Field(1.0, gt=0)
     """Gradient clipping norm."""
     device: str = "cpu"
-    """torch device of the learner."""
+    """torch device of the learner ("cuda" with world_size > 1: each rank its local GPU)."""
+    world_size: int = Field(1, ge=1)
+    """Ranks of the learner (processes, one GPU each on GPUs): the policy is sharded over them with FSDP2 and
+    each trains its share of every batch. `asyncrl learner` starts them with torchrun on this host; rank 0
+    talks to the controller and pushes the weights."""
+    microbatch_tokens: int = Field(0, ge=0)
+    """Token budget of one forward/backward: each mini-batch is cut into micro-batches of at most this many
+    tokens (prompt + response) and their gradients accumulated, so batch size and memory are independent
+    (0 = a mini-batch at once)."""
+    mixed_precision: Literal["none", "bf16"] = "none"
+    """With world_size > 1: "bf16" computes forwards and backwards in bfloat16 over float32 weights and
+    float32 gradient reduction (GPUs); "none" keeps the model's dtype (CPUs: float32)."""
+    activation_checkpointing: bool = False
+    """Recompute each transformer block's activations in the backward instead of keeping them (less memory,
+    about a third more compute)."""
     threads: int = Field(1, ge=0)
     """torch intra-op threads (0 = torch default)."""
     eval_every: int = Field(10, ge=0)
@@ -118,3 +132,23 @@ class LearnerConfig(Section):
     """Objective: policy loss, rollout correction, advantages, KL, OPD, shaping."""
     routing_replay: RoutingReplayConfig = RoutingReplayConfig()
     """MoE routing replay (none, r2, r3)."""
+
+    @model_validator(mode="after")
+    def _check_parts(self) -> LearnerConfig:
+        in_parts = self.world_size > 1 or self.microbatch_tokens > 0
+        if in_parts and self.algo.bypass:
+            raise ValueError(
+                "learner.world_size / learner.microbatch_tokens: a mini-batch trained in parts needs its loss "
+                "denominator before the forward; the bypass objective rejects on the current policy: use a "
+                "decoupled preset")
+        if self.world_size > 1 and self.routing_replay.mode != "none":
+            raise ValueError("learner.routing_replay.mode: routing replay runs on one learner rank "
+                             "(learner.world_size: 1)")
+        if self.world_size > 1 and self.algo.kl.mode != "none":
+            raise ValueError("learner.algo.kl.mode: the KL reference model is kept on one learner rank "
+                             "(learner.world_size: 1)")
+        if self.mixed_precision != "none" and self.world_size == 1:
+            raise ValueError("learner.mixed_precision: applies to the sharded learner (learner.world_size > 1)")
+        if self.mixed_precision != "none" and not self.device.startswith("cuda"):
+            raise ValueError(f"learner.mixed_precision: {self.mixed_precision} needs learner.device cuda")
+        return self

@@ -109,7 +109,17 @@ def sequence_logprobs(
     distribution of `asyncrl.core.sampling`. Differentiable when grad is enabled. Sequences are right-padded with
     `pad_id` under an attention mask, so padding does not change the values. `forward_kwargs` go to the
     base model's forward (e.g. routing replay inputs).
+
+    A model sharded at its root (the learner's FSDP2 policy, which sets `run_in_root_forward`) runs all of
+    this inside its root's forward hooks, which gather and release the root's weights (embeddings, LM head).
     """
+    run = getattr(model, "run_in_root_forward", None)
+    if run is not None:
+        return run(_sequence_logprobs, sequences, response_starts, params, pad_id, **forward_kwargs)
+    return _sequence_logprobs(model, sequences, response_starts, params, pad_id, **forward_kwargs)
+
+
+def _sequence_logprobs(model, sequences, response_starts, params, pad_id, **forward_kwargs):
     _check_inputs(sequences, response_starts)
     device = next(model.parameters()).device
     n = len(sequences)

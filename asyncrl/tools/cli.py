@@ -64,7 +64,18 @@ def _teacher(args):
 def _learner(args):
     from asyncrl.services.learner_service import serve
 
-    serve(_config(args))
+    config = _config(args)
+    if config.learner.world_size > 1 and "LOCAL_RANK" not in os.environ:
+        # A sharded learner: torchrun starts the ranks on this host and stops them all if one fails; this
+        # process becomes torchrun (same pid, so whoever supervises the learner supervises all its ranks).
+        argv = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                f"--nproc-per-node={config.learner.world_size}", "-m", "asyncrl.tools.cli",
+                "--log-level", args.log_level, "learner", "--config", args.config]
+        for override in args.set:
+            argv += ["--set", override]
+        print(f"asyncrl learner: starting {config.learner.world_size} ranks with torchrun", flush=True)
+        os.execv(sys.executable, argv)
+    serve(config)
 
 
 def _make_tiny_model(args):

@@ -12,7 +12,7 @@ The trainer calls three things:
 from asyncrl.core.algo import PRESET_NAMES, PRESETS, AlgoConfig
 from asyncrl.learner.algos.advantage_builder import AdvantageResult, build_advantages
 from asyncrl.learner.algos.evaluation import pass_at_k
-from asyncrl.learner.algos.objective import policy_objective
+from asyncrl.learner.algos.objective import objective_units, policy_objective
 
 __all__ = [
     "PRESETS",
@@ -20,6 +20,7 @@ __all__ = [
     "AdvantageResult",
     "AlgoConfig",
     "build_advantages",
+    "objective_units",
     "pass_at_k",
     "policy_objective",
 ]

@@ -17,16 +17,28 @@ from torch import Tensor
 from asyncrl.learner.algos.masked import masked_sum
 
 
-def aggregate_loss(token_loss: Tensor, mask: Tensor, mode: str) -> Tensor:
-    """Scalar loss from `token_loss` [N, T] over the bool `mask` [N, T] with the named aggregation."""
-    dtype = token_loss.dtype
+def aggregation_units(mask: Tensor, mode: str) -> Tensor:
+    """What `aggregate_loss` divides by: the valid tokens (token-mean) or the sequences with at least one
+    (the seq-mean modes)."""
     if mode == "token-mean":
-        return masked_sum(token_loss, mask) / mask.sum().clamp_min(1).to(dtype)
+        return mask.sum()
+    return (mask.sum(dim=-1) > 0).sum()
+
+
+def aggregate_loss(token_loss: Tensor, mask: Tensor, mode: str, units: Tensor | None = None) -> Tensor:
+    """Scalar loss from `token_loss` [N, T] over the bool `mask` [N, T] with the named aggregation.
+
+    `units`: the denominator of a larger mini-batch these rows are a part of (`aggregation_units` of the
+    whole); the parts' losses then add up to the whole's, and so do their gradients (micro-batches, ranks).
+    """
+    if mode not in ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean"):
+        raise ValueError(f"unknown loss aggregation {mode!r}")
+    dtype = token_loss.dtype
+    denominator = (aggregation_units(mask, mode) if units is None else units).clamp_min(1).to(dtype)
+    if mode == "token-mean":
+        return masked_sum(token_loss, mask) / denominator
     per_sequence = masked_sum(token_loss, mask, dim=-1)
-    lengths = mask.sum(dim=-1)
-    sequences = (lengths > 0).sum().clamp_min(1).to(dtype)
     if mode == "seq-mean-token-sum":
-        return per_sequence.sum() / sequences
-    if mode == "seq-mean-token-mean":
-        return (per_sequence / lengths.clamp_min(1).to(dtype)).sum() / sequences
-    raise ValueError(f"unknown loss aggregation {mode!r}")
+        return per_sequence.sum() / denominator
+    lengths = mask.sum(dim=-1)
+    return (per_sequence / lengths.clamp_min(1).to(dtype)).sum() / denominator

@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 
 from asyncrl.core.algo.config import AlgoConfig
-from asyncrl.learner.algos.aggregation import aggregate_loss
+from asyncrl.learner.algos.aggregation import aggregate_loss, aggregation_units
 from asyncrl.learner.algos.diagnostics import (
     perplexity_diagnostics,
     rollout_diagnostics,
@@ -36,8 +36,8 @@ def _check_inputs(mask: Tensor, **tensors: Tensor | None) -> None:
 
 def policy_objective(logp: Tensor, logp_prox: Tensor, logp_behav: Tensor, advantages: Tensor,
                      response_mask: Tensor, cfg: AlgoConfig, logp_ref: Tensor | None = None,
-                     logp_teacher: Tensor | None = None, *, opd_mask: Tensor | None = None
-                     ) -> tuple[Tensor, dict[str, float]]:
+                     logp_teacher: Tensor | None = None, *, opd_mask: Tensor | None = None,
+                     units: Tensor | None = None) -> tuple[Tensor, dict[str, float]]:
     """(scalar loss, metrics) for one mini-batch; all per-token inputs are [N, T].
 
     logp carries the gradient; logp_prox / logp_behav / advantages are treated as constants. In bypass mode
@@ -96,7 +96,7 @@ def policy_objective(logp: Tensor, logp_prox: Tensor, logp_behav: Tensor, advant
     for name, part in parts.items():
         if name != "loss/pg":
             token_loss = token_loss + part
-    loss = aggregate_loss(token_loss, final, pl.aggregation)
+    loss = aggregate_loss(token_loss, final, pl.aggregation, units)
 
     with torch.no_grad():
         metrics = {name: aggregate_loss(part, final, pl.aggregation) for name, part in parts.items()}
@@ -112,3 +112,17 @@ def policy_objective(logp: Tensor, logp_prox: Tensor, logp_behav: Tensor, advant
         if "loss/opd" in parts:
             metrics["opd/k2_mean"] = masked_mean(opd_k2, opd_tokens)
     return loss, to_floats(metrics)
+
+
+def objective_units(logp_prox: Tensor, logp_behav: Tensor, response_mask: Tensor, cfg: AlgoConfig) -> Tensor:
+    """The loss denominator of a mini-batch (`aggregation_units` of its mask after rejection), known before
+    its forward: decoupled objectives reject on pi_prox / pi_behav. A mini-batch trained in parts
+    (micro-batches, ranks) passes it to `policy_objective(..., units=)` of every part."""
+    if cfg.bypass:
+        raise ValueError("bypass objectives reject on the current policy: their loss denominator is only known "
+                         "after the forward, so they cannot be trained in parts")
+    mask = as_bool_mask(response_mask)
+    clamp = cfg.rollout_correction.log_ratio_clamp
+    log_ratio = clamped_log_ratio(logp_prox.detach().float(), logp_behav.detach().float(), mask, clamp)
+    return aggregation_units(apply_rollout_correction(log_ratio, mask, cfg.rollout_correction).mask,
+                             cfg.policy_loss.aggregation)

@@ -1,0 +1,217 @@
+"""A learner over N ranks: the policy sharded with FSDP2 (`torch.distributed.fsdp.fully_shard`), gloo on
+CPUs, NCCL on GPUs, one process per rank under `torchrun`.
+
+Rank 0, the leader, runs the learner loop as one rank would: controller, buffer, teacher, event log,
+metrics, weight push, evaluation, checkpoint metadata. The other ranks (followers) run `follow`: they wait
+for the leader's commands and take part in what needs every rank, in the same order as the leader:
+
+    STEP(batch, version)  -> `train_step`: the trainer's step on this rank's share (FSDP's all-gathers and
+                             reduce-scatters, the loss denominators, the finite checks), then `Mirror.refresh`
+    SAVE(path)            -> the sharded model and optimizer state into the checkpoint (torch.distributed.checkpoint)
+    STOP                  -> return
+
+The leader keeps one full, unsharded copy of the weights, the `Mirror`: bucket-shaped storage (what the push
+broadcasts without packing, `weights.flat`) bound to an unsharded module (what evaluation and the Hugging
+Face export read). After every step each rank gathers the full tensors one at a time in a fixed order
+(`DTensor.full_tensor`), and the leader copies each into its bucket: no rank ever holds the model twice.
+The replicas and the controller see one learner.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import os
+import types
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from asyncrl.core.modeling import named_weights
+
+log = logging.getLogger("asyncrl.learner")
+
+STEP, SAVE, STOP = "step", "save", "stop"
+
+
+@dataclass(frozen=True)
+class Ranks:
+    """This process's place among the learner's ranks; with one rank every operation is the identity."""
+
+    rank: int = 0
+    world_size: int = 1
+    device: str = "cpu"
+    """Where collective tensors live: the rank's GPU under NCCL, the CPU under gloo."""
+
+    @property
+    def leader(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def sharded(self) -> bool:
+        return self.world_size > 1
+
+    def broadcast(self, obj=None):
+        """The leader's `obj` on every rank (pickled; commands and batches)."""
+        if not self.sharded:
+            return obj
+        box = [obj]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
+
+    def sum(self, value: torch.Tensor) -> torch.Tensor:
+        """`value` summed over the ranks (a new tensor)."""
+        if not self.sharded:
+            return value
+        out = value.detach().to(self.device).clone()
+        dist.all_reduce(out)
+        return out.to(value.device)
+
+    def max(self, value: int) -> int:
+        """The largest `value` over the ranks."""
+        if not self.sharded:
+            return value
+        out = torch.tensor([value], dtype=torch.int64, device=self.device)
+        dist.all_reduce(out, op=dist.ReduceOp.MAX)
+        return int(out.item())
+
+    def all(self, flag: bool) -> bool:
+        """True when `flag` holds on every rank."""
+        if not self.sharded:
+            return flag
+        return int(self.sum(torch.tensor([int(not flag)], dtype=torch.int64)).item()) == 0
+
+    def share(self, items: list) -> list:
+        """This rank's items of a list every rank holds in the same order (round-robin)."""
+        return items[self.rank :: self.world_size]
+
+
+SINGLE = Ranks()
+
+
+def init_ranks(world_size: int, device: str) -> Ranks:
+    """Join the learner's process group when `world_size` > 1 (torchrun's RANK / WORLD_SIZE / MASTER_ADDR in
+    the environment): NCCL when the learner runs on CUDA (one device per rank, LOCAL_RANK), gloo otherwise."""
+    if world_size == 1:
+        return SINGLE
+    launched = int(os.environ.get("WORLD_SIZE", "1"))
+    if launched != world_size:
+        raise RuntimeError(f"learner.world_size is {world_size} but this process was started as one of "
+                           f"{launched} ranks (WORLD_SIZE); start it with `asyncrl learner`, which runs torchrun")
+    cuda = device.startswith("cuda")
+    if cuda:
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    if not dist.is_initialized():
+        dist.init_process_group("nccl" if cuda else "gloo")
+    return Ranks(dist.get_rank(), dist.get_world_size(), rank_device(device) if cuda else "cpu")
+
+
+def rank_device(device: str) -> str:
+    """The device of this rank: `cuda` means the local rank's GPU."""
+    if device == "cuda" and "LOCAL_RANK" in os.environ:
+        return f"cuda:{os.environ['LOCAL_RANK']}"
+    return device
+
+
+def transformer_blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The repeated blocks FSDP2 shards one by one: the classes a Hugging Face model names in
+    `_no_split_modules` (its decoder layers)."""
+    names = set(getattr(model, "_no_split_modules", None) or ())
+    blocks = [m for m in model.modules() if type(m).__name__ in names]
+    if not blocks:
+        raise ValueError(f"{type(model).__name__} names no transformer block class (_no_split_modules): "
+                         "cannot shard it block by block")
+    return blocks
+
+
+def shard(model: torch.nn.Module, mixed_precision: str, activation_checkpointing: bool) -> None:
+    """FSDP2 in place: every transformer block, then the root (embeddings, final norm, LM head, tied
+    weights together). FSDP averages the gradients over the ranks; each rank's loss is its part of the whole
+    mini-batch's (global denominators, `Trainer`), scaled by the number of ranks, so the average is the sum
+    of the parts (a custom divide factor would need PREMUL_SUM, which gloo lacks)."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard, register_fsdp_forward_method
+
+    if activation_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    policy = MixedPrecisionPolicy()
+    if mixed_precision == "bf16":
+        policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    for block in transformer_blocks(model):
+        fully_shard(block, mp_policy=policy)
+    fully_shard(model, mp_policy=policy)
+    # The log-prob forward calls the base model and the LM head itself, not the root's forward: give it a
+    # root method FSDP brackets like a forward (gather the root's weights, release them, hook the backward).
+    model.run_in_root_forward = types.MethodType(_run_in_root_forward, model)
+    register_fsdp_forward_method(model, "run_in_root_forward")
+
+
+def _run_in_root_forward(self, fn, *args, **kwargs):
+    return fn(self, *args, **kwargs)
+
+
+def local_state_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, int]:
+    """Bytes this rank holds of parameters, gradients and optimizer state (its shards when sharded)."""
+
+    def nbytes(t: torch.Tensor) -> int:
+        local = t.to_local() if hasattr(t, "to_local") else t
+        return local.numel() * local.element_size()
+
+    params = list(model.parameters())
+    return {
+        "parameters": sum(nbytes(p) for p in params),
+        "gradients": sum(nbytes(p.grad) for p in params if p.grad is not None),
+        "optimizer": sum(nbytes(v) for state in optimizer.state.values() for v in state.values()
+                         if isinstance(v, torch.Tensor) and v.dim() > 0),
+    }
+
+
+class Mirror:
+    """The leader's full copy of a sharded policy: an unsharded module whose weights live in the weight
+    push's bucket storage. `refresh` is collective (every rank calls it after every step)."""
+
+    def __init__(self, unsharded: torch.nn.Module | None):
+        self.module = unsharded
+        """The leader's unsharded module (None on followers)."""
+
+    @classmethod
+    def before_sharding(cls, model: torch.nn.Module, ranks: Ranks) -> Mirror:
+        return cls(copy.deepcopy(model).eval().requires_grad_(False) if ranks.leader else None)
+
+    @torch.no_grad()
+    def refresh(self, sharded: torch.nn.Module) -> None:
+        """Gather every full tensor in `named_weights` order (all ranks), into the leader's copy."""
+        into = dict(named_weights(self.module)) if self.module is not None else {}
+        for name, tensor in named_weights(sharded):
+            full = tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
+            if self.module is not None:
+                into[name].copy_(full)
+            del full
+
+
+def train_step(trainer, batch, version: int, mirror: Mirror | None) -> dict:
+    """One step as every rank runs it (the order of collectives is the same on all): the trainer's step,
+    the finite check of the new weights, the mirror's refresh."""
+    metrics = trainer.step(batch, version)
+    finite = trainer.weights_finite()
+    if mirror is not None and finite:
+        mirror.refresh(trainer.model)
+    metrics["weights/finite"] = float(finite)
+    return metrics
+
+
+def follow(trainer, ranks: Ranks, mirror: Mirror, save_shards) -> None:
+    """A follower's loop: run the leader's commands until STOP. `save_shards(path)` writes this rank's part
+    of a checkpoint."""
+    while True:
+        command, *args = ranks.broadcast()
+        if command == STEP:
+            batch, version = args
+            train_step(trainer, batch, version, mirror)
+        elif command == SAVE:
+            save_shards(*args)
+        elif command == STOP:
+            log.info("rank %d: stop", ranks.rank)
+            return
+        else:
+            raise RuntimeError(f"rank {ranks.rank}: unknown command {command!r}")
