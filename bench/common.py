@@ -1,15 +1,20 @@
 """Shared bench plumbing: a random Qwen2-shaped checkpoint of a chosen size, an in-process weight push, and
-writing each result as JSON (stdout and bench/results/<name>.json) plus a PNG bar chart."""
+writing each result as JSON (stdout and docs/results/<name>.json, with the command and the machine) plus a
+PNG bar chart. docs/results.md is generated from those files (`asyncrl bench --report`)."""
 
 from __future__ import annotations
 
+import datetime
 import json
+import os
+import platform
+import sys
 import threading
 from pathlib import Path
 
 import torch
 
-RESULTS = Path(__file__).resolve().parent / "results"
+RESULTS = Path(os.environ.get("ASYNCRL_RESULTS_DIR") or Path(__file__).resolve().parents[1] / "docs" / "results")
 
 
 def build_random_qwen2(out_dir: Path, hidden: int, layers: int, intermediate: int, seed: int = 0) -> Path:
@@ -58,12 +63,14 @@ def push_weights(engine, named: list[tuple[str, torch.Tensor]], version: int, bu
 
 
 def emit(name: str, result: dict, bars: dict[str, float], ylabel: str, title: str) -> None:
-    """Print `result` as one JSON line, keep it in bench/results/<name>.json and draw `bars` as a PNG."""
+    """Print `result` as one JSON line, keep it in docs/results/<name>.json with the command that produced it
+    and the machine it ran on, and draw `bars` as a PNG."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    result = {**result, "provenance": provenance()}
     print(json.dumps(result))
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / f"{name}.json").write_text(json.dumps(result, indent=2) + "\n")
@@ -76,3 +83,19 @@ def emit(name: str, result: dict, bars: dict[str, float], ylabel: str, title: st
     fig.tight_layout()
     fig.savefig(RESULTS / f"{name}.png", dpi=100)
     plt.close(fig)
+
+
+def provenance() -> dict:
+    """The command (as typed from the repository root), the machine and the time of a result."""
+    machine = {"arch": platform.machine(), "cpus": os.cpu_count(), "python": platform.python_version(),
+               "torch": torch.__version__}
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.exists():
+        names = [line.split(":", 1)[1].strip() for line in cpuinfo.read_text().splitlines()
+                 if line.startswith("model name")]
+        if names:
+            machine["cpu"] = names[0]
+    if torch.cuda.is_available():
+        machine["gpu"] = torch.cuda.get_device_name(0)
+    return {"command": " ".join([".venv/bin/python", f"bench/{Path(sys.argv[0]).name}", *sys.argv[1:]]),
+            "machine": machine, "date": datetime.date.today().isoformat()}

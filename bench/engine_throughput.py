@@ -46,7 +46,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--tag", default="", help="suffix of the result files (bench/results/engine_throughput-TAG.*)")
+    ap.add_argument("--tag", default="", help="suffix of the result files (docs/results/engine_throughput-TAG.*)")
     args = ap.parse_args()
     from transformers import AutoConfig
 

@@ -247,11 +247,13 @@ class LearnerLoop:
     def train_on(self, entries: list) -> None:
         version = self.progress.version
         batch = assemble(entries, self.trainer.replay.shape)
-        if self.teacher is not None:
-            self.annotate(batch)
+        learner_asked = self.teacher is not None and batch.logp_teacher is None
+        if learner_asked:
+            self.annotate(batch)  # the replicas did not (annotate_by learner, or the teacher failed them)
         if self.ranks.sharded:
             self.ranks.broadcast((STEP, batch, version))
         metrics = train_step(self.trainer, batch, version, self.mirror)
+        metrics["teacher/learner_asked"] = float(learner_asked)
         if not metrics.pop("weights/finite"):
             # Updates with a non-finite loss or gradient are skipped, so this is a bug, not bad data: stop
             # before such weights reach a replica (the last checkpoint is intact).

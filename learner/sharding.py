@@ -215,3 +215,11 @@ def follow(trainer, ranks: Ranks, mirror: Mirror, save_shards) -> None:
             return
         else:
             raise RuntimeError(f"rank {ranks.rank}: unknown command {command!r}")
+
+
+def leave(ranks: Ranks) -> None:
+    """Leave the process group together: a barrier first, so no rank tears its connections down while
+    another still talks on them (gloo aborts the process that finds a peer gone)."""
+    if ranks.sharded and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()

@@ -42,6 +42,12 @@ class RolloutMetrics:
             "weight_update_pause": Histogram("asyncrl_rollout_weight_update_pause_seconds",
                                              "Generation pause caused by a weight update", _LABEL, registry=r),
             "reward_mean": Gauge("asyncrl_rollout_reward_mean", "Mean reward of the last group", _LABEL, registry=r),
+            "teacher_seconds": Histogram("asyncrl_rollout_teacher_seconds",
+                                         "Teacher annotation of one group (Score calls, retries included)", _LABEL,
+                                         registry=r),
+            "teacher_failures": Counter("asyncrl_rollout_teacher_failures",
+                                        "Groups written without the teacher's annotation (the teacher did not "
+                                        "answer)", _LABEL, registry=r),
         }
         self._reward_errors = Counter("asyncrl_rollout_reward_errors", "Rewards that raised or timed out (scored 0)",
                                       [*_LABEL, "kind"], registry=r)  # fmt: skip

@@ -15,16 +15,20 @@ import zlib
 
 import torch
 
+from asyncrl.core.auth import resolve_auth
 from asyncrl.core.buffer import make_buffer
 from asyncrl.core.engines.factory import make_engine
 from asyncrl.core.events import EventLog
+from asyncrl.core.grpc_util import channel
 from asyncrl.core.preflight import check_checkpoint
 from asyncrl.core.tasks import task_for_run
 from asyncrl.core.trajectory_checks import checkpoint_limits
+from asyncrl.rollout.annotation import TeacherAnnotator
 from asyncrl.rollout.replica import ReplicaSession
 from asyncrl.rollout.reward_pool import RewardPool
 from asyncrl.rollout.rollout_metrics import RolloutMetrics
 from asyncrl.rollout.worker import RolloutWorker
+from asyncrl.v1.teacher_pb2_grpc import TeacherStub
 
 
 def replica_seed(base_seed: int, replica_id: str) -> int:
@@ -78,11 +82,16 @@ class ReplicaRuntime:
         task = task_for_run(cfg)
         self.rewards = RewardPool(task.reward_fn, cfg.reward.workers, cfg.reward.timeout_s,
                                   on_error=self.metrics.reward_error)
+        annotator = None
+        if cfg.teacher.enabled and cfg.teacher.annotate and cfg.teacher.annotate_by == "rollout":
+            # Patient: a teacher that restarts is waited for within each call's deadline.
+            teacher = TeacherStub(channel(cfg.teacher.address, resolve_auth(cfg.security), patient=True))
+            annotator = TeacherAnnotator(teacher, cfg.teacher, self.metrics)
         worker = RolloutWorker(
             config=cfg, engine=self.engine, engine_lock=self.engine_lock, buffer=make_buffer(cfg.buffer),
             controller_stub=controller_stub, session=self.session, task=task, rewards=self.rewards,
             events=EventLog(cfg.run_dir, f"rollout-{self.session.replica_id}"), metrics=self.metrics,
-            limits=checkpoint_limits(cfg.model.path, cfg),
+            limits=checkpoint_limits(cfg.model.path, cfg), annotator=annotator,
         )  # fmt: skip
         self._threads = [
             threading.Thread(target=self.session.heartbeat_forever, args=(self._stop,), daemon=True),

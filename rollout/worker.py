@@ -28,8 +28,10 @@ COMPLETE_BACKOFF_S = 0.5
 
 class RolloutWorker:
     def __init__(self, *, config, engine, engine_lock, buffer, controller_stub, session, task, rewards,
-                 events, metrics, limits: TrajectoryLimits):
+                 events, metrics, limits: TrajectoryLimits, annotator=None):
         self.config = config
+        self.annotator = annotator
+        """Fills each group's logp_teacher before it is written (`teacher.annotate_by: rollout`); None: not here."""
         self.engine = engine
         self.engine_lock = engine_lock
         self.buffer = buffer
@@ -128,6 +130,8 @@ class RolloutWorker:
             lease_id=lease.lease_id,
             metadata=prompt.metadata,
         )
+        if self.annotator is not None:
+            self.annotator.annotate(group)  # unannotated when the teacher does not answer: the learner asks
         num_written, entry_id = 0, None
         try:
             check_trajectory_group(group, self.limits.with_max_version(self.engine.weight_version))

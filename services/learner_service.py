@@ -28,7 +28,7 @@ from asyncrl.learner.held_out import evaluate_held_out
 from asyncrl.learner.learner_metrics import LearnerMetrics
 from asyncrl.learner.loop import LearnerLoop, LearnerProgress
 from asyncrl.learner.publisher import WeightPublisher
-from asyncrl.learner.sharding import STOP, Mirror, follow, init_ranks, rank_device, shard
+from asyncrl.learner.sharding import STOP, Mirror, follow, init_ranks, leave, rank_device, shard
 from asyncrl.learner.tracking import MetricSinks
 from asyncrl.learner.trainer import Trainer
 from asyncrl.v1 import controller_pb2_grpc, learner_pb2, learner_pb2_grpc, teacher_pb2_grpc
@@ -54,7 +54,7 @@ def _follow(trainer, ranks, mirror) -> LearnerProgress:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, signal.SIG_IGN)
     follow(trainer, ranks, mirror, lambda path: save_shards(path, trainer.model, trainer.optimizer))
-    torch.distributed.destroy_process_group()
+    leave(ranks)
     return LearnerProgress()
 
 
@@ -145,7 +145,7 @@ def serve(config) -> LearnerProgress:
     # collective, and its exit (torchrun then stops them) is what ends them.
     if ranks.sharded:
         ranks.broadcast((STOP,))
-        torch.distributed.destroy_process_group()
+        leave(ranks)
     summary = {"step": progress.step, "version": progress.version, "consumed": progress.consumed,
                "final_eval_accuracy": progress.last_eval_accuracy}
     Path(config.run_dir, "learner-summary.json").write_text(json.dumps(summary, indent=2))

@@ -231,12 +231,18 @@ class TeacherConfig(Section):
     """`asyncrl up` restarts a teacher process that dies (same port; the learner retries meanwhile, then trains
     without the distillation term), at most this many times; 0 = a dead teacher ends the run."""
     annotate: bool = False
-    """Learner asks the teacher for logp_teacher of every trajectory it trains on (needed by OPD)."""
+    """Every trajectory gets the teacher's per-token log-probs, logp_teacher (needed by OPD)."""
+    annotate_by: Literal["rollout", "learner"] = "rollout"
+    """Who asks the teacher: "rollout": each replica, for each group before writing it (on the thread that
+    finishes a batch while the next one generates), so the learner finds logp_teacher filled and never waits
+    on the teacher (it still asks for a group a replica could not get annotated); "learner": the learner,
+    for every batch, on its critical path."""
     score_timeout_s: float = Field(120.0, gt=0)
-    """Deadline of one `Score` call from the learner."""
+    """Deadline of one `Score` call (replica or learner)."""
     score_attempts: int = Field(3, ge=1)
-    """`Score` calls per batch before the learner gives up on the teacher for that batch: the batch then trains
-    without the distillation term (counted as `teacher/unavailable`), never a learner crash."""
+    """`Score` calls per group (replica) or batch (learner) before giving up on the teacher for it: a replica
+    writes the group unannotated (the learner asks), a learner trains that batch without the distillation
+    term (counted as `teacher/unavailable`); never a crash."""
     retry_backoff_s: float = Field(1.0, ge=0)
     """Wait before the second `Score` attempt; doubles for each further one."""
 

@@ -76,6 +76,18 @@ def _learner(args):
         print(f"asyncrl learner: starting {config.learner.world_size} ranks with torchrun", flush=True)
         os.execv(sys.executable, argv)
     serve(config)
+    if config.learner.world_size > 1:
+        _exit_now()
+
+
+def _exit_now() -> None:
+    """End a learner rank without the interpreter's teardown: FSDP's device mesh keeps the process group
+    (and its threads) referenced past destroy_process_group, and C++ static destructors running beside
+    those threads can abort the process at exit, which torchrun would report as a failed learner."""
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def _make_tiny_model(args):
@@ -118,6 +130,14 @@ def _health(args):
     from asyncrl.tools.health import run
 
     return run(args, build_parser())
+
+
+def _bench(args):
+    from asyncrl.tools.bench_report import run
+
+    if not args.name and not args.report:
+        raise ConfigError("bench: name a benchmark (bench/NAME.py) or pass --report")
+    return run(args.name, args.args)
 
 
 def _grafana_dashboard(args):
@@ -168,6 +188,11 @@ def build_parser() -> argparse.ArgumentParser:
     health.add_argument("--pid", type=int, default=1, help="the process whose command line names role and config")
     health.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for the answer")
     health.set_defaults(fn=_health)
+    bench = sub.add_parser("bench", help="run bench/NAME.py into docs/results/ and regenerate docs/results.md")
+    bench.add_argument("name", nargs="?", default="", help="the benchmark (bench/NAME.py)")
+    bench.add_argument("args", nargs=argparse.REMAINDER, help="its arguments (after --)")
+    bench.add_argument("--report", action="store_true", help="only regenerate docs/results.md")
+    bench.set_defaults(fn=_bench)
     sub.add_parser("grafana-dashboard", help="print the Grafana dashboard (deploy/grafana/dashboards/asyncrl.json)"
                    ).set_defaults(fn=_grafana_dashboard)
     return parser

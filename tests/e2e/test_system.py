@@ -78,6 +78,10 @@ def test_demo_shortened_learns_and_audits_clean(tmp_path):
     run_dir = tmp_path / "run"
     summary = asyncrl_up(run_dir, "learner.total_steps=100", "learner.eval_every=50", timeout_s=900)
     check_run(run_dir, summary, steps=100, replicas=2)
+    # The replicas annotated every group with the teacher's log-probs (teacher.annotate_by: rollout): the
+    # learner never asked the teacher, and the distillation term was on at every step.
+    steps = [ev for ev in read_events(run_dir, "learner") if ev["kind"] == "step"]
+    assert all(ev["teacher/learner_asked"] == 0.0 and ev["teacher/unavailable"] == 0.0 for ev in steps)
     gain = summary["eval_last"] - summary["eval_first"]
     assert gain >= 0.08, f"greedy accuracy {summary['eval_first']:.3f} -> {summary['eval_last']:.3f}"
 

@@ -25,25 +25,24 @@ def _rank(rank: int, port: int, model_path: str, learner: dict, mixed_precision:
     import torch.distributed as dist
 
     from asyncrl.core.modeling import load_causal_lm
-    from asyncrl.learner.sharding import Mirror, Ranks, shard, train_step
+    from asyncrl.learner.sharding import Mirror, Ranks, leave, shard, train_step
     from tests.integration.test_sharded_learner import batches, trainer_for
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.cuda.set_device(rank)
     dist.init_process_group("nccl", rank=rank, world_size=2)
-    try:
-        ranks = Ranks(rank, 2, f"cuda:{rank}")
-        model = load_causal_lm(model_path, "float32", f"cuda:{rank}")
-        mirror = Mirror.before_sharding(model, ranks)
-        shard(model, mixed_precision, False)
-        trainer = trainer_for(model, learner, ranks)
-        for step, b in enumerate(batches()):
-            metrics = train_step(trainer, b, step, mirror)
-            assert metrics["weights/finite"] == 1.0
-        if ranks.leader:
-            torch.save({k: v.cpu() for k, v in full_state(mirror.module).items()}, f"{out}/weights.pt")
-    finally:
-        dist.destroy_process_group()
+    ranks = Ranks(rank, 2, f"cuda:{rank}")
+    model = load_causal_lm(model_path, "float32", f"cuda:{rank}")
+    mirror = Mirror.before_sharding(model, ranks)
+    shard(model, mixed_precision, False)
+    trainer = trainer_for(model, learner, ranks)
+    for step, b in enumerate(batches()):
+        metrics = train_step(trainer, b, step, mirror)
+        assert metrics["weights/finite"] == 1.0
+    if ranks.leader:
+        torch.save({k: v.cpu() for k, v in full_state(mirror.module).items()}, f"{out}/weights.pt")
+    leave(ranks)  # on success only: a failing rank exits, and spawn stops the other
+    os._exit(0)  # as `asyncrl learner` ends a rank: no interpreter teardown beside the group's threads
 
 
 @pytest.mark.parametrize("mixed_precision", ["none", "bf16"])

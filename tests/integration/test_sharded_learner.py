@@ -80,29 +80,28 @@ def _rank_main(rank: int, world: int, port: int, model_path: str, learner: dict,
     import torch.distributed as dist
 
     from asyncrl.learner.checkpoint import load_shards, save_shards
-    from asyncrl.learner.sharding import Mirror, Ranks, local_state_bytes, shard, train_step
+    from asyncrl.learner.sharding import Mirror, Ranks, leave, local_state_bytes, shard, train_step
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world)
-    try:
-        ranks = Ranks(rank, world)
-        model = load_causal_lm(model_path)
-        mirror = Mirror.before_sharding(model, ranks)
-        shard(model, "none", False)
-        trainer = trainer_for(model, learner, ranks)
-        if job.get("load"):
-            load_shards(job["load"], model, trainer.optimizer)
-        for step, b in enumerate(batches()[job.get("first", 0) : job.get("last", STEPS)], start=job.get("first", 0)):
-            train_step(trainer, b, step, mirror)
-        if job.get("save"):
-            save_shards(job["save"], model, trainer.optimizer)
-        Path(out, f"bytes-{rank}.json").write_text(json.dumps(local_state_bytes(model, trainer.optimizer)))
-        mirror.refresh(model)
-        if ranks.leader:
-            torch.save(full_state(mirror.module), Path(out, "weights.pt"))
-    finally:
-        dist.destroy_process_group()
+    ranks = Ranks(rank, world)
+    model = load_causal_lm(model_path)
+    mirror = Mirror.before_sharding(model, ranks)
+    shard(model, "none", False)
+    trainer = trainer_for(model, learner, ranks)
+    if job.get("load"):
+        load_shards(job["load"], model, trainer.optimizer)
+    for step, b in enumerate(batches()[job.get("first", 0) : job.get("last", STEPS)], start=job.get("first", 0)):
+        train_step(trainer, b, step, mirror)
+    if job.get("save"):
+        save_shards(job["save"], model, trainer.optimizer)
+    Path(out, f"bytes-{rank}.json").write_text(json.dumps(local_state_bytes(model, trainer.optimizer)))
+    mirror.refresh(model)
+    if ranks.leader:
+        torch.save(full_state(mirror.module), Path(out, "weights.pt"))
+    leave(ranks)  # on success only: a failing rank exits, and spawn stops the other
+    os._exit(0)  # as `asyncrl learner` ends a rank: no interpreter teardown beside the group's threads
 
 
 def two_ranks(tmp_path: Path, model_path: Path, learner: dict, **job) -> dict:

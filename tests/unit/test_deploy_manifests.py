@@ -57,6 +57,7 @@ def test_compose_file_follows_the_compose_spec_and_its_commands_are_valid():
         assert cfg.buffer.redis_url == "redis://redis:6379/0", name
         if name in ("rollout", "learner"):
             assert cfg.controller.host == "controller"
+            assert cfg.teacher.host == "teacher"  # the replicas annotate groups, the learner falls back
         # Secrets from the environment, refused when unset; hardened containers.
         assert "${ASYNCRL_TOKEN:?" in svc["environment"]["ASYNCRL_TOKEN"], name
         assert "${ASYNCRL_REDIS_PASSWORD:?" in svc["environment"]["ASYNCRL_REDIS_PASSWORD"], name
@@ -161,6 +162,8 @@ def test_overlay_renders_valid_hardened_resources(tmp_path, overlay):
                     assert c["readinessProbe"]["grpc"]["port"] == getattr(cfg, role).port, where
                 if role == "learner":
                     assert cfg.learner.checkpoint.resume_from == "latest"
+                if role in ("rollout", "learner"):
+                    assert cfg.teacher.host == "asyncrl-teacher" and cfg.controller.host == "asyncrl-controller"
     learner = next(d for d in by_kind["Job"] if d["metadata"]["name"] == "asyncrl-learner")
     assert learner["spec"]["template"]["spec"]["restartPolicy"] == "OnFailure" and learner["spec"]["backoffLimit"] > 0
     # Autoscaling and disruption budget act on the rollout Deployment.
