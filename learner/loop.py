@@ -1,4 +1,5 @@
-"""The learner's main loop: collect B trajectories -> (teacher annotation) -> step -> ack -> push i+1.
+"""The learner's main loop: collect B trajectories -> (teacher annotation) -> step -> ack -> push i+1, with
+the next batch's entries read from the buffer while this one trains (`learner.prefetch`).
 
 While it waits for data it heartbeats the controller and runs resync pushes for replicas that joined late
 or restarted, so they can get leases (and produce the data the learner waits for).
@@ -9,6 +10,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import OrderedDict
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 import grpc
@@ -23,6 +25,8 @@ from asyncrl.v1 import controller_pb2, teacher_pb2
 
 log = logging.getLogger("asyncrl.learner")
 TRAINED_GROUPS_REMEMBERED = 1_000_000
+PREFETCH_WAIT_S = 0.005
+"""How long the prefetch's read waits for entries not yet written (the loop's own read waits longer)."""
 
 
 @dataclass
@@ -74,6 +78,8 @@ class LearnerLoop:
         self._last_step_end: float | None = None
         self.ranks = ranks
         """The learner's ranks: this loop runs on the leader and tells the others each step."""
+        self._prefetch = ThreadPoolExecutor(1, thread_name_prefix="prefetch") if config.learner.prefetch else None
+        self._prefetched: Future | None = None
         self.mirror = mirror
         """The leader's full copy of a sharded policy (None with one rank)."""
 
@@ -130,6 +136,23 @@ class LearnerLoop:
             if len(entries) < self.groups_per_step:
                 self._heartbeat()
         return entries
+
+    def _start_prefetch(self, groups: int) -> None:
+        """Read the next batch's entries from the buffer on a thread while this one trains (`learner.prefetch`).
+        Only the read: checking them (which may dead-letter) stays on the loop's thread, in `collect`. Entries
+        read and never trained (the learner stopped) stay pending, as any delivered entry does."""
+        if self._prefetch is not None and groups > 0:
+            self._prefetched = self._prefetch.submit(self.buffer.get, groups, PREFETCH_WAIT_S)
+
+    def _take_prefetched(self) -> list:
+        future, self._prefetched = self._prefetched, None
+        if future is None:
+            return []
+        try:
+            return future.result()
+        except Exception as err:  # noqa: BLE001 - the read is retried by `collect`; the entries stay pending
+            log.warning("prefetch failed: %s: %s", type(err).__name__, err)
+            return []
 
     def annotate(self, batch) -> None:
         """Fill batch.logp_teacher from the teacher's Score RPC, retrying with backoff; a teacher that stays
@@ -229,7 +252,9 @@ class LearnerLoop:
                 break  # stopped while waiting for data
             carry = entries[self.groups_per_step:]
             entries = entries[: self.groups_per_step]
+            self._start_prefetch(self.groups_per_step - len(carry))
             self.train_on(entries)
+            carry += self._take_prefetched()
             if cfg.eval_every and self.progress.step % cfg.eval_every == 0 and self.progress.step < cfg.total_steps:
                 self.run_eval()
             every = cfg.checkpoint.save_every
@@ -282,10 +307,13 @@ class LearnerLoop:
             [self.progress.data_position] + [entry.group.prompt_index + 1 for entry in entries]
         )
         self.metrics.observe_step(metrics, push, [entry.group.created_unix_s for entry in entries])
-        self.metrics.observe_buffer(self.buffer.backlog(), self.buffer.pending())
         if self.sinks is not None:
             self.sinks.log(self.progress.step, {**metrics, "push_s": push.total_s, "push_bytes": push.bytes_sent})
         self.events.write("step", step=self.progress.step, version=push.version, push_s=push.total_s,
                           push_bytes=push.bytes_sent, push_receivers=push.receivers, push_dropped=push.dropped,
                           **metrics)
+        try:
+            self.metrics.observe_buffer(self.buffer.backlog(), self.buffer.pending())
+        except Exception as err:  # noqa: BLE001 - a gauge must never stop the learner (Redis reconnecting, say)
+            log.warning("buffer depth not read: %s: %s", type(err).__name__, err)
         self._heartbeat()  # the status page follows every step

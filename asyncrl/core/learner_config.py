@@ -124,6 +124,9 @@ class LearnerConfig(Section):
     """`asyncrl up` restarts a learner that dies, at most this many times (0: a dead learner ends the run): it
     resumes from its latest checkpoint (the base model when there is none yet) and takes the run back there
     (`Controller.ResetTimeline`; the lost steps are trained again)."""
+    prefetch: bool = True
+    """Read the next batch's entries from the buffer on a thread while the current batch trains and its weights
+    are pushed (they are checked, and dead-lettered if they must be, when their batch is collected)."""
     batch_timeout_s: float = Field(600.0, gt=0)
     """Give up (error) when no full batch arrives within this time."""
     weight_transport: WeightTransportConfig = WeightTransportConfig()

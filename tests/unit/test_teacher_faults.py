@@ -68,3 +68,27 @@ def test_annotation_retries_then_goes_on_without_the_teacher(script, calls, anno
     assert metrics.teacher_failures._value.get() == (0 if annotated else 1)
     if annotated:
         assert (b.logp_teacher[b.response_mask > 0] == -0.5).all()
+
+
+def test_prefetch_reads_the_next_entries_and_leaves_them_pending():
+    """`learner.prefetch`: the next batch's entries are read on a thread while a batch trains; read and not yet
+    trained they are pending (a restarted learner takes them back), and a failed read is only a warning."""
+    from asyncrl.core.buffer.memory import MemoryBuffer
+    from asyncrl.v1 import trajectory_pb2
+
+    loop, _, _ = loop_with(None)
+    buffer = loop.buffer = MemoryBuffer()
+    ids = [buffer.put(trajectory_pb2.TrajectoryGroup(group_id=f"g{i}")) for i in range(3)]
+    loop._start_prefetch(2)
+    got = loop._take_prefetched()
+    assert [e.entry_id for e in got] == ids[:2]
+    assert [e.entry_id for e in buffer.all_pending()] == ids[:2]
+    assert loop._take_prefetched() == []  # nothing in flight
+
+    class Broken:
+        def get(self, groups, timeout_s):
+            raise ConnectionError("redis went away")
+
+    loop.buffer = Broken()
+    loop._start_prefetch(1)
+    assert loop._take_prefetched() == []
