@@ -1,0 +1,111 @@
+"""The trajectory buffer against its raw limit, one run, one local redis-server: `RedisBuffer` writing real
+`TrajectoryGroup`s one XADD per group (as a replica does) and reading them in batches of B/G groups with
+parsing, acknowledgement and deletion (as the learner does), against raw redis-py on the same bytes with
+pipelined XADDs (8 per round trip) and XREADGROUP + pipelined XACK/XDEL without parsing.
+
+Groups: G = 8 trajectories, a 64-token prompt, 256 response tokens each (logp_behav, per-token versions):
+about 30 KB serialised. Best of `--trials` for each side, sides alternating.
+
+    .venv/bin/python bench/buffer_throughput.py [--groups 400] [--trials 3]
+    (or: asyncrl bench buffer_throughput)
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+import time
+from pathlib import Path
+
+import redis
+from common import emit
+
+from asyncrl.core.buffer import make_buffer
+from asyncrl.core.config import BufferConfig
+from asyncrl.tools.processes import ProcessGroup
+from asyncrl.tools.redis_local import start_local_redis
+from asyncrl.v1 import trajectory_pb2
+
+G, PROMPT, RESPONSE, BATCH = 8, 64, 256, 8
+
+
+def make_group(i: int) -> trajectory_pb2.TrajectoryGroup:
+    trajectories = [trajectory_pb2.Trajectory(
+        trajectory_id=f"g{i}/{j}", group_id=f"g{i}", prompt_token_ids=list(range(3, 3 + PROMPT)),
+        response_token_ids=[(k * 7 + j) % 50 + 3 for k in range(RESPONSE)],
+        logp_behav=[-0.01 * ((k + j) % 100) for k in range(RESPONSE)], weight_version=[i // 8] * RESPONSE,
+        reward=float(j % 2), finished=True) for j in range(G)]
+    return trajectory_pb2.TrajectoryGroup(group_id=f"g{i}", prompt_index=i, replica_id="r", lease_id=f"l{i}",
+                                          trajectories=trajectories, created_unix_s=time.time())
+
+
+def ours(url: str, groups: list, stream: str) -> tuple[float, float]:
+    buffer = make_buffer(BufferConfig(type="redis", redis_url=url, stream=stream), consumer="learner-0")
+    t0 = time.perf_counter()
+    for group in groups:
+        buffer.put(group)
+    write_s = time.perf_counter() - t0
+    t0, read = time.perf_counter(), 0
+    while read < len(groups):
+        entries = buffer.get(BATCH, timeout_s=1.0)
+        assert all(e.group is not None for e in entries)
+        buffer.ack([e.entry_id for e in entries])
+        read += len(entries)
+    return write_s, time.perf_counter() - t0
+
+
+def raw(url: str, payloads: list[bytes], stream: str) -> tuple[float, float]:
+    r = redis.Redis.from_url(url)
+    r.xgroup_create(stream, "g", id="0", mkstream=True)
+    t0 = time.perf_counter()
+    for k in range(0, len(payloads), BATCH):
+        pipe = r.pipeline(transaction=False)
+        for payload in payloads[k : k + BATCH]:
+            pipe.xadd(stream, {b"p": payload, b"min_version": 0})
+        pipe.execute()
+    write_s = time.perf_counter() - t0
+    t0, read = time.perf_counter(), 0
+    while read < len(payloads):
+        reply = r.xreadgroup("g", "c", {stream: ">"}, count=BATCH, block=1000)
+        ids = [entry_id for _s, items in reply or [] for entry_id, _f in items]
+        pipe = r.pipeline(transaction=False)
+        pipe.xack(stream, "g", *ids)
+        pipe.xdel(stream, *ids)
+        pipe.execute()
+        read += len(ids)
+    return write_s, time.perf_counter() - t0
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--groups", type=int, default=400)
+    parser.add_argument("--trials", type=int, default=3)
+    args = parser.parse_args()
+    groups = [make_group(i) for i in range(args.groups)]
+    payloads = [g.SerializeToString() for g in groups]
+    megabytes = sum(len(p) for p in payloads) / 2**20
+    best = {"ours": [float("inf")] * 2, "raw": [float("inf")] * 2}
+    with tempfile.TemporaryDirectory() as tmp:
+        processes = ProcessGroup(Path(tmp) / "logs")
+        try:
+            url = start_local_redis(processes, Path(tmp) / "redis")
+            for trial in range(args.trials):
+                for side, fn, data in (("ours", ours, groups), ("raw", raw, payloads)):
+                    times = fn(url, data, f"bench:{side}:{trial}")
+                    best[side] = [min(a, b) for a, b in zip(best[side], times)]
+        finally:
+            processes.stop_all()
+    rate = {side: {"write_mb_s": megabytes / w, "read_mb_s": megabytes / r, "total_mb_s": megabytes / (w + r)}
+            for side, (w, r) in best.items()}
+    result = {"groups": args.groups, "group_kb": megabytes * 1024 / args.groups, "trials": args.trials, **rate,
+              "ratio_write": rate["ours"]["write_mb_s"] / rate["raw"]["write_mb_s"],
+              "ratio_read": rate["ours"]["read_mb_s"] / rate["raw"]["read_mb_s"],
+              "ratio_total": rate["ours"]["total_mb_s"] / rate["raw"]["total_mb_s"]}
+    emit("buffer_throughput", result,
+         {"raw write": rate["raw"]["write_mb_s"], "ours write": rate["ours"]["write_mb_s"],
+          "raw read": rate["raw"]["read_mb_s"], "ours read": rate["ours"]["read_mb_s"]},
+         "MB/s", f"buffer vs raw redis-py: {result['ratio_total']:.2f}x of raw write+read")
+
+
+if __name__ == "__main__":
+    main()
