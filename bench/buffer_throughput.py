@@ -1,5 +1,6 @@
 """The trajectory buffer against its raw limit, one run, one local redis-server: `RedisBuffer` writing real
-`TrajectoryGroup`s one XADD per group (as a replica does) and reading them in batches of B/G groups with
+`TrajectoryGroup`s, serialised, 8 per pipelined round trip (`put_many`, as a replica writes the groups of a
+generation batch with rollout.leases_per_batch 8) and reading them in batches of B/G groups with
 parsing, acknowledgement and deletion (as the learner does), against raw redis-py on the same bytes with
 pipelined XADDs (8 per round trip) and XREADGROUP + pipelined XACK/XDEL without parsing.
 
@@ -42,8 +43,8 @@ def make_group(i: int) -> trajectory_pb2.TrajectoryGroup:
 def ours(url: str, groups: list, stream: str) -> tuple[float, float]:
     buffer = make_buffer(BufferConfig(type="redis", redis_url=url, stream=stream), consumer="learner-0")
     t0 = time.perf_counter()
-    for group in groups:
-        buffer.put(group)
+    for k in range(0, len(groups), BATCH):
+        assert all(isinstance(i, str) for i in buffer.put_many(groups[k : k + BATCH]))
     write_s = time.perf_counter() - t0
     t0, read = time.perf_counter(), 0
     while read < len(groups):
@@ -61,7 +62,7 @@ def raw(url: str, payloads: list[bytes], stream: str) -> tuple[float, float]:
     for k in range(0, len(payloads), BATCH):
         pipe = r.pipeline(transaction=False)
         for payload in payloads[k : k + BATCH]:
-            pipe.xadd(stream, {b"p": payload, b"min_version": 0})
+            pipe.xadd(stream, {b"g": payload})  # the buffer's own field name
         pipe.execute()
     write_s = time.perf_counter() - t0
     t0, read = time.perf_counter(), 0

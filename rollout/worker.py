@@ -105,11 +105,26 @@ class RolloutWorker:
         return 0 if pending is None else pending.result()
 
     def _finish(self, leases, prompts, groups) -> int:
-        written = 0
+        """Score, check and annotate every group of the batch, write them to the buffer in one round trip,
+        then settle each lease on its own: one failure must not strand the others."""
+        prepared = []
         for lease, prompt, gens in zip(leases, prompts, groups):
-            # Every lease of the batch is settled on its own: one failure must not strand the others.
             try:
-                written += self._write(lease, prompt, gens)
+                prepared.append((lease, gens, *self._prepare(lease, prompt, gens)))
+            except Exception as err:  # noqa: BLE001 - logged; the lease is given up (it expires, its quota returns)
+                log.warning("lease %s: %s: %s", lease.lease_id, type(err).__name__, err)
+                self.session.held.discard(lease.lease_id)
+        valid = [group for _, _, group, _ in prepared if group is not None]
+        try:
+            results = iter(self.buffer.put_many(valid))
+        except Exception as err:  # noqa: BLE001 - none known written: their quota goes back below
+            log.error("writing %d groups failed: %s", len(valid), err)
+            results = iter([err] * len(valid))
+        written = 0
+        for lease, gens, group, rewards in prepared:
+            outcome = next(results) if group is not None else None
+            try:
+                written += self._settle(lease, gens, group, rewards, outcome)
             except Exception as err:  # noqa: BLE001 - logged; the lease is given up below
                 log.warning("lease %s: %s: %s", lease.lease_id, type(err).__name__, err)
             finally:
@@ -118,7 +133,8 @@ class RolloutWorker:
                 self.session.held.discard(lease.lease_id)
         return written
 
-    def _write(self, lease, prompt, gens) -> int:
+    def _prepare(self, lease, prompt, gens):
+        """(the group to write, or None when it failed the checks and went to the dead letters; the rewards)."""
         rewards = self.rewards.score([(self.task.decode_response(g.token_ids), prompt.metadata) for g in gens])
         group = build_group(
             group_id=f"{self.session.replica_id}-{lease.lease_id}",
@@ -132,29 +148,30 @@ class RolloutWorker:
         )
         if self.annotator is not None:
             self.annotator.annotate(group)  # unannotated when the teacher does not answer: the learner asks
-        num_written, entry_id = 0, None
         try:
             check_trajectory_group(group, self.limits.with_max_version(self.engine.weight_version))
         except BadGroup as err:
-            # Never into the training stream; kept with its reason, and the lease's quota goes back below.
+            # Never into the training stream; kept with its reason, and the lease's quota goes back.
             log.error("group %s refused: %s", group.group_id, err)
             self.events.write("group_rejected", group_id=group.group_id, lease_id=lease.lease_id, reason=str(err))
             self.metrics.groups_rejected.inc()
             self.buffer.put_dead_letter(group.SerializeToString(), str(err))
-            group = None
-        try:
-            if group is not None:
-                entry_id = self.buffer.put(group)
-                num_written = len(gens)
-        except Exception as err:  # noqa: BLE001 - the quota goes back to the controller below
-            log.error("writing group %s failed: %s", group.group_id, err)
+            return None, rewards
+        return group, rewards
+
+    def _settle(self, lease, gens, group, rewards, outcome) -> int:
+        """Record the write (`outcome`: the entry id, or the error that kept the group out) and complete the
+        lease with what was written."""
+        entry_id = outcome if isinstance(outcome, str) else None
+        if isinstance(outcome, BaseException):
+            log.error("writing group %s failed: %s", group.group_id, outcome)
         # The record comes right after the write and before the lease completes, so a replica killed in
         # between leaves either a record or an expiring lease for the audit, never a completed lease alone.
         if entry_id is not None:
             versions = [v for g in gens for v in g.weight_version]
             self.events.write(
                 "group_written",
-                group_id=f"{self.session.replica_id}-{lease.lease_id}",
+                group_id=group.group_id,
                 entry_id=entry_id,
                 lease_id=lease.lease_id,
                 prompt_index=lease.prompt_index,
@@ -167,7 +184,8 @@ class RolloutWorker:
             self.metrics.reward_mean.set(sum(rewards) / len(rewards))
         # Completing after the write: a lease completed as written is data the learner will find.
         self._complete(controller_pb2.CompleteLeaseRequest(
-            replica_id=self.session.replica_id, lease_id=lease.lease_id, num_written=num_written
+            replica_id=self.session.replica_id, lease_id=lease.lease_id,
+            num_written=len(gens) if entry_id is not None else 0,
         ))
         return 1 if entry_id is not None else 0
 

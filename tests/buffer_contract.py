@@ -23,6 +23,16 @@ def check_fifo_and_payload(buf):
     assert buf.backlog() == 0 and buf.pending() == 3
 
 
+def check_put_many_writes_in_order(buf):
+    single = buf.put(group(0))
+    ids = buf.put_many([group(1), group(2), group(3)])
+    assert all(isinstance(i, str) for i in ids) and len(set(ids)) == 3
+    assert buf.put_many([]) == []
+    got = buf.get(10, timeout_s=1)
+    assert [e.entry_id for e in got] == [single, *ids]
+    assert [e.group.group_id for e in got] == ["g0", "g1", "g2", "g3"]
+
+
 def check_get_respects_max_and_timeout(buf):
     for i in range(5):
         buf.put(group(i))

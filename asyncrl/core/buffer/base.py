@@ -52,6 +52,17 @@ class TrajectoryBuffer(ABC):
     def put(self, group: trajectory_pb2.TrajectoryGroup) -> str:
         """Append a group; returns its entry id."""
 
+    def put_many(self, groups: list[trajectory_pb2.TrajectoryGroup]) -> list[str | Exception]:
+        """Append several groups, in one round trip where the store allows; for each, its entry id or the
+        error that kept it out (the others are written regardless)."""
+        out: list[str | Exception] = []
+        for group in groups:
+            try:
+                out.append(self.put(group))
+            except Exception as err:  # noqa: BLE001 - reported per group, as the contract says
+                out.append(err)
+        return out
+
     @abstractmethod
     def get(self, max_groups: int, timeout_s: float) -> list[BufferEntry]:
         """Up to max_groups undelivered entries, oldest first; [] after timeout_s without data."""

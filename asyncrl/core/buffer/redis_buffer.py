@@ -17,6 +17,12 @@ PAYLOAD = b"g"
 PAGE = 1000
 
 
+def _fields(group: trajectory_pb2.TrajectoryGroup) -> dict:
+    # The serialised group only. (A `min_version` field used to ride along; nothing read it, and computing it
+    # over every token's version cost three times the serialisation.)
+    return {PAYLOAD: group.SerializeToString()}
+
+
 def _entry(entry_id: bytes, fields: dict) -> BufferEntry:
     return decode_entry(entry_id.decode(), fields.get(PAYLOAD))
 
@@ -36,9 +42,17 @@ class RedisBuffer(TrajectoryBuffer):
                 raise
 
     def put(self, group: trajectory_pb2.TrajectoryGroup) -> str:
-        versions = [v for t in group.trajectories for v in t.weight_version]
-        fields = {PAYLOAD: group.SerializeToString(), b"min_version": min(versions) if versions else -1}
-        return self._r.xadd(self.stream, fields).decode()
+        return self._r.xadd(self.stream, _fields(group)).decode()
+
+    def put_many(self, groups: list[trajectory_pb2.TrajectoryGroup]) -> list[str | Exception]:
+        """One pipelined round trip (not a transaction: each XADD stands on its own)."""
+        if not groups:
+            return []
+        pipe = self._r.pipeline(transaction=False)
+        for group in groups:
+            pipe.xadd(self.stream, _fields(group))
+        replies = pipe.execute(raise_on_error=False)
+        return [reply if isinstance(reply, Exception) else reply.decode() for reply in replies]
 
     def get(self, max_groups: int, timeout_s: float) -> list[BufferEntry]:
         # ">" = never delivered (this consumer's delivered-but-unacked entries: `all_pending`).
