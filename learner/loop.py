@@ -13,15 +13,15 @@ from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
-import grpc
 import torch
 
+from asyncrl.core.teacher_client import score, score_request
 from asyncrl.core.trajectory_checks import BadGroup, TrajectoryLimits, check_trajectory_group
 from asyncrl.learner.batch import MalformedGroup, assemble, check_group
 from asyncrl.learner.checkpoint import CheckpointMeta
 from asyncrl.learner.sharding import SINGLE, STEP, Mirror, Ranks, train_step
 from asyncrl.learner.timeline import TimelineFilter, rejoin
-from asyncrl.v1 import controller_pb2, teacher_pb2
+from asyncrl.v1 import controller_pb2
 
 log = logging.getLogger("asyncrl.learner")
 TRAINED_GROUPS_REMEMBERED = 1_000_000
@@ -157,25 +157,8 @@ class LearnerLoop:
     def annotate(self, batch) -> None:
         """Fill batch.logp_teacher from the teacher's Score RPC, retrying with backoff; a teacher that stays
         unreachable leaves it None (the step trains without the distillation term) and is recorded."""
-        tcfg = self.config.teacher
-        request = teacher_pb2.ScoreRequest(sequences=[
-            teacher_pb2.ScoreSequence(token_ids=seq, response_start=start)
-            for seq, start in zip(batch.sequences, batch.response_starts)
-        ])
-        error, reply = None, None
-        for attempt in range(tcfg.score_attempts):
-            if attempt:
-                time.sleep(tcfg.retry_backoff_s * 2 ** (attempt - 1))
-            try:
-                reply = self.teacher.Score(request, timeout=tcfg.score_timeout_s)
-                break
-            except grpc.RpcError as err:
-                error = f"{err.code().name}: {err.details()}"
-                log.warning("teacher Score attempt %d/%d failed: %s", attempt + 1, tcfg.score_attempts, error)
-                if err.code() == grpc.StatusCode.INVALID_ARGUMENT:
-                    break  # the same request would fail again
-        if reply is None or len(reply.sequences) != len(batch):
-            error = error or f"{len(reply.sequences)} scored sequences for {len(batch)}"
+        reply, error = score(self.teacher, score_request(batch.sequences, batch.response_starts), self.config.teacher)
+        if reply is None:
             batch.logp_teacher = None
             self.metrics.teacher_failures.inc()
             self.events.write("teacher_unavailable", step=self.progress.step, error=error)

@@ -103,15 +103,19 @@ class Trainer:
         parts are summed into the whole."""
         device = next((model or self.model).parameters()).device
         full = torch.zeros(batch.logp_behav.shape, dtype=torch.float32, device=device)
-        mine = self.my_rows(batch, list(range(len(batch))))
-        parts = self.micro_batches(batch, mine)
-        count = self.ranks.max(len(parts))
-        for k in range(count):
-            rows = parts[k] if k < len(parts) and parts[k] else [0]  # a spare forward keeps FSDP in step
+        for rows, spare in self._lockstep(batch, list(range(len(batch)))):
             logp = self._logprobs(batch.rows(rows), model).float()
-            if k < len(parts) and parts[k]:
+            if not spare:
                 full[torch.tensor(rows, device=device), : logp.shape[1]] = logp.to(device)
         return self.ranks.sum(full)
+
+    def _lockstep(self, batch: TrainBatch, rows: list[int]):
+        """(rows, spare) for each forward of this rank's share of `rows`, micro-batched, as many on every rank:
+        a rank out of rows runs a spare forward of `rows[:1]` (the caller gives it zero weight), so FSDP's
+        all-gathers and reduce-scatters pair up across the ranks."""
+        parts = [part for part in self.micro_batches(batch, self.my_rows(batch, rows)) if part]
+        for k in range(self.ranks.max(len(parts))):
+            yield (parts[k], False) if k < len(parts) else (rows[:1], True)
 
     def step(self, batch: TrainBatch, version: int) -> dict:
         """Train on `batch` with the policy at `version`; returns flat metrics."""
@@ -207,19 +211,12 @@ class Trainer:
             width = int(batch.response_mask[idx].sum(dim=1).max().item())
             units = objective_units(logp_prox[idx, :width], batch.logp_behav[idx, :width],
                                     batch.response_mask[idx, :width], algo)
-            parts = self.micro_batches(batch, self.my_rows(batch, chunk))
-            count = self.ranks.max(len(parts))
             local_loss = torch.zeros(())
             weighted: dict[str, float] = defaultdict(float)
             real = 0
-            for k in range(count):
-                rows = parts[k] if k < len(parts) else []
-                spare = not rows
-                # A spare part (this rank is out of rows) forwards one row at zero weight: FSDP's all-gathers
-                # and reduce-scatters must pair up across the ranks. Real parts weigh world_size: FSDP
-                # averages the ranks' gradients, and the whole is their sum.
-                part_loss, part_metrics = self._objective(batch, rows or chunk[:1], algo, adv, logp_prox,
-                                                          logp_ref, units,
+            for rows, spare in self._lockstep(batch, chunk):
+                # Real parts weigh world_size: FSDP averages the ranks' gradients, and the whole is their sum.
+                part_loss, part_metrics = self._objective(batch, rows, algo, adv, logp_prox, logp_ref, units,
                                                           weight=0.0 if spare else float(self.ranks.world_size))
                 if not spare:
                     local_loss = local_loss + part_loss.detach().cpu()

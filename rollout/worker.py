@@ -105,15 +105,27 @@ class RolloutWorker:
         return 0 if pending is None else pending.result()
 
     def _finish(self, leases, prompts, groups) -> int:
-        """Score, check and annotate every group of the batch, write them to the buffer in one round trip,
-        then settle each lease on its own: one failure must not strand the others."""
-        prepared = []
+        """Score and build every group of the batch, have the teacher annotate them in one call, check them,
+        write the valid ones to the buffer in one round trip, then settle each lease on its own: one failure
+        must not strand the others."""
+        built = []
         for lease, prompt, gens in zip(leases, prompts, groups):
             try:
-                prepared.append((lease, gens, *self._prepare(lease, prompt, gens)))
+                built.append((lease, gens, *self._build(lease, prompt, gens)))
             except Exception as err:  # noqa: BLE001 - logged; the lease is given up (it expires, its quota returns)
-                log.warning("lease %s: %s: %s", lease.lease_id, type(err).__name__, err)
-                self.session.held.discard(lease.lease_id)
+                self._give_up(lease, err)
+        if self.annotator is not None:
+            # Unannotated when the teacher does not answer: the learner asks for them itself.
+            try:
+                self.annotator.annotate([group for _, _, group, _ in built])
+            except Exception as err:  # noqa: BLE001 - the groups go on unannotated
+                log.warning("teacher annotation: %s: %s", type(err).__name__, err)
+        prepared = []
+        for lease, gens, group, rewards in built:
+            try:
+                prepared.append((lease, gens, self._checked(lease, group), rewards))
+            except Exception as err:  # noqa: BLE001 - as above
+                self._give_up(lease, err)
         valid = [group for _, _, group, _ in prepared if group is not None]
         try:
             results = iter(self.buffer.put_many(valid))
@@ -133,8 +145,12 @@ class RolloutWorker:
                 self.session.held.discard(lease.lease_id)
         return written
 
-    def _prepare(self, lease, prompt, gens):
-        """(the group to write, or None when it failed the checks and went to the dead letters; the rewards)."""
+    def _give_up(self, lease, err: Exception) -> None:
+        log.warning("lease %s: %s: %s", lease.lease_id, type(err).__name__, err)
+        self.session.held.discard(lease.lease_id)
+
+    def _build(self, lease, prompt, gens):
+        """(the lease's group, its rewards)."""
         rewards = self.rewards.score([(self.task.decode_response(g.token_ids), prompt.metadata) for g in gens])
         group = build_group(
             group_id=f"{self.session.replica_id}-{lease.lease_id}",
@@ -146,8 +162,10 @@ class RolloutWorker:
             lease_id=lease.lease_id,
             metadata=prompt.metadata,
         )
-        if self.annotator is not None:
-            self.annotator.annotate(group)  # unannotated when the teacher does not answer: the learner asks
+        return group, rewards
+
+    def _checked(self, lease, group):
+        """`group` if it passes the checks; None when it failed them and went to the dead letters."""
         try:
             check_trajectory_group(group, self.limits.with_max_version(self.engine.weight_version))
         except BadGroup as err:
@@ -156,8 +174,8 @@ class RolloutWorker:
             self.events.write("group_rejected", group_id=group.group_id, lease_id=lease.lease_id, reason=str(err))
             self.metrics.groups_rejected.inc()
             self.buffer.put_dead_letter(group.SerializeToString(), str(err))
-            return None, rewards
-        return group, rewards
+            return None
+        return group
 
     def _settle(self, lease, gens, group, rewards, outcome) -> int:
         """Record the write (`outcome`: the entry id, or the error that kept the group out) and complete the

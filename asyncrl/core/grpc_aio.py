@@ -96,7 +96,7 @@ def build_aio_server(host: str, port: int, register: list, service_names: list[s
     async def build() -> int:
         server = grpc.aio.server(migration_thread_pool=futures.ThreadPoolExecutor(max_workers=migration_workers),
                                  options=MESSAGE_OPTIONS,
-                                 interceptors=[AioGuardInterceptor(auth, RpcMetrics(registry) if registry else None)])
+                                 interceptors=[AioGuardInterceptor(auth, RpcMetrics(registry) if registry is not None else None)])
         handle._server = server
         for add in register:
             add(server)

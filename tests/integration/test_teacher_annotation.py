@@ -33,7 +33,7 @@ def test_the_annotator_fills_logp_teacher_from_a_real_teacher(tiny_model_dir, st
     metrics = RolloutMetrics("r")
     annotator = TeacherAnnotator(teacher_pb2_grpc.TeacherStub(channel), cfg.teacher, metrics)
     g = group()
-    assert annotator.annotate(g)
+    assert annotator.annotate([g])
     teacher = load_causal_lm(tiny_model_dir.teacher).eval()
     expected, _ = sequence_logprobs(teacher, [PROMPT + r for r in RESPONSES], [len(PROMPT)] * 3, None, pad_id=0)
     for row, traj in enumerate(g.trajectories):
@@ -53,6 +53,6 @@ def test_a_teacher_that_is_gone_leaves_the_group_unannotated(tiny_model_dir, sta
     teacher_cfg = cfg.teacher.model_copy(update={"score_attempts": 2, "retry_backoff_s": 0.01, "score_timeout_s": 2})
     metrics = RolloutMetrics("r")
     g = group()
-    assert not TeacherAnnotator(teacher_pb2_grpc.TeacherStub(channel), teacher_cfg, metrics).annotate(g)
+    assert not TeacherAnnotator(teacher_pb2_grpc.TeacherStub(channel), teacher_cfg, metrics).annotate([g])
     assert all(len(t.logp_teacher) == 0 for t in g.trajectories)
     assert metrics.teacher_failures._value.get() == 1

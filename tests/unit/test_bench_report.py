@@ -29,19 +29,21 @@ def test_a_result_is_shown_with_its_command_and_machine(tmp_path):
 
 
 def test_score_request_and_reply_map_to_the_trajectories():
-    from asyncrl.rollout.annotation import fill_logp_teacher, score_request
+    from asyncrl.rollout.annotation import fill_logp_teacher, request_for
 
-    group = trajectory_pb2.TrajectoryGroup(trajectories=[
-        trajectory_pb2.Trajectory(trajectory_id="a", prompt_token_ids=[1, 2], response_token_ids=[3, 4, 5]),
+    first = trajectory_pb2.TrajectoryGroup(trajectories=[
+        trajectory_pb2.Trajectory(trajectory_id="a", prompt_token_ids=[1, 2], response_token_ids=[3, 4, 5])])
+    second = trajectory_pb2.TrajectoryGroup(trajectories=[
         trajectory_pb2.Trajectory(trajectory_id="b", prompt_token_ids=[1, 2], response_token_ids=[6])])
-    request = score_request(group)
+    groups = [first, second]  # one request for the groups of a generation batch, in order
+    request = request_for(groups)
     assert [(list(s.token_ids), s.response_start) for s in request.sequences] == [([1, 2, 3, 4, 5], 2), ([1, 2, 6], 2)]
     reply = teacher_pb2.ScoreResponse(sequences=[teacher_pb2.ScoredSequence(logp_teacher=[-1.0, -2.0, -3.0]),
                                                  teacher_pb2.ScoredSequence(logp_teacher=[-0.5])])
-    fill_logp_teacher(group, reply)
-    assert [list(t.logp_teacher) for t in group.trajectories] == [[-1.0, -2.0, -3.0], [-0.5]]
+    fill_logp_teacher(groups, reply)
+    assert [list(t.logp_teacher) for g in groups for t in g.trajectories] == [[-1.0, -2.0, -3.0], [-0.5]]
     short = teacher_pb2.ScoreResponse(sequences=[teacher_pb2.ScoredSequence(logp_teacher=[-1.0]),
                                                  teacher_pb2.ScoredSequence(logp_teacher=[-0.5])])
     with pytest.raises(ValueError, match="1 teacher log-probs for 3 tokens"):
-        fill_logp_teacher(group, short)
-    assert [list(t.logp_teacher) for t in group.trajectories] == [[-1.0, -2.0, -3.0], [-0.5]]  # untouched
+        fill_logp_teacher(groups, short)
+    assert [list(t.logp_teacher) for g in groups for t in g.trajectories] == [[-1.0, -2.0, -3.0], [-0.5]]  # untouched
