@@ -4,7 +4,9 @@ against η = 4, same config otherwise, one sitting, torch engines, teacher on.
 Per run: wall time per learner step (median of the step-to-step intervals after a warm-up, eval steps
 excluded), the learner's own train step and weight push, the rest of the loop (waiting for data, reading
 and assembling the batch, the teacher's annotation when the learner asks for it), and the fraction of the
-wall time the learner trains ("busy"). The headline is the η = 4 / η = 0 speed-up per learner step.
+wall time the learner trains ("busy"). The headline is the η = 4 / η = 0 speed-up per learner step. The
+same pair runs again with the learner pinned to core 0 and the rollouts, teacher and controller to core 1
+(`<role>.cpus`): a stand-in for a learner and rollouts on separate accelerators.
 
     .venv/bin/python bench/async_speedup.py [--steps 100] [--annotate-by rollout|learner]
     (or: asyncrl bench async_speedup -- --steps 100)
@@ -27,11 +29,17 @@ REPO = Path(__file__).resolve().parents[1]
 WARMUP = 10
 
 
-def run(eta: str, steps: int, annotate_by: str, run_dir: Path) -> dict:
+PINNED = ["learner.cpus=[0]", "rollout.cpus=[1]", "teacher.cpus=[1]", "controller.cpus=[1]"]
+"""The learner alone on core 0, everything else on core 1: a stand-in for a learner GPU and rollout GPUs."""
+
+
+def run(eta: str, steps: int, annotate_by: str, run_dir: Path, pinned: bool = False) -> dict:
     argv = [sys.executable, "-m", "asyncrl.tools.cli", "--log-level", "WARNING", "up",
             "--config", str(REPO / "examples" / "tiny-arith.yaml"), "--set", f"run_dir={run_dir}",
             "--set", f"controller.eta={eta}", "--set", f"learner.total_steps={steps}",
             "--set", "learner.eval_every=0", "--set", f"teacher.annotate_by={annotate_by}"]
+    for override in PINNED if pinned else []:
+        argv += ["--set", override]
     done = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, check=False, timeout=1800)
     if done.returncode != 0:
         raise SystemExit(f"asyncrl up (eta {eta}) failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
@@ -40,9 +48,12 @@ def run(eta: str, steps: int, annotate_by: str, run_dir: Path) -> dict:
     walls = [b["t"] - a["t"] for a, b in itertools.pairwise(steps_ev)]
     wall = statistics.median(walls)
     train = statistics.median(e["time/step_s"] for e in steps_ev)
-    push = statistics.median(e["push_s"] for e in steps_ev)
+    # The push's cost to the learner: its whole duration when it runs in line, the snapshot and any wait for
+    # the previous push when it runs in the background.
+    push = statistics.median(e["push_wait_s"] for e in steps_ev)
+    push_full = statistics.median(e["push_s"] for e in events if e["kind"] == "push")
     summary = json.loads((run_dir / "summary.json").read_text())
-    return {"eta": eta, "wall_per_step_s": wall, "train_step_s": train, "push_s": push,
+    return {"eta": eta, "wall_per_step_s": wall, "train_step_s": train, "push_wait_s": push, "push_s": push_full,
             "rest_s": max(0.0, wall - train - push), "learner_busy": train / wall,
             "eval_first": summary["eval_first"], "eval_last": summary["eval_last"],
             "audit_ok": summary["audit"]["ok"]}
@@ -56,14 +67,19 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         sync = run("0", args.steps, args.annotate_by, Path(tmp) / "eta0")
         asynchronous = run("4", args.steps, args.annotate_by, Path(tmp) / "eta4")
+        pinned_sync = run("0", args.steps, args.annotate_by, Path(tmp) / "eta0-pinned", pinned=True)
+        pinned_async = run("4", args.steps, args.annotate_by, Path(tmp) / "eta4-pinned", pinned=True)
     speedup = sync["wall_per_step_s"] / asynchronous["wall_per_step_s"]
+    pinned_speedup = pinned_sync["wall_per_step_s"] / pinned_async["wall_per_step_s"]
     result = {"steps": args.steps, "annotate_by": args.annotate_by, "eta0": sync, "eta4": asynchronous,
-              "speedup_eta4_over_eta0": speedup}
+              "speedup_eta4_over_eta0": speedup, "pinned": PINNED, "eta0_pinned": pinned_sync,
+              "eta4_pinned": pinned_async, "speedup_eta4_over_eta0_pinned": pinned_speedup}
     emit(f"async_speedup-{args.annotate_by}", result,
          {"eta=0 s/step": sync["wall_per_step_s"], "eta=4 s/step": asynchronous["wall_per_step_s"],
-          "eta=4 train": asynchronous["train_step_s"], "eta=4 push": asynchronous["push_s"]},
+          "eta=4 train": asynchronous["train_step_s"], "pinned eta=0": pinned_sync["wall_per_step_s"],
+          "pinned eta=4": pinned_async["wall_per_step_s"]},
          "seconds per learner step",
-         f"demo, teacher annotated by the {args.annotate_by}: eta=4 is {speedup:.2f}x eta=0 per step")
+         f"demo, teacher by the {args.annotate_by}: eta=4 is {speedup:.2f}x eta=0 ({pinned_speedup:.2f}x pinned)")
 
 
 if __name__ == "__main__":

@@ -47,6 +47,9 @@ class ControllerMetrics:
             registry=r,
         )
         self.pushes_committed = Counter(PREFIX + "pushes_committed", "Weight pushes committed.", registry=r)
+        self.groups_formed = Counter(PREFIX + "broadcast_groups_formed",
+                                     "Broadcast groups formed (the first push, and after each membership change "
+                                     "or failure; other pushes reuse the group).", registry=r)
         self.replicas_dropped = Counter(
             PREFIX + "replicas_dropped",
             "Receivers dropped from a push (they then need a resync).",

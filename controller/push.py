@@ -6,7 +6,10 @@ live replicas that need sync for version == current), ranks them 1..N, builds th
 and fans out: one thread per receiver calls the injected `WeightNotifier` (in production
 `asyncrl.services.weight_fanout.grpc_update_weights`, i.e. `Rollout.UpdateWeights(plan, rank)`, signed for
 that replica: `asyncrl.core.auth.push_order_mac`), which
-returns once the replica has joined the broadcast and loaded the weights. Commit waits for the acks
+returns once the replica has joined the broadcast and loaded the weights. The plan names a broadcast group:
+the one of the previous push when the receivers, their ranks, the sender's store and the transport are the
+same and that push was acknowledged by all (every member still holds it), else a new one (`Membership`;
+`asyncrl.core.weights.groups`). Commit waits for the acks
 (bounded by push_timeout_s from Begin) *outside* the controller's lock, so lease traffic keeps flowing,
 then drops and flags the receivers that failed.
 
@@ -59,6 +62,25 @@ class PushOffer:
     """Data time-out; 0 = the controller's push_timeout_s."""
     join_timeout_s: float = 0.0
     """Group formation time-out after the join handshake; 0 = the data time-out."""
+    manifest_digest: str = ""
+    """Instead of `tensors`: the digest of the manifest the learner published in its store."""
+
+
+@dataclass(frozen=True)
+class Membership:
+    """Who is in a broadcast group, in rank order, and where it forms: a push to the same members reuses the
+    group. The push keys are in it because a replica that registered again is a new process (new key) that
+    does not hold the group its predecessor joined."""
+
+    group_id: str
+    members: tuple[tuple[str, str, bytes], ...]
+    """(replica id, address, push key) of ranks 1..N."""
+    store_address: str
+    transport: str
+
+    def same(self, other: Membership) -> bool:
+        return (self.members, self.store_address, self.transport) == (
+            other.members, other.store_address, other.transport)
 
 
 @dataclass(frozen=True)
@@ -87,6 +109,8 @@ class PushSession:
         self._outcomes: dict[str, Outcome] = {}
         self.commit_started = False
         """Set (under the controller's lock) by the first CommitWeightPush, so a duplicate is refused."""
+        self.membership: Membership | None = None
+        """The broadcast group this push uses (set by the coordinator)."""
 
     @property
     def push_id(self) -> str:
@@ -129,7 +153,8 @@ class PushSession:
         try:
             plan = self.plan
             order = push_order_mac(receiver.push_key, plan.push_id, plan.version, receiver.rank, plan.world_size,
-                                   plan.store_address, plan.transport)
+                                   plan.store_address, plan.transport, plan.group_id, plan.new_group,
+                                   plan.manifest_digest)
             version = self._notify(receiver.address, plan, receiver.rank, self._call_timeout_s, order)
             ok = version == self.plan.version
             error = "" if ok else f"replica reports version {version} after a push of {self.plan.version}"
@@ -150,6 +175,10 @@ class PushCoordinator:
         self._events, self._metrics = events, metrics
         self.open: PushSession | None = None
         self.committed = 0
+        self.group: Membership | None = None
+        """The broadcast group every member holds after the last fully acknowledged push (None: the next push
+        forms one). Any drop or abort forgets it: a member may have left it half-used."""
+        self.groups_formed = 0
 
     def begin(self, version: int, current: int, offer: PushOffer, now: float) -> PushSession:
         """Pick the receivers, rank them 1..N, build the plan, start the fan-out."""
@@ -175,18 +204,31 @@ class PushCoordinator:
                 f"version: must be {current + 1} (new policy) or {current} (resync), got {version}"
             )
         receivers = [Receiver(r.replica_id, r.address, rank, r.push_key) for rank, r in enumerate(chosen, start=1)]
+        membership = Membership(f"group-{uuid.uuid4().hex[:12]}",
+                                tuple((r.replica_id, r.address, r.push_key) for r in receivers),
+                                offer.store_address, offer.transport)
+        new_group = self.group is None or not self.group.same(membership)
+        if new_group:
+            self.group = None
+            self.groups_formed += 1
+            self._metrics.groups_formed.inc()
+        else:
+            membership = self.group
         plan = PushPlan(
             push_id=f"push-v{version}-{uuid.uuid4().hex[:8]}", version=version, store_address=offer.store_address,
             world_size=len(receivers) + 1, transport=offer.transport, tensors=tuple(offer.tensors),
             bucket_bytes=offer.bucket_bytes, timeout_s=offer.timeout_s or self._config.push_timeout_s,
-            join_timeout_s=offer.join_timeout_s,
+            join_timeout_s=offer.join_timeout_s, group_id=membership.group_id, new_group=new_group,
+            manifest_digest=offer.manifest_digest,
         )  # fmt: skip
         session = PushSession(plan, mode, receivers, now, self._notify, self._config.push_timeout_s)
+        session.membership = membership
         self.open = session
         self._events.write(
             "push_begun", push_id=plan.push_id, version=version, mode=mode,
             receivers=[r.replica_id for r in receivers], world_size=plan.world_size,
-            current_version=current, aborted_previous=aborted_previous,
+            current_version=current, aborted_previous=aborted_previous, group_id=plan.group_id,
+            new_group=plan.new_group,
         )  # fmt: skip
         session.start()
         return session
@@ -211,6 +253,7 @@ class PushCoordinator:
         self.open = None
         acked = [r.replica_id for r in session.receivers if outcomes[r.replica_id].ok]
         dropped = [r.replica_id for r in session.receivers if not outcomes[r.replica_id].ok]
+        self.group = None if dropped else session.membership
         for replica_id in acked:
             replica = self._registry.get(replica_id)
             replica.weight_version, replica.force_sync = session.plan.version, False
@@ -238,6 +281,7 @@ class PushCoordinator:
         for receiver in session.receivers:
             self._registry.get(receiver.replica_id).force_sync = True
         self.open = None
+        self.group = None
         self._events.write(
             "push_aborted", push_id=session.push_id, version=session.plan.version, mode=session.mode,
             reason=reason,

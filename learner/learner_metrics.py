@@ -42,6 +42,12 @@ class LearnerMetrics:
                                     registry=r)
         self.step_seconds = Histogram("asyncrl_learner_step_seconds", "Learner step time", registry=r)
         self.push_seconds = Histogram("asyncrl_learner_push_seconds", "Weight push time (begin..commit)", registry=r)
+        self.push_wait_seconds = Histogram("asyncrl_learner_push_wait_seconds",
+                                           "Time a step spent on its weight push on the learner's critical path "
+                                           "(snapshot and waiting for the previous push, or the whole push when "
+                                           "not in the background)", registry=r)
+        self.groups_formed = Counter("asyncrl_learner_broadcast_groups_formed",
+                                     "Pushes that formed a broadcast group (the others reused one)", registry=r)
         self.push_bytes = Counter("asyncrl_learner_push_bytes", "Bytes of weights pushed to the replicas",
                                   registry=r)
         self.dead_letters = Counter("asyncrl_learner_dead_letters", "Buffer entries refused and dead-lettered",
@@ -56,9 +62,16 @@ class LearnerMetrics:
                                 "training-inference mismatch (rc/*), PPO clipping (loss/*), grad norm, distillation "
                                 "(opd/*), routing replay (routing/*).", ["name"], registry=r)
 
-    def observe_step(self, metrics: dict, push, created_unix_s: list[float] | None = None) -> None:
+    def observe_push(self, push) -> None:
+        self.push_seconds.observe(push.total_s)
+        self.push_bytes.inc(push.bytes_sent)
+        self.groups_formed.inc(int(push.new_group))
+
+    def observe_step(self, metrics: dict, version: int, push_wait_s: float,
+                     created_unix_s: list[float] | None = None) -> None:
         self.step.inc()
-        self.version.set(push.version)
+        self.version.set(version)
+        self.push_wait_seconds.observe(push_wait_s)
         self.consumed.inc(metrics["batch/sequences"])
         self.tokens.inc(metrics.get("batch/response_tokens", 0))
         self.reward.set(metrics["reward/mean"])
@@ -71,8 +84,6 @@ class LearnerMetrics:
             if created > 0:
                 self.group_age.observe(max(0.0, now - created))
         self.step_seconds.observe(metrics["time/step_s"])
-        self.push_seconds.observe(push.total_s)
-        self.push_bytes.inc(push.bytes_sent)
         self.skipped_updates.inc(metrics.get("opt/skipped_updates", 0))
         kl = metrics.get("rc/kl_k3")
         if kl is not None:

@@ -1,5 +1,6 @@
 """The learner's main loop: collect B trajectories -> (teacher annotation) -> step -> ack -> push i+1, with
-the next batch's entries read from the buffer while this one trains (`learner.prefetch`).
+the next batch's entries read from the buffer while this one trains (`learner.prefetch`) and push i+1 sent
+from a snapshot while step i+1 trains (`learner.push_in_background`).
 
 While it waits for data it heartbeats the controller and runs resync pushes for replicas that joined late
 or restarted, so they can get leases (and produce the data the learner waits for).
@@ -97,6 +98,7 @@ class LearnerLoop:
             request.eval_accuracy = p.last_eval_accuracy
         resp = self.stub.LearnerHeartbeat(request, timeout=30)
         if resp.sync_requested:
+            self.finish_push()  # one push at a time; a resync re-sends the committed version
             result = self.publisher.push(self.progress.version)
             self.events.write("resync", version=result.version, acked=result.acked, dropped=result.dropped,
                               seconds=result.total_s)
@@ -187,6 +189,9 @@ class LearnerLoop:
     def save(self) -> None:
         if self.checkpointer is None or self._saved_step == self.progress.step:
             return
+        # A checkpoint's version is committed at the controller before the checkpoint exists: a learner
+        # restarted from it must never hold a version the controller has not seen.
+        self.finish_push()
         t0 = time.perf_counter()
         p = self.progress
         meta = CheckpointMeta(p.step, p.version, p.data_position, time.time())
@@ -243,6 +248,7 @@ class LearnerLoop:
             every = cfg.checkpoint.save_every
             if every and self.progress.step % every == 0:
                 self.save()
+        self.finish_push()
         if self.progress.step >= cfg.total_steps:
             self.run_eval()
         self.save()
@@ -251,6 +257,32 @@ class LearnerLoop:
         snapshot_t = time.time()
         self.events.write("final_buffer", entry_ids=self.buffer.entry_ids(), snapshot_t=snapshot_t)
         return self.progress
+
+    def publish(self, version: int) -> float:
+        """Push the new weights as `version`: started in the background (`learner.push_in_background`) after the
+        previous push is finished, or pushed now. Returns the seconds this cost the learner's critical path."""
+        t0 = time.perf_counter()
+        self.finish_push()
+        if self.config.learner.push_in_background:
+            self.publisher.start(version)
+        else:
+            self._record_push(self.publisher.push(version))
+        return time.perf_counter() - t0
+
+    def finish_push(self) -> None:
+        """Wait for the background push, if one is in flight, and record it (its failure is raised here)."""
+        result = self.publisher.finish()
+        if result is not None:
+            self._record_push(result)
+
+    def _record_push(self, push) -> None:
+        self.metrics.observe_push(push)
+        if self.sinks is not None:
+            self.sinks.log(push.version, {"push/seconds": push.total_s, "push/bytes": push.bytes_sent})
+        self.events.write("push", version=push.version, push_s=push.total_s, broadcast_s=push.broadcast_s,
+                          push_bytes=push.bytes_sent, receivers=push.receivers, acked=push.acked,
+                          dropped=push.dropped, attempts=push.attempts, new_group=push.new_group,
+                          background=push.background)
 
     def train_on(self, entries: list) -> None:
         version = self.progress.version
@@ -276,9 +308,9 @@ class LearnerLoop:
             self._trained_groups.popitem(last=False)
         self.events.write("trained", step=self.progress.step, version=version, entry_ids=batch.entry_ids,
                           group_ids=sorted(set(batch.group_ids)), trajectories=len(batch))
-        push = self.publisher.push(version + 1)
+        push_wait_s = self.publish(version + 1)
         self.progress.step += 1
-        self.progress.version = push.version
+        self.progress.version = version + 1
         self.progress.consumed += len(batch)
         self.progress.last_reward_mean = metrics["reward/mean"]
         self.progress.last_step_s = metrics["time/step_s"]
@@ -289,12 +321,10 @@ class LearnerLoop:
         self.progress.data_position = max(
             [self.progress.data_position] + [entry.group.prompt_index + 1 for entry in entries]
         )
-        self.metrics.observe_step(metrics, push, [entry.group.created_unix_s for entry in entries])
+        self.metrics.observe_step(metrics, version + 1, push_wait_s, [entry.group.created_unix_s for entry in entries])
         if self.sinks is not None:
-            self.sinks.log(self.progress.step, {**metrics, "push_s": push.total_s, "push_bytes": push.bytes_sent})
-        self.events.write("step", step=self.progress.step, version=push.version, push_s=push.total_s,
-                          push_bytes=push.bytes_sent, push_receivers=push.receivers, push_dropped=push.dropped,
-                          **metrics)
+            self.sinks.log(self.progress.step, {**metrics, "push_wait_s": push_wait_s})
+        self.events.write("step", step=self.progress.step, version=version + 1, push_wait_s=push_wait_s, **metrics)
         try:
             self.metrics.observe_buffer(self.buffer.backlog(), self.buffer.pending())
         except Exception as err:  # noqa: BLE001 - a gauge must never stop the learner (Redis reconnecting, say)

@@ -1,19 +1,31 @@
-"""The learner's side of the weight push: Begin (controller picks receivers) -> broadcast as rank 0 ->
-Commit (controller waits for the receivers' acks and commits the version)."""
+"""The learner's side of the weight push: Begin (controller picks receivers and the broadcast group) ->
+broadcast as rank 0 -> Commit (controller waits for the receivers' acks and commits the version).
+
+Two ways to push:
+- `push(version)`: now, from the live weights, returning when committed (the first push, resyncs);
+- `start(version)` then `finish()`: the weights are copied into a snapshot (one memcpy of the bucket
+  buffers), and Begin/broadcast/Commit run on a background thread from that snapshot while the next step
+  trains and updates the live weights in place. `finish` waits for it and returns its result. One push at a
+  time: the controller has one open push, and the snapshot is reused.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 import grpc
+import torch
 
 from asyncrl.core.modeling import named_weights
-from asyncrl.core.weights.flat import bind_parameters
-from asyncrl.core.weights.manifest import decode_plan, encode_tensors
+from asyncrl.core.weights.flat import FlatWeights, bind_parameters
+from asyncrl.core.weights.groups import BroadcastGroups, publish_manifest
+from asyncrl.core.weights.manifest import decode_plan
 from asyncrl.core.weights.plan import tensor_metas
-from asyncrl.core.weights.transport import host_store, make_group, send_weights
+from asyncrl.core.weights.transport import host_store, send_weights
 from asyncrl.v1 import controller_pb2
 
 log = logging.getLogger(__name__)
@@ -30,6 +42,10 @@ class PushResult:
     broadcast_s: float
     total_s: float
     attempts: int
+    new_group: bool = False
+    """This push formed a broadcast group (the first one, or after a membership change)."""
+    background: bool = False
+    """Sent from a snapshot on the background thread while the learner trained on."""
 
 
 class WeightPublisher:
@@ -45,44 +61,79 @@ class WeightPublisher:
         # The model's weights move (once) into bucket-shaped storage: every later push broadcasts the
         # buckets as they are, without packing (the optimizer updates them in place).
         self.flat = bind_parameters(model, named_weights(model), int(transport_cfg.bucket_mb * 2**20))
-        self.specs = encode_tensors(tensor_metas(named_weights(model)))
+        # The manifest goes into our store once; plans name its digest and receivers read it once.
+        self.metas = tensor_metas(named_weights(model))
+        self.manifest_digest = publish_manifest(self.store, self.metas)
+        self.groups = BroadcastGroups(self.store)
+        self._snapshot: FlatWeights | None = None
+        self._background = ThreadPoolExecutor(1, thread_name_prefix="push")
+        self._in_flight: Future | None = None
+
+    @property
+    def in_flight(self) -> bool:
+        return self._in_flight is not None
 
     def push(self, version: int) -> PushResult:
-        """Publish the model as `version` (current+1) or resync it to out-of-date replicas (current)."""
+        """Publish the live model as `version` (current+1) or resync it to out-of-date replicas (current)."""
+        if self._in_flight is not None:
+            raise RuntimeError("a background push is in flight: finish() it first")
+        return self._push(version, self.flat, background=False)
+
+    def start(self, version: int) -> None:
+        """Snapshot the live weights and push them as `version` on the background thread."""
+        if self._in_flight is not None:
+            raise RuntimeError("a background push is in flight: finish() it first")
+        if self._snapshot is None:
+            self._snapshot = FlatWeights(self.flat.metas, self.flat.bucket_bytes, self.flat.buffers[0].device)
+        with torch.no_grad():
+            for live, copy in zip(self.flat.buffers, self._snapshot.buffers):
+                copy.copy_(live)
+        self._in_flight = self._background.submit(self._push, version, self._snapshot, True)
+
+    def finish(self) -> PushResult | None:
+        """Wait for the background push (None when there is none); raises what it raised."""
+        future, self._in_flight = self._in_flight, None
+        return None if future is None else future.result()
+
+    def close(self) -> None:
+        self._background.shutdown(wait=True)
+        self.groups.close()
+
+    def _push(self, version: int, weights: FlatWeights, background: bool) -> PushResult:
         start = time.perf_counter()
         for attempt in range(1, self.max_attempts + 1):
             begin = self.stub.BeginWeightPush(
                 controller_pb2.BeginWeightPushRequest(
                     version=version, store_address=self.store_address, transport=self.cfg.type,
-                    tensors=self.specs, bucket_bytes=int(self.cfg.bucket_mb * 2**20), timeout_s=self.cfg.timeout_s,
-                    join_timeout_s=self.cfg.join_timeout_s,
+                    manifest_digest=self.manifest_digest, bucket_bytes=int(self.cfg.bucket_mb * 2**20),
+                    timeout_s=self.cfg.timeout_s, join_timeout_s=self.cfg.join_timeout_s,
                 ),
                 timeout=self.cfg.timeout_s + 30,
             )
-            plan = decode_plan(begin.plan)
+            push_id, world_size, new_group = begin.plan.push_id, begin.plan.world_size, begin.plan.new_group
             ok, error, sent, t_bcast = True, "", 0, 0.0
-            if plan.world_size > 1:
+            if world_size > 1:  # else no replica is live: the version is committed without a broadcast
+                plan = dataclasses.replace(decode_plan(begin.plan), tensors=self.metas)
                 t0 = time.perf_counter()
                 try:
-                    group = make_group(plan, 0, self.store)
-                    sent = send_weights(group, named_weights(self.model), plan)
-                    group.close()
+                    with self.groups.member(plan, 0) as group:
+                        sent = send_weights(group, weights.named(), plan)
                 except Exception as err:  # noqa: BLE001 - reported to the controller, then retried
                     ok, error = False, f"{type(err).__name__}: {err}"
-                    log.warning("push %s (version %d) failed on the sender: %s", plan.push_id, version, error)
+                    log.warning("push %s (version %d) failed on the sender: %s", push_id, version, error)
                 t_bcast = time.perf_counter() - t0
             try:
                 commit = self.stub.CommitWeightPush(
-                    controller_pb2.CommitWeightPushRequest(push_id=plan.push_id, sender_ok=ok, error=error),
+                    controller_pb2.CommitWeightPushRequest(push_id=push_id, sender_ok=ok, error=error),
                     timeout=self.commit_deadline_s,
                 )
             except grpc.RpcError as err:
                 if err.code() != grpc.StatusCode.FAILED_PRECONDITION:
                     raise
                 # The controller no longer knows this push (it restarted, or aborted it): begin again.
-                log.warning("push %s (version %d) not committed: %s", plan.push_id, version, err.details())
+                log.warning("push %s (version %d) not committed: %s", push_id, version, err.details())
                 continue
             if commit.committed:
-                return PushResult(version, True, plan.world_size - 1, list(commit.acked), list(commit.dropped),
-                                  sent, t_bcast, time.perf_counter() - start, attempt)
+                return PushResult(version, True, world_size - 1, list(commit.acked), list(commit.dropped),
+                                  sent, t_bcast, time.perf_counter() - start, attempt, new_group, background)
         raise RuntimeError(f"weight push of version {version} not committed after {self.max_attempts} attempts")

@@ -60,12 +60,13 @@ from asyncrl.core.validation import (
 from asyncrl.core.weights.manifest import (
     MAX_PUSH_BYTES,
     check_address,
+    check_digest,
     check_optional_seconds,
     check_transport,
     decode_tensors,
     encode_plan,
 )
-from asyncrl.services.weight_fanout import grpc_liveness_answer, grpc_update_weights
+from asyncrl.services.weight_fanout import ReplicaChannels, grpc_liveness_answer
 from asyncrl.v1 import controller_pb2, controller_pb2_grpc
 
 SERVICE_NAME = "asyncrl.v1.Controller"
@@ -165,12 +166,17 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
             check_range(request.version, 0, MAX_COUNT, "version")
             check_address(request.store_address, "store_address")
             check_transport(request.transport, "transport")
-            tensors = decode_tensors(request.tensors, "tensors")
+            check_digest(request.manifest_digest, "manifest_digest", optional=True)
+            if request.manifest_digest:
+                require(not request.tensors, "tensors", "must be empty when manifest_digest is set")
+                tensors = ()
+            else:
+                tensors = decode_tensors(request.tensors, "tensors")
             check_range(request.bucket_bytes, 1, MAX_PUSH_BYTES, "bucket_bytes")
             check_optional_seconds(request.timeout_s, "timeout_s")
             check_optional_seconds(request.join_timeout_s, "join_timeout_s")
             offer = PushOffer(request.store_address, request.transport, tensors, request.bucket_bytes,
-                              request.timeout_s, request.join_timeout_s)  # fmt: skip
+                              request.timeout_s, request.join_timeout_s, request.manifest_digest)  # fmt: skip
             session = self.state.begin_push(request.version, offer)
             return controller_pb2.BeginWeightPushResponse(
                 plan=encode_plan(session.plan), receivers=[r.replica_id for r in session.receivers]
@@ -261,9 +267,10 @@ def create_server(
     auth = resolve_auth(config.security)
     run_dir = run_dir or config.run_dir
     events = EventLog(run_dir, "controller")
+    channels = ReplicaChannels(auth)
     state = ControllerState(
         config.controller, config.learner.batch_size, events=events,
-        notify=notify or functools.partial(grpc_update_weights, auth=auth),
+        notify=notify or channels.update_weights,
         probe=functools.partial(grpc_liveness_answer, auth=auth) if probe is None else probe,
         store=make_store(config), run_id=str(run_dir),
     )
@@ -281,6 +288,7 @@ def create_server(
     state.add_waker(servicer.wakeup.notify)
     state.start_reaper()
     server.controller_state = state
+    server.replica_channels = channels
     # The objects of start-up (modules, config, schemas) live as long as the process: out of the collector's
     # generations, a full collection no longer walks them, and its pause under a thousand held replicas
     # drops from ~130 ms to a few (heartbeat p99, bench/controller_leases.py).
@@ -305,6 +313,7 @@ def serve(config: AsyncRLConfig) -> None:
     print(f"asyncrl-controller listening grpc={host}:{port} http={host}:{http_port}", flush=True)
     wait_until_stopped(server, on_stop=page.stop)
     state.close()
+    server.replica_channels.close()
 
 
 # ---- validation and error translation ------------------------------------------------------------------

@@ -17,6 +17,7 @@ from asyncrl.core.grpc_util import abort_invalid, build_server, wait_for_channel
 from asyncrl.core.metrics import serve_metrics
 from asyncrl.core.sampling import SamplingParams
 from asyncrl.core.validation import InvalidArgument, check_range, check_token_ids, require
+from asyncrl.core.weights.groups import ManifestCache
 from asyncrl.core.weights.manifest import decode_plan
 from asyncrl.rollout.rollout_metrics import RolloutMetrics
 from asyncrl.rollout.runtime import ReplicaRuntime
@@ -44,6 +45,8 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServicer):
         self.push_key = push_key
         """Callable -> the key its controller signs pushes with; None: a standalone server (tests, tools) that
         has no controller and checks no push orders."""
+        self.manifests = ManifestCache()
+        """Tensor manifests of plans that name one by digest, read once from the learner's store."""
         metrics.weight_version.set(engine.weight_version)
 
     def UpdateWeights(self, request, context):
@@ -56,14 +59,15 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServicer):
         if self.push_key is not None:
             key = self.push_key()
             expected = push_order_mac(key, plan.push_id, plan.version, request.rank, plan.world_size,
-                                      plan.store_address, plan.transport)
+                                      plan.store_address, plan.transport, plan.group_id, plan.new_group,
+                                      plan.manifest_digest)
             if not key or not hmac.compare_digest(request.order_mac, expected):
                 self.metrics.pushes_refused.inc()
                 context.abort(grpc.StatusCode.PERMISSION_DENIED,
                               "order_mac: this push was not ordered by this replica's controller")
         try:
-            stats = self.engine.update_weights(plan, request.rank)
-        except ValueError as err:  # the plan does not fit the model
+            stats = self.engine.update_weights(self.manifests.resolve(plan), request.rank)
+        except ValueError as err:  # the plan (or the manifest it names) does not fit the model
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"plan: {err}")
         except Exception as err:
             log.exception("weight update %s failed", request.plan.push_id)

@@ -1,9 +1,11 @@
-"""The controller's gRPC client of the replicas: the production `WeightNotifier` (`asyncrl.controller.push`)
-that tells one replica to join a push (`Rollout.UpdateWeights`), and the liveness probe that asks the holder
+"""The controller's gRPC client of the replicas: the production `WeightNotifier` (`asyncrl.controller.push`,
+`ReplicaChannels.update_weights`) that tells one replica to join a push (`Rollout.UpdateWeights`), and the liveness probe that asks the holder
 of a replica id to prove it is still there (`Rollout.GetStatus` with a challenge). The controller's logic takes the notifier as a parameter, so its unit tests run
 without a network; this is the gRPC client that `controller_service` hands it."""
 
 from __future__ import annotations
+
+import threading
 
 import grpc
 
@@ -19,22 +21,50 @@ class UpdateWeightsFailed(RuntimeError):
     """A replica answered UpdateWeights with an error (or never answered)."""
 
 
-def grpc_update_weights(address: str, plan: PushPlan, rank: int, timeout_s: float, order_mac: bytes, *,
-                        auth: Auth) -> int:
-    """Call `Rollout.UpdateWeights(plan, rank, order_mac)` on `address`; returns the weight version the replica
-    reports."""
-    # A fresh channel per push: receivers change between pushes and a push is rare next to its payload.
-    with channel(address, auth) as ch:
-        stub = rollout_pb2_grpc.RolloutStub(ch)
+class ReplicaChannels:
+    """One client channel per replica address, kept across pushes: a new channel costs a connection set-up
+    (and a TLS handshake) per push, several milliseconds next to a small push. A channel whose replica is
+    gone is dropped on the first UNAVAILABLE."""
+
+    def __init__(self, auth: Auth):
+        self._auth = auth
+        self._channels: dict[str, grpc.Channel] = {}
+        self._lock = threading.Lock()
+
+    def get(self, address: str) -> grpc.Channel:
+        with self._lock:
+            ch = self._channels.get(address)
+            if ch is None:
+                ch = self._channels[address] = channel(address, self._auth)
+            return ch
+
+    def drop(self, address: str) -> None:
+        with self._lock:
+            ch = self._channels.pop(address, None)
+        if ch is not None:
+            ch.close()
+
+    def close(self) -> None:
+        with self._lock:
+            channels, self._channels = list(self._channels.values()), {}
+        for ch in channels:
+            ch.close()
+
+    def update_weights(self, address: str, plan: PushPlan, rank: int, timeout_s: float, order_mac: bytes) -> int:
+        """The production `WeightNotifier`: `Rollout.UpdateWeights(plan, rank, order_mac)` on `address`;
+        returns the weight version the replica reports."""
+        stub = rollout_pb2_grpc.RolloutStub(self.get(address))
         request = rollout_pb2.UpdateWeightsRequest(plan=encode_plan(plan), rank=rank, order_mac=order_mac)
         try:
             response = stub.UpdateWeights(request, timeout=timeout_s)
         except grpc.RpcError as err:
             message = f"{address}: {err.code().name}: {err.details()}"
             # UNAVAILABLE: nothing listens at the address any more, i.e. the process is gone.
-            failure = ReceiverUnreachable if err.code() == grpc.StatusCode.UNAVAILABLE else UpdateWeightsFailed
-            raise failure(message) from None
-    return response.weight_version
+            if err.code() == grpc.StatusCode.UNAVAILABLE:
+                self.drop(address)
+                raise ReceiverUnreachable(message) from None
+            raise UpdateWeightsFailed(message) from None
+        return response.weight_version
 
 
 def grpc_liveness_answer(address: str, challenge: bytes, *, auth: Auth, timeout_s: float = 2.0) -> bytes:

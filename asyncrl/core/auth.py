@@ -80,9 +80,11 @@ def new_push_key() -> bytes:
 
 
 def push_order_mac(key: bytes, push_id: str, version: int, rank: int, world_size: int, store_address: str,
-                   transport: str) -> bytes:
-    """The controller's signature on one push order for one replica (HMAC-SHA256 under its push key)."""
-    order = f"{push_id}\n{version}\n{rank}\n{world_size}\n{store_address}\n{transport}".encode()
+                   transport: str, group_id: str = "", new_group: bool = True, manifest_digest: str = "") -> bytes:
+    """The controller's signature on one push order for one replica (HMAC-SHA256 under its push key): the
+    push, the replica's rank, where to join (store, transport, group) and which manifest to load."""
+    order = (f"{push_id}\n{version}\n{rank}\n{world_size}\n{store_address}\n{transport}\n{group_id}\n"
+             f"{int(new_group)}\n{manifest_digest}").encode()
     return hmac.new(key, order, "sha256").digest()
 
 

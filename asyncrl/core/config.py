@@ -18,7 +18,7 @@ from typing import Literal
 import yaml
 from pydantic import Field, model_validator
 
-from asyncrl.core.config_base import Section
+from asyncrl.core.config_base import Cores, Section
 from asyncrl.core.data_config import RewardConfig, TaskConfig
 from asyncrl.core.learner_config import LearnerConfig, TrackingConfig
 
@@ -145,6 +145,9 @@ class BufferConfig(Section):
 class ControllerConfig(Section):
     host: str = "127.0.0.1"
     """Interface the controller binds and the address others dial."""
+    cpus: Cores = Field(default_factory=list)
+    """CPU cores this process is pinned to when it starts (e.g. [0]); empty = any core. Pinning the learner and
+    the rollouts to different cores stands in for separate accelerators on one machine."""
     port: int = Field(50051, ge=0, le=65535)
     """gRPC port (0 = any free port, for tests)."""
     status_port: int = Field(8080, ge=0, le=65535)
@@ -194,6 +197,9 @@ class ControllerConfig(Section):
 class RolloutConfig(Section):
     replicas: int = Field(2, ge=1)
     """Replicas `up` starts (each a separate process)."""
+    cpus: Cores = Field(default_factory=list)
+    """CPU cores this process is pinned to when it starts (e.g. [0]); empty = any core. Pinning the learner and
+    the rollouts to different cores stands in for separate accelerators on one machine."""
     host: str = "127.0.0.1"
     """Interface a replica binds."""
     advertise_host: str | None = None
@@ -217,6 +223,9 @@ class RolloutConfig(Section):
 class TeacherConfig(Section):
     enabled: bool = True
     """Start the teacher service."""
+    cpus: Cores = Field(default_factory=list)
+    """CPU cores this process is pinned to when it starts (e.g. [0]); empty = any core. Pinning the learner and
+    the rollouts to different cores stands in for separate accelerators on one machine."""
     host: str = "127.0.0.1"
     """Interface the teacher binds and the address the learner dials."""
     port: int = Field(50061, ge=0, le=65535)

@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, Field
 
 
 class Section(BaseModel):
     """Unknown keys are errors; field docstrings are the descriptions (`asyncrl config-docs`)."""
 
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, validate_assignment=True)
+
+
+Cores = list[Annotated[int, Field(ge=0, le=4095)]]
+"""CPU core numbers a process is pinned to (`os.sched_setaffinity` when it starts); empty = any core."""

@@ -9,7 +9,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from asyncrl.core.algo.config import AlgoConfig
-from asyncrl.core.config_base import Section
+from asyncrl.core.config_base import Cores, Section
 from asyncrl.core.weights.manifest import Transport
 
 
@@ -78,6 +78,9 @@ class RoutingReplayConfig(Section):
 class LearnerConfig(Section):
     host: str = "127.0.0.1"
     """Interface the learner's status service binds."""
+    cpus: Cores = Field(default_factory=list)
+    """CPU cores this process is pinned to when it starts (e.g. [0]); empty = any core. Pinning the learner and
+    the rollouts to different cores stands in for separate accelerators on one machine."""
     port: int = Field(0, ge=0, le=65535)
     """gRPC port of the learner's status service (0 = any free port)."""
     metrics_port: int = Field(0, ge=0, le=65535)
@@ -127,6 +130,10 @@ class LearnerConfig(Section):
     prefetch: bool = True
     """Read the next batch's entries from the buffer on a thread while the current batch trains and its weights
     are pushed (they are checked, and dead-lettered if they must be, when their batch is collected)."""
+    push_in_background: bool = True
+    """Push each step's weights from a snapshot on a background thread while the next step trains (the push
+    leaves the learner's critical path; the next push, a checkpoint and the end of the run wait for it).
+    false: every step waits for its push to commit."""
     batch_timeout_s: float = Field(600.0, gt=0)
     """Give up (error) when no full batch arrives within this time."""
     weight_transport: WeightTransportConfig = WeightTransportConfig()

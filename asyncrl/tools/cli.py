@@ -43,28 +43,40 @@ def _up(args):
     return run(_config(args), config_path=args.config)
 
 
+def _pinned(config, role: str):
+    """Pin this process to `<role>.cpus` (when set) before anything starts threads."""
+    cpus = getattr(config, role).cpus
+    if cpus:
+        try:
+            os.sched_setaffinity(0, cpus)
+        except (OSError, ValueError) as err:
+            raise ConfigError(f"{role}.cpus: cannot pin to cores {cpus} on this machine "
+                              f"(it has {sorted(os.sched_getaffinity(0))}): {err}") from None
+    return config
+
+
 def _controller(args):
     from asyncrl.services.controller_service import serve
 
-    serve(_config(args))
+    serve(_pinned(_config(args), "controller"))
 
 
 def _rollout(args):
     from asyncrl.services.rollout_service import serve
 
-    serve(_config(args), replica_id=args.replica_id)
+    serve(_pinned(_config(args), "rollout"), replica_id=args.replica_id)
 
 
 def _teacher(args):
     from asyncrl.services.teacher_service import serve
 
-    serve(_config(args))
+    serve(_pinned(_config(args), "teacher"))
 
 
 def _learner(args):
     from asyncrl.services.learner_service import serve
 
-    config = _config(args)
+    config = _pinned(_config(args), "learner")
     if config.learner.world_size > 1 and "LOCAL_RANK" not in os.environ:
         # A sharded learner: torchrun starts the ranks on this host and stops them all if one fails; this
         # process becomes torchrun (same pid, so whoever supervises the learner supervises all its ranks).

@@ -24,6 +24,10 @@ on the command line with `--set key.path=value`. The JSON schema: `asyncrl confi
 
 
 def _type_name(annotation) -> str:
+    if typing.get_origin(annotation) is typing.Annotated:  # constraints are in the description
+        return _type_name(typing.get_args(annotation)[0])
+    if typing.get_origin(annotation) is list:
+        return f"list[{', '.join(_type_name(arg) for arg in typing.get_args(annotation))}]"
     text = repr(annotation) if typing.get_origin(annotation) else getattr(annotation, "__name__", repr(annotation))
     return text.replace("typing.", "").replace("NoneType", "None")
 

@@ -57,7 +57,13 @@ def plot_run(run_dir: str | Path) -> Path:
         ax.plot(x, [e[kl_key] for e in steps], label=f"KL(behav||prox) {kl_key}", color="tab:purple")
         ax.set_ylabel("KL")
     ax2 = ax.twinx()
-    ax2.plot(x, [e["push_s"] for e in steps], label="weight push s", color="tab:gray", alpha=0.6)
+    # A push carries the version a step produced; step k produces version k on one timeline.
+    step_of = {e["version"]: e["step"] for e in steps}
+    pushes = [e for e in learner if e["kind"] == "push" and e["version"] in step_of]
+    ax2.plot([step_of[e["version"]] for e in pushes], [e["push_s"] for e in pushes], label="weight push s",
+             color="tab:gray", alpha=0.6)
+    ax2.plot(x, [e.get("push_wait_s", 0.0) for e in steps], label="push on the learner's path s",
+             color="black", alpha=0.6, linestyle=":")
     ax2.set_ylabel("push seconds")
     ax.set_xlabel("learner step")
     ax.set_title("mismatch and weight push")

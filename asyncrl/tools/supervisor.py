@@ -125,7 +125,7 @@ class Progress:
                 print(f"[{elapsed:6.0f}s] step {ev['step']:3d}/{self.cfg.learner.total_steps} "
                       f"v{ev['version']:<3d} reward {ev['reward/mean']:.3f} "
                       f"staleness mean {ev['staleness/mean']:.2f} max {ev['staleness/max']} "
-                      f"step {ev['time/step_s']:.1f}s push {ev['push_s']:.2f}s", flush=True)
+                      f"step {ev['time/step_s']:.1f}s push wait {ev['push_wait_s']:.3f}s", flush=True)
             elif ev["kind"] == "eval":
                 if self.first_eval is None:
                     self.first_eval = ev["accuracy"]

@@ -100,7 +100,7 @@ class CompleteLeaseResponse(_message.Message):
     def __init__(self) -> None: ...
 
 class BeginWeightPushRequest(_message.Message):
-    __slots__ = ("version", "store_address", "transport", "tensors", "bucket_bytes", "timeout_s", "join_timeout_s")
+    __slots__ = ("version", "store_address", "transport", "tensors", "bucket_bytes", "timeout_s", "join_timeout_s", "manifest_digest")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     STORE_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     TRANSPORT_FIELD_NUMBER: _ClassVar[int]
@@ -108,6 +108,7 @@ class BeginWeightPushRequest(_message.Message):
     BUCKET_BYTES_FIELD_NUMBER: _ClassVar[int]
     TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
     JOIN_TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
+    MANIFEST_DIGEST_FIELD_NUMBER: _ClassVar[int]
     version: int
     store_address: str
     transport: str
@@ -115,7 +116,8 @@ class BeginWeightPushRequest(_message.Message):
     bucket_bytes: int
     timeout_s: float
     join_timeout_s: float
-    def __init__(self, version: _Optional[int] = ..., store_address: _Optional[str] = ..., transport: _Optional[str] = ..., tensors: _Optional[_Iterable[_Union[_weights_pb2.TensorSpec, _Mapping]]] = ..., bucket_bytes: _Optional[int] = ..., timeout_s: _Optional[float] = ..., join_timeout_s: _Optional[float] = ...) -> None: ...
+    manifest_digest: str
+    def __init__(self, version: _Optional[int] = ..., store_address: _Optional[str] = ..., transport: _Optional[str] = ..., tensors: _Optional[_Iterable[_Union[_weights_pb2.TensorSpec, _Mapping]]] = ..., bucket_bytes: _Optional[int] = ..., timeout_s: _Optional[float] = ..., join_timeout_s: _Optional[float] = ..., manifest_digest: _Optional[str] = ...) -> None: ...
 
 class BeginWeightPushResponse(_message.Message):
     __slots__ = ("plan", "receivers")

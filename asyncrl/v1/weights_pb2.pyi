@@ -17,7 +17,7 @@ class TensorSpec(_message.Message):
     def __init__(self, name: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., dtype: _Optional[str] = ...) -> None: ...
 
 class WeightPushPlan(_message.Message):
-    __slots__ = ("push_id", "version", "store_address", "world_size", "transport", "tensors", "bucket_bytes", "timeout_s", "join_timeout_s")
+    __slots__ = ("push_id", "version", "store_address", "world_size", "transport", "tensors", "bucket_bytes", "timeout_s", "join_timeout_s", "group_id", "new_group", "manifest_digest")
     PUSH_ID_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     STORE_ADDRESS_FIELD_NUMBER: _ClassVar[int]
@@ -27,6 +27,9 @@ class WeightPushPlan(_message.Message):
     BUCKET_BYTES_FIELD_NUMBER: _ClassVar[int]
     TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
     JOIN_TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
+    GROUP_ID_FIELD_NUMBER: _ClassVar[int]
+    NEW_GROUP_FIELD_NUMBER: _ClassVar[int]
+    MANIFEST_DIGEST_FIELD_NUMBER: _ClassVar[int]
     push_id: str
     version: int
     store_address: str
@@ -36,4 +39,13 @@ class WeightPushPlan(_message.Message):
     bucket_bytes: int
     timeout_s: float
     join_timeout_s: float
-    def __init__(self, push_id: _Optional[str] = ..., version: _Optional[int] = ..., store_address: _Optional[str] = ..., world_size: _Optional[int] = ..., transport: _Optional[str] = ..., tensors: _Optional[_Iterable[_Union[TensorSpec, _Mapping]]] = ..., bucket_bytes: _Optional[int] = ..., timeout_s: _Optional[float] = ..., join_timeout_s: _Optional[float] = ...) -> None: ...
+    group_id: str
+    new_group: bool
+    manifest_digest: str
+    def __init__(self, push_id: _Optional[str] = ..., version: _Optional[int] = ..., store_address: _Optional[str] = ..., world_size: _Optional[int] = ..., transport: _Optional[str] = ..., tensors: _Optional[_Iterable[_Union[TensorSpec, _Mapping]]] = ..., bucket_bytes: _Optional[int] = ..., timeout_s: _Optional[float] = ..., join_timeout_s: _Optional[float] = ..., group_id: _Optional[str] = ..., new_group: _Optional[bool] = ..., manifest_digest: _Optional[str] = ...) -> None: ...
+
+class TensorManifest(_message.Message):
+    __slots__ = ("tensors",)
+    TENSORS_FIELD_NUMBER: _ClassVar[int]
+    tensors: _containers.RepeatedCompositeFieldContainer[TensorSpec]
+    def __init__(self, tensors: _Optional[_Iterable[_Union[TensorSpec, _Mapping]]] = ...) -> None: ...

@@ -150,6 +150,7 @@ def test_a_replica_killed_mid_run_rejoins_with_current_weights(tmp_path):
              and e["t"] > synced["t"]]
     assert after and min(e["min_version"] for e in after) >= rejoin["current_version"]
     # The push that found the dead replica was called off after the join time-out, not the push time-out.
-    pushes = [e["push_s"] for e in read_events(run_dir, "learner") if e["kind"] == "step"]
+    pushes = [e["push_s"] for e in read_events(run_dir, "learner") if e["kind"] == "push"]
+    assert pushes
     assert max(pushes) < 5.0 + 3.0, max(pushes)
     no_process_left(run_dir)

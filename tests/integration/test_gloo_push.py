@@ -95,13 +95,13 @@ def test_a_receiver_that_joins_then_vanishes_costs_the_formation_timeout():
     import time
 
     from asyncrl.core.weights.rendezvous import receiver_join
-    from asyncrl.core.weights.transport import _store
+    from asyncrl.core.weights.transport import connect_store, push_store
 
     store = host_store("127.0.0.1", 0, 60)
     named = weights(0)
     plan = PushPlan("push-vanish", 1, f"127.0.0.1:{store.port}", 2, "gloo", tensor_metas(named), 1024, 60,
                     join_timeout_s=1.0)  # fmt: skip
-    joined = threading.Thread(target=receiver_join, args=(_store(plan, 1, None), plan.push_id, 1, 10))
+    joined = threading.Thread(target=receiver_join, args=(push_store(connect_store(plan), plan), plan.push_id, 1, 10))
     joined.start()
     t0 = time.monotonic()
     with pytest.raises(RuntimeError):

@@ -231,7 +231,8 @@ def test_every_push_order_is_signed_with_the_receivers_key():
     for registration, address in ((first, "127.0.0.1:7001"), (second, "127.0.0.1:7002")):
         rank = next(r.rank for r in session.receivers if r.replica_id == registration.replica_id)
         expected = push_order_mac(registration.push_key, plan.push_id, plan.version, rank, plan.world_size,
-                                  plan.store_address, plan.transport)
+                                  plan.store_address, plan.transport, plan.group_id, plan.new_group,
+                                  plan.manifest_digest)
         assert notifier.orders[(address, plan.push_id)] == expected
     # A new registration (a restart) gets a new key: orders signed for the old one no longer verify.
     assert state.register("127.0.0.1:7009", "a", 1, "torch").push_key != first.push_key

@@ -31,8 +31,9 @@ from asyncrl.core.modeling import (
 from asyncrl.core.routing import install_hooks
 from asyncrl.core.sampling import SamplingParams
 from asyncrl.core.weights.flat import FlatWeights, rebind_parameters
+from asyncrl.core.weights.groups import BroadcastGroups
 from asyncrl.core.weights.plan import PushPlan
-from asyncrl.core.weights.transport import make_group, receive_weights
+from asyncrl.core.weights.transport import receive_weights
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +56,8 @@ class TorchEngine(Engine):
         self._weights_lock = threading.Lock()
         # One update at a time (two overlapping broadcasts would interleave their swaps).
         self._update_lock = threading.Lock()
+        # The broadcast group kept between pushes while the membership holds.
+        self._groups = BroadcastGroups()
         # Double buffer of the zero-copy update path: parameters are views into `_live_flat` after the first
         # update; the next one is received into `_spare_flat`, then the two swap roles.
         self._live_flat: FlatWeights | None = None
@@ -111,14 +114,13 @@ class TorchEngine(Engine):
             # receivers are not left waiting for this rank until their time-out.
             self._drain(plan, rank)
             raise
-        group = make_group(plan, rank)
-        # Receiving straight into parameter storage needs the transport to deliver the model's own dtypes on
-        # the model's device; anything else is staged and copied (casting, moving).
-        zero_copy = group.device == self.device and all(
-            m.torch_dtype == targets[m.name].dtype for m in plan.tensors
-        )
         staged: list[tuple[str, torch.Tensor]] = []
-        try:
+        with self._groups.member(plan, rank) as group:
+            # Receiving straight into parameter storage needs the transport to deliver the model's own dtypes
+            # on the model's device; anything else is staged and copied (casting, moving).
+            zero_copy = group.device == self.device and all(
+                m.torch_dtype == targets[m.name].dtype for m in plan.tensors
+            )
             if zero_copy:
                 # The broadcast lands in the spare buffers; the live ones stay untouched for generation.
                 spare = self._spare_weights(plan)
@@ -129,8 +131,6 @@ class TorchEngine(Engine):
                     # The bucket views live in reused staging buffers: keep copies until the swap (which
                     # casts them to the model's dtypes).
                     staged.extend((name, tensor.clone()) for name, tensor in bucket)
-        finally:
-            group.close()
         received = time.perf_counter()
         with self._weights_lock:
             swap_start = time.perf_counter()
@@ -168,15 +168,13 @@ class TorchEngine(Engine):
 
     def _drain(self, plan: PushPlan, rank: int) -> None:
         try:
-            group = make_group(plan, rank)
-            try:
+            with self._groups.member(plan, rank) as group:
                 for _ in receive_weights(group, plan):
                     pass
-            finally:
-                group.close()
         except Exception as err:  # noqa: BLE001 - the plan error raised by the caller matters more
             log.warning("could not drain the rejected push %s: %s", plan.push_id, err)
 
     def close(self) -> None:
+        self._groups.close()
         with self._weights_lock:
             self.model = None

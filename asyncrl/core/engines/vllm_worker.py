@@ -17,14 +17,18 @@ from pathlib import Path
 
 import torch
 
+from asyncrl.core.weights.groups import BroadcastGroups
 from asyncrl.core.weights.manifest import match_model
 from asyncrl.core.weights.plan import PushPlan, TensorMeta
-from asyncrl.core.weights.transport import make_group, receive_weights
+from asyncrl.core.weights.transport import receive_weights
 
 log = logging.getLogger(__name__)
 
 WORKER_EXTENSION = "asyncrl.core.engines.vllm_worker.AsyncRLWorkerExtension"
 """Qualified name handed to `vllm.LLM(worker_extension_cls=...)`."""
+
+_GROUPS = BroadcastGroups()
+"""The broadcast group this worker process keeps between pushes (one worker process per engine)."""
 
 
 def plan_to_dict(plan: PushPlan) -> dict:
@@ -38,6 +42,9 @@ def plan_to_dict(plan: PushPlan) -> dict:
         "tensors": [[t.name, list(t.shape), t.dtype] for t in plan.tensors],
         "bucket_bytes": plan.bucket_bytes,
         "timeout_s": plan.timeout_s,
+        "join_timeout_s": plan.join_timeout_s,
+        "group_id": plan.group_id,
+        "new_group": plan.new_group,
     }
 
 
@@ -79,13 +86,12 @@ class AsyncRLWorkerExtension:
 
         plan = plan_from_dict(plan_data)
         start = time.perf_counter()
-        group = make_group(plan, rank)  # joined before touching the model: a failed join leaves it intact
-        joined = time.perf_counter()
         model = self.model_runner.get_model()
         received, buckets = 0, 0
-        # Weight loaders look up the current vLLM config (quantisation, parallelism), as in vLLM's own
-        # weight-transfer engines.
-        with torch.no_grad(), set_current_vllm_config(self.vllm_config):
+        # Joined before touching the model: a failed join leaves it intact. Weight loaders look up the
+        # current vLLM config (quantisation, parallelism), as in vLLM's own weight-transfer engines.
+        with _GROUPS.member(plan, rank) as group, torch.no_grad(), set_current_vllm_config(self.vllm_config):
+            joined = time.perf_counter()
             # vLLM post-processes loaded weights into kernel layouts (on CPU: repacked linear weights), so a
             # second load must go through its layerwise reload: each layer is rebuilt in checkpoint layout,
             # filled by `load_weights`, then processed and copied into the live kernel tensors.
@@ -105,7 +111,6 @@ class AsyncRLWorkerExtension:
                 # engine stays runnable (the controller re-syncs a replica whose push failed).
                 finalize_layerwise_reload(model, self.vllm_config.model_config)
                 refresh_cpu_gemm_of_shared_weights(model)
-                group.close()
         if group.device.type == "cuda":
             torch.cuda.synchronize(group.device)
         return {

@@ -11,9 +11,12 @@ Two kinds of check, each written once:
 
 from __future__ import annotations
 
+import hashlib
 import math
 from collections.abc import Iterable, Mapping
 from typing import Literal, get_args
+
+from google.protobuf.message import DecodeError
 
 from asyncrl.core.validation import (
     MAX_TIMEOUT_S,
@@ -91,6 +94,9 @@ def encode_plan(plan: PushPlan) -> weights_pb2.WeightPushPlan:
         bucket_bytes=plan.bucket_bytes,
         timeout_s=plan.timeout_s,
         join_timeout_s=plan.join_timeout_s,
+        group_id=plan.group_id,
+        new_group=plan.new_group,
+        manifest_digest=plan.manifest_digest,
     )
 
 
@@ -105,17 +111,50 @@ def decode_plan(msg, field: str = "plan") -> PushPlan:
     require(math.isfinite(msg.timeout_s) and 0 < msg.timeout_s <= MAX_TIMEOUT_S, f"{field}.timeout_s",
             f"must be in (0, {MAX_TIMEOUT_S}], got {msg.timeout_s}")
     check_optional_seconds(msg.join_timeout_s, f"{field}.join_timeout_s")
+    check_name(msg.group_id, f"{field}.group_id", optional=True)
+    require(msg.new_group or msg.group_id, f"{field}.new_group", "must be true for a plan without group_id")
+    check_digest(msg.manifest_digest, f"{field}.manifest_digest", optional=True)
+    if msg.manifest_digest:
+        require(not msg.tensors, f"{field}.tensors", "must be empty when manifest_digest is set")
+        require(msg.group_id, f"{field}.group_id", "is required with manifest_digest")
     return PushPlan(
         push_id=msg.push_id,
         version=msg.version,
         store_address=msg.store_address,
         world_size=msg.world_size,
         transport=msg.transport,
-        tensors=decode_tensors(msg.tensors, f"{field}.tensors"),
+        tensors=() if msg.manifest_digest else decode_tensors(msg.tensors, f"{field}.tensors"),
         bucket_bytes=msg.bucket_bytes,
         timeout_s=msg.timeout_s,
         join_timeout_s=msg.join_timeout_s,
+        group_id=msg.group_id,
+        new_group=msg.new_group,
+        manifest_digest=msg.manifest_digest,
     )
+
+
+def check_digest(value: str, field: str, *, optional: bool = False) -> None:
+    if optional and not value:
+        return
+    require(len(value) == 64 and all(c in "0123456789abcdef" for c in value), field,
+            f"must be a SHA-256 digest in lower-case hex (64 characters), got {shown(value)}")
+
+
+def manifest_bytes(metas: Iterable[TensorMeta]) -> tuple[bytes, str]:
+    """The serialized `TensorManifest` of `metas` and its SHA-256 digest (hex)."""
+    data = weights_pb2.TensorManifest(tensors=encode_tensors(metas)).SerializeToString()
+    return data, hashlib.sha256(data).hexdigest()
+
+
+def parse_manifest(data: bytes, digest: str) -> tuple[TensorMeta, ...]:
+    """A manifest read from a sender's store, checked against the digest its plan names, then structurally."""
+    require(hashlib.sha256(data).hexdigest() == digest, "plan.manifest_digest",
+            f"the sender's manifest does not have digest {digest}")
+    try:
+        msg = weights_pb2.TensorManifest.FromString(data)
+    except DecodeError:
+        raise InvalidArgument("plan.manifest_digest", "the sender's manifest is not a TensorManifest") from None
+    return decode_tensors(msg.tensors, "manifest.tensors")
 
 
 def match_model(

@@ -49,10 +49,23 @@ class PushPlan:
     timeout_s: float
     join_timeout_s: float = 0.0
     """Group formation time-out once the join handshake said go (0 = timeout_s)."""
+    group_id: str = ""
+    """The broadcast group this push uses, kept by every member across pushes while the membership holds
+    (`weights.groups`); "" = a group of this push alone, formed and closed with it."""
+    new_group: bool = True
+    """The group is formed by this push (False: every member already holds it from an earlier push)."""
+    manifest_digest: str = ""
+    """SHA-256 (hex) of the tensor manifest when `tensors` is not in the plan: the receivers read it once from
+    the sender's store (`weights.groups.ManifestCache`) instead of with every push."""
 
     @property
     def formation_timeout_s(self) -> float:
         return self.join_timeout_s or self.timeout_s
+
+    @property
+    def group_key(self) -> str:
+        """The store prefix the group forms under: the group's, or the push's own."""
+        return f"group/{self.group_id}/" if self.group_id else f"push/{self.push_id}/group/"
 
     @property
     def store_host(self) -> str:

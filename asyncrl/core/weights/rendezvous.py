@@ -1,59 +1,82 @@
-"""The join handshake in front of every push's broadcast group.
+"""The join handshake in front of every push's broadcast.
 
-Forming a gloo/nccl group blocks every member until all `world_size` ranks arrive, for up to the push's
-time-out. One receiver that died after the controller picked it (its process is gone, its heartbeat not yet
-stale) would hold the learner and every healthy receiver for that long. So before the group forms:
+Forming a gloo/nccl group, or entering a broadcast on a group formed earlier, blocks every member until all
+`world_size` ranks arrive, for up to the push's time-out. One receiver that died after the controller picked
+it (its process is gone, its heartbeat not yet stale) would hold the learner and every healthy receiver for
+that long. So before each push's broadcast:
 
-- each receiver writes `ready/<rank>` into the push's store, then waits for the sender's verdict;
+- each receiver writes `ready/<rank>` into the push's store: `ok`, or `no-group` when the plan reuses a
+  broadcast group this process is not a member of (it restarted, or dropped the group after a failure);
 - the sender waits up to `join_timeout_s` for all ready keys, then writes the verdict: `go` (everybody
-  forms the group) or `abort` (nobody does: receivers raise `PushAborted` at once, the sender raises
-  `ReceiversMissing` naming the absent ranks, and the learner retries without them).
+  broadcasts) or `abort` (nobody does: receivers raise `PushAborted` at once, the sender raises
+  `ReceiversMissing` naming the absent or group-less ranks, and the controller forms a new group for the
+  next attempt).
 
-Keys live under the push's own prefix, so pushes never see each other's keys.
+Keys live under the push's own prefix, so pushes never see each other's keys. Waiting is the store's own
+blocking wait (answered the moment the key is written), not polling: the handshake costs a few store round
+trips, well under a millisecond on one host.
 """
 
 from __future__ import annotations
 
-import time
+import datetime
 
-POLL_S = 0.005
+from torch.distributed import DistStoreError
+
+READY, NO_GROUP = b"ok", b"no-group"
 
 
 class PushAborted(RuntimeError):
-    """The sender called the push off before the group formed (some receiver never showed up)."""
+    """The sender called the push off before the broadcast (some receiver never showed up)."""
 
 
 class ReceiversMissing(RuntimeError):
-    """Some receivers did not join within the join time-out; `ranks` lists them."""
+    """Some receivers did not join within the join time-out, or lack the reused group; `ranks` lists them."""
 
-    def __init__(self, push_id: str, ranks: list[int], join_timeout_s: float):
-        super().__init__(f"push {push_id}: receivers of rank {ranks} did not join within {join_timeout_s:g} s")
+    def __init__(self, push_id: str, ranks: list[int], join_timeout_s: float, reason: str = ""):
+        reason = reason or f"did not join within {join_timeout_s:g} s"
+        super().__init__(f"push {push_id}: receivers of rank {ranks} {reason}")
         self.ranks = ranks
+
+
+def _ready_keys(world_size: int) -> list[str]:
+    return [f"ready/{rank}" for rank in range(1, world_size)]
 
 
 def sender_join(store, push_id: str, world_size: int, join_timeout_s: float) -> None:
     """Rank 0: wait for every receiver's ready key, then tell them all to go (or abort and raise)."""
-    missing = set(range(1, world_size))
-    deadline = time.monotonic() + join_timeout_s
-    while missing:
-        missing = {rank for rank in missing if not store.check([f"ready/{rank}"])}
-        if not missing or time.monotonic() > deadline:
-            break
-        time.sleep(POLL_S)
-    if missing:
-        store.set("verdict", f"abort: ranks {sorted(missing)} did not join")
-        raise ReceiversMissing(push_id, sorted(missing), join_timeout_s)
+    keys = _ready_keys(world_size)
+    if not keys:
+        return
+    try:
+        store.wait(keys, datetime.timedelta(seconds=join_timeout_s))
+    except DistStoreError:
+        missing = [rank for rank, key in enumerate(keys, start=1) if not store.check([key])]
+        store.set("verdict", f"abort: ranks {missing} did not join")
+        raise ReceiversMissing(push_id, missing, join_timeout_s) from None
+    states = store.multi_get(keys)
+    groupless = [rank for rank, state in enumerate(states, start=1) if state != READY]
+    if groupless:
+        store.set("verdict", f"abort: ranks {groupless} are not members of the push's group")
+        raise ReceiversMissing(push_id, groupless, join_timeout_s, "are not members of the reused group")
     store.set("verdict", "go")
 
 
-def receiver_join(store, push_id: str, rank: int, timeout_s: float) -> None:
-    """Rank > 0: announce this rank, wait for the sender's verdict; raise PushAborted on abort."""
-    store.set(f"ready/{rank}", "1")
-    deadline = time.monotonic() + timeout_s
-    while not store.check(["verdict"]):
-        if time.monotonic() > deadline:
-            raise PushAborted(f"push {push_id}: no verdict from the sender within {timeout_s:g} s")
-        time.sleep(POLL_S)
+def receiver_join(store, push_id: str, rank: int, timeout_s: float, has_group: bool = True) -> None:
+    """Rank > 0: announce this rank (and whether it holds the group the plan reuses), wait for the sender's
+    verdict; raise PushAborted on abort."""
+    store.set(f"ready/{rank}", READY if has_group else NO_GROUP)
+    try:
+        store.wait(["verdict"], datetime.timedelta(seconds=timeout_s))
+    except DistStoreError:
+        raise PushAborted(f"push {push_id}: no verdict from the sender within {timeout_s:g} s") from None
     verdict = store.get("verdict").decode()
     if verdict != "go":
         raise PushAborted(f"push {push_id} called off by the sender ({verdict})")
+
+
+def forget(store, world_size: int) -> None:
+    """Delete a finished push's handshake keys (every receiver read the verdict before the broadcast ended),
+    so the learner's store does not grow with every push."""
+    for key in [*_ready_keys(world_size), "verdict"]:
+        store.delete_key(key)

@@ -1,10 +1,11 @@
-"""The weight-transport seam: one broadcast group per push, rank 0 = the learner.
+"""The weight-transport seam: broadcast groups with rank 0 = the learner, and the bucketed send/receive.
 
-Groups are stateless (no global `torch.distributed` process group): every push forms its own group under
-a key prefix (the push id) in the learner's rendezvous TCPStore. That lets replicas join and leave between
-pushes (the controller picks the receivers of each push) and lets one process hold several groups, which a
-single default process group would not. `make_group` picks gloo (CPU tensors) or nccl (GPU tensors) by
-the plan's `transport` field.
+Groups are not the global `torch.distributed` process group: each forms under its own key prefix in the
+learner's rendezvous TCPStore (the group id the controller assigns, or a push's own id). That lets replicas
+join and leave between pushes (the controller picks the receivers of each push) and lets one process hold
+several groups, which a single default process group would not. `form_group` picks gloo (CPU tensors) or
+nccl (GPU tensors) by the plan's `transport` field; `make_group` forms one for a single push, and
+`weights.groups.BroadcastGroups` keeps one across pushes while the membership holds.
 """
 
 from __future__ import annotations
@@ -47,13 +48,15 @@ class BroadcastGroup(ABC):
         """Drop the group's connections."""
 
 
-def _store(plan: PushPlan, rank: int, store: TCPStore | None) -> PrefixStore:
-    timeout = datetime.timedelta(seconds=plan.timeout_s)
-    if store is None:
-        if rank == 0:
-            raise ValueError("rank 0 (the sender) hosts the rendezvous store and must pass it")
-        store = TCPStore(plan.store_host, plan.store_port, is_master=False, timeout=timeout)
-    return PrefixStore(f"push/{plan.push_id}/", store)
+def connect_store(plan: PushPlan) -> TCPStore:
+    """A receiver's client connection to the sender's rendezvous store."""
+    return TCPStore(plan.store_host, plan.store_port, is_master=False,
+                    timeout=datetime.timedelta(seconds=plan.timeout_s))
+
+
+def push_store(root: TCPStore, plan: PushPlan) -> PrefixStore:
+    """The keys of one push (its join handshake)."""
+    return PrefixStore(f"push/{plan.push_id}/", root)
 
 
 def is_loopback(host: str) -> bool:
@@ -137,25 +140,39 @@ class _SyncedWork:
         torch.cuda.current_stream(self._device).synchronize()
 
 
-def make_group(
-    plan: PushPlan, rank: int, store: TCPStore | None = None, join_timeout_s: float | None = None
-) -> BroadcastGroup:
-    """Factory: the group type named by `plan.transport`, formed after the join handshake
-    (`weights.rendezvous`): rank 0 waits at most `join_timeout_s` (default: the plan's) for the
-    receivers and raises `ReceiversMissing` if some never come; receivers then raise `PushAborted`."""
-    if plan.transport not in TRANSPORTS:
-        raise ValueError(f"unknown weight transport {plan.transport!r} (expected one of {TRANSPORTS})")
-    if plan.transport == "nccl" and not torch.cuda.is_available():
-        # Before joining: a rank that cannot take part must not announce itself ready.
-        raise RuntimeError("nccl weight transport needs a CUDA device; use weight_transport.type=gloo on CPU")
-    prefixed = _store(plan, rank, store)
-    if rank == 0:
-        sender_join(prefixed, plan.push_id, plan.world_size, join_timeout_s or plan.formation_timeout_s)
-    else:
-        receiver_join(prefixed, plan.push_id, rank, plan.timeout_s)
+def form_group(plan: PushPlan, rank: int, root: TCPStore) -> BroadcastGroup:
+    """Form the plan's group (type by `plan.transport`) under its store prefix; every rank must call it."""
+    prefixed = PrefixStore(plan.group_key, root)
     if plan.transport == "gloo":
         return GlooGroup(plan, rank, prefixed)
     return NcclGroup(plan, rank, prefixed)
+
+
+def check_transport_here(plan: PushPlan) -> None:
+    """Refuse, before joining, a plan this process cannot take part in (a rank that cannot must not announce
+    itself ready)."""
+    if plan.transport not in TRANSPORTS:
+        raise ValueError(f"unknown weight transport {plan.transport!r} (expected one of {TRANSPORTS})")
+    if plan.transport == "nccl" and not torch.cuda.is_available():
+        raise RuntimeError("nccl weight transport needs a CUDA device; use weight_transport.type=gloo on CPU")
+
+
+def make_group(
+    plan: PushPlan, rank: int, store: TCPStore | None = None, join_timeout_s: float | None = None
+) -> BroadcastGroup:
+    """A group for this one push (the caller closes it), formed after the join handshake
+    (`weights.rendezvous`): rank 0 waits at most `join_timeout_s` (default: the plan's) for the
+    receivers and raises `ReceiversMissing` if some never come; receivers then raise `PushAborted`.
+    Groups kept across pushes: `weights.groups.BroadcastGroups`."""
+    check_transport_here(plan)
+    if rank == 0 and store is None:
+        raise ValueError("rank 0 (the sender) hosts the rendezvous store and must pass it")
+    root = store if store is not None else connect_store(plan)
+    if rank == 0:
+        sender_join(push_store(root, plan), plan.push_id, plan.world_size, join_timeout_s or plan.formation_timeout_s)
+    else:
+        receiver_join(push_store(root, plan), plan.push_id, rank, plan.timeout_s)
+    return form_group(plan, rank, root)
 
 
 def host_store(host: str, port: int, timeout_s: float) -> TCPStore:

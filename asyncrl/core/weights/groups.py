@@ -1,0 +1,142 @@
+"""Broadcast groups kept across pushes, and tensor manifests read once.
+
+A group costs far more to form than a small push costs to send: gloo connects every pair of ranks through
+the store (tens of milliseconds), NCCL builds a communicator (hundreds of milliseconds to seconds on GPUs).
+So the controller gives each membership (the same receivers, ranks, sender store and transport) one group id
+and reuses it for every push until a replica joins, leaves or fails (`controller.push`); every member keeps
+the group it formed (`BroadcastGroups`, one per process side) and only forms a new one when a plan names
+another. The join handshake still runs before every push: it is what tells a dead or group-less receiver
+from a slow one, and it costs a few store round trips.
+
+The tensor manifest also travels once: the sender publishes it in its store (`publish_manifest`), plans
+name its digest, and each receiver reads it the first time it sees that digest (`ManifestCache`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import datetime
+import threading
+from collections.abc import Iterator
+
+from torch.distributed import TCPStore
+
+from asyncrl.core.weights.manifest import manifest_bytes, parse_manifest
+from asyncrl.core.weights.plan import PushPlan, TensorMeta
+from asyncrl.core.weights.rendezvous import forget, receiver_join, sender_join
+from asyncrl.core.weights.transport import (
+    BroadcastGroup,
+    check_transport_here,
+    connect_store,
+    form_group,
+    push_store,
+)
+
+MANIFEST_KEY = "manifest/{digest}"
+MANIFESTS_KEPT = 4
+
+
+class GroupLost(RuntimeError):
+    """The plan reuses a group this sender does not hold (it restarted on the same store address): the push
+    is called off so that the controller forms a new group."""
+
+
+class BroadcastGroups:
+    """The broadcast group one process holds between pushes, as the sender (`host_store` given) or as a
+    receiver. One push at a time: `member` holds a lock for the whole push."""
+
+    def __init__(self, host_store: TCPStore | None = None):
+        self._host_store = host_store
+        self._client: tuple[str, TCPStore] | None = None
+        self._key: tuple | None = None
+        self._group: BroadcastGroup | None = None
+        self._lock = threading.Lock()
+        self.formed = 0
+        """Groups this process formed (a reused group is not counted again)."""
+
+    @property
+    def held(self) -> str | None:
+        """The store prefix of the group held now (None: none)."""
+        return self._key[0] if self._key else None
+
+    def _root(self, plan: PushPlan) -> TCPStore:
+        if self._host_store is not None:
+            return self._host_store
+        if self._client is None or self._client[0] != plan.store_address:
+            self._client = (plan.store_address, connect_store(plan))  # a new sender: drop the old connection
+        return self._client[1]
+
+    @contextlib.contextmanager
+    def member(self, plan: PushPlan, rank: int, join_timeout_s: float | None = None) -> Iterator[BroadcastGroup]:
+        """Join `plan`'s push as `rank` (the handshake, then the held group or a newly formed one) and yield
+        the group for the broadcast. A group of the push alone is closed afterwards; a failure drops the held
+        group (it may be half-used), so the next plan must form a new one."""
+        with self._lock:
+            check_transport_here(plan)
+            key = (plan.group_key, rank, plan.world_size, plan.store_address, plan.transport)
+            reuse = self._key == key and self._group is not None
+            if not reuse:
+                self.close()
+            root = self._root(plan)
+            handshake = push_store(root, plan)
+            if rank == 0:
+                if not reuse and not plan.new_group:
+                    handshake.set("verdict", "abort: the sender does not hold the group")
+                    raise GroupLost(f"push {plan.push_id}: the sender does not hold group {plan.group_id!r}")
+                sender_join(handshake, plan.push_id, plan.world_size, join_timeout_s or plan.formation_timeout_s)
+            else:
+                receiver_join(handshake, plan.push_id, rank, plan.timeout_s, has_group=reuse or plan.new_group)
+            group = self._group if reuse else form_group(plan, rank, root)
+            if not reuse:
+                self.formed += 1
+                if plan.group_id:
+                    self._key, self._group = key, group
+            try:
+                yield group
+            except BaseException:
+                self.close()
+                if not plan.group_id:
+                    group.close()
+                raise
+            if not plan.group_id:
+                group.close()
+            if rank == 0:
+                forget(handshake, plan.world_size)
+
+    def close(self) -> None:
+        """Leave the held group (the other members notice at their next push's handshake or broadcast)."""
+        if self._group is not None:
+            self._group.close()
+        self._key, self._group = None, None
+
+
+def publish_manifest(store: TCPStore, metas: tuple[TensorMeta, ...]) -> str:
+    """Sender: put the manifest of `metas` in the store once; returns its digest (plans name it)."""
+    data, digest = manifest_bytes(metas)
+    store.set(MANIFEST_KEY.format(digest=digest), data)
+    return digest
+
+
+class ManifestCache:
+    """Receiver: fills in the tensors of plans that name a manifest digest, reading each manifest from the
+    sender's store the first time it is seen."""
+
+    def __init__(self):
+        self._known: dict[str, tuple[TensorMeta, ...]] = {}
+        self._lock = threading.Lock()
+
+    def resolve(self, plan: PushPlan) -> PushPlan:
+        if plan.tensors or not plan.manifest_digest:
+            return plan
+        with self._lock:
+            metas = self._known.get(plan.manifest_digest)
+            if metas is None:
+                store = TCPStore(plan.store_host, plan.store_port, is_master=False,
+                                 timeout=datetime.timedelta(seconds=min(plan.timeout_s, 30.0)))
+                metas = parse_manifest(store.get(MANIFEST_KEY.format(digest=plan.manifest_digest)),
+                                       plan.manifest_digest)
+                while len(self._known) >= MANIFESTS_KEPT:
+                    self._known.pop(next(iter(self._known)))
+                self._known[plan.manifest_digest] = metas
+        return dataclasses.replace(plan, tensors=metas)

@@ -1,0 +1,191 @@
+"""What one weight push costs beyond moving its bytes: the production path end to end, in real processes.
+
+A controller process (gRPC, as `asyncrl controller` builds it), `--replicas` replica processes (Rollout gRPC
+service around a torch engine on the demo model, registered with the controller, heartbeating) and the
+learner side in this process (`WeightPublisher`: BeginWeightPush, broadcast as rank 0, CommitWeightPush).
+
+Measured, each a median over `--pushes` pushes:
+  push_s         : one push of the demo model (2 MB) with unchanged membership, Begin to committed;
+  raw_s          : a bare gloo broadcast of the same bytes from this process to the same number of receiver
+                   processes, plus an all-reduce so it covers receipt (the floor for moving these bytes);
+  fixed_cost_s   : push_s - raw_s (target <= 5 ms);
+  first_push_s   : the first push, which forms the broadcast group;
+  rebuild_push_s : the push right after one more replica joined (membership changed: one rebuild).
+The ratio line is raw_s / push_s.
+
+    .venv/bin/python bench/push_fixed_cost.py [--replicas 2] [--pushes 40]
+    (or: asyncrl bench push_fixed_cost)
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import os
+import statistics
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import torch
+from common import emit
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def demo_config(run_dir: str):
+    from asyncrl.core.config import load_config
+    from asyncrl.tools.launcher import ensure_models
+
+    cfg = load_config(REPO / "examples" / "tiny-arith.yaml", [f"run_dir={run_dir}", "controller.port=0",
+                                                               "rollout.port=0", "controller.host=127.0.0.1"])
+    cfg.model.path = str(REPO / cfg.model.path)
+    cfg.teacher.model_path = str(REPO / cfg.teacher.model_path)
+    ensure_models(cfg)
+    return cfg
+
+
+def controller_process(cfg, ports, stop) -> None:
+    from asyncrl.services import controller_service
+
+    server, port = controller_service.create_server(cfg, run_dir=cfg.run_dir)
+    server.start()
+    ports.put(port)
+    stop.wait()
+    server.stop(0)
+
+
+def replica_process(cfg, controller_address: str, ready, stop) -> None:
+    from asyncrl.core.auth import resolve_auth
+    from asyncrl.core.engines.factory import make_engine
+    from asyncrl.core.grpc_util import wait_for_channel
+    from asyncrl.rollout.replica import ReplicaSession
+    from asyncrl.services import rollout_service
+    from asyncrl.v1 import controller_pb2_grpc
+
+    torch.set_num_threads(1)
+    engine = make_engine(cfg.rollout.engine, cfg.model.path, cfg.model.dtype, seed=0)
+    stub = controller_pb2_grpc.ControllerStub(wait_for_channel(controller_address, 60, resolve_auth(cfg.security)))
+    holder: list[ReplicaSession] = []
+    server, port = rollout_service.create_server(cfg, engine, push_key=lambda: holder[0].push_key if holder else b"")
+    server.start()
+    session = ReplicaSession(stub, f"127.0.0.1:{port}", engine, "torch")
+    holder.append(session)
+    session.register()
+    stop_event = threading.Event()
+    threading.Thread(target=session.heartbeat_forever, args=(stop_event,), daemon=True).start()
+    ready.put(session.replica_id)
+    stop.wait()
+    stop_event.set()
+    server.stop(0)
+
+
+def raw_receiver(store_port: int, rank: int, world: int, numel: int, trials: int) -> None:
+    from asyncrl.core.weights.plan import PushPlan
+    from asyncrl.core.weights.transport import make_group
+
+    plan = PushPlan("raw", 0, f"127.0.0.1:{store_port}", world, "gloo", (), 0, 60)
+    group = make_group(plan, rank)
+    flat, flag = torch.empty(numel), torch.ones(1)
+    for _ in range(trials):
+        group.broadcast(flat)
+        group._pg.allreduce([flag]).wait()
+
+
+def raw_broadcast_s(numel: int, receivers: int, trials: int) -> float:
+    from asyncrl.core.weights.plan import PushPlan
+    from asyncrl.core.weights.transport import host_store, make_group
+
+    store = host_store("127.0.0.1", 0, 60)
+    world = receivers + 1
+    ctx = mp.get_context("spawn")
+    procs = [ctx.Process(target=raw_receiver, args=(store.port, r, world, numel, trials)) for r in range(1, world)]
+    for p in procs:
+        p.start()
+    group = make_group(PushPlan("raw", 0, f"127.0.0.1:{store.port}", world, "gloo", (), 0, 60), 0, store)
+    flat, flag, times = torch.randn(numel), torch.ones(1), []
+    for _ in range(trials):
+        t0 = time.perf_counter()
+        group.broadcast(flat)
+        group._pg.allreduce([flag]).wait()
+        times.append(time.perf_counter() - t0)
+    for p in procs:
+        p.join(30)
+    return statistics.median(times[1:])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--replicas", type=int, default=2)
+    parser.add_argument("--pushes", type=int, default=40)
+    args = parser.parse_args()
+
+    from asyncrl.core.auth import new_token, resolve_auth
+    from asyncrl.core.grpc_util import wait_for_channel
+    from asyncrl.core.modeling import load_causal_lm
+    from asyncrl.learner.publisher import WeightPublisher
+    from asyncrl.tools.processes import ProcessGroup
+    from asyncrl.tools.redis_local import start_local_redis
+    from asyncrl.v1 import controller_pb2_grpc
+
+    torch.set_num_threads(1)
+    # Every service requires a token; the processes spawned below inherit this one.
+    os.environ.setdefault("ASYNCRL_TOKEN", new_token())
+    ctx = mp.get_context("spawn")
+    with tempfile.TemporaryDirectory() as run_dir:
+        cfg = demo_config(run_dir)
+        redis_procs = ProcessGroup(Path(run_dir) / "logs")
+        cfg.buffer.redis_url = start_local_redis(redis_procs, Path(run_dir) / "redis")
+        stop, ports, ready = ctx.Event(), ctx.Queue(), ctx.Queue()
+        procs = [ctx.Process(target=controller_process, args=(cfg, ports, stop))]
+        procs[0].start()
+        address = f"127.0.0.1:{ports.get(timeout=60)}"
+        stub = controller_pb2_grpc.ControllerStub(wait_for_channel(address, 60, resolve_auth(cfg.security)))
+
+        def add_replica() -> None:
+            proc = ctx.Process(target=replica_process, args=(cfg, address, ready, stop))
+            proc.start()
+            procs.append(proc)
+            ready.get(timeout=120)
+
+        for _ in range(args.replicas):
+            add_replica()
+        model = load_causal_lm(cfg.model.path)
+        publisher = WeightPublisher(stub, model, cfg.learner.weight_transport, cfg.controller.push_timeout_s)
+        version = 0
+
+        def push() -> float:
+            nonlocal version
+            version += 1
+            result = publisher.push(version)
+            assert result.committed and len(result.acked) == result.receivers, result
+            return result.total_s
+
+        first = push()
+        steady = [push() for _ in range(args.pushes)]
+        add_replica()
+        rebuild = push()
+        after = [push() for _ in range(5)]
+        stop.set()
+        for proc in procs:
+            proc.join(30)
+        redis_procs.stop_all()
+        nbytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    raw = raw_broadcast_s(nbytes // 4, args.replicas, args.pushes)
+    push_s = statistics.median(steady)
+    result = {
+        "model_bytes": nbytes, "replicas": args.replicas, "pushes": args.pushes,
+        "push_s": round(push_s, 5), "push_p90_s": round(statistics.quantiles(steady, n=10)[-1], 5),
+        "raw_s": round(raw, 5), "fixed_cost_s": round(push_s - raw, 5),
+        "first_push_s": round(first, 5), "rebuild_push_s": round(rebuild, 5),
+        "push_after_rebuild_s": round(statistics.median(after), 5),
+        "raw_over_push": round(raw / push_s, 3), "target_fixed_cost_s": 0.005,
+    }
+    emit("push_fixed_cost", result, {"raw broadcast": raw, "push (same members)": push_s, "first push": first,
+                                     "push after a join": rebuild},
+         "seconds", f"Weight push of the demo model ({nbytes / 2**20:.1f} MiB) to {args.replicas} replicas")
+
+
+if __name__ == "__main__":
+    main()
