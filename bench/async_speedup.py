@@ -2,9 +2,10 @@
 against η = 4, same config otherwise, one sitting, torch engines, teacher on.
 
 Per run: wall time per learner step (median of the step-to-step intervals after a warm-up, eval steps
-excluded), the learner's own train step and weight push, the rest of the loop (waiting for data, reading
-and assembling the batch, the teacher's annotation when the learner asks for it), and the fraction of the
-wall time the learner trains ("busy"). The headline is the η = 4 / η = 0 speed-up per learner step. The
+excluded), the learner's own train step and what its weight push cost the critical path, the rest of the
+loop split into collecting the batch (waiting for data, reading and checking it), preparing it (assembling;
+the teacher's annotation when the learner asks for it) and the bookkeeping after the step (event log,
+metrics, TensorBoard, the status heartbeat), and the fraction of the wall time the learner trains ("busy"). The headline is the η = 4 / η = 0 speed-up per learner step. The
 same pair runs again with the learner pinned to core 0 and the rollouts, teacher and controller to core 1
 (`<role>.cpus`): a stand-in for a learner and rollouts on separate accelerators.
 
@@ -18,14 +19,11 @@ import argparse
 import itertools
 import json
 import statistics
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
-from common import emit
+from common import emit, run_demo
 
-REPO = Path(__file__).resolve().parents[1]
 WARMUP = 10
 
 
@@ -34,16 +32,9 @@ PINNED = ["learner.cpus=[0]", "rollout.cpus=[1]", "teacher.cpus=[1]", "controlle
 
 
 def run(eta: str, steps: int, annotate_by: str, run_dir: Path, pinned: bool = False) -> dict:
-    argv = [sys.executable, "-m", "asyncrl.tools.cli", "--log-level", "WARNING", "up",
-            "--config", str(REPO / "examples" / "tiny-arith.yaml"), "--set", f"run_dir={run_dir}",
-            "--set", f"controller.eta={eta}", "--set", f"learner.total_steps={steps}",
-            "--set", "learner.eval_every=0", "--set", f"teacher.annotate_by={annotate_by}"]
-    for override in PINNED if pinned else []:
-        argv += ["--set", override]
-    done = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, check=False, timeout=1800)
-    if done.returncode != 0:
-        raise SystemExit(f"asyncrl up (eta {eta}) failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
-    events = [json.loads(line) for line in (run_dir / "events" / "learner.jsonl").read_text().splitlines()]
+    overrides = [f"controller.eta={eta}", f"learner.total_steps={steps}", "learner.eval_every=0",
+                 f"teacher.annotate_by={annotate_by}", *(PINNED if pinned else [])]
+    events = run_demo(run_dir, overrides)
     steps_ev = [e for e in events if e["kind"] == "step"][WARMUP:]
     walls = [b["t"] - a["t"] for a, b in itertools.pairwise(steps_ev)]
     wall = statistics.median(walls)
@@ -53,8 +44,11 @@ def run(eta: str, steps: int, annotate_by: str, run_dir: Path, pinned: bool = Fa
     push = statistics.median(e["push_wait_s"] for e in steps_ev)
     push_full = statistics.median(e["push_s"] for e in events if e["kind"] == "push")
     summary = json.loads((run_dir / "summary.json").read_text())
+    collect = statistics.median(e["time/collect_s"] for e in steps_ev)
+    prepare = statistics.median(e["time/prepare_s"] for e in steps_ev)
     return {"eta": eta, "wall_per_step_s": wall, "train_step_s": train, "push_wait_s": push, "push_s": push_full,
-            "rest_s": max(0.0, wall - train - push), "learner_busy": train / wall,
+            "rest_s": max(0.0, wall - train - push), "collect_s": collect, "prepare_s": prepare,
+            "bookkeeping_s": max(0.0, wall - train - push - collect - prepare), "learner_busy": train / wall,
             "eval_first": summary["eval_first"], "eval_last": summary["eval_last"],
             "audit_ok": summary["audit"]["ok"]}
 

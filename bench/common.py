@@ -41,6 +41,22 @@ def build_random_qwen2(out_dir: Path, hidden: int, layers: int, intermediate: in
     return out_dir
 
 
+def run_demo(run_dir: Path, overrides: list[str], timeout_s: float = 1800) -> list[dict]:
+    """`asyncrl up` on examples/tiny-arith.yaml with `--set` overrides, into `run_dir`; returns the learner's
+    events (raises SystemExit with the output's tail when the run fails)."""
+    import subprocess
+
+    repo = Path(__file__).resolve().parents[1]
+    argv = [sys.executable, "-m", "asyncrl.tools.cli", "--log-level", "WARNING", "up",
+            "--config", str(repo / "examples" / "tiny-arith.yaml"), "--set", f"run_dir={run_dir}"]
+    for override in overrides:
+        argv += ["--set", override]
+    done = subprocess.run(argv, cwd=repo, capture_output=True, text=True, check=False, timeout=timeout_s)
+    if done.returncode != 0:
+        raise SystemExit(f"asyncrl up {' '.join(overrides)} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
+    return [json.loads(line) for line in (run_dir / "events" / "learner.jsonl").read_text().splitlines()]
+
+
 def push_weights(engine, named: list[tuple[str, torch.Tensor]], version: int, bucket_bytes: int = 64 << 20):
     """Push `named` into `engine` over a real gloo group (sender thread = rank 0, engine = rank 1)."""
     from asyncrl.core.weights.plan import PushPlan, tensor_metas

@@ -115,19 +115,58 @@ def raw_broadcast_s(numel: int, receivers: int, trials: int) -> float:
     return statistics.median(times[1:])
 
 
+def measure(cfg, args, ctx, stop, procs: list):
+    """Start the controller and the replicas (appended to `procs`), then time the pushes."""
+    from asyncrl.core.auth import resolve_auth
+    from asyncrl.core.grpc_util import wait_for_channel
+    from asyncrl.core.modeling import load_causal_lm
+    from asyncrl.learner.publisher import WeightPublisher
+    from asyncrl.v1 import controller_pb2_grpc
+
+    ports, ready = ctx.Queue(), ctx.Queue()
+    procs.append(ctx.Process(target=controller_process, args=(cfg, ports, stop)))
+    procs[0].start()
+    address = f"127.0.0.1:{ports.get(timeout=60)}"
+    stub = controller_pb2_grpc.ControllerStub(wait_for_channel(address, 60, resolve_auth(cfg.security)))
+
+    def add_replica() -> None:
+        proc = ctx.Process(target=replica_process, args=(cfg, address, ready, stop))
+        proc.start()
+        procs.append(proc)
+        ready.get(timeout=120)
+
+    for _ in range(args.replicas):
+        add_replica()
+    model = load_causal_lm(cfg.model.path)
+    publisher = WeightPublisher(stub, model, cfg.learner.weight_transport, cfg.controller.push_timeout_s)
+    version = 0
+
+    def push() -> float:
+        nonlocal version
+        version += 1
+        result = publisher.push(version)
+        assert result.committed and len(result.acked) == result.receivers, result
+        return result.total_s
+
+    first = push()
+    steady = [push() for _ in range(args.pushes)]
+    add_replica()
+    rebuild = push()
+    after = [push() for _ in range(5)]
+    publisher.close()
+    nbytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    return first, steady, rebuild, after, nbytes
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--replicas", type=int, default=2)
     parser.add_argument("--pushes", type=int, default=40)
     args = parser.parse_args()
 
-    from asyncrl.core.auth import new_token, resolve_auth
-    from asyncrl.core.grpc_util import wait_for_channel
-    from asyncrl.core.modeling import load_causal_lm
-    from asyncrl.learner.publisher import WeightPublisher
+    from asyncrl.core.auth import new_token
     from asyncrl.tools.processes import ProcessGroup
     from asyncrl.tools.redis_local import start_local_redis
-    from asyncrl.v1 import controller_pb2_grpc
 
     torch.set_num_threads(1)
     # Every service requires a token; the processes spawned below inherit this one.
@@ -136,42 +175,17 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as run_dir:
         cfg = demo_config(run_dir)
         redis_procs = ProcessGroup(Path(run_dir) / "logs")
-        cfg.buffer.redis_url = start_local_redis(redis_procs, Path(run_dir) / "redis")
-        stop, ports, ready = ctx.Event(), ctx.Queue(), ctx.Queue()
-        procs = [ctx.Process(target=controller_process, args=(cfg, ports, stop))]
-        procs[0].start()
-        address = f"127.0.0.1:{ports.get(timeout=60)}"
-        stub = controller_pb2_grpc.ControllerStub(wait_for_channel(address, 60, resolve_auth(cfg.security)))
-
-        def add_replica() -> None:
-            proc = ctx.Process(target=replica_process, args=(cfg, address, ready, stop))
-            proc.start()
-            procs.append(proc)
-            ready.get(timeout=120)
-
-        for _ in range(args.replicas):
-            add_replica()
-        model = load_causal_lm(cfg.model.path)
-        publisher = WeightPublisher(stub, model, cfg.learner.weight_transport, cfg.controller.push_timeout_s)
-        version = 0
-
-        def push() -> float:
-            nonlocal version
-            version += 1
-            result = publisher.push(version)
-            assert result.committed and len(result.acked) == result.receivers, result
-            return result.total_s
-
-        first = push()
-        steady = [push() for _ in range(args.pushes)]
-        add_replica()
-        rebuild = push()
-        after = [push() for _ in range(5)]
-        stop.set()
-        for proc in procs:
-            proc.join(30)
-        redis_procs.stop_all()
-        nbytes = sum(p.numel() * p.element_size() for p in model.parameters())
+        stop, procs = ctx.Event(), []
+        try:
+            cfg.buffer.redis_url = start_local_redis(redis_procs, Path(run_dir) / "redis")
+            first, steady, rebuild, after, nbytes = measure(cfg, args, ctx, stop, procs)
+        finally:
+            stop.set()
+            for proc in procs:
+                proc.join(30)
+                if proc.is_alive():
+                    proc.kill()
+            redis_procs.stop_all()
     raw = raw_broadcast_s(nbytes // 4, args.replicas, args.pushes)
     push_s = statistics.median(steady)
     result = {

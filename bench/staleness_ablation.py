@@ -18,31 +18,20 @@ trajectories consumed and against wall time (docs/results/staleness_ablation-cur
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-from common import RESULTS, emit
+from common import RESULTS, emit, run_demo
 
-REPO = Path(__file__).resolve().parents[1]
 ETAS = ["0", "1", "2", "4", "8", "null"]
 ALGOS = {"naive": "bypass_ppo_clip", "decoupled": "decoupled_token_is"}
 
 
 def run(eta: str, preset: str, seed: int, steps: int, eval_every: int, run_dir: Path) -> dict:
-    argv = [sys.executable, "-m", "asyncrl.tools.cli", "--log-level", "WARNING", "up",
-            "--config", str(REPO / "examples" / "tiny-arith.yaml"), "--set", f"run_dir={run_dir}",
-            "--set", f"controller.eta={eta}", "--set", f"learner.total_steps={steps}",
-            "--set", f"learner.eval_every={eval_every}", "--set", f"learner.algo.preset={preset}",
-            "--set", f"seed={seed}"]
-    done = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, check=False, timeout=1800)
-    if done.returncode != 0:
-        raise SystemExit(f"asyncrl up (eta {eta}, {preset}, seed {seed}) failed:\n{done.stdout[-3000:]}\n"
-                         f"{done.stderr[-3000:]}")
-    events = [json.loads(line) for line in (run_dir / "events" / "learner.jsonl").read_text().splitlines()]
+    events = run_demo(run_dir, [f"controller.eta={eta}", f"learner.total_steps={steps}",
+                                f"learner.eval_every={eval_every}", f"learner.algo.preset={preset}", f"seed={seed}"])
     steps_ev = [e for e in events if e["kind"] == "step"]
     start = steps_ev[0]["t"] - steps_ev[0]["time/step_s"]
     batch = steps_ev[0]["batch/sequences"]

@@ -146,19 +146,21 @@ def assemble(entries: list[BufferEntry], routing_shape: RoutingShape | None = No
     trajs = [(gi, t) for gi, e in enumerate(entries) for t in e.group.trajectories]
     width = max(len(t.response_token_ids) for _, t in trajs)
     n = len(trajs)
-    logp_behav = torch.zeros(n, width)
-    versions = torch.full((n, width), -1, dtype=torch.long)
-    mask = torch.zeros(n, width)
+    # Filled row by row in numpy (a row is one C-level copy) and handed to torch once: per-row torch ops
+    # cost more than the copies themselves at a few hundred rows.
+    logp_behav = np.zeros((n, width), dtype=np.float32)
+    versions = np.full((n, width), -1, dtype=np.int64)
+    mask = np.zeros((n, width), dtype=np.float32)
     for row, (_, t) in enumerate(trajs):
         k = len(t.response_token_ids)
-        logp_behav[row, :k] = torch.tensor(list(t.logp_behav))
-        versions[row, :k] = torch.tensor(list(t.weight_version))
+        logp_behav[row, :k] = t.logp_behav
+        versions[row, :k] = t.weight_version
         mask[row, :k] = 1.0
     teacher = None
     if all(len(t.logp_teacher) for _, t in trajs):
-        teacher = torch.zeros(n, width)
+        teacher = np.zeros((n, width), dtype=np.float32)
         for row, (_, t) in enumerate(trajs):
-            teacher[row, : len(t.logp_teacher)] = torch.tensor(list(t.logp_teacher))
+            teacher[row, : len(t.logp_teacher)] = t.logp_teacher
     routing = routing_mask = None
     routing_bytes = 0
     if routing_shape is not None and any(t.HasField("routed_experts") for _, t in trajs):
@@ -169,12 +171,12 @@ def assemble(entries: list[BufferEntry], routing_shape: RoutingShape | None = No
         trajectory_ids=[t.trajectory_id for _, t in trajs],
         sequences=[list(t.prompt_token_ids) + list(t.response_token_ids) for _, t in trajs],
         response_starts=[len(t.prompt_token_ids) for _, t in trajs],
-        logp_behav=logp_behav,
-        token_versions=versions,
-        response_mask=mask,
+        logp_behav=torch.from_numpy(logp_behav),
+        token_versions=torch.from_numpy(versions),
+        response_mask=torch.from_numpy(mask),
         rewards=torch.tensor([t.reward for _, t in trajs], dtype=torch.float32),
         group_index=torch.tensor([gi for gi, _ in trajs], dtype=torch.long),
-        logp_teacher=teacher,
+        logp_teacher=None if teacher is None else torch.from_numpy(teacher),
         routing=routing,
         routing_mask=routing_mask,
         routing_bytes=routing_bytes,

@@ -27,6 +27,9 @@ from asyncrl.v1 import controller_pb2
 log = logging.getLogger("asyncrl.learner")
 TRAINED_GROUPS_REMEMBERED = 1_000_000
 PREFETCH_WAIT_S = 0.005
+STATUS_EVERY_S = 0.5
+"""How often, at most, a step ends with the status heartbeat and the buffer gauges (waiting for data, the
+heartbeat goes every second regardless)."""
 """How long the prefetch's read waits for entries not yet written (the loop's own read waits longer)."""
 
 
@@ -81,6 +84,8 @@ class LearnerLoop:
         """The learner's ranks: this loop runs on the leader and tells the others each step."""
         self._prefetch = ThreadPoolExecutor(1, thread_name_prefix="prefetch") if config.learner.prefetch else None
         self._prefetched: Future | None = None
+        self._collect_s = 0.0
+        self._status_at = float("-inf")
         self.mirror = mirror
         """The leader's full copy of a sharded policy (None with one rank)."""
 
@@ -235,7 +240,9 @@ class LearnerLoop:
             self.events.write("recovered_pending", entries=[e.entry_id for e in carry])
         self.run_eval()
         while self.progress.step < cfg.total_steps and not stop.is_set():
+            t0 = time.perf_counter()
             entries = self.collect(carry, stop)
+            self._collect_s = time.perf_counter() - t0
             if len(entries) < self.groups_per_step:
                 break  # stopped while waiting for data
             carry = entries[self.groups_per_step:]
@@ -286,14 +293,19 @@ class LearnerLoop:
 
     def train_on(self, entries: list) -> None:
         version = self.progress.version
+        t0 = time.perf_counter()
         batch = assemble(entries, self.trainer.replay.shape)
         learner_asked = self.teacher is not None and batch.logp_teacher is None
         if learner_asked:
             self.annotate(batch)  # the replicas did not (annotate_by learner, or the teacher failed them)
+        prepare_s = time.perf_counter() - t0
         if self.ranks.sharded:
             self.ranks.broadcast((STEP, batch, version))
         metrics = train_step(self.trainer, batch, version, self.mirror)
         metrics["teacher/learner_asked"] = float(learner_asked)
+        # Where the rest of the wall time goes (bench/async_speedup.py): reading and checking the batch
+        # (waiting for data included), assembling it (and the teacher, when the learner asks it).
+        metrics["time/collect_s"], metrics["time/prepare_s"] = self._collect_s, prepare_s
         if not metrics.pop("weights/finite"):
             # Updates with a non-finite loss or gradient are skipped, so this is a bug, not bad data: stop
             # before such weights reach a replica (the last checkpoint is intact).
@@ -325,8 +337,13 @@ class LearnerLoop:
         if self.sinks is not None:
             self.sinks.log(self.progress.step, {**metrics, "push_wait_s": push_wait_s})
         self.events.write("step", step=self.progress.step, version=version + 1, push_wait_s=push_wait_s, **metrics)
-        try:
-            self.metrics.observe_buffer(self.buffer.backlog(), self.buffer.pending())
-        except Exception as err:  # noqa: BLE001 - a gauge must never stop the learner (Redis reconnecting, say)
-            log.warning("buffer depth not read: %s: %s", type(err).__name__, err)
-        self._heartbeat()  # the status page follows every step
+        # The status page and the buffer gauges follow the steps, at most every STATUS_EVERY_S: two Redis round
+        # trips and an RPC per step would be a tenth of a fast step on the learner's critical path.
+        last = self.progress.step >= self.config.learner.total_steps
+        if last or time.monotonic() - self._status_at >= STATUS_EVERY_S:
+            self._status_at = time.monotonic()
+            try:
+                self.metrics.observe_buffer(self.buffer.backlog(), self.buffer.pending())
+            except Exception as err:  # noqa: BLE001 - a gauge must never stop the learner (Redis reconnecting)
+                log.warning("buffer depth not read: %s: %s", type(err).__name__, err)
+            self._heartbeat()

@@ -3,8 +3,15 @@ Weights & Biases when configured. Every sink gets the same names as the `step` a
 
 from __future__ import annotations
 
+import logging
 import math
+import queue
+import threading
 from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+FLUSH_S = 2
 
 
 class MetricSinks:
@@ -15,7 +22,9 @@ class MetricSinks:
         if cfg.tensorboard:
             from torch.utils.tensorboard import SummaryWriter
 
-            self._tensorboard = SummaryWriter(log_dir=str(Path(config.run_dir) / "tensorboard"))
+            # The writer's own thread flushes every FLUSH_S: a live TensorBoard stays seconds behind, and the
+            # learner's step never waits on the file.
+            self._tensorboard = SummaryWriter(log_dir=str(Path(config.run_dir) / "tensorboard"), flush_secs=FLUSH_S)
         if cfg.wandb:
             try:
                 import wandb
@@ -25,21 +34,38 @@ class MetricSinks:
                 project=cfg.wandb_project, mode=cfg.wandb_mode, dir=str(config.run_dir),
                 name=Path(config.run_dir).name, config=config.model_dump(mode="json"),
             )  # fmt: skip
+        # Sinks are written on a thread of their own: building and queueing fifty summaries per step is a few
+        # milliseconds the learner's step need not wait for.
+        self._queue: queue.Queue = queue.Queue()
+        self._writer = threading.Thread(target=self._drain, name="metric-sinks", daemon=True)
+        self._writer.start()
 
     def log(self, step: int, metrics: dict) -> None:
-        """Numeric, finite values only (ids and lists stay in the JSONL log)."""
+        """Numeric, finite values only (ids and lists stay in the JSONL log); written in the background."""
         values = {
             k: float(v) for k, v in metrics.items()
             if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
         }  # fmt: skip
+        self._queue.put((step, values))
+
+    def _drain(self) -> None:
+        while (item := self._queue.get()) is not None:
+            try:
+                self._write(*item)
+            except Exception:
+                log.exception("metric sinks: step %s not written", item[0])
+
+    def _write(self, step: int, values: dict) -> None:
         if self._tensorboard is not None:
             for key, value in values.items():
                 self._tensorboard.add_scalar(key, value, global_step=step)
-            self._tensorboard.flush()
         if self._wandb is not None:
             self._wandb.log(values, step=step)
 
     def close(self) -> None:
+        """Write what is queued, then close the sinks."""
+        self._queue.put(None)
+        self._writer.join()
         if self._tensorboard is not None:
             self._tensorboard.close()
         if self._wandb is not None:

@@ -141,6 +141,7 @@ def serve(config) -> LearnerProgress:
     finally:
         server.stop(2)
         loop.sinks.close()
+        loop.publisher.close()  # after a failure, lets a push still in flight end (bounded by its time-outs)
     # Only after a loop that ended normally: a leader that failed mid-step leaves the others inside a
     # collective, and its exit (torchrun then stops them) is what ends them.
     if ranks.sharded:

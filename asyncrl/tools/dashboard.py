@@ -39,6 +39,7 @@ PANELS: list[tuple[str, list[tuple[str, str, list[tuple[str, str]]]]]] = [
         ("Step and push time", "s", [
             (_q(0.5, "asyncrl_learner_step_seconds"), "step p50"),
             (_q(0.5, "asyncrl_learner_push_seconds"), "push p50 (learner)"),
+            (_q(0.5, "asyncrl_learner_push_wait_seconds"), "push on the learner's path p50"),
             (_q(0.99, "asyncrl_controller_push_seconds"), "push p99 (begin..commit at the controller)")]),
         ("Weights pushed", "Bps", [(f"rate(asyncrl_learner_push_bytes_total{RATE})", "bytes/s")]),
         ("Rollout correction and mismatch", "none", [

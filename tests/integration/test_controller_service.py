@@ -166,6 +166,8 @@ INVALID = [
     ("BeginWeightPush", push_request(tensors=[weights_pb2.TensorSpec(name="w", dtype="float99")]), "tensors[0].dtype: unknown torch dtype"),
     ("BeginWeightPush", push_request(tensors=[TENSOR, TENSOR]), "tensors[1].name: duplicate"),
     ("BeginWeightPush", push_request(bucket_bytes=0), "bucket_bytes: must be in [1, "),
+    ("BeginWeightPush", push_request(manifest_digest="ab12"), "manifest_digest: must be a SHA-256 digest"),
+    ("BeginWeightPush", push_request(manifest_digest="0" * 64), "tensors: must be empty when manifest_digest is set"),
     ("BeginWeightPush", push_request(version=-1), "version: must be in [0, 9007199254740992], got -1"),
     ("CommitWeightPush", pb.CommitWeightPushRequest(push_id=""), "push_id: must be a name"),
     ("LearnerHeartbeat", pb.LearnerHeartbeatRequest(step=-1), "step: must be in [0, 9007199254740992], got -1"),

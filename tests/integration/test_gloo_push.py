@@ -109,3 +109,98 @@ def test_a_receiver_that_joins_then_vanishes_costs_the_formation_timeout():
     waited = time.monotonic() - t0
     joined.join(10)
     assert 1.0 <= waited < 5, waited
+
+
+def kept_group_receiver(rank, plans, results):
+    """A replica's side with a kept group: resolve each plan's manifest, join, receive; report what came."""
+    from asyncrl.core.weights.groups import BroadcastGroups, ManifestCache
+    from asyncrl.core.weights.rendezvous import PushAborted
+
+    groups, manifests = BroadcastGroups(), ManifestCache()
+    while (plan := plans.get(timeout=60)) is not None:
+        plan = manifests.resolve(plan)
+        try:
+            got = {}
+            with groups.member(plan, rank) as group:
+                for bucket in receive_weights(group, plan):
+                    got.update({name: t.numpy().copy() for name, t in bucket})
+        except PushAborted as err:
+            got = str(err)
+        results.put((plan.push_id, rank, got, groups.formed))
+
+
+def test_a_kept_group_carries_many_pushes_and_a_receiver_without_it_calls_one_off():
+    """Three pushes on one kept group form it once on every rank; the manifest travels once, through the
+    sender's store (plans carry only its digest). A receiver process that restarted does not hold the group:
+    the next push that reuses it is called off at the handshake (naming that rank), and the push after it,
+    on a new group, reaches everyone."""
+    import dataclasses
+
+    from asyncrl.core.weights.groups import BroadcastGroups, publish_manifest
+    from asyncrl.core.weights.rendezvous import ReceiversMissing
+
+    store = host_store("127.0.0.1", 0, 30)
+    metas = tensor_metas(weights(0))
+    digest = publish_manifest(store, metas)
+    sender = BroadcastGroups(store)
+    base = PushPlan("p", 1, f"127.0.0.1:{store.port}", 3, "gloo", (), 512, 30, group_id="group-a",
+                    manifest_digest=digest)  # fmt: skip
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    inboxes = {rank: ctx.Queue() for rank in (1, 2)}
+    procs = {rank: ctx.Process(target=kept_group_receiver, args=(rank, inboxes[rank], results)) for rank in (1, 2)}
+    for proc in procs.values():
+        proc.start()
+
+    def push(push_id, seed, new_group, group_id="group-a"):
+        plan = dataclasses.replace(base, push_id=push_id, version=seed, new_group=new_group, group_id=group_id)
+        for inbox in inboxes.values():
+            inbox.put(plan)
+        named = weights(seed)
+        with sender.member(dataclasses.replace(plan, tensors=metas), 0) as group:
+            send_weights(group, named, dataclasses.replace(plan, tensors=metas))
+        got = {rank: (received, formed) for _, rank, received, formed in (results.get(timeout=60) for _ in range(2))}
+        for rank, (received, _) in got.items():
+            for name, tensor in named:
+                assert torch.equal(torch.from_numpy(received[name]), tensor), (push_id, rank, name)
+        return {rank: formed for rank, (_, formed) in got.items()}
+
+    assert push("p1", 1, True) == {1: 1, 2: 1}
+    assert push("p2", 2, False) == {1: 1, 2: 1}
+    assert push("p3", 3, False) == {1: 1, 2: 1}
+    assert sender.formed == 1
+
+    inboxes[2].put(None)
+    procs[2].join(30)
+    procs[2] = ctx.Process(target=kept_group_receiver, args=(2, inboxes[2], results))
+    procs[2].start()
+    stale = dataclasses.replace(base, push_id="p4", version=4, new_group=False)
+    for inbox in inboxes.values():
+        inbox.put(stale)
+    with pytest.raises(ReceiversMissing) as missing, sender.member(dataclasses.replace(stale, tensors=metas), 0):
+        pass
+    assert missing.value.ranks == [2] and "not members" in str(missing.value)
+    called_off = [results.get(timeout=60) for _ in range(2)]
+    assert all(isinstance(received, str) and "called off" in received for _, _, received, _ in called_off)
+
+    assert push("p5", 5, True, group_id="group-b") == {1: 2, 2: 1}
+    assert sender.formed == 2
+    for inbox in inboxes.values():
+        inbox.put(None)
+    for proc in procs.values():
+        proc.join(30)
+
+
+def test_a_manifest_that_does_not_match_its_digest_is_refused():
+    from asyncrl.core.validation import InvalidArgument
+    from asyncrl.core.weights.groups import MANIFEST_KEY, ManifestCache, publish_manifest
+    from asyncrl.core.weights.manifest import manifest_bytes
+
+    store = host_store("127.0.0.1", 0, 30)
+    digest = publish_manifest(store, tensor_metas(weights(0)))
+    plan = PushPlan("p", 1, f"127.0.0.1:{store.port}", 2, "gloo", (), 512, 5, group_id="g", manifest_digest=digest)
+    assert ManifestCache().resolve(plan).tensors == tensor_metas(weights(0))
+    store.set(MANIFEST_KEY.format(digest=digest), manifest_bytes(tensor_metas(weights(0)[:2]))[0])
+    with pytest.raises(InvalidArgument) as refused:
+        ManifestCache().resolve(plan)
+    assert refused.value.field == "plan.manifest_digest"

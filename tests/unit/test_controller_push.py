@@ -236,3 +236,50 @@ def test_every_push_order_is_signed_with_the_receivers_key():
         assert notifier.orders[(address, plan.push_id)] == expected
     # A new registration (a restart) gets a new key: orders signed for the old one no longer verify.
     assert state.register("127.0.0.1:7009", "a", 1, "torch").push_key != first.push_key
+
+
+def test_pushes_to_the_same_members_reuse_one_broadcast_group():
+    """The first push forms a group; later pushes to the same receivers (same ranks, keys, store, transport)
+    name the same group and do not form one; the controller counts the groups it formed."""
+    state, _, _, events = make_state()
+    register(state, 7001), register(state, 7002)
+    first = begin(state, 1)
+    state.commit_push(first.push_id, sender_ok=True)
+    second = begin(state, 2)
+    state.commit_push(second.push_id, sender_ok=True)
+    assert first.plan.new_group and not second.plan.new_group
+    assert first.plan.group_id == second.plan.group_id and first.plan.group_id.startswith("group-")
+    assert [e["new_group"] for e in events.of_kind("push_begun")] == [True, False]
+    assert state.metrics.groups_formed._value.get() == 1
+
+
+def test_a_membership_change_or_a_failure_forms_a_new_group():
+    state, _, notifier, _ = make_state()
+    a = register(state, 7001)
+    groups = []
+
+    def push(version, sender_ok=True):
+        session = begin(state, version)
+        state.commit_push(session.push_id, sender_ok=sender_ok, error="" if sender_ok else "broadcast broke")
+        groups.append((session.plan.group_id, session.plan.new_group))
+
+    push(1)
+    push(2)  # same members: reused
+    b = register(state, 7002)
+    push(3)  # a replica joined: new group
+    push(4)
+    notifier.failing.add("127.0.0.1:7002")
+    push(5)  # the failed receiver may have left the group half-used: the next push forms a new one
+    notifier.failing.clear()
+    state.heartbeat(b, 4)
+    push(6)  # the dropped replica is back (force_sync, a push of the new version to all)
+    push(7, sender_ok=False)  # the sender failed: aborted, the version is not committed
+    push(7)
+    push(8)
+    key = state.register("127.0.0.1:7001", a, 8, "torch", push_key=b"").push_key  # a restarted replica a
+    push(9)
+    assert key
+    news = [new for _, new in groups]
+    assert news == [True, False, True, False, False, True, False, True, False, True], groups
+    ids = [group_id for group_id, _ in groups]
+    assert ids[0] == ids[1] != ids[2] == ids[3] == ids[4] != ids[5] == ids[6] != ids[7] == ids[8] != ids[9]

@@ -46,3 +46,32 @@ def test_plan_proto_round_trip():
     assert decode_plan(encode_plan(plan)) == plan
     assert plan.store_host == "127.0.0.1" and plan.store_port == 1234
     assert plan.total_bytes == 12
+
+
+def test_a_plan_naming_a_manifest_and_a_kept_group_round_trips_and_is_checked():
+    from asyncrl.core.validation import InvalidArgument
+    from asyncrl.core.weights.manifest import manifest_bytes
+
+    _, digest = manifest_bytes(metas(("a", (2, 3), "float32")))
+    plan = PushPlan("p2", 4, "127.0.0.1:1234", 3, "gloo", (), 1024, 5.0, group_id="group-1", new_group=False,
+                    manifest_digest=digest)
+    assert decode_plan(encode_plan(plan)) == plan
+    assert plan.group_key == "group/group-1/"
+    assert PushPlan("p3", 1, "h:1", 2, "gloo", (), 1, 1.0).group_key == "push/p3/group/"
+
+    def refused(**fields) -> str:
+        msg = encode_plan(plan)
+        for name, value in fields.items():
+            if name == "tensors":
+                msg.tensors.add(name="a", shape=[2, 3], dtype="float32")
+            else:
+                setattr(msg, name, value)
+        with pytest.raises(InvalidArgument) as err:
+            decode_plan(msg)
+        return err.value.field
+
+    assert refused(manifest_digest="abc") == "plan.manifest_digest"
+    assert refused(manifest_digest=digest.upper()) == "plan.manifest_digest"
+    assert refused(tensors=True) == "plan.tensors"
+    assert refused(group_id="") == "plan.new_group"  # reusing "no group" means nothing
+    assert refused(group_id="bad id!") == "plan.group_id"
