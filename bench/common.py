@@ -114,4 +114,19 @@ def provenance() -> dict:
     if torch.cuda.is_available():
         machine["gpu"] = torch.cuda.get_device_name(0)
     return {"command": " ".join([".venv/bin/python", f"bench/{Path(sys.argv[0]).name}", *sys.argv[1:]]),
-            "machine": machine, "date": datetime.date.today().isoformat()}
+            "machine": machine, "date": datetime.date.today().isoformat(), "commit": _commit()}
+
+
+def _commit() -> str:
+    """The checkout's commit, with "+changes" when the working tree differs from it ("" outside git)."""
+    import subprocess
+
+    repo = Path(__file__).resolve().parents[1]
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=repo, capture_output=True, text=True,
+                              check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=repo,
+                               capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return ""
+    return head + ("+changes" if dirty else "")

@@ -1,5 +1,6 @@
 """One learner step: logp_prox (no grad), advantages, then per mini-batch logp (with grad), the
-objective, backward, clip, optimizer step. The objective itself lives in `learner.algos` (pure); which experts
+objective, backward, clip, optimizer step. With one mini-batch trained whole the training forward doubles as
+the proximal one (`Trainer.fuses_proximal`). The objective itself lives in `learner.algos` (pure); which experts
 a MoE policy's forwards use is `learner.routing_replay`.
 
 Sharded over ranks (`learner.sharding`) or cut into micro-batches (`learner.microbatch_tokens`), a mini-batch
@@ -51,6 +52,11 @@ class Trainer:
         self.replay = RoutingReplay(model, learner_cfg.routing_replay)
         self.in_parts = ranks.sharded or learner_cfg.microbatch_tokens > 0
         """Mini-batches trained in parts (ranks, micro-batches): denominators come from the whole mini-batch."""
+        self.fuses_proximal = (self.algo.needs_prox_forward and learner_cfg.minibatches == 1 and not self.in_parts
+                               and self.replay.mode == "none" and self.algo.advantage.dash_threshold is None)
+        """One mini-batch trained whole, no routing replay, no DASH filter: the proximal policy is the policy
+        before this step's only update, so the training forward's detached log-probs *are* logp_prox and the
+        separate no-grad forward of the batch is skipped."""
 
     def _logprobs(self, batch: TrainBatch, model: torch.nn.Module | None = None) -> torch.Tensor:
         logp, _mask = sequence_logprobs(model or self.model, batch.sequences, batch.response_starts,
@@ -125,7 +131,11 @@ class Trainer:
         if batch.logp_behav.device != device:
             batch = batch.to(device)
         routing_metrics: dict = {}
-        if self.algo.needs_prox_forward:
+        logp_fused = None
+        if self.fuses_proximal:
+            logp_fused = self._logprobs(batch)  # with grad; trained on below as the one mini-batch
+            logp_prox = logp_fused.detach()
+        elif self.algo.needs_prox_forward:
             with torch.no_grad():
                 if self.in_parts:
                     logp_prox = self._full_logprobs(batch)
@@ -149,8 +159,10 @@ class Trainer:
         sums: dict[str, float] = defaultdict(float)
         chunks = self.minibatch_rows(batch, adv.keep)
         skipped = 0
+        if logp_fused is not None and chunks != [list(range(len(batch)))]:
+            raise AssertionError("a fused proximal forward needs the whole batch as its one mini-batch")
         for chunk in chunks:
-            loss, grad_norm, mb_metrics = self._train_chunk(batch, chunk, algo, adv, logp_prox, logp_ref)
+            loss, grad_norm, mb_metrics = self._train_chunk(batch, chunk, algo, adv, logp_prox, logp_ref, logp_fused)
             if not (torch.isfinite(loss) and torch.isfinite(grad_norm)):
                 # One non-finite value would spread to every weight through the optimizer: skip the update
                 # (the optimizer state stays as it was) and count it; the weights never see it.
@@ -184,13 +196,15 @@ class Trainer:
         return metrics
 
     def _objective(self, batch: TrainBatch, rows: list[int], algo, adv, logp_prox, logp_ref, units=None,
-                   weight: float = 1.0):
-        """Forward `rows`, their loss, backward of `weight` x loss (inside the routing-replay context)."""
+                   weight: float = 1.0, logp: torch.Tensor | None = None):
+        """Forward `rows` (unless their `logp` is given: the fused proximal forward), their loss, backward of
+        `weight` x loss (inside the routing-replay context)."""
         mb = batch.rows(rows)
         width = mb.response_mask.shape[1]
         idx = torch.tensor(rows, dtype=torch.long)
         with self.replay.training(mb, rows, measure=not self.algo.needs_prox_forward) as mb_routing:
-            logp = self._logprobs(mb)
+            if logp is None:
+                logp = self._logprobs(mb)
             loss, mb_metrics = policy_objective(
                 logp, logp_prox[idx, :width], mb.logp_behav, adv.advantages[idx, :width], mb.response_mask,
                 algo, logp_ref=None if logp_ref is None else logp_ref[idx, :width],
@@ -200,12 +214,13 @@ class Trainer:
             (loss if weight == 1.0 else loss * weight).backward()
         return loss, {**mb_metrics, **to_floats(mb_routing)}
 
-    def _train_chunk(self, batch: TrainBatch, chunk: list[int], algo, adv, logp_prox, logp_ref):
+    def _train_chunk(self, batch: TrainBatch, chunk: list[int], algo, adv, logp_prox, logp_ref,
+                     logp: torch.Tensor | None = None):
         """Gradients of one mini-batch, clipped: (its loss, the gradient norm, its metrics). Whole on one
         rank; else in parts, each rank its groups, each in micro-batches."""
         self.optimizer.zero_grad(set_to_none=True)
         if not self.in_parts:
-            loss, mb_metrics = self._objective(batch, chunk, algo, adv, logp_prox, logp_ref)
+            loss, mb_metrics = self._objective(batch, chunk, algo, adv, logp_prox, logp_ref, logp=logp)
         else:
             idx = torch.tensor(chunk, dtype=torch.long)
             width = int(batch.response_mask[idx].sum(dim=1).max().item())

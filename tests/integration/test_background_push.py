@@ -33,11 +33,11 @@ def system(tiny_model_dir, tmp_path):
     ch = grpc_channel(f"127.0.0.1:{port}", TEST_AUTH)
     stub = controller_pb2_grpc.ControllerStub(ch)
     engines, keys = [], {}
-    for _ in range(2):
-        replica, replica_port = rollout_service.create_server(config, push_key=lambda i=len(engines): keys[i])
+    for i in range(2):
+        replica, replica_port = rollout_service.create_server(config, push_key=lambda i=i: keys[i])
         replica.start()
         servers.append(replica)
-        keys[len(engines)] = stub.RegisterReplica(controller_pb2.RegisterReplicaRequest(
+        keys[i] = stub.RegisterReplica(controller_pb2.RegisterReplicaRequest(
             address=f"127.0.0.1:{replica_port}", engine="torch")).push_key
         engines.append(replica.servicer.engine)
     yield config, stub, engines

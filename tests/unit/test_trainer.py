@@ -101,3 +101,42 @@ def test_a_batch_without_teacher_log_probs_trains_without_the_distillation_term(
     metrics = trainer.step(unannotated, version=3)
     assert metrics["teacher/unavailable"] == 1.0 and "opd/token_frac" not in metrics
     assert trainer.step(batch(), version=4)["teacher/unavailable"] == 0.0
+
+
+@pytest.mark.parametrize("name", ["decoupled_ppo", "opd_advantage", "kl_loss"])
+def test_one_minibatch_reuses_the_training_forward_as_the_proximal_one(tiny_model_dir, name):
+    """With one mini-batch trained whole, the proximal policy is the policy before the step's only update:
+    the fused step (no separate no-grad forward) gives the same loss, metrics and weights as the step with it."""
+    cfg = LearnerConfig.model_validate({"lr": 1e-3, "minibatches": 1, "algo": ALGOS[name]})
+    results = []
+    for fused in (True, False):
+        torch.manual_seed(0)
+        model = load_causal_lm(tiny_model_dir.policy)
+        trainer = Trainer(model, cfg, SamplingParams.from_config(SamplingConfig()), pad_id=0)
+        assert trainer.fuses_proximal
+        trainer.fuses_proximal = fused
+        forwards, policy_forward = [], trainer._logprobs
+        trainer._logprobs = lambda b, m=None: forwards.append(m) or policy_forward(b, m)
+        metrics = trainer.step(batch(), version=3)
+        assert sum(m is None for m in forwards) == (1 if fused else 2)  # the policy's forwards of the batch
+        results.append((metrics, [p.detach().clone() for p in model.parameters()]))
+    (fused_metrics, fused_weights), (plain_metrics, plain_weights) = results
+    for key in ("loss/total", "opt/grad_norm", "rc/kl_k3", "adv/mean"):
+        if key in plain_metrics:
+            assert fused_metrics[key] == pytest.approx(plain_metrics[key], rel=1e-4, abs=1e-6), key
+    assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(fused_weights, plain_weights))
+
+
+def test_the_proximal_forward_is_fused_only_where_it_is_exact(tiny_model_dir):
+    model = load_causal_lm(tiny_model_dir.policy)
+    sampling = SamplingParams.from_config(SamplingConfig())
+
+    def fuses(**fields) -> bool:
+        cfg = LearnerConfig.model_validate({"minibatches": 1, "algo": ALGOS["decoupled_ppo"], **fields})
+        return Trainer(model, cfg, sampling, pad_id=0).fuses_proximal
+
+    assert fuses()
+    assert not fuses(minibatches=2)  # the second mini-batch's proximal policy is not its current one
+    assert not fuses(microbatch_tokens=64)  # parts need the whole mini-batch's denominators first
+    assert not fuses(algo={"preset": "decoupled_token_is", "advantage": {"dash_threshold": 0.1}})
+    assert not fuses(algo={"preset": "bypass_ppo_clip"})  # no proximal forward to save
