@@ -114,7 +114,7 @@ def provenance() -> dict:
     if torch.cuda.is_available():
         machine["gpu"] = torch.cuda.get_device_name(0)
     return {"command": " ".join([".venv/bin/python", f"bench/{Path(sys.argv[0]).name}", *sys.argv[1:]]),
-            "machine": machine, "date": datetime.date.today().isoformat(), "commit": _commit()}
+            "machine": machine, "date": datetime.date.today().isoformat(), "commit": STARTED_AT}
 
 
 def _commit() -> str:
@@ -130,3 +130,7 @@ def _commit() -> str:
     except (OSError, subprocess.CalledProcessError):
         return ""
     return head + ("+changes" if dirty else "")
+
+
+STARTED_AT = _commit()
+"""The commit the bench started at (edits made while it runs do not change what it ran)."""

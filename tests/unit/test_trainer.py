@@ -116,7 +116,7 @@ def test_one_minibatch_reuses_the_training_forward_as_the_proximal_one(tiny_mode
         assert trainer.fuses_proximal
         trainer.fuses_proximal = fused
         forwards, policy_forward = [], trainer._logprobs
-        trainer._logprobs = lambda b, m=None: forwards.append(m) or policy_forward(b, m)
+        trainer._logprobs = lambda b, m=None, seen=forwards, run=policy_forward: seen.append(m) or run(b, m)
         metrics = trainer.step(batch(), version=3)
         assert sum(m is None for m in forwards) == (1 if fused else 2)  # the policy's forwards of the batch
         results.append((metrics, [p.detach().clone() for p in model.parameters()]))

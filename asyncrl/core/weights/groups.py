@@ -55,11 +55,6 @@ class BroadcastGroups:
         self.formed = 0
         """Groups this process formed (a reused group is not counted again)."""
 
-    @property
-    def held(self) -> str | None:
-        """The store prefix of the group held now (None: none)."""
-        return self._key[0] if self._key else None
-
     def _root(self, plan: PushPlan) -> TCPStore:
         if self._host_store is not None:
             return self._host_store

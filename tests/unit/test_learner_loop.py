@@ -1,5 +1,6 @@
-"""The learner's teacher annotation under faults (`LearnerLoop.annotate`): retried with backoff, then the
-batch goes on without teacher log-probs (recorded), never an exception."""
+"""The learner loop's parts without a network: the teacher annotation under faults (`LearnerLoop.annotate`:
+retried with backoff, then the batch goes on without teacher log-probs, recorded, never an exception), the
+prefetch of the next batch, and the order of background pushes and checkpoints."""
 
 import grpc
 import pytest
@@ -92,3 +93,62 @@ def test_prefetch_reads_the_next_entries_and_leaves_them_pending():
     loop.buffer = Broken()
     loop._start_prefetch(1)
     assert loop._take_prefetched() == []
+
+
+class Publisher:
+    """Records the push calls; a background push 'completes' when finished."""
+
+    def __init__(self, calls):
+        self.calls, self._in_flight = calls, None
+
+    def _result(self, version, background):
+        from asyncrl.learner.publisher import PushResult
+
+        return PushResult(version, True, 2, ["a", "b"], [], 100, 0.001, 0.002, 1, False, background)
+
+    def start(self, version):
+        assert self._in_flight is None, "one push at a time"
+        self.calls.append(("start", version))
+        self._in_flight = version
+
+    def finish(self):
+        version, self._in_flight = self._in_flight, None
+        if version is None:
+            return None
+        self.calls.append(("finish", version))
+        return self._result(version, True)
+
+    def push(self, version):
+        assert self._in_flight is None, "one push at a time"
+        self.calls.append(("push", version))
+        return self._result(version, False)
+
+
+def test_background_pushes_are_finished_before_the_next_push_and_before_a_checkpoint():
+    """`learner.push_in_background`: push i+1 starts only after push i is finished and recorded; a checkpoint
+    waits for the push of its version (a learner restarted from it must find that version committed)."""
+    from asyncrl.core.buffer.memory import MemoryBuffer
+
+    calls = []
+
+    class Checkpointer:
+        def save(self, model, optimizer, meta):
+            calls.append(("save", meta.version))
+            return "ckpt"
+
+    loop, events, metrics = loop_with(None)
+    loop.publisher, loop.checkpointer, loop.buffer = Publisher(calls), Checkpointer(), MemoryBuffer()
+    loop.trainer = type("T", (), {"model": None, "optimizer": None})()
+    loop.publish(1)
+    loop.publish(2)
+    loop.progress.step = loop.progress.version = 2
+    loop.save()
+    assert calls == [("start", 1), ("finish", 1), ("start", 2), ("finish", 2), ("save", 2)]
+    assert [e["version"] for e in events.of_kind("push")] == [1, 2]
+    assert all(e["background"] for e in events.of_kind("push"))
+    assert metrics.push_seconds._sum.get() > 0
+
+    loop.config.learner.push_in_background = False
+    calls.clear()
+    loop.publish(3)
+    assert calls == [("push", 3)] and events.of_kind("push")[-1]["background"] is False
