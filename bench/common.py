@@ -118,14 +118,16 @@ def provenance() -> dict:
 
 
 def _commit() -> str:
-    """The checkout's commit, with "+changes" when the working tree differs from it ("" outside git)."""
+    """The checkout's commit, with "+changes" when the code differs from it ("" outside git)."""
     import subprocess
 
     repo = Path(__file__).resolve().parents[1]
     try:
         head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=repo, capture_output=True, text=True,
                               check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=repo,
+        # Results written by earlier benches are not changes to what runs.
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ".",
+                                ":!docs/results", ":!docs/results.md"], cwd=repo,
                                capture_output=True, text=True, check=True).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return ""
