@@ -185,16 +185,20 @@ class PushCoordinator:
         aborted_previous = None
         if self.open is not None:
             age = now - self.open.begun_at
-            # A push whose commit already waits for its receivers is never superseded: that wait is
-            # itself bounded by push_timeout_s, so the learner just asks again a moment later.
-            if age < self._config.push_timeout_s or self.open.commit_started:
+            # A learner at another store is a new learner process (the one that opened this push is gone:
+            # a learner restarted while its push ran in the background): that push can never be committed.
+            other_sender = self.open.plan.store_address != offer.store_address
+            # A push whose commit already waits for its receivers is never superseded by its own learner: that
+            # wait is itself bounded by push_timeout_s, so the learner just asks again a moment later.
+            if not other_sender and (age < self._config.push_timeout_s or self.open.commit_started):
                 step = "its commit is in progress" if self.open.commit_started else "commit it first"
                 raise PreconditionFailed(
                     f"push {self.open.push_id!r} (version {self.open.plan.version}) is still open "
                     f"({age:.1f} s old); {step}"
                 )
             aborted_previous = self.open.push_id
-            self.abort(self.open, f"no commit within push_timeout_s ({age:.1f} s)")
+            self.abort(self.open, f"superseded by a learner at {offer.store_address}" if other_sender
+                       else f"no commit within push_timeout_s ({age:.1f} s)")
         if version == current + 1:
             mode, chosen = NEW, self._registry.live()
         elif version == current:

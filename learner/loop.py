@@ -14,7 +14,6 @@ from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
-import grpc
 import torch
 
 from asyncrl.core.teacher_client import score, score_request
@@ -22,6 +21,7 @@ from asyncrl.core.trajectory_checks import BadGroup, TrajectoryLimits, check_tra
 from asyncrl.learner.batch import MalformedGroup, assemble, check_group
 from asyncrl.learner.checkpoint import CheckpointMeta
 from asyncrl.learner.sharding import SINGLE, STEP, Mirror, Ranks, train_step
+from asyncrl.learner.status_report import StatusReporter
 from asyncrl.learner.timeline import TimelineFilter, rejoin
 from asyncrl.v1 import controller_pb2
 
@@ -83,29 +83,16 @@ class LearnerLoop:
         self._prefetch = ThreadPoolExecutor(1, thread_name_prefix="prefetch") if config.learner.prefetch else None
         self._prefetched: Future | None = None
         self._collect_s = 0.0
-        self._status_thread = ThreadPoolExecutor(1, thread_name_prefix="status")
-        self._status_sent: Future | None = None
-        self._sync_requested = False
-        """Set by a status report whose answer asked for a resync push (the loop runs it between steps)."""
+        self.status = StatusReporter(controller_stub, config.learner.total_steps, self._observe_gauges)
+        """The heartbeats with the learner's progress (`learner.status_report`)."""
         self.mirror = mirror
         """The leader's full copy of a sharded policy (None with one rank)."""
 
     # -- data -----------------------------------------------------------------------------------------
-    def _heartbeat_request(self) -> controller_pb2.LearnerHeartbeatRequest:
-        p = self.progress
-        request = controller_pb2.LearnerHeartbeatRequest(step=p.step, version=p.version, consumed=p.consumed,
-                                                         total_steps=self.config.learner.total_steps)
-        if p.step > 0:
-            request.reward_mean, request.staleness_mean = p.last_reward_mean, p.last_staleness_mean
-            request.step_seconds = p.last_wall_s
-        if p.last_eval_accuracy >= 0:
-            request.eval_accuracy = p.last_eval_accuracy
-        return request
-
     def _heartbeat(self) -> None:
-        """Tell the controller where the learner is (its status page shows it) while waiting for data; push the
-        current version to lagging replicas when it asks."""
-        if self.stub.LearnerHeartbeat(self._heartbeat_request(), timeout=30).sync_requested:
+        """Tell the controller where the learner is while it waits for data; push the current version to
+        lagging replicas when it asks."""
+        if self.status.now(self.progress):
             self._resync()
 
     def _resync(self) -> None:
@@ -114,41 +101,8 @@ class LearnerLoop:
         self.events.write("resync", version=result.version, acked=result.acked, dropped=result.dropped,
                           seconds=result.total_s)
 
-    def _report_status(self) -> None:
-        """After every step: the heartbeat with the step's figures (the status page follows every step) and the
-        buffer gauges, sent on the status thread so the step does not wait for two Redis round trips and an RPC.
-        A report still on its way when the next step ends is not queued behind (the next carries newer
-        figures), except after the last step, which is sent before the loop returns. A failed report raises
-        here, at the next step, as it would have in line."""
-        previous = self._status_sent
-        if previous is not None and previous.done():
-            previous.result()
-            self._status_sent = previous = None
-        if previous is None:
-            self._status_sent = self._status_thread.submit(self._send_status, self._heartbeat_request())
-        if self._sync_requested:
-            self._sync_requested = False
-            self._resync()
-
-    def _send_status(self, request) -> None:
-        try:
-            self.metrics.observe_buffer(self.buffer.backlog(), self.buffer.pending())
-        except Exception as err:  # noqa: BLE001 - a gauge must never stop the learner (Redis reconnecting, say)
-            log.warning("buffer depth not read: %s: %s", type(err).__name__, err)
-        if self.stub.LearnerHeartbeat(request, timeout=30).sync_requested:
-            self._sync_requested = True  # the loop pushes, between steps
-
-    def _finish_status(self) -> None:
-        """Wait for the report on its way, then send the last figures (the page shows the final step). Best
-        effort: the run is ending, and what follows (the final evaluation and checkpoint) matters more."""
-        try:
-            if self._status_sent is not None:
-                self._status_sent.result()
-            self._send_status(self._heartbeat_request())
-        except grpc.RpcError as err:
-            log.warning("final status report not sent: %s", err.details())
-        finally:
-            self._status_sent = None
+    def _observe_gauges(self) -> None:
+        self.metrics.observe_buffer(self.buffer.backlog(), self.buffer.pending())
 
     def _admit(self, entry) -> bool:
         """Whether `entry` may join a batch. Anything else is dead-lettered with its reason and acked: never
@@ -298,7 +252,7 @@ class LearnerLoop:
             if every and self.progress.step % every == 0:
                 self.save()
         self.finish_push()
-        self._finish_status()
+        self.status.finish(self.progress)
         if self.progress.step >= cfg.total_steps:
             self.run_eval()
         self.save()
@@ -380,4 +334,6 @@ class LearnerLoop:
         if self.sinks is not None:
             self.sinks.log(self.progress.step, {**metrics, "push_wait_s": push_wait_s})
         self.events.write("step", step=self.progress.step, version=version + 1, push_wait_s=push_wait_s, **metrics)
-        self._report_status()
+        self.status.after_step(self.progress)  # the status page follows every step
+        if self.status.take_sync_request():
+            self._resync()

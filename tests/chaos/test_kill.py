@@ -79,7 +79,8 @@ def test_killed_services_are_restarted_and_the_run_completes(tmp_path):
     assert len(starts) == 2 and starts[0]["restored"] is None, starts
     assert starts[1]["restored"]["version"] >= 12 and starts[1]["restored"]["replicas"] == 2, starts[1]
     first, second = [e for e in controller if e["kind"] == "timeline_reset"]
-    assert first["version"] == 0 and first["previous_version"] >= 6, first
+    # Killed after its 6th step: that step's push runs in the background and may not have been committed.
+    assert first["version"] == 0 and first["previous_version"] >= 5, first
     assert second["version"] == SAVE_EVERY and second["previous_version"] > SAVE_EVERY, second
     learner = read_events(run_dir, "learner")
     assert [e["from_step"] for e in learner if e["kind"] == "resumed"] == [0, SAVE_EVERY]

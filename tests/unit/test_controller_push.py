@@ -134,6 +134,19 @@ def test_one_push_at_a_time_until_the_open_one_times_out():
     assert state.commit_push(second.push_id, sender_ok=True).committed
 
 
+def test_a_learner_at_another_store_supersedes_the_open_push_of_the_one_before():
+    """A learner killed while its push ran in the background leaves that push open; its replacement (a new
+    process: a new rendezvous store) can begin at once instead of waiting out push_timeout_s."""
+    state, _, _, events = make_state(push_timeout_s=30.0)
+    register(state, 7001)
+    orphan = begin(state, 1)
+    replacement = state.begin_push(1, PushOffer("127.0.0.1:29600", "gloo", TINY_TENSORS, 1 << 20, 5.0))
+    (aborted,) = events.of_kind("push_aborted")
+    assert aborted["push_id"] == orphan.push_id and "superseded by a learner at 127.0.0.1:29600" in aborted["reason"]
+    assert replacement.plan.new_group  # the new learner holds no group yet
+    assert state.commit_push(replacement.push_id, sender_ok=True).committed and state.current_version == 1
+
+
 def test_sender_failure_aborts_without_committing_and_flags_receivers():
     state, _, _, events = make_state()
     a = register(state, 7001)

@@ -152,3 +152,44 @@ def test_background_pushes_are_finished_before_the_next_push_and_before_a_checkp
     calls.clear()
     loop.publish(3)
     assert calls == [("push", 3)] and events.of_kind("push")[-1]["background"] is False
+
+
+def test_status_reports_go_in_the_background_and_their_failures_surface_at_the_next_step():
+    """After a step the heartbeat (and the buffer gauges) go on the status thread; the controller's request
+    for a resync is taken once by the loop; a report that failed raises at the next step; the final report is
+    best effort."""
+    import threading
+
+    from asyncrl.learner.loop import LearnerProgress
+    from asyncrl.learner.status_report import StatusReporter
+    from asyncrl.v1 import controller_pb2
+
+    class Controller:
+        def __init__(self):
+            self.requests, self.fail, self.sync = [], None, False
+            self.sent = threading.Event()
+
+        def LearnerHeartbeat(self, request, timeout):
+            self.requests.append(request)
+            self.sent.set()
+            if self.fail is not None:
+                raise self.fail
+            return controller_pb2.LearnerHeartbeatResponse(sync_requested=self.sync)
+
+    controller, gauges = Controller(), []
+    reporter = StatusReporter(controller, total_steps=10, observe_gauges=lambda: gauges.append(1))
+    progress = LearnerProgress(step=3, version=3, consumed=192, last_reward_mean=0.5)
+    controller.sync = True
+    reporter.after_step(progress)
+    assert controller.sent.wait(10)
+    reporter._sent.result()
+    assert controller.requests[-1].step == 3 and controller.requests[-1].HasField("reward_mean") and gauges
+    assert reporter.take_sync_request() and not reporter.take_sync_request()
+
+    controller.fail = Failure(grpc.StatusCode.UNAVAILABLE)
+    reporter.after_step(LearnerProgress(step=4, version=4))
+    assert isinstance(reporter._sent.exception(timeout=10), Failure)
+    with pytest.raises(Failure):
+        reporter.after_step(LearnerProgress(step=5, version=5))
+    reporter.finish(LearnerProgress(step=5, version=5))  # logs, does not raise
+    assert controller.requests[-1].step == 5

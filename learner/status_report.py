@@ -1,0 +1,82 @@
+"""The learner's reports to the controller: where it is (step, version, the figures its status page shows)
+and, in the answer, whether replicas lag behind and need a resync push.
+
+While the learner waits for data it reports in line (`now`). After every step the report goes on a thread of
+its own (`after_step`) with the buffer gauges, so the step does not wait for two Redis round trips and an RPC;
+the status page still follows every step. A report still on its way when the next step ends is not queued
+behind it (the next one carries newer figures); a failed report raises at the next step, as it would have in
+line; a resync asked for in the background is taken by the loop between steps (`take_sync_request`).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+
+import grpc
+
+from asyncrl.v1 import controller_pb2
+
+log = logging.getLogger("asyncrl.learner")
+
+
+def heartbeat_request(progress, total_steps: int) -> controller_pb2.LearnerHeartbeatRequest:
+    """The heartbeat for `progress` (a `LearnerProgress`): figures only once there are some."""
+    p = progress
+    request = controller_pb2.LearnerHeartbeatRequest(step=p.step, version=p.version, consumed=p.consumed,
+                                                     total_steps=total_steps)
+    if p.step > 0:
+        request.reward_mean, request.staleness_mean = p.last_reward_mean, p.last_staleness_mean
+        request.step_seconds = p.last_wall_s
+    if p.last_eval_accuracy >= 0:
+        request.eval_accuracy = p.last_eval_accuracy
+    return request
+
+
+class StatusReporter:
+    def __init__(self, controller_stub, total_steps: int, observe_gauges: Callable[[], None]):
+        self._stub = controller_stub
+        self._total_steps = total_steps
+        self._observe_gauges = observe_gauges
+        """Reads the buffer's depth into the learner's gauges (a Redis round trip or two)."""
+        self._thread = ThreadPoolExecutor(1, thread_name_prefix="status")
+        self._sent: Future | None = None
+        self._sync_requested = False
+
+    def now(self, progress) -> bool:
+        """Report in line; True when the controller asks for a resync push."""
+        return self._stub.LearnerHeartbeat(heartbeat_request(progress, self._total_steps), timeout=30).sync_requested
+
+    def after_step(self, progress) -> None:
+        """Report the step just finished, in the background."""
+        if self._sent is not None and self._sent.done():
+            sent, self._sent = self._sent, None
+            sent.result()  # a report that failed raises here
+        if self._sent is None:
+            self._sent = self._thread.submit(self._send, heartbeat_request(progress, self._total_steps))
+
+    def take_sync_request(self) -> bool:
+        """Whether a background report's answer asked for a resync push (once)."""
+        asked, self._sync_requested = self._sync_requested, False
+        return asked
+
+    def finish(self, progress) -> None:
+        """Wait for the report on its way, then send the last figures (the page shows the final step). Best
+        effort: the run is ending, and what follows (the final evaluation and checkpoint) matters more."""
+        try:
+            if self._sent is not None:
+                self._sent.result()
+            self._send(heartbeat_request(progress, self._total_steps))
+        except grpc.RpcError as err:
+            log.warning("final status report not sent: %s", err.details())
+        finally:
+            self._sent = None
+
+    def _send(self, request) -> None:
+        try:
+            self._observe_gauges()
+        except Exception as err:  # noqa: BLE001 - a gauge must never stop the learner (Redis reconnecting, say)
+            log.warning("buffer depth not read: %s: %s", type(err).__name__, err)
+        if self._stub.LearnerHeartbeat(request, timeout=30).sync_requested:
+            self._sync_requested = True
