@@ -73,13 +73,14 @@ def test_killed_services_are_restarted_and_the_run_completes(tmp_path):
                     "controller exited", "redis-server exited", "rollout-0 exited"):
         assert restart in out, (restart, out[-3000:])
     # The controller killed mid-run continued from its saved state; the learner restarted alone took the run
-    # back to its checkpoint (version 20) with a timeline reset.
+    # back to its checkpoint (version 20) with a timeline reset. Pushes run in the background, so when the
+    # learner has written step k the controller has committed k - 1 at least (the push of k may be in flight):
+    # the controller was killed after 12 steps of the surviving timeline, the learner first after its 6th step.
     controller = read_events(run_dir, "controller")
     starts = [e for e in controller if e["kind"] == "controller_started"]
     assert len(starts) == 2 and starts[0]["restored"] is None, starts
-    assert starts[1]["restored"]["version"] >= 12 and starts[1]["restored"]["replicas"] == 2, starts[1]
+    assert starts[1]["restored"]["version"] >= 11 and starts[1]["restored"]["replicas"] == 2, starts[1]
     first, second = [e for e in controller if e["kind"] == "timeline_reset"]
-    # Killed after its 6th step: that step's push runs in the background and may not have been committed.
     assert first["version"] == 0 and first["previous_version"] >= 5, first
     assert second["version"] == SAVE_EVERY and second["previous_version"] > SAVE_EVERY, second
     learner = read_events(run_dir, "learner")
