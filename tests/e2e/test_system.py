@@ -114,10 +114,11 @@ def wait_for(predicate, timeout_s: float, what: str):
 def test_a_replica_killed_mid_run_rejoins_with_current_weights(tmp_path):
     """SIGKILL one of the two replicas mid-run: the other keeps the learner fed, `up` restarts the dead one
     under its id, it re-registers with the initial weights, a push brings it to the current version before it
-    gets a lease again, and the run completes with a clean audit."""
+    gets a lease again, it writes groups again, and the run (then stopped with SIGTERM) audits clean. The run
+    is long enough for any restart time: it is stopped once the replica is back, not when its steps run out."""
     run_dir = tmp_path / "run"
     argv = [sys.executable, "-m", "asyncrl.tools.cli", "up", "--config", str(DEMO_CONFIG), "--set", f"run_dir={run_dir}",
-            "--set", "learner.total_steps=60", "--set", "learner.eval_every=0"]
+            "--set", "learner.total_steps=5000", "--set", "learner.eval_every=0"]
     proc = subprocess.Popen(argv, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env={**os.environ, "PYTHONUNBUFFERED": "1"})
     try:
@@ -128,14 +129,17 @@ def test_a_replica_killed_mid_run_rejoins_with_current_weights(tmp_path):
         assert len(pids) == 1, pids
         os.kill(int(pids[0]), signal.SIGKILL)
         killed_at = time.time()
-        out, _ = proc.communicate(timeout=600)
+        wait_for(lambda: proc.poll() is not None or any(
+            e["kind"] == "group_written" and e["t"] > killed_at + 0.5
+            for e in read_events(run_dir, "rollout-replica-1")), 300, "groups from the restarted replica")
+        assert proc.poll() is None, proc.communicate()[0][-4000:]
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=300)
     finally:
         proc.kill()
-    assert proc.returncode == 0, out[-4000:]
+    assert proc.returncode == 130, out[-4000:]
     assert "[up] rollout-1 exited with -9; restarting it (1/3)" in out
-    summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["audit"]["ok"], summary["audit"]
-    assert summary["audit"]["lost"] == [] and summary["audit"]["trained_twice"] == []
+    assert "[up] audit OK" in out and " 0 lost" in out and " 0 twice" in out, out[-3000:]
 
     controller = read_events(run_dir, "controller")
     rejoin = next(e for e in controller if e["kind"] == "replica_registered" and e["replica_id"] == "replica-1"
