@@ -82,7 +82,6 @@ class LearnerLoop:
         """The learner's ranks: this loop runs on the leader and tells the others each step."""
         self._prefetch = ThreadPoolExecutor(1, thread_name_prefix="prefetch") if config.learner.prefetch else None
         self._prefetched: Future | None = None
-        self._collect_s = 0.0
         self.status = StatusReporter(controller_stub, config.learner.total_steps, self._observe_gauges)
         """The heartbeats with the learner's progress (`learner.status_report`)."""
         self.mirror = mirror
@@ -238,13 +237,13 @@ class LearnerLoop:
         while self.progress.step < cfg.total_steps and not stop.is_set():
             t0 = time.perf_counter()
             entries = self.collect(carry, stop)
-            self._collect_s = time.perf_counter() - t0
+            collect_s = time.perf_counter() - t0
             if len(entries) < self.groups_per_step:
                 break  # stopped while waiting for data
             carry = entries[self.groups_per_step:]
             entries = entries[: self.groups_per_step]
             self._start_prefetch(self.groups_per_step - len(carry))
-            self.train_on(entries)
+            self.train_on(entries, collect_s)
             carry += self._take_prefetched()
             if cfg.eval_every and self.progress.step % cfg.eval_every == 0 and self.progress.step < cfg.total_steps:
                 self.run_eval()
@@ -288,7 +287,8 @@ class LearnerLoop:
                           dropped=push.dropped, attempts=push.attempts, new_group=push.new_group,
                           background=push.background)
 
-    def train_on(self, entries: list) -> None:
+    def train_on(self, entries: list, collect_s: float = 0.0) -> None:
+        """One step on `entries` (read in `collect_s` seconds), its push and its records."""
         version = self.progress.version
         t0 = time.perf_counter()
         batch = assemble(entries, self.trainer.replay.shape)
@@ -302,7 +302,7 @@ class LearnerLoop:
         metrics["teacher/learner_asked"] = float(learner_asked)
         # Where the rest of the wall time goes (bench/async_speedup.py): reading and checking the batch
         # (waiting for data included), assembling it (and the teacher, when the learner asks it).
-        metrics["time/collect_s"], metrics["time/prepare_s"] = self._collect_s, prepare_s
+        metrics["time/collect_s"], metrics["time/prepare_s"] = collect_s, prepare_s
         if not metrics.pop("weights/finite"):
             # Updates with a non-finite loss or gradient are skipped, so this is a bug, not bad data: stop
             # before such weights reach a replica (the last checkpoint is intact).

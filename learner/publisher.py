@@ -69,10 +69,6 @@ class WeightPublisher:
         self._background = ThreadPoolExecutor(1, thread_name_prefix="push")
         self._in_flight: Future | None = None
 
-    @property
-    def in_flight(self) -> bool:
-        return self._in_flight is not None
-
     def push(self, version: int) -> PushResult:
         """Publish the live model as `version` (current+1) or resync it to out-of-date replicas (current)."""
         if self._in_flight is not None:

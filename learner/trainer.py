@@ -1,7 +1,7 @@
 """One learner step: logp_prox (no grad), advantages, then per mini-batch logp (with grad), the
 objective, backward, clip, optimizer step. With one mini-batch trained whole the training forward doubles as
-the proximal one (`Trainer.fuses_proximal`). The objective itself lives in `learner.algos` (pure); which experts
-a MoE policy's forwards use is `learner.routing_replay`.
+the proximal one (`Trainer.fuses_proximal`). The objective itself lives in `learner.algos` (pure); which
+experts a MoE policy's forwards use is `learner.routing_replay`.
 
 Sharded over ranks (`learner.sharding`) or cut into micro-batches (`learner.microbatch_tokens`), a mini-batch
 is trained in parts: every rank holds the whole batch, forwards the rows of its groups (round-robin), and

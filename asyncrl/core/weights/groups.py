@@ -24,12 +24,13 @@ from torch.distributed import TCPStore
 
 from asyncrl.core.weights.manifest import manifest_bytes, parse_manifest
 from asyncrl.core.weights.plan import PushPlan, TensorMeta
-from asyncrl.core.weights.rendezvous import forget, receiver_join, sender_join
+from asyncrl.core.weights.rendezvous import forget
 from asyncrl.core.weights.transport import (
     BroadcastGroup,
     check_transport_here,
     connect_store,
     form_group,
+    join_push,
     push_store,
 )
 
@@ -74,14 +75,10 @@ class BroadcastGroups:
             if not reuse:
                 self.close()
             root = self._root(plan)
-            handshake = push_store(root, plan)
-            if rank == 0:
-                if not reuse and not plan.new_group:
-                    handshake.set("verdict", "abort: the sender does not hold the group")
-                    raise GroupLost(f"push {plan.push_id}: the sender does not hold group {plan.group_id!r}")
-                sender_join(handshake, plan.push_id, plan.world_size, join_timeout_s or plan.formation_timeout_s)
-            else:
-                receiver_join(handshake, plan.push_id, rank, plan.timeout_s, has_group=reuse or plan.new_group)
+            if rank == 0 and not reuse and not plan.new_group:
+                push_store(root, plan).set("verdict", "abort: the sender does not hold the group")
+                raise GroupLost(f"push {plan.push_id}: the sender does not hold group {plan.group_id!r}")
+            handshake = join_push(plan, rank, root, join_timeout_s, has_group=reuse or plan.new_group)
             group = self._group if reuse else form_group(plan, rank, root)
             if not reuse:
                 self.formed += 1

@@ -168,11 +168,19 @@ def make_group(
     if rank == 0 and store is None:
         raise ValueError("rank 0 (the sender) hosts the rendezvous store and must pass it")
     root = store if store is not None else connect_store(plan)
-    if rank == 0:
-        sender_join(push_store(root, plan), plan.push_id, plan.world_size, join_timeout_s or plan.formation_timeout_s)
-    else:
-        receiver_join(push_store(root, plan), plan.push_id, rank, plan.timeout_s)
+    join_push(plan, rank, root, join_timeout_s)
     return form_group(plan, rank, root)
+
+
+def join_push(plan: PushPlan, rank: int, root: TCPStore, join_timeout_s: float | None = None,
+              has_group: bool = True) -> PrefixStore:
+    """The push's join handshake (`weights.rendezvous`) as `rank`; returns the push's store (its keys)."""
+    handshake = push_store(root, plan)
+    if rank == 0:
+        sender_join(handshake, plan.push_id, plan.world_size, join_timeout_s or plan.formation_timeout_s)
+    else:
+        receiver_join(handshake, plan.push_id, rank, plan.timeout_s, has_group)
+    return handshake
 
 
 def host_store(host: str, port: int, timeout_s: float) -> TCPStore:
