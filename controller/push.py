@@ -64,6 +64,11 @@ class PushOffer:
     """Group formation time-out after the join handshake; 0 = the data time-out."""
     manifest_digest: str = ""
     """Instead of `tensors`: the digest of the manifest the learner published in its store."""
+    delta_codec: str = ""
+    """The delta codec the learner encodes with ("" = whole pushes only); copied into every plan."""
+    delta_base_push_id: str = ""
+    """The push whose bytes the learner keeps as its group's base: the push becomes a delta against it when
+    the controller reuses that group and that push was its last, acknowledged by every member."""
 
 
 @dataclass(frozen=True)
@@ -152,9 +157,7 @@ class PushSession:
         unreachable = False
         try:
             plan = self.plan
-            order = push_order_mac(receiver.push_key, plan.push_id, plan.version, receiver.rank, plan.world_size,
-                                   plan.store_address, plan.transport, plan.group_id, plan.new_group,
-                                   plan.manifest_digest)
+            order = push_order_mac(receiver.push_key, plan, receiver.rank)
             version = self._notify(receiver.address, plan, receiver.rank, self._call_timeout_s, order)
             ok = version == self.plan.version
             error = "" if ok else f"replica reports version {version} after a push of {self.plan.version}"
@@ -178,6 +181,9 @@ class PushCoordinator:
         self.group: Membership | None = None
         """The broadcast group every member holds after the last fully acknowledged push (None: the next push
         forms one). Any drop or abort forgets it: a member may have left it half-used."""
+        self.group_base: tuple[str, str] | None = None
+        """(codec, push id) of the last push on `group` when it named a delta codec: every member holds its
+        bytes as the group's delta base (`asyncrl.core.weights.delta`)."""
         self.groups_formed = 0
 
     def begin(self, version: int, current: int, offer: PushOffer, now: float) -> PushSession:
@@ -213,7 +219,7 @@ class PushCoordinator:
                                 offer.store_address, offer.transport)
         new_group = self.group is None or not self.group.same(membership)
         if new_group:
-            self.group = None
+            self.group, self.group_base = None, None
             self.groups_formed += 1
             self._metrics.groups_formed.inc()
         else:
@@ -223,7 +229,8 @@ class PushCoordinator:
             world_size=len(receivers) + 1, transport=offer.transport, tensors=tuple(offer.tensors),
             bucket_bytes=offer.bucket_bytes, timeout_s=offer.timeout_s or self._config.push_timeout_s,
             join_timeout_s=offer.join_timeout_s, group_id=membership.group_id, new_group=new_group,
-            manifest_digest=offer.manifest_digest,
+            manifest_digest=offer.manifest_digest, delta_codec=offer.delta_codec,
+            delta_base_push_id=self._delta_base(offer, new_group),
         )  # fmt: skip
         session = PushSession(plan, mode, receivers, now, self._notify, self._config.push_timeout_s)
         session.membership = membership
@@ -232,10 +239,16 @@ class PushCoordinator:
             "push_begun", push_id=plan.push_id, version=version, mode=mode,
             receivers=[r.replica_id for r in receivers], world_size=plan.world_size,
             current_version=current, aborted_previous=aborted_previous, group_id=plan.group_id,
-            new_group=plan.new_group,
+            new_group=plan.new_group, delta_base_push_id=plan.delta_base_push_id,
         )  # fmt: skip
         session.start()
         return session
+
+    def _delta_base(self, offer: PushOffer, new_group: bool) -> str:
+        """The push a new plan is a delta against: the learner's base when every member holds it too."""
+        if new_group or not offer.delta_codec or not offer.delta_base_push_id:
+            return ""
+        return offer.delta_base_push_id if self.group_base == (offer.delta_codec, offer.delta_base_push_id) else ""
 
     def start_commit(self, push_id: str, now: float) -> tuple[PushSession, float]:
         """Mark the open push as committing; returns it and how long its receivers may still take."""
@@ -258,6 +271,8 @@ class PushCoordinator:
         acked = [r.replica_id for r in session.receivers if outcomes[r.replica_id].ok]
         dropped = [r.replica_id for r in session.receivers if not outcomes[r.replica_id].ok]
         self.group = None if dropped else session.membership
+        kept_base = self.group is not None and session.plan.delta_codec
+        self.group_base = (session.plan.delta_codec, session.push_id) if kept_base else None
         for replica_id in acked:
             replica = self._registry.get(replica_id)
             replica.weight_version, replica.force_sync = session.plan.version, False
@@ -285,7 +300,7 @@ class PushCoordinator:
         for receiver in session.receivers:
             self._registry.get(receiver.replica_id).force_sync = True
         self.open = None
-        self.group = None
+        self.group, self.group_base = None, None
         self._events.write(
             "push_aborted", push_id=session.push_id, version=session.plan.version, mode=session.mode,
             reason=reason,

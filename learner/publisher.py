@@ -46,6 +46,9 @@ class PushResult:
     """This push formed a broadcast group (the first one, or after a membership change)."""
     background: bool = False
     """Sent from a snapshot on the background thread while the learner trained on."""
+    delta: bool = False
+    """Sent as a delta against the previous push (`weight_transport.delta_codec`); `bytes_sent` is then the
+    compressed size."""
 
 
 class WeightPublisher:
@@ -65,6 +68,7 @@ class WeightPublisher:
         self.metas = tensor_metas(named_weights(model))
         self.manifest_digest = publish_manifest(self.store, self.metas)
         self.groups = BroadcastGroups(self.store)
+        self.delta_codec = "" if transport_cfg.delta_codec == "none" else transport_cfg.delta_codec
         self._snapshot: FlatWeights | None = None
         self._background = ThreadPoolExecutor(1, thread_name_prefix="push")
         self._in_flight: Future | None = None
@@ -103,10 +107,12 @@ class WeightPublisher:
                     version=version, store_address=self.store_address, transport=self.cfg.type,
                     manifest_digest=self.manifest_digest, bucket_bytes=int(self.cfg.bucket_mb * 2**20),
                     timeout_s=self.cfg.timeout_s, join_timeout_s=self.cfg.join_timeout_s,
+                    delta_codec=self.delta_codec, delta_base_push_id=self.groups.delta_base() if self.delta_codec else "",
                 ),
                 timeout=self.cfg.timeout_s + 30,
             )
             push_id, world_size, new_group = begin.plan.push_id, begin.plan.world_size, begin.plan.new_group
+            delta = bool(begin.plan.delta_base_push_id)
             ok, error, sent, t_bcast = True, "", 0, 0.0
             if world_size > 1:  # else no replica is live: the version is committed without a broadcast
                 plan = dataclasses.replace(decode_plan(begin.plan), tensors=self.metas)
@@ -131,5 +137,5 @@ class WeightPublisher:
                 continue
             if commit.committed:
                 return PushResult(version, True, world_size - 1, list(commit.acked), list(commit.dropped),
-                                  sent, t_bcast, time.perf_counter() - start, attempt, new_group, background)
+                                  sent, t_bcast, time.perf_counter() - start, attempt, new_group, background, delta)
         raise RuntimeError(f"weight push of version {version} not committed after {self.max_attempts} attempts")

@@ -60,6 +60,7 @@ from asyncrl.core.validation import (
 from asyncrl.core.weights.manifest import (
     MAX_PUSH_BYTES,
     check_address,
+    check_delta,
     check_digest,
     check_optional_seconds,
     check_transport,
@@ -175,8 +176,10 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
             check_range(request.bucket_bytes, 1, MAX_PUSH_BYTES, "bucket_bytes")
             check_optional_seconds(request.timeout_s, "timeout_s")
             check_optional_seconds(request.join_timeout_s, "join_timeout_s")
+            check_delta(request.delta_codec, request.delta_base_push_id)
             offer = PushOffer(request.store_address, request.transport, tensors, request.bucket_bytes,
-                              request.timeout_s, request.join_timeout_s, request.manifest_digest)  # fmt: skip
+                              request.timeout_s, request.join_timeout_s, request.manifest_digest,
+                              request.delta_codec, request.delta_base_push_id)  # fmt: skip
             session = self.state.begin_push(request.version, offer)
             return controller_pb2.BeginWeightPushResponse(
                 plan=encode_plan(session.plan), receivers=[r.replica_id for r in session.receivers]

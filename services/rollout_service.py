@@ -58,9 +58,7 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServicer):
             abort_invalid(context, err)
         if self.push_key is not None:
             key = self.push_key()
-            expected = push_order_mac(key, plan.push_id, plan.version, request.rank, plan.world_size,
-                                      plan.store_address, plan.transport, plan.group_id, plan.new_group,
-                                      plan.manifest_digest)
+            expected = push_order_mac(key, plan, request.rank)
             if not key or not hmac.compare_digest(request.order_mac, expected):
                 self.metrics.pushes_refused.inc()
                 context.abort(grpc.StatusCode.PERMISSION_DENIED,

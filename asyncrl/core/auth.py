@@ -79,13 +79,13 @@ def new_push_key() -> bytes:
     return secrets.token_bytes(TOKEN_BYTES)
 
 
-def push_order_mac(key: bytes, push_id: str, version: int, rank: int, world_size: int, store_address: str,
-                   transport: str, group_id: str = "", new_group: bool = True, manifest_digest: str = "") -> bytes:
-    """The controller's signature on one push order for one replica (HMAC-SHA256 under its push key): the
-    push, the replica's rank, where to join (store, transport, group) and which manifest to load."""
-    order = (f"{push_id}\n{version}\n{rank}\n{world_size}\n{store_address}\n{transport}\n{group_id}\n"
-             f"{int(new_group)}\n{manifest_digest}").encode()
-    return hmac.new(key, order, "sha256").digest()
+def push_order_mac(key: bytes, plan, rank: int) -> bytes:
+    """The controller's signature on one push order (a `weights.plan.PushPlan`) for one replica (HMAC-SHA256
+    under its push key): the push, the replica's rank, where to join (store, transport, group), which manifest
+    to load and how the bytes are encoded (delta codec and base)."""
+    fields = (plan.push_id, plan.version, rank, plan.world_size, plan.store_address, plan.transport,
+              plan.group_id, int(plan.new_group), plan.manifest_digest, plan.delta_codec, plan.delta_base_push_id)
+    return hmac.new(key, "\n".join(map(str, fields)).encode(), "sha256").digest()
 
 
 def liveness_mac(key: bytes, challenge: bytes) -> bytes:

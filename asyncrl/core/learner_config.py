@@ -10,6 +10,7 @@ from pydantic import Field, model_validator
 
 from asyncrl.core.algo.config import AlgoConfig
 from asyncrl.core.config_base import Cores, Section
+from asyncrl.core.weights.delta import DeltaSetting
 from asyncrl.core.weights.manifest import Transport
 
 
@@ -27,6 +28,12 @@ class WeightTransportConfig(Section):
     join_timeout_s: float = Field(5.0, gt=0)
     """How long the learner waits for every receiver of a push to join before calling the push off and
     retrying without the absent ones (a replica that died after being picked must not stall the rest)."""
+    delta_codec: DeltaSetting = "none"
+    """Send only what changed since the previous push: `xor-zlib` XORs each bucket with the bytes every member
+    kept from the last push on the same broadcast group and compresses the result (lossless); a new group, or
+    a push that some member did not acknowledge, falls back to a whole push. Costs one more copy of the
+    weights in memory on the learner and on every replica, and CPU time to encode and decode: it pays only on
+    links slower than tens of MB/s (docs/benchmarks.md, "Delta push"). `none`: every push whole."""
 
 
 class CheckpointConfig(Section):

@@ -204,3 +204,60 @@ def test_a_manifest_that_does_not_match_its_digest_is_refused():
     with pytest.raises(InvalidArgument) as refused:
         ManifestCache().resolve(plan)
     assert refused.value.field == "plan.manifest_digest"
+
+
+def test_delta_pushes_on_a_kept_group_deliver_the_exact_weights_in_fewer_bytes():
+    """Under the xor-zlib codec the first push on a group goes whole and every rank keeps it as the base; the
+    next pushes are deltas against the previous one (a small change of half the values: far fewer bytes) and
+    both receivers end with the sender's exact tensors, integer ones included. A plan naming a base the
+    sender does not hold is called off for everyone at the handshake."""
+    import dataclasses
+
+    from asyncrl.core.weights.groups import BroadcastGroups, GroupLost, publish_manifest
+
+    store = host_store("127.0.0.1", 0, 30)
+    metas = tensor_metas(weights(0))
+    sender = BroadcastGroups(store)
+    base = PushPlan("p", 1, f"127.0.0.1:{store.port}", 3, "gloo", (), 4096, 30, group_id="group-d",
+                    manifest_digest=publish_manifest(store, metas), delta_codec="xor-zlib")  # fmt: skip
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    inboxes = {rank: ctx.Queue() for rank in (1, 2)}
+    procs = [ctx.Process(target=kept_group_receiver, args=(rank, inboxes[rank], results)) for rank in (1, 2)]
+    for proc in procs:
+        proc.start()
+    named = weights(0)
+
+    def push(push_id, new_group, delta_base=""):
+        plan = dataclasses.replace(base, push_id=push_id, new_group=new_group, delta_base_push_id=delta_base)
+        for inbox in inboxes.values():
+            inbox.put(plan)
+        with sender.member(dataclasses.replace(plan, tensors=metas), 0) as group:
+            sent = send_weights(group, named, dataclasses.replace(plan, tensors=metas))
+        for _, rank, received, _ in (results.get(timeout=60) for _ in range(2)):
+            for name, tensor in named:
+                assert torch.equal(torch.from_numpy(received[name]), tensor), (push_id, rank, name)
+        return sent
+
+    whole = sum(m.nbytes for m in metas)
+    assert push("d1", True) == whole
+    assert sender.delta_base() == "d1"
+    for push_id, previous, seed in (("d2", "d1", 2), ("d3", "d2", 3)):
+        g = torch.Generator().manual_seed(seed)
+        for _, tensor in named[:3]:
+            tensor.add_(1e-3 * torch.randn(tensor.shape, generator=g) * (torch.rand(tensor.shape, generator=g) < 0.5))
+        named[3][1].add_(1)
+        assert push(push_id, False, delta_base=previous) < 0.8 * whole
+    assert sender.delta_base() == "d3"
+
+    stale = dataclasses.replace(base, push_id="d4", new_group=False, delta_base_push_id="d2")
+    for inbox in inboxes.values():
+        inbox.put(stale)
+    with pytest.raises(GroupLost, match="delta base 'd2'"), sender.member(dataclasses.replace(stale, tensors=metas), 0):
+        pass
+    called_off = [results.get(timeout=60) for _ in range(2)]
+    assert all(isinstance(received, str) and "called off" in received for _, _, received, _ in called_off)
+    for inbox in inboxes.values():
+        inbox.put(None)
+    for proc in procs:
+        proc.join(30)

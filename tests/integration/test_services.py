@@ -150,8 +150,7 @@ def test_rollout_update_weights_installs_the_learner_weights(tiny_model_dir, sta
     plan = PushPlan("push-7", 7, f"127.0.0.1:{store.port}", 2, "gloo", tensor_metas(named), 64 * 1024, 30)
 
     def order(signing_key: bytes, rank: int) -> bytes:
-        return push_order_mac(signing_key, plan.push_id, plan.version, rank, plan.world_size, plan.store_address,
-                              plan.transport)
+        return push_order_mac(signing_key, plan, rank)
 
     for mac in [b"", order(new_push_key(), 1), order(key, 2), order(key, 1)[:-1] + b"\x00"]:
         with pytest.raises(grpc.RpcError) as refused:

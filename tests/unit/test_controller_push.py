@@ -243,9 +243,7 @@ def test_every_push_order_is_signed_with_the_receivers_key():
     plan = session.plan
     for registration, address in ((first, "127.0.0.1:7001"), (second, "127.0.0.1:7002")):
         rank = next(r.rank for r in session.receivers if r.replica_id == registration.replica_id)
-        expected = push_order_mac(registration.push_key, plan.push_id, plan.version, rank, plan.world_size,
-                                  plan.store_address, plan.transport, plan.group_id, plan.new_group,
-                                  plan.manifest_digest)
+        expected = push_order_mac(registration.push_key, plan, rank)
         assert notifier.orders[(address, plan.push_id)] == expected
     # A new registration (a restart) gets a new key: orders signed for the old one no longer verify.
     assert state.register("127.0.0.1:7009", "a", 1, "torch").push_key != first.push_key
@@ -296,3 +294,36 @@ def test_a_membership_change_or_a_failure_forms_a_new_group():
     assert news == [True, False, True, False, False, True, False, True, False, True], groups
     ids = [group_id for group_id, _ in groups]
     assert ids[0] == ids[1] != ids[2] == ids[3] == ids[4] != ids[5] == ids[6] != ids[7] == ids[8] != ids[9]
+
+
+def test_a_push_is_a_delta_only_against_the_last_push_every_member_acknowledged():
+    """The learner offers its base; the controller grants a delta when it reuses the group and that base is the
+    group's last push, acknowledged by all (with the same codec); a new group or a failure means whole."""
+    state, _, notifier, events = make_state()
+    register(state, 7001), register(state, 7002)
+    plans = []
+
+    def push(version, base="", codec="xor-zlib", sender_ok=True):
+        offer = PushOffer("127.0.0.1:29500", "gloo", TINY_TENSORS, 1 << 20, 5.0, delta_codec=codec,
+                          delta_base_push_id=base)
+        session = state.begin_push(version, offer)
+        state.commit_push(session.push_id, sender_ok=sender_ok, error="" if sender_ok else "broke")
+        plans.append(session.plan)
+        return session.plan
+
+    first = push(1)  # new group: whole, but every member keeps the base
+    assert first.delta_codec == "xor-zlib" and first.delta_base_push_id == ""
+    second = push(2, base=first.push_id)
+    assert second.delta_base_push_id == first.push_id and not second.new_group
+    assert push(3, base=first.push_id).delta_base_push_id == ""  # not the group's last push
+    third = plans[-1]
+    assert push(4, base=third.push_id, codec="").delta_base_push_id == ""  # no codec: whole, no base kept
+    assert push(5, base=plans[-1].push_id).delta_base_push_id == ""  # the last push kept no base
+    notifier.failing.add("127.0.0.1:7002")
+    failed = push(6, base=plans[-1].push_id)
+    assert failed.delta_base_push_id == plans[-2].push_id  # granted: the failure comes after
+    notifier.failing.clear()
+    assert push(7, base=failed.push_id).delta_base_push_id == ""  # the failure forgot group and base
+    register(state, 7003)
+    assert push(8, base=plans[-1].push_id).new_group and plans[-1].delta_base_push_id == ""  # new member
+    assert [e["delta_base_push_id"] for e in events.of_kind("push_begun")][1] == first.push_id

@@ -75,3 +75,25 @@ def test_a_plan_naming_a_manifest_and_a_kept_group_round_trips_and_is_checked():
     assert refused(tensors=True) == "plan.tensors"
     assert refused(group_id="") == "plan.new_group"  # reusing "no group" means nothing
     assert refused(group_id="bad id!") == "plan.group_id"
+
+
+def test_a_delta_plan_round_trips_and_needs_a_codec_and_a_kept_group():
+    from asyncrl.core.validation import InvalidArgument
+
+    plan = PushPlan("p5", 5, "127.0.0.1:1234", 3, "gloo", metas(("a", (2, 3), "float32")), 1024, 5.0,
+                    group_id="group-1", new_group=False, delta_codec="xor-zlib", delta_base_push_id="p4")
+    assert decode_plan(encode_plan(plan)) == plan
+
+    def refused(**fields) -> str:
+        msg = encode_plan(plan)
+        for name, value in fields.items():
+            setattr(msg, name, value)
+        with pytest.raises(InvalidArgument) as err:
+            decode_plan(msg)
+        return err.value.field
+
+    assert refused(delta_codec="lz4") == "plan.delta_codec"
+    assert refused(delta_codec="") == "plan.delta_base_push_id"  # a base without a codec
+    assert refused(delta_base_push_id="bad id!") == "plan.delta_base_push_id"
+    assert refused(new_group=True) == "plan.delta_base_push_id"  # a new group has no base
+    assert refused(group_id="", new_group=True) == "plan.delta_base_push_id"

@@ -11,6 +11,7 @@ on the extension's methods. The plan checks run in the engine's own process, bef
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from pathlib import Path
@@ -32,20 +33,10 @@ _GROUPS = BroadcastGroups()
 
 
 def plan_to_dict(plan: PushPlan) -> dict:
-    """A plan as plain msgpack-friendly values: vLLM serialises collective_rpc arguments with msgpack."""
-    return {
-        "push_id": plan.push_id,
-        "version": plan.version,
-        "store_address": plan.store_address,
-        "world_size": plan.world_size,
-        "transport": plan.transport,
-        "tensors": [[t.name, list(t.shape), t.dtype] for t in plan.tensors],
-        "bucket_bytes": plan.bucket_bytes,
-        "timeout_s": plan.timeout_s,
-        "join_timeout_s": plan.join_timeout_s,
-        "group_id": plan.group_id,
-        "new_group": plan.new_group,
-    }
+    """A plan as plain msgpack-friendly values (every field: vLLM serialises collective_rpc arguments with
+    msgpack)."""
+    data = {field.name: getattr(plan, field.name) for field in dataclasses.fields(plan)}
+    return {**data, "tensors": [[t.name, list(t.shape), t.dtype] for t in plan.tensors]}
 
 
 def plan_from_dict(data: dict) -> PushPlan:

@@ -10,6 +10,9 @@ from a slow one, and it costs a few store round trips.
 
 The tensor manifest also travels once: the sender publishes it in its store (`publish_manifest`), plans
 name its digest, and each receiver reads it the first time it sees that digest (`ManifestCache`).
+
+A kept group also carries the delta base when pushes name a codec (`weights.delta`): a member that lacks
+the base a delta plan names answers the handshake as one without the group does.
 """
 
 from __future__ import annotations
@@ -39,8 +42,8 @@ MANIFESTS_KEPT = 4
 
 
 class GroupLost(RuntimeError):
-    """The plan reuses a group this sender does not hold (it restarted on the same store address): the push
-    is called off so that the controller forms a new group."""
+    """The plan reuses a group this sender does not hold (it restarted on the same store address), or names a
+    delta base the sender does not hold: the push is called off so that the controller forms a new group."""
 
 
 class BroadcastGroups:
@@ -75,10 +78,15 @@ class BroadcastGroups:
             if not reuse:
                 self.close()
             root = self._root(plan)
-            if rank == 0 and not reuse and not plan.new_group:
-                push_store(root, plan).set("verdict", "abort: the sender does not hold the group")
-                raise GroupLost(f"push {plan.push_id}: the sender does not hold group {plan.group_id!r}")
-            handshake = join_push(plan, rank, root, join_timeout_s, has_group=reuse or plan.new_group)
+            holds_group = reuse or plan.new_group
+            # A delta needs the group's base as of the push it names (`weights.delta`).
+            holds_base = not plan.delta_base_push_id or (
+                reuse and self._group.delta is not None and self._group.delta.holds(plan.delta_base_push_id))
+            if rank == 0 and not (holds_group and holds_base):
+                lacking = f"group {plan.group_id!r}" if not holds_group else f"the delta base {plan.delta_base_push_id!r}"
+                push_store(root, plan).set("verdict", f"abort: the sender does not hold {lacking}")
+                raise GroupLost(f"push {plan.push_id}: the sender does not hold {lacking}")
+            handshake = join_push(plan, rank, root, join_timeout_s, has_group=holds_group and holds_base)
             group = self._group if reuse else form_group(plan, rank, root)
             if not reuse:
                 self.formed += 1
@@ -93,8 +101,18 @@ class BroadcastGroups:
                 raise
             if not plan.group_id:
                 group.close()
+            elif plan.delta_codec and group.delta is not None:
+                group.delta.push_id = plan.push_id  # every bucket of the base is now this push's
+            else:
+                group.delta = None
             if rank == 0:
                 forget(handshake, plan.world_size)
+
+    def delta_base(self) -> str:
+        """The push whose bytes the held group keeps as its delta base ("" when none)."""
+        with self._lock:
+            delta = self._group.delta if self._group is not None else None
+            return delta.push_id if delta is not None else ""
 
     def close(self) -> None:
         """Leave the held group (the other members notice at their next push's handshake or broadcast)."""

@@ -27,6 +27,7 @@ from asyncrl.core.validation import (
     require,
     shown,
 )
+from asyncrl.core.weights.delta import CODECS
 from asyncrl.core.weights.plan import PushPlan, TensorMeta
 from asyncrl.v1 import weights_pb2
 
@@ -97,6 +98,8 @@ def encode_plan(plan: PushPlan) -> weights_pb2.WeightPushPlan:
         group_id=plan.group_id,
         new_group=plan.new_group,
         manifest_digest=plan.manifest_digest,
+        delta_codec=plan.delta_codec,
+        delta_base_push_id=plan.delta_base_push_id,
     )
 
 
@@ -117,6 +120,10 @@ def decode_plan(msg, field: str = "plan") -> PushPlan:
     if msg.manifest_digest:
         require(not msg.tensors, f"{field}.tensors", "must be empty when manifest_digest is set")
         require(msg.group_id, f"{field}.group_id", "is required with manifest_digest")
+    check_delta(msg.delta_codec, msg.delta_base_push_id, field)
+    if msg.delta_base_push_id:
+        require(msg.group_id and not msg.new_group, f"{field}.delta_base_push_id",
+                "needs a kept group (group_id set, new_group false): a new group has no base")
     return PushPlan(
         push_id=msg.push_id,
         version=msg.version,
@@ -130,7 +137,19 @@ def decode_plan(msg, field: str = "plan") -> PushPlan:
         group_id=msg.group_id,
         new_group=msg.new_group,
         manifest_digest=msg.manifest_digest,
+        delta_codec=msg.delta_codec,
+        delta_base_push_id=msg.delta_base_push_id,
     )
+
+
+def check_delta(codec: str, base_push_id: str, field: str = "") -> None:
+    """A delta codec ("" or one of `weights.delta.CODECS`) and the push a delta is taken against ("" or a
+    push id, which needs a codec)."""
+    prefix = f"{field}." if field else ""
+    require(not codec or codec in CODECS, f"{prefix}delta_codec",
+            f"must be empty or one of {CODECS}, got {shown(codec)}")
+    check_name(base_push_id, f"{prefix}delta_base_push_id", optional=True)
+    require(not base_push_id or codec, f"{prefix}delta_base_push_id", "needs delta_codec")
 
 
 def check_digest(value: str, field: str, *, optional: bool = False) -> None:

@@ -57,6 +57,12 @@ class PushPlan:
     manifest_digest: str = ""
     """SHA-256 (hex) of the tensor manifest when `tensors` is not in the plan: the receivers read it once from
     the sender's store (`weights.groups.ManifestCache`) instead of with every push."""
+    delta_codec: str = ""
+    """A delta codec (`weights.delta.CODECS`): every member keeps the pushed bytes as its group's base, so a
+    later push on the group may send only what changed. "" = no base kept, every push whole."""
+    delta_base_push_id: str = ""
+    """Set: this push is a delta against the bytes of that earlier push on the same group, which every member
+    acknowledged. "" = a whole push."""
 
     @property
     def formation_timeout_s(self) -> float:

@@ -6,7 +6,8 @@ it (its process is gone, its heartbeat not yet stale) would hold the learner and
 that long. So before each push's broadcast:
 
 - each receiver writes `ready/<rank>` into the push's store: `ok`, or `no-group` when the plan reuses a
-  broadcast group this process is not a member of (it restarted, or dropped the group after a failure);
+  broadcast group this process is not a member of (it restarted, or dropped the group after a failure) or
+  is a delta against a base this process does not hold (`weights.delta`);
 - the sender waits up to `join_timeout_s` for all ready keys, then writes the verdict: `go` (everybody
   broadcasts) or `abort` (nobody does: receivers raise `PushAborted` at once, the sender raises
   `ReceiversMissing` naming the absent or group-less ranks, and the controller forms a new group for the
@@ -58,7 +59,8 @@ def sender_join(store, push_id: str, world_size: int, join_timeout_s: float) -> 
     groupless = [rank for rank, state in enumerate(states, start=1) if state != READY]
     if groupless:
         store.set("verdict", f"abort: ranks {groupless} are not members of the push's group")
-        raise ReceiversMissing(push_id, groupless, join_timeout_s, "are not members of the reused group")
+        raise ReceiversMissing(push_id, groupless, join_timeout_s,
+                               "are not members of the reused group (or lack its delta base)")
     store.set("verdict", "go")
 
 

@@ -22,6 +22,7 @@ import torch
 from torch.distributed import PrefixStore, TCPStore
 
 from asyncrl.core.weights.buckets import pack, plan_buckets, unpack
+from asyncrl.core.weights.delta import DeltaBase, max_payload_bytes
 from asyncrl.core.weights.flat import FlatWeights, adjacent_run
 from asyncrl.core.weights.manifest import TRANSPORTS
 from asyncrl.core.weights.plan import PushPlan, TensorMeta
@@ -35,6 +36,8 @@ class BroadcastGroup(ABC):
 
     def __init__(self, rank: int, world_size: int):
         self.rank, self.world_size = rank, world_size
+        self.delta: DeltaBase | None = None
+        """The bytes of the group's last push, kept when its plan names a delta codec (`weights.delta`)."""
 
     @abstractmethod
     def broadcast_async(self, tensor: torch.Tensor):
@@ -242,13 +245,27 @@ class _StagingPool:
 _STAGING = _StagingPool()
 
 
+def _delta_of(group: BroadcastGroup, plan: PushPlan) -> DeltaBase | None:
+    """The base a push under `plan` reads (a delta) or rewrites (any push with a codec); None: no codec."""
+    if not plan.delta_codec:
+        return None
+    if plan.delta_base_push_id and (group.delta is None or not group.delta.holds(plan.delta_base_push_id)):
+        raise ValueError(f"push {plan.push_id}: this rank lacks the base {plan.delta_base_push_id!r} of the delta")
+    if group.delta is None or group.delta.codec != plan.delta_codec:
+        group.delta = DeltaBase(plan.delta_codec)
+    group.delta.push_id = ""  # half rewritten until the push completes (`weights.groups` names it then)
+    return group.delta
+
+
 def send_weights(group: BroadcastGroup, named_tensors: Iterable[tuple[str, torch.Tensor]], plan: PushPlan) -> int:
     """Rank 0: broadcast all tensors bucket by bucket, in plan order; packing bucket k+1 overlaps the
-    transfer of bucket k. Returns bytes sent."""
+    transfer of bucket k. A delta plan sends each bucket as its compressed length, then its compressed bytes.
+    Returns bytes sent."""
     tensors = [t for _, t in named_tensors]
     if len(tensors) != len(plan.tensors):
         raise ValueError(f"plan lists {len(plan.tensors)} tensors, got {len(tensors)}")
-    sent, in_flight = 0, None
+    delta = _delta_of(group, plan)
+    sent, in_flight = 0, []
     with _STAGING.lease() as staging:
         for k, bucket in enumerate(plan_buckets(plan.tensors, plan.bucket_bytes)):
             dtype = plan.tensors[bucket.members[0]].torch_dtype
@@ -257,12 +274,19 @@ def send_weights(group: BroadcastGroup, named_tensors: Iterable[tuple[str, torch
             flat = adjacent_run([members[i] for i in bucket.members])
             if flat is None or flat.dtype != dtype:
                 flat = pack(bucket, members, out=staging.get(group.device, dtype, bucket.numel, k % 2))
-            if in_flight is not None:
-                in_flight.wait()
-            in_flight = group.broadcast_async(flat)
-            sent += flat.numel() * flat.element_size()
-        if in_flight is not None:
-            in_flight.wait()
+            if plan.delta_base_push_id:
+                payload = delta.encode(k, flat).to(group.device)
+                outgoing = [torch.tensor([payload.numel()], dtype=torch.int64, device=group.device), payload]
+            else:
+                if delta is not None:
+                    delta.keep(k, flat)
+                outgoing = [flat]
+            for work in in_flight:
+                work.wait()
+            in_flight = [group.broadcast_async(t) for t in outgoing]
+            sent += sum(t.numel() * t.element_size() for t in outgoing)
+        for work in in_flight:
+            work.wait()
     return sent
 
 
@@ -274,25 +298,44 @@ def receive_weights(
 
     Without `into` the tensors are views into a reused staging buffer, valid until the next iteration (copy
     them out). With `into` (a `FlatWeights` with the plan's layout, on the group's device) every bucket lands
-    directly in its buffers and the views stay valid: no copy at all.
+    directly in its buffers and the views stay valid: no copy at all. A delta plan's buckets are decoded
+    against the group's base into the same places.
     """
     metas: tuple[TensorMeta, ...] = plan.tensors
     buckets = plan_buckets(metas, plan.bucket_bytes)
     if into is not None and not into.matches(metas, plan.bucket_bytes):
         raise ValueError(f"push {plan.push_id}: the receive buffers do not have the plan's layout")
+    delta = _delta_of(group, plan)
     with _STAGING.lease() as staging:
 
-        def start(k):
+        def target(k):
             bucket = buckets[k]
             if into is not None:
-                flat = into.buffers[k]
-            else:
-                flat = staging.get(group.device, metas[bucket.members[0]].torch_dtype, bucket.numel, k % 2)
-            return flat, group.broadcast_async(flat)
+                return into.buffers[k]
+            return staging.get(group.device, metas[bucket.members[0]].torch_dtype, bucket.numel, k % 2)
+
+        def start(k):
+            # A delta bucket starts with its length; a whole one lands in its place directly.
+            incoming = torch.empty(1, dtype=torch.int64, device=group.device) if plan.delta_base_push_id else target(k)
+            return incoming, group.broadcast_async(incoming)
 
         pending = start(0) if buckets else None
         for k, bucket in enumerate(buckets):
-            flat, work = pending
+            incoming, work = pending
             work.wait()
-            pending = start(k + 1) if k + 1 < len(buckets) else None
+            if plan.delta_base_push_id:
+                flat = target(k)
+                length, limit = int(incoming.item()), max_payload_bytes(flat.numel() * flat.element_size())
+                if not 0 < length <= limit:
+                    raise ValueError(f"push {plan.push_id}: bucket {k} announces {length} delta bytes "
+                                     f"(at most {limit} for its size)")
+                payload = torch.empty(length, dtype=torch.uint8, device=group.device)
+                group.broadcast(payload)
+                pending = start(k + 1) if k + 1 < len(buckets) else None
+                delta.decode(k, payload, flat)
+            else:
+                flat = incoming
+                pending = start(k + 1) if k + 1 < len(buckets) else None
+                if delta is not None:
+                    delta.keep(k, flat)
             yield unpack(bucket, flat, metas)
