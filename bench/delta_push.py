@@ -19,15 +19,13 @@ from __future__ import annotations
 
 import argparse
 import multiprocessing as mp
-import os
 import statistics
 import tempfile
 import time
-from pathlib import Path
 
 import torch
 from common import emit
-from push_fixed_cost import controller_process, demo_config, replica_process
+from push_fixed_cost import demo_config, push_system
 from weight_push import model_like_metas
 
 LR = 5e-5
@@ -111,31 +109,13 @@ def transport_cell(versions: list[list[torch.Tensor]], receivers: int) -> dict:
 def end_to_end(args, codec: str) -> dict:
     """Median push (Begin to committed) of the demo model through controller and replica processes, with a
     real AdamW step of the learner between pushes."""
-    from asyncrl.core.auth import new_token, resolve_auth
-    from asyncrl.core.grpc_util import wait_for_channel
     from asyncrl.core.modeling import load_causal_lm
     from asyncrl.learner.publisher import WeightPublisher
-    from asyncrl.tools.processes import ProcessGroup
-    from asyncrl.tools.redis_local import start_local_redis
-    from asyncrl.v1 import controller_pb2_grpc
 
-    os.environ.setdefault("ASYNCRL_TOKEN", new_token())
-    ctx = mp.get_context("spawn")
     with tempfile.TemporaryDirectory() as run_dir:
         cfg = demo_config(run_dir)
         cfg.learner.weight_transport.delta_codec = codec
-        redis_procs, stop, procs = ProcessGroup(Path(run_dir) / "logs"), ctx.Event(), []
-        try:
-            cfg.buffer.redis_url = start_local_redis(redis_procs, Path(run_dir) / "redis")
-            ports, ready = ctx.Queue(), ctx.Queue()
-            procs.append(ctx.Process(target=controller_process, args=(cfg, ports, stop)))
-            procs[0].start()
-            address = f"127.0.0.1:{ports.get(timeout=60)}"
-            for _ in range(args.receivers):
-                procs.append(ctx.Process(target=replica_process, args=(cfg, address, ready, stop)))
-                procs[-1].start()
-                ready.get(timeout=120)
-            stub = controller_pb2_grpc.ControllerStub(wait_for_channel(address, 60, resolve_auth(cfg.security)))
+        with push_system(cfg, args.receivers) as (stub, _):
             model = load_causal_lm(cfg.model.path)
             optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
             publisher = WeightPublisher(stub, model, cfg.learner.weight_transport, cfg.controller.push_timeout_s)
@@ -148,13 +128,6 @@ def end_to_end(args, codec: str) -> dict:
                 assert result.committed and len(result.acked) == args.receivers, result
                 results.append(result)
             publisher.close()
-        finally:
-            stop.set()
-            for proc in procs:
-                proc.join(30)
-                if proc.is_alive():
-                    proc.kill()
-            redis_procs.stop_all()
     steady = results[1:]
     return {"push_s": round(statistics.median(r.total_s for r in steady), 5),
             "bytes": int(statistics.median(r.bytes_sent for r in steady)),

@@ -20,12 +20,14 @@ The ratio line is raw_s / push_s.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import multiprocessing as mp
 import os
 import statistics
 import tempfile
 import threading
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
@@ -115,28 +117,51 @@ def raw_broadcast_s(numel: int, receivers: int, trials: int) -> float:
     return statistics.median(times[1:])
 
 
-def measure(cfg, args, ctx, stop, procs: list):
-    """Start the controller and the replicas (appended to `procs`), then time the pushes."""
-    from asyncrl.core.auth import resolve_auth
+@contextlib.contextmanager
+def push_system(cfg, replicas: int) -> Iterator[tuple[object, Callable[[], None]]]:
+    """The production push path around this process: a local redis, a controller process and `replicas`
+    replica processes (torch engines, registered, heartbeating). Yields the controller stub and a function
+    that starts one more replica; stops everything on exit."""
+    from asyncrl.core.auth import new_token, resolve_auth
     from asyncrl.core.grpc_util import wait_for_channel
-    from asyncrl.core.modeling import load_causal_lm
-    from asyncrl.learner.publisher import WeightPublisher
+    from asyncrl.tools.processes import ProcessGroup
+    from asyncrl.tools.redis_local import start_local_redis
     from asyncrl.v1 import controller_pb2_grpc
 
-    ports, ready = ctx.Queue(), ctx.Queue()
-    procs.append(ctx.Process(target=controller_process, args=(cfg, ports, stop)))
-    procs[0].start()
-    address = f"127.0.0.1:{ports.get(timeout=60)}"
-    stub = controller_pb2_grpc.ControllerStub(wait_for_channel(address, 60, resolve_auth(cfg.security)))
+    # Every service requires a token; the processes spawned below inherit this one.
+    os.environ.setdefault("ASYNCRL_TOKEN", new_token())
+    ctx = mp.get_context("spawn")
+    redis_procs = ProcessGroup(Path(cfg.run_dir) / "logs")
+    stop, procs, ports, ready = ctx.Event(), [], ctx.Queue(), ctx.Queue()
+    try:
+        cfg.buffer.redis_url = start_local_redis(redis_procs, Path(cfg.run_dir) / "redis")
+        procs.append(ctx.Process(target=controller_process, args=(cfg, ports, stop)))
+        procs[0].start()
+        address = f"127.0.0.1:{ports.get(timeout=60)}"
 
-    def add_replica() -> None:
-        proc = ctx.Process(target=replica_process, args=(cfg, address, ready, stop))
-        proc.start()
-        procs.append(proc)
-        ready.get(timeout=120)
+        def add_replica() -> None:
+            proc = ctx.Process(target=replica_process, args=(cfg, address, ready, stop))
+            proc.start()
+            procs.append(proc)
+            ready.get(timeout=120)
 
-    for _ in range(args.replicas):
-        add_replica()
+        for _ in range(replicas):
+            add_replica()
+        yield controller_pb2_grpc.ControllerStub(wait_for_channel(address, 60, resolve_auth(cfg.security))), add_replica
+    finally:
+        stop.set()
+        for proc in procs:
+            proc.join(30)
+            if proc.is_alive():
+                proc.kill()
+        redis_procs.stop_all()
+
+
+def measure(cfg, args, stub, add_replica):
+    """Time the pushes: steady ones, the first, the one after a replica joined."""
+    from asyncrl.core.modeling import load_causal_lm
+    from asyncrl.learner.publisher import WeightPublisher
+
     model = load_causal_lm(cfg.model.path)
     publisher = WeightPublisher(stub, model, cfg.learner.weight_transport, cfg.controller.push_timeout_s)
     version = 0
@@ -164,28 +189,11 @@ def main() -> None:
     parser.add_argument("--pushes", type=int, default=40)
     args = parser.parse_args()
 
-    from asyncrl.core.auth import new_token
-    from asyncrl.tools.processes import ProcessGroup
-    from asyncrl.tools.redis_local import start_local_redis
-
     torch.set_num_threads(1)
-    # Every service requires a token; the processes spawned below inherit this one.
-    os.environ.setdefault("ASYNCRL_TOKEN", new_token())
-    ctx = mp.get_context("spawn")
     with tempfile.TemporaryDirectory() as run_dir:
         cfg = demo_config(run_dir)
-        redis_procs = ProcessGroup(Path(run_dir) / "logs")
-        stop, procs = ctx.Event(), []
-        try:
-            cfg.buffer.redis_url = start_local_redis(redis_procs, Path(run_dir) / "redis")
-            first, steady, rebuild, after, nbytes = measure(cfg, args, ctx, stop, procs)
-        finally:
-            stop.set()
-            for proc in procs:
-                proc.join(30)
-                if proc.is_alive():
-                    proc.kill()
-            redis_procs.stop_all()
+        with push_system(cfg, args.replicas) as (stub, add_replica):
+            first, steady, rebuild, after, nbytes = measure(cfg, args, stub, add_replica)
     raw = raw_broadcast_s(nbytes // 4, args.replicas, args.pushes)
     push_s = statistics.median(steady)
     result = {
