@@ -5,8 +5,10 @@ Per run: wall time per learner step (median of the step-to-step intervals after 
 excluded), the learner's own train step and what its weight push cost the critical path, the rest of the
 loop split into collecting the batch (waiting for data, reading and checking it), preparing it (assembling;
 the teacher's annotation when the learner asks for it) and the bookkeeping after the step (event log,
-metrics, TensorBoard, the status heartbeat), and the fraction of the wall time the learner trains ("busy"). The headline is the η = 4 / η = 0 speed-up per learner step. The
-same pair runs again with the learner pinned to core 0 and the rollouts, teacher and controller to core 1
+metrics, TensorBoard, the status heartbeat), the fraction of the wall time the learner trains ("busy"), and
+the CPU milliseconds each role (learner, rollout replicas together, teacher, controller, redis-server) used
+per learner step over the same window, from /proc: where the cores went. The headline is the η = 4 / η = 0
+speed-up per learner step. The same pair runs again with the learner pinned to core 0 and the rollouts, teacher and controller to core 1
 (`<role>.cpus`): a stand-in for a learner and rollouts on separate accelerators.
 
     .venv/bin/python bench/async_speedup.py [--steps 100] [--annotate-by rollout|learner]
@@ -22,7 +24,7 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from common import emit, run_demo
+from common import cpu_ms_per_step, emit, run_demo
 
 WARMUP = 10
 
@@ -34,7 +36,8 @@ PINNED = ["learner.cpus=[0]", "rollout.cpus=[1]", "teacher.cpus=[1]", "controlle
 def run(eta: str, steps: int, annotate_by: str, run_dir: Path, pinned: bool = False) -> dict:
     overrides = [f"controller.eta={eta}", f"learner.total_steps={steps}", "learner.eval_every=0",
                  f"teacher.annotate_by={annotate_by}", *(PINNED if pinned else [])]
-    events = run_demo(run_dir, overrides)
+    samples: list = []
+    events = run_demo(run_dir, overrides, cpu_samples=samples)
     steps_ev = [e for e in events if e["kind"] == "step"][WARMUP:]
     walls = [b["t"] - a["t"] for a, b in itertools.pairwise(steps_ev)]
     wall = statistics.median(walls)
@@ -50,7 +53,8 @@ def run(eta: str, steps: int, annotate_by: str, run_dir: Path, pinned: bool = Fa
             "rest_s": max(0.0, wall - train - push), "collect_s": collect, "prepare_s": prepare,
             "bookkeeping_s": max(0.0, wall - train - push - collect - prepare), "learner_busy": train / wall,
             "eval_first": summary["eval_first"], "eval_last": summary["eval_last"],
-            "audit_ok": summary["audit"]["ok"]}
+            "audit_ok": summary["audit"]["ok"],
+            "cpu_ms_per_step": cpu_ms_per_step(samples, steps_ev[0]["t"], steps_ev[-1]["t"], len(steps_ev) - 1)}
 
 
 def main() -> None:

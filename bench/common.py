@@ -9,7 +9,9 @@ import json
 import os
 import platform
 import sys
+import tempfile
 import threading
+import time
 from pathlib import Path
 
 import torch
@@ -41,9 +43,11 @@ def build_random_qwen2(out_dir: Path, hidden: int, layers: int, intermediate: in
     return out_dir
 
 
-def run_demo(run_dir: Path, overrides: list[str], timeout_s: float = 1800) -> list[dict]:
+def run_demo(run_dir: Path, overrides: list[str], timeout_s: float = 1800,
+             cpu_samples: list | None = None) -> list[dict]:
     """`asyncrl up` on examples/tiny-arith.yaml with `--set` overrides, into `run_dir`; returns the learner's
-    events (raises SystemExit with the output's tail when the run fails)."""
+    events (raises SystemExit with the output's tail when the run fails). With `cpu_samples` (a list), the CPU
+    time of every process of the run is sampled into it every half second (`sample_cpu`)."""
     import subprocess
 
     repo = Path(__file__).resolve().parents[1]
@@ -51,10 +55,53 @@ def run_demo(run_dir: Path, overrides: list[str], timeout_s: float = 1800) -> li
             "--config", str(repo / "examples" / "tiny-arith.yaml"), "--set", f"run_dir={run_dir}"]
     for override in overrides:
         argv += ["--set", override]
-    done = subprocess.run(argv, cwd=repo, capture_output=True, text=True, check=False, timeout=timeout_s)
-    if done.returncode != 0:
-        raise SystemExit(f"asyncrl up {' '.join(overrides)} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
+    with tempfile.TemporaryFile("w+") as output:
+        proc = subprocess.Popen(argv, cwd=repo, stdout=output, stderr=subprocess.STDOUT, text=True)
+        deadline = time.monotonic() + timeout_s
+        while proc.poll() is None and time.monotonic() < deadline:
+            if cpu_samples is not None:
+                cpu_samples.append(sample_cpu(proc.pid))
+            time.sleep(0.5)
+        if proc.poll() is None:
+            proc.kill()
+        output.seek(0)
+        tail = output.read()[-3000:]
+    if proc.wait() != 0:
+        raise SystemExit(f"asyncrl up {' '.join(overrides)} failed:\n{tail}")
     return [json.loads(line) for line in (run_dir / "events" / "learner.jsonl").read_text().splitlines()]
+
+
+def sample_cpu(root_pid: int) -> tuple[float, dict[str, float]]:
+    """(time, role -> CPU seconds used so far) over the process tree under `root_pid`, from /proc (Linux):
+    roles are the `asyncrl` subcommands (learner, rollout, teacher, controller), `redis-server` and `up`."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(parent, []).append(int(entry.name))
+    ticks, used, todo = os.sysconf("SC_CLK_TCK"), {}, [root_pid]
+    while todo:
+        pid = todo.pop()
+        todo += children.get(pid, [])
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            argv = Path(f"/proc/{pid}/cmdline").read_text().split("\0")
+        except OSError:
+            continue  # exited meanwhile
+        role = next((argv[i + 1] for i, a in enumerate(argv[:-1]) if a.endswith("asyncrl.tools.cli")), "")
+        role = "redis-server" if "redis-server" in argv[0] else role if role not in ("", "--log-level") else "up"
+        used[role] = used.get(role, 0.0) + (int(fields[11]) + int(fields[12])) / ticks
+    return time.time(), used
+
+
+def cpu_ms_per_step(samples: list, start_t: float, end_t: float, steps: int) -> dict[str, float]:
+    """Each role's CPU milliseconds per learner step between two instants (the nearest samples)."""
+    first = min(samples, key=lambda s: abs(s[0] - start_t))[1]
+    last = min(samples, key=lambda s: abs(s[0] - end_t))[1]
+    return {role: round(1000 * (cpu - first.get(role, 0.0)) / steps, 1) for role, cpu in sorted(last.items())}
 
 
 def push_weights(engine, named: list[tuple[str, torch.Tensor]], version: int, bucket_bytes: int = 64 << 20):
