@@ -327,3 +327,18 @@ def test_a_push_is_a_delta_only_against_the_last_push_every_member_acknowledged(
     register(state, 7003)
     assert push(8, base=plans[-1].push_id).new_group and plans[-1].delta_base_push_id == ""  # new member
     assert [e["delta_base_push_id"] for e in events.of_kind("push_begun")][1] == first.push_id
+
+
+def test_the_push_order_mac_is_the_documented_text_under_the_key():
+    """rollout.proto documents the signed text (an outside controller must produce it byte for byte)."""
+    import hashlib
+    import hmac
+
+    from asyncrl.core.auth import push_order_mac
+    from asyncrl.core.weights.plan import PushPlan
+
+    plan = PushPlan("push-v3-ab", 3, "10.0.0.1:29500", 3, "gloo", (), 1024, 60.0, group_id="group-1",
+                    new_group=False, manifest_digest="f" * 64, delta_codec="xor-zlib", delta_base_push_id="push-v2-cd")
+    text = "\n".join(["push-v3-ab", "3", "2", "3", "10.0.0.1:29500", "gloo", "group-1", "0", "f" * 64, "xor-zlib",
+                      "push-v2-cd"])
+    assert push_order_mac(b"key", plan, 2) == hmac.new(b"key", text.encode(), hashlib.sha256).digest()

@@ -281,11 +281,12 @@ def send_weights(group: BroadcastGroup, named_tensors: Iterable[tuple[str, torch
                 if delta is not None:
                     delta.keep(k, flat)
                 outgoing = [flat]
-            for work in in_flight:
+            for work, _ in in_flight:
                 work.wait()
-            in_flight = [group.broadcast_async(t) for t in outgoing]
+            # Each tensor stays referenced here until its broadcast is waited for.
+            in_flight = [(group.broadcast_async(t), t) for t in outgoing]
             sent += sum(t.numel() * t.element_size() for t in outgoing)
-        for work in in_flight:
+        for work, _ in in_flight:
             work.wait()
     return sent
 
