@@ -261,3 +261,37 @@ def test_delta_pushes_on_a_kept_group_deliver_the_exact_weights_in_fewer_bytes()
         inbox.put(None)
     for proc in procs:
         proc.join(30)
+
+
+def test_a_pushs_verdict_outlives_its_broadcast_until_the_next_push_begins():
+    """The sender's broadcast can end (its bytes in socket buffers) before a slow receiver has read the
+    verdict: the handshake keys of a push stay until the next push begins, then go (the store stays small).
+    A receiver that reads the verdict only after the sender finished still gets "go"."""
+    import threading
+
+    from asyncrl.core.weights.groups import BroadcastGroups
+    from asyncrl.core.weights.rendezvous import receiver_join
+    from asyncrl.core.weights.transport import push_store
+
+    store = host_store("127.0.0.1", 0, 30)
+    sender, receiver = BroadcastGroups(store), BroadcastGroups()
+    named = weights(0)
+    plans = [PushPlan(f"v{k}", k, f"127.0.0.1:{store.port}", 2, "gloo", tensor_metas(named), 1 << 20, 30,
+                      group_id="g", new_group=k == 1) for k in (1, 2)]
+
+    def receive(plan):
+        with receiver.member(plan, 1) as group:
+            for _ in receive_weights(group, plan):
+                pass
+
+    for plan in plans:
+        thread = threading.Thread(target=receive, args=(plan,))
+        thread.start()
+        with sender.member(plan, 0) as group:
+            send_weights(group, named, plan)
+        thread.join(30)
+        keys = push_store(store, plan)
+        assert keys.check(["verdict"])  # still there for a late reader
+        receiver_join(keys, plan.push_id, 1, 5)  # reads "go", does not raise
+    first = push_store(store, plans[0])
+    assert not first.check(["verdict"]) and not first.check(["ready/1"])

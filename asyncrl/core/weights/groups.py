@@ -56,6 +56,8 @@ class BroadcastGroups:
         self._key: tuple | None = None
         self._group: BroadcastGroup | None = None
         self._lock = threading.Lock()
+        self._finished_handshake: tuple | None = None
+        """Sender: (store, world size) of the last push's handshake keys, deleted when the next push begins."""
         self.formed = 0
         """Groups this process formed (a reused group is not counted again)."""
 
@@ -82,11 +84,18 @@ class BroadcastGroups:
             # A delta needs the group's base as of the push it names (`weights.delta`).
             holds_base = not plan.delta_base_push_id or (
                 reuse and self._group.delta is not None and self._group.delta.holds(plan.delta_base_push_id))
-            if rank == 0 and not (holds_group and holds_base):
-                lacking = f"group {plan.group_id!r}" if not holds_group else f"the delta base {plan.delta_base_push_id!r}"
-                push_store(root, plan).set("verdict", f"abort: the sender does not hold {lacking}")
-                raise GroupLost(f"push {plan.push_id}: the sender does not hold {lacking}")
-            handshake = join_push(plan, rank, root, join_timeout_s, has_group=holds_group and holds_base)
+            if rank == 0:
+                # A push's handshake keys are deleted when the next push begins, not when it ends: the sender's
+                # broadcast can complete (its bytes in the socket buffers) before a slow receiver has read the
+                # verdict, and one that then finds no verdict would leave the collective and stall the others.
+                # The next push begins only after this one's receivers answered.
+                self._forget_finished()
+                self._finished_handshake = (push_store(root, plan), plan.world_size)
+                if not (holds_group and holds_base):
+                    lacking = f"group {plan.group_id!r}" if not holds_group else f"the delta base {plan.delta_base_push_id!r}"
+                    push_store(root, plan).set("verdict", f"abort: the sender does not hold {lacking}")
+                    raise GroupLost(f"push {plan.push_id}: the sender does not hold {lacking}")
+            join_push(plan, rank, root, join_timeout_s, has_group=holds_group and holds_base)
             group = self._group if reuse else form_group(plan, rank, root)
             if not reuse:
                 self.formed += 1
@@ -105,14 +114,18 @@ class BroadcastGroups:
                 group.delta.push_id = plan.push_id  # every bucket of the base is now this push's
             else:
                 group.delta = None
-            if rank == 0:
-                forget(handshake, plan.world_size)
 
     def delta_base(self) -> str:
         """The push whose bytes the held group keeps as its delta base ("" when none)."""
         with self._lock:
             delta = self._group.delta if self._group is not None else None
             return delta.push_id if delta is not None else ""
+
+    def _forget_finished(self) -> None:
+        """Delete the previous push's handshake keys, so the sender's store does not grow with every push."""
+        if self._finished_handshake is not None:
+            forget(*self._finished_handshake)
+            self._finished_handshake = None
 
     def close(self) -> None:
         """Leave the held group (the other members notice at their next push's handshake or broadcast)."""
