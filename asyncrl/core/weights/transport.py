@@ -10,11 +10,9 @@ nccl (GPU tensors) by the plan's `transport` field; `make_group` forms one for a
 
 from __future__ import annotations
 
-import contextlib
 import datetime
 import ipaddress
 import socket
-import threading
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator
 
@@ -27,6 +25,7 @@ from asyncrl.core.weights.flat import FlatWeights, adjacent_run
 from asyncrl.core.weights.manifest import TRANSPORTS
 from asyncrl.core.weights.plan import PushPlan, TensorMeta
 from asyncrl.core.weights.rendezvous import receiver_join, sender_join
+from asyncrl.core.weights.staging import STAGING
 
 
 class BroadcastGroup(ABC):
@@ -205,44 +204,6 @@ def host_store(host: str, port: int, timeout_s: float) -> TCPStore:
                     timeout=datetime.timedelta(seconds=timeout_s), master_listen_fd=listener.detach())
 
 
-class _StagingBuffers:
-    """Two staging buffers per (device, dtype): packing/unpacking one bucket overlaps the transfer of the
-    other."""
-
-    def __init__(self):
-        self._buffers: dict[tuple, list[torch.Tensor]] = {}
-
-    def get(self, device: torch.device, dtype: torch.dtype, numel: int, slot: int) -> torch.Tensor:
-        pair = self._buffers.setdefault((str(device), dtype), [torch.empty(0, dtype=dtype, device=device)] * 2)
-        if pair[slot].numel() < numel:
-            pair[slot] = torch.empty(numel, dtype=dtype, device=device)
-        return pair[slot][:numel]
-
-
-class _StagingPool:
-    """Reusable staging buffers, so no push pays first-touch page faults for fresh multi-MiB buffers.
-
-    Each transfer leases its own set for its duration: a process that sends and receives at once (tests,
-    several engines in one process) never has two transfers writing the same buffer, and back-to-back
-    pushes reuse the same memory.
-    """
-
-    def __init__(self):
-        self._free: list[_StagingBuffers] = []
-        self._lock = threading.Lock()
-
-    @contextlib.contextmanager
-    def lease(self) -> Iterator[_StagingBuffers]:
-        with self._lock:
-            buffers = self._free.pop() if self._free else _StagingBuffers()
-        try:
-            yield buffers
-        finally:
-            with self._lock:
-                self._free.append(buffers)
-
-
-_STAGING = _StagingPool()
 
 
 def _delta_of(group: BroadcastGroup, plan: PushPlan) -> DeltaBase | None:
@@ -266,7 +227,7 @@ def send_weights(group: BroadcastGroup, named_tensors: Iterable[tuple[str, torch
         raise ValueError(f"plan lists {len(plan.tensors)} tensors, got {len(tensors)}")
     delta = _delta_of(group, plan)
     sent, in_flight = 0, []
-    with _STAGING.lease() as staging:
+    with STAGING.lease() as staging:
         for k, bucket in enumerate(plan_buckets(plan.tensors, plan.bucket_bytes)):
             dtype = plan.tensors[bucket.members[0]].torch_dtype
             # .to() is a no-op for tensors already on the group's device (the CPU/gloo case).
@@ -307,7 +268,7 @@ def receive_weights(
     if into is not None and not into.matches(metas, plan.bucket_bytes):
         raise ValueError(f"push {plan.push_id}: the receive buffers do not have the plan's layout")
     delta = _delta_of(group, plan)
-    with _STAGING.lease() as staging:
+    with STAGING.lease() as staging:
 
         def target(k):
             bucket = buckets[k]
