@@ -90,10 +90,11 @@ class BroadcastGroups:
                 # verdict, and one that then finds no verdict would leave the collective and stall the others.
                 # The next push begins only after this one's receivers answered.
                 self._forget_finished()
-                self._finished_handshake = (push_store(root, plan), plan.world_size)
+                handshake = push_store(root, plan)
+                self._finished_handshake = (handshake, plan.world_size)
                 if not (holds_group and holds_base):
                     lacking = f"group {plan.group_id!r}" if not holds_group else f"the delta base {plan.delta_base_push_id!r}"
-                    push_store(root, plan).set("verdict", f"abort: the sender does not hold {lacking}")
+                    handshake.set("verdict", f"abort: the sender does not hold {lacking}")
                     raise GroupLost(f"push {plan.push_id}: the sender does not hold {lacking}")
             join_push(plan, rank, root, join_timeout_s, has_group=holds_group and holds_base)
             group = self._group if reuse else form_group(plan, rank, root)
