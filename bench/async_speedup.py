@@ -11,7 +11,12 @@ per learner step over the same window, from /proc: where the cores went. The hea
 speed-up per learner step. The same pair runs again with the learner pinned to core 0 and the rollouts, teacher and controller to core 1
 (`<role>.cpus`): a stand-in for a learner and rollouts on separate accelerators.
 
-    .venv/bin/python bench/async_speedup.py [--steps 100] [--annotate-by rollout|learner]
+On a GPU machine the learner can train on the GPU while the replicas and the teacher generate on CPU cores:
+`--set learner.device=cuda --pin-learner 0-1 --pin-rest 2-15 --name gpu-learner` (the result goes to
+`async_speedup-<annotate-by>-<name>`; `--set` applies to all four runs).
+
+    .venv/bin/python bench/async_speedup.py [--steps 100] [--annotate-by rollout|learner] [--set K=V ...]
+                                            [--pin-learner CPUS] [--pin-rest CPUS] [--name SUFFIX]
     (or: asyncrl bench async_speedup -- --steps 100)
 """
 
@@ -29,13 +34,23 @@ from common import cpu_ms_per_step, emit, run_demo
 WARMUP = 10
 
 
-PINNED = ["learner.cpus=[0]", "rollout.cpus=[1]", "teacher.cpus=[1]", "controller.cpus=[1]"]
-"""The learner alone on core 0, everything else on core 1: a stand-in for a learner GPU and rollout GPUs."""
+def pinning(learner: str, rest: str) -> list[str]:
+    """`--set` overrides that pin the learner to the cores `learner` ("0", "0-3", "0,2") and the rollouts,
+    teacher and controller to `rest`: a stand-in for a learner GPU and rollout GPUs."""
+    def cores(spec: str) -> str:
+        out: list[int] = []
+        for part in spec.split(","):
+            first, _, last = part.partition("-")
+            out += range(int(first), int(last or first) + 1)
+        return "[" + ",".join(map(str, out)) + "]"
+
+    return [f"learner.cpus={cores(learner)}",
+            *(f"{role}.cpus={cores(rest)}" for role in ("rollout", "teacher", "controller"))]
 
 
-def run(eta: str, steps: int, annotate_by: str, run_dir: Path, pinned: bool = False) -> dict:
+def run(eta: str, steps: int, annotate_by: str, run_dir: Path, extra: list[str], pinned: list[str]) -> dict:
     overrides = [f"controller.eta={eta}", f"learner.total_steps={steps}", "learner.eval_every=0",
-                 f"teacher.annotate_by={annotate_by}", *(PINNED if pinned else [])]
+                 f"teacher.annotate_by={annotate_by}", *extra, *pinned]
     samples: list = []
     events = run_demo(run_dir, overrides, cpu_samples=samples)
     steps_ev = [e for e in events if e["kind"] == "step"][WARMUP:]
@@ -61,18 +76,25 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=100)
     parser.add_argument("--annotate-by", default="rollout", choices=["rollout", "learner"])
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help="a config override for every run (repeatable)")
+    parser.add_argument("--pin-learner", default="0", help="the learner's cores in the pinned pair")
+    parser.add_argument("--pin-rest", default="1", help="the rollouts', teacher's and controller's cores")
+    parser.add_argument("--name", default="", help="suffix of the result's name")
     args = parser.parse_args()
+    pinned = pinning(args.pin_learner, args.pin_rest)
     with tempfile.TemporaryDirectory() as tmp:
-        sync = run("0", args.steps, args.annotate_by, Path(tmp) / "eta0")
-        asynchronous = run("4", args.steps, args.annotate_by, Path(tmp) / "eta4")
-        pinned_sync = run("0", args.steps, args.annotate_by, Path(tmp) / "eta0-pinned", pinned=True)
-        pinned_async = run("4", args.steps, args.annotate_by, Path(tmp) / "eta4-pinned", pinned=True)
+        sync = run("0", args.steps, args.annotate_by, Path(tmp) / "eta0", args.overrides, [])
+        asynchronous = run("4", args.steps, args.annotate_by, Path(tmp) / "eta4", args.overrides, [])
+        pinned_sync = run("0", args.steps, args.annotate_by, Path(tmp) / "eta0-pinned", args.overrides, pinned)
+        pinned_async = run("4", args.steps, args.annotate_by, Path(tmp) / "eta4-pinned", args.overrides, pinned)
     speedup = sync["wall_per_step_s"] / asynchronous["wall_per_step_s"]
     pinned_speedup = pinned_sync["wall_per_step_s"] / pinned_async["wall_per_step_s"]
-    result = {"steps": args.steps, "annotate_by": args.annotate_by, "eta0": sync, "eta4": asynchronous,
-              "speedup_eta4_over_eta0": speedup, "pinned": PINNED, "eta0_pinned": pinned_sync,
+    result = {"steps": args.steps, "annotate_by": args.annotate_by, "overrides": args.overrides,
+              "eta0": sync, "eta4": asynchronous,
+              "speedup_eta4_over_eta0": speedup, "pinned": pinned, "eta0_pinned": pinned_sync,
               "eta4_pinned": pinned_async, "speedup_eta4_over_eta0_pinned": pinned_speedup}
-    emit(f"async_speedup-{args.annotate_by}", result,
+    emit(f"async_speedup-{args.annotate_by}" + (f"-{args.name}" if args.name else ""), result,
          {"eta=0 s/step": sync["wall_per_step_s"], "eta=4 s/step": asynchronous["wall_per_step_s"],
           "eta=4 train": asynchronous["train_step_s"], "pinned eta=0": pinned_sync["wall_per_step_s"],
           "pinned eta=4": pinned_async["wall_per_step_s"]},

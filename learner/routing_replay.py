@@ -99,5 +99,7 @@ class RoutingReplay:
         per_layer = routing_mismatch(own, batch.routing.to(own.device), mask)
         metrics = {f"routing/mismatch_frac/layer{i}": v for i, v in enumerate(per_layer)}
         metrics["routing/mismatch_frac"] = per_layer.mean()
-        metrics["routing/bytes_per_token"] = torch.tensor(batch.routing_bytes / max(1, int(mask.sum())))
+        # On the learner's device with the rest: the metrics are stacked into one tensor for one host copy.
+        metrics["routing/bytes_per_token"] = torch.tensor(batch.routing_bytes / max(1, int(mask.sum())),
+                                                          device=own.device)
         return metrics

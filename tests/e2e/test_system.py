@@ -27,9 +27,10 @@ REPO = Path(__file__).resolve().parents[2]
 DEMO_CONFIG = REPO / "examples" / "tiny-arith.yaml"
 
 
-def asyncrl_up(run_dir: Path, *overrides: str, timeout_s: int) -> dict:
-    """Run `asyncrl up` on the demo config; returns its summary.json (after checking it exited 0)."""
-    argv = [sys.executable, "-m", "asyncrl.tools.cli", "up", "--config", str(DEMO_CONFIG),
+def asyncrl_up(run_dir: Path, *overrides: str, timeout_s: int, config: Path = DEMO_CONFIG) -> dict:
+    """Run `asyncrl up` on `config` (the demo's by default); returns its summary.json (after checking it
+    exited 0)."""
+    argv = [sys.executable, "-m", "asyncrl.tools.cli", "up", "--config", str(config),
             "--set", f"run_dir={run_dir}", *[a for o in overrides for a in ("--set", o)]]
     # No token in the environment: `up` makes one for the run (local mode needs no set-up).
     env = {k: v for k, v in os.environ.items() if k != "ASYNCRL_TOKEN"}
