@@ -5,21 +5,21 @@ queue of held requests, and what unblocks each:
 
     rollout replicas                                    learner
       |  RegisterReplica / Heartbeat                      |  BeginWeightPush      CommitWeightPush
-      |  AcquireLease / CompleteLease                     |        |                     |
+      |  AcquireLease(s) / CompleteLease(s)               |        |                     |
       v                                                   |        v                     v
   +---------------------------------- ControllerState (one lock + condition) ------------------------+
   |  ReplicaRegistry  (alive, weight_version, needs_sync)    PushCoordinator: PushSession (one open)  |
   |  LeaseBook        (N_r admitted, active leases, prompt cursor)  receivers ranked 1..N             |
   |  current_version i                                                    |                          |
   |                                                                       | fan-out: one thread per  |
-  |  held AcquireLease calls ── wait on the condition ──┐                 | receiver, each calls     |
+  |  held AcquireLease(s) calls ─ wait on the condition ┐                 | receiver, each calls     |
   |     (η rule forbids, or the replica needs sync;     │                 | Rollout.UpdateWeights    |
   |      at most min(wait_s, max_hold_s))               │                 v                          |
   |                                                      │   commit waits for the acks (outside the   |
   |  notify_all wakes them on:                           │   lock, bounded by push_timeout_s), drops   |
   |    - commit of version i+1 ◄─────────────────────────┤   the failed receivers (needs_sync),       |
   |    - a resync push reaching a replica ◄──────────────┤   commits i+1                              |
-  |    - quota returned: CompleteLease(num_written < n) ◄┤                                            |
+  |    - quota returned: CompleteLease(s), written < n ◄─┤                                            |
   |    - quota returned: lease expired ◄─────────────────┘◄── reaper loop (timer thread, and lazily    |
   |                                                            in every operation): dead replicas,    |
   |                                                            expired leases                         |

@@ -12,9 +12,9 @@ from __future__ import annotations
 import time
 
 from asyncrl.controller import staleness
-from asyncrl.controller.errors import InvalidRequest
+from asyncrl.controller.errors import InvalidRequest, PreconditionFailed
 from asyncrl.controller.registry import Replica
-from asyncrl.controller.results import LeaseDecision
+from asyncrl.controller.results import LeaseBatch, LeaseDecision
 
 HOLD_POLL_S = 0.25
 """A held request re-checks at least this often, so an expiry found by lazy reaping (no reaper thread in unit
@@ -58,6 +58,17 @@ class Admission:
             self._touch(replica)  # a replica waiting in AcquireLease is evidently alive
             return self._decide(replica, num_trajectories, started, final)
 
+    def try_acquire_many(self, replica_id: str, num_trajectories: int, max_leases: int, started: float,
+                         final: bool) -> LeaseBatch | None:
+        """`try_acquire` for up to `max_leases` leases: the first decided as `try_acquire` decides it, more only
+        while each is admissible at once (the η rule is checked lease by lease). A refusal (no lease, its
+        reason) only when `final`; else None while the first must wait."""
+        with self._cond:
+            replica = self._registry.get(replica_id)
+            self._reap_locked()
+            self._touch(replica)
+            return self._decide_many(replica, num_trajectories, max_leases, started, final)
+
     def hold_limit(self, wait_s: float) -> float:
         """How long a request asking to wait `wait_s` is held at most."""
         return min(max(wait_s, 0.0), self.config.max_hold_s)
@@ -81,27 +92,65 @@ class Admission:
             replica = self._registry.get(replica_id)
             self._reap_locked()  # first: a lease past its expiry is expired, whatever the reaper's timing
             self._touch(replica)
-            lease, returned = self._leases.complete(replica_id, lease_id, num_written)
-            self.events.write(
-                "lease_completed", lease_id=lease_id, replica_id=replica_id, n=lease.num_trajectories,
-                num_written=num_written, returned=returned, admitted_after=self._leases.admitted,
-            )  # fmt: skip
+            returned = self._complete_locked(replica_id, lease_id, num_written)
             self._changed(wake=returned > 0)
             return returned
 
+    def complete_many(self, replica_id: str, completions: list[tuple[str, int]]) -> list[str]:
+        """Close several leases (lease id, num_written), each on its own: per lease "" when it completed, or
+        why not (expired, unknown). A malformed completion (another replica's lease, more written than
+        leased) raises InvalidRequest naming `completions[i].<field>` before any is applied. One write."""
+        with self._cond:
+            replica = self._registry.get(replica_id)
+            self._reap_locked()
+            self._touch(replica)
+            for i, (lease_id, num_written) in enumerate(completions):
+                self._leases.check_completion(replica_id, lease_id, num_written, prefix=f"completions[{i}].")
+            outcomes, returned = [], 0
+            for i, (lease_id, num_written) in enumerate(completions):
+                try:
+                    returned += self._complete_locked(replica_id, lease_id, num_written)
+                    outcomes.append("")
+                except PreconditionFailed as err:
+                    outcomes.append(f"completions[{i}].{err}")
+            self._changed(wake=returned > 0)
+            return outcomes
+
     # ---- internals (call with the lock held) ------------------------------------------------------------
 
+    def _complete_locked(self, replica_id: str, lease_id: str, num_written: int) -> int:
+        lease, returned = self._leases.complete(replica_id, lease_id, num_written)
+        self.events.write(
+            "lease_completed", lease_id=lease_id, replica_id=replica_id, n=lease.num_trajectories,
+            num_written=num_written, returned=returned, admitted_after=self._leases.admitted,
+        )  # fmt: skip
+        return returned
+
     def _decide(self, replica: Replica, n: int, started: float, final: bool) -> LeaseDecision | None:
+        batch = self._decide_many(replica, n, 1, started, final)
+        if batch is None:
+            return None
+        if batch.leases:
+            return batch.leases[0]
+        return LeaseDecision(False, self._current_version, reason=batch.reason, held_s=batch.held_s)
+
+    def _decide_many(self, replica: Replica, n: int, max_leases: int, started: float, final: bool) -> LeaseBatch | None:
         if n > self.batch_size:
             # Larger than B could starve forever under η = 0; one lease is one group and G divides B.
             raise InvalidRequest("num_trajectories", f"must be <= batch_size ({self.batch_size}), got {n}")
         reason = self._refusal(replica, n)
         held_s = time.monotonic() - started
-        if reason is None:
-            return self._grant(replica, n, held_s)
-        if final:
-            return LeaseDecision(False, self._current_version, reason=reason, held_s=held_s)
-        return None
+        if reason is not None:
+            return LeaseBatch([], reason, held_s) if final else None
+        now = self._clock()
+        granted = []  # (lease, N_r right after it): what the η rule admitted it against
+        while reason is None and len(granted) < max_leases:
+            granted.append((self._leases.grant(replica.replica_id, n, self._current_version, now), self._leases.admitted))
+            reason = self._refusal(replica, n)
+        # One write for all of them, before the answer and the events: a restart knows every lease it granted.
+        self._persist()
+        decisions = [self._announce(replica, lease, admitted, now, held_s) for lease, admitted in granted]
+        return LeaseBatch(decisions, reason or "", held_s)
 
     def _count_held(self, delta: int) -> None:
         self._held += delta
@@ -125,13 +174,13 @@ class Admission:
             )
         return None
 
-    def _grant(self, replica: Replica, n: int, held_s: float) -> LeaseDecision:
-        now = self._clock()
-        lease = self._leases.grant(replica.replica_id, n, self._current_version, now)
-        self._persist()  # before the answer (and its event): a restart must know every lease it granted
+    def _announce(self, replica: Replica, lease, admitted_after: int, now: float, held_s: float) -> LeaseDecision:
+        """The event, metrics and answer of a lease granted (and persisted) at `now`, which brought N_r to
+        `admitted_after`."""
+        n = lease.num_trajectories
         self.events.write(
             "lease_granted", lease_id=lease.lease_id, replica_id=replica.replica_id, n=n,
-            admitted_after=self._leases.admitted, version=lease.version, eta=self.eta,
+            admitted_after=admitted_after, version=lease.version, eta=self.eta,
             batch_size=self.batch_size, prompt_index=lease.prompt_index, held_s=held_s,
         )  # fmt: skip
         self.metrics.leases_granted.inc()

@@ -61,6 +61,21 @@ class LeaseBook:
         self.granted_total += 1
         return lease
 
+    def check_completion(self, replica_id: str, lease_id: str, num_written: int, prefix: str = "") -> None:
+        """Raise InvalidRequest (field names after `prefix`) when completing an active lease like this would be
+        a malformed request: another replica's lease, more written than leased. A lease no longer active is
+        not checked here (`complete` says it is expired or unknown)."""
+        lease = self._active.get(lease_id)
+        if lease is None:
+            return
+        if lease.replica_id != replica_id:
+            raise InvalidRequest(f"{prefix}lease_id", f"lease {lease_id!r} belongs to replica {lease.replica_id!r}")
+        if num_written > lease.num_trajectories:
+            raise InvalidRequest(
+                f"{prefix}num_written",
+                f"must be <= the lease's {lease.num_trajectories} trajectories, got {num_written}",
+            )
+
     def complete(self, replica_id: str, lease_id: str, num_written: int) -> tuple[Lease, int]:
         """Close an active lease; returns it and the quota returned (n - num_written)."""
         lease = self._active.get(lease_id)
@@ -69,13 +84,7 @@ class LeaseBook:
             raise PreconditionFailed(
                 f"lease_id: lease {lease_id!r} is {fate}" if fate else f"lease_id: unknown lease {lease_id!r}"
             )
-        if lease.replica_id != replica_id:
-            raise InvalidRequest("lease_id", f"lease {lease_id!r} belongs to replica {lease.replica_id!r}")
-        if num_written > lease.num_trajectories:
-            raise InvalidRequest(
-                "num_written",
-                f"must be <= the lease's {lease.num_trajectories} trajectories, got {num_written}",
-            )
+        self.check_completion(replica_id, lease_id, num_written)
         returned = lease.num_trajectories - num_written
         self._end(lease, "completed", returned)
         return lease, returned

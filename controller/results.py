@@ -35,6 +35,17 @@ class LeaseDecision:
 
 
 @dataclass(frozen=True)
+class LeaseBatch:
+    """Answer to a request for several leases."""
+
+    leases: list[LeaseDecision]
+    """The grants, in admission order; empty: none (refused)."""
+    reason: str
+    """Why no (further) lease was granted; empty when every lease asked for was."""
+    held_s: float = 0.0
+
+
+@dataclass(frozen=True)
 class CommitResult:
     committed: bool
     current_version: int

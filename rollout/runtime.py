@@ -8,6 +8,8 @@ the server second, and `start(port)` registers and starts the loops last.
 
 from __future__ import annotations
 
+import logging
+import os
 import socket
 import threading
 import time
@@ -29,6 +31,8 @@ from asyncrl.rollout.reward_pool import RewardPool
 from asyncrl.rollout.rollout_metrics import RolloutMetrics
 from asyncrl.rollout.worker import RolloutWorker
 from asyncrl.v1.teacher_pb2_grpc import TeacherStub
+
+log = logging.getLogger(__name__)
 
 
 def replica_seed(base_seed: int, replica_id: str) -> int:
@@ -95,10 +99,22 @@ class ReplicaRuntime:
         )  # fmt: skip
         self._threads = [
             threading.Thread(target=self.session.heartbeat_forever, args=(self._stop,), daemon=True),
-            threading.Thread(target=worker.run, args=(self._stop,), daemon=True),
+            threading.Thread(target=self._roll_out, args=(worker,), daemon=True),
         ]
         for thread in self._threads:
             thread.start()
+
+    def _roll_out(self, worker: RolloutWorker) -> None:
+        """The rollout loop's thread. The loop rides out what it expects (controller calls failing, bad
+        groups); anything else is a bug, and a replica whose loop died would heartbeat on without producing
+        anything: it exits instead, so its supervisor (`asyncrl up`, Kubernetes) starts it again and its
+        leases expire."""
+        try:
+            worker.run(self._stop)
+        except BaseException:
+            log.critical("the rollout loop died; exiting so that this replica is restarted", exc_info=True)
+            logging.shutdown()
+            os._exit(1)
 
     def stop(self, timeout_s: float = 10.0) -> None:
         """Stop the loops (bounded wait) and release the engine."""

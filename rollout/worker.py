@@ -1,10 +1,11 @@
 """The rollout loop of one replica: lease -> generate -> reward -> write -> complete.
 
-Each iteration takes one held lease (waits while the staleness bound forbids more data) plus up to
-`leases_per_batch - 1` more that are admissible right away, generates all their groups in one engine call,
-then hands them to the finisher thread, which scores them on the reward pool, writes one TrajectoryGroup per
-lease to the buffer and completes the leases with what was written, while the next batch generates. At
-most one batch waits to be finished, so leases stay short-lived.
+Each iteration asks for up to `leases_per_batch` leases in one AcquireLeases call (held while the staleness
+bound forbids the first; the others only when admissible at once), generates all their groups in one engine
+call, then hands them to the finisher thread, which scores them on the reward pool, writes one TrajectoryGroup
+per lease to the buffer and completes the leases with what was written in one CompleteLeases call, while the
+next batch generates. At most one batch waits to be finished, so leases stay short-lived. Two controller
+calls per batch, whatever its size: the controller's work per trajectory shrinks with the batch.
 """
 
 from __future__ import annotations
@@ -67,27 +68,20 @@ class RolloutWorker:
                     log.warning("controller call failed (%s): %s; retrying", err.code().name, err.details())
                     stop.wait(1.0)
 
-    def _acquire(self, wait_s: float):
-        request = controller_pb2.AcquireLeaseRequest(
-            replica_id=self.session.replica_id, num_trajectories=self.group_size, wait_s=wait_s
-        )
-        return self.stub.AcquireLease(request, timeout=wait_s + 30)
-
     def run_once(self) -> int:
         """One batch of leases; returns the number of groups written."""
         started = time.perf_counter()
-        first = self._acquire(self.config.controller.max_hold_s)
+        wait_s = self.config.controller.max_hold_s
+        answer = self.stub.AcquireLeases(controller_pb2.AcquireLeasesRequest(
+            replica_id=self.session.replica_id, num_trajectories=self.group_size, wait_s=wait_s,
+            max_leases=self.config.rollout.leases_per_batch,
+        ), timeout=wait_s + 30)  # fmt: skip
         self.metrics.lease_wait.observe(time.perf_counter() - started)
-        if not first.granted:
+        leases = list(answer.leases)
+        if not leases:
             return 0
-        leases = [first]
-        self.session.held.add(first.lease_id)
-        while len(leases) < self.config.rollout.leases_per_batch:
-            extra = self._acquire(0.0)
-            if not extra.granted:
-                break
-            leases.append(extra)
-            self.session.held.add(extra.lease_id)
+        for lease in leases:
+            self.session.held.add(lease.lease_id)
         prompts = [self.task.train_prompt(lease.prompt_index) for lease in leases]
         gen_start = time.perf_counter()
         with self.engine_lock:
@@ -106,8 +100,8 @@ class RolloutWorker:
 
     def _finish(self, leases, prompts, groups) -> int:
         """Score and build every group of the batch, have the teacher annotate them in one call, check them,
-        write the valid ones to the buffer in one round trip, then settle each lease on its own: one failure
-        must not strand the others."""
+        write the valid ones to the buffer in one round trip, record each write, then complete the leases in
+        one call. Each lease settles on its own: one failure must not strand the others."""
         built = []
         for lease, prompt, gens in zip(leases, prompts, groups):
             try:
@@ -132,18 +126,23 @@ class RolloutWorker:
         except Exception as err:  # noqa: BLE001 - none known written: their quota goes back below
             log.error("writing %d groups failed: %s", len(valid), err)
             results = iter([err] * len(valid))
-        written = 0
+        completions = []
         for lease, gens, group, rewards in prepared:
             outcome = next(results) if group is not None else None
             try:
-                written += self._settle(lease, gens, group, rewards, outcome)
-            except Exception as err:  # noqa: BLE001 - logged; the lease is given up below
+                completions.append(self._record(lease, gens, group, rewards, outcome))
+            except Exception as err:  # noqa: BLE001 - logged; the lease is given up (it expires)
                 log.warning("lease %s: %s: %s", lease.lease_id, type(err).__name__, err)
-            finally:
-                # Completed, or given up: either way no longer held, so if the controller never heard of its
-                # completion it expires it as abandoned at the next heartbeat (its quota comes back).
+        try:
+            self._complete(completions)
+        except Exception as err:  # noqa: BLE001 - logged; the leases expire and their quota returns
+            log.warning("completing %d leases: %s: %s", len(completions), type(err).__name__, err)
+        finally:
+            # Completed, or given up: either way no longer held, so if the controller never heard of a
+            # completion it expires that lease as abandoned at the next heartbeat (its quota comes back).
+            for lease, *_ in prepared:
                 self.session.held.discard(lease.lease_id)
-        return written
+        return sum(1 for c in completions if c.num_written)
 
     def _give_up(self, lease, err: Exception) -> None:
         log.warning("lease %s: %s: %s", lease.lease_id, type(err).__name__, err)
@@ -177,9 +176,9 @@ class RolloutWorker:
             return None
         return group
 
-    def _settle(self, lease, gens, group, rewards, outcome) -> int:
-        """Record the write (`outcome`: the entry id, or the error that kept the group out) and complete the
-        lease with what was written."""
+    def _record(self, lease, gens, group, rewards, outcome) -> controller_pb2.LeaseCompletion:
+        """Record the write (`outcome`: the entry id, or the error that kept the group out); the lease's
+        completion with what was written."""
         entry_id = outcome if isinstance(outcome, str) else None
         if isinstance(outcome, BaseException):
             log.error("writing group %s failed: %s", group.group_id, outcome)
@@ -201,22 +200,25 @@ class RolloutWorker:
             self.metrics.groups_written.inc()
             self.metrics.reward_mean.set(sum(rewards) / len(rewards))
         # Completing after the write: a lease completed as written is data the learner will find.
-        self._complete(controller_pb2.CompleteLeaseRequest(
-            replica_id=self.session.replica_id, lease_id=lease.lease_id,
-            num_written=len(gens) if entry_id is not None else 0,
-        ))
-        return 1 if entry_id is not None else 0
+        return controller_pb2.LeaseCompletion(lease_id=lease.lease_id,
+                                              num_written=len(gens) if entry_id is not None else 0)
 
-    def _complete(self, request) -> None:
-        """CompleteLease, retried with backoff while the controller is unreachable or slow (a transient error
-        must not cost the group); other answers (the lease expired meanwhile) are final."""
+    def _complete(self, completions: list) -> None:
+        """CompleteLeases, retried with backoff while the controller is unreachable or slow (a transient error
+        must not cost the groups); other answers are final. A lease that expired meanwhile is logged."""
+        if not completions:
+            return
+        request = controller_pb2.CompleteLeasesRequest(replica_id=self.session.replica_id, completions=completions)
         for attempt in range(COMPLETE_ATTEMPTS):
             try:
-                self.stub.CompleteLease(request, timeout=30)
-                return
+                answer = self.stub.CompleteLeases(request, timeout=30)
+                break
             except grpc.RpcError as err:
                 retry = err.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
                 if not retry or attempt == COMPLETE_ATTEMPTS - 1:
                     raise
-                log.warning("CompleteLease %s: %s; retrying", request.lease_id, err.code().name)
+                log.warning("CompleteLeases (%d leases): %s; retrying", len(completions), err.code().name)
                 time.sleep(COMPLETE_BACKOFF_S * 2**attempt)
+        for outcome in answer.outcomes:
+            if not outcome.completed:
+                log.warning("lease %s not completed: %s", outcome.lease_id, outcome.error)

@@ -125,22 +125,61 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
         return _answer(context, run)
 
     async def AcquireLease(self, request, context):
-        """Held without a thread: a coroutine on the server's loop that looks again whenever the state says a
-        held request may have become admissible (or every HOLD_POLL_S, for expiries found by reaping)."""
-        started, held = time.monotonic(), False
-        try:
+        def check():
             check_name(request.replica_id, "replica_id")
             check_range(request.num_trajectories, 1, self.state.batch_size, "num_trajectories")
             check_range(request.wait_s, 0.0, MAX_TIMEOUT_S, "wait_s")
-            deadline = started + self.state.hold_limit(request.wait_s)
+
+        def look(started: float, final: bool):
+            d = self.state.try_acquire(request.replica_id, request.num_trajectories, started, final=final)
+            return None if d is None else controller_pb2.AcquireLeaseResponse(
+                granted=d.granted, lease_id=d.lease_id, prompt_index=d.prompt_index, version=d.version,
+                reason=d.reason, expires_unix_s=d.expires_unix_s,
+            )  # fmt: skip
+
+        return await self._held(context, request.wait_s, check, look)
+
+    def CompleteLease(self, request, context):
+        def run():
+            check_name(request.replica_id, "replica_id")
+            check_name(request.lease_id, "lease_id")
+            check_range(request.num_written, 0, self.state.batch_size, "num_written")
+            self.state.complete(request.replica_id, request.lease_id, request.num_written)
+            return controller_pb2.CompleteLeaseResponse()
+
+        return _answer(context, run)
+
+    async def AcquireLeases(self, request, context):
+        def check():
+            check_name(request.replica_id, "replica_id")
+            check_range(request.num_trajectories, 1, self.state.batch_size, "num_trajectories")
+            check_range(request.wait_s, 0.0, MAX_TIMEOUT_S, "wait_s")
+            check_range(request.max_leases, 1, self.state.batch_size, "max_leases")
+
+        def look(started: float, final: bool):
+            batch = self.state.try_acquire_many(request.replica_id, request.num_trajectories, request.max_leases,
+                                                started, final=final)
+            return None if batch is None else controller_pb2.AcquireLeasesResponse(
+                leases=[controller_pb2.Lease(lease_id=d.lease_id, prompt_index=d.prompt_index, version=d.version,
+                                             expires_unix_s=d.expires_unix_s) for d in batch.leases],
+                reason=batch.reason,
+            )  # fmt: skip
+
+        return await self._held(context, request.wait_s, check, look)
+
+    async def _held(self, context, wait_s: float, check, look):
+        """Answer a lease request with `look(started, final)`'s first answer (None: not yet), held without a
+        thread: a coroutine on the server's loop that looks again whenever the state says a held request may
+        have become admissible (or every HOLD_POLL_S, for expiries found by reaping); `final` once `wait_s`
+        (capped by max_hold_s) is up. `check` validates the request first."""
+        started, held = time.monotonic(), False
+        try:
+            check()
+            deadline = started + self.state.hold_limit(wait_s)
             while True:
-                d = self.state.try_acquire(request.replica_id, request.num_trajectories, started,
-                                           final=time.monotonic() >= deadline)
-                if d is not None:
-                    return controller_pb2.AcquireLeaseResponse(
-                        granted=d.granted, lease_id=d.lease_id, prompt_index=d.prompt_index, version=d.version,
-                        reason=d.reason, expires_unix_s=d.expires_unix_s,
-                    )  # fmt: skip
+                answer = look(started, time.monotonic() >= deadline)
+                if answer is not None:
+                    return answer
                 if not held:
                     held = True
                     self.state.holding(None)
@@ -151,13 +190,23 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
             if held:
                 self.state.holding(started)
 
-    def CompleteLease(self, request, context):
+    def CompleteLeases(self, request, context):
         def run():
             check_name(request.replica_id, "replica_id")
-            check_name(request.lease_id, "lease_id")
-            check_range(request.num_written, 0, self.state.batch_size, "num_written")
-            self.state.complete(request.replica_id, request.lease_id, request.num_written)
-            return controller_pb2.CompleteLeaseResponse()
+            count = len(request.completions)
+            require(1 <= count <= MAX_HELD_LEASES, "completions", f"1 to {MAX_HELD_LEASES} entries, got {count}")
+            seen = set()
+            for i, c in enumerate(request.completions):
+                check_name(c.lease_id, f"completions[{i}].lease_id")
+                require(c.lease_id not in seen, f"completions[{i}].lease_id", "the same lease twice in one call")
+                seen.add(c.lease_id)
+                check_range(c.num_written, 0, self.state.batch_size, f"completions[{i}].num_written")
+            errors = self.state.complete_many(request.replica_id, [(c.lease_id, c.num_written)
+                                                                   for c in request.completions])
+            return controller_pb2.CompleteLeasesResponse(outcomes=[
+                controller_pb2.LeaseOutcome(lease_id=c.lease_id, completed=not error, error=error)
+                for c, error in zip(request.completions, errors)
+            ])
 
         return _answer(context, run)
 

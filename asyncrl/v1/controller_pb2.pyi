@@ -99,6 +99,70 @@ class CompleteLeaseResponse(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
+class AcquireLeasesRequest(_message.Message):
+    __slots__ = ("replica_id", "num_trajectories", "wait_s", "max_leases")
+    REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
+    NUM_TRAJECTORIES_FIELD_NUMBER: _ClassVar[int]
+    WAIT_S_FIELD_NUMBER: _ClassVar[int]
+    MAX_LEASES_FIELD_NUMBER: _ClassVar[int]
+    replica_id: str
+    num_trajectories: int
+    wait_s: float
+    max_leases: int
+    def __init__(self, replica_id: _Optional[str] = ..., num_trajectories: _Optional[int] = ..., wait_s: _Optional[float] = ..., max_leases: _Optional[int] = ...) -> None: ...
+
+class Lease(_message.Message):
+    __slots__ = ("lease_id", "prompt_index", "version", "expires_unix_s")
+    LEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_INDEX_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    EXPIRES_UNIX_S_FIELD_NUMBER: _ClassVar[int]
+    lease_id: str
+    prompt_index: int
+    version: int
+    expires_unix_s: float
+    def __init__(self, lease_id: _Optional[str] = ..., prompt_index: _Optional[int] = ..., version: _Optional[int] = ..., expires_unix_s: _Optional[float] = ...) -> None: ...
+
+class AcquireLeasesResponse(_message.Message):
+    __slots__ = ("leases", "reason")
+    LEASES_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    leases: _containers.RepeatedCompositeFieldContainer[Lease]
+    reason: str
+    def __init__(self, leases: _Optional[_Iterable[_Union[Lease, _Mapping]]] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class LeaseCompletion(_message.Message):
+    __slots__ = ("lease_id", "num_written")
+    LEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    NUM_WRITTEN_FIELD_NUMBER: _ClassVar[int]
+    lease_id: str
+    num_written: int
+    def __init__(self, lease_id: _Optional[str] = ..., num_written: _Optional[int] = ...) -> None: ...
+
+class CompleteLeasesRequest(_message.Message):
+    __slots__ = ("replica_id", "completions")
+    REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
+    COMPLETIONS_FIELD_NUMBER: _ClassVar[int]
+    replica_id: str
+    completions: _containers.RepeatedCompositeFieldContainer[LeaseCompletion]
+    def __init__(self, replica_id: _Optional[str] = ..., completions: _Optional[_Iterable[_Union[LeaseCompletion, _Mapping]]] = ...) -> None: ...
+
+class LeaseOutcome(_message.Message):
+    __slots__ = ("lease_id", "completed", "error")
+    LEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    COMPLETED_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    lease_id: str
+    completed: bool
+    error: str
+    def __init__(self, lease_id: _Optional[str] = ..., completed: _Optional[bool] = ..., error: _Optional[str] = ...) -> None: ...
+
+class CompleteLeasesResponse(_message.Message):
+    __slots__ = ("outcomes",)
+    OUTCOMES_FIELD_NUMBER: _ClassVar[int]
+    outcomes: _containers.RepeatedCompositeFieldContainer[LeaseOutcome]
+    def __init__(self, outcomes: _Optional[_Iterable[_Union[LeaseOutcome, _Mapping]]] = ...) -> None: ...
+
 class BeginWeightPushRequest(_message.Message):
     __slots__ = ("version", "store_address", "transport", "tensors", "bucket_bytes", "timeout_s", "join_timeout_s", "manifest_digest", "delta_codec", "delta_base_push_id")
     VERSION_FIELD_NUMBER: _ClassVar[int]

@@ -54,6 +54,16 @@ class ControllerStub:
                 request_serializer=asyncrl_dot_v1_dot_controller__pb2.CompleteLeaseRequest.SerializeToString,
                 response_deserializer=asyncrl_dot_v1_dot_controller__pb2.CompleteLeaseResponse.FromString,
                 _registered_method=True)
+        self.AcquireLeases = channel.unary_unary(
+                '/asyncrl.v1.Controller/AcquireLeases',
+                request_serializer=asyncrl_dot_v1_dot_controller__pb2.AcquireLeasesRequest.SerializeToString,
+                response_deserializer=asyncrl_dot_v1_dot_controller__pb2.AcquireLeasesResponse.FromString,
+                _registered_method=True)
+        self.CompleteLeases = channel.unary_unary(
+                '/asyncrl.v1.Controller/CompleteLeases',
+                request_serializer=asyncrl_dot_v1_dot_controller__pb2.CompleteLeasesRequest.SerializeToString,
+                response_deserializer=asyncrl_dot_v1_dot_controller__pb2.CompleteLeasesResponse.FromString,
+                _registered_method=True)
         self.BeginWeightPush = channel.unary_unary(
                 '/asyncrl.v1.Controller/BeginWeightPush',
                 request_serializer=asyncrl_dot_v1_dot_controller__pb2.BeginWeightPushRequest.SerializeToString,
@@ -108,6 +118,23 @@ class ControllerServicer:
 
     def CompleteLease(self, request, context):
         """Reports how many of the leased trajectories were written; the rest of the quota returns.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def AcquireLeases(self, request, context):
+        """Several leases in one call (a replica generating many prompt groups per engine call): the first is held
+        like AcquireLease's, for at most wait_s; more, up to max_leases, are granted only when admissible at once.
+        Fewer round trips than one AcquireLease per lease, same admission rule lease by lease.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CompleteLeases(self, request, context):
+        """Reports several leases in one call. Each settles on its own: one that expired meanwhile does not keep
+        the others from completing (its outcome says why). A malformed field fails the whole call, nothing applied.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -171,6 +198,16 @@ def add_ControllerServicer_to_server(servicer, server):
                     servicer.CompleteLease,
                     request_deserializer=asyncrl_dot_v1_dot_controller__pb2.CompleteLeaseRequest.FromString,
                     response_serializer=asyncrl_dot_v1_dot_controller__pb2.CompleteLeaseResponse.SerializeToString,
+            ),
+            'AcquireLeases': grpc.unary_unary_rpc_method_handler(
+                    servicer.AcquireLeases,
+                    request_deserializer=asyncrl_dot_v1_dot_controller__pb2.AcquireLeasesRequest.FromString,
+                    response_serializer=asyncrl_dot_v1_dot_controller__pb2.AcquireLeasesResponse.SerializeToString,
+            ),
+            'CompleteLeases': grpc.unary_unary_rpc_method_handler(
+                    servicer.CompleteLeases,
+                    request_deserializer=asyncrl_dot_v1_dot_controller__pb2.CompleteLeasesRequest.FromString,
+                    response_serializer=asyncrl_dot_v1_dot_controller__pb2.CompleteLeasesResponse.SerializeToString,
             ),
             'BeginWeightPush': grpc.unary_unary_rpc_method_handler(
                     servicer.BeginWeightPush,
@@ -306,6 +343,60 @@ class Controller:
             '/asyncrl.v1.Controller/CompleteLease',
             asyncrl_dot_v1_dot_controller__pb2.CompleteLeaseRequest.SerializeToString,
             asyncrl_dot_v1_dot_controller__pb2.CompleteLeaseResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AcquireLeases(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/asyncrl.v1.Controller/AcquireLeases',
+            asyncrl_dot_v1_dot_controller__pb2.AcquireLeasesRequest.SerializeToString,
+            asyncrl_dot_v1_dot_controller__pb2.AcquireLeasesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CompleteLeases(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/asyncrl.v1.Controller/CompleteLeases',
+            asyncrl_dot_v1_dot_controller__pb2.CompleteLeasesRequest.SerializeToString,
+            asyncrl_dot_v1_dot_controller__pb2.CompleteLeasesResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -5,6 +5,7 @@ as a subprocess."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import signal
@@ -123,6 +124,40 @@ def test_replica_rpcs_and_lease_lifecycle(controller):
     assert kinds[:3] == ["replica_registered", "lease_granted", "lease_completed"]
 
 
+def test_several_leases_per_call(controller):
+    stub = controller.stub
+    rid = register(stub)
+    # B = 8, eta = 0: two leases of 4 fit, a third does not; the answer says why it stopped.
+    answer = stub.AcquireLeases(pb.AcquireLeasesRequest(replica_id=rid, num_trajectories=4, max_leases=3, wait_s=0))
+    assert [lease.prompt_index for lease in answer.leases] == [0, 1]
+    assert all(lease.lease_id and lease.version == 0 and lease.expires_unix_s > time.time() for lease in answer.leases)
+    assert "staleness bound" in answer.reason
+    first, second = answer.leases
+    done = stub.CompleteLeases(pb.CompleteLeasesRequest(replica_id=rid, completions=[
+        pb.LeaseCompletion(lease_id=first.lease_id, num_written=4), pb.LeaseCompletion(lease_id="lease-gone"),
+        pb.LeaseCompletion(lease_id=second.lease_id, num_written=0),
+    ]))  # fmt: skip
+    assert [(o.lease_id, o.completed) for o in done.outcomes] == [
+        (first.lease_id, True), ("lease-gone", False), (second.lease_id, True)]
+    assert done.outcomes[1].error.startswith("completions[1].lease_id: unknown lease 'lease-gone'")
+    # second's 4 came back: one more lease of 4, then none within wait_s, with the reason.
+    again = stub.AcquireLeases(pb.AcquireLeasesRequest(replica_id=rid, num_trajectories=4, max_leases=4, wait_s=0))
+    assert [lease.prompt_index for lease in again.leases] == [2]
+    none = stub.AcquireLeases(pb.AcquireLeasesRequest(replica_id=rid, num_trajectories=4, max_leases=4, wait_s=0.1))
+    assert list(none.leases) == [] and "staleness bound" in none.reason
+    # A malformed completion fails the whole call: the open lease stays open.
+    err = rpc_error(stub.CompleteLeases, pb.CompleteLeasesRequest(replica_id=rid, completions=[
+        pb.LeaseCompletion(lease_id="lease-gone"), pb.LeaseCompletion(lease_id=again.leases[0].lease_id, num_written=5)]))
+    assert err.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert err.details().startswith("completions[1].num_written: must be <= the lease's 4 trajectories, got 5")
+    err = rpc_error(stub.CompleteLeases, pb.CompleteLeasesRequest(replica_id=rid, completions=[
+        pb.LeaseCompletion(lease_id=again.leases[0].lease_id, num_written=0)] * 2))
+    assert err.details().startswith("completions[1].lease_id: the same lease twice")
+    assert stub.GetStatus(pb.GetStatusRequest()).replicas[0].active_leases == 1
+    grants = [e for e in read_events(controller.run_dir, "controller") if e["kind"] == "lease_granted"]
+    assert [g["admitted_after"] for g in grants] == [4, 8, 8]
+
+
 def test_learner_rpcs_with_zero_receivers(controller):
     stub = controller.stub
     begun = stub.BeginWeightPush(
@@ -160,6 +195,14 @@ INVALID = [
     ("AcquireLease", pb.AcquireLeaseRequest(replica_id=VALID, num_trajectories=1, wait_s=-1), "wait_s: must be in [0.0, "),
     ("CompleteLease", pb.CompleteLeaseRequest(replica_id=VALID, lease_id=""), "lease_id: must be a name"),
     ("CompleteLease", pb.CompleteLeaseRequest(replica_id=VALID, lease_id="l", num_written=-1), "num_written: must be in [0, 8], got -1"),
+    ("AcquireLeases", pb.AcquireLeasesRequest(replica_id=VALID, num_trajectories=1), "max_leases: must be in [1, 8], got 0"),
+    ("AcquireLeases", pb.AcquireLeasesRequest(replica_id=VALID, num_trajectories=1, max_leases=9), "max_leases: must be in [1, 8], got 9"),
+    ("AcquireLeases", pb.AcquireLeasesRequest(replica_id=VALID, num_trajectories=0, max_leases=1), "num_trajectories: must be in [1, 8], got 0"),
+    ("AcquireLeases", pb.AcquireLeasesRequest(replica_id=VALID, num_trajectories=1, max_leases=1, wait_s=math.nan), "wait_s: must be in [0.0, "),
+    ("CompleteLeases", pb.CompleteLeasesRequest(replica_id=VALID), "completions: 1 to 4096 entries, got 0"),
+    ("CompleteLeases", pb.CompleteLeasesRequest(replica_id=VALID, completions=[pb.LeaseCompletion(lease_id="l"), pb.LeaseCompletion(lease_id="a b")]), "completions[1].lease_id: must be a name"),
+    ("CompleteLeases", pb.CompleteLeasesRequest(replica_id=VALID, completions=[pb.LeaseCompletion(lease_id="l"), pb.LeaseCompletion(lease_id="l")]), "completions[1].lease_id: the same lease twice"),
+    ("CompleteLeases", pb.CompleteLeasesRequest(replica_id=VALID, completions=[pb.LeaseCompletion(lease_id="l", num_written=9)]), "completions[0].num_written: must be in [0, 8], got 9"),
     ("BeginWeightPush", push_request(store_address="nowhere"), "store_address: must be host:port"),
     ("BeginWeightPush", push_request(transport="tcp"), "transport: must be one of"),
     ("BeginWeightPush", push_request(tensors=[]), "tensors: must list 1 to"),
@@ -181,7 +224,11 @@ INVALID = [
 def test_unknown_replicas_are_not_found(controller):
     # NOT_FOUND tells a replica the controller forgot it (a restart, or dead too long): it registers again.
     for call, request in [(controller.stub.Heartbeat, pb.HeartbeatRequest(replica_id="x")),
-                          (controller.stub.AcquireLease, pb.AcquireLeaseRequest(replica_id="x", num_trajectories=1))]:
+                          (controller.stub.AcquireLease, pb.AcquireLeaseRequest(replica_id="x", num_trajectories=1)),
+                          (controller.stub.AcquireLeases,
+                           pb.AcquireLeasesRequest(replica_id="x", num_trajectories=1, max_leases=2)),
+                          (controller.stub.CompleteLeases, pb.CompleteLeasesRequest(
+                              replica_id="x", completions=[pb.LeaseCompletion(lease_id="l")]))]:
         err = rpc_error(call, request)
         assert err.code() == grpc.StatusCode.NOT_FOUND and err.details().startswith("replica_id: unknown replica 'x'")
 

@@ -59,6 +59,15 @@ def controller_cases():
     for lease_id, written in [("", 0), (BIG, 0), ("nope", 0), ("lease-1", -1), ("lease-1", I32)]:
         cases.append(("CompleteLease", c.CompleteLeaseRequest(replica_id="nobody", lease_id=lease_id,
                                                               num_written=written)))
+    for n, most, wait in [(0, 1, 0.0), (1, 0, 0.0), (1, -3, 0.0), (1, I32, 0.0), (I32, 1, 0.0),
+                          *[(1, 2, f) for f in BAD_FLOATS]]:
+        cases.append(("AcquireLeases", c.AcquireLeasesRequest(replica_id="nobody", num_trajectories=n,
+                                                              max_leases=most, wait_s=wait)))
+    for completions in [[], [c.LeaseCompletion(lease_id="l")] * 5000, [c.LeaseCompletion(lease_id=BIG)],
+                        [c.LeaseCompletion(lease_id="l", num_written=-1)], [c.LeaseCompletion(lease_id="l"),
+                        c.LeaseCompletion(lease_id="l")], [c.LeaseCompletion(lease_id="l", num_written=I32)],
+                        [c.LeaseCompletion(lease_id="nope")]]:
+        cases.append(("CompleteLeases", c.CompleteLeasesRequest(replica_id="nobody", completions=completions)))
     tensor = weights_pb2.TensorSpec(name="w", shape=[2, 2], dtype="float32")
     good_push = {"version": 1, "store_address": "127.0.0.1:29500", "transport": "gloo", "bucket_bytes": 1 << 20,
                      "tensors": [tensor]}

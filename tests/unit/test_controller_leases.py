@@ -7,6 +7,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from asyncrl.controller.errors import InvalidRequest, PreconditionFailed
+from asyncrl.controller.persistence import MemoryStore
 from asyncrl.controller.push import PushOffer
 from asyncrl.controller.staleness import admissible
 from tests.fakes import TINY_TENSORS, make_state
@@ -227,3 +228,71 @@ def test_heartbeats_keep_only_the_leases_a_replica_still_holds():
     clock.advance(10.0)
     state.heartbeat(rid, 0)
     assert state.complete(rid, third.lease_id, 4) == 0
+
+
+# ---- several leases per call (AcquireLeases / CompleteLeases) -------------------------------------------------
+
+
+def test_acquire_many_grants_while_admissible_then_says_why_not():
+    state, _, _, events = make_state(batch_size=8, eta=1)
+    rid = state.register("127.0.0.1:7001", "", 0, "torch").replica_id
+    # N_r <= (0 + 1 + 1) * 8 = 16 at version 0: four leases of 4 fit, and a fifth is refused.
+    batch = state.try_acquire_many(rid, 4, 5, time.monotonic(), final=True)
+    assert [d.prompt_index for d in batch.leases] == [0, 1, 2, 3]
+    assert all(d.granted and d.version == 0 for d in batch.leases)
+    assert batch.reason.startswith("staleness bound: N_r would reach 20 > (i+eta+1)*B = 16")
+    # Each lease's event carries N_r right after it: the audit checks the rule lease by lease.
+    grants = events.of_kind("lease_granted")
+    assert [g["admitted_after"] for g in grants] == [4, 8, 12, 16]
+    for g in grants:
+        assert admissible(g["admitted_after"] - g["n"], g["n"], g["batch_size"], g["version"], g["eta"]), g
+    # Nothing admissible and not final: held (None); final: no lease, the reason.
+    assert state.try_acquire_many(rid, 4, 2, time.monotonic(), final=False) is None
+    refused = state.try_acquire_many(rid, 4, 2, time.monotonic(), final=True)
+    assert refused.leases == [] and "staleness bound" in refused.reason
+
+
+def test_acquire_many_stops_at_max_leases_with_no_reason():
+    state, _, _, _ = make_state(batch_size=8, eta=None)
+    rid = state.register("127.0.0.1:7001", "", 0, "torch").replica_id
+    batch = state.try_acquire_many(rid, 8, 3, time.monotonic(), final=True)
+    assert len(batch.leases) == 3 and batch.reason == ""
+    assert len({d.lease_id for d in batch.leases}) == 3
+
+
+def test_acquire_many_is_persisted_once_before_the_answer():
+    store = MemoryStore()
+    state, _, _, _ = make_state(batch_size=8, eta=None, store=store)
+    rid = state.register("127.0.0.1:7001", "", 0, "torch").replica_id
+    saves = store.saves
+    batch = state.try_acquire_many(rid, 2, 4, time.monotonic(), final=True)
+    assert store.saves == saves + 1
+    assert set(store.leases) == {d.lease_id for d in batch.leases}
+
+
+def test_complete_many_settles_each_lease_on_its_own():
+    state, _, _, events = make_state(batch_size=8, eta=0)
+    rid = state.register("127.0.0.1:7001", "", 0, "torch").replica_id
+    a, b = state.try_acquire_many(rid, 4, 2, time.monotonic(), final=True).leases
+    assert not state.acquire(rid, 4, 0).granted  # B = 8 admitted at eta = 0
+    outcomes = state.complete_many(rid, [(a.lease_id, 4), ("lease-nope", 0), (b.lease_id, 1)])
+    assert outcomes[0] == "" and outcomes[2] == ""
+    assert outcomes[1].startswith("completions[1].lease_id: unknown lease 'lease-nope'")
+    assert [e["num_written"] for e in events.of_kind("lease_completed")] == [4, 1]
+    # b's unwritten 3 came back: a lease of 3 fits again, one of 4 does not.
+    assert state.acquire(rid, 3, 0).granted and not state.acquire(rid, 1, 0).granted
+    late = state.try_acquire_many(rid, 1, 1, time.monotonic(), final=True)
+    assert late.leases == []
+
+
+def test_complete_many_refuses_a_malformed_completion_before_applying_any():
+    state, _, _, events = make_state(batch_size=8, eta=None)
+    a = state.register("127.0.0.1:7001", "", 0, "torch").replica_id
+    b = state.register("127.0.0.1:7002", "", 0, "torch").replica_id
+    mine, theirs = state.acquire(a, 4, 0), state.acquire(b, 4, 0)
+    with pytest.raises(InvalidRequest, match=r"^completions\[1\]\.num_written: must be <= the lease's 4"):
+        state.complete_many(a, [("lease-gone", 0), (mine.lease_id, 5)])
+    with pytest.raises(InvalidRequest, match=r"^completions\[0\]\.lease_id: .* belongs to replica"):
+        state.complete_many(a, [(theirs.lease_id, 4), (mine.lease_id, 4)])
+    assert events.of_kind("lease_completed") == []  # nothing applied
+    assert state.complete_many(a, [(mine.lease_id, 4)]) == [""]
