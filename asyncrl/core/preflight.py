@@ -1,5 +1,5 @@
-"""Checks a process runs before it starts anything: the checkpoints exist and load, the task builds (its
-dataset files exist, hold rows and the named field), the reward resolves. Each failure is one
+"""Checks `asyncrl up` runs before it starts anything: the checkpoints exist and load, the task builds (its
+dataset files exist, hold rows and the named field), the reward resolves, a NCCL push has a GPU per rank. Each failure is one
 `ConfigError` naming the config key and the path, instead of a traceback minutes into a run."""
 
 from __future__ import annotations
@@ -36,12 +36,45 @@ def check_routing_replay(config) -> None:
         )
 
 
+def _cuda_index(device: str) -> int | None:
+    """The GPU a torch device string names ("cuda" = the first), None for anything else."""
+    if not device.startswith("cuda"):
+        return None
+    return int(device.partition(":")[2] or 0)
+
+
+def check_local_nccl(config) -> None:
+    """On one machine (`asyncrl up`), a NCCL push needs every rank on a GPU of its own: NCCL refuses two ranks
+    on one device ("Duplicate GPU detected", seen on an H100). The learner's ranks sit on `learner.device`
+    (rank r on cuda:r when sharded) and every replica `up` starts on the one `rollout.engine.device`."""
+    if config.learner.weight_transport.type != "nccl":
+        return
+    key = "learner.weight_transport.type"
+    learner = _cuda_index(config.learner.device)
+    if learner is None:
+        raise ConfigError(f"{key}: nccl pushes GPU tensors, but learner.device is {config.learner.device!r}; "
+                          "use gloo")
+    if config.rollout.replicas > 1:
+        raise ConfigError(f"{key}: nccl needs one GPU per rank, and the {config.rollout.replicas} replicas `up` "
+                          "starts share rollout.engine.device (NCCL refuses two ranks on one GPU); use gloo, or "
+                          "start replicas on GPUs of their own with `asyncrl rollout`")
+    learner_gpus = set(range(config.learner.world_size)) if config.learner.world_size > 1 else {learner}
+    if config.rollout.engine.type == "torch":
+        replica = _cuda_index(config.rollout.engine.device)
+        if replica is None or replica in learner_gpus:
+            used = ", ".join(f"cuda:{i}" for i in sorted(learner_gpus))
+            raise ConfigError(f"{key}: nccl needs the replica on a GPU of its own, but rollout.engine.device is "
+                              f"{config.rollout.engine.device!r} and the learner uses {used}; use gloo, or put "
+                              "the replica on another GPU")
+
+
 def preflight(config) -> None:
     """Everything a run needs from the disk, checked once before any process starts."""
     from asyncrl.core.tasks import task_for_run
 
     check_checkpoint(config.model.path, "model.path")
     check_routing_replay(config)
+    check_local_nccl(config)
     if config.teacher.enabled:
         check_checkpoint(config.teacher.model_path, "teacher.model_path")
     try:
