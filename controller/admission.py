@@ -134,7 +134,8 @@ class Admission:
             return batch.leases[0]
         return LeaseDecision(False, self._current_version, reason=batch.reason, held_s=batch.held_s)
 
-    def _decide_many(self, replica: Replica, n: int, max_leases: int, started: float, final: bool) -> LeaseBatch | None:
+    def _decide_many(self, replica: Replica, n: int, max_leases: int, started: float,
+                     final: bool) -> LeaseBatch | None:
         if n > self.batch_size:
             # Larger than B could starve forever under η = 0; one lease is one group and G divides B.
             raise InvalidRequest("num_trajectories", f"must be <= batch_size ({self.batch_size}), got {n}")
@@ -145,7 +146,8 @@ class Admission:
         now = self._clock()
         granted = []  # (lease, N_r right after it): what the η rule admitted it against
         while reason is None and len(granted) < max_leases:
-            granted.append((self._leases.grant(replica.replica_id, n, self._current_version, now), self._leases.admitted))
+            lease = self._leases.grant(replica.replica_id, n, self._current_version, now)
+            granted.append((lease, self._leases.admitted))
             reason = self._refusal(replica, n)
         # One write for all of them, before the answer and the events: a restart knows every lease it granted.
         self._persist()
