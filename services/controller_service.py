@@ -126,9 +126,7 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
 
     async def AcquireLease(self, request, context):
         def check():
-            check_name(request.replica_id, "replica_id")
-            check_range(request.num_trajectories, 1, self.state.batch_size, "num_trajectories")
-            check_range(request.wait_s, 0.0, MAX_TIMEOUT_S, "wait_s")
+            self._check_lease_request(request)
 
         def look(started: float, final: bool):
             d = self.state.try_acquire(request.replica_id, request.num_trajectories, started, final=final)
@@ -151,9 +149,7 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
 
     async def AcquireLeases(self, request, context):
         def check():
-            check_name(request.replica_id, "replica_id")
-            check_range(request.num_trajectories, 1, self.state.batch_size, "num_trajectories")
-            check_range(request.wait_s, 0.0, MAX_TIMEOUT_S, "wait_s")
+            self._check_lease_request(request)
             check_range(request.max_leases, 1, self.state.batch_size, "max_leases")
 
         def look(started: float, final: bool):
@@ -166,6 +162,12 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
             )  # fmt: skip
 
         return await self._held(context, request.wait_s, check, look)
+
+    def _check_lease_request(self, request) -> None:
+        """The fields AcquireLease and AcquireLeases share."""
+        check_name(request.replica_id, "replica_id")
+        check_range(request.num_trajectories, 1, self.state.batch_size, "num_trajectories")
+        check_range(request.wait_s, 0.0, MAX_TIMEOUT_S, "wait_s")
 
     async def _held(self, context, wait_s: float, check, look):
         """Answer a lease request with `look(started, final)`'s first answer (None: not yet), held without a
