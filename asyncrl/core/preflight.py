@@ -1,6 +1,7 @@
 """Checks `asyncrl up` runs before it starts anything: the checkpoints exist and load, the task builds (its
-dataset files exist, hold rows and the named field), the reward resolves, a NCCL push has a GPU per rank. Each failure is one
-`ConfigError` naming the config key and the path, instead of a traceback minutes into a run."""
+dataset files exist, hold rows and the named field), the reward resolves, a NCCL push has a GPU per rank.
+Each failure is one `ConfigError` naming the config key and the path, instead of a traceback minutes into a
+run."""
 
 from __future__ import annotations
 
