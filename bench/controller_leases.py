@@ -5,7 +5,10 @@ Scenarios (the controller in a process of its own, `asyncrl.tools.lease_load`):
 - baseline: 1000 replicas that only heartbeat (no lease traffic);
 - held: the same 1000 replicas asking for leases under η = 2 with B = 64 (one batch per version, most held),
   a simulated learner committing a version every second (a push to all 1000);
-- unbounded: 64 replicas under η = unbounded, generating for ~2 ms per lease (grants/s, grant latency).
+- unbounded: 64 replicas under η = unbounded, generating for ~2 ms per lease (grants/s, grant latency);
+- unbounded, batched: the same with 4 leases per AcquireLeases / CompleteLeases call, as the real replicas
+  ask (`rollout.leases_per_batch`), generating for ~2 ms per batch: leases granted per second against one
+  lease per call.
 Reports heartbeat p50/p99 of each, the held/baseline p99 ratio, grants/s, and whether the controller's
 admitted count equals the trajectories the replicas were granted (the admission count is exact).
 
@@ -46,10 +49,13 @@ def main() -> None:
         baseline = scenario(args.replicas, 2, args.seconds, f"{tmp}/a", acquire=False, push_every_s=None)
         held = scenario(args.replicas, 2, args.seconds, f"{tmp}/b", push_every_s=1.0)
         unbounded = scenario(64, None, args.seconds / 2, f"{tmp}/c", push_every_s=1.0, work_s=0.002)
+        batched = scenario(64, None, args.seconds / 2, f"{tmp}/d", push_every_s=1.0, work_s=0.002, leases_per_call=4)
     result = {
         "machine": f"{os.cpu_count()} CPU cores, controller and load in separate processes",
         "baseline_heartbeat_only": baseline, "held": held, "unbounded_64": unbounded,
+        "unbounded_64_batched_4": batched,
         "held_over_baseline_p99": round(held["heartbeat_p99_ms"] / max(baseline["heartbeat_p99_ms"], 1e-9), 2),
+        "batched_over_single_grants_per_s": round(batched["grants_per_s"] / max(unbounded["grants_per_s"], 1e-9), 2),
     }
     emit("controller_leases", result,
          {"p99 baseline": baseline["heartbeat_p99_ms"], f"p99 {args.replicas} held": held["heartbeat_p99_ms"],

@@ -1,7 +1,9 @@
 """Simulated rollout replicas against a live controller: many held `AcquireLease` calls, heartbeats timed.
 
 Each simulated replica registers, heartbeats every `heartbeat_interval_s` (reporting its leases), and loops:
-AcquireLease (held server-side while the staleness bound says no), "generates" for `work_s`, CompleteLease.
+AcquireLease (held server-side while the staleness bound says no), "generates" for `work_s`, CompleteLease;
+with `leases_per_call` > 1, AcquireLeases and CompleteLeases for up to that many leases at a time, as the
+real replicas do.
 A simulated learner commits a new version every `push_every_s` (the controller's fan-out must be a fake
 that acks at once: the replicas have no weights to receive), which admits one more batch. Used by
 `bench/controller_leases.py` and the load test; everything runs on one asyncio loop in the caller's process.
@@ -30,9 +32,10 @@ class LoadResult:
     seconds: float
     heartbeat_latencies_s: list[float] = field(default_factory=list)
     grant_latencies_s: list[float] = field(default_factory=list)
-    """Time of AcquireLease calls that were granted (including any hold)."""
+    """Time of AcquireLease(s) calls that were granted (including any hold)."""
     heartbeat_errors: int = 0
     grants: int = 0
+    """Leases granted (several per call with `leases_per_call` > 1)."""
     granted_trajectories: int = 0
     refusals: int = 0
     acquire_errors: int = 0
@@ -61,7 +64,7 @@ class LoadResult:
 
 async def run_load(address: str, auth: Auth, *, replicas: int, seconds: float, group_size: int,
                    heartbeat_interval_s: float = 1.0, push_every_s: float | None = 1.0, work_s: float = 0.05,
-                   wait_s: float = 5.0, acquire: bool = True) -> LoadResult:  # fmt: skip
+                   wait_s: float = 5.0, acquire: bool = True, leases_per_call: int = 1) -> LoadResult:  # fmt: skip
     """Drive `replicas` simulated replicas for `seconds`; returns what was measured. `acquire` False: the
     replicas only heartbeat (a baseline)."""
     metadata = () if auth.token is None else ((METADATA_KEY, SCHEME + auth.token),)
@@ -74,7 +77,7 @@ async def run_load(address: str, auth: Auth, *, replicas: int, seconds: float, g
         stop = asyncio.Event()
         started = time.monotonic()
         tasks = [asyncio.create_task(_replica(stub, rid, result, stop, group_size, heartbeat_interval_s, work_s,
-                                              wait_s, acquire)) for rid in ids]  # fmt: skip
+                                              wait_s, acquire, leases_per_call)) for rid in ids]  # fmt: skip
         tasks.append(asyncio.create_task(_watch_held(stub, result, stop)))
         if push_every_s:
             tasks.append(asyncio.create_task(_learner(stub, result, stop, push_every_s, ids)))
@@ -88,31 +91,51 @@ async def run_load(address: str, auth: Auth, *, replicas: int, seconds: float, g
 
 
 async def _replica(stub, rid: str, result: LoadResult, stop: asyncio.Event, group_size: int,
-                   heartbeat_interval_s: float, work_s: float, wait_s: float, acquire: bool) -> None:  # fmt: skip
+                   heartbeat_interval_s: float, work_s: float, wait_s: float, acquire: bool,
+                   leases_per_call: int) -> None:  # fmt: skip
     held: set[str] = set()
     beat = asyncio.create_task(_heartbeats(stub, rid, result, stop, heartbeat_interval_s, held))
     await asyncio.sleep(random.random() * wait_s)  # replicas come up at different times, not all at once
     while acquire and not stop.is_set():
         t0 = time.perf_counter()
         try:
-            lease = await stub.AcquireLease(pb.AcquireLeaseRequest(
-                replica_id=rid, num_trajectories=group_size, wait_s=wait_s), timeout=wait_s + 30)
+            lease_ids = await _acquire(stub, rid, group_size, wait_s, leases_per_call)
         except grpc.aio.AioRpcError:
             result.acquire_errors += 1
             await asyncio.sleep(0.1)
             continue
-        if not lease.granted:
+        if not lease_ids:
             result.refusals += 1
             continue
-        result.grants += 1
+        result.grants += len(lease_ids)
         result.grant_latencies_s.append(time.perf_counter() - t0)
-        result.granted_trajectories += group_size
-        held.add(lease.lease_id)
+        result.granted_trajectories += group_size * len(lease_ids)
+        held.update(lease_ids)
         await asyncio.sleep(work_s * (0.5 + random.random()))
-        await stub.CompleteLease(pb.CompleteLeaseRequest(replica_id=rid, lease_id=lease.lease_id,
-                                                         num_written=group_size))  # fmt: skip
-        held.discard(lease.lease_id)
+        await _complete(stub, rid, lease_ids, group_size, leases_per_call)
+        held.difference_update(lease_ids)
     await beat
+
+
+async def _acquire(stub, rid: str, group_size: int, wait_s: float, leases_per_call: int) -> list[str]:
+    """The ids of the leases granted (none: refused after the hold)."""
+    if leases_per_call == 1:
+        lease = await stub.AcquireLease(pb.AcquireLeaseRequest(
+            replica_id=rid, num_trajectories=group_size, wait_s=wait_s), timeout=wait_s + 30)  # fmt: skip
+        return [lease.lease_id] if lease.granted else []
+    answer = await stub.AcquireLeases(pb.AcquireLeasesRequest(
+        replica_id=rid, num_trajectories=group_size, wait_s=wait_s, max_leases=leases_per_call),
+        timeout=wait_s + 30)  # fmt: skip
+    return [lease.lease_id for lease in answer.leases]
+
+
+async def _complete(stub, rid: str, lease_ids: list[str], group_size: int, leases_per_call: int) -> None:
+    if leases_per_call == 1:
+        await stub.CompleteLease(pb.CompleteLeaseRequest(replica_id=rid, lease_id=lease_ids[0],
+                                                         num_written=group_size))  # fmt: skip
+        return
+    await stub.CompleteLeases(pb.CompleteLeasesRequest(replica_id=rid, completions=[
+        pb.LeaseCompletion(lease_id=lease_id, num_written=group_size) for lease_id in lease_ids]))  # fmt: skip
 
 
 async def _heartbeats(stub, rid: str, result: LoadResult, stop: asyncio.Event, interval_s: float,

@@ -32,3 +32,21 @@ def test_a_thousand_held_replicas_leave_heartbeats_responsive_and_admission_exac
     report = AuditReport()
     check_eta(report, read_events(tmp_path, "controller"))
     assert report.leases_granted == result.grants and not report.eta_violations
+
+
+def test_replicas_asking_for_several_leases_per_call_keep_admission_exact(tmp_path):
+    """As the real replicas ask: up to 4 leases per AcquireLeases, completed in one CompleteLeases; under η = 1
+    with a version a second, every lease the log shows obeyed the rule and N_r equals what was granted."""
+    raw = {"run_dir": str(tmp_path), "learner": {"batch_size": 64}, "sampling": {"group_size": 8},
+           "controller": {"port": 0, "status_port": 0, "eta": 1, "state_store": "none"}}
+    with controller_process(raw) as port:
+        result = asyncio.run(run_load(f"127.0.0.1:{port}", TEST_AUTH, replicas=16, seconds=4.0, group_size=8,
+                                      push_every_s=0.5, wait_s=1.0, leases_per_call=4))
+    summary = result.summary()
+    print(summary)
+    assert result.heartbeat_errors == 0 and result.acquire_errors == 0, summary
+    assert result.grants > len(result.grant_latencies_s), summary  # several leases per granted call
+    assert result.final_admitted == result.granted_trajectories, summary
+    report = AuditReport()
+    check_eta(report, read_events(tmp_path, "controller"))
+    assert report.leases_granted == result.grants and not report.eta_violations
