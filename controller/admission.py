@@ -52,11 +52,7 @@ class Admission:
         """One look at a lease request, never waiting: a grant; a refusal with its reason when `final`; else None
         (the caller holds the request and asks again when woken). `started`: when the request arrived
         (time.monotonic), for the hold time."""
-        with self._cond:
-            replica = self._registry.get(replica_id)
-            self._reap_locked()
-            self._touch(replica)  # a replica waiting in AcquireLease is evidently alive
-            return self._decide(replica, num_trajectories, started, final)
+        return _one(self.try_acquire_many(replica_id, num_trajectories, 1, started, final))
 
     def try_acquire_many(self, replica_id: str, num_trajectories: int, max_leases: int, started: float,
                          final: bool) -> LeaseBatch | None:
@@ -66,7 +62,7 @@ class Admission:
         with self._cond:
             replica = self._registry.get(replica_id)
             self._reap_locked()
-            self._touch(replica)
+            self._touch(replica)  # a replica waiting in AcquireLease(s) is evidently alive
             return self._decide_many(replica, num_trajectories, max_leases, started, final)
 
     def hold_limit(self, wait_s: float) -> float:
@@ -127,12 +123,7 @@ class Admission:
         return returned
 
     def _decide(self, replica: Replica, n: int, started: float, final: bool) -> LeaseDecision | None:
-        batch = self._decide_many(replica, n, 1, started, final)
-        if batch is None:
-            return None
-        if batch.leases:
-            return batch.leases[0]
-        return LeaseDecision(False, self._current_version, reason=batch.reason, held_s=batch.held_s)
+        return _one(self._decide_many(replica, n, 1, started, final))
 
     def _decide_many(self, replica: Replica, n: int, max_leases: int, started: float,
                      final: bool) -> LeaseBatch | None:
@@ -142,7 +133,7 @@ class Admission:
         reason = self._refusal(replica, n)
         held_s = time.monotonic() - started
         if reason is not None:
-            return LeaseBatch([], reason, held_s) if final else None
+            return LeaseBatch([], reason, self._current_version, held_s) if final else None
         now = self._clock()
         granted = []  # (lease, N_r right after it): what the η rule admitted it against
         while reason is None and len(granted) < max_leases:
@@ -152,7 +143,7 @@ class Admission:
         # One write for all of them, before the answer and the events: a restart knows every lease it granted.
         self._persist()
         decisions = [self._announce(replica, lease, admitted, now, held_s) for lease, admitted in granted]
-        return LeaseBatch(decisions, reason or "", held_s)
+        return LeaseBatch(decisions, reason or "", self._current_version, held_s)
 
     def _count_held(self, delta: int) -> None:
         self._held += delta
@@ -191,3 +182,12 @@ class Admission:
         return LeaseDecision(
             True, lease.version, lease.lease_id, lease.prompt_index, expires_unix_s, "", held_s
         )
+
+
+def _one(batch: LeaseBatch | None) -> LeaseDecision | None:
+    """The answer to a one-lease request from its batch of at most one: the grant, or the refusal."""
+    if batch is None:
+        return None
+    if batch.leases:
+        return batch.leases[0]
+    return LeaseDecision(False, batch.version, reason=batch.reason, held_s=batch.held_s)

@@ -42,6 +42,8 @@ class LeaseBatch:
     """The grants, in admission order; empty: none (refused)."""
     reason: str
     """Why no (further) lease was granted; empty when every lease asked for was."""
+    version: int
+    """Policy version at the decision."""
     held_s: float = 0.0
 
 
