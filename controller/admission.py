@@ -136,9 +136,11 @@ class Admission:
             return LeaseBatch([], reason, self._current_version, held_s) if final else None
         now = self._clock()
         granted = []  # (lease, N_r right after it): what the η rule admitted it against
-        while reason is None and len(granted) < max_leases:
+        while reason is None:
             lease = self._leases.grant(replica.replica_id, n, self._current_version, now)
             granted.append((lease, self._leases.admitted))
+            if len(granted) == max_leases:
+                break  # all asked for: no reason to give, and no rule to check for a lease nobody wants
             reason = self._refusal(replica, n)
         # One write for all of them, before the answer and the events: a restart knows every lease it granted.
         self._persist()

@@ -252,6 +252,13 @@ def test_acquire_many_grants_while_admissible_then_says_why_not():
     assert refused.leases == [] and "staleness bound" in refused.reason
 
 
+def test_acquire_many_that_gets_all_it_asked_for_gives_no_reason_even_at_the_bound():
+    state, _, _, _ = make_state(batch_size=8, eta=0)
+    rid = state.register("127.0.0.1:7001", "", 0, "torch").replica_id
+    batch = state.try_acquire_many(rid, 4, 2, time.monotonic(), final=True)  # N_r reaches B exactly
+    assert len(batch.leases) == 2 and batch.reason == ""
+
+
 def test_acquire_many_stops_at_max_leases_with_no_reason():
     state, _, _, _ = make_state(batch_size=8, eta=None)
     rid = state.register("127.0.0.1:7001", "", 0, "torch").replica_id
