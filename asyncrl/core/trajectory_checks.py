@@ -69,36 +69,85 @@ def check_trajectory_group(group, limits: TrajectoryLimits) -> None:
     n = len(group.trajectories)
     if n != limits.group_size:
         raise BadGroup(f"trajectories: {n} in the group, expected sampling.group_size = {limits.group_size}")
+    # Every group passes through here twice (the replica before `put`, the learner before training) and nearly
+    # all pass: one quick look over the whole group's values, and the per-trajectory walk that names the
+    # problem only when that look is not sure (measured per 8-trajectory group: 146 -> 35 us with 4-token
+    # responses, 120 -> 85 us with 256-token ones).
+    if _surely_passes(group.trajectories, limits):
+        return
     for t in group.trajectories:
-        name = t.trajectory_id
-        prompt, response = np.asarray(t.prompt_token_ids), np.asarray(t.response_token_ids)
-        if not prompt.size:
-            raise BadGroup(f"trajectory {name!r}: empty prompt_token_ids")
-        if not response.size:
-            raise BadGroup(f"trajectory {name!r}: empty response_token_ids")
-        if response.size > limits.max_response_tokens:
-            raise BadGroup(f"trajectory {name!r}: {response.size} response tokens > max_new_tokens "
-                           f"({limits.max_response_tokens})")
-        if prompt.size + response.size > limits.max_sequence_tokens:
-            raise BadGroup(f"trajectory {name!r}: {prompt.size + response.size} tokens > the model's context "
-                           f"({limits.max_sequence_tokens})")
-        for field, ids in (("prompt_token_ids", prompt), ("response_token_ids", response)):
-            if ids.min() < 0 or ids.max() >= limits.vocab_size:
-                raise BadGroup(f"trajectory {name!r}: {field} outside the vocabulary [0, {limits.vocab_size})")
-        if len(t.logp_behav) != response.size or len(t.weight_version) != response.size:
-            raise BadGroup(f"trajectory {name!r}: {response.size} tokens but {len(t.logp_behav)} logp_behav and "
-                           f"{len(t.weight_version)} weight_version entries")
-        _floats(t.logp_behav, "logp_behav", name, LOGP_TOLERANCE)
-        if len(t.logp_teacher):
-            if len(t.logp_teacher) != response.size:
-                raise BadGroup(f"trajectory {name!r}: {len(t.logp_teacher)} logp_teacher for {response.size} tokens")
-            _floats(t.logp_teacher, "logp_teacher", name, LOGP_TOLERANCE)
-        versions = np.asarray(t.weight_version)
-        if versions.min() < 0:
-            raise BadGroup(f"trajectory {name!r}: weight_version {versions.min()} < 0")
-        if limits.max_version is not None and versions.max() > limits.max_version:
-            raise BadGroup(f"trajectory {name!r}: weight_version {versions.max()} is from the future (current "
-                           f"version {limits.max_version})")
-        if not math.isfinite(t.reward) or abs(t.reward) > limits.max_abs_reward:
-            raise BadGroup(f"trajectory {name!r}: reward {t.reward:g} is not finite or |reward| > reward.max_abs "
-                           f"({limits.max_abs_reward:g})")
+        _check_trajectory(t, limits)
+
+
+# Below this many values, builtins over one concatenated list beat numpy's per-array overhead; above it,
+# numpy's conversion (about half the cost per value) wins.
+_FEW_VALUES = 1024
+
+
+def _summary(trajectories, fields: tuple[str, ...]) -> tuple[float, float, bool]:
+    """(min, max, whether the sum is finite) over `fields` of every trajectory. A finite sum means no NaN or
+    inf among the values (both propagate); were finite values ever to overflow the sum (float32 log-probs
+    summed in float64 cannot), the group would only go to the exact walk."""
+    count = sum(len(getattr(t, f)) for t in trajectories for f in fields)
+    if count <= _FEW_VALUES:
+        values: list = []
+        for t in trajectories:
+            for f in fields:
+                values.extend(getattr(t, f))
+        return min(values), max(values), math.isfinite(sum(values))
+    array = np.concatenate([np.asarray(getattr(t, f)) for t in trajectories for f in fields])
+    return array.min(), array.max(), math.isfinite(array.sum(dtype=np.float64))
+
+
+def _surely_passes(trajectories, limits: TrajectoryLimits) -> bool:
+    """True only when every trajectory passes `_check_trajectory`; False when one may not (that walk decides)."""
+    for t in trajectories:
+        prompt, response = len(t.prompt_token_ids), len(t.response_token_ids)
+        if not (prompt and 0 < response <= limits.max_response_tokens
+                and prompt + response <= limits.max_sequence_tokens
+                and len(t.logp_behav) == response == len(t.weight_version)
+                and len(t.logp_teacher) in (0, response)):
+            return False
+    ids_min, ids_max, _ = _summary(trajectories, ("prompt_token_ids", "response_token_ids"))
+    _, logp_max, logp_finite = _summary(trajectories, ("logp_behav", "logp_teacher"))
+    version_min, version_max, _ = _summary(trajectories, ("weight_version",))
+    rewards = [t.reward for t in trajectories]
+    return bool(ids_min >= 0 and ids_max < limits.vocab_size and logp_finite and logp_max <= LOGP_TOLERANCE
+                and version_min >= 0 and (limits.max_version is None or version_max <= limits.max_version)
+                and math.isfinite(sum(rewards)) and max(map(abs, rewards)) <= limits.max_abs_reward)
+
+
+def _check_trajectory(t, limits: TrajectoryLimits) -> None:
+    """BadGroup naming the first problem of one trajectory."""
+    name = t.trajectory_id
+    prompt, response = np.asarray(t.prompt_token_ids), np.asarray(t.response_token_ids)
+    if not prompt.size:
+        raise BadGroup(f"trajectory {name!r}: empty prompt_token_ids")
+    if not response.size:
+        raise BadGroup(f"trajectory {name!r}: empty response_token_ids")
+    if response.size > limits.max_response_tokens:
+        raise BadGroup(f"trajectory {name!r}: {response.size} response tokens > max_new_tokens "
+                       f"({limits.max_response_tokens})")
+    if prompt.size + response.size > limits.max_sequence_tokens:
+        raise BadGroup(f"trajectory {name!r}: {prompt.size + response.size} tokens > the model's context "
+                       f"({limits.max_sequence_tokens})")
+    for field, ids in (("prompt_token_ids", prompt), ("response_token_ids", response)):
+        if ids.min() < 0 or ids.max() >= limits.vocab_size:
+            raise BadGroup(f"trajectory {name!r}: {field} outside the vocabulary [0, {limits.vocab_size})")
+    if len(t.logp_behav) != response.size or len(t.weight_version) != response.size:
+        raise BadGroup(f"trajectory {name!r}: {response.size} tokens but {len(t.logp_behav)} logp_behav and "
+                       f"{len(t.weight_version)} weight_version entries")
+    _floats(t.logp_behav, "logp_behav", name, LOGP_TOLERANCE)
+    if len(t.logp_teacher):
+        if len(t.logp_teacher) != response.size:
+            raise BadGroup(f"trajectory {name!r}: {len(t.logp_teacher)} logp_teacher for {response.size} tokens")
+        _floats(t.logp_teacher, "logp_teacher", name, LOGP_TOLERANCE)
+    versions = np.asarray(t.weight_version)
+    if versions.min() < 0:
+        raise BadGroup(f"trajectory {name!r}: weight_version {versions.min()} < 0")
+    if limits.max_version is not None and versions.max() > limits.max_version:
+        raise BadGroup(f"trajectory {name!r}: weight_version {versions.max()} is from the future (current "
+                       f"version {limits.max_version})")
+    if not math.isfinite(t.reward) or abs(t.reward) > limits.max_abs_reward:
+        raise BadGroup(f"trajectory {name!r}: reward {t.reward:g} is not finite or |reward| > reward.max_abs "
+                       f"({limits.max_abs_reward:g})")

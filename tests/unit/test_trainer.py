@@ -92,6 +92,18 @@ def test_a_non_finite_update_is_skipped_and_the_weights_stay_finite(tiny_model_d
         torch.isfinite(v).all() for s in trainer.optimizer.state.values() for v in s.values() if torch.is_tensor(v))
 
 
+@pytest.mark.parametrize("value, finite", [(float("nan"), False), (float("inf"), False), (-float("inf"), False),
+                                          (3e38, True)])
+def test_the_weights_check_finds_any_non_finite_weight(tiny_model_dir, value, finite):
+    """One bad value in one tensor is found; huge finite weights (whose norm overflows) still pass."""
+    model = load_causal_lm(tiny_model_dir.policy)
+    trainer = Trainer(model, LearnerConfig(), SamplingParams.from_config(SamplingConfig()), pad_id=0)
+    assert trainer.weights_finite()
+    with torch.no_grad():
+        list(model.parameters())[-1].view(-1)[3] = value
+    assert trainer.weights_finite() is finite
+
+
 def test_a_batch_without_teacher_log_probs_trains_without_the_distillation_term(tiny_model_dir):
     model = load_causal_lm(tiny_model_dir.policy)
     cfg = LearnerConfig.model_validate({"lr": 1e-3, "algo": ALGOS["opd_advantage"]})

@@ -2,6 +2,7 @@
 
 import pytest
 
+from asyncrl.core import trajectory_checks
 from asyncrl.core.trajectory_checks import BadGroup, TrajectoryLimits, check_trajectory_group
 from asyncrl.v1 import trajectory_pb2
 
@@ -18,7 +19,7 @@ def good_group() -> trajectory_pb2.TrajectoryGroup:
     ])
 
 
-def test_a_good_group_passes():
+def test_a_good_group_passes(quick_look):
     check_trajectory_group(good_group(), LIMITS)
     check_trajectory_group(good_group(), TrajectoryLimits(20, 16, 5, 2, 10.0, max_version=None))
 
@@ -60,8 +61,17 @@ POISON = {
 }
 
 
+@pytest.fixture(params=["lists", "numpy"])
+def quick_look(request, monkeypatch):
+    """The quick look over a group runs on Python lists for few values and on numpy arrays for many: every
+    case runs through both."""
+    if request.param == "numpy":
+        monkeypatch.setattr(trajectory_checks, "_FEW_VALUES", 0)
+    return request.param
+
+
 @pytest.mark.parametrize("kind", sorted(POISON))
-def test_poison_is_refused_with_its_field(kind):
+def test_poison_is_refused_with_its_field(kind, quick_look):
     apply, message = POISON[kind]
     group = good_group()
     apply(group)
