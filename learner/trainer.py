@@ -65,10 +65,10 @@ class Trainer:
 
     @torch.no_grad()
     def weights_finite(self) -> bool:
-        """Every weight (this rank's shard of it) finite, on every rank. Runs after every step: one fused
-        norm over all tensors (two kernels, where a check per tensor is two per tensor: on a GPU the step's
-        launches are the cost), and the check per tensor only when that norm is not finite, since a norm also
-        overflows from finite weights beyond about 1e19."""
+        """Every weight (this rank's shard of it) finite, on every rank. Runs after every step, so it is one
+        fused norm over all tensors (a couple of kernels where checking tensor by tensor launches two per
+        tensor: a small model's GPU step is bound by its launches), and the exact check tensor by tensor only
+        when that norm is not finite (a norm also overflows from finite weights beyond about 1e19)."""
         local = [p.to_local() if hasattr(p, "to_local") else p for p in self.model.parameters()]
         finite = not local or bool(torch.isfinite(torch.nn.utils.get_total_norm(local)))
         if not finite:
