@@ -135,8 +135,10 @@ class LearnerConfig(Section):
     resumes from its latest checkpoint (the base model when there is none yet) and takes the run back there
     (`Controller.ResetTimeline`; the lost steps are trained again)."""
     prefetch: bool = True
-    """Read the next batch's entries from the buffer on a thread while the current batch trains and its weights
-    are pushed (they are checked, and dead-lettered if they must be, when their batch is collected)."""
+    """Read the next batch's entries from the buffer, run the checks that need nothing but the entry and
+    assemble the batch on a thread while the current batch trains and its weights are pushed (what depends on
+    the learner's state, such as its current version and the groups it trained, is checked, and an entry
+    dead-lettered if it must be, when its batch is collected)."""
     push_in_background: bool = True
     """Push each step's weights from a snapshot on a background thread while the next step trains (the push
     leaves the learner's critical path; the next push, a checkpoint and the end of the run wait for it).

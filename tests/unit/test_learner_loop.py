@@ -71,28 +71,118 @@ def test_annotation_retries_then_goes_on_without_the_teacher(script, calls, anno
         assert (b.logp_teacher[b.response_mask > 0] == -0.5).all()
 
 
-def test_prefetch_reads_the_next_entries_and_leaves_them_pending():
-    """`learner.prefetch`: the next batch's entries are read on a thread while a batch trains; read and not yet
-    trained they are pending (a restarted learner takes them back), and a failed read is only a warning."""
+def prefetching_loop():
+    """A loop of 2 groups of 2 per step over an in-memory buffer, at version 3, with the checks of a 20-token
+    vocabulary (no trainer: a dense policy's routing shape is None)."""
+    from types import SimpleNamespace
+
     from asyncrl.core.buffer.memory import MemoryBuffer
+    from asyncrl.core.trajectory_checks import TrajectoryLimits
+
+    config = AsyncRLConfig.model_validate({"sampling": {"group_size": 2}, "learner": {"batch_size": 4}})
+    events, metrics = MemoryEvents(), LearnerMetrics()
+    loop = LearnerLoop(config=config, trainer=SimpleNamespace(replay=SimpleNamespace(shape=None)),
+                       buffer=MemoryBuffer(), controller_stub=None, publisher=None, evaluate=None, events=events,
+                       metrics=metrics, limits=TrajectoryLimits(20, 16, 5, 2, 10.0))
+    loop.progress.version = 3
+    return loop, events, metrics
+
+
+def group(name: str, version: int = 3, logp: float = -0.5):
     from asyncrl.v1 import trajectory_pb2
 
-    loop, _, _ = loop_with(None)
-    buffer = loop.buffer = MemoryBuffer()
-    ids = [buffer.put(trajectory_pb2.TrajectoryGroup(group_id=f"g{i}")) for i in range(3)]
-    loop._start_prefetch(2)
+    return trajectory_pb2.TrajectoryGroup(group_id=name, prompt_index=0, trajectories=[
+        trajectory_pb2.Trajectory(trajectory_id=f"{name}/{j}", group_id=name, prompt_token_ids=[1, 4],
+                                  response_token_ids=[5, 2], logp_behav=[logp, -0.1], weight_version=[version] * 2,
+                                  reward=float(j))
+        for j in range(2)
+    ])
+
+
+def test_prefetch_reads_checks_and_assembles_the_next_batch_on_its_thread(monkeypatch):
+    """`learner.prefetch`: while a batch trains, the next one is read, inspected and assembled on the prefetch
+    thread; read and not yet trained its entries are pending (a restarted learner takes them back); the loop
+    then admits them without inspecting them again and trains on that very batch."""
+    import threading
+
+    import asyncrl.learner.loop as loop_module
+
+    threads = []
+
+    def assemble(entries, shape):
+        threads.append(threading.current_thread().name)
+        return real_assemble(entries, shape)
+
+    real_assemble = loop_module.assemble
+    monkeypatch.setattr(loop_module, "assemble", assemble)
+    loop, _, _ = prefetching_loop()
+    ids = [loop.buffer.put(group("a")), loop.buffer.put(group("b"))]
+    loop.buffer.put(group("c"))  # beyond the next batch: not read
+    loop._start_prefetch([])
     got = loop._take_prefetched()
-    assert [e.entry_id for e in got] == ids[:2]
-    assert [e.entry_id for e in buffer.all_pending()] == ids[:2]
-    assert loop._take_prefetched() == []  # nothing in flight
+    assert [e.entry_id for e in got] == ids
+    assert [e.entry_id for e in loop.buffer.all_pending()] == ids
+    assert threads and threads[0].startswith("prefetch")
+    assert loop._ready is not None and loop._ready.entry_ids == ids and len(loop._ready) == 4
+
+    monkeypatch.setattr(loop, "_inspect", lambda entry: pytest.fail("inspected twice"))
+    assert [e.entry_id for e in loop.collect(got)] == ids
+    assert loop._inspections == {}
+
+
+def test_a_failed_prefetch_read_is_only_a_warning():
+    loop, _, _ = prefetching_loop()
 
     class Broken:
         def get(self, groups, timeout_s):
             raise ConnectionError("redis went away")
 
     loop.buffer = Broken()
-    loop._start_prefetch(1)
-    assert loop._take_prefetched() == []
+    loop._start_prefetch([])
+    assert loop._take_prefetched() == [] and loop._ready is None
+    assert loop._take_prefetched() == []  # nothing in flight
+
+
+def test_a_bad_group_read_ahead_is_refused_by_the_loop_not_by_the_prefetch_thread():
+    """The prefetch thread has no side effects: a poisoned group it read is dead-lettered with its reason when
+    the loop admits it, no batch is assembled ahead, and the good entries still make the batch."""
+    loop, events, metrics = prefetching_loop()
+    good = loop.buffer.put(group("good"))
+    bad = loop.buffer.put(group("bad", logp=float("nan")))
+    loop._start_prefetch([])
+    got = loop._take_prefetched()
+    assert loop._ready is None
+    assert loop.buffer.dead_letters() == [] and events.of_kind("group_rejected") == []
+    late = loop.buffer.put(group("late"))
+    assert [e.entry_id for e in loop.collect(got)] == [good, late]
+    (letter,) = loop.buffer.dead_letters()
+    assert letter.entry_id == bad and "logp_behav holds a non-finite" in letter.reason
+    assert metrics.dead_letters._value.get() == 1
+
+
+def test_what_depends_on_the_loop_is_decided_when_an_entry_is_admitted():
+    """A group's newest version is held against the learner's version when the loop admits it (not when the
+    prefetch thread read it), and a group trained meanwhile is a duplicate then."""
+    loop, events, _ = prefetching_loop()
+    future = loop.buffer.put(group("future", version=4))
+    twice = loop.buffer.put(group("twice"))
+    loop._start_prefetch([])
+    got = loop._take_prefetched()
+    loop._trained_groups["twice"] = None  # trained by the step that ran while the prefetch read it
+    ok = loop.buffer.put(group("ok"))
+    ok2 = loop.buffer.put(group("ok2"))
+    assert [e.entry_id for e in loop.collect(got)] == [ok, ok2]
+    reasons = {e["entry_id"]: e["reason"] for e in events.of_kind("group_rejected")}
+    assert "weight_version 4 is from the future (current version 3)" in reasons[future]
+    assert "was already trained" in reasons[twice]
+
+    loop, _, _ = prefetching_loop()
+    future = loop.buffer.put(group("future", version=4))
+    loop._start_prefetch([])
+    got = loop._take_prefetched()
+    loop.progress.version = 4  # the step that ran meanwhile made version 4
+    other = loop.buffer.put(group("other", version=4))
+    assert [e.entry_id for e in loop.collect(got)] == [future, other]
 
 
 class Publisher:
