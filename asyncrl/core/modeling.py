@@ -85,7 +85,22 @@ def _check_inputs(sequences: list[list[int]], response_starts: list[int]) -> Non
             )
 
 
-def _token_logprobs(lm_head, hidden: torch.Tensor, targets: torch.Tensor, params) -> torch.Tensor:
+def token_logprobs(lm_head, hidden: torch.Tensor, targets: torch.Tensor, params) -> torch.Tensor:
+    """log p(targets[j] | hidden[j]) for hidden states [M, H] through the vocabulary projection `lm_head`, in
+    chunks of at most _MAX_LOGIT_ELEMENTS logits (a 150k vocabulary makes the full [M, V] too big; with grad
+    each chunk is recomputed in backward instead of kept). `params`: as in `sequence_logprobs`."""
+    chunk = max(1, _MAX_LOGIT_ELEMENTS // lm_head.weight.shape[0])
+    pieces = []
+    for lo in range(0, hidden.shape[0], chunk):
+        h, tgt = hidden[lo : lo + chunk], targets[lo : lo + chunk]
+        if torch.is_grad_enabled() and hidden.shape[0] > chunk:
+            pieces.append(checkpoint(_chunk_logprobs, lm_head, h, tgt, params, use_reentrant=False))
+        else:
+            pieces.append(_chunk_logprobs(lm_head, h, tgt, params))
+    return torch.cat(pieces)
+
+
+def _chunk_logprobs(lm_head, hidden: torch.Tensor, targets: torch.Tensor, params) -> torch.Tensor:
     logits = lm_head(hidden)
     logp_all = (
         torch.log_softmax(logits.float(), dim=-1) if params is None else processed_logprobs(logits, params)
@@ -148,16 +163,7 @@ def _sequence_logprobs(model, sequences, response_starts, params, pad_id, **forw
     rows, pred_pos = rows.to(device), pred_pos.to(device)
     picked = hidden[rows, pred_pos]
     targets = input_ids[rows, pred_pos + 1]
-    lm_head = model.get_output_embeddings()
-    chunk = max(1, _MAX_LOGIT_ELEMENTS // lm_head.weight.shape[0])
-    pieces = []
-    for lo in range(0, picked.shape[0], chunk):
-        h, tgt = picked[lo : lo + chunk], targets[lo : lo + chunk]
-        if torch.is_grad_enabled() and picked.shape[0] > chunk:
-            pieces.append(checkpoint(_token_logprobs, lm_head, h, tgt, params, use_reentrant=False))
-        else:
-            pieces.append(_token_logprobs(lm_head, h, tgt, params))
-    flat = torch.cat(pieces)
+    flat = token_logprobs(model.get_output_embeddings(), picked, targets, params)
     mask = mask.to(device)
     logp = torch.zeros(n, width, dtype=torch.float32, device=device)
     logp = logp.masked_scatter(mask, flat)

@@ -232,3 +232,34 @@ def test_a_push_in_another_dtype_is_cast_by_copy(engine, tiny_model_dir):
     assert stats.extra["zero_copy"] == 0.0 and engine.weight_version == 8
     for (_, got), (_, sent) in zip(named_weights(engine.model), named):
         assert got.dtype == torch.float32 and torch.equal(got, sent.float())
+
+
+def test_a_prompt_sampled_n_times_is_prefilled_once_and_decodes_as_if_it_were_not(tiny_model_dir, monkeypatch):
+    """A group's G samples share one prefill (its KV cache copied to each row): same seed, same samples and
+    log-probs as prefilling every row, and the prefill forward sees only the distinct prompts."""
+    from asyncrl.core.engines import torch_decode
+
+    model = load_causal_lm(tiny_model_dir.policy)
+    params = SamplingParams(temperature=1.0, max_new_tokens=6)
+    widths = []
+    forward = model.forward
+
+    def counting(*args, **kwargs):
+        widths.append(kwargs["input_ids"].shape[0])
+        return forward(*args, **kwargs)
+
+    monkeypatch.setattr(model, "forward", counting)
+
+    def run():
+        widths.clear()
+        return _flat(torch_decode.generate_with_model(model, PROMPTS, params, 4, eos_ids=[2], pad_id=0,
+                                                      generator=torch.Generator().manual_seed(11)))
+
+    shared, shared_widths = run(), list(widths)
+    monkeypatch.setattr(torch_decode, "distinct_prompts", lambda prompts: (prompts, list(range(len(prompts)))))
+    separate, separate_widths = run(), list(widths)
+    assert shared_widths[0] == len(PROMPTS) and separate_widths[0] == 4 * len(PROMPTS)
+    assert all(w == 4 * len(PROMPTS) for w in shared_widths[1:])
+    assert [g.token_ids for g in shared] == [g.token_ids for g in separate]
+    for a, b in zip(shared, separate):
+        assert a.logp_behav == pytest.approx(b.logp_behav, abs=1e-5)

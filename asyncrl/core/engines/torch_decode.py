@@ -2,7 +2,8 @@
 
 Used by `TorchEngine` and directly by the learner to evaluate its own in-process model. Prompts are
 left-padded under an attention mask with position ids counted from each prompt's first real token, so a
-prompt decodes the same whatever it is batched with. Every token is sampled with
+prompt decodes the same whatever it is batched with. A prompt sampled several times in one batch (a group's
+G samples) is prefilled once and its KV cache copied to each of its rows, as vLLM's prefix cache does. Every token is sampled with
 `asyncrl.core.sampling.sample_tokens`, so `logp_behav` is the processed log-prob the learner recomputes.
 With `router_hooks` (a MoE model) every forward also records the experts each input token was routed to, and
 each generation carries them for its prompt and all its response tokens but the last (never fed back).
@@ -18,6 +19,7 @@ from functools import partial
 import torch
 
 from asyncrl.core.engines.base import Generation
+from asyncrl.core.engines.prompt_batch import distinct_prompts, left_pad
 from asyncrl.core.routing import RoutedExperts, RouterHooks, id_dtype
 from asyncrl.core.sampling import SamplingParams, sample_tokens
 
@@ -26,23 +28,9 @@ StepGuard = Callable[[], AbstractContextManager[int]]
 engine's guard holds its weight lock, so an in-flight update swaps weights only between decode steps."""
 
 
-def _left_pad(
-    prompts: list[list[int]], pad_id: int, device
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    width = max(len(p) for p in prompts)
-    input_ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
-    attention_mask = torch.zeros_like(input_ids)
-    for i, p in enumerate(prompts):
-        input_ids[i, width - len(p) :] = torch.tensor(p, dtype=torch.long)
-        attention_mask[i, width - len(p) :] = 1
-    # Real tokens get positions 0, 1, ...; padding positions are masked, their value does not matter.
-    position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
-    return input_ids.to(device), attention_mask.to(device), position_ids.to(device)
-
-
 class _RoutingTrace:
-    """Experts of every forward of one decode batch: the prefill's [batch, width, layers, k], then one
-    [batch, layers, k] per decode step (the routing of the token sampled the step before)."""
+    """Experts of every forward of one decode batch: the prefill's [distinct prompts, width, layers, k], then
+    one [batch, layers, k] per decode step (the routing of the token sampled the step before)."""
 
     def __init__(self, hooks: RouterHooks):
         self.hooks = hooks
@@ -54,14 +42,15 @@ class _RoutingTrace:
         self.steps.append(torch.stack(layers, dim=-2))  # [batch * seq, layers, k]
         return out
 
-    def per_row(self, prompts: list[list[int]], response_lengths: list[int]) -> list[RoutedExperts]:
-        batch = len(prompts)
-        prefill = self.steps[0].view(batch, -1, *self.steps[0].shape[1:]).cpu()
+    def per_row(self, prompts: list[list[int]], response_lengths: list[int],
+                prefill_rows: list[int]) -> list[RoutedExperts]:
+        """`prefill_rows[i]`: the prefill row that holds row i's prompt (prompts are prefilled once)."""
+        prefill = self.steps[0].view(max(prefill_rows) + 1, -1, *self.steps[0].shape[1:]).cpu()
         width = prefill.shape[1]
         decoded = torch.stack(self.steps[1:], dim=1).cpu() if len(self.steps) > 1 else None
         out = []
         for i, (prompt, n) in enumerate(zip(prompts, response_lengths)):
-            parts = [prefill[i, width - len(prompt) :]]
+            parts = [prefill[prefill_rows[i], width - len(prompt) :]]
             if n > 1:
                 parts.append(decoded[i, : n - 1])
             num_experts = self.hooks.shape.num_experts
@@ -72,8 +61,11 @@ class _RoutingTrace:
 @torch.no_grad()
 def _decode_batch(model, prompts, params, eos, pad_id, generator, step_guard, hooks) -> list[Generation]:
     device = eos.device
-    input_ids, attention_mask, position_ids = _left_pad(prompts, pad_id, device)
+    distinct, prefill_rows = distinct_prompts(prompts)
+    input_ids, attention_mask, position_ids = left_pad(distinct, pad_id, device)
     batch = len(prompts)
+    # The prefill runs once per distinct prompt; its cache, logits and masks then go to every row of it.
+    expand = None if len(distinct) == batch else torch.tensor(prefill_rows, dtype=torch.long, device=device)
     next_position = position_ids[:, -1] + 1
     finished = torch.zeros(batch, dtype=torch.bool, device=device)
     cache = None
@@ -89,8 +81,12 @@ def _decode_batch(model, prompts, params, eos, pad_id, generator, step_guard, ho
                 use_cache=True,
                 logits_to_keep=1,
             )
-        cache = out.past_key_values
-        tokens, logp = sample_tokens(out.logits[:, -1], params, generator)
+        cache, logits = out.past_key_values, out.logits[:, -1]
+        if expand is not None:
+            cache.reorder_cache(expand)
+            logits, attention_mask, next_position = logits[expand], attention_mask[expand], next_position[expand]
+            expand = None
+        tokens, logp = sample_tokens(logits, params, generator)
         active = ~finished
         steps.append((tokens, logp, active, int(version)))
         finished = finished | (active & torch.isin(tokens, eos))
@@ -119,7 +115,7 @@ def _decode_batch(model, prompts, params, eos, pad_id, generator, step_guard, ho
             )
         )
     if trace is not None:
-        for gen, routed in zip(out_gens, trace.per_row(prompts, [len(g.token_ids) for g in out_gens])):
+        for gen, routed in zip(out_gens, trace.per_row(prompts, [len(g.token_ids) for g in out_gens], prefill_rows)):
             gen.routed_experts = routed
     return out_gens
 

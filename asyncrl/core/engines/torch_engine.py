@@ -19,6 +19,7 @@ import time
 import torch
 
 from asyncrl.core.engines.base import Engine, Generation, WeightUpdateStats
+from asyncrl.core.engines.prefix_scoring import shared_prompt_logprobs
 from asyncrl.core.engines.torch_decode import generate_with_model
 from asyncrl.core.modeling import (
     check_weight_metas,
@@ -26,7 +27,6 @@ from asyncrl.core.modeling import (
     eos_token_ids,
     load_causal_lm,
     pad_token_id,
-    sequence_logprobs,
 )
 from asyncrl.core.routing import install_hooks
 from asyncrl.core.sampling import SamplingParams
@@ -95,8 +95,9 @@ class TorchEngine(Engine):
                 sequences[lo : lo + self.max_batch_size],
                 response_starts[lo : lo + self.max_batch_size],
             )
-            with self._weights_lock, torch.no_grad():
-                logp, _ = sequence_logprobs(self.model, seqs, starts, None, pad_id=self.pad_id)
+            with self._weights_lock:
+                # A group's samples share their prompt: it runs once (the teacher scores whole groups).
+                logp, _ = shared_prompt_logprobs(self.model, seqs, starts, pad_id=self.pad_id)
             rows = logp.cpu().tolist()
             out.extend(row[: len(seq) - start] for row, seq, start in zip(rows, seqs, starts))
         return out
