@@ -74,7 +74,8 @@ def pad_token_id(model) -> int:
     return int(pad) if pad is not None else eos_token_ids(model)[0]
 
 
-def _check_inputs(sequences: list[list[int]], response_starts: list[int]) -> None:
+def check_response_starts(sequences: list[list[int]], response_starts: list[int]) -> None:
+    """ValueError unless every sequence has a response start in [1, len(sequence)]."""
     if len(sequences) != len(response_starts):
         raise ValueError(f"{len(sequences)} sequences but {len(response_starts)} response_starts")
     for i, (seq, start) in enumerate(zip(sequences, response_starts)):
@@ -135,7 +136,7 @@ def sequence_logprobs(
 
 
 def _sequence_logprobs(model, sequences, response_starts, params, pad_id, **forward_kwargs):
-    _check_inputs(sequences, response_starts)
+    check_response_starts(sequences, response_starts)
     device = next(model.parameters()).device
     n = len(sequences)
     lengths = torch.tensor([len(s) for s in sequences], dtype=torch.long)

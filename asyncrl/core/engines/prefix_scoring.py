@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from asyncrl.core.engines.prompt_batch import distinct_prompts, left_pad
-from asyncrl.core.modeling import sequence_logprobs, token_logprobs
+from asyncrl.core.modeling import check_response_starts, sequence_logprobs, token_logprobs
 
 
 @torch.no_grad()
@@ -21,17 +21,20 @@ def shared_prompt_logprobs(model, sequences: list[list[int]], response_starts: l
     """`sequence_logprobs(model, sequences, response_starts, None, pad_id)` (raw log-softmax, [N, T] log-probs
     and mask), with one forward per distinct prompt. Falls back to that function when no prompt is shared or
     a response is empty."""
+    check_response_starts(sequences, response_starts)
     prompts = [seq[:start] for seq, start in zip(sequences, response_starts)]
-    distinct, rows = distinct_prompts(prompts) if all(prompts) else ([], [])
+    distinct, rows = distinct_prompts(prompts)
     responses = [seq[start:] for seq, start in zip(sequences, response_starts)]
-    if not distinct or len(distinct) == len(sequences) or not all(responses):
+    if len(distinct) == len(sequences) or not all(responses):
         return sequence_logprobs(model, sequences, response_starts, None, pad_id=pad_id)
     device = next(model.parameters()).device
     base = model.base_model
     prompt_ids, prompt_mask, prompt_pos = left_pad(distinct, pad_id, device)
     prefill = base(input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=prompt_pos, use_cache=True)
-    expand = torch.tensor(rows, dtype=torch.long, device=device)
     cache = prefill.past_key_values
+    if cache is None:  # a model without a KV cache: one forward of everything, as before
+        return sequence_logprobs(model, sequences, response_starts, None, pad_id=pad_id)
+    expand = torch.tensor(rows, dtype=torch.long, device=device)
     cache.reorder_cache(expand)
     # The last prompt position predicts each row's first response token.
     first = prefill.last_hidden_state[:, -1][expand]

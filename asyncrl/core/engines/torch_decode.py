@@ -3,8 +3,9 @@
 Used by `TorchEngine` and directly by the learner to evaluate its own in-process model. Prompts are
 left-padded under an attention mask with position ids counted from each prompt's first real token, so a
 prompt decodes the same whatever it is batched with. A prompt sampled several times in one batch (a group's
-G samples) is prefilled once and its KV cache copied to each of its rows, as vLLM's prefix cache does. Every token is sampled with
-`asyncrl.core.sampling.sample_tokens`, so `logp_behav` is the processed log-prob the learner recomputes.
+G samples) is prefilled once and its KV cache copied to each of its rows, as vLLM's prefix cache does. Every
+token is sampled with `asyncrl.core.sampling.sample_tokens`, so `logp_behav` is the processed log-prob the
+learner recomputes.
 With `router_hooks` (a MoE model) every forward also records the experts each input token was routed to, and
 each generation carries them for its prompt and all its response tokens but the last (never fed back).
 """
@@ -115,8 +116,9 @@ def _decode_batch(model, prompts, params, eos, pad_id, generator, step_guard, ho
             )
         )
     if trace is not None:
-        for gen, routed in zip(out_gens, trace.per_row(prompts, [len(g.token_ids) for g in out_gens], prefill_rows)):
-            gen.routed_experts = routed
+        routed = trace.per_row(prompts, [len(g.token_ids) for g in out_gens], prefill_rows)
+        for gen, experts in zip(out_gens, routed):
+            gen.routed_experts = experts
     return out_gens
 
 
