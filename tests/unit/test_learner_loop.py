@@ -102,7 +102,8 @@ def group(name: str, version: int = 3, logp: float = -0.5):
 def test_prefetch_reads_checks_and_assembles_the_next_batch_on_its_thread(monkeypatch):
     """`learner.prefetch`: while a batch trains, the next one is read, inspected and assembled on the prefetch
     thread; read and not yet trained its entries are pending (a restarted learner takes them back); the loop
-    then admits them without inspecting them again and trains on that very batch."""
+    then admits them without inspecting them again, and the batch waits for `train_on` (used when it gets
+    exactly those entries)."""
     import threading
 
     import asyncrl.learner.loop as loop_module
