@@ -1,6 +1,6 @@
 """The learner's main loop: collect B trajectories -> (teacher annotation) -> step -> ack -> push i+1, with
-the next batch's entries read, checked and assembled while this one trains (`learner.prefetch`) and push i+1
-sent from a snapshot while step i+1 trains (`learner.push_in_background`).
+the next batch read, checked and assembled while this one trains (`learner.prefetch`, `learner/intake.py`)
+and push i+1 sent from a snapshot while step i+1 trains (`learner.push_in_background`).
 
 While it waits for data it heartbeats the controller and runs resync pushes for replicas that joined late
 or restarted, so they can get leases (and produce the data the learner waits for).
@@ -10,40 +10,20 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import OrderedDict
-from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
 from asyncrl.core.teacher_client import score, score_request
-from asyncrl.core.trajectory_checks import BadGroup, TrajectoryLimits, check_trajectory_group
-from asyncrl.learner.batch import MalformedGroup, TrainBatch, assemble, check_group
+from asyncrl.core.trajectory_checks import TrajectoryLimits
 from asyncrl.learner.checkpoint import CheckpointMeta
+from asyncrl.learner.intake import BatchIntake
 from asyncrl.learner.sharding import SINGLE, STEP, Mirror, Ranks, train_step
 from asyncrl.learner.status_report import StatusReporter
-from asyncrl.learner.timeline import TimelineFilter, rejoin
+from asyncrl.learner.timeline import rejoin
 from asyncrl.v1 import controller_pb2
 
 log = logging.getLogger("asyncrl.learner")
-TRAINED_GROUPS_REMEMBERED = 1_000_000
-PREFETCH_WAIT_S = 0.005
-"""How long the prefetch's read waits for entries not yet written (the loop's own read waits longer)."""
-
-Inspection = tuple[str | None, int]
-"""What the checks that need nothing but the entry say of it: (its problem or None, its newest token version)."""
-
-
-@dataclass
-class ReadAhead:
-    """What the prefetch thread hands back to the loop."""
-
-    entries: list
-    """The entries it read (delivered to this learner: pending until acked)."""
-    inspections: dict[str, Inspection] = field(default_factory=dict)
-    """Entry id -> its inspection (an entry missing here is inspected on the loop's thread)."""
-    batch: TrainBatch | None = None
-    """The next batch assembled from the carried entries and these, when they make it whole and all passed."""
 
 
 @dataclass
@@ -73,11 +53,6 @@ class LearnerLoop:
         self.evaluate = evaluate
         self.events = events
         self.metrics = metrics
-        self.limits = limits
-        """What a group must satisfy to be trained on (the rest is dead-lettered)."""
-        self._trained_groups: OrderedDict[str, None] = OrderedDict()
-        """Group ids this process trained on (the last TRAINED_GROUPS_REMEMBERED): a second copy of one, e.g.
-        from a buffer write retried after its reply was lost, is dead-lettered, not trained twice."""
         self.teacher = teacher_stub
         self.checkpointer = checkpointer
         """Saves the policy and the learner state (`learner.checkpoint`); None: never."""
@@ -88,19 +63,18 @@ class LearnerLoop:
         """Entries trained since the last checkpoint: acknowledged once a checkpoint includes their step."""
         self.resumed: CheckpointMeta | None = None
         """Set by `resume`: the checkpoint this learner continues from."""
-        self.timeline: TimelineFilter | None = None
-        """Set when this learner reset the run to its checkpoint: keeps the lost timeline's late groups out."""
         self.groups_per_step = config.learner.batch_size // config.sampling.group_size
         self.progress = LearnerProgress()
         self._last_step_end: float | None = None
         self.ranks = ranks
         """The learner's ranks: this loop runs on the leader and tells the others each step."""
-        self._prefetch = ThreadPoolExecutor(1, thread_name_prefix="prefetch") if config.learner.prefetch else None
-        self._prefetched: Future | None = None
-        self._inspections: dict[str, Inspection] = {}
-        """Inspections the prefetch thread made, until their entry is admitted or refused."""
-        self._ready: TrainBatch | None = None
-        """The batch the prefetch thread assembled; used when the loop collects exactly its entries."""
+        self.intake = BatchIntake(
+            buffer=buffer, events=events, metrics=metrics, limits=limits, groups_per_step=self.groups_per_step,
+            batch_timeout_s=config.learner.batch_timeout_s, prefetch=config.learner.prefetch,
+            routing_shape=lambda: self.trainer.replay.shape, version=lambda: self.progress.version,
+            heartbeat=self._heartbeat,
+        )  # fmt: skip
+        """The entries each batch is made of, admitted (or dead-lettered) and prefetched."""
         self.status = StatusReporter(controller_stub, config.learner.total_steps, self._observe_gauges)
         """The heartbeats with the learner's progress (`learner.status_report`)."""
         self.mirror = mirror
@@ -121,101 +95,6 @@ class LearnerLoop:
 
     def _observe_gauges(self) -> None:
         self.metrics.observe_buffer(self.buffer.backlog(), self.buffer.pending())
-
-    def _inspect(self, entry) -> Inspection:
-        """The checks that need nothing but the entry (pure, so the prefetch thread runs them too)."""
-        if entry.problem is not None:
-            return entry.problem, -1
-        try:
-            newest = check_trajectory_group(entry.group, self.limits)
-            check_group(entry.group, self.trainer.replay.shape)
-            return None, newest
-        except (BadGroup, MalformedGroup) as err:
-            return str(err), -1
-
-    def _from_the_future(self, entry, newest: int) -> str | None:
-        if newest <= self.progress.version:
-            return None
-        try:  # the check's own words, naming the trajectory
-            check_trajectory_group(entry.group, self.limits.with_max_version(self.progress.version))
-        except BadGroup as err:
-            return str(err)
-        return f"weight_version: {newest} is from the future (current version {self.progress.version})"
-
-    def _admit(self, entry) -> bool:
-        """Whether `entry` may join a batch. Anything else is dead-lettered with its reason and acked: never
-        trained on, and never a crash (it would stay pending and crash every restart again). What depends on
-        the loop's state (the timeline, the groups trained, the current version) is decided here, on the loop's
-        thread, after the inspection (made ahead by the prefetch thread, or now)."""
-        inspection = self._inspections.pop(entry.entry_id, None)
-        reason = entry.problem
-        if reason is None and self.timeline is not None:
-            reason = self.timeline.refusal(entry)
-        if reason is None and entry.group.group_id in self._trained_groups:
-            reason = f"group_id: {entry.group.group_id!r} was already trained (a duplicate write)"
-        if reason is None:
-            problem, newest = inspection or self._inspect(entry)
-            reason = problem or self._from_the_future(entry, newest)
-            if reason is None:
-                return True
-        log.error("dead-lettering %s (group %r): %s", entry.entry_id, entry.group.group_id, reason)
-        self.buffer.dead_letter(entry.entry_id, reason)
-        self.events.write("group_rejected", entry_id=entry.entry_id, group_id=entry.group.group_id, reason=reason)
-        self.metrics.dead_letters.inc()
-        return False
-
-    def collect(self, carry: list, stop=None) -> list:
-        """A batch's entries (carry first); fewer when `stop` is set meanwhile (they stay pending, unacked)."""
-        entries = [entry for entry in carry if self._admit(entry)]
-        deadline = time.time() + self.config.learner.batch_timeout_s
-        while len(entries) < self.groups_per_step and not (stop is not None and stop.is_set()):
-            if time.time() > deadline:
-                raise TimeoutError(
-                    f"no full batch within {self.config.learner.batch_timeout_s}s "
-                    f"({len(entries)}/{self.groups_per_step} groups)")
-            got = self.buffer.get(self.groups_per_step - len(entries), timeout_s=1.0)
-            entries.extend(entry for entry in got if self._admit(entry))
-            if len(entries) < self.groups_per_step:
-                self._heartbeat()
-        return entries
-
-    def _start_prefetch(self, carry: list) -> None:
-        """Read, inspect and assemble the next batch (`carry` + what is missing) on a thread while this one
-        trains (`learner.prefetch`). Admitting or refusing the entries (which may dead-letter) stays on the
-        loop's thread, in `collect`. Entries read and never trained (the learner stopped) stay pending, as any
-        delivered entry does."""
-        groups = self.groups_per_step - len(carry)
-        if self._prefetch is not None and groups > 0:
-            self._prefetched = self._prefetch.submit(self._read_ahead, list(carry), groups)
-
-    def _read_ahead(self, carry: list, groups: int) -> ReadAhead:
-        got = self.buffer.get(groups, PREFETCH_WAIT_S)
-        ahead = ReadAhead(got)
-        try:
-            ahead.inspections = {entry.entry_id: self._inspect(entry) for entry in got}
-            if len(carry) + len(got) == self.groups_per_step and all(
-                problem is None for problem, _ in ahead.inspections.values()
-            ):
-                ahead.batch = assemble(carry + got, self.trainer.replay.shape)
-        except Exception as err:  # noqa: BLE001 - the entries go back to the loop, which inspects them itself
-            log.warning("prefetch: inspecting %d entries failed: %s: %s", len(got), type(err).__name__, err)
-            ahead.inspections, ahead.batch = {}, None
-        return ahead
-
-    def _take_prefetched(self) -> list:
-        """The entries the prefetch read ([] when none was in flight or the read failed); their inspections
-        and the assembled batch are kept for `collect` and `train_on`."""
-        future, self._prefetched = self._prefetched, None
-        if future is None:
-            return []
-        try:
-            ahead = future.result()
-        except Exception as err:  # noqa: BLE001 - the read is retried by `collect`; the entries stay pending
-            log.warning("prefetch failed: %s: %s", type(err).__name__, err)
-            return []
-        self._inspections.update(ahead.inspections)
-        self._ready = ahead.batch
-        return ahead.entries
 
     def annotate(self, batch) -> None:
         """Fill batch.logp_teacher from the teacher's Score RPC, retrying with backoff; a teacher that stays
@@ -286,7 +165,7 @@ class LearnerLoop:
             # take it back there instead of training older weights under newer version numbers.
             if self.resumed is None:
                 self.events.write("resumed", from_step=0, version=0, path=self.config.model.path)
-            self.timeline = rejoin(self.buffer, self.stub, start_step, start_version,
+            self.intake.timeline = rejoin(self.buffer, self.stub, start_step, start_version,
                                    self.config.learner.batch_size, self.events)
         self.progress.version = start_version
         # Entries delivered to us before a restart and never acked come first (all of them, in order):
@@ -297,15 +176,15 @@ class LearnerLoop:
         self.run_eval()
         while self.progress.step < cfg.total_steps and not stop.is_set():
             t0 = time.perf_counter()
-            entries = self.collect(carry, stop)
+            entries = self.intake.collect(carry, stop)
             collect_s = time.perf_counter() - t0
             if len(entries) < self.groups_per_step:
                 break  # stopped while waiting for data
             carry = entries[self.groups_per_step:]
             entries = entries[: self.groups_per_step]
-            self._start_prefetch(carry)
+            self.intake.start_prefetch(carry)
             self.train_on(entries, collect_s)
-            carry += self._take_prefetched()
+            carry += self.intake.take_prefetched()
             if cfg.eval_every and self.progress.step % cfg.eval_every == 0 and self.progress.step < cfg.total_steps:
                 self.run_eval()
             every = cfg.checkpoint.save_every
@@ -352,11 +231,7 @@ class LearnerLoop:
         """One step on `entries` (read in `collect_s` seconds), its push and its records."""
         version = self.progress.version
         t0 = time.perf_counter()
-        ready, self._ready = self._ready, None
-        if ready is not None and ready.entry_ids == [entry.entry_id for entry in entries]:
-            batch = ready  # assembled by the prefetch thread while the previous step trained
-        else:
-            batch = assemble(entries, self.trainer.replay.shape)
+        batch = self.intake.batch_of(entries)
         learner_asked = self.teacher is not None and batch.logp_teacher is None
         if learner_asked:
             self.annotate(batch)  # the replicas did not (annotate_by learner, or the teacher failed them)
@@ -376,10 +251,7 @@ class LearnerLoop:
             self.buffer.ack(batch.entry_ids)
         else:
             self._unacked.extend(batch.entry_ids)
-        for group_id in dict.fromkeys(batch.group_ids):
-            self._trained_groups[group_id] = None
-        while len(self._trained_groups) > TRAINED_GROUPS_REMEMBERED:
-            self._trained_groups.popitem(last=False)
+        self.intake.mark_trained(batch.group_ids)
         self.events.write("trained", step=self.progress.step, version=version, entry_ids=batch.entry_ids,
                           group_ids=sorted(set(batch.group_ids)), trajectories=len(batch))
         push_wait_s = self.publish(version + 1)

@@ -106,7 +106,7 @@ def test_prefetch_reads_checks_and_assembles_the_next_batch_on_its_thread(monkey
     exactly those entries)."""
     import threading
 
-    import asyncrl.learner.loop as loop_module
+    import asyncrl.learner.intake as intake_module
 
     threads = []
 
@@ -114,21 +114,21 @@ def test_prefetch_reads_checks_and_assembles_the_next_batch_on_its_thread(monkey
         threads.append(threading.current_thread().name)
         return real_assemble(entries, shape)
 
-    real_assemble = loop_module.assemble
-    monkeypatch.setattr(loop_module, "assemble", assemble)
+    real_assemble = intake_module.assemble
+    monkeypatch.setattr(intake_module, "assemble", assemble)
     loop, _, _ = prefetching_loop()
     ids = [loop.buffer.put(group("a")), loop.buffer.put(group("b"))]
     loop.buffer.put(group("c"))  # beyond the next batch: not read
-    loop._start_prefetch([])
-    got = loop._take_prefetched()
+    loop.intake.start_prefetch([])
+    got = loop.intake.take_prefetched()
     assert [e.entry_id for e in got] == ids
     assert [e.entry_id for e in loop.buffer.all_pending()] == ids
     assert threads and threads[0].startswith("prefetch")
-    assert loop._ready is not None and loop._ready.entry_ids == ids and len(loop._ready) == 4
+    assert loop.intake._ready is not None and loop.intake._ready.entry_ids == ids and len(loop.intake._ready) == 4
 
-    monkeypatch.setattr(loop, "_inspect", lambda entry: pytest.fail("inspected twice"))
-    assert [e.entry_id for e in loop.collect(got)] == ids
-    assert loop._inspections == {}
+    monkeypatch.setattr(loop.intake, "_inspect", lambda entry: pytest.fail("inspected twice"))
+    assert [e.entry_id for e in loop.intake.collect(got)] == ids
+    assert loop.intake._inspections == {}
 
 
 def test_a_failed_prefetch_read_is_only_a_warning():
@@ -138,10 +138,10 @@ def test_a_failed_prefetch_read_is_only_a_warning():
         def get(self, groups, timeout_s):
             raise ConnectionError("redis went away")
 
-    loop.buffer = Broken()
-    loop._start_prefetch([])
-    assert loop._take_prefetched() == [] and loop._ready is None
-    assert loop._take_prefetched() == []  # nothing in flight
+    loop.intake.buffer = Broken()
+    loop.intake.start_prefetch([])
+    assert loop.intake.take_prefetched() == [] and loop.intake._ready is None
+    assert loop.intake.take_prefetched() == []  # nothing in flight
 
 
 def test_a_bad_group_read_ahead_is_refused_by_the_loop_not_by_the_prefetch_thread():
@@ -150,12 +150,12 @@ def test_a_bad_group_read_ahead_is_refused_by_the_loop_not_by_the_prefetch_threa
     loop, events, metrics = prefetching_loop()
     good = loop.buffer.put(group("good"))
     bad = loop.buffer.put(group("bad", logp=float("nan")))
-    loop._start_prefetch([])
-    got = loop._take_prefetched()
-    assert loop._ready is None
+    loop.intake.start_prefetch([])
+    got = loop.intake.take_prefetched()
+    assert loop.intake._ready is None
     assert loop.buffer.dead_letters() == [] and events.of_kind("group_rejected") == []
     late = loop.buffer.put(group("late"))
-    assert [e.entry_id for e in loop.collect(got)] == [good, late]
+    assert [e.entry_id for e in loop.intake.collect(got)] == [good, late]
     (letter,) = loop.buffer.dead_letters()
     assert letter.entry_id == bad and "logp_behav holds a non-finite" in letter.reason
     assert metrics.dead_letters._value.get() == 1
@@ -167,23 +167,23 @@ def test_what_depends_on_the_loop_is_decided_when_an_entry_is_admitted():
     loop, events, _ = prefetching_loop()
     future = loop.buffer.put(group("future", version=4))
     twice = loop.buffer.put(group("twice"))
-    loop._start_prefetch([])
-    got = loop._take_prefetched()
-    loop._trained_groups["twice"] = None  # trained by the step that ran while the prefetch read it
+    loop.intake.start_prefetch([])
+    got = loop.intake.take_prefetched()
+    loop.intake.trained["twice"] = None  # trained by the step that ran while the prefetch read it
     ok = loop.buffer.put(group("ok"))
     ok2 = loop.buffer.put(group("ok2"))
-    assert [e.entry_id for e in loop.collect(got)] == [ok, ok2]
+    assert [e.entry_id for e in loop.intake.collect(got)] == [ok, ok2]
     reasons = {e["entry_id"]: e["reason"] for e in events.of_kind("group_rejected")}
     assert "weight_version 4 is from the future (current version 3)" in reasons[future]
     assert "was already trained" in reasons[twice]
 
     loop, _, _ = prefetching_loop()
     future = loop.buffer.put(group("future", version=4))
-    loop._start_prefetch([])
-    got = loop._take_prefetched()
+    loop.intake.start_prefetch([])
+    got = loop.intake.take_prefetched()
     loop.progress.version = 4  # the step that ran meanwhile made version 4
     other = loop.buffer.put(group("other", version=4))
-    assert [e.entry_id for e in loop.collect(got)] == [future, other]
+    assert [e.entry_id for e in loop.intake.collect(got)] == [future, other]
 
 
 class Publisher:

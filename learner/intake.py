@@ -1,0 +1,176 @@
+"""Where the learner's batches come from: entries read from the buffer, admitted or dead-lettered, and the
+next batch read, inspected and assembled on a thread while the current one trains (`learner.prefetch`).
+
+Admission is decided on the loop's thread, with everything that depends on the learner's state (its current
+version against the group's newest token, the groups it trained, a reset timeline); the prefetch thread only
+runs what needs nothing but the entry, and has no side effects. A bad entry is dead-lettered with its reason
+and acked: never trained on, and never a crash (it would stay pending and crash every restart again).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+from asyncrl.core.trajectory_checks import BadGroup, TrajectoryLimits, check_trajectory_group
+from asyncrl.learner.batch import MalformedGroup, TrainBatch, assemble, check_group
+from asyncrl.learner.timeline import TimelineFilter
+
+log = logging.getLogger("asyncrl.learner")
+TRAINED_GROUPS_REMEMBERED = 1_000_000
+PREFETCH_WAIT_S = 0.005
+"""How long the prefetch's read waits for entries not yet written (the loop's own read waits longer)."""
+
+Inspection = tuple[str | None, int]
+"""What the checks that need nothing but the entry say of it: (its problem or None, its newest token version)."""
+
+
+@dataclass
+class ReadAhead:
+    """What the prefetch thread hands back to the loop."""
+
+    entries: list
+    """The entries it read (delivered to this learner: pending until acked)."""
+    inspections: dict[str, Inspection] = field(default_factory=dict)
+    """Entry id -> its inspection (an entry missing here is inspected on the loop's thread)."""
+    batch: TrainBatch | None = None
+    """The next batch assembled from the carried entries and these, when they make it whole and all passed."""
+
+
+class BatchIntake:
+    def __init__(self, *, buffer, events, metrics, limits: TrajectoryLimits, groups_per_step: int,
+                 batch_timeout_s: float, prefetch: bool, routing_shape: Callable, version: Callable[[], int],
+                 heartbeat: Callable[[], None]):
+        self.buffer = buffer
+        self.events = events
+        self.metrics = metrics
+        self.limits = limits
+        """What a group must satisfy to be trained on (the rest is dead-lettered)."""
+        self.groups_per_step = groups_per_step
+        self.batch_timeout_s = batch_timeout_s
+        self._routing_shape = routing_shape
+        """The learner's MoE routing shape (None: dense), asked when needed."""
+        self._version = version
+        """The learner's current weight version, asked at admission."""
+        self._heartbeat = heartbeat
+        """Called while `collect` waits for data."""
+        self.trained: OrderedDict[str, None] = OrderedDict()
+        """Group ids this process trained on (the last TRAINED_GROUPS_REMEMBERED): a second copy of one, e.g.
+        from a buffer write retried after its reply was lost, is dead-lettered, not trained twice."""
+        self.timeline: TimelineFilter | None = None
+        """Set when the learner reset the run to its checkpoint: keeps the lost timeline's late groups out."""
+        self._prefetch = ThreadPoolExecutor(1, thread_name_prefix="prefetch") if prefetch else None
+        self._prefetched: Future | None = None
+        self._inspections: dict[str, Inspection] = {}
+        """Inspections the prefetch thread made, until their entry is admitted or refused."""
+        self._ready: TrainBatch | None = None
+        """The batch the prefetch thread assembled; used when the loop collects exactly its entries."""
+
+    def _inspect(self, entry) -> Inspection:
+        """The checks that need nothing but the entry (pure, so the prefetch thread runs them too)."""
+        if entry.problem is not None:
+            return entry.problem, -1
+        try:
+            newest = check_trajectory_group(entry.group, self.limits)
+            check_group(entry.group, self._routing_shape())
+            return None, newest
+        except (BadGroup, MalformedGroup) as err:
+            return str(err), -1
+
+    def _from_the_future(self, entry, newest: int) -> str | None:
+        version = self._version()
+        if newest <= version:
+            return None
+        try:  # the check's own words, naming the trajectory
+            check_trajectory_group(entry.group, self.limits.with_max_version(version))
+        except BadGroup as err:
+            return str(err)
+        return f"weight_version: {newest} is from the future (current version {version})"
+
+    def admit(self, entry) -> bool:
+        """Whether `entry` may join a batch; anything else is dead-lettered with its reason and acked. What
+        depends on the learner's state is decided here, after the inspection (made ahead, or now)."""
+        inspection = self._inspections.pop(entry.entry_id, None)
+        reason = entry.problem
+        if reason is None and self.timeline is not None:
+            reason = self.timeline.refusal(entry)
+        if reason is None and entry.group.group_id in self.trained:
+            reason = f"group_id: {entry.group.group_id!r} was already trained (a duplicate write)"
+        if reason is None:
+            problem, newest = inspection or self._inspect(entry)
+            reason = problem or self._from_the_future(entry, newest)
+            if reason is None:
+                return True
+        log.error("dead-lettering %s (group %r): %s", entry.entry_id, entry.group.group_id, reason)
+        self.buffer.dead_letter(entry.entry_id, reason)
+        self.events.write("group_rejected", entry_id=entry.entry_id, group_id=entry.group.group_id, reason=reason)
+        self.metrics.dead_letters.inc()
+        return False
+
+    def collect(self, carry: list, stop=None) -> list:
+        """A batch's entries (carry first); fewer when `stop` is set meanwhile (they stay pending, unacked)."""
+        entries = [entry for entry in carry if self.admit(entry)]
+        deadline = time.time() + self.batch_timeout_s
+        while len(entries) < self.groups_per_step and not (stop is not None and stop.is_set()):
+            if time.time() > deadline:
+                raise TimeoutError(
+                    f"no full batch within {self.batch_timeout_s}s ({len(entries)}/{self.groups_per_step} groups)")
+            got = self.buffer.get(self.groups_per_step - len(entries), timeout_s=1.0)
+            entries.extend(entry for entry in got if self.admit(entry))
+            if len(entries) < self.groups_per_step:
+                self._heartbeat()
+        return entries
+
+    def start_prefetch(self, carry: list) -> None:
+        """Read, inspect and assemble the next batch (`carry` + what is missing) on a thread while this one
+        trains. Admitting or refusing the entries stays with `collect`. Entries read and never trained (the
+        learner stopped) stay pending, as any delivered entry does."""
+        groups = self.groups_per_step - len(carry)
+        if self._prefetch is not None and groups > 0:
+            self._prefetched = self._prefetch.submit(self._read_ahead, list(carry), groups)
+
+    def _read_ahead(self, carry: list, groups: int) -> ReadAhead:
+        got = self.buffer.get(groups, PREFETCH_WAIT_S)
+        ahead = ReadAhead(got)
+        try:
+            ahead.inspections = {entry.entry_id: self._inspect(entry) for entry in got}
+            if len(carry) + len(got) == self.groups_per_step and all(
+                problem is None for problem, _ in ahead.inspections.values()
+            ):
+                ahead.batch = assemble(carry + got, self._routing_shape())
+        except Exception as err:  # noqa: BLE001 - the entries go back to the loop, which inspects them itself
+            log.warning("prefetch: inspecting %d entries failed: %s: %s", len(got), type(err).__name__, err)
+            ahead.inspections, ahead.batch = {}, None
+        return ahead
+
+    def take_prefetched(self) -> list:
+        """The entries the prefetch read ([] when none was in flight or the read failed); their inspections
+        and the assembled batch are kept for `collect` and `batch_of`."""
+        future, self._prefetched = self._prefetched, None
+        if future is None:
+            return []
+        try:
+            ahead = future.result()
+        except Exception as err:  # noqa: BLE001 - the read is retried by `collect`; the entries stay pending
+            log.warning("prefetch failed: %s: %s", type(err).__name__, err)
+            return []
+        self._inspections.update(ahead.inspections)
+        self._ready = ahead.batch
+        return ahead.entries
+
+    def batch_of(self, entries: list) -> TrainBatch:
+        """The training batch of `entries`: the one the prefetch thread assembled when it holds exactly them."""
+        ready, self._ready = self._ready, None
+        if ready is not None and ready.entry_ids == [entry.entry_id for entry in entries]:
+            return ready
+        return assemble(entries, self._routing_shape())
+
+    def mark_trained(self, group_ids) -> None:
+        for group_id in dict.fromkeys(group_ids):
+            self.trained[group_id] = None
+        while len(self.trained) > TRAINED_GROUPS_REMEMBERED:
+            self.trained.popitem(last=False)
