@@ -1,7 +1,8 @@
 """One learner step: logp_prox (no grad), advantages, then per mini-batch logp (with grad), the
 objective, backward, clip, optimizer step. With one mini-batch trained whole the training forward doubles as
 the proximal one (`Trainer.fuses_proximal`). The objective itself lives in `learner.algos` (pure); which
-experts a MoE policy's forwards use is `learner.routing_replay`.
+experts a MoE policy's forwards use is `learner.routing_replay`. A dense policy's forwards run each group's
+prompt once (`asyncrl.core.prompt_sharing`, `learner.share_prompts`).
 
 Sharded over ranks (`learner.sharding`) or cut into micro-batches (`learner.microbatch_tokens`), a mini-batch
 is trained in parts: every rank holds the whole batch, forwards the rows of its groups (round-robin), and
@@ -21,6 +22,7 @@ from collections import defaultdict
 import torch
 
 from asyncrl.core.modeling import sequence_logprobs
+from asyncrl.core.prompt_sharing import shared_prompt_logprobs
 from asyncrl.core.sampling import SamplingParams
 from asyncrl.learner.algos import build_advantages, objective_units, policy_objective
 from asyncrl.learner.algos.diagnostics import to_floats
@@ -50,6 +52,10 @@ class Trainer:
         self.algo_without_teacher = self.algo.model_copy(update={"opd": no_opd})
         # After the reference copy: the router hooks stay on the policy only.
         self.replay = RoutingReplay(model, learner_cfg.routing_replay)
+        self.shares_prompts = learner_cfg.share_prompts and not ranks.sharded and self.replay.hooks is None
+        """A group's prompt runs once per forward (`learner.share_prompts`): a dense policy on one rank (an MoE
+        policy's routing is captured and replayed per sequence position, even without replay for its
+        mismatch metrics)."""
         self.in_parts = ranks.sharded or learner_cfg.microbatch_tokens > 0
         """Mini-batches trained in parts (ranks, micro-batches): denominators come from the whole mini-batch."""
         self.fuses_proximal = (self.algo.needs_prox_forward and learner_cfg.minibatches == 1 and not self.in_parts
@@ -59,8 +65,9 @@ class Trainer:
         separate no-grad forward of the batch is skipped."""
 
     def _logprobs(self, batch: TrainBatch, model: torch.nn.Module | None = None) -> torch.Tensor:
-        logp, _mask = sequence_logprobs(model or self.model, batch.sequences, batch.response_starts,
-                                        self.sampling, self.pad_id)
+        forward = shared_prompt_logprobs if self.shares_prompts else sequence_logprobs
+        logp, _mask = forward(model or self.model, batch.sequences, batch.response_starts, self.sampling,
+                              self.pad_id)
         return logp[:, : batch.response_mask.shape[1]]
 
     @torch.no_grad()

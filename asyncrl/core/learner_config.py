@@ -117,6 +117,12 @@ class LearnerConfig(Section):
     mixed_precision: Literal["none", "bf16"] = "none"
     """With world_size > 1: "bf16" computes forwards and backwards in bfloat16 over float32 weights and
     float32 gradient reduction (GPUs); "none" keeps the model's dtype (CPUs: float32)."""
+    share_prompts: bool = True
+    """Forward each distinct prompt of a (micro-)batch once and copy its KV cache to the rows of its group
+    (`asyncrl.core.prompt_sharing`): the same log-probs and gradients as one forward per whole sequence, for
+    distinct prompts + B x response tokens instead of B x (prompt + response). Applies to a dense policy on
+    one learner rank: an MoE policy's routing is captured and replayed per sequence position, and FSDP2
+    shards one forward per call; there, or when false, every sequence runs whole."""
     activation_checkpointing: bool = False
     """Recompute each transformer block's activations in the backward instead of keeping them (less memory,
     about a third more compute)."""

@@ -20,7 +20,7 @@ from functools import partial
 import torch
 
 from asyncrl.core.engines.base import Generation
-from asyncrl.core.engines.prompt_batch import distinct_prompts, left_pad
+from asyncrl.core.prompt_sharing import distinct_prompts, left_pad
 from asyncrl.core.routing import RoutedExperts, RouterHooks, id_dtype
 from asyncrl.core.sampling import SamplingParams, sample_tokens
 

@@ -19,7 +19,7 @@ import time
 import torch
 
 from asyncrl.core.engines.base import Engine, Generation, WeightUpdateStats
-from asyncrl.core.engines.prefix_scoring import shared_prompt_logprobs
+from asyncrl.core.prompt_sharing import shared_prompt_logprobs
 from asyncrl.core.engines.torch_decode import generate_with_model
 from asyncrl.core.modeling import (
     check_weight_metas,
@@ -95,7 +95,7 @@ class TorchEngine(Engine):
                 sequences[lo : lo + self.max_batch_size],
                 response_starts[lo : lo + self.max_batch_size],
             )
-            with self._weights_lock:
+            with self._weights_lock, torch.no_grad():
                 # A group's samples share their prompt: it runs once (the teacher scores whole groups).
                 logp, _ = shared_prompt_logprobs(self.model, seqs, starts, pad_id=self.pad_id)
             rows = logp.cpu().tolist()

@@ -1,0 +1,88 @@
+"""Sequences that share prompts (a group's G samples): each distinct prompt runs through the model once and
+its KV cache is copied to the rows that continue it, so a forward of N x (prompt + response) tokens shrinks
+to distinct prompts + N x response.
+
+Three users: the torch engine's generation (one prefill per distinct prompt, `torch_decode`), the teacher's
+scoring and the learner's forwards (`shared_prompt_logprobs`, which the learner trains through: the copy of
+the cache is an index, so each row's gradient flows back into its prompt's one forward and adds up there).
+The log-probs and gradients equal one forward of every whole sequence (`modeling.sequence_logprobs`) to
+float rounding; what differs is that the prompt positions are computed once per prompt, so a model with
+dropout draws one mask for a prompt instead of one per row.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from asyncrl.core.modeling import check_response_starts, sequence_logprobs, token_logprobs
+from asyncrl.core.sampling import SamplingParams
+
+
+def left_pad(prompts: list[list[int]], pad_id: int, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(input_ids, attention_mask, position_ids), each [len(prompts), longest prompt]: prompts aligned to the
+    right under an attention mask, positions counted from each prompt's first real token."""
+    width = max(len(p) for p in prompts)
+    input_ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
+    attention_mask = torch.zeros_like(input_ids)
+    for i, p in enumerate(prompts):
+        input_ids[i, width - len(p) :] = torch.tensor(p, dtype=torch.long)
+        attention_mask[i, width - len(p) :] = 1
+    # Real tokens get positions 0, 1, ...; padding positions are masked, their value does not matter.
+    position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+    return input_ids.to(device), attention_mask.to(device), position_ids.to(device)
+
+
+def distinct_prompts(prompts: list[list[int]]) -> tuple[list[list[int]], list[int]]:
+    """The distinct prompts in first-seen order, and for each row the index of its prompt among them."""
+    index: dict[tuple[int, ...], int] = {}
+    rows = [index.setdefault(tuple(p), len(index)) for p in prompts]
+    return [list(p) for p in index], rows
+
+
+def shared_prompt_logprobs(model, sequences: list[list[int]], response_starts: list[int],
+                           params: SamplingParams | None = None,
+                           pad_id: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """`sequence_logprobs(model, sequences, response_starts, params, pad_id)` ([N, T] log-probs and mask;
+    differentiable when grad is enabled) with one forward per distinct prompt. Falls back to that function
+    when no prompt is shared, a response is empty, the model keeps no KV cache, or the model is sharded at
+    its root (FSDP2 runs a forward inside its root's hooks; two forwards per call are not that)."""
+    check_response_starts(sequences, response_starts)
+    prompts = [seq[:start] for seq, start in zip(sequences, response_starts)]
+    distinct, rows = distinct_prompts(prompts)
+    responses = [seq[start:] for seq, start in zip(sequences, response_starts)]
+    if (len(distinct) == len(sequences) or not all(responses)
+            or getattr(model, "run_in_root_forward", None) is not None):
+        return sequence_logprobs(model, sequences, response_starts, params, pad_id=pad_id)
+    device = next(model.parameters()).device
+    base = model.base_model
+    prompt_ids, prompt_mask, prompt_pos = left_pad(distinct, pad_id, device)
+    prefill = base(input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=prompt_pos, use_cache=True)
+    cache = prefill.past_key_values
+    if cache is None:  # a model without a KV cache: one forward of everything
+        return sequence_logprobs(model, sequences, response_starts, params, pad_id=pad_id)
+    expand = torch.tensor(rows, dtype=torch.long, device=device)
+    cache.reorder_cache(expand)
+    # The last prompt position predicts each row's first response token.
+    first = prefill.last_hidden_state[:, -1][expand]
+
+    n, width = len(sequences), max(len(r) for r in responses)
+    response_ids = torch.full((n, width), pad_id, dtype=torch.long)
+    for i, response in enumerate(responses):
+        response_ids[i, : len(response)] = torch.tensor(response, dtype=torch.long)
+    lengths = torch.tensor([len(r) for r in responses])
+    mask = torch.arange(width)[None, :] < lengths[:, None]
+    response_ids, mask = response_ids.to(device), mask.to(device)
+    # Responses right-padded after the (left-padded) prompts: a real token never attends to the padding
+    # after it, and the padding before it is masked.
+    hidden = base(
+        input_ids=response_ids,
+        attention_mask=torch.cat([prompt_mask[expand], mask.long()], dim=1),
+        position_ids=prompt_pos[expand][:, -1:] + 1 + torch.arange(width, device=device)[None, :],
+        past_key_values=cache,
+        use_cache=True,
+    ).last_hidden_state
+    # Response token t is predicted by the hidden state one position earlier: the prompt's last for t = 0.
+    predictors = torch.cat([first[:, None], hidden[:, :-1]], dim=1)
+    flat = token_logprobs(model.get_output_embeddings(), predictors[mask], response_ids[mask], params)
+    logp = torch.zeros(n, width, dtype=torch.float32, device=device).masked_scatter(mask, flat)
+    return logp, mask

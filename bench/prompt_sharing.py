@@ -1,0 +1,118 @@
+"""The learner's step with each group's prompt forwarded once (`learner.share_prompts`) against every
+sequence forwarded whole, same model, same batch, one run.
+
+A step is the real `Trainer.step` (the demo's objective: decoupled PPO with token IS and OPD advantages; one
+mini-batch, so the training forward doubles as the proximal one): forward with grad, advantages, loss,
+backward, optimizer step. Two shapes, B = 64 sequences in groups of G = 8: "demo" (the demo's model, a 7-token
+prompt and 2 to 5 response tokens, as `examples/tiny-arith.yaml` trains) and "long_prompt" (128-token
+prompts, 32 response tokens: a task whose prompt outweighs its answer). The two learners alternate inside
+one loop, each on its own copy of the model, so drift in machine load hits both alike; each reports the
+median of the timed steps after warm-up. Also reported: the tokens each forward puts through the model.
+
+    .venv/bin/python bench/prompt_sharing.py [--repeats 30] [--warmup 5] [--threads 1]
+    (or: asyncrl bench prompt_sharing)
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from common import build_random_qwen2, emit
+
+from asyncrl.core.config import LearnerConfig, SamplingConfig
+from asyncrl.core.modeling import load_causal_lm, sequence_logprobs
+from asyncrl.core.sampling import SamplingParams
+from asyncrl.learner.batch import TrainBatch
+from asyncrl.learner.trainer import Trainer
+
+GROUPS, G = 8, 8
+SHAPES = {"demo": (7, 2, 5), "long_prompt": (128, 32, 32)}
+"""name -> (prompt tokens, shortest response, longest response)."""
+ALGO = {"preset": "decoupled_token_is", "opd": {"enabled": True, "mode": "advantage"}}
+
+
+def make_batch(model, shape: tuple[int, int, int], vocab: int) -> TrainBatch:
+    prompt_len, shortest, longest = shape
+    gen = torch.Generator().manual_seed(0)
+    sequences, starts = [], []
+    for _ in range(GROUPS):
+        prompt = torch.randint(3, vocab, (prompt_len,), generator=gen).tolist()
+        for _ in range(G):
+            length = int(torch.randint(shortest, longest + 1, (1,), generator=gen))
+            sequences.append(prompt + torch.randint(3, vocab, (length,), generator=gen).tolist())
+            starts.append(prompt_len)
+    with torch.no_grad():
+        logp, mask = sequence_logprobs(model, sequences, starts)
+    n, mask = len(sequences), mask.float()
+    return TrainBatch(
+        entry_ids=[f"{i}-0" for i in range(GROUPS)], group_ids=[f"g{r // G}" for r in range(n)],
+        trajectory_ids=[f"t{r}" for r in range(n)], sequences=sequences, response_starts=starts,
+        logp_behav=logp, token_versions=torch.zeros(logp.shape, dtype=torch.long), response_mask=mask,
+        rewards=(torch.rand(n, generator=gen) < 0.4).float(), group_index=torch.arange(n) // G,
+        logp_teacher=(logp + 0.3 * torch.randn(logp.shape, generator=gen)) * mask,
+    )  # fmt: skip
+
+
+def tokens_forwarded(trainer: Trainer, batch: TrainBatch) -> int:
+    """Tokens (padding included) that one training forward of `batch` puts through the model."""
+    counted, forward = [], trainer.model.base_model.forward
+    trainer.model.base_model.forward = lambda *a, **k: counted.append(k["input_ids"].numel()) or forward(*a, **k)
+    try:
+        with torch.no_grad():
+            trainer._logprobs(batch)
+    finally:
+        trainer.model.base_model.forward = forward
+    return sum(counted)
+
+
+def time_shape(model, shape, vocab: int, warmup: int, repeats: int) -> dict:
+    batch = make_batch(model, shape, vocab)
+    sampling = SamplingParams.from_config(SamplingConfig())
+    trainers = {name: Trainer(copy.deepcopy(model), LearnerConfig.model_validate(
+        {"lr": 5e-5, "algo": ALGO, "share_prompts": share}), sampling, pad_id=0)
+        for name, share in (("whole", False), ("shared", True))}  # fmt: skip
+    times: dict[str, list[float]] = {name: [] for name in trainers}
+    for i in range(warmup + repeats):
+        for name, trainer in trainers.items():
+            start = time.perf_counter()
+            trainer.step(batch, version=1)
+            if i >= warmup:
+                times[name].append(time.perf_counter() - start)
+    whole, shared = statistics.median(times["whole"]), statistics.median(times["shared"])
+    tokens = {name: tokens_forwarded(trainer, batch) for name, trainer in trainers.items()}
+    return {"prompt_tokens": shape[0], "response_tokens": list(shape[1:]), "whole_ms": round(whole * 1e3, 2),
+            "shared_ms": round(shared * 1e3, 2), "speedup": round(whole / shared, 3),
+            "tokens_whole": tokens["whole"], "tokens_shared": tokens["shared"]}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=30)
+    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=1)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    results: dict = {"threads": args.threads, "repeats": args.repeats, "warmup": args.warmup,
+                     "batch": {"groups": GROUPS, "group_size": G}}
+    with tempfile.TemporaryDirectory() as tmp:
+        model = load_causal_lm(build_random_qwen2(Path(tmp) / "demo-shape", hidden=128, layers=2,
+                                                  intermediate=512))
+    vocab = model.config.vocab_size
+    for name, shape in SHAPES.items():
+        results[name] = time_shape(model, shape, vocab, args.warmup, args.repeats)
+    demo, long = results["demo"], results["long_prompt"]
+    emit("prompt_sharing", results,
+         {"demo, whole": demo["whole_ms"], "demo, shared": demo["shared_ms"],
+          "long prompt, whole": long["whole_ms"], "long prompt, shared": long["shared_ms"]},
+         "ms per learner step",
+         f"prompts forwarded once: {demo['speedup']:.2f}x (demo), {long['speedup']:.2f}x (128-token prompts)")
+
+
+if __name__ == "__main__":
+    main()

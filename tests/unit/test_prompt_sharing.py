@@ -1,0 +1,94 @@
+"""Forwards with shared prompts (`asyncrl.core.prompt_sharing`): each distinct prompt runs once, and the
+log-probs, and with grad the gradients, equal the one-forward `sequence_logprobs` to float rounding."""
+
+import pytest
+import torch
+
+from asyncrl.core.config import SamplingConfig
+from asyncrl.core.modeling import load_causal_lm, sequence_logprobs
+from asyncrl.core.prompt_sharing import shared_prompt_logprobs
+from asyncrl.core.sampling import SamplingParams
+
+# Prompts of different lengths (left padding), responses of different lengths (right padding).
+PROMPTS = [[1, 5, 6, 14, 7, 8, 15], [1, 9, 14, 9, 15], [1, 12, 13, 14, 4, 15]]
+
+
+def groups(samples: int):
+    sequences, starts = [], []
+    for j, prompt in enumerate(PROMPTS):
+        for k in range(samples):
+            sequences.append(prompt + [3 + (k + j) % 10] * (1 + k % 4) + [2])
+            starts.append(len(prompt))
+    return sequences, starts
+
+
+@pytest.mark.parametrize("samples", [1, 4])
+def test_shared_prompts_score_as_one_forward_does(tiny_model_dir, samples):
+    model = load_causal_lm(tiny_model_dir.teacher)
+    sequences, starts = groups(samples)
+    with torch.no_grad():
+        expected, expected_mask = sequence_logprobs(model, sequences, starts, None, pad_id=0)
+    with torch.no_grad():
+        logp, mask = shared_prompt_logprobs(model, sequences, starts, pad_id=0)
+    assert torch.equal(mask, expected_mask)
+    assert torch.allclose(logp, expected, atol=2e-5)
+    assert (logp[~mask] == 0).all()
+
+
+def test_each_distinct_prompt_runs_once(tiny_model_dir, monkeypatch):
+    model = load_causal_lm(tiny_model_dir.teacher)
+    shapes = []
+    forward = model.base_model.forward
+
+    def counting(*args, **kwargs):
+        shapes.append(tuple(kwargs["input_ids"].shape))
+        return forward(*args, **kwargs)
+
+    monkeypatch.setattr(model.base_model, "forward", counting)
+    sequences, starts = groups(4)
+    shared_prompt_logprobs(model, sequences, starts, pad_id=0)
+    longest_prompt, longest_response = max(map(len, PROMPTS)), max(len(s) - b for s, b in zip(sequences, starts))
+    assert shapes == [(len(PROMPTS), longest_prompt), (len(sequences), longest_response)]
+
+
+@pytest.mark.parametrize("start", [0, -2, 99])
+def test_a_response_start_outside_the_sequence_is_refused(tiny_model_dir, start):
+    model = load_causal_lm(tiny_model_dir.teacher)
+    sequences, starts = groups(2)
+    starts[1] = start
+    with pytest.raises(ValueError, match="response_start"):
+        shared_prompt_logprobs(model, sequences, starts, pad_id=0)
+
+
+def _loss_and_grads(model, forward, sequences, starts, params):
+    model.zero_grad(set_to_none=True)
+    logp, mask = forward(model, sequences, starts, params, 0)
+    # Weighted per token, so that every log-prob's gradient counts with its own factor.
+    weights = torch.linspace(0.5, 1.5, logp.numel()).view_as(logp)
+    (logp * weights * mask).sum().backward()
+    return logp.detach(), [p.grad.clone() for p in model.parameters()]
+
+
+@pytest.mark.parametrize("sampling", [{}, {"temperature": 0.7, "top_k": 6}])
+def test_gradients_through_shared_prompts_equal_the_one_forward_gradients(tiny_model_dir, sampling):
+    """What the learner trains through: each row's gradient flows back into its prompt's one forward."""
+    model = load_causal_lm(tiny_model_dir.policy).train()
+    params = SamplingParams.from_config(SamplingConfig(**sampling))
+    sequences, starts = groups(4)
+    expected, expected_grads = _loss_and_grads(model, sequence_logprobs, sequences, starts, params)
+    logp, grads = _loss_and_grads(model, shared_prompt_logprobs, sequences, starts, params)
+    assert torch.allclose(logp, expected, atol=2e-5)
+    for name, grad, want in zip((n for n, _ in model.named_parameters()), grads, expected_grads):
+        assert torch.allclose(grad, want, rtol=1e-4, atol=1e-5), name
+    assert any(g.abs().sum() > 0 for g in grads)
+
+
+def test_a_model_sharded_at_its_root_runs_each_sequence_whole(tiny_model_dir, monkeypatch):
+    """FSDP2's root runs one forward per call inside its hooks: no second forward there."""
+    model = load_causal_lm(tiny_model_dir.teacher)
+    calls = []
+    model.run_in_root_forward = lambda fn, *args, **kwargs: calls.append(args) or fn(model, *args, **kwargs)
+    sequences, starts = groups(4)
+    with torch.no_grad():
+        logp, _ = shared_prompt_logprobs(model, sequences, starts, pad_id=0)
+    assert len(calls) == 1 and logp.shape[0] == len(sequences)
