@@ -177,8 +177,13 @@ def test_sharing_prompts_trains_as_whole_sequences_do(tiny_model_dir, fields):
         trainer = Trainer(model, LearnerConfig.model_validate({**cfg, "share_prompts": share}),
                           SamplingParams.from_config(SamplingConfig()), pad_id=0)
         assert trainer.shares_prompts is share
-        tokens, forward = [], model.base_model.forward
-        model.base_model.forward = lambda *a, **k: tokens.append(k["input_ids"].numel()) or forward(*a, **k)
+        tokens: list[int] = []
+
+        def counting(*a, forward=model.base_model.forward, seen=tokens, **k):
+            seen.append(k["input_ids"].numel())
+            return forward(*a, **k)
+
+        model.base_model.forward = counting
         metrics = [trainer.step(two_prompt_batch(), version=v) for v in (3, 4)]
         results.append((metrics, [p.detach().clone() for p in model.parameters()], sum(tokens)))
     (shared_metrics, shared_weights, shared_tokens), (whole_metrics, whole_weights, whole_tokens) = results

@@ -19,7 +19,6 @@ import time
 import torch
 
 from asyncrl.core.engines.base import Engine, Generation, WeightUpdateStats
-from asyncrl.core.prompt_sharing import shared_prompt_logprobs
 from asyncrl.core.engines.torch_decode import generate_with_model
 from asyncrl.core.modeling import (
     check_weight_metas,
@@ -28,6 +27,7 @@ from asyncrl.core.modeling import (
     load_causal_lm,
     pad_token_id,
 )
+from asyncrl.core.prompt_sharing import shared_prompt_logprobs
 from asyncrl.core.routing import install_hooks
 from asyncrl.core.sampling import SamplingParams
 from asyncrl.core.weights.flat import FlatWeights, rebind_parameters
