@@ -16,19 +16,22 @@ from __future__ import annotations
 
 import copy
 import itertools
+import logging
 import time
 from collections import defaultdict
 
 import torch
 
 from asyncrl.core.modeling import sequence_logprobs
-from asyncrl.core.prompt_sharing import shared_prompt_logprobs
+from asyncrl.core.prompt_sharing import shared_prompt_logprobs, why_not_shared
 from asyncrl.core.sampling import SamplingParams
 from asyncrl.learner.algos import build_advantages, objective_units, policy_objective
 from asyncrl.learner.algos.diagnostics import to_floats
 from asyncrl.learner.batch import TrainBatch, staleness_stats
 from asyncrl.learner.routing_replay import RoutingReplay
 from asyncrl.learner.sharding import SINGLE, Ranks
+
+log = logging.getLogger("asyncrl.learner")
 
 
 class Trainer:
@@ -52,10 +55,8 @@ class Trainer:
         self.algo_without_teacher = self.algo.model_copy(update={"opd": no_opd})
         # After the reference copy: the router hooks stay on the policy only.
         self.replay = RoutingReplay(model, learner_cfg.routing_replay)
-        self.shares_prompts = learner_cfg.share_prompts and not ranks.sharded and self.replay.hooks is None
-        """A group's prompt runs once per forward (`learner.share_prompts`): a dense policy on one rank (an MoE
-        policy's routing is captured and replayed per sequence position, even without replay for its
-        mismatch metrics)."""
+        self.shares_prompts = learner_cfg.share_prompts and self._why_not_shared(model, ranks) is None
+        """A group's prompt runs once per forward (`learner.share_prompts`, where it applies)."""
         self.in_parts = ranks.sharded or learner_cfg.microbatch_tokens > 0
         """Mini-batches trained in parts (ranks, micro-batches): denominators come from the whole mini-batch."""
         self.fuses_proximal = (self.algo.needs_prox_forward and learner_cfg.minibatches == 1 and not self.in_parts
@@ -63,6 +64,18 @@ class Trainer:
         """One mini-batch trained whole, no routing replay, no DASH filter: the proximal policy is the policy
         before this step's only update, so the training forward's detached log-probs *are* logp_prox and the
         separate no-grad forward of the batch is skipped."""
+
+    def _why_not_shared(self, model: torch.nn.Module, ranks: Ranks) -> str | None:
+        """Why the policy's forwards cannot share prompts (None: they can); logged when asked for."""
+        reason = why_not_shared(model)
+        if ranks.sharded:
+            reason = "sharded over ranks (FSDP2 brackets one forward per call)"
+        elif self.replay.hooks is not None:
+            # Even without replay: the routing is captured for its mismatch metrics.
+            reason = "an MoE policy (its routing is captured and replayed per sequence position)"
+        if reason and self.cfg.share_prompts:
+            log.info("learner.share_prompts: every sequence runs whole: %s", reason)
+        return reason
 
     def _logprobs(self, batch: TrainBatch, model: torch.nn.Module | None = None) -> torch.Tensor:
         forward = shared_prompt_logprobs if self.shares_prompts else sequence_logprobs

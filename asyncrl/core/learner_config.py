@@ -120,9 +120,11 @@ class LearnerConfig(Section):
     share_prompts: bool = True
     """Forward each distinct prompt of a (micro-)batch once and copy its KV cache to the rows of its group
     (`asyncrl.core.prompt_sharing`): the same log-probs and gradients as one forward per whole sequence, for
-    distinct prompts + B x response tokens instead of B x (prompt + response). Applies to a dense policy on
-    one learner rank: an MoE policy's routing is captured and replayed per sequence position, and FSDP2
-    shards one forward per call; there, or when false, every sequence runs whole."""
+    distinct prompts + B x response tokens instead of B x (prompt + response). Applies to a dense,
+    attention-only policy on one learner rank without activation checkpointing (an MoE policy's routing is
+    captured and replayed per sequence position, FSDP2 brackets one forward per call, a recurrent layer would
+    run through a shorter prompt's left padding, checkpointing drops the KV cache); there, or when false,
+    every sequence runs whole (the learner's log says why)."""
     activation_checkpointing: bool = False
     """Recompute each transformer block's activations in the backward instead of keeping them (less memory,
     about a third more compute)."""

@@ -39,26 +39,42 @@ def distinct_prompts(prompts: list[list[int]]) -> tuple[list[list[int]], list[in
     return [list(p) for p in index], rows
 
 
+ATTENTION_LAYERS = frozenset({"full_attention", "sliding_attention", "chunked_attention"})
+"""Layer types (a Hugging Face config's `layer_types`) whose masked attention ignores left padding."""
+
+
+def why_not_shared(model) -> str | None:
+    """Why `model`'s forwards cannot share prompts (None: they can)."""
+    if getattr(model, "run_in_root_forward", None) is not None:
+        return "sharded at its root (FSDP2 brackets one forward per call)"
+    if getattr(model, "is_gradient_checkpointing", False):
+        return "activation checkpointing (Hugging Face models keep no KV cache under it)"
+    layer_types = set(getattr(getattr(model, "config", None), "layer_types", None) or ())
+    if layer_types - ATTENTION_LAYERS:
+        # A recurrent state (Mamba, linear attention) would run through the left padding of a shorter prompt.
+        return f"layer types {sorted(layer_types - ATTENTION_LAYERS)} (not attention only)"
+    return None
+
+
 def shared_prompt_logprobs(model, sequences: list[list[int]], response_starts: list[int],
                            params: SamplingParams | None = None,
                            pad_id: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """`sequence_logprobs(model, sequences, response_starts, params, pad_id)` ([N, T] log-probs and mask;
     differentiable when grad is enabled) with one forward per distinct prompt. Falls back to that function
-    when no prompt is shared, a response is empty, the model keeps no KV cache, or the model is sharded at
-    its root (FSDP2 runs a forward inside its root's hooks; two forwards per call are not that)."""
+    when no prompt is shared, a response is empty, the model cannot share (`why_not_shared`) or returns no
+    KV cache it can copy."""
     check_response_starts(sequences, response_starts)
     prompts = [seq[:start] for seq, start in zip(sequences, response_starts)]
     distinct, rows = distinct_prompts(prompts)
     responses = [seq[start:] for seq, start in zip(sequences, response_starts)]
-    if (len(distinct) == len(sequences) or not all(responses)
-            or getattr(model, "run_in_root_forward", None) is not None):
+    if len(distinct) == len(sequences) or not all(responses) or why_not_shared(model) is not None:
         return sequence_logprobs(model, sequences, response_starts, params, pad_id=pad_id)
     device = next(model.parameters()).device
     base = model.base_model
     prompt_ids, prompt_mask, prompt_pos = left_pad(distinct, pad_id, device)
     prefill = base(input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=prompt_pos, use_cache=True)
-    cache = prefill.past_key_values
-    if cache is None:  # a model without a KV cache: one forward of everything
+    cache = getattr(prefill, "past_key_values", None)
+    if cache is None or not hasattr(cache, "reorder_cache"):  # no KV cache to copy: one forward of everything
         return sequence_logprobs(model, sequences, response_starts, params, pad_id=pad_id)
     expand = torch.tensor(rows, dtype=torch.long, device=device)
     cache.reorder_cache(expand)

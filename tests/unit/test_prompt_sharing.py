@@ -6,7 +6,7 @@ import torch
 
 from asyncrl.core.config import SamplingConfig
 from asyncrl.core.modeling import load_causal_lm, sequence_logprobs
-from asyncrl.core.prompt_sharing import shared_prompt_logprobs
+from asyncrl.core.prompt_sharing import shared_prompt_logprobs, why_not_shared
 from asyncrl.core.sampling import SamplingParams
 
 # Prompts of different lengths (left padding), responses of different lengths (right padding).
@@ -35,16 +35,9 @@ def test_shared_prompts_score_as_one_forward_does(tiny_model_dir, samples):
     assert (logp[~mask] == 0).all()
 
 
-def test_each_distinct_prompt_runs_once(tiny_model_dir, monkeypatch):
+def test_each_distinct_prompt_runs_once(tiny_model_dir):
     model = load_causal_lm(tiny_model_dir.teacher)
-    shapes = []
-    forward = model.base_model.forward
-
-    def counting(*args, **kwargs):
-        shapes.append(tuple(kwargs["input_ids"].shape))
-        return forward(*args, **kwargs)
-
-    monkeypatch.setattr(model.base_model, "forward", counting)
+    shapes = _forwards(model)
     sequences, starts = groups(4)
     shared_prompt_logprobs(model, sequences, starts, pad_id=0)
     longest_prompt, longest_response = max(map(len, PROMPTS)), max(len(s) - b for s, b in zip(sequences, starts))
@@ -83,8 +76,20 @@ def test_gradients_through_shared_prompts_equal_the_one_forward_gradients(tiny_m
     assert any(g.abs().sum() > 0 for g in grads)
 
 
-def test_a_model_sharded_at_its_root_runs_each_sequence_whole(tiny_model_dir, monkeypatch):
-    """FSDP2's root runs one forward per call inside its hooks: no second forward there."""
+def _forwards(model) -> list[tuple[int, int]]:
+    """Records the input shape of every base-model forward of `model`."""
+    shapes, forward = [], model.base_model.forward
+
+    def counting(*args, **kwargs):
+        shapes.append(tuple(kwargs["input_ids"].shape))
+        return forward(*args, **kwargs)
+
+    model.base_model.forward = counting
+    return shapes
+
+
+def test_a_model_sharded_at_its_root_runs_each_sequence_whole(tiny_model_dir):
+    """FSDP2's root brackets one forward per call in its hooks: no second forward there."""
     model = load_causal_lm(tiny_model_dir.teacher)
     calls = []
     model.run_in_root_forward = lambda fn, *args, **kwargs: calls.append(args) or fn(model, *args, **kwargs)
@@ -92,3 +97,37 @@ def test_a_model_sharded_at_its_root_runs_each_sequence_whole(tiny_model_dir, mo
     with torch.no_grad():
         logp, _ = shared_prompt_logprobs(model, sequences, starts, pad_id=0)
     assert len(calls) == 1 and logp.shape[0] == len(sequences)
+    assert "FSDP2" in why_not_shared(model)
+
+
+def test_a_checkpointing_model_runs_each_sequence_whole_in_one_forward(tiny_model_dir):
+    """Activation checkpointing makes a Hugging Face model drop its KV cache, so a prefill would be wasted:
+    one forward of the whole sequences, the same values."""
+    model = load_causal_lm(tiny_model_dir.policy).train()
+    sequences, starts = groups(4)
+    with torch.no_grad():
+        expected, _ = sequence_logprobs(model, sequences, starts, None, pad_id=0)
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    assert "checkpointing" in why_not_shared(model)
+    shapes = _forwards(model)
+    logp, _ = shared_prompt_logprobs(model, sequences, starts, pad_id=0)
+    assert shapes == [(len(sequences), max(map(len, sequences)))]
+    assert torch.allclose(logp.detach(), expected, atol=1e-6)
+
+
+@pytest.mark.parametrize("layer_types, shares", [
+    (["full_attention", "sliding_attention"], True),
+    (["full_attention", "linear_attention"], False),  # Qwen3-Next / Qwen3.5 style: a recurrent state
+    (["mamba", "attention"], False),
+])
+def test_only_attention_only_models_share(tiny_model_dir, layer_types, shares):
+    """A recurrent layer's state would run through the left padding of a shorter prompt."""
+    model = load_causal_lm(tiny_model_dir.policy)
+    model.config.layer_types = layer_types
+    assert (why_not_shared(model) is None) is shares
+
+
+def test_an_attention_only_model_shares(tiny_model_dir):
+    model = load_causal_lm(tiny_model_dir.policy)
+    assert model.config.layer_types == ["full_attention"] * model.config.num_hidden_layers
+    assert why_not_shared(model) is None

@@ -206,3 +206,6 @@ def test_prompts_are_shared_only_for_a_dense_policy_on_one_rank(tiny_model_dir):
     assert Trainer(load_causal_lm(tiny_model_dir.policy), LearnerConfig(), sampling, pad_id=0).shares_prompts
     # An MoE policy's routing is captured per sequence position (replayed, or compared with the rollout's).
     assert not Trainer(tiny_moe(layers=2), LearnerConfig(), sampling, pad_id=0).shares_prompts
+    checkpointed = load_causal_lm(tiny_model_dir.policy)
+    checkpointed.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    assert not Trainer(checkpointed, LearnerConfig(), sampling, pad_id=0).shares_prompts
