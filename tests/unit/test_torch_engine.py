@@ -226,6 +226,30 @@ def test_successive_zero_copy_updates_alternate_buffers(engine, tiny_model_dir):
         assert engine.model.lm_head.weight.data_ptr() == engine.model.model.embed_tokens.weight.data_ptr()
 
 
+def test_a_manifest_is_checked_once_and_a_different_one_again(engine, tiny_model_dir, monkeypatch):
+    """Every push while the membership holds carries the same manifest: it is held against the model once.
+    A push with another manifest (a wrong shape) is still checked and refused, and the weights stay."""
+    from asyncrl.core.engines import torch_engine
+
+    checked = []
+    check = torch_engine.check_weight_metas
+    monkeypatch.setattr(torch_engine, "check_weight_metas", lambda model, metas: checked.append(metas) or check(model, metas))
+    base = named_weights(load_causal_lm(tiny_model_dir.teacher))
+    for version in (8, 9, 10):
+        _push(engine, [(n, t + 0.01 * version) for n, t in base], version)
+    assert len(checked) == 1 and engine.weight_version == 10
+    name = "model.layers.0.self_attn.k_proj.weight"
+    bad = [(n, t.reshape(t.shape[1], t.shape[0]) if n == name else t) for n, t in base]
+    store = host_store("127.0.0.1", 0, 30.0)
+    before = [t.clone() for _, t in named_weights(engine.model)]
+    sender = _sender(bad, _plan(bad, 11, store, "bad-shape"), store, [])
+    with pytest.raises(ValueError, match=name):
+        engine.update_weights(_plan(bad, 11, store, "bad-shape"), 1)
+    sender.join(30)
+    assert len(checked) == 2 and engine.weight_version == 10
+    assert all(torch.equal(a, b) for a, (_, b) in zip(before, named_weights(engine.model)))
+
+
 def test_a_push_in_another_dtype_is_cast_by_copy(engine, tiny_model_dir):
     named = [(n, t.to(torch.bfloat16)) for n, t in named_weights(load_causal_lm(tiny_model_dir.teacher))]
     stats = _push(engine, named, 8)

@@ -4,7 +4,13 @@ import pytest
 import torch
 
 from asyncrl.core.weights.buckets import pack, plan_buckets
-from asyncrl.core.weights.flat import FlatWeights, adjacent_run, bind_parameters, rebind_parameters
+from asyncrl.core.weights.flat import (
+    FlatWeights,
+    adjacent_run,
+    bind_parameters,
+    rebind_parameters,
+    weight_slots,
+)
 from asyncrl.core.weights.plan import tensor_metas
 
 
@@ -61,3 +67,22 @@ def test_rebind_refuses_a_mismatched_layout():
     flat = FlatWeights(tensor_metas(named), 1 << 20)
     with pytest.raises(ValueError, match="cannot rebind '0.weight'.*float32.*float64"):
         rebind_parameters(m, flat)
+
+
+def test_weight_slots_name_every_weight_and_a_rebind_with_them_equals_one_without():
+    m = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.Linear(3, 3))
+    m[1].weight = m[0].weight  # tied: one Parameter under two names
+    m.register_buffer("scale", torch.ones(3))
+    slots = weight_slots(m)
+    assert slots["0.weight"] is slots["1.weight"] is m[0].weight and slots["scale"] is m.scale
+    assert set(m.state_dict()) <= set(slots)
+    # What a push carries: tied weights once (`modeling.named_weights`), buffers too.
+    named = [(n, p.detach() + 1) for n, p in m.named_parameters()] + [("scale", m.scale + 1)]
+    flat = FlatWeights(tensor_metas(named), 1 << 20)
+    for name, tensor in named:
+        flat.views[name].copy_(tensor)
+    rebind_parameters(m, flat, slots)
+    assert all(torch.equal(m.state_dict()[n], t) for n, t in named)
+    assert m[1].weight.data_ptr() == m[0].weight.data_ptr() == flat.views["0.weight"].data_ptr()
+    with pytest.raises(ValueError, match="no weight of that name"):
+        rebind_parameters(m, flat, {})

@@ -159,7 +159,8 @@ def generate_with_model(
     flat = [(i, p) for i, p in enumerate(prompts) for _ in range(n)]
     results: list[list[Generation]] = [[] for _ in prompts]
     was_training = model.training
-    model.eval()
+    if was_training:  # a full pass over the modules each way: an engine's model is in eval mode already
+        model.eval()
     try:
         for lo in range(0, len(flat), max_batch_size):
             chunk = flat[lo : lo + max_batch_size]
@@ -169,5 +170,6 @@ def generate_with_model(
             for (i, _), gen in zip(chunk, gens):
                 results[i].append(gen)
     finally:
-        model.train(was_training)
+        if was_training:
+            model.train()
     return results

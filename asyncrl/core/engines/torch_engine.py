@@ -30,7 +30,7 @@ from asyncrl.core.modeling import (
 from asyncrl.core.prompt_sharing import shared_prompt_logprobs
 from asyncrl.core.routing import install_hooks
 from asyncrl.core.sampling import SamplingParams
-from asyncrl.core.weights.flat import FlatWeights, rebind_parameters
+from asyncrl.core.weights.flat import FlatWeights, rebind_parameters, weight_slots
 from asyncrl.core.weights.groups import BroadcastGroups
 from asyncrl.core.weights.plan import PushPlan
 from asyncrl.core.weights.transport import receive_weights
@@ -62,6 +62,10 @@ class TorchEngine(Engine):
         # update; the next one is received into `_spare_flat`, then the two swap roles.
         self._live_flat: FlatWeights | None = None
         self._spare_flat: FlatWeights | None = None
+        # The model's weight objects by name (rebinding keeps the objects), and the last manifest checked
+        # against the model: a push with the same manifest (every push while the membership holds) skips both.
+        self._slots = weight_slots(self.model)
+        self._checked_metas: tuple = ()
 
     @property
     def weight_version(self) -> int:
@@ -108,19 +112,21 @@ class TorchEngine(Engine):
 
     def _update_weights(self, plan: PushPlan, rank: int) -> WeightUpdateStats:
         started = time.perf_counter()
-        try:
-            targets = check_weight_metas(self.model, plan.tensors)
-        except ValueError:
-            # Still take part in the broadcast (and drop what arrives), so the sender and the other
-            # receivers are not left waiting for this rank until their time-out.
-            self._drain(plan, rank)
-            raise
+        if plan.tensors != self._checked_metas:
+            try:
+                check_weight_metas(self.model, plan.tensors)
+            except ValueError:
+                # Still take part in the broadcast (and drop what arrives), so the sender and the other
+                # receivers are not left waiting for this rank until their time-out.
+                self._drain(plan, rank)
+                raise
+            self._checked_metas = plan.tensors
         staged: list[tuple[str, torch.Tensor]] = []
         with self._groups.member(plan, rank) as group:
             # Receiving straight into parameter storage needs the transport to deliver the model's own dtypes
             # on the model's device; anything else is staged and copied (casting, moving).
             zero_copy = group.device == self.device and all(
-                m.torch_dtype == targets[m.name].dtype for m in plan.tensors
+                m.torch_dtype == self._slots[m.name].dtype for m in plan.tensors
             )
             if zero_copy:
                 # The broadcast lands in the spare buffers; the live ones stay untouched for generation.
@@ -136,11 +142,11 @@ class TorchEngine(Engine):
         with self._weights_lock:
             swap_start = time.perf_counter()
             if zero_copy:
-                rebind_parameters(self.model, spare)
+                rebind_parameters(self.model, spare, self._slots)
                 self._live_flat, self._spare_flat = spare, self._live_flat
                 nbytes = plan.total_bytes
             else:
-                nbytes = copy_weights_(targets, staged)
+                nbytes = copy_weights_(self._slots, staged)
             self._version = plan.version
             pause_s = time.perf_counter() - swap_start
         load_s = time.perf_counter() - started

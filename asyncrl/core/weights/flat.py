@@ -43,19 +43,25 @@ class FlatWeights:
         return [(m.name, self.views[m.name]) for m in self.metas]
 
 
-def _slot(model: torch.nn.Module, name: str) -> torch.Tensor:
-    """The Parameter or buffer object registered under a state_dict name."""
-    module_name, _, attr = name.rpartition(".")
-    module = model.get_submodule(module_name) if module_name else model
-    return getattr(module, attr)
+def weight_slots(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The Parameter and buffer objects of `model` by state_dict name (tied weights under each of their names),
+    in one pass over the modules. The objects stay the same when weights are rebound (only their `.data`
+    changes), so a receiver resolves them once."""
+    slots: dict[str, torch.Tensor] = dict(model.named_parameters(remove_duplicate=False))
+    slots.update(model.named_buffers(remove_duplicate=False))
+    return slots
 
 
 @torch.no_grad()
-def rebind_parameters(model: torch.nn.Module, flat: FlatWeights) -> None:
+def rebind_parameters(model: torch.nn.Module, flat: FlatWeights, slots: dict[str, torch.Tensor] | None = None) -> None:
     """Point every weight of `model` named in `flat` at its view in `flat` (no copy; tied weights are one
-    Parameter, so they follow together). Optimizers keep working: the Parameter objects stay the same."""
+    Parameter, so they follow together). Optimizers keep working: the Parameter objects stay the same.
+    `slots`: `weight_slots(model)`, when the caller keeps it (resolving them is most of a rebind's cost)."""
+    slots = weight_slots(model) if slots is None else slots
     for name, view in flat.views.items():
-        slot = _slot(model, name)
+        slot = slots.get(name)
+        if slot is None:
+            raise ValueError(f"cannot rebind {name!r}: the model has no weight of that name")
         if slot.shape != view.shape or slot.dtype != view.dtype or slot.device != view.device:
             raise ValueError(f"cannot rebind {name!r}: model has {tuple(slot.shape)} {slot.dtype} on "
                              f"{slot.device}, flat storage has {tuple(view.shape)} {view.dtype} on {view.device}")
