@@ -119,8 +119,9 @@ class LearnerConfig(Section):
     float32 gradient reduction (GPUs); "none" keeps the model's dtype (CPUs: float32)."""
     share_prompts: bool = True
     """Forward each distinct prompt of a (micro-)batch once and copy its KV cache to the rows of its group
-    (`asyncrl.core.prompt_sharing`): the same log-probs and gradients as one forward per whole sequence, for
-    distinct prompts + B x response tokens instead of B x (prompt + response). Applies to a dense,
+    (`asyncrl.core.prompt_sharing`): the same log-probs and gradients as one forward per whole sequence (a
+    model with dropout on draws one mask for a group's prompt), for distinct prompts + B x response tokens
+    instead of B x (prompt + response). Applies to a dense,
     attention-only policy on one learner rank without activation checkpointing (an MoE policy's routing is
     captured and replayed per sequence position, FSDP2 brackets one forward per call, a recurrent layer would
     run through a shorter prompt's left padding, checkpointing drops the KV cache); there, or when false,

@@ -131,3 +131,34 @@ def test_an_attention_only_model_shares(tiny_model_dir):
     model = load_causal_lm(tiny_model_dir.policy)
     assert model.config.layer_types == ["full_attention"] * model.config.num_hidden_layers
     assert why_not_shared(model) is None
+
+
+ARCHITECTURES = {
+    "llama": ("LlamaConfig", {}),
+    "mistral, sliding window 4": ("MistralConfig", {"sliding_window": 4}),
+    "gemma2 (soft-capping, sliding layers)": ("Gemma2Config", {"head_dim": 32, "sliding_window": 4}),
+    "qwen3": ("Qwen3Config", {"head_dim": 32}),
+    "gpt2 (absolute positions)": ("GPT2Config", {"n_embd": 64, "n_layer": 2, "n_head": 2, "n_positions": 128,
+                                                 "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0}),
+}
+
+
+@pytest.mark.parametrize("name", sorted(ARCHITECTURES))
+def test_other_architectures_share_exactly(name):
+    """A user's model is not the demo's Qwen2: other position schemes, sliding windows and logit soft-capping
+    give the one-forward log-probs and gradients too (tiny random models, dropout off as in RL training)."""
+    import transformers
+
+    cls, fields = ARCHITECTURES[name]
+    shape = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 2,
+             "num_key_value_heads": 1, "max_position_embeddings": 128} if cls != "GPT2Config" else {}
+    config = getattr(transformers, cls)(vocab_size=32, **shape, **fields)
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config).float().train()
+    assert why_not_shared(model) is None
+    sequences, starts = groups(4)
+    expected, expected_grads = _loss_and_grads(model, sequence_logprobs, sequences, starts, None)
+    logp, grads = _loss_and_grads(model, shared_prompt_logprobs, sequences, starts, None)
+    assert torch.allclose(logp, expected, atol=2e-5)
+    for grad, want in zip(grads, expected_grads):
+        assert torch.allclose(grad, want, rtol=1e-4, atol=1e-5)
