@@ -43,6 +43,17 @@ def kill_redis(run_dir: Path) -> None:
     os.kill(int(pids[0]), signal.SIGKILL)
 
 
+def surviving_steps(run_dir: Path) -> int:
+    return sum(e["kind"] == "step" for e in surviving(read_events(run_dir, "learner")))
+
+
+def checkpoint_of_step(run_dir: Path, step: int) -> bool:
+    """Whether the learner process running now saved its checkpoint of `step`."""
+    learner = read_events(run_dir, "learner")
+    last_start = max((i for i, e in enumerate(learner) if e["kind"] == "resumed"), default=-1)
+    return any(e["kind"] == "checkpoint_saved" and e["step"] == step for e in learner[last_start + 1 :])
+
+
 def test_killed_services_are_restarted_and_the_run_completes(tmp_path):
     run_dir = tmp_path / "run"
     args = ["--config", str(REPO / "examples/tiny-arith.yaml"),
@@ -52,19 +63,19 @@ def test_killed_services_are_restarted_and_the_run_completes(tmp_path):
         wait_for(lambda: steps_done(run_dir) >= 6, 300, "6 learner steps")
         kill(run_dir, "learner")  # no checkpoint yet: it comes back from the base model, the run back to version 0
         wait_for(lambda: any(e["kind"] == "resumed" for e in read_events(run_dir, "learner")), 300, "the restart")
-        wait_for(lambda: len([e for e in surviving(read_events(run_dir, "learner")) if e["kind"] == "step"]) >= 12,
-                 300, "12 steps on the surviving timeline")
+        # Counted on the surviving timeline: the learner may train a few more steps before the kill lands.
+        wait_for(lambda: surviving_steps(run_dir) >= 12, 300, "12 steps on the surviving timeline")
         kill(run_dir, "teacher")
-        wait_for(lambda: steps_done(run_dir) >= 16, 300, "16 learner steps")
+        wait_for(lambda: surviving_steps(run_dir) >= 16, 300, "16 steps on the surviving timeline")
         kill(run_dir, "controller")
-        wait_for(lambda: steps_done(run_dir) >= 20, 300, "20 learner steps")
+        wait_for(lambda: surviving_steps(run_dir) >= 20, 300, "20 steps on the surviving timeline")
         kill_redis(run_dir)
-        wait_for(lambda: steps_done(run_dir) >= 30, 300, "30 learner steps")
-        kill(run_dir, "learner")  # its checkpoint is step 20: ten steps are lost and trained again
+        wait_for(lambda: surviving_steps(run_dir) >= 30 and checkpoint_of_step(run_dir, SAVE_EVERY), 300,
+                 "30 steps on the surviving timeline and the checkpoint of step 20")
+        kill(run_dir, "learner")  # its checkpoint is step 20: ten steps or more are lost and trained again
         wait_for(lambda: sum(e["kind"] == "resumed" for e in read_events(run_dir, "learner")) == 2, 300,
                  "the second restart")
-        wait_for(lambda: len([e for e in surviving(read_events(run_dir, "learner")) if e["kind"] == "step"]) >= 45,
-                 300, "45 steps on the surviving timeline")
+        wait_for(lambda: surviving_steps(run_dir) >= 45, 300, "45 steps on the surviving timeline")
         kill(run_dir, "rollout")
         out, _ = proc.communicate(timeout=900)
     assert proc.returncode == 0, out[-5000:]

@@ -20,7 +20,9 @@ from tests.run_helpers import listening_sockets, process_tree, running_up, steps
 pytestmark = pytest.mark.chaos
 
 REPO = Path(__file__).resolve().parents[2]
-STEPS, INJECT_AT = 60, 10
+STEPS, INJECT_AT = 120, 10
+"""The poison goes in at step 10 and must be read before the run ends: at about 45 ms per step, 110 steps leave
+the learner five seconds (the injection itself takes under one)."""
 
 
 def poison(group_size: int, vocab_size: int) -> dict[str, tuple[dict, str]]:
