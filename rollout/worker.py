@@ -25,6 +25,19 @@ from asyncrl.v1 import controller_pb2
 log = logging.getLogger(__name__)
 COMPLETE_ATTEMPTS = 4
 COMPLETE_BACKOFF_S = 0.5
+STOP_POLL_S = 0.1
+"""How often a replica waiting on a held lease request looks whether it is stopping."""
+
+
+def answer_unless_stopped(stop: threading.Event, call):
+    """The answer of `call` (a gRPC future), or None when `stop` is set first: a lease request the controller
+    holds (up to max_hold_s) is cancelled rather than waited for. Raises the call's RpcError."""
+    answered = threading.Event()
+    call.add_done_callback(lambda _call: answered.set())
+    while not answered.wait(STOP_POLL_S):
+        if stop.is_set() and call.cancel():  # not cancelled: answered meanwhile, leases and all
+            return None
+    return call.result()
 
 
 class RolloutWorker:
@@ -49,6 +62,7 @@ class RolloutWorker:
         self.group_size = config.sampling.group_size
 
     def run(self, stop: threading.Event) -> None:
+        self._stop = stop
         self._finisher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="finish")
         self._pending = None
         try:
@@ -72,10 +86,12 @@ class RolloutWorker:
         """One batch of leases; returns the number of groups written."""
         started = time.perf_counter()
         wait_s = self.config.controller.max_hold_s
-        answer = self.stub.AcquireLeases(controller_pb2.AcquireLeasesRequest(
+        answer = answer_unless_stopped(self._stop, self.stub.AcquireLeases.future(controller_pb2.AcquireLeasesRequest(
             replica_id=self.session.replica_id, num_trajectories=self.group_size, wait_s=wait_s,
             max_leases=self.config.rollout.leases_per_batch,
-        ), timeout=wait_s + 30)  # fmt: skip
+        ), timeout=wait_s + 30))  # fmt: skip
+        if answer is None:
+            return 0
         self.metrics.lease_wait.observe(time.perf_counter() - started)
         leases = list(answer.leases)
         if not leases:

@@ -9,6 +9,7 @@ Public API
   responsive; the other RPCs run as plain functions on a small thread pool. The state object is
   `server.controller_state` (a `ControllerState`; its reaper thread is already running). After
   `server.stop(...)`, call `server.controller_state.close()` (stops the reaper, closes the event log).
+  `server.release_held()` before `stop` answers held lease requests UNAVAILABLE at once (`serve` does).
   Events go to `<run_dir>/events/controller.jsonl`, run_dir defaulting to `config.run_dir`. `notify`
   replaces the gRPC `Rollout.UpdateWeights` fan-out, `probe` the liveness challenge of a registered replica
   (tests).
@@ -85,6 +86,15 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
         self.state = state
         self.wakeup: Wakeup | None = None
         """Set by `create_server` once the server's loop exists."""
+        self.stopping = False
+        """Set by `release_held` when the server stops: lease requests are answered UNAVAILABLE, not held."""
+
+    def release_held(self) -> None:
+        """Answer every held (and every new) lease request UNAVAILABLE at once: a stopping server would
+        otherwise give each up to max_hold_s of its grace period, and the replica waiting on it as long."""
+        self.stopping = True
+        if self.wakeup is not None:
+            self.wakeup.notify()
 
     def RegisterReplica(self, request, context):
         def run():
@@ -179,6 +189,8 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
             check()
             deadline = started + self.state.hold_limit(wait_s)
             while True:
+                if self.stopping:
+                    await context.abort(grpc.StatusCode.UNAVAILABLE, "the controller is stopping; ask again")
                 answer = look(started, time.monotonic() >= deadline)
                 if answer is not None:
                     return answer
@@ -340,6 +352,7 @@ def create_server(
     )
     servicer.wakeup = Wakeup(server.loop)
     state.add_waker(servicer.wakeup.notify)
+    server.release_held = servicer.release_held
     state.start_reaper()
     server.controller_state = state
     server.replica_channels = channels
@@ -365,7 +378,7 @@ def serve(config: AsyncRLConfig) -> None:
                        start_admitted=cc.start_admitted, start_prompt_index=cc.start_prompt_index,
                        state_store=cc.state_store, restored=state.restored)  # fmt: skip
     print(f"asyncrl-controller listening grpc={host}:{port} http={host}:{http_port}", flush=True)
-    wait_until_stopped(server, on_stop=page.stop)
+    wait_until_stopped(server, on_stop=lambda: (server.release_held(), page.stop()))
     state.close()
     server.replica_channels.close()
 

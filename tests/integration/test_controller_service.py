@@ -424,6 +424,63 @@ def test_held_acquire_is_released_by_a_commit_over_grpc(controller):
     assert answer["r"].granted and answer["r"].version == 1
 
 
+def hold_one(stub, rid: str, wait_s: float = 30.0):
+    """A lease request the controller holds (η = 0 and the version's batch already leased): its future."""
+    assert stub.AcquireLease(pb.AcquireLeaseRequest(replica_id=rid, num_trajectories=8)).granted
+    call = stub.AcquireLeases.future(
+        pb.AcquireLeasesRequest(replica_id=rid, num_trajectories=4, max_leases=1, wait_s=wait_s), timeout=60
+    )
+    deadline = time.monotonic() + 5
+    while stub.GetStatus(pb.GetStatusRequest()).held_requests == 0:
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    return call
+
+
+def test_a_stopping_controller_answers_held_lease_requests_at_once(tmp_path):
+    """A held request would otherwise keep the server's grace period (and its replica) for up to max_hold_s."""
+    server, port = create_server(make_config(max_hold_s=30.0), run_dir=str(tmp_path))
+    server.start()
+    try:
+        with grpc_channel(f"127.0.0.1:{port}", TEST_AUTH) as channel:
+            stub = controller_pb2_grpc.ControllerStub(channel)
+            call = hold_one(stub, register(stub))
+            started = time.monotonic()
+            server.release_held()
+            with pytest.raises(grpc.RpcError) as info:
+                call.result(timeout=5)
+            assert info.value.code() == grpc.StatusCode.UNAVAILABLE and "stopping" in info.value.details()
+            assert time.monotonic() - started < 2
+            with pytest.raises(grpc.RpcError) as info:  # a new request is not held either
+                stub.AcquireLeases(pb.AcquireLeasesRequest(replica_id="r", num_trajectories=4, max_leases=1,
+                                                           wait_s=30), timeout=5)
+            assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert server.stop(5).wait(2)
+    finally:
+        server.stop(0).wait()
+        server.controller_state.close()
+
+
+def test_a_stopping_replica_cancels_its_held_lease_request(controller):
+    from asyncrl.rollout.worker import answer_unless_stopped
+
+    stub = controller.stub
+    rid = register(stub)
+    stop = threading.Event()
+    threading.Timer(0.3, stop.set).start()
+    started = time.monotonic()
+    assert answer_unless_stopped(stop, hold_one(stub, rid)) is None
+    assert time.monotonic() - started < 3
+    deadline = time.monotonic() + 5
+    while stub.GetStatus(pb.GetStatusRequest()).held_requests:  # the controller let it go
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    # Not stopping: the answer itself (none granted within wait_s).
+    answer = answer_unless_stopped(threading.Event(), stub.AcquireLeases.future(
+        pb.AcquireLeasesRequest(replica_id=rid, num_trajectories=4, max_leases=1, wait_s=0.1), timeout=10))
+    assert list(answer.leases) == [] and answer.reason
+
+
 # ---- serve() as a process ---------------------------------------------------------------------------------
 
 
