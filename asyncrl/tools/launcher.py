@@ -176,13 +176,11 @@ def start_and_supervise(cfg: AsyncRLConfig, group: ProcessGroup) -> int:
     args = ["--config", str(resolved)]
     print(f"[up] run dir {run_dir}  (config: {resolved})", flush=True)
     auth = run_auth(cfg)
-    print("[up] starting the controller", flush=True)
+    # Everything starts at once: the replicas and the learner wait for the controller themselves, and their
+    # start-up (loading torch, transformers and a model) is most of a run's first seconds.
     argv = ["controller", *args]
     restartable = {"controller": Restartable(group.start_cli("controller", argv), argv, None,
                                              cfg.controller.max_restarts)}
-    wait_for_channel(cfg.controller.address, 60, auth)
-    print(f"[up] controller grpc {cfg.controller.address}, status page "
-          f"http://{cfg.controller.host}:{cfg.controller.status_port}/", flush=True)
     engines = 0
     if cfg.teacher.enabled:
         env = vllm_cpu_binding(cfg.teacher.engine, engines)
@@ -199,13 +197,16 @@ def start_and_supervise(cfg: AsyncRLConfig, group: ProcessGroup) -> int:
         engines += cfg.rollout.engine.type == "vllm"
         restartable[f"rollout-{i}"] = Restartable(group.start_cli(f"rollout-{i}", argv, env), argv, env,
                                                   cfg.rollout.max_restarts)
-    print(f"[up] started {'the teacher, ' if cfg.teacher.enabled else ''}{cfg.rollout.replicas} rollout "
-          f"replicas and the learner (logs in {run_dir / 'logs'})", flush=True)
     argv = ["learner", *args]
     # A learner that dies comes back from its latest checkpoint (the base model when there is none yet) and
     # takes the run back there.
     learner = Restartable(group.start_cli("learner", argv), [*argv, "--set", "learner.checkpoint.resume_from=latest"],
                           None, cfg.learner.max_restarts)
+    print(f"[up] started the controller, {'the teacher, ' if cfg.teacher.enabled else ''}{cfg.rollout.replicas} "
+          f"rollout replicas and the learner (logs in {run_dir / 'logs'})", flush=True)
+    wait_for_channel(cfg.controller.address, 60, auth)
+    print(f"[up] controller grpc {cfg.controller.address}, status page "
+          f"http://{cfg.controller.host}:{cfg.controller.status_port}/", flush=True)
     return Supervisor(cfg, group, learner, restartable).run()
 
 
