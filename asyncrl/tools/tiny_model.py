@@ -195,11 +195,6 @@ def _tokenizer(config):
 def make_tiny_model(config) -> TinyModelPaths:
     """Build (or reuse) the tiny policy at `config.model.path` and, when the teacher is enabled, the teacher at
     `config.teacher.model_path`."""
-    from transformers import AutoModelForCausalLM
-
-    from asyncrl.core.engines.torch_decode import generate_with_model
-    from asyncrl.core.tasks.evaluate import greedy_accuracy
-
     tiny = config.tiny_model
     policy_dir = Path(config.model.path)
     teacher_dir = Path(config.teacher.model_path) if config.teacher.enabled else None
@@ -207,6 +202,11 @@ def make_tiny_model(config) -> TinyModelPaths:
     if _stamp_matches(policy_dir, stamp) and (teacher_dir is None or _stamp_matches(teacher_dir, stamp)):
         log.info("tiny model up to date (stamp %s): %s, %s", stamp, policy_dir, teacher_dir)
         return TinyModelPaths(policy_dir, teacher_dir, built=False)
+    # Only to build: `asyncrl up` checks the stamp before every run, and transformers takes a second to load.
+    from transformers import AutoModelForCausalLM
+
+    from asyncrl.core.engines.torch_decode import generate_with_model
+    from asyncrl.core.tasks.evaluate import greedy_accuracy
     if tiny.teacher_steps < tiny.warmstart_steps:
         raise ValueError(
             f"tiny_model.teacher_steps ({tiny.teacher_steps}) must be >= warmstart_steps "
