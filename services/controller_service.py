@@ -20,7 +20,7 @@ Public API
 
 Status codes: a malformed field -> INVALID_ARGUMENT with a message starting with the field name; a
 well-formed request the controller's state forbids (expired lease, push already open, wrong version)
--> FAILED_PRECONDITION.
+-> FAILED_PRECONDITION (the mapping, and the messages' translation, in `controller_messages`).
 """
 
 from __future__ import annotations
@@ -33,16 +33,8 @@ import time
 import grpc
 
 from asyncrl.controller.admission import HOLD_POLL_S
-from asyncrl.controller.errors import (
-    InvalidRequest,
-    PreconditionFailed,
-    RegistryFull,
-    ReplicaIdInUse,
-    UnknownReplica,
-)
 from asyncrl.controller.persistence import make_store
 from asyncrl.controller.push import PushOffer, WeightNotifier
-from asyncrl.controller.results import LearnerFigures
 from asyncrl.controller.state import ControllerState
 from asyncrl.controller.status_page import StatusPage
 from asyncrl.core.auth import resolve_auth
@@ -53,7 +45,6 @@ from asyncrl.core.grpc_util import wait_until_stopped
 from asyncrl.core.validation import (
     MAX_COUNT,
     MAX_TIMEOUT_S,
-    InvalidArgument,
     check_name,
     check_range,
     require,
@@ -68,6 +59,7 @@ from asyncrl.core.weights.manifest import (
     decode_tensors,
     encode_plan,
 )
+from asyncrl.services.controller_messages import ERRORS, answer, learner_figures, status_message, status_of
 from asyncrl.services.weight_fanout import ReplicaChannels, grpc_liveness_answer
 from asyncrl.v1 import controller_pb2, controller_pb2_grpc
 
@@ -114,7 +106,7 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
                 push_key=r.push_key,
             )
 
-        return _answer(context, run)
+        return answer(context, run)
 
     def Heartbeat(self, request, context):
         def run():
@@ -132,7 +124,7 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
                 current_version=pulse.current_version, needs_sync=pulse.needs_sync
             )
 
-        return _answer(context, run)
+        return answer(context, run)
 
     async def AcquireLease(self, request, context):
         def check():
@@ -155,7 +147,7 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
             self.state.complete(request.replica_id, request.lease_id, request.num_written)
             return controller_pb2.CompleteLeaseResponse()
 
-        return _answer(context, run)
+        return answer(context, run)
 
     async def AcquireLeases(self, request, context):
         def check():
@@ -199,7 +191,7 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
                     self.state.holding(None)
                 await self.wakeup.wait(max(0.0, min(deadline - time.monotonic(), HOLD_POLL_S)))
         except ERRORS as err:
-            await context.abort(*_status(err))
+            await context.abort(*status_of(err))
         finally:
             if held:
                 self.state.holding(started)
@@ -222,7 +214,7 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
                 for c, error in zip(request.completions, errors)
             ])
 
-        return _answer(context, run)
+        return answer(context, run)
 
     def BeginWeightPush(self, request, context):
         def run():
@@ -248,7 +240,7 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
                 plan=encode_plan(session.plan), receivers=[r.replica_id for r in session.receivers]
             )
 
-        return _answer(context, run)
+        return answer(context, run)
 
     def CommitWeightPush(self, request, context):
         def run():
@@ -262,7 +254,7 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
                 dropped=result.dropped,
             )
 
-        return _answer(context, run)
+        return answer(context, run)
 
     def LearnerHeartbeat(self, request, context):
         def run():
@@ -276,7 +268,7 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
                 sync_requested=pulse.sync_requested, current_version=pulse.current_version
             )
 
-        return _answer(context, run)
+        return answer(context, run)
 
     def ResetTimeline(self, request, context):
         def run():
@@ -288,42 +280,14 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
                                                         leases_expired=reset.leases_expired,
                                                         prompt_index=reset.prompt_index)
 
-        return _answer(context, run)
+        return answer(context, run)
 
     def GetStatus(self, request, context):
-        return _answer(context, lambda: status_message(self.state.snapshot()))
+        return answer(context, lambda: status_message(self.state.snapshot()))
 
     def _require_version(self, version: int, field: str) -> None:
         """A version someone holds or offers is at most one past the committed one (a push in flight)."""
         check_range(version, 0, self.state.current_version + 1, field)
-
-
-def learner_figures(request) -> LearnerFigures | None:
-    """The optional progress figures of a LearnerHeartbeatRequest, checked (finite, in range)."""
-    bounds = {"reward_mean": (-1e6, 1e6), "eval_accuracy": (0.0, 1.0), "staleness_mean": (0.0, 1e9),
-              "step_seconds": (0.0, MAX_TIMEOUT_S)}
-    values = {}
-    for field, (low, high) in bounds.items():
-        if request.HasField(field):
-            check_range(getattr(request, field), low, high, field)
-            values[field] = getattr(request, field)
-    if not values:
-        return None
-    return LearnerFigures(total_steps=request.total_steps, **values)
-
-
-def status_message(snap: dict) -> controller_pb2.ControllerStatus:
-    """The `ControllerState.snapshot()` dict as the proto `ControllerStatus` (eta -1 = unbounded)."""
-    return controller_pb2.ControllerStatus(
-        current_version=snap["current_version"],
-        admitted=snap["admitted"],
-        batch_size=snap["batch_size"],
-        eta=-1 if snap["eta"] is None else snap["eta"],
-        held_requests=snap["held_requests"],
-        replicas=[controller_pb2.ReplicaStatus(**r) for r in snap["replicas"]],
-        pushes_committed=snap["pushes_committed"],
-        leases_expired=snap["leases_expired"],
-    )
 
 
 def create_server(
@@ -381,31 +345,3 @@ def serve(config: AsyncRLConfig) -> None:
     wait_until_stopped(server, on_stop=lambda: (server.release_held(), page.stop()))
     state.close()
     server.replica_channels.close()
-
-
-# ---- validation and error translation ------------------------------------------------------------------
-
-
-ERRORS = (UnknownReplica, InvalidArgument, InvalidRequest, RegistryFull, PreconditionFailed, ReplicaIdInUse)
-
-
-def _status(err: Exception) -> tuple[grpc.StatusCode, str]:
-    """The status code of a controller or validation error (UnknownReplica is an InvalidRequest: first)."""
-    if isinstance(err, UnknownReplica):
-        return grpc.StatusCode.NOT_FOUND, str(err)
-    if isinstance(err, (InvalidArgument, InvalidRequest)):
-        return grpc.StatusCode.INVALID_ARGUMENT, str(err)
-    if isinstance(err, RegistryFull):
-        return grpc.StatusCode.RESOURCE_EXHAUSTED, str(err)
-    if isinstance(err, ReplicaIdInUse):
-        return grpc.StatusCode.ALREADY_EXISTS, str(err)
-    return grpc.StatusCode.FAILED_PRECONDITION, str(err)
-
-
-def _answer(context: grpc.ServicerContext, run):
-    """Run one RPC body (on a worker thread); controller and validation errors become status codes naming
-    the field."""
-    try:
-        return run()
-    except ERRORS as err:
-        context.abort(*_status(err))

@@ -1,0 +1,71 @@
+"""The controller's wire translation, beside its gRPC edge (`controller_service`): the progress figures of a
+LearnerHeartbeatRequest, a state snapshot as `ControllerStatus`, and controller and validation errors as gRPC
+status codes (the message names the field or the rule)."""
+
+from __future__ import annotations
+
+import grpc
+
+from asyncrl.controller.errors import (
+    InvalidRequest,
+    PreconditionFailed,
+    RegistryFull,
+    ReplicaIdInUse,
+    UnknownReplica,
+)
+from asyncrl.controller.results import LearnerFigures
+from asyncrl.core.validation import MAX_TIMEOUT_S, InvalidArgument, check_range
+from asyncrl.v1 import controller_pb2
+
+
+def learner_figures(request) -> LearnerFigures | None:
+    """The optional progress figures of a LearnerHeartbeatRequest, checked (finite, in range)."""
+    bounds = {"reward_mean": (-1e6, 1e6), "eval_accuracy": (0.0, 1.0), "staleness_mean": (0.0, 1e9),
+              "step_seconds": (0.0, MAX_TIMEOUT_S)}
+    values = {}
+    for field, (low, high) in bounds.items():
+        if request.HasField(field):
+            check_range(getattr(request, field), low, high, field)
+            values[field] = getattr(request, field)
+    if not values:
+        return None
+    return LearnerFigures(total_steps=request.total_steps, **values)
+
+
+def status_message(snap: dict) -> controller_pb2.ControllerStatus:
+    """The `ControllerState.snapshot()` dict as the proto `ControllerStatus` (eta -1 = unbounded)."""
+    return controller_pb2.ControllerStatus(
+        current_version=snap["current_version"],
+        admitted=snap["admitted"],
+        batch_size=snap["batch_size"],
+        eta=-1 if snap["eta"] is None else snap["eta"],
+        held_requests=snap["held_requests"],
+        replicas=[controller_pb2.ReplicaStatus(**r) for r in snap["replicas"]],
+        pushes_committed=snap["pushes_committed"],
+        leases_expired=snap["leases_expired"],
+    )
+
+
+ERRORS = (UnknownReplica, InvalidArgument, InvalidRequest, RegistryFull, PreconditionFailed, ReplicaIdInUse)
+
+
+def status_of(err: Exception) -> tuple[grpc.StatusCode, str]:
+    """The status code of a controller or validation error (UnknownReplica is an InvalidRequest: first)."""
+    if isinstance(err, UnknownReplica):
+        return grpc.StatusCode.NOT_FOUND, str(err)
+    if isinstance(err, (InvalidArgument, InvalidRequest)):
+        return grpc.StatusCode.INVALID_ARGUMENT, str(err)
+    if isinstance(err, RegistryFull):
+        return grpc.StatusCode.RESOURCE_EXHAUSTED, str(err)
+    if isinstance(err, ReplicaIdInUse):
+        return grpc.StatusCode.ALREADY_EXISTS, str(err)
+    return grpc.StatusCode.FAILED_PRECONDITION, str(err)
+
+
+def answer(context: grpc.ServicerContext, run):
+    """Run one RPC body (on a worker thread); controller and validation errors become status codes naming
+    the field."""
+    try:
+        return run()
+    except ERRORS as err:
+        context.abort(*status_of(err))
