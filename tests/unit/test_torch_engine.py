@@ -282,6 +282,12 @@ def test_a_prompt_sampled_n_times_is_prefilled_once_and_decodes_as_if_it_were_no
     shared, shared_widths = run(), list(widths)
     monkeypatch.setattr(torch_decode, "distinct_prompts", lambda prompts: (prompts, list(range(len(prompts)))))
     separate, separate_widths = run(), list(widths)
+    monkeypatch.undo()
+    monkeypatch.setattr(model, "forward", counting)
+    # A model that cannot share (`prompt_sharing.why_not_shared`, e.g. recurrent layers) prefills every row.
+    monkeypatch.setattr(torch_decode, "why_not_shared", lambda _model: "recurrent layers")
+    unshared, unshared_widths = run(), list(widths)
+    assert unshared_widths[0] == 4 * len(PROMPTS) and [g.token_ids for g in unshared] == [g.token_ids for g in separate]
     assert shared_widths[0] == len(PROMPTS) and separate_widths[0] == 4 * len(PROMPTS)
     assert all(w == 4 * len(PROMPTS) for w in shared_widths[1:])
     assert [g.token_ids for g in shared] == [g.token_ids for g in separate]

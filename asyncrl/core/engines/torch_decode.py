@@ -3,7 +3,8 @@
 Used by `TorchEngine` and directly by the learner to evaluate its own in-process model. Prompts are
 left-padded under an attention mask with position ids counted from each prompt's first real token, so a
 prompt decodes the same whatever it is batched with. A prompt sampled several times in one batch (a group's
-G samples) is prefilled once and its KV cache copied to each of its rows, as vLLM's prefix cache does. Every
+G samples) is prefilled once and its KV cache copied to each of its rows, as vLLM's prefix cache does (where
+`prompt_sharing.why_not_shared` allows). Every
 token is sampled with `asyncrl.core.sampling.sample_tokens`, so `logp_behav` is the processed log-prob the
 learner recomputes.
 With `router_hooks` (a MoE model) every forward also records the experts each input token was routed to, and
@@ -20,7 +21,7 @@ from functools import partial
 import torch
 
 from asyncrl.core.engines.base import Generation
-from asyncrl.core.prompt_sharing import distinct_prompts, left_pad
+from asyncrl.core.prompt_sharing import distinct_prompts, left_pad, why_not_shared
 from asyncrl.core.routing import RoutedExperts, RouterHooks, id_dtype
 from asyncrl.core.sampling import SamplingParams, sample_tokens
 
@@ -62,7 +63,12 @@ class _RoutingTrace:
 @torch.no_grad()
 def _decode_batch(model, prompts, params, eos, pad_id, generator, step_guard, hooks) -> list[Generation]:
     device = eos.device
-    distinct, prefill_rows = distinct_prompts(prompts)
+    # The same rule as the scoring's (`prompt_sharing.why_not_shared`): a model whose cache cannot be shared
+    # that way prefills every row.
+    if why_not_shared(model) is None:
+        distinct, prefill_rows = distinct_prompts(prompts)
+    else:
+        distinct, prefill_rows = prompts, list(range(len(prompts)))
     input_ids, attention_mask, position_ids = left_pad(distinct, pad_id, device)
     batch = len(prompts)
     # The prefill runs once per distinct prompt; its cache, logits and masks then go to every row of it.
