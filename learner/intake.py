@@ -76,7 +76,9 @@ class BatchIntake:
             return entry.problem, -1
         try:
             newest = check_trajectory_group(entry.group, self.limits)
-            check_group(entry.group, self._routing_shape())
+            shape = self._routing_shape()
+            if shape is not None:  # the rest of check_group's structure checks are check_trajectory_group's too
+                check_group(entry.group, shape)
             return None, newest
         except (BadGroup, MalformedGroup) as err:
             return str(err), -1

@@ -166,7 +166,7 @@ class LearnerLoop:
             if self.resumed is None:
                 self.events.write("resumed", from_step=0, version=0, path=self.config.model.path)
             self.intake.timeline = rejoin(self.buffer, self.stub, start_step, start_version,
-                                   self.config.learner.batch_size, self.events)
+                                          self.config.learner.batch_size, self.events)
         self.progress.version = start_version
         # Entries delivered to us before a restart and never acked come first (all of them, in order):
         # trained after the last checkpoint or not at all, they are trained again from it.
