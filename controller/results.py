@@ -84,6 +84,7 @@ class LearnerFigures:
     eval_accuracy: float | None = None
     staleness_mean: float | None = None
     step_seconds: float | None = None
+    busy_fraction: float | None = None
 
 
 @dataclass(frozen=True)

@@ -103,6 +103,7 @@ def learner_summary(learner: dict) -> str:
     parts.append(f"version {learner['version']}")
     for key, label, fmt in (("reward_mean", "reward", "{:.3f}"), ("eval_accuracy", "held-out accuracy", "{:.3f}"),
                             ("staleness_mean", "staleness", "{:.2f}"), ("step_seconds", "step", "{:.2f} s"),
+                            ("busy_fraction", "training", "{:.0%} of the time"),
                             ("trajectories_per_s", "throughput", "{:.0f} trajectories/s")):
         if learner.get(key) is not None:
             parts.append(f"{label} <b>{fmt.format(learner[key])}</b>")

@@ -28,7 +28,7 @@ def learner_view(report: LearnerReport, now: float, batch_size: int) -> dict:
     if figures is not None:
         view.update(total_steps=figures.total_steps, reward_mean=figures.reward_mean,
                     eval_accuracy=figures.eval_accuracy, staleness_mean=figures.staleness_mean,
-                    step_seconds=figures.step_seconds)
+                    step_seconds=figures.step_seconds, busy_fraction=figures.busy_fraction)
         if figures.step_seconds:
             view["trajectories_per_s"] = batch_size / figures.step_seconds
             if figures.total_steps > report.step:

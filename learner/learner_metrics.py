@@ -7,6 +7,7 @@ import time
 from prometheus_client import Counter, Gauge, Histogram
 
 from asyncrl.core.metrics import service_registry
+from asyncrl.learner.busy import WINDOW_STEPS
 
 # Staleness is counted in versions: 0..eta under the bound, more only when eta is unbounded.
 _STALENESS_BUCKETS = (0, 1, 2, 3, 4, 6, 8, 12, 16, 32, 64)
@@ -41,6 +42,9 @@ class LearnerMetrics:
                                     "Groups delivered to the learner and not yet acknowledged (after the last step).",
                                     registry=r)
         self.step_seconds = Histogram("asyncrl_learner_step_seconds", "Learner step time", registry=r)
+        self.busy = Gauge("asyncrl_learner_busy_ratio",
+                          f"Fraction of the wall time of the last {WINDOW_STEPS} steps spent in train steps (1: never waits)",
+                          registry=r)
         self.push_seconds = Histogram("asyncrl_learner_push_seconds", "Weight push time (begin..commit)", registry=r)
         self.push_wait_seconds = Histogram("asyncrl_learner_push_wait_seconds",
                                            "Time a step spent on its weight push on the learner's critical path "
@@ -89,6 +93,8 @@ class LearnerMetrics:
             if created > 0:
                 self.group_age.observe(max(0.0, now - created))
         self.step_seconds.observe(metrics["time/step_s"])
+        if metrics.get("time/busy") is not None:
+            self.busy.set(metrics["time/busy"])
         self.skipped_updates.inc(metrics.get("opt/skipped_updates", 0))
         kl = metrics.get("rc/kl_k3")
         if kl is not None:

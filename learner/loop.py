@@ -16,6 +16,7 @@ import torch
 
 from asyncrl.core.teacher_client import score, score_request
 from asyncrl.core.trajectory_checks import TrajectoryLimits
+from asyncrl.learner.busy import BusyMeter
 from asyncrl.learner.checkpoint import CheckpointMeta
 from asyncrl.learner.intake import BatchIntake
 from asyncrl.learner.sharding import SINGLE, STEP, Mirror, Ranks, train_step
@@ -37,6 +38,8 @@ class LearnerProgress:
     last_staleness_mean: float = 0.0
     last_wall_s: float = 0.0
     """Wall time from the end of the previous step to the end of this one (waiting for data included)."""
+    busy_fraction: float | None = None
+    """Train time / wall time over the last `learner.busy.WINDOW_STEPS` steps (None before the first)."""
     data_position: int = 0
     """One past the highest prompt index trained on."""
 
@@ -66,6 +69,7 @@ class LearnerLoop:
         self.groups_per_step = config.learner.batch_size // config.sampling.group_size
         self.progress = LearnerProgress()
         self._last_step_end: float | None = None
+        self.busy = BusyMeter()
         self.ranks = ranks
         """The learner's ranks: this loop runs on the leader and tells the others each step."""
         self.intake = BatchIntake(
@@ -264,6 +268,8 @@ class LearnerLoop:
         now = time.time()
         self.progress.last_wall_s = now - self._last_step_end if self._last_step_end else metrics["time/step_s"]
         self._last_step_end = now
+        self.progress.busy_fraction = self.busy.add(metrics["time/step_s"], self.progress.last_wall_s)
+        metrics["time/wall_s"], metrics["time/busy"] = self.progress.last_wall_s, self.progress.busy_fraction
         self.progress.data_position = max(
             [self.progress.data_position] + [entry.group.prompt_index + 1 for entry in entries]
         )

@@ -29,6 +29,8 @@ def heartbeat_request(progress, total_steps: int) -> controller_pb2.LearnerHeart
     if p.step > 0:
         request.reward_mean, request.staleness_mean = p.last_reward_mean, p.last_staleness_mean
         request.step_seconds = p.last_wall_s
+        if p.busy_fraction is not None:
+            request.busy_fraction = p.busy_fraction
     if p.last_eval_accuracy >= 0:
         request.eval_accuracy = p.last_eval_accuracy
     return request

@@ -36,6 +36,9 @@ PANELS: list[tuple[str, list[tuple[str, str, list[tuple[str, str]]]]]] = [
         ("Training throughput", "short", [
             (f"rate(asyncrl_learner_trajectories_consumed_total{RATE})", "trajectories/s"),
             (f"rate(asyncrl_learner_tokens_trained_total{RATE})", "tokens/s")]),
+        ("Learner busy: share of the wall time in train steps", "percentunit", [
+            ("asyncrl_learner_busy_ratio", "last 20 steps"),
+            (f"rate(asyncrl_learner_step_seconds_sum{RATE})", "last minute")]),
         ("Step and push time", "s", [
             (_q(0.5, "asyncrl_learner_step_seconds"), "step p50"),
             (_q(0.5, "asyncrl_learner_push_seconds"), "push p50 (learner)"),

@@ -100,6 +100,13 @@ def restart_local_redis(group: ProcessGroup, cfg: AsyncRLConfig) -> None:
                       password=local_redis_password(cfg))
 
 
+def _busy(ev: dict) -> str:
+    """The learner's share of the wall time in train steps over its last steps, as " (91% of the time)";
+    nothing for an older event log."""
+    busy = ev.get("time/busy")
+    return "" if busy is None else f" ({busy:.0%} of the time)"
+
+
 class Progress:
     """Prints one line per learner step / eval from the learner's event log."""
 
@@ -125,7 +132,8 @@ class Progress:
                 print(f"[{elapsed:6.0f}s] step {ev['step']:3d}/{self.cfg.learner.total_steps} "
                       f"v{ev['version']:<3d} reward {ev['reward/mean']:.3f} "
                       f"staleness mean {ev['staleness/mean']:.2f} max {ev['staleness/max']} "
-                      f"step {ev['time/step_s']:.1f}s push wait {ev['push_wait_s']:.3f}s", flush=True)
+                      f"train {1e3 * ev['time/step_s']:.0f} ms{_busy(ev)}, push wait {1e3 * ev['push_wait_s']:.0f} ms",
+                      flush=True)
             elif ev["kind"] == "eval":
                 if self.first_eval is None:
                     self.first_eval = ev["accuracy"]

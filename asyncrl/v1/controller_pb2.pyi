@@ -218,7 +218,7 @@ class CommitWeightPushResponse(_message.Message):
     def __init__(self, committed: _Optional[bool] = ..., current_version: _Optional[int] = ..., acked: _Optional[_Iterable[str]] = ..., dropped: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class LearnerHeartbeatRequest(_message.Message):
-    __slots__ = ("step", "version", "consumed", "total_steps", "reward_mean", "eval_accuracy", "staleness_mean", "step_seconds")
+    __slots__ = ("step", "version", "consumed", "total_steps", "reward_mean", "eval_accuracy", "staleness_mean", "step_seconds", "busy_fraction")
     STEP_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     CONSUMED_FIELD_NUMBER: _ClassVar[int]
@@ -227,6 +227,7 @@ class LearnerHeartbeatRequest(_message.Message):
     EVAL_ACCURACY_FIELD_NUMBER: _ClassVar[int]
     STALENESS_MEAN_FIELD_NUMBER: _ClassVar[int]
     STEP_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    BUSY_FRACTION_FIELD_NUMBER: _ClassVar[int]
     step: int
     version: int
     consumed: int
@@ -235,7 +236,8 @@ class LearnerHeartbeatRequest(_message.Message):
     eval_accuracy: float
     staleness_mean: float
     step_seconds: float
-    def __init__(self, step: _Optional[int] = ..., version: _Optional[int] = ..., consumed: _Optional[int] = ..., total_steps: _Optional[int] = ..., reward_mean: _Optional[float] = ..., eval_accuracy: _Optional[float] = ..., staleness_mean: _Optional[float] = ..., step_seconds: _Optional[float] = ...) -> None: ...
+    busy_fraction: float
+    def __init__(self, step: _Optional[int] = ..., version: _Optional[int] = ..., consumed: _Optional[int] = ..., total_steps: _Optional[int] = ..., reward_mean: _Optional[float] = ..., eval_accuracy: _Optional[float] = ..., staleness_mean: _Optional[float] = ..., step_seconds: _Optional[float] = ..., busy_fraction: _Optional[float] = ...) -> None: ...
 
 class LearnerHeartbeatResponse(_message.Message):
     __slots__ = ("sync_requested", "current_version")

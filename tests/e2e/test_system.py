@@ -83,6 +83,8 @@ def test_demo_shortened_learns_and_audits_clean(tmp_path):
     # learner never asked the teacher, and the distillation term was on at every step.
     steps = [ev for ev in read_events(run_dir, "learner") if ev["kind"] == "step"]
     assert all(ev["teacher/learner_asked"] == 0.0 and ev["teacher/unavailable"] == 0.0 for ev in steps)
+    # How much of its time the learner trained (the console line, the status page, the busy gauge).
+    assert all(0.0 < ev["time/busy"] <= 1.0 and ev["time/wall_s"] > 0.0 for ev in steps)
     gain = summary["eval_last"] - summary["eval_first"]
     assert gain >= 0.08, f"greedy accuracy {summary['eval_first']:.3f} -> {summary['eval_last']:.3f}"
 

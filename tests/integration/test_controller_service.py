@@ -218,6 +218,7 @@ INVALID = [
     ("CommitWeightPush", pb.CommitWeightPushRequest(push_id=""), "push_id: must be a name"),
     ("LearnerHeartbeat", pb.LearnerHeartbeatRequest(step=-1), "step: must be in [0, 9007199254740992], got -1"),
     ("LearnerHeartbeat", pb.LearnerHeartbeatRequest(consumed=-5), "consumed: must be in [0, 9007199254740992], got -5"),
+    ("LearnerHeartbeat", pb.LearnerHeartbeatRequest(step=1, busy_fraction=1.5), "busy_fraction: must be in [0.0, 1.0], got 1.5"),
 ]  # fmt: skip
 
 

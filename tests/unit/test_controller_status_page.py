@@ -38,7 +38,8 @@ def test_the_learner_reports_every_step_and_the_page_shows_progress_charts_and_e
     for step in range(1, 6):
         accuracy = 0.4 + 0.02 * step if step % 2 == 0 else None
         state.learner_heartbeat(step, step, step * 8, LearnerFigures(
-            total_steps=100, reward_mean=0.1 * step, eval_accuracy=accuracy, staleness_mean=1.5, step_seconds=0.5))
+            total_steps=100, reward_mean=0.1 * step, eval_accuracy=accuracy, staleness_mean=1.5, step_seconds=0.5,
+            busy_fraction=0.9))
     state.learner_heartbeat(5, 5, 40)  # a heartbeat while waiting for data adds no point
     snap = state.snapshot()
     assert [h["step"] for h in snap["history"]] == [1, 2, 3, 4, 5]
@@ -46,6 +47,7 @@ def test_the_learner_reports_every_step_and_the_page_shows_progress_charts_and_e
     assert snap["learner"]["step"] == 5 and snap["learner"]["eta_s"] == 47.5
     page = render_html(snap)
     assert "step <b>5</b> of 100" in page and '<progress value="5" max="100">' in page
+    assert "training <b>90% of the time</b>" in page and snap["learner"]["busy_fraction"] == 0.9
     assert "reward <b>0.500</b>" in page and "staleness <b>1.50</b>" in page and "ETA 0m47s" in page
     assert snap["learner"]["trajectories_per_s"] == state.batch_size / 0.5
     assert f"throughput <b>{state.batch_size / 0.5:.0f} trajectories/s</b>" in page

@@ -269,12 +269,13 @@ def test_status_reports_go_in_the_background_and_their_failures_surface_at_the_n
 
     controller, gauges = Controller(), []
     reporter = StatusReporter(controller, total_steps=10, observe_gauges=lambda: gauges.append(1))
-    progress = LearnerProgress(step=3, version=3, consumed=192, last_reward_mean=0.5)
+    progress = LearnerProgress(step=3, version=3, consumed=192, last_reward_mean=0.5, busy_fraction=0.75)
     controller.sync = True
     reporter.after_step(progress)
     assert controller.sent.wait(10)
     reporter._sent.result()
     assert controller.requests[-1].step == 3 and controller.requests[-1].HasField("reward_mean") and gauges
+    assert controller.requests[-1].busy_fraction == 0.75
     assert reporter.take_sync_request() and not reporter.take_sync_request()
 
     controller.fail = Failure(grpc.StatusCode.UNAVAILABLE)

@@ -63,7 +63,7 @@ def test_rollout_series_are_labelled_with_the_granted_replica_id():
 def test_learner_step_series():
     metrics = LearnerMetrics()
     step = {"batch/sequences": 4, "batch/response_tokens": 37, "reward/mean": 0.5, "staleness/mean": 0.75,
-            "staleness/hist": {"0": 2, "1": 1, "2": 1}, "time/step_s": 0.1, "rc/kl_k3": 0.01,
+            "staleness/hist": {"0": 2, "1": 1, "2": 1}, "time/step_s": 0.1, "time/busy": 0.8, "rc/kl_k3": 0.01,
             "rc/ratio_max": 1.5, "loss/clip_frac": 0.25, "opt/grad_norm": 2.0, "reward/max": 1.0,
             "routing/per_layer": [0.1, 0.2]}
     push = SimpleNamespace(version=3, total_s=0.05, bytes_sent=2_000_000, new_group=True, delta=False)
@@ -86,6 +86,7 @@ def test_learner_step_series():
     assert got[("asyncrl_learner_group_age_seconds_bucket", (("le", "0.5"),))] == 1
     assert got[("asyncrl_buffer_backlog_groups", ())] == 5
     assert got[("asyncrl_buffer_pending_groups", ())] == 4
+    assert got[("asyncrl_learner_busy_ratio", ())] == 0.8
     for name, value in {"rc/kl_k3": 0.01, "rc/ratio_max": 1.5, "loss/clip_frac": 0.25, "opt/grad_norm": 2.0}.items():
         assert got[("asyncrl_learner_diagnostic", (("name", name),))] == value
     # Only the diagnostic families; a per-layer list is not a scalar.
