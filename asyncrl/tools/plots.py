@@ -1,5 +1,6 @@
-"""PNG plots of a run from its event logs: reward and held-out accuracy, staleness over steps and its
-histogram, and the behaviour/proximal mismatch with the push time."""
+"""PNG plots of a run from its event logs: reward and held-out accuracy with the share of the time the
+learner trains, staleness over steps and its histogram, and the behaviour/proximal mismatch with the push
+time."""
 
 from __future__ import annotations
 
@@ -27,9 +28,12 @@ def plot_run(run_dir: str | Path) -> Path:
     ax.plot(x, [e["reward/mean"] for e in steps], label="train reward (batch mean)", color="tab:blue")
     ax.plot([e["step"] for e in evals], [e["accuracy"] for e in evals], "o-", label="greedy held-out accuracy",
             color="tab:green")
+    busy = [(e["step"], e["time/busy"]) for e in steps if e.get("time/busy") is not None]  # older logs: none
+    if busy:
+        ax.plot(*zip(*busy), label="learner busy (share of wall time training)", color="tab:gray", alpha=0.7)
     ax.set_xlabel("learner step")
     ax.set_ylim(-0.02, 1.02)
-    ax.set_title("reward and accuracy")
+    ax.set_title("reward, accuracy, learner busy")
     ax.legend(loc="lower right")
 
     ax = axes[0][1]

@@ -1,0 +1,45 @@
+"""What `up` shows of a run from its learner event log: the console line per step (train time, the share of
+the time the learner trains, push wait) and the run plot (the busy share on the reward panel); event logs
+written before the busy share existed still show and plot."""
+
+import pytest
+
+from asyncrl.core.config import AsyncRLConfig
+from asyncrl.core.events import EventLog
+from asyncrl.tools import plots
+from asyncrl.tools.supervisor import Progress
+
+
+def write_steps(run_dir, busy: bool) -> None:
+    log = EventLog(run_dir, "learner")
+    for step in (1, 2):
+        fields = {"reward/mean": 0.25, "staleness/mean": 1.0, "staleness/max": 2, "staleness/hist": {"1": 64},
+                  "time/step_s": 0.0234, "push_wait_s": 0.0012}
+        if busy:
+            fields["time/busy"] = 0.5 + 0.25 * step
+        log.write("step", step=step, version=step, **fields)
+    log.write("eval", step=2, accuracy=0.5)
+    log.close()
+
+
+@pytest.mark.parametrize("busy", [True, False])
+def test_the_console_line_gives_times_in_ms_and_the_busy_share(tmp_path, capsys, busy):
+    write_steps(tmp_path, busy)
+    config = AsyncRLConfig.model_validate({"run_dir": str(tmp_path), "learner": {"total_steps": 2}})
+    Progress(config).poll()
+    lines = [line for line in capsys.readouterr().out.splitlines() if " step " in line]
+    share = " (100% of the time)" if busy else ""
+    assert lines[1].endswith(f"staleness mean 1.00 max 2 train 23 ms{share}, push wait 1 ms"), lines[1]
+
+
+@pytest.mark.parametrize("busy", [True, False])
+def test_the_run_plot_draws_the_busy_share_where_the_log_has_it(tmp_path, monkeypatch, busy):
+    write_steps(tmp_path, busy)
+    figures = []
+    monkeypatch.setattr(plots.plt, "close", figures.append)  # keep the figure to look at
+    out = plots.plot_run(tmp_path)
+    assert out.stat().st_size > 10_000
+    reward_panel = figures[0].axes[0]
+    curves = {line.get_label(): list(line.get_ydata()) for line in reward_panel.get_lines()}
+    label = "learner busy (share of wall time training)"
+    assert (curves.get(label) == [0.75, 1.0]) if busy else (label not in curves)
