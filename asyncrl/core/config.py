@@ -153,7 +153,9 @@ class ControllerConfig(Section):
     status_port: int = Field(8080, ge=0, le=65535)
     """HTTP port of the status page and /metrics (0 = any free port)."""
     eta: int | None = Field(2, ge=0)
-    """Max staleness η: floor((N_r-1)/B) <= i + η. 0 = synchronous; null = unbounded."""
+    """Max staleness η, enforced when leases are granted: floor((N_r-1)/B) <= i + η. 0 = synchronous; null =
+    unbounded. Groups are trained in the order they are written, so one a replica finishes late can reach the
+    learner a step after its slot (about 1% of the demo's trajectories at η + 1)."""
     heartbeat_interval_s: float = Field(1.0, gt=0)
     """How often replicas heartbeat."""
     heartbeat_timeout_s: float = Field(10.0, gt=0)
