@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 
+from asyncrl.learner.busy import WINDOW_STEPS
+
 DATASOURCE = {"type": "prometheus", "uid": "asyncrl-prometheus"}
 """The datasource deploy/grafana/provisioning/datasources/prometheus.yaml provisions (same uid)."""
 
@@ -37,7 +39,7 @@ PANELS: list[tuple[str, list[tuple[str, str, list[tuple[str, str]]]]]] = [
             (f"rate(asyncrl_learner_trajectories_consumed_total{RATE})", "trajectories/s"),
             (f"rate(asyncrl_learner_tokens_trained_total{RATE})", "tokens/s")]),
         ("Learner busy: share of the wall time in train steps", "percentunit", [
-            ("asyncrl_learner_busy_ratio", "last 20 steps"),
+            ("asyncrl_learner_busy_ratio", f"last {WINDOW_STEPS} steps"),
             (f"rate(asyncrl_learner_step_seconds_sum{RATE})", "last minute")]),
         ("Step and push time", "s", [
             (_q(0.5, "asyncrl_learner_step_seconds"), "step p50"),
