@@ -215,23 +215,40 @@ def finish(cfg: AsyncRLConfig) -> None:
     from asyncrl.tools.audit import audit_run, surviving
     from asyncrl.tools.plots import plot_run
 
-    evals = [e for e in surviving(read_events(cfg.run_dir, "learner")) if e["kind"] == "eval"]
+    events = surviving(read_events(cfg.run_dir, "learner"))
     report = audit_run(cfg.run_dir)
-    summary = {
-        "run_dir": cfg.run_dir,
-        "eval_first": evals[0]["accuracy"] if evals else None,
-        "eval_last": evals[-1]["accuracy"] if evals else None,
-        "audit": report.as_dict(),
-    }
+    accuracy, line = accuracy_summary(events)
+    summary = {"run_dir": cfg.run_dir, **accuracy, "audit": report.as_dict()}
     try:
         summary["plot"] = str(plot_run(cfg.run_dir))
     except Exception as err:  # noqa: BLE001 - a missing plot must not hide the run's result
         summary["plot_error"] = str(err)
     Path(cfg.run_dir, "summary.json").write_text(json.dumps(summary, indent=2))
-    if evals:
-        gain = (evals[-1]["accuracy"] - evals[0]["accuracy"]) * 100
-        print(f"[up] greedy accuracy {evals[0]['accuracy']:.3f} -> {evals[-1]['accuracy']:.3f} "
-              f"({gain:+.1f} points)", flush=True)
+    if line:
+        print(f"[up] {line}", flush=True)
     print(f"[up] audit {'OK' if report.ok else 'FAILED'}: {report.headline()}", flush=True)
     if "plot" in summary:
         print(f"[up] plot {summary['plot']}", flush=True)
+
+
+def accuracy_summary(events: list[dict]) -> tuple[dict, str | None]:
+    """The held-out accuracy of a run from its learner events: (summary fields, console line or None without
+    any evaluation). The line names the steps it compares, and says so when the run trained past its last
+    evaluation (a run stopped early: `up` interrupted, `total_steps` not a multiple of `eval_every`), so a
+    first evaluation is never shown as the result of the training after it."""
+    evals = [e for e in events if e["kind"] == "eval"]
+    last_step = max((e["step"] for e in events if e["kind"] == "step"), default=0)
+    fields = {"eval_first": evals[0]["accuracy"] if evals else None,
+              "eval_last": evals[-1]["accuracy"] if evals else None,
+              "eval_first_step": evals[0]["step"] if evals else None,
+              "eval_last_step": evals[-1]["step"] if evals else None, "last_step": last_step}
+    if not evals:
+        return fields, None
+    first, last = evals[0], evals[-1]
+    line = f"greedy accuracy {first['accuracy']:.3f} at step {first['step']}"
+    if last is not first:
+        gain = (last["accuracy"] - first["accuracy"]) * 100
+        line += f" -> {last['accuracy']:.3f} at step {last['step']} ({gain:+.1f} points)"
+    if last_step > last["step"]:
+        line += f"; trained to step {last_step}, not evaluated there"
+    return fields, line

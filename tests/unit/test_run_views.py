@@ -43,3 +43,20 @@ def test_the_run_plot_draws_the_busy_share_where_the_log_has_it(tmp_path, monkey
     curves = {line.get_label(): list(line.get_ydata()) for line in reward_panel.get_lines()}
     label = "learner busy (share of wall time training)"
     assert (curves.get(label) == [0.75, 1.0]) if busy else (label not in curves)
+
+
+def test_the_final_accuracy_line_names_its_steps_and_a_run_that_trained_past_its_last_evaluation():
+    from asyncrl.tools.launcher import accuracy_summary
+
+    steps = [{"kind": "step", "step": s} for s in range(1, 5)]
+    evaluated = [{"kind": "eval", "step": 0, "accuracy": 0.385}, *steps, {"kind": "eval", "step": 4, "accuracy": 0.5}]
+    fields, line = accuracy_summary(evaluated)
+    assert line == "greedy accuracy 0.385 at step 0 -> 0.500 at step 4 (+11.5 points)"
+    assert fields == {"eval_first": 0.385, "eval_last": 0.5, "eval_first_step": 0, "eval_last_step": 4,
+                      "last_step": 4}
+    # Interrupted before its final evaluation: the first one is not shown as the result of the training.
+    fields, line = accuracy_summary([{"kind": "eval", "step": 0, "accuracy": 0.385}, *steps])
+    assert line == "greedy accuracy 0.385 at step 0; trained to step 4, not evaluated there"
+    assert fields["eval_last_step"] == 0 and fields["last_step"] == 4
+    fields, line = accuracy_summary(steps)
+    assert line is None and fields["eval_first"] is None and fields["last_step"] == 4
