@@ -234,8 +234,8 @@ def finish(cfg: AsyncRLConfig) -> None:
 def accuracy_summary(events: list[dict]) -> tuple[dict, str | None]:
     """The held-out accuracy of a run from its learner events: (summary fields, console line or None without
     any evaluation). The line names the steps it compares, and says so when the run trained past its last
-    evaluation (a run stopped early: `up` interrupted, `total_steps` not a multiple of `eval_every`), so a
-    first evaluation is never shown as the result of the training after it."""
+    evaluation (a run stopped before its last step: `up` interrupted, or a learner out of restarts), so a first
+    evaluation is never shown as the result of the training after it."""
     evals = [e for e in events if e["kind"] == "eval"]
     last_step = max((e["step"] for e in events if e["kind"] == "step"), default=0)
     fields = {"eval_first": evals[0]["accuracy"] if evals else None,
