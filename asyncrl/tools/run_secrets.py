@@ -18,9 +18,11 @@ def run_auth(cfg: AsyncRLConfig) -> Auth:
     try:
         return resolve_auth(cfg.security)
     except MissingToken:
-        token = _secret(Path(cfg.run_dir) / "token")
-        os.environ[cfg.security.token_env] = token
-        print(f"[up] generated the run's access token: {Path(cfg.run_dir) / 'token'} "
+        path = Path(cfg.run_dir) / "token"
+        made = not (path.is_file() and path.read_text().strip())
+        os.environ[cfg.security.token_env] = _secret(path)
+        # `up --resume` keeps the token the run was started with: the user's clients still hold it.
+        print(f"[up] {'generated the' if made else 'using the'} run's access token: {path} "
               f"(env {cfg.security.token_env})", flush=True)
         return resolve_auth(cfg.security)
 

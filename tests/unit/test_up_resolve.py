@@ -27,3 +27,20 @@ def test_version(capsys):
         main(["--version"])
     assert done.value.code == 0
     assert capsys.readouterr().out.startswith("asyncrl ")
+
+
+def test_a_run_without_a_configured_token_gets_one_and_a_resumed_run_keeps_it(tmp_path, capsys, monkeypatch):
+    from asyncrl.core.config import AsyncRLConfig
+    from asyncrl.tools.run_secrets import run_auth
+
+    cfg = AsyncRLConfig.model_validate({"run_dir": str(tmp_path)})
+    monkeypatch.delenv(cfg.security.token_env, raising=False)
+    run_auth(cfg)
+    token_file = tmp_path / "token"
+    token = token_file.read_text().strip()
+    assert token and token_file.stat().st_mode & 0o777 == 0o600
+    assert "generated the run's access token" in capsys.readouterr().out
+    monkeypatch.delenv(cfg.security.token_env)  # a new `up --resume` process
+    run_auth(cfg)
+    assert token_file.read_text().strip() == token
+    assert "using the run's access token" in capsys.readouterr().out
