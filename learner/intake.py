@@ -1,6 +1,11 @@
 """Where the learner's batches come from: entries read from the buffer, admitted or dead-lettered, and the
 next batch read, inspected and assembled on a thread while the current one trains (`learner.prefetch`).
 
+Which entries make a batch (`learner.oldest_first`, with a bounded η): the learner holds every group waiting
+in the buffer (`lookahead` groups at most, all that admission lets exist ahead of it) and trains the oldest
+first, by the version of their oldest token, so a group written late is not queued behind newer ones and
+stays within η at training. Otherwise, and at η 0, the order they were written.
+
 Admission is decided on the loop's thread, with everything that depends on the learner's state (its current
 version against the group's newest token, the groups it trained, a reset timeline); the prefetch thread only
 runs what needs nothing but the entry, and has no side effects. A bad entry is dead-lettered with its reason
@@ -44,13 +49,16 @@ class ReadAhead:
 class BatchIntake:
     def __init__(self, *, buffer, events, metrics, limits: TrajectoryLimits, groups_per_step: int,
                  batch_timeout_s: float, prefetch: bool, routing_shape: Callable, version: Callable[[], int],
-                 heartbeat: Callable[[], None]):
+                 heartbeat: Callable[[], None], lookahead: int | None = None):
         self.buffer = buffer
         self.events = events
         self.metrics = metrics
         self.limits = limits
         """What a group must satisfy to be trained on (the rest is dead-lettered)."""
         self.groups_per_step = groups_per_step
+        self.lookahead = max(groups_per_step, lookahead or groups_per_step)
+        """Groups the learner holds to choose a batch from (`lookahead_groups`); groups_per_step: each batch
+        is the next groups written."""
         self.batch_timeout_s = batch_timeout_s
         self._routing_shape = routing_shape
         """The learner's MoE routing shape (None: dense), asked when needed."""
@@ -95,18 +103,22 @@ class BatchIntake:
 
     def admit(self, entry) -> bool:
         """Whether `entry` may join a batch; anything else is dead-lettered with its reason and acked. What
-        depends on the learner's state is decided here, after the inspection (made ahead, or now)."""
-        inspection = self._inspections.pop(entry.entry_id, None)
+        depends on the learner's state is decided here, after the inspection (made ahead, or now, and kept
+        while the entry is held: a group carried over several steps is admitted again each time, checked once)."""
         reason = entry.problem
         if reason is None and self.timeline is not None:
             reason = self.timeline.refusal(entry)
         if reason is None and entry.group.group_id in self.trained:
             reason = f"group_id: {entry.group.group_id!r} was already trained (a duplicate write)"
         if reason is None:
-            problem, newest = inspection or self._inspect(entry)
+            inspection = self._inspections.get(entry.entry_id)
+            if inspection is None:
+                inspection = self._inspections[entry.entry_id] = self._inspect(entry)
+            problem, newest = inspection
             reason = problem or self._from_the_future(entry, newest)
             if reason is None:
                 return True
+        self._inspections.pop(entry.entry_id, None)
         log.error("dead-lettering %s (group %r): %s", entry.entry_id, entry.group.group_id, reason)
         self.buffer.dead_letter(entry.entry_id, reason)
         self.events.write("group_rejected", entry_id=entry.entry_id, group_id=entry.group.group_id, reason=reason)
@@ -114,8 +126,14 @@ class BatchIntake:
         return False
 
     def collect(self, carry: list, stop=None) -> list:
-        """A batch's entries (carry first); fewer when `stop` is set meanwhile (they stay pending, unacked)."""
+        """The admitted entries in hand, the next batch's first (`groups_per_step` of them; the rest is carried
+        to later steps); fewer when `stop` is set meanwhile (they stay pending, unacked)."""
         entries = [entry for entry in carry if self.admit(entry)]
+        room = self.lookahead - len(entries)
+        if self.lookahead > self.groups_per_step and room > 0:
+            # What was written since the prefetch read, without waiting: one of them may be older than all
+            # in hand (written late by a slow replica).
+            entries.extend(entry for entry in self.buffer.get(room, timeout_s=0) if self.admit(entry))
         deadline = time.time() + self.batch_timeout_s
         while len(entries) < self.groups_per_step and not (stop is not None and stop.is_set()):
             if time.time() > deadline:
@@ -125,13 +143,29 @@ class BatchIntake:
             entries.extend(entry for entry in got if self.admit(entry))
             if len(entries) < self.groups_per_step:
                 self._heartbeat()
-        return entries
+        return self.batch_first(entries)
+
+    def batch_first(self, entries: list) -> list:
+        """`entries` with the next batch first: in written order, or (holding more than a batch to choose
+        from) the oldest first, stable, and a second copy of a group id never in the same batch as the first
+        (it is refused as a duplicate once the first is trained)."""
+        if self.lookahead == self.groups_per_step:
+            return entries
+        ordered = sorted(entries, key=age)
+        batch, later, ids = [], [], set()
+        for entry in ordered:
+            if len(batch) < self.groups_per_step and entry.group.group_id not in ids:
+                batch.append(entry)
+                ids.add(entry.group.group_id)
+            else:
+                later.append(entry)
+        return batch + later
 
     def start_prefetch(self, carry: list) -> None:
         """Read, inspect and assemble the next batch (`carry` + what is missing) on a thread while this one
         trains. Admitting or refusing the entries stays with `collect`. Entries read and never trained (the
         learner stopped) stay pending, as any delivered entry does."""
-        groups = self.groups_per_step - len(carry)
+        groups = self.lookahead - len(carry)
         if self._prefetch is not None and groups > 0:
             self._prefetched = self._prefetch.submit(self._read_ahead, list(carry), groups)
 
@@ -140,10 +174,12 @@ class BatchIntake:
         ahead = ReadAhead(got)
         try:
             ahead.inspections = {entry.entry_id: self._inspect(entry) for entry in got}
-            if len(carry) + len(got) == self.groups_per_step and all(
-                problem is None for problem, _ in ahead.inspections.values()
-            ):
-                ahead.batch = assemble(carry + got, self._routing_shape())
+            # The carried entries were admitted at the last step; of the new ones, those that passed. What
+            # the loop decides on admission can still change the batch: then `batch_of` assembles it anew.
+            held = carry + [entry for entry in got if ahead.inspections[entry.entry_id][0] is None]
+            batch = self.batch_first(held)[: self.groups_per_step]
+            if len(batch) == self.groups_per_step:
+                ahead.batch = assemble(batch, self._routing_shape())
         except Exception as err:  # noqa: BLE001 - the entries go back to the loop, which inspects them itself
             log.warning("prefetch: inspecting %d entries failed: %s: %s", len(got), type(err).__name__, err)
             ahead.inspections, ahead.batch = {}, None
@@ -171,8 +207,26 @@ class BatchIntake:
             return ready
         return assemble(entries, self._routing_shape())
 
-    def mark_trained(self, group_ids) -> None:
+    def mark_trained(self, group_ids, entry_ids=()) -> None:
+        for entry_id in entry_ids:
+            self._inspections.pop(entry_id, None)
         for group_id in dict.fromkeys(group_ids):
             self.trained[group_id] = None
         while len(self.trained) > TRAINED_GROUPS_REMEMBERED:
             self.trained.popitem(last=False)
+
+
+def age(entry) -> tuple[int, int]:
+    """How old a group is: the version of its oldest token (what its staleness at training is measured from;
+    a trajectory's first token is its oldest, versions only move forward while it generates), then its
+    prompt index (admission order)."""
+    return min(t.weight_version[0] for t in entry.group.trajectories), entry.group.prompt_index
+
+
+def lookahead_groups(config, groups_per_step: int) -> int:
+    """How many groups the learner holds to choose each batch from: with `learner.oldest_first` and a bounded
+    η > 0, all that admission lets exist ahead of it ((η + 1) · B trajectories); else one batch."""
+    eta = config.controller.eta
+    if config.learner.oldest_first and eta:
+        return (eta + 1) * groups_per_step
+    return groups_per_step

@@ -18,7 +18,7 @@ from asyncrl.core.teacher_client import score, score_request
 from asyncrl.core.trajectory_checks import TrajectoryLimits
 from asyncrl.learner.busy import BusyMeter
 from asyncrl.learner.checkpoint import CheckpointMeta
-from asyncrl.learner.intake import BatchIntake
+from asyncrl.learner.intake import BatchIntake, lookahead_groups
 from asyncrl.learner.sharding import SINGLE, STEP, Mirror, Ranks, train_step
 from asyncrl.learner.status_report import StatusReporter
 from asyncrl.learner.timeline import rejoin
@@ -76,7 +76,7 @@ class LearnerLoop:
             buffer=buffer, events=events, metrics=metrics, limits=limits, groups_per_step=self.groups_per_step,
             batch_timeout_s=config.learner.batch_timeout_s, prefetch=config.learner.prefetch,
             routing_shape=lambda: self.trainer.replay.shape, version=lambda: self.progress.version,
-            heartbeat=self._heartbeat,
+            heartbeat=self._heartbeat, lookahead=lookahead_groups(config, self.groups_per_step),
         )  # fmt: skip
         """The entries each batch is made of, admitted (or dead-lettered) and prefetched."""
         self.status = StatusReporter(controller_stub, config.learner.total_steps, self._observe_gauges)
@@ -255,7 +255,7 @@ class LearnerLoop:
             self.buffer.ack(batch.entry_ids)
         else:
             self._unacked.extend(batch.entry_ids)
-        self.intake.mark_trained(batch.group_ids)
+        self.intake.mark_trained(batch.group_ids, batch.entry_ids)
         self.events.write("trained", step=self.progress.step, version=version, entry_ids=batch.entry_ids,
                           group_ids=sorted(set(batch.group_ids)), trajectories=len(batch))
         push_wait_s = self.publish(version + 1)

@@ -89,8 +89,8 @@ class ReplicaRuntime:
         annotator = None
         if cfg.teacher.enabled and cfg.teacher.annotate and cfg.teacher.annotate_by == "rollout":
             # Patient: a teacher that restarts is waited for within each call's deadline.
-            teacher = TeacherStub(channel(cfg.teacher.address, resolve_auth(cfg.security), patient=True))
-            annotator = TeacherAnnotator(teacher, cfg.teacher, self.metrics)
+            teacher_channel = channel(cfg.teacher.address, resolve_auth(cfg.security), patient=True)
+            annotator = TeacherAnnotator(TeacherStub(teacher_channel), cfg.teacher, self.metrics, teacher_channel)
         worker = RolloutWorker(
             config=cfg, engine=self.engine, engine_lock=self.engine_lock, buffer=make_buffer(cfg.buffer),
             controller_stub=controller_stub, session=self.session, task=task, rewards=self.rewards,

@@ -65,6 +65,8 @@ class RolloutWorker:
         self._stop = stop
         self._finisher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="finish")
         self._pending = None
+        if self.annotator is not None:
+            self.annotator.wait_ready(stop)  # no lease before the teacher can annotate its groups
         try:
             self._loop(stop)
         finally:

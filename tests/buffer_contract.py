@@ -43,6 +43,16 @@ def check_get_respects_max_and_timeout(buf):
     assert time.time() - start >= 0.25
 
 
+def check_get_with_zero_timeout_does_not_wait(buf):
+    start = time.time()
+    assert buf.get(5, timeout_s=0) == []
+    assert time.time() - start < 0.2
+    buf.put(group(0))
+    buf.put(group(1))
+    assert buf.get(0, timeout_s=0) == [] and buf.backlog() == 2  # room for none: nothing delivered
+    assert [e.group.group_id for e in buf.get(5, timeout_s=0)] == ["g0", "g1"]
+
+
 def check_blocking_get_wakes_on_put(buf):
     threading.Timer(0.2, lambda: buf.put(group(7))).start()
     got = buf.get(1, timeout_s=5)

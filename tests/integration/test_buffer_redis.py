@@ -13,6 +13,7 @@ def _factory(url, consumer="learner-0"):
 
 @pytest.mark.parametrize("check", [contract.check_fifo_and_payload, contract.check_put_many_writes_in_order,
                                    contract.check_get_respects_max_and_timeout,
+                                   contract.check_get_with_zero_timeout_does_not_wait,
                                    contract.check_blocking_get_wakes_on_put, contract.check_ack_once,
                                    contract.check_entry_ids_lists_unconsumed])
 def test_redis_buffer_contract(clean_redis, check):

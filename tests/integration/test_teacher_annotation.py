@@ -56,3 +56,52 @@ def test_a_teacher_that_is_gone_leaves_the_group_unannotated(tiny_model_dir, sta
     assert not TeacherAnnotator(teacher_pb2_grpc.TeacherStub(channel), teacher_cfg, metrics).annotate([g])
     assert all(len(t.logp_teacher) == 0 for t in g.trajectories)
     assert metrics.teacher_failures._value.get() == 1
+
+
+def test_a_replica_waits_for_a_teacher_that_is_still_starting_before_it_takes_leases(tiny_model_dir):
+    """`wait_ready` returns once the teacher answers (started 0.5 s after the wait began), and the first
+    annotation then succeeds; a teacher that never comes is given up after teacher.score_timeout_s; a replica
+    stopping meanwhile does not wait on."""
+    import threading
+    import time
+
+    from asyncrl.core.grpc_util import channel as grpc_channel
+    from asyncrl.tools.processes import free_port
+    from tests.conftest import TEST_AUTH
+
+    cfg = local_config(tiny_model_dir)
+    cfg.teacher.port = free_port()
+    teacher_channel = grpc_channel(cfg.teacher.address, TEST_AUTH, patient=True)
+    annotator = TeacherAnnotator(teacher_pb2_grpc.TeacherStub(teacher_channel), cfg.teacher, RolloutMetrics("r"),
+                                 teacher_channel)
+    servers = []
+
+    def start_teacher():
+        server, _port = teacher_service.create_server(cfg)
+        server.start()
+        servers.append(server)
+
+    threading.Timer(0.5, start_teacher).start()
+    try:
+        started_at = time.monotonic()
+        assert annotator.wait_ready(threading.Event())
+        assert time.monotonic() - started_at >= 0.4
+        assert annotator.annotate([group()])
+    finally:
+        time.sleep(0.3)  # the readiness watch lets go of the channel before it closes
+        teacher_channel.close()
+        for server in servers:
+            server.stop(0).wait()
+
+    gone = cfg.teacher.model_copy(update={"port": free_port(), "score_timeout_s": 1.0})
+    never = grpc_channel(gone.address, TEST_AUTH, patient=True)
+    waiting = TeacherAnnotator(teacher_pb2_grpc.TeacherStub(never), gone, RolloutMetrics("r"), never)
+    started_at = time.monotonic()
+    assert not waiting.wait_ready(threading.Event())
+    assert 0.9 <= time.monotonic() - started_at < 3
+    stop = threading.Event()
+    stop.set()
+    started_at = time.monotonic()
+    assert not waiting.wait_ready(stop) and time.monotonic() - started_at < 0.5
+    time.sleep(0.3)
+    never.close()

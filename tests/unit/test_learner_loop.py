@@ -1,6 +1,9 @@
 """The learner loop's parts without a network: the teacher annotation under faults (`LearnerLoop.annotate`:
 retried with backoff, then the batch goes on without teacher log-probs, recorded, never an exception), the
-prefetch of the next batch, and the order of background pushes and checkpoints."""
+prefetch of the next batch, which groups make a batch (written order, or the oldest held first), and the
+order of background pushes and checkpoints."""
+
+from types import SimpleNamespace
 
 import grpc
 import pytest
@@ -71,15 +74,17 @@ def test_annotation_retries_then_goes_on_without_the_teacher(script, calls, anno
         assert (b.logp_teacher[b.response_mask > 0] == -0.5).all()
 
 
-def prefetching_loop():
+def prefetching_loop(oldest_first: bool = False):
     """A loop of 2 groups of 2 per step over an in-memory buffer, at version 3, with the checks of a 20-token
-    vocabulary (no trainer: a dense policy's routing shape is None)."""
+    vocabulary (no trainer: a dense policy's routing shape is None); batches in written order, or with
+    `oldest_first` the oldest of up to (η + 1) x 2 = 6 groups held (η = 2)."""
     from types import SimpleNamespace
 
     from asyncrl.core.buffer.memory import MemoryBuffer
     from asyncrl.core.trajectory_checks import TrajectoryLimits
 
-    config = AsyncRLConfig.model_validate({"sampling": {"group_size": 2}, "learner": {"batch_size": 4}})
+    config = AsyncRLConfig.model_validate({"sampling": {"group_size": 2}, "controller": {"eta": 2},
+                                           "learner": {"batch_size": 4, "oldest_first": oldest_first}})
     events, metrics = MemoryEvents(), LearnerMetrics()
     loop = LearnerLoop(config=config, trainer=SimpleNamespace(replay=SimpleNamespace(shape=None)),
                        buffer=MemoryBuffer(), controller_stub=None, publisher=None, evaluate=None, events=events,
@@ -88,10 +93,10 @@ def prefetching_loop():
     return loop, events, metrics
 
 
-def group(name: str, version: int = 3, logp: float = -0.5):
+def group(name: str, version: int = 3, logp: float = -0.5, prompt_index: int = 0):
     from asyncrl.v1 import trajectory_pb2
 
-    return trajectory_pb2.TrajectoryGroup(group_id=name, prompt_index=0, trajectories=[
+    return trajectory_pb2.TrajectoryGroup(group_id=name, prompt_index=prompt_index, trajectories=[
         trajectory_pb2.Trajectory(trajectory_id=f"{name}/{j}", group_id=name, prompt_token_ids=[1, 4],
                                   response_token_ids=[5, 2], logp_behav=[logp, -0.1], weight_version=[version] * 2,
                                   reward=float(j))
@@ -128,6 +133,8 @@ def test_prefetch_reads_checks_and_assembles_the_next_batch_on_its_thread(monkey
 
     monkeypatch.setattr(loop.intake, "_inspect", lambda entry: pytest.fail("inspected twice"))
     assert [e.entry_id for e in loop.intake.collect(got)] == ids
+    assert set(loop.intake._inspections) == set(ids)  # kept while the entries are held
+    loop.intake.mark_trained(["a", "b"], ids)
     assert loop.intake._inspections == {}
 
 
@@ -285,3 +292,84 @@ def test_status_reports_go_in_the_background_and_their_failures_surface_at_the_n
         reporter.after_step(LearnerProgress(step=5, version=5))
     reporter.finish(LearnerProgress(step=5, version=5))  # logs, does not raise
     assert controller.requests[-1].step == 5
+
+
+def take_batch(loop, carry):
+    """One step's batch as the loop takes it: (the batch's entries, the carried rest)."""
+    entries = loop.intake.collect(carry)
+    batch, rest = entries[: loop.groups_per_step], entries[loop.groups_per_step:]
+    loop.intake.mark_trained([e.group.group_id for e in batch], [e.entry_id for e in batch])
+    return batch, rest
+
+
+@pytest.mark.parametrize("oldest_first, first_batch_versions", [(False, [3, 3]), (True, [1, 3])])
+def test_a_group_written_late_is_trained_first_when_the_learner_takes_the_oldest(oldest_first,
+                                                                                first_batch_versions):
+    """Written after four newer groups, a group of version 1 at learner version 3 (η = 2, staleness 2: its
+    last admissible step) waits two steps behind them in written order (staleness 4 > η); oldest first it
+    makes this step's batch. The rest is carried, admitted again without a second inspection."""
+    loop, _, _ = prefetching_loop(oldest_first)
+    for i in range(4):
+        loop.buffer.put(group(f"new{i}", version=3, prompt_index=10 + i))
+    loop.buffer.put(group("late", version=1, prompt_index=2))
+    loop.intake.start_prefetch([])
+    batch, rest = take_batch(loop, loop.intake.take_prefetched())
+    assert [e.group.trajectories[0].weight_version[0] for e in batch] == first_batch_versions
+    if oldest_first:
+        assert [e.group.group_id for e in batch] == ["late", "new0"]
+        assert [e.group.group_id for e in rest] == ["new1", "new2", "new3"]
+        loop.intake._inspect = lambda entry: pytest.fail("a carried group inspected again")
+        batch, rest = take_batch(loop, rest)
+        assert [e.group.group_id for e in batch] == ["new1", "new2"] and len(rest) == 1
+
+
+def test_oldest_first_reads_what_was_written_since_the_prefetch_and_keeps_copies_apart():
+    """`collect` reads, without waiting, what arrived after the prefetch read (a late group among it goes
+    first); a second copy of a group id never shares a batch with the first and is refused once it is
+    trained."""
+    loop, events, _ = prefetching_loop(oldest_first=True)
+    first = loop.buffer.put(group("g", version=3, prompt_index=5))
+    loop.buffer.put(group("h", version=3, prompt_index=6))
+    loop.intake.start_prefetch([])
+    prefetched = loop.intake.take_prefetched()
+    loop.buffer.put(group("late", version=2, prompt_index=1))
+    copy = loop.buffer.put(group("g", version=3, prompt_index=5))
+    batch, rest = take_batch(loop, prefetched)
+    assert [e.group.group_id for e in batch] == ["late", "g"] and batch[1].entry_id == first
+    assert [e.entry_id for e in rest] == [copy, prefetched[1].entry_id]  # the copy (prompt 5), then h (6)
+    loop.buffer.put(group("i", version=3, prompt_index=7))
+    batch, rest = take_batch(loop, rest)
+    assert [e.group.group_id for e in batch] == ["h", "i"] and rest == []  # the copy was refused, not trained
+    (rejected,) = events.of_kind("group_rejected")
+    assert rejected["entry_id"] == copy and "already trained" in rejected["reason"]
+
+
+@pytest.mark.parametrize("eta, oldest_first, expected", [(4, True, 40), (2, True, 24), (0, True, 8),
+                                                         (None, True, 8), (4, False, 8)])
+def test_the_learner_holds_all_that_admission_lets_ahead_only_with_a_bound(eta, oldest_first, expected):
+    from asyncrl.learner.intake import lookahead_groups
+
+    config = AsyncRLConfig.model_validate({"controller": {"eta": eta}, "learner": {"oldest_first": oldest_first}})
+    assert lookahead_groups(config, 8) == expected
+
+
+def test_holding_a_full_lookahead_the_learner_reads_nothing_more():
+    """With all the groups it may hold in hand (the prefetch read 6 of 6), `collect` asks the buffer for none:
+    Redis refuses a read of 0 entries (XREADGROUP COUNT must be positive)."""
+    loop, _, _ = prefetching_loop(oldest_first=True)
+    asked = []
+    real_get = loop.buffer.get
+
+    def get(max_groups, timeout_s):
+        asked.append(max_groups)
+        assert max_groups >= 1, "a read of no entries"
+        return real_get(max_groups, timeout_s)
+
+    loop.intake.buffer = loop.buffer = SimpleNamespace(get=get, dead_letter=loop.buffer.dead_letter, put=loop.buffer.put)
+    for i in range(7):
+        loop.buffer.put(group(f"g{i}", prompt_index=i))
+    loop.intake.start_prefetch([])
+    held = loop.intake.take_prefetched()
+    assert len(held) == 6 and asked == [6]
+    batch, rest = take_batch(loop, held)
+    assert asked == [6] and [e.group.group_id for e in batch] == ["g0", "g1"] and len(rest) == 4

@@ -65,7 +65,8 @@ class TrajectoryBuffer(ABC):
 
     @abstractmethod
     def get(self, max_groups: int, timeout_s: float) -> list[BufferEntry]:
-        """Up to max_groups undelivered entries, oldest first; [] after timeout_s without data."""
+        """Up to max_groups undelivered entries, oldest first; [] after timeout_s without data (0: what is
+        there now, without waiting)."""
 
     @abstractmethod
     def ack(self, entry_ids: list[str]) -> int:

@@ -55,8 +55,11 @@ class RedisBuffer(TrajectoryBuffer):
         return [reply if isinstance(reply, Exception) else reply.decode() for reply in replies]
 
     def get(self, max_groups: int, timeout_s: float) -> list[BufferEntry]:
-        # ">" = never delivered (this consumer's delivered-but-unacked entries: `all_pending`).
-        block = max(1, int(timeout_s * 1000))
+        if max_groups < 1:  # XREADGROUP refuses a COUNT below 1
+            return []
+        # ">" = never delivered (this consumer's delivered-but-unacked entries: `all_pending`). No BLOCK at
+        # all for timeout_s 0 (BLOCK 0 would wait forever).
+        block = max(1, int(timeout_s * 1000)) if timeout_s > 0 else None
         reply = self._r.xreadgroup(self.group, self.consumer, {self.stream: ">"}, count=max_groups, block=block)
         entries = []
         for _stream, items in reply or []:
