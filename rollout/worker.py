@@ -5,7 +5,8 @@ bound forbids the first; the others only when admissible at once), generates all
 call, then hands them to the finisher thread, which scores them on the reward pool, writes one TrajectoryGroup
 per lease to the buffer and completes the leases with what was written in one CompleteLeases call, while the
 next batch generates. At most one batch waits to be finished, so leases stay short-lived. Two controller
-calls per batch, whatever its size: the controller's work per trajectory shrinks with the batch.
+calls per batch, whatever its size: the controller's work per trajectory shrinks with the batch. A replica
+that has its groups annotated takes its first lease once the teacher answers (`TeacherAnnotator.wait_ready`).
 """
 
 from __future__ import annotations
@@ -65,9 +66,9 @@ class RolloutWorker:
         self._stop = stop
         self._finisher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="finish")
         self._pending = None
-        if self.annotator is not None:
-            self.annotator.wait_ready(stop)  # no lease before the teacher can annotate its groups
         try:
+            if self.annotator is not None:
+                self.annotator.wait_ready(stop)  # no lease before the teacher can annotate its groups
             self._loop(stop)
         finally:
             self._wait_finished()
