@@ -49,16 +49,19 @@ class ReadAhead:
 class BatchIntake:
     def __init__(self, *, buffer, events, metrics, limits: TrajectoryLimits, groups_per_step: int,
                  batch_timeout_s: float, prefetch: bool, routing_shape: Callable, version: Callable[[], int],
-                 heartbeat: Callable[[], None], lookahead: int | None = None):
+                 heartbeat: Callable[[], None], lookahead: int):
         self.buffer = buffer
         self.events = events
         self.metrics = metrics
         self.limits = limits
         """What a group must satisfy to be trained on (the rest is dead-lettered)."""
         self.groups_per_step = groups_per_step
-        self.lookahead = max(groups_per_step, lookahead or groups_per_step)
-        """Groups the learner holds to choose a batch from (`lookahead_groups`); groups_per_step: each batch
-        is the next groups written."""
+        if lookahead < groups_per_step:
+            raise ValueError(f"lookahead ({lookahead} groups) must hold a batch ({groups_per_step} groups)")
+        self.lookahead = lookahead
+        """Groups the learner holds to choose a batch from (`lookahead_groups`)."""
+        self.oldest_first = lookahead > groups_per_step
+        """Batches of the oldest groups held; False: each batch is the next groups written."""
         self.batch_timeout_s = batch_timeout_s
         self._routing_shape = routing_shape
         """The learner's MoE routing shape (None: dense), asked when needed."""
@@ -130,7 +133,7 @@ class BatchIntake:
         to later steps); fewer when `stop` is set meanwhile (they stay pending, unacked)."""
         entries = [entry for entry in carry if self.admit(entry)]
         room = self.lookahead - len(entries)
-        if self.lookahead > self.groups_per_step and room > 0:
+        if self.oldest_first and room > 0:
             # What was written since the prefetch read, without waiting: one of them may be older than all
             # in hand (written late by a slow replica).
             entries.extend(entry for entry in self.buffer.get(room, timeout_s=0) if self.admit(entry))
@@ -149,7 +152,7 @@ class BatchIntake:
         """`entries` with the next batch first: in written order, or (holding more than a batch to choose
         from) the oldest first, stable, and a second copy of a group id never in the same batch as the first
         (it is refused as a duplicate once the first is trained)."""
-        if self.lookahead == self.groups_per_step:
+        if not self.oldest_first:
             return entries
         ordered = sorted(entries, key=age)
         batch, later, ids = [], [], set()

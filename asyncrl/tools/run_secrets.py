@@ -19,9 +19,8 @@ def run_auth(cfg: AsyncRLConfig) -> Auth:
         return resolve_auth(cfg.security)
     except MissingToken:
         path = Path(cfg.run_dir) / "token"
-        made = not (path.is_file() and path.read_text().strip())
-        os.environ[cfg.security.token_env] = _secret(path)
         # `up --resume` keeps the token the run was started with: the user's clients still hold it.
+        os.environ[cfg.security.token_env], made = _secret(path)
         print(f"[up] {'generated the' if made else 'using the'} run's access token: {path} "
               f"(env {cfg.security.token_env})", flush=True)
         return resolve_auth(cfg.security)
@@ -33,18 +32,18 @@ def local_redis_password(cfg: AsyncRLConfig) -> str:
     configured = redis_password(cfg.buffer)
     if configured:
         return configured
-    password = _secret(Path(cfg.run_dir) / "redis-password")
+    password, _made = _secret(Path(cfg.run_dir) / "redis-password")
     os.environ[cfg.buffer.password_env] = password
     return password
 
 
-def _secret(path: Path) -> str:
-    """The secret in `path`, made (owner-only) when the file does not exist yet."""
+def _secret(path: Path) -> tuple[str, bool]:
+    """The secret in `path`, made (owner-only) when the file does not exist yet; and whether it was made."""
     existing = path.read_text().strip() if path.is_file() else ""
     if existing:
-        return existing
+        return existing, False
     secret = new_token()
     path.parent.mkdir(parents=True, exist_ok=True)
     path.touch(mode=0o600)
     path.write_text(secret + "\n")
-    return secret
+    return secret, True
