@@ -120,10 +120,12 @@ def raw_broadcast_s(numel: int, receivers: int, trials: int) -> float:
 @contextlib.contextmanager
 def push_system(cfg, replicas: int) -> Iterator[tuple[object, Callable[[], None]]]:
     """The production push path around this process: a local redis, a controller process and `replicas`
-    replica processes (torch engines, registered, heartbeating). Yields the controller stub and a function
-    that starts one more replica; stops everything on exit."""
+    replica processes (torch engines, registered, heartbeating). Yields the controller stub, seated as the
+    run's learner (this process plays it), and a function that starts one more replica; stops everything on
+    exit."""
     from asyncrl.core.auth import new_token, resolve_auth
     from asyncrl.core.grpc_util import wait_for_channel
+    from asyncrl.learner.seat import SeatedController
     from asyncrl.tools.processes import ProcessGroup
     from asyncrl.tools.redis_local import start_local_redis
     from asyncrl.v1 import controller_pb2_grpc
@@ -147,7 +149,10 @@ def push_system(cfg, replicas: int) -> Iterator[tuple[object, Callable[[], None]
 
         for _ in range(replicas):
             add_replica()
-        yield controller_pb2_grpc.ControllerStub(wait_for_channel(address, 60, resolve_auth(cfg.security))), add_replica
+        stub = SeatedController(controller_pb2_grpc.ControllerStub(wait_for_channel(address, 60,
+                                                                                     resolve_auth(cfg.security))))
+        stub.take_seat("127.0.0.1:1")  # no status service to challenge here: nothing else claims the seat
+        yield stub, add_replica
     finally:
         stop.set()
         for proc in procs:

@@ -3,7 +3,7 @@
 Pure logic, no gRPC server in here (`services/controller_service.py` is the thin edge). Its loops, the
 queue of held requests, and what unblocks each:
 
-    rollout replicas                                    learner
+    rollout replicas                                    learner (RegisterLearner: the seat; its key rides on these)
       |  RegisterReplica / Heartbeat                      |  BeginWeightPush      CommitWeightPush
       |  AcquireLease(s) / CompleteLease(s)               |        |                     |
       v                                                   |        v                     v
@@ -27,10 +27,11 @@ queue of held requests, and what unblocks each:
       |  events/controller.jsonl (controller.events)     |  status page /, /status, /metrics, /healthz
 
 Modules: `staleness` (the rule), `registry`, `leases`, `push` (the push in flight, its fan-out, and the
-`PushCoordinator` that begins, settles and aborts it), `state` (the lock, reaping, the version, timeline
+`PushCoordinator` that begins, settles and aborts it), `learner_seat` (which process is the run's learner),
+`state` (the lock, reaping, the version, timeline
 resets), `admission` (granting and holding leases: held requests wait on the condition, or, on the asyncio
 gRPC edge, as coroutines woken by `add_waker`), `persistence` (the state kept in Redis across a controller
 restart), `reaper`, `controller_metrics`, `event_records` (record fields), `views` and `status_page`. The
-gRPC notifier that tells a replica to join a push, and the liveness probe of a registered replica, are the
-service edge's (`asyncrl.services.weight_fanout`); test fakes are in `tests/fakes.py`.
+gRPC notifier that tells a replica to join a push, and the liveness probes of a registered replica and of the
+seated learner, are the service edge's (`asyncrl.services.weight_fanout`); test fakes are in `tests/fakes.py`.
 """

@@ -2,7 +2,8 @@
 
 Kept free of grpc so the logic stays testable without a server: `InvalidRequest` becomes INVALID_ARGUMENT
 (the request itself is wrong: more written than leased), `UnknownReplica` NOT_FOUND, `RegistryFull`
-RESOURCE_EXHAUSTED, `PreconditionFailed` becomes FAILED_PRECONDITION (the request is well formed but the controller's state forbids it: an expired
+RESOURCE_EXHAUSTED, `ReplicaIdInUse` and `LearnerSeatTaken` ALREADY_EXISTS, `NotTheLearner` PERMISSION_DENIED,
+`PreconditionFailed` becomes FAILED_PRECONDITION (the request is well formed but the controller's state forbids it: an expired
 lease, a push already open, a version that is neither current nor current+1).
 """
 
@@ -35,3 +36,11 @@ class RegistryFull(ControllerError):
 
 class ReplicaIdInUse(ControllerError):
     """A live replica, which proved it holds the registration, already has the id (ALREADY_EXISTS)."""
+
+
+class LearnerSeatTaken(ControllerError):
+    """A live learner, which proved it holds the seat, trains this run (ALREADY_EXISTS)."""
+
+
+class NotTheLearner(ControllerError):
+    """A learner-only call without the seated learner's key (PERMISSION_DENIED)."""

@@ -1,7 +1,8 @@
 """Where the controller's state survives a controller crash: `ControllerStore` (redis | none) and its factory.
 
 What is kept, so a restarted controller continues with exact η accounting:
-- meta: the run it belongs to, the committed version, N_r (`admitted`), the prompt cursor, counters;
+- meta: the run it belongs to, the committed version, N_r (`admitted`), the prompt cursor, counters, the
+  seated learner's key and address;
 - the active leases (id, replica, n, prompt index, version at admission);
 - the replicas (id, address, engine, the push key of their registration, the version they hold, force_sync),
   in registration order.
@@ -59,6 +60,10 @@ class SavedState:
     granted_total: int = 0
     expired_total: int = 0
     pushes_committed: int = 0
+    learner_key: bytes = b""
+    """The seated learner's key and address (`controller.learner_seat`): a restarted controller still knows
+    which learner holds the seat."""
+    learner_address: str = ""
     leases: list[SavedLease] = field(default_factory=list)
     replicas: list[SavedReplica] = field(default_factory=list)
 
@@ -220,6 +225,8 @@ def restore_books(saved: SavedState, leases, registry, now: float, lease_ttl_s: 
 def _state(meta: dict, leases: list[SavedLease], replicas: list[SavedReplica]) -> SavedState:
     ints = ("current_version", "admitted", "next_prompt_index", "granted_total", "expired_total", "pushes_committed")
     return SavedState(run_dir=meta.get("run_dir", ""), **{k: int(meta.get(k, 0)) for k in ints},
+                      learner_key=bytes.fromhex(meta.get("learner_key", "")),
+                      learner_address=meta.get("learner_address", ""),
                       leases=leases, replicas=sorted(replicas, key=lambda r: r.seq))
 
 

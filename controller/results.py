@@ -88,6 +88,14 @@ class LearnerFigures:
 
 
 @dataclass(frozen=True)
+class LearnerRegistration:
+    """Answer to a learner taking the seat."""
+
+    learner_key: bytes
+    current_version: int
+
+
+@dataclass(frozen=True)
 class TimelineReset:
     """Answer to a timeline reset."""
 

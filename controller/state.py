@@ -24,8 +24,9 @@ from collections import deque
 from asyncrl.controller import staleness
 from asyncrl.controller.admission import Admission
 from asyncrl.controller.controller_metrics import ControllerMetrics
-from asyncrl.controller.errors import PreconditionFailed, ReplicaIdInUse
+from asyncrl.controller.errors import LearnerSeatTaken, PreconditionFailed, ReplicaIdInUse
 from asyncrl.controller.event_records import EventSink, NoEvents
+from asyncrl.controller.learner_seat import LearnerSeat, Probe
 from asyncrl.controller.leases import Lease, LeaseBook
 from asyncrl.controller.persistence import (
     ControllerStore,
@@ -42,6 +43,7 @@ from asyncrl.controller.results import (
     CommitResult,
     LearnerFigures,
     LearnerPulse,
+    LearnerRegistration,
     LearnerReport,
     Registration,
     ReplicaPulse,
@@ -68,6 +70,7 @@ class ControllerState(Admission):
         metrics: ControllerMetrics | None = None,
         notify: WeightNotifier,
         probe=None,
+        learner_probe: Probe | None = None,
         store: ControllerStore | None = None,
         run_id: str = "",
         clock=time.monotonic,
@@ -92,6 +95,7 @@ class ControllerState(Admission):
         self._run_id = run_id
         self._probe = probe
         """(address, challenge) -> the replica's answer (b"" when none); None: ids are never checked."""
+        self._seat = LearnerSeat(learner_probe)
         self._writer = StateWriter(store or NoStore())
         self.restored = self._restore(self._writer.store.load())
         self._publish_gauges()
@@ -224,6 +228,29 @@ class ControllerState(Admission):
                               prompt_index=cursor, leases_expired=len(expired))  # fmt: skip
             self._changed(replicas=True)
             return TimelineReset(version, len(expired), cursor)
+
+    def register_learner(self, address: str) -> LearnerRegistration:
+        """Give the learner's seat to the learner at `address` (`controller.learner_seat`): refused while its
+        holder still answers its challenge (the challenge runs outside the lock)."""
+        with self._cond:
+            holder = self._seat.holder
+        if self._seat.holder_alive(holder):
+            raise LearnerSeatTaken(f"address: the learner at {holder.address} holds this run's seat and still "
+                                   "answers; one learner trains a run (stop that one first)")
+        with self._cond:
+            if self._seat.holder != holder:  # another learner registered while we challenged
+                raise LearnerSeatTaken(f"address: the learner at {self._seat.holder.address} took this run's seat "
+                                       "just now; one learner trains a run")
+            key = self._seat.give_to(address)
+            self.events.write("learner_registered", address=address, previous_address=holder.address or None,
+                              current_version=self._current_version)  # fmt: skip
+            self._changed(wake=False)
+            return LearnerRegistration(key, self._current_version)
+
+    def check_learner(self, key: bytes) -> None:
+        """Raise `NotTheLearner` unless `key` is the seated learner's (every learner-only call)."""
+        with self._cond:
+            self._seat.check(key)
 
     def learner_heartbeat(self, step: int, version: int, consumed: int,
                           figures: LearnerFigures | None = None) -> LearnerPulse:
@@ -362,6 +389,7 @@ class ControllerState(Admission):
             "run_dir": self._run_id, "current_version": self._current_version, "admitted": self._leases.admitted,
             "next_prompt_index": self._leases.next_prompt_index, "granted_total": self._leases.granted_total,
             "expired_total": self._leases.expired_total, "pushes_committed": self._pushes.committed,
+            "learner_key": self._seat.holder.key.hex(), "learner_address": self._seat.holder.address,
         }  # fmt: skip
         self._writer.write(meta, self._leases.active_by_id(), self._registry.all() if replicas_changed else None)
 
@@ -375,6 +403,7 @@ class ControllerState(Admission):
                 )
             self._current_version = saved.current_version
             self._pushes.committed = saved.pushes_committed
+            self._seat.restore(saved.learner_key, saved.learner_address)
             restore_books(saved, self._leases, self._registry, self._clock(), self.config.lease_ttl_s)
         self._persist(replicas_changed=True)  # the baseline of later diffs
         return None if saved is None else saved.summary()

@@ -8,6 +8,8 @@ import grpc
 
 from asyncrl.controller.errors import (
     InvalidRequest,
+    LearnerSeatTaken,
+    NotTheLearner,
     PreconditionFailed,
     RegistryFull,
     ReplicaIdInUse,
@@ -46,7 +48,8 @@ def status_message(snap: dict) -> controller_pb2.ControllerStatus:
     )
 
 
-ERRORS = (UnknownReplica, InvalidArgument, InvalidRequest, RegistryFull, PreconditionFailed, ReplicaIdInUse)
+ERRORS = (UnknownReplica, InvalidArgument, InvalidRequest, RegistryFull, PreconditionFailed, ReplicaIdInUse,
+          LearnerSeatTaken, NotTheLearner)
 
 
 def status_of(err: Exception) -> tuple[grpc.StatusCode, str]:
@@ -57,8 +60,10 @@ def status_of(err: Exception) -> tuple[grpc.StatusCode, str]:
         return grpc.StatusCode.INVALID_ARGUMENT, str(err)
     if isinstance(err, RegistryFull):
         return grpc.StatusCode.RESOURCE_EXHAUSTED, str(err)
-    if isinstance(err, ReplicaIdInUse):
+    if isinstance(err, (ReplicaIdInUse, LearnerSeatTaken)):
         return grpc.StatusCode.ALREADY_EXISTS, str(err)
+    if isinstance(err, NotTheLearner):
+        return grpc.StatusCode.PERMISSION_DENIED, str(err)
     return grpc.StatusCode.FAILED_PRECONDITION, str(err)
 
 

@@ -19,8 +19,10 @@ Public API
 - `python -m services.controller_service --config run.yaml [key=value ...]` runs `serve`.
 
 Status codes: a malformed field -> INVALID_ARGUMENT with a message starting with the field name; a
-well-formed request the controller's state forbids (expired lease, push already open, wrong version)
--> FAILED_PRECONDITION (the mapping, and the messages' translation, in `controller_messages`).
+learner-only call (BeginWeightPush, CommitWeightPush, LearnerHeartbeat, ResetTimeline) without the seated
+learner's `learner_key` -> PERMISSION_DENIED (`controller.learner_seat`); a well-formed request the
+controller's state forbids (expired lease, push already open, wrong version) -> FAILED_PRECONDITION (the
+mapping, and the messages' translation, in `controller_messages`).
 """
 
 from __future__ import annotations
@@ -60,7 +62,7 @@ from asyncrl.core.weights.manifest import (
     encode_plan,
 )
 from asyncrl.services.controller_messages import ERRORS, answer, learner_figures, status_message, status_of
-from asyncrl.services.weight_fanout import ReplicaChannels, grpc_liveness_answer
+from asyncrl.services.weight_fanout import ReplicaChannels, grpc_learner_liveness_answer, grpc_liveness_answer
 from asyncrl.v1 import controller_pb2, controller_pb2_grpc
 
 SERVICE_NAME = "asyncrl.v1.Controller"
@@ -216,8 +218,18 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
 
         return answer(context, run)
 
+    def RegisterLearner(self, request, context):
+        def run():
+            check_address(request.address, "address")
+            seat = self.state.register_learner(request.address)
+            return controller_pb2.RegisterLearnerResponse(learner_key=seat.learner_key,
+                                                          current_version=seat.current_version)
+
+        return answer(context, run)
+
     def BeginWeightPush(self, request, context):
         def run():
+            self.state.check_learner(request.learner_key)
             # The state answers a version other than current or current + 1 (FAILED_PRECONDITION).
             check_range(request.version, 0, MAX_COUNT, "version")
             check_address(request.store_address, "store_address")
@@ -244,6 +256,7 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
 
     def CommitWeightPush(self, request, context):
         def run():
+            self.state.check_learner(request.learner_key)
             check_name(request.push_id, "push_id")
             require(len(request.error) <= MAX_ERROR, "error", f"at most {MAX_ERROR} characters, got {len(request.error)}")
             result = self.state.commit_push(request.push_id, request.sender_ok, request.error)
@@ -258,6 +271,7 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
 
     def LearnerHeartbeat(self, request, context):
         def run():
+            self.state.check_learner(request.learner_key)
             check_range(request.step, 0, MAX_COUNT, "step")
             check_range(request.consumed, 0, MAX_COUNT, "consumed")
             self._require_version(request.version, "version")
@@ -272,6 +286,7 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
 
     def ResetTimeline(self, request, context):
         def run():
+            self.state.check_learner(request.learner_key)
             check_range(request.version, 0, MAX_COUNT, "version")
             check_range(request.admitted, 0, MAX_COUNT, "admitted")
             check_range(request.prompt_index, 0, MAX_COUNT, "prompt_index")
@@ -302,6 +317,7 @@ def create_server(
         config.controller, config.learner.batch_size, events=events,
         notify=notify or channels.update_weights,
         probe=functools.partial(grpc_liveness_answer, auth=auth) if probe is None else probe,
+        learner_probe=functools.partial(grpc_learner_liveness_answer, auth=auth),
         store=make_store(config), run_id=str(run_dir),
     )
     servicer = ControllerServicer(state)

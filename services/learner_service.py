@@ -10,9 +10,10 @@ import signal
 import threading
 from pathlib import Path
 
+import grpc
 import torch
 
-from asyncrl.core.auth import resolve_auth
+from asyncrl.core.auth import MAX_CHALLENGE, resolve_auth
 from asyncrl.core.buffer import make_buffer
 from asyncrl.core.config import dump_config
 from asyncrl.core.events import EventLog
@@ -28,6 +29,7 @@ from asyncrl.learner.held_out import evaluate_held_out
 from asyncrl.learner.learner_metrics import LearnerMetrics
 from asyncrl.learner.loop import LearnerLoop, LearnerProgress
 from asyncrl.learner.publisher import WeightPublisher
+from asyncrl.learner.seat import SeatedController
 from asyncrl.learner.sharding import STOP, Mirror, follow, init_ranks, leave, rank_device, shard
 from asyncrl.learner.tracking import MetricSinks
 from asyncrl.learner.trainer import Trainer
@@ -38,14 +40,20 @@ SERVICE = "asyncrl.v1.Learner"
 
 
 class LearnerServicer(learner_pb2_grpc.LearnerServicer):
-    def __init__(self, progress: LearnerProgress):
+    def __init__(self, progress: LearnerProgress, seat: SeatedController | None = None):
         self.progress = progress
+        self.seat = seat
+        """Answers the controller's liveness challenges (`learner.seat`); None: never answers one."""
 
     def GetStatus(self, request, context):
+        if len(request.challenge) > MAX_CHALLENGE:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                          f"challenge: at most {MAX_CHALLENGE} bytes, got {len(request.challenge)}")
         p = self.progress
         return learner_pb2.LearnerStatus(step=p.step, version=p.version, consumed=p.consumed,
                                          last_reward_mean=p.last_reward_mean,
-                                         last_eval_accuracy=p.last_eval_accuracy, last_step_s=p.last_step_s)
+                                         last_eval_accuracy=p.last_eval_accuracy, last_step_s=p.last_step_s,
+                                         challenge_mac=self.seat.answer(request.challenge) if self.seat else b"")
 
 
 def _follow(trainer, ranks, mirror) -> LearnerProgress:
@@ -58,10 +66,12 @@ def _follow(trainer, ranks, mirror) -> LearnerProgress:
     return LearnerProgress()
 
 
-def create_server(config, progress: LearnerProgress | None = None, registry=None):
+def create_server(config, progress: LearnerProgress | None = None, registry=None,
+                  seat: SeatedController | None = None):
     """The Learner status gRPC server (not started); `server.servicer.progress` is live progress; its RPCs are
-    counted in `registry` (the learner's metrics) when given."""
-    servicer = LearnerServicer(progress or LearnerProgress())
+    counted in `registry` (the learner's metrics) when given; `seat` answers the controller's liveness
+    challenges."""
+    servicer = LearnerServicer(progress or LearnerProgress(), seat)
     server, port, _health = build_server(
         config.learner.host, config.learner.port,
         [lambda s: learner_pb2_grpc.add_LearnerServicer_to_server(servicer, s)], [SERVICE],
@@ -102,7 +112,8 @@ def serve(config) -> LearnerProgress:
         return _follow(trainer, ranks, mirror)
     full_model = model if mirror is None else mirror.module
     auth = resolve_auth(config.security)
-    controller = controller_pb2_grpc.ControllerStub(wait_for_channel(config.controller.address, 120, auth, patient=True))
+    controller = SeatedController(controller_pb2_grpc.ControllerStub(
+        wait_for_channel(config.controller.address, 120, auth, patient=True)))
     teacher = None
     if config.teacher.enabled and config.teacher.annotate:
         teacher = teacher_pb2_grpc.TeacherStub(wait_for_channel(config.teacher.address, 300, auth))
@@ -128,7 +139,7 @@ def serve(config) -> LearnerProgress:
     )
     if meta is not None:
         loop.resume(meta, path)
-    server, port = create_server(config, loop.progress, metrics.registry)
+    server, port = create_server(config, loop.progress, metrics.registry, seat=controller)
     server.start()
     metrics_port = serve_metrics(config.learner.host, config.learner.metrics_port, metrics.registry)
     print(f"asyncrl-learner listening grpc={config.learner.host}:{port} "
@@ -137,6 +148,8 @@ def serve(config) -> LearnerProgress:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     try:
+        # The controller challenges this learner where the replicas reach it (the rendezvous store's host).
+        controller.take_seat(f"{config.learner.weight_transport.host}:{port}")
         progress = loop.run(stop)
     finally:
         server.stop(2)

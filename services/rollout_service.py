@@ -11,7 +11,7 @@ import threading
 import grpc
 from transformers import AutoConfig
 
-from asyncrl.core.auth import liveness_mac, push_order_mac, resolve_auth
+from asyncrl.core.auth import MAX_CHALLENGE, liveness_mac, push_order_mac, resolve_auth
 from asyncrl.core.engines.factory import make_engine
 from asyncrl.core.grpc_util import abort_invalid, build_server, wait_for_channel, wait_until_stopped
 from asyncrl.core.metrics import serve_metrics
@@ -25,7 +25,6 @@ from asyncrl.v1 import controller_pb2_grpc, rollout_pb2, rollout_pb2_grpc
 
 log = logging.getLogger("asyncrl.rollout")
 SERVICE = "asyncrl.v1.Rollout"
-MAX_CHALLENGE = 64
 MIN_TEMPERATURE, MAX_TEMPERATURE = 1e-3, 100.0
 
 

@@ -1,6 +1,7 @@
 """The controller's gRPC client of the replicas: the production `WeightNotifier` (`asyncrl.controller.push`,
-`ReplicaChannels.update_weights`) that tells one replica to join a push (`Rollout.UpdateWeights`), and the liveness probe that asks the holder
-of a replica id to prove it is still there (`Rollout.GetStatus` with a challenge). The controller's logic takes the notifier as a parameter, so its unit tests run
+`ReplicaChannels.update_weights`) that tells one replica to join a push (`Rollout.UpdateWeights`), and the liveness probes that ask the holder
+of a replica id, or of the learner's seat, to prove it is still there (`Rollout.GetStatus`, `Learner.GetStatus`
+with a challenge). The controller's logic takes the notifier as a parameter, so its unit tests run
 without a network; this is the gRPC client that `controller_service` hands it."""
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from asyncrl.core.auth import Auth
 from asyncrl.core.grpc_util import channel
 from asyncrl.core.weights.manifest import encode_plan
 from asyncrl.core.weights.plan import PushPlan
-from asyncrl.v1 import rollout_pb2, rollout_pb2_grpc
+from asyncrl.v1 import learner_pb2, learner_pb2_grpc, rollout_pb2, rollout_pb2_grpc
 
 
 class UpdateWeightsFailed(RuntimeError):
@@ -70,10 +71,20 @@ class ReplicaChannels:
 def grpc_liveness_answer(address: str, challenge: bytes, *, auth: Auth, timeout_s: float = 2.0) -> bytes:
     """Ask the replica at `address` to answer `challenge` (`Rollout.GetStatus`); b"" when nothing answers in
     time (the process is gone or hung) or it answers without a key."""
+    return _challenge(address, auth, lambda ch: rollout_pb2_grpc.RolloutStub(ch).GetStatus(
+        rollout_pb2.RolloutStatusRequest(challenge=challenge), timeout=timeout_s))
+
+
+def grpc_learner_liveness_answer(address: str, challenge: bytes, *, auth: Auth, timeout_s: float = 2.0) -> bytes:
+    """Ask the learner at `address` to answer `challenge` (`Learner.GetStatus`); b"" when nothing answers in
+    time or it answers without the seat's key."""
+    return _challenge(address, auth, lambda ch: learner_pb2_grpc.LearnerStub(ch).GetStatus(
+        learner_pb2.LearnerStatusRequest(challenge=challenge), timeout=timeout_s))
+
+
+def _challenge(address: str, auth: Auth, ask) -> bytes:
     with channel(address, auth) as ch:
         try:
-            status = rollout_pb2_grpc.RolloutStub(ch).GetStatus(rollout_pb2.RolloutStatusRequest(challenge=challenge),
-                                                                timeout=timeout_s)
+            return ask(ch).challenge_mac
         except grpc.RpcError:
             return b""
-    return status.challenge_mac

@@ -15,6 +15,8 @@ A replica takes a weight push only when its controller ordered it: registration 
 `push_key`, and every `Rollout.UpdateWeights` the controller sends carries `push_order_mac` of the order under
 that key (a caller with the token but not the key cannot replace a replica's weights). The same key proves a
 registration's holder alive (`liveness_mac`): an id whose holder still answers cannot be registered again.
+The learner holds the run's seat the same way (`Controller.RegisterLearner` hands it a `learner_key`): the
+calls that push weights or move the timeline need that key, so a caller with the token cannot make them.
 """
 
 from __future__ import annotations
@@ -35,6 +37,8 @@ METADATA_KEY = "authorization"
 SCHEME = "Bearer "
 OPEN_SERVICES = ("/grpc.health.v1.Health/",)
 TOKEN_BYTES = 32
+MAX_CHALLENGE = 64
+"""Bytes of a liveness challenge a replica or the learner answers (`liveness_mac`)."""
 
 
 class MissingToken(ConfigError):
@@ -89,8 +93,8 @@ def push_order_mac(key: bytes, plan, rank: int) -> bytes:
 
 
 def liveness_mac(key: bytes, challenge: bytes) -> bytes:
-    """A replica's answer to the controller's liveness challenge (HMAC-SHA256 under its push key): only the
-    process holding the registration's key can give it."""
+    """A replica's (or the learner's) answer to the controller's liveness challenge (HMAC-SHA256 under its push
+    key, or learner key): only the process holding the registration's key can give it."""
     return hmac.new(key, b"alive\n" + challenge, "sha256").digest()
 
 

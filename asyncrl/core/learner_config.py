@@ -18,7 +18,8 @@ class WeightTransportConfig(Section):
     type: Transport = "gloo"
     """Data plane of the weight push: gloo (CPU tensors) or nccl (GPU tensors)."""
     host: str = "127.0.0.1"
-    """Address receivers use to reach the learner's rendezvous store."""
+    """Address receivers use to reach the learner's rendezvous store; the controller also sends the learner's
+    liveness challenges there (its status service's gRPC port: the learner's seat, docs/architecture.md)."""
     store_port: int = Field(0, ge=0, le=65535)
     """Port of the learner's rendezvous store (0 = any free port)."""
     bucket_mb: float = Field(64.0, gt=0)

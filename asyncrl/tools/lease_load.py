@@ -158,6 +158,8 @@ async def _heartbeats(stub, rid: str, result: LoadResult, stop: asyncio.Event, i
 
 async def _learner(stub, result: LoadResult, stop: asyncio.Event, every_s: float, ids: list[str]) -> None:
     spec = weights_pb2.TensorSpec(name="w", shape=[2, 2], dtype="float32")
+    # Nothing answers liveness challenges at this address: a real learner can always take the seat back.
+    key = (await stub.RegisterLearner(pb.RegisterLearnerRequest(address="127.0.0.1:1"))).learner_key
     while True:
         try:
             await asyncio.wait_for(stop.wait(), every_s)
@@ -167,8 +169,9 @@ async def _learner(stub, result: LoadResult, stop: asyncio.Event, every_s: float
         status = await stub.GetStatus(pb.GetStatusRequest())
         begun = await stub.BeginWeightPush(pb.BeginWeightPushRequest(
             version=status.current_version + 1, store_address="127.0.0.1:1", transport="gloo", bucket_bytes=1024,
-            timeout_s=30, tensors=[spec]))  # fmt: skip
-        commit = await stub.CommitWeightPush(pb.CommitWeightPushRequest(push_id=begun.plan.push_id, sender_ok=True))
+            timeout_s=30, tensors=[spec], learner_key=key))  # fmt: skip
+        commit = await stub.CommitWeightPush(pb.CommitWeightPushRequest(push_id=begun.plan.push_id, sender_ok=True,
+                                                                        learner_key=key))
         result.versions_committed += bool(commit.committed)
 
 

@@ -163,8 +163,22 @@ class CompleteLeasesResponse(_message.Message):
     outcomes: _containers.RepeatedCompositeFieldContainer[LeaseOutcome]
     def __init__(self, outcomes: _Optional[_Iterable[_Union[LeaseOutcome, _Mapping]]] = ...) -> None: ...
 
+class RegisterLearnerRequest(_message.Message):
+    __slots__ = ("address",)
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    address: str
+    def __init__(self, address: _Optional[str] = ...) -> None: ...
+
+class RegisterLearnerResponse(_message.Message):
+    __slots__ = ("learner_key", "current_version")
+    LEARNER_KEY_FIELD_NUMBER: _ClassVar[int]
+    CURRENT_VERSION_FIELD_NUMBER: _ClassVar[int]
+    learner_key: bytes
+    current_version: int
+    def __init__(self, learner_key: _Optional[bytes] = ..., current_version: _Optional[int] = ...) -> None: ...
+
 class BeginWeightPushRequest(_message.Message):
-    __slots__ = ("version", "store_address", "transport", "tensors", "bucket_bytes", "timeout_s", "join_timeout_s", "manifest_digest", "delta_codec", "delta_base_push_id")
+    __slots__ = ("version", "store_address", "transport", "tensors", "bucket_bytes", "timeout_s", "join_timeout_s", "manifest_digest", "delta_codec", "delta_base_push_id", "learner_key")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     STORE_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     TRANSPORT_FIELD_NUMBER: _ClassVar[int]
@@ -175,6 +189,7 @@ class BeginWeightPushRequest(_message.Message):
     MANIFEST_DIGEST_FIELD_NUMBER: _ClassVar[int]
     DELTA_CODEC_FIELD_NUMBER: _ClassVar[int]
     DELTA_BASE_PUSH_ID_FIELD_NUMBER: _ClassVar[int]
+    LEARNER_KEY_FIELD_NUMBER: _ClassVar[int]
     version: int
     store_address: str
     transport: str
@@ -185,7 +200,8 @@ class BeginWeightPushRequest(_message.Message):
     manifest_digest: str
     delta_codec: str
     delta_base_push_id: str
-    def __init__(self, version: _Optional[int] = ..., store_address: _Optional[str] = ..., transport: _Optional[str] = ..., tensors: _Optional[_Iterable[_Union[_weights_pb2.TensorSpec, _Mapping]]] = ..., bucket_bytes: _Optional[int] = ..., timeout_s: _Optional[float] = ..., join_timeout_s: _Optional[float] = ..., manifest_digest: _Optional[str] = ..., delta_codec: _Optional[str] = ..., delta_base_push_id: _Optional[str] = ...) -> None: ...
+    learner_key: bytes
+    def __init__(self, version: _Optional[int] = ..., store_address: _Optional[str] = ..., transport: _Optional[str] = ..., tensors: _Optional[_Iterable[_Union[_weights_pb2.TensorSpec, _Mapping]]] = ..., bucket_bytes: _Optional[int] = ..., timeout_s: _Optional[float] = ..., join_timeout_s: _Optional[float] = ..., manifest_digest: _Optional[str] = ..., delta_codec: _Optional[str] = ..., delta_base_push_id: _Optional[str] = ..., learner_key: _Optional[bytes] = ...) -> None: ...
 
 class BeginWeightPushResponse(_message.Message):
     __slots__ = ("plan", "receivers")
@@ -196,14 +212,16 @@ class BeginWeightPushResponse(_message.Message):
     def __init__(self, plan: _Optional[_Union[_weights_pb2.WeightPushPlan, _Mapping]] = ..., receivers: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class CommitWeightPushRequest(_message.Message):
-    __slots__ = ("push_id", "sender_ok", "error")
+    __slots__ = ("push_id", "sender_ok", "error", "learner_key")
     PUSH_ID_FIELD_NUMBER: _ClassVar[int]
     SENDER_OK_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
+    LEARNER_KEY_FIELD_NUMBER: _ClassVar[int]
     push_id: str
     sender_ok: bool
     error: str
-    def __init__(self, push_id: _Optional[str] = ..., sender_ok: _Optional[bool] = ..., error: _Optional[str] = ...) -> None: ...
+    learner_key: bytes
+    def __init__(self, push_id: _Optional[str] = ..., sender_ok: _Optional[bool] = ..., error: _Optional[str] = ..., learner_key: _Optional[bytes] = ...) -> None: ...
 
 class CommitWeightPushResponse(_message.Message):
     __slots__ = ("committed", "current_version", "acked", "dropped")
@@ -218,7 +236,7 @@ class CommitWeightPushResponse(_message.Message):
     def __init__(self, committed: _Optional[bool] = ..., current_version: _Optional[int] = ..., acked: _Optional[_Iterable[str]] = ..., dropped: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class LearnerHeartbeatRequest(_message.Message):
-    __slots__ = ("step", "version", "consumed", "total_steps", "reward_mean", "eval_accuracy", "staleness_mean", "step_seconds", "busy_fraction")
+    __slots__ = ("step", "version", "consumed", "total_steps", "reward_mean", "eval_accuracy", "staleness_mean", "step_seconds", "busy_fraction", "learner_key")
     STEP_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     CONSUMED_FIELD_NUMBER: _ClassVar[int]
@@ -228,6 +246,7 @@ class LearnerHeartbeatRequest(_message.Message):
     STALENESS_MEAN_FIELD_NUMBER: _ClassVar[int]
     STEP_SECONDS_FIELD_NUMBER: _ClassVar[int]
     BUSY_FRACTION_FIELD_NUMBER: _ClassVar[int]
+    LEARNER_KEY_FIELD_NUMBER: _ClassVar[int]
     step: int
     version: int
     consumed: int
@@ -237,7 +256,8 @@ class LearnerHeartbeatRequest(_message.Message):
     staleness_mean: float
     step_seconds: float
     busy_fraction: float
-    def __init__(self, step: _Optional[int] = ..., version: _Optional[int] = ..., consumed: _Optional[int] = ..., total_steps: _Optional[int] = ..., reward_mean: _Optional[float] = ..., eval_accuracy: _Optional[float] = ..., staleness_mean: _Optional[float] = ..., step_seconds: _Optional[float] = ..., busy_fraction: _Optional[float] = ...) -> None: ...
+    learner_key: bytes
+    def __init__(self, step: _Optional[int] = ..., version: _Optional[int] = ..., consumed: _Optional[int] = ..., total_steps: _Optional[int] = ..., reward_mean: _Optional[float] = ..., eval_accuracy: _Optional[float] = ..., staleness_mean: _Optional[float] = ..., step_seconds: _Optional[float] = ..., busy_fraction: _Optional[float] = ..., learner_key: _Optional[bytes] = ...) -> None: ...
 
 class LearnerHeartbeatResponse(_message.Message):
     __slots__ = ("sync_requested", "current_version")
@@ -248,14 +268,16 @@ class LearnerHeartbeatResponse(_message.Message):
     def __init__(self, sync_requested: _Optional[bool] = ..., current_version: _Optional[int] = ...) -> None: ...
 
 class ResetTimelineRequest(_message.Message):
-    __slots__ = ("version", "admitted", "prompt_index")
+    __slots__ = ("version", "admitted", "prompt_index", "learner_key")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     ADMITTED_FIELD_NUMBER: _ClassVar[int]
     PROMPT_INDEX_FIELD_NUMBER: _ClassVar[int]
+    LEARNER_KEY_FIELD_NUMBER: _ClassVar[int]
     version: int
     admitted: int
     prompt_index: int
-    def __init__(self, version: _Optional[int] = ..., admitted: _Optional[int] = ..., prompt_index: _Optional[int] = ...) -> None: ...
+    learner_key: bytes
+    def __init__(self, version: _Optional[int] = ..., admitted: _Optional[int] = ..., prompt_index: _Optional[int] = ..., learner_key: _Optional[bytes] = ...) -> None: ...
 
 class ResetTimelineResponse(_message.Message):
     __slots__ = ("current_version", "leases_expired", "prompt_index")

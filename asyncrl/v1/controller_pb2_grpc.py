@@ -64,6 +64,11 @@ class ControllerStub:
                 request_serializer=asyncrl_dot_v1_dot_controller__pb2.CompleteLeasesRequest.SerializeToString,
                 response_deserializer=asyncrl_dot_v1_dot_controller__pb2.CompleteLeasesResponse.FromString,
                 _registered_method=True)
+        self.RegisterLearner = channel.unary_unary(
+                '/asyncrl.v1.Controller/RegisterLearner',
+                request_serializer=asyncrl_dot_v1_dot_controller__pb2.RegisterLearnerRequest.SerializeToString,
+                response_deserializer=asyncrl_dot_v1_dot_controller__pb2.RegisterLearnerResponse.FromString,
+                _registered_method=True)
         self.BeginWeightPush = channel.unary_unary(
                 '/asyncrl.v1.Controller/BeginWeightPush',
                 request_serializer=asyncrl_dot_v1_dot_controller__pb2.BeginWeightPushRequest.SerializeToString,
@@ -140,6 +145,17 @@ class ControllerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def RegisterLearner(self, request, context):
+        """Learner: take the learner's seat, at start and after every restart. Answers a fresh learner_key that every
+        learner-only call (BeginWeightPush, CommitWeightPush, LearnerHeartbeat, ResetTimeline) must carry
+        (PERMISSION_DENIED otherwise): a caller with the access token but not the seat can neither push weights nor
+        move the run's timeline. The seat passes to the new caller unless its holder still answers a liveness
+        challenge at its address (ALREADY_EXISTS: one learner per run); the previous holder's key stops working.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def BeginWeightPush(self, request, context):
         """Learner: start a weight push; the controller picks the receivers and tells them to join.
         """
@@ -208,6 +224,11 @@ def add_ControllerServicer_to_server(servicer, server):
                     servicer.CompleteLeases,
                     request_deserializer=asyncrl_dot_v1_dot_controller__pb2.CompleteLeasesRequest.FromString,
                     response_serializer=asyncrl_dot_v1_dot_controller__pb2.CompleteLeasesResponse.SerializeToString,
+            ),
+            'RegisterLearner': grpc.unary_unary_rpc_method_handler(
+                    servicer.RegisterLearner,
+                    request_deserializer=asyncrl_dot_v1_dot_controller__pb2.RegisterLearnerRequest.FromString,
+                    response_serializer=asyncrl_dot_v1_dot_controller__pb2.RegisterLearnerResponse.SerializeToString,
             ),
             'BeginWeightPush': grpc.unary_unary_rpc_method_handler(
                     servicer.BeginWeightPush,
@@ -397,6 +418,33 @@ class Controller:
             '/asyncrl.v1.Controller/CompleteLeases',
             asyncrl_dot_v1_dot_controller__pb2.CompleteLeasesRequest.SerializeToString,
             asyncrl_dot_v1_dot_controller__pb2.CompleteLeasesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RegisterLearner(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/asyncrl.v1.Controller/RegisterLearner',
+            asyncrl_dot_v1_dot_controller__pb2.RegisterLearnerRequest.SerializeToString,
+            asyncrl_dot_v1_dot_controller__pb2.RegisterLearnerResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18\x61syncrl/v1/learner.proto\x12\nasyncrl.v1\"\x16\n\x14LearnerStatusRequest\"\x8b\x01\n\rLearnerStatus\x12\x0c\n\x04step\x18\x01 \x01(\x03\x12\x0f\n\x07version\x18\x02 \x01(\x03\x12\x10\n\x08\x63onsumed\x18\x03 \x01(\x03\x12\x18\n\x10last_reward_mean\x18\x04 \x01(\x01\x12\x1a\n\x12last_eval_accuracy\x18\x05 \x01(\x01\x12\x13\n\x0blast_step_s\x18\x06 \x01(\x01\x32S\n\x07Learner\x12H\n\tGetStatus\x12 .asyncrl.v1.LearnerStatusRequest\x1a\x19.asyncrl.v1.LearnerStatusb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18\x61syncrl/v1/learner.proto\x12\nasyncrl.v1\")\n\x14LearnerStatusRequest\x12\x11\n\tchallenge\x18\x01 \x01(\x0c\"\xa2\x01\n\rLearnerStatus\x12\x0c\n\x04step\x18\x01 \x01(\x03\x12\x0f\n\x07version\x18\x02 \x01(\x03\x12\x10\n\x08\x63onsumed\x18\x03 \x01(\x03\x12\x18\n\x10last_reward_mean\x18\x04 \x01(\x01\x12\x1a\n\x12last_eval_accuracy\x18\x05 \x01(\x01\x12\x13\n\x0blast_step_s\x18\x06 \x01(\x01\x12\x15\n\rchallenge_mac\x18\x07 \x01(\x0c\x32S\n\x07Learner\x12H\n\tGetStatus\x12 .asyncrl.v1.LearnerStatusRequest\x1a\x19.asyncrl.v1.LearnerStatusb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -32,9 +32,9 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'asyncrl.v1.learner_pb2', _g
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_LEARNERSTATUSREQUEST']._serialized_start=40
-  _globals['_LEARNERSTATUSREQUEST']._serialized_end=62
-  _globals['_LEARNERSTATUS']._serialized_start=65
-  _globals['_LEARNERSTATUS']._serialized_end=204
-  _globals['_LEARNER']._serialized_start=206
-  _globals['_LEARNER']._serialized_end=289
+  _globals['_LEARNERSTATUSREQUEST']._serialized_end=81
+  _globals['_LEARNERSTATUS']._serialized_start=84
+  _globals['_LEARNERSTATUS']._serialized_end=246
+  _globals['_LEARNER']._serialized_start=248
+  _globals['_LEARNER']._serialized_end=331
 # @@protoc_insertion_point(module_scope)

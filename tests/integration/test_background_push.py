@@ -11,6 +11,7 @@ import torch
 from asyncrl.core.grpc_util import channel as grpc_channel
 from asyncrl.core.modeling import load_causal_lm, sequence_logprobs
 from asyncrl.learner.publisher import WeightPublisher
+from asyncrl.learner.seat import SeatedController
 from asyncrl.services import controller_service, rollout_service
 from asyncrl.v1 import controller_pb2, controller_pb2_grpc
 from tests.conftest import TEST_AUTH
@@ -31,7 +32,8 @@ def system(tiny_model_dir, tmp_path):
     controller.start()
     servers.append(controller)
     ch = grpc_channel(f"127.0.0.1:{port}", TEST_AUTH)
-    stub = controller_pb2_grpc.ControllerStub(ch)
+    stub = SeatedController(controller_pb2_grpc.ControllerStub(ch))
+    stub.take_seat("127.0.0.1:1")  # this test plays the learner
     engines, keys = [], {}
     for i in range(2):
         replica, replica_port = rollout_service.create_server(config, push_key=lambda i=i: keys[i])

@@ -11,6 +11,7 @@ import pytest
 
 from asyncrl.controller.persistence import StateOfAnotherRun
 from asyncrl.core.grpc_util import channel as grpc_channel
+from asyncrl.learner.seat import SeatedController
 from asyncrl.services.controller_service import create_server
 from asyncrl.v1 import controller_pb2 as pb
 from asyncrl.v1 import controller_pb2_grpc, weights_pb2
@@ -85,7 +86,8 @@ def begin_request():
 def test_a_push_open_when_the_controller_died_is_refused_at_commit(clean_redis, tmp_path):
     server, port = start(redis_config(clean_redis, tmp_path))
     with grpc_channel(f"127.0.0.1:{port}", TEST_AUTH, patient=True) as ch:
-        stub = controller_pb2_grpc.ControllerStub(ch)
+        stub = SeatedController(controller_pb2_grpc.ControllerStub(ch))
+        stub.take_seat("127.0.0.1:1")
         begun = stub.BeginWeightPush(begin_request())
         stop(server)
         again, _ = start(redis_config(clean_redis, tmp_path, port=port))
@@ -94,7 +96,7 @@ def test_a_push_open_when_the_controller_died_is_refused_at_commit(clean_redis, 
                 stub.CommitWeightPush(pb.CommitWeightPushRequest(push_id=begun.plan.push_id, sender_ok=True))
             assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION
             assert "no push is open" in info.value.details()
-            # The learner begins it again and commits.
+            # The learner begins it again and commits (the restarted controller still knows its seat).
             retry = stub.BeginWeightPush(begin_request())
             done = stub.CommitWeightPush(pb.CommitWeightPushRequest(push_id=retry.plan.push_id, sender_ok=True))
             assert done.committed and done.current_version == 1

@@ -31,6 +31,7 @@ from asyncrl.core.events import read_events
 from asyncrl.core.grpc_util import channel as grpc_channel
 from asyncrl.core.weights.manifest import decode_plan
 from asyncrl.core.weights.transport import host_store, make_group, receive_weights, send_weights
+from asyncrl.learner.seat import SeatedController
 from asyncrl.services.controller_service import SERVICE_NAME, create_server
 from asyncrl.v1 import controller_pb2 as pb
 from asyncrl.v1 import controller_pb2_grpc, rollout_pb2, rollout_pb2_grpc, weights_pb2
@@ -51,7 +52,8 @@ def make_config(**controller) -> AsyncRLConfig:
 
 @dataclass
 class Controller:
-    stub: controller_pb2_grpc.ControllerStub
+    stub: SeatedController
+    """The controller's stub as the seated learner (learner-only calls carry its key)."""
     channel: grpc.Channel
     state: ControllerState
     address: str
@@ -64,9 +66,9 @@ def controller(tmp_path):
     server.start()
     address = f"127.0.0.1:{port}"
     with grpc_channel(address, TEST_AUTH) as channel:
-        yield Controller(
-            controller_pb2_grpc.ControllerStub(channel), channel, server.controller_state, address, tmp_path
-        )
+        stub = SeatedController(controller_pb2_grpc.ControllerStub(channel))
+        stub.take_seat("127.0.0.1:1")  # nothing answers challenges there: any learner may take the seat over
+        yield Controller(stub, channel, server.controller_state, address, tmp_path)
     server.stop(0).wait()
     server.controller_state.close()
 
@@ -121,7 +123,7 @@ def test_replica_rpcs_and_lease_lifecycle(controller):
     assert (status.current_version, status.admitted, status.batch_size, status.eta) == (0, 8, 8, 0)
     assert [r.replica_id for r in status.replicas] == [rid] and status.replicas[0].active_leases == 1
     kinds = [e["kind"] for e in read_events(controller.run_dir, "controller")]
-    assert kinds[:3] == ["replica_registered", "lease_granted", "lease_completed"]
+    assert kinds[:4] == ["learner_registered", "replica_registered", "lease_granted", "lease_completed"]
 
 
 def test_several_leases_per_call(controller):
@@ -257,6 +259,58 @@ def test_state_conflicts_are_failed_precondition(controller):
     )
     err = rpc_error(stub.CommitWeightPush, pb.CommitWeightPushRequest(push_id="push-nope", sender_ok=True))
     assert err.code() == grpc.StatusCode.FAILED_PRECONDITION and err.details().startswith("push_id:")
+
+
+# ---- the learner's seat: only the seated learner pushes, heartbeats as the learner, resets ----------------
+
+LEARNER_ONLY = [("ResetTimeline", pb.ResetTimelineRequest()), ("BeginWeightPush", push_request(version=1)),
+                ("CommitWeightPush", pb.CommitWeightPushRequest(push_id="push-1", sender_ok=True)),
+                ("LearnerHeartbeat", pb.LearnerHeartbeatRequest(step=1, version=0, consumed=8))]
+
+
+@pytest.mark.parametrize("method,request_", LEARNER_ONLY, ids=[m for m, _ in LEARNER_ONLY])
+def test_learner_only_calls_need_the_seated_learners_key(controller, method, request_):
+    """A caller with the access token but not the seat's key is refused, and nothing changes: the call that
+    used to take a live run back to version 0 (an empty ResetTimeline) among them."""
+    raw = controller_pb2_grpc.ControllerStub(controller.channel)
+    controller.stub.LearnerHeartbeat(pb.LearnerHeartbeatRequest(step=3, version=0, consumed=24))
+    for key, message in [(b"", "learner_key: missing"), (b"k" * 32, "learner_key: not the key")]:
+        request_.learner_key = key
+        err = rpc_error(getattr(raw, method), request_)
+        assert err.code() == grpc.StatusCode.PERMISSION_DENIED and err.details().startswith(message), err.details()
+    snap = controller.state.snapshot()
+    assert snap["current_version"] == 0 and snap["learner"]["step"] == 3
+    assert not any(e["kind"] == "timeline_reset" for e in read_events(controller.run_dir, "controller"))
+
+
+def test_the_seat_stays_with_a_live_learner_and_passes_on_when_it_is_gone(controller):
+    """The learner's seat passes to a new learner only when its holder no longer answers a challenge under its
+    key; the holder that lost it is refused from its next call on."""
+    from asyncrl.services.learner_service import create_server as learner_server
+
+    raw = lambda: SeatedController(controller_pb2_grpc.ControllerStub(controller.channel))
+    first = raw()
+    server, port = learner_server(make_config(), seat=first)
+    server.start()
+    try:
+        # The fixture's seat holder serves nothing at its address: the seat passes to `first`.
+        first.take_seat(f"127.0.0.1:{port}")
+        err = rpc_error(controller.stub.LearnerHeartbeat, pb.LearnerHeartbeatRequest())
+        assert err.code() == grpc.StatusCode.PERMISSION_DENIED and "another learner took the seat" in err.details()
+        second = raw()
+        with pytest.raises(grpc.RpcError) as refused:
+            second.take_seat("127.0.0.1:2")
+        assert refused.value.code() == grpc.StatusCode.ALREADY_EXISTS
+        assert refused.value.details().startswith(f"address: the learner at 127.0.0.1:{port} holds this run's seat")
+        first.LearnerHeartbeat(pb.LearnerHeartbeatRequest(step=1))
+    finally:
+        server.stop(0).wait()
+    second.take_seat("127.0.0.1:2")
+    second.LearnerHeartbeat(pb.LearnerHeartbeatRequest(step=1))
+    err = rpc_error(first.LearnerHeartbeat, pb.LearnerHeartbeatRequest(step=2))
+    assert err.code() == grpc.StatusCode.PERMISSION_DENIED
+    seats = [e for e in read_events(controller.run_dir, "controller") if e["kind"] == "learner_registered"]
+    assert [e["address"] for e in seats] == ["127.0.0.1:1", f"127.0.0.1:{port}", "127.0.0.1:2"]
 
 
 # ---- the status page over real HTTP -----------------------------------------------------------------------

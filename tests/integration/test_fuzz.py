@@ -86,6 +86,13 @@ def controller_cases():
     for field in ("step", "version", "consumed"):
         for value in [-1, I64]:
             cases.append(("LearnerHeartbeat", c.LearnerHeartbeatRequest(**{field: value})))
+    for address in BAD_ADDRESSES:
+        cases.append(("RegisterLearner", c.RegisterLearnerRequest(address=address)))
+    # Learner-only calls without the seated learner's key: a caller with the token cannot move the run.
+    for key in [b"", b"x" * 32, BIG.encode()]:
+        cases.append(("ResetTimeline", c.ResetTimelineRequest(learner_key=key)))
+        cases.append(("BeginWeightPush", c.BeginWeightPushRequest(**good_push, learner_key=key)))
+        cases.append(("LearnerHeartbeat", c.LearnerHeartbeatRequest(learner_key=key)))
     return [("controller", f"/asyncrl.v1.Controller/{m}", r) for m, r in cases]
 
 

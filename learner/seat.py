@@ -1,0 +1,50 @@
+"""The learner's side of the run's learner seat (`asyncrl.controller.learner_seat`): `SeatedController` is the
+controller's stub as the seated learner. `take_seat` registers (`Controller.RegisterLearner`) with the address
+of this learner's status service; from then on every learner-only call carries the seat's key, and the status
+service answers the controller's liveness challenges under it (`answer`), so no other process can take the
+seat while this learner lives. A learner that lost its seat (another learner took over) gets PERMISSION_DENIED
+on its next call and stops.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from asyncrl.core.auth import liveness_mac
+from asyncrl.v1 import controller_pb2
+
+log = logging.getLogger(__name__)
+
+LEARNER_ONLY = ("BeginWeightPush", "CommitWeightPush", "LearnerHeartbeat", "ResetTimeline")
+
+
+class SeatedController:
+    """Wraps a `ControllerStub`: the learner-only calls get the seat's `learner_key`, the others pass through."""
+
+    def __init__(self, stub):
+        self._stub = stub
+        self.key = b""
+        """Empty until `take_seat`."""
+
+    def take_seat(self, address: str, timeout_s: float = 30.0) -> int:
+        """Register as the run's learner at `address` (host:port of the status service); returns the
+        controller's current version. Raises the RpcError (ALREADY_EXISTS) when a live learner holds the seat."""
+        reply = self._stub.RegisterLearner(controller_pb2.RegisterLearnerRequest(address=address), timeout=timeout_s)
+        self.key = reply.learner_key
+        log.info("took the run's learner seat at %s (controller at version %d)", address, reply.current_version)
+        return reply.current_version
+
+    def answer(self, challenge: bytes) -> bytes:
+        """This learner's answer to a liveness challenge (empty before it holds the seat)."""
+        return liveness_mac(self.key, challenge) if self.key and challenge else b""
+
+    def __getattr__(self, name: str):
+        method = getattr(self._stub, name)
+        if name not in LEARNER_ONLY:
+            return method
+
+        def with_key(request, *args, **kwargs):
+            request.learner_key = self.key
+            return method(request, *args, **kwargs)
+
+        return with_key

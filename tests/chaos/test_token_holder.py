@@ -1,0 +1,60 @@
+"""A caller holding the run's access token, but not the learner's seat, attacks a running demo: it tries to
+take the run back to version 0 (the empty ResetTimeline that used to end a run and lose its buffered groups),
+to push weights of its own, to report as the learner and to take the learner's seat. Every call is refused
+(PERMISSION_DENIED, or ALREADY_EXISTS for the seat, whose live holder answers its challenge), and the run
+completes with a clean audit."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import grpc
+import pytest
+import yaml
+
+from asyncrl.core.events import read_events
+from asyncrl.core.grpc_util import channel
+from asyncrl.v1 import controller_pb2 as pb
+from asyncrl.v1 import controller_pb2_grpc, weights_pb2
+from tests.conftest import TEST_AUTH
+from tests.run_helpers import running_up, steps_done, wait_for
+
+pytestmark = pytest.mark.chaos
+
+REPO = Path(__file__).resolve().parents[2]
+STEPS = 60
+
+
+def test_a_token_holder_cannot_move_a_live_run(tmp_path):
+    run_dir = tmp_path / "run"
+    args = ["--config", str(REPO / "examples/tiny-arith.yaml"), "--set", f"run_dir={run_dir}",
+            "--set", f"learner.total_steps={STEPS}", "--set", "learner.eval_every=0"]
+    with running_up(*args) as proc:
+        wait_for(lambda: steps_done(run_dir) >= 10, 300, "10 learner steps")
+        config = yaml.safe_load((run_dir / "config.resolved.yaml").read_text())["controller"]
+        # The run's token (the test session's, which `up` and its processes take from the environment).
+        with channel(f"{config['host']}:{config['port']}", TEST_AUTH) as ch:
+            stub = controller_pb2_grpc.ControllerStub(ch)
+            version = stub.GetStatus(pb.GetStatusRequest(), timeout=10).current_version
+            tensor = weights_pb2.TensorSpec(name="w", shape=[2], dtype="float32")
+            attacks = [
+                ("ResetTimeline", pb.ResetTimelineRequest(), grpc.StatusCode.PERMISSION_DENIED),
+                ("ResetTimeline", pb.ResetTimelineRequest(learner_key=b"k" * 32), grpc.StatusCode.PERMISSION_DENIED),
+                ("BeginWeightPush", pb.BeginWeightPushRequest(
+                    version=version + 1, store_address="127.0.0.1:1", transport="gloo", bucket_bytes=1024,
+                    tensors=[tensor]), grpc.StatusCode.PERMISSION_DENIED),
+                ("LearnerHeartbeat", pb.LearnerHeartbeatRequest(), grpc.StatusCode.PERMISSION_DENIED),
+                ("RegisterLearner", pb.RegisterLearnerRequest(address="127.0.0.1:1"), grpc.StatusCode.ALREADY_EXISTS),
+            ]
+            for method, request, code in attacks:
+                with pytest.raises(grpc.RpcError) as refused:
+                    getattr(stub, method)(request, timeout=30)
+                assert refused.value.code() == code, (method, refused.value.details())
+        out, _ = proc.communicate(timeout=600)
+    assert proc.returncode == 0, out[-5000:]
+    assert "[up] audit OK" in out, out[-3000:]
+    controller = read_events(run_dir, "controller")
+    assert not any(e["kind"] == "timeline_reset" for e in controller)
+    assert [e["kind"] for e in controller].count("learner_registered") == 1
+    steps = [e["step"] for e in read_events(run_dir, "learner") if e["kind"] == "step"]
+    assert steps == list(range(1, STEPS + 1))

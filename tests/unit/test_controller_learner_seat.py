@@ -1,0 +1,66 @@
+"""The learner's seat (`controller.learner_seat`, `ControllerState.register_learner`): only the seated learner's
+key passes; the seat stays with a holder that proves itself alive and passes on otherwise; it survives a
+controller restart."""
+
+import pytest
+
+from asyncrl.controller.errors import LearnerSeatTaken, NotTheLearner
+from asyncrl.controller.persistence import MemoryStore
+from asyncrl.controller.state import ControllerState
+from asyncrl.core.auth import liveness_mac
+from asyncrl.core.config import ControllerConfig
+from tests.fakes import FakeClock, FakeNotifier, MemoryEvents, make_state
+
+
+def test_only_the_seated_learners_key_passes():
+    state, _, _, events = make_state()
+    with pytest.raises(NotTheLearner, match="learner_key: no learner holds this run's seat"):
+        state.check_learner(b"k" * 32)
+    seat = state.register_learner("127.0.0.1:7100")
+    assert len(seat.learner_key) == 32 and seat.current_version == 0
+    state.check_learner(seat.learner_key)
+    with pytest.raises(NotTheLearner, match="learner_key: missing"):
+        state.check_learner(b"")
+    with pytest.raises(NotTheLearner, match=r"learner_key: not the key .* \(now the learner at 127.0.0.1:7100\)"):
+        state.check_learner(seat.learner_key[:-1] + b"x")
+    record = events.of_kind("learner_registered")[0]
+    assert record["address"] == "127.0.0.1:7100" and record["previous_address"] is None
+
+
+def test_a_live_holder_keeps_the_seat_and_a_gone_one_loses_it():
+    answers, calls = {}, []
+
+    def probe(address, challenge):
+        calls.append(address)
+        return answers.get(address, lambda _c: b"")(challenge)
+
+    events = MemoryEvents()
+    state = ControllerState(ControllerConfig(eta=0), 8, events=events, notify=FakeNotifier(), learner_probe=probe,
+                            clock=FakeClock())  # fmt: skip
+    first = state.register_learner("127.0.0.1:7100").learner_key
+    assert calls == []  # nobody held the seat: nobody to challenge
+    answers["127.0.0.1:7100"] = lambda challenge: liveness_mac(first, challenge)
+    with pytest.raises(LearnerSeatTaken, match="address: the learner at 127.0.0.1:7100 holds this run's seat"):
+        state.register_learner("10.0.0.66:6666")
+    assert calls == ["127.0.0.1:7100"]
+    state.check_learner(first)  # unchanged
+    # A holder answering under another key (a new process at the same address) or not at all loses the seat.
+    answers["127.0.0.1:7100"] = lambda challenge: liveness_mac(b"another key", challenge)
+    second = state.register_learner("127.0.0.1:7100").learner_key
+    assert second != first
+    with pytest.raises(NotTheLearner, match="another learner took the seat over"):
+        state.check_learner(first)
+    third = state.register_learner("127.0.0.1:7200").learner_key
+    state.check_learner(third)
+    assert [e["previous_address"] for e in events.of_kind("learner_registered")] == [None, "127.0.0.1:7100",
+                                                                                     "127.0.0.1:7100"]
+
+
+def test_the_seat_survives_a_controller_restart():
+    store = MemoryStore()
+    state, _, _, _ = make_state(store=store)
+    key = state.register_learner("127.0.0.1:7100").learner_key
+    again, _, _, _ = make_state(store=store)  # the controller died; a new one starts on the saved state
+    again.check_learner(key)
+    with pytest.raises(NotTheLearner):
+        again.check_learner(b"k" * 32)
