@@ -305,7 +305,8 @@ class ControllerState(Admission):
                 "leases_expired": self._leases.expired_total,
                 "pushes_committed": self._pushes.committed,
                 "open_push": self._pushes.view(now),
-                "learner": None if self._learner is None else learner_view(self._learner, now, self.batch_size),
+                "learner": None if self._learner is None else learner_view(self._learner, now, self.batch_size,
+                                                                            self._seat.holder.address),
                 "history": list(self._history),
                 "replicas": [replica_view(r, now, current, len(self._leases.of_replica(r.replica_id)))
                              for r in self._registry.all()],

@@ -110,6 +110,8 @@ def learner_summary(learner: dict) -> str:
     if learner.get("eta_s") is not None:
         parts.append(f"ETA {_duration(learner['eta_s'])}")
     parts.append(f"consumed {learner['consumed']}, heartbeat {learner['heartbeat_age_s']:.1f} s ago")
+    if learner.get("address"):
+        parts.append(f"at {html.escape(learner['address'])}")
     return " &middot; ".join(parts)
 
 

@@ -19,11 +19,12 @@ def replica_view(replica: Replica, now: float, current: int, active_leases: int)
     }
 
 
-def learner_view(report: LearnerReport, now: float, batch_size: int) -> dict:
+def learner_view(report: LearnerReport, now: float, batch_size: int, address: str = "") -> dict:
     """The learner's last report as the status page shows it, with the ETA and the throughput (trajectories
-    trained per second of wall time) from its last step time."""
+    trained per second of wall time) from its last step time; `address`: where the learner holding the seat
+    serves its status."""
     view = {"step": report.step, "version": report.version, "consumed": report.consumed,
-            "heartbeat_age_s": now - report.at}
+            "heartbeat_age_s": now - report.at, "address": address}
     figures = report.progress
     if figures is not None:
         view.update(total_steps=figures.total_steps, reward_mean=figures.reward_mean,

@@ -307,6 +307,7 @@ def test_the_seat_stays_with_a_live_learner_and_passes_on_when_it_is_gone(contro
         server.stop(0).wait()
     second.take_seat("127.0.0.1:2")
     second.LearnerHeartbeat(pb.LearnerHeartbeatRequest(step=1))
+    assert controller.state.snapshot()["learner"]["address"] == "127.0.0.1:2"  # the status page names it
     err = rpc_error(first.LearnerHeartbeat, pb.LearnerHeartbeatRequest(step=2))
     assert err.code() == grpc.StatusCode.PERMISSION_DENIED
     seats = [e for e in read_events(controller.run_dir, "controller") if e["kind"] == "learner_registered"]
