@@ -2,7 +2,7 @@
 the `PushCoordinator` that opens, commits and aborts them.
 
 Handshake (docs/architecture.md): Begin picks the receivers (every live replica for version current+1, the
-live replicas that need sync for version == current), ranks them 1..N, builds the plan (world_size N+1)
+live replicas that need sync for version == current; a replica held back after failed pushes sits them out), ranks them 1..N, builds the plan (world_size N+1)
 and fans out: one thread per receiver calls the injected `WeightNotifier` (in production
 `asyncrl.services.weight_fanout.grpc_update_weights`, i.e. `Rollout.UpdateWeights(plan, rank)`, signed for
 that replica: `asyncrl.core.auth.push_order_mac`), which
@@ -205,10 +205,12 @@ class PushCoordinator:
             aborted_previous = self.open.push_id
             self.abort(self.open, f"superseded by a learner at {offer.store_address}" if other_sender
                        else f"no commit within push_timeout_s ({age:.1f} s)")
+        # Replicas held back after failed pushes sit these out (`Replica.hold_back`): the push goes without them.
+        pushable = [r for r in self._registry.live() if r.pushable(now)]
         if version == current + 1:
-            mode, chosen = NEW, self._registry.live()
+            mode, chosen = NEW, pushable
         elif version == current:
-            mode, chosen = RESYNC, [r for r in self._registry.live() if r.needs_sync(current)]
+            mode, chosen = RESYNC, [r for r in pushable if r.needs_sync(current)]
         else:
             raise PreconditionFailed(
                 f"version: must be {current + 1} (new policy) or {current} (resync), got {version}"
@@ -276,6 +278,7 @@ class PushCoordinator:
         for replica_id in acked:
             replica = self._registry.get(replica_id)
             replica.weight_version, replica.force_sync = session.plan.version, False
+            replica.clear_push_failures()
         for replica_id in dropped:
             self._registry.get(replica_id).force_sync = True
             self._events.write(

@@ -29,9 +29,29 @@ class Replica:
     alive: bool = True
     force_sync: bool = False
     """Set when a push to this replica failed or was aborted: its weights may be a mix of two versions."""
+    push_failures: int = 0
+    """Pushes this replica failed in a row by never joining them or being unreachable."""
+    held_back_until: float = 0.0
+    """Left out of pushes until then (`controller.push_backoff_s`, doubling with `push_failures`)."""
+    push_problem: str = ""
+    """Why its last push failed (the status page shows it)."""
 
     def needs_sync(self, current_version: int) -> bool:
         return self.force_sync or self.weight_version != current_version
+
+    def pushable(self, now: float) -> bool:
+        """Alive and not held back after failed pushes: a receiver of the next push."""
+        return self.alive and now >= self.held_back_until
+
+    def hold_back(self, now: float, backoff_s: float, problem: str) -> float:
+        """Leave this replica out of pushes for backoff_s * 2^(failures so far), at most 32x; returns how long."""
+        seconds = backoff_s * 2 ** min(self.push_failures, 5)
+        self.push_failures += 1
+        self.held_back_until, self.push_problem = now + seconds, problem
+        return seconds
+
+    def clear_push_failures(self) -> None:
+        self.push_failures, self.held_back_until, self.push_problem = 0, 0.0, ""
 
     def heartbeat_age(self, now: float) -> float:
         return max(0.0, now - self.last_heartbeat)
@@ -54,6 +74,7 @@ class ReplicaRegistry:
         if existing is not None:
             existing.address, existing.weight_version, existing.engine = address, weight_version, engine
             existing.last_heartbeat, existing.alive, existing.force_sync = now, True, False
+            existing.clear_push_failures()  # a new process (perhaps with its address fixed) gets a fresh chance
             existing.push_key = new_push_key()
             return existing
         if len(self._replicas) >= self.max_replicas:

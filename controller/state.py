@@ -185,18 +185,30 @@ class ControllerState(Admission):
             self._changed(replicas=True)  # an aborted predecessor flagged its receivers
             return session
 
-    def commit_push(self, push_id: str, sender_ok: bool, error: str = "") -> CommitResult:
-        """Wait (bounded) for the receivers' acks, drop the failed ones, commit the version."""
+    def commit_push(self, push_id: str, sender_ok: bool, error: str = "",
+                    missing_ranks: tuple[int, ...] = ()) -> CommitResult:  # fmt: skip
+        """Wait (bounded) for the receivers' acks, drop the failed ones, commit the version. A push the sender
+        failed is aborted; its receivers that never joined (`missing_ranks`) or could not be reached are held
+        back from the next pushes (`Replica.hold_back`), so the retry goes without them."""
         with self._cond:
             session, wait_s = self._pushes.start_commit(push_id, self._clock())
             if not sender_ok:
-                self._bury_unreachable(session.outcomes_so_far())
+                so_far = session.outcomes_so_far()
+                missing = set(missing_ranks)
+                self._hold_back({r.replica_id: f"did not join the broadcast of {push_id} ({error or 'no detail'})"
+                                 for r in session.receivers if r.rank in missing})
+                # Only the unreachable ones besides: the others' UpdateWeights failed because the sender called
+                # the push off, which is not theirs to answer for.
+                self._hold_back({rid: outcome.error for rid, outcome in so_far.items() if outcome.unreachable})
+                self._bury_unreachable(so_far)
                 self._pushes.abort(session, f"sender failed: {error or 'no detail'}")
                 self._changed(replicas=True)
                 return CommitResult(False, self._current_version, [], [r.replica_id for r in session.receivers])
         outcomes = session.wait(wait_s)  # outside the lock: leases keep flowing meanwhile
         with self._cond:
             acked, dropped = self._pushes.settle(session, outcomes)
+            # The others that failed are resynced at once (a receiver that rejected the weights once, say).
+            self._hold_back({rid: outcome.error for rid, outcome in outcomes.items() if outcome.unreachable})
             self._bury_unreachable(outcomes)
             if session.mode == NEW:
                 self._current_version = max(self._current_version, session.plan.version)  # versions only grow
@@ -267,7 +279,7 @@ class ControllerState(Admission):
                 self._history.append({"step": step, "t": self._wall(), "reward": figures.reward_mean,
                                       "accuracy": figures.eval_accuracy, "staleness": figures.staleness_mean,
                                       "step_s": figures.step_seconds})
-            lagging = any(r.needs_sync(self._current_version) for r in self._registry.live())
+            lagging = any(r.needs_sync(self._current_version) for r in self._registry.live() if r.pushable(now))
             return LearnerPulse(lagging and not self._pushes.is_fresh(now), self._current_version)
 
     # ---- housekeeping and views -----------------------------------------------------------------------
@@ -347,10 +359,23 @@ class ControllerState(Admission):
         if changed:
             self._changed(replicas=True)
 
+    def _hold_back(self, problems: dict[str, str]) -> None:
+        """Leave these replicas (id -> why their push failed) out of the next pushes for a while."""
+        now = self._clock()
+        for replica_id, problem in problems.items():
+            replica = self._registry.get(replica_id)
+            if replica.held_back_until > now:
+                continue  # already held back for this push (two reasons for one failure count once)
+            seconds = replica.hold_back(now, self.config.push_backoff_s, problem)
+            self.events.write("replica_held_back", replica_id=replica_id, address=replica.address,
+                              seconds=seconds, failures=replica.push_failures, problem=problem)  # fmt: skip
+
     def _bury_unreachable(self, outcomes: dict[str, Outcome]) -> None:
         """A receiver nothing listens for any more is dead now, not after the heartbeat time-out: the retry
-        of this push must not pick it again, and its leases return their quota at once. If it was only
-        unreachable for a moment, its next heartbeat revives it (it then needs a resync)."""
+        of this push must not pick it again, and its leases return their quota at once. Its next heartbeat
+        revives it (it then needs a resync), and it is held back from pushes (`_hold_back`) until its back-off
+        ends: a process whose heartbeats arrive but whose address answers nothing (a wrong advertised host)
+        must not be in every push."""
         for replica_id, outcome in outcomes.items():
             replica = self._registry.get(replica_id)
             if not outcome.unreachable or not replica.alive:

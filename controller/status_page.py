@@ -56,6 +56,7 @@ def render_html(snap: dict) -> str:
         f"<td>{r['weight_version']}</td><td>{'yes' if r['alive'] else 'dead'}</td>"
         f"<td>{'yes' if r['needs_sync'] else ''}</td><td>{r['active_leases']}</td>"
         f"<td>{r['last_heartbeat_age_s']:.1f} s</td>"
+        f"<td>{_held_back(r)}</td>"
         "</tr>"
         for r in snap["replicas"]
     )
@@ -89,9 +90,16 @@ of at most {limit} &middot; held requests <b>{snap["held_requests"]}</b> &middot
 <p>learner: {learner_line}</p>
 <div>{charts}</div>
 <table><tr><th>replica</th><th>address</th><th>engine</th><th>version</th><th>alive</th><th>needs sync</th>
-<th>leases</th><th>heartbeat age</th></tr>{rows}</table>
+<th>leases</th><th>heartbeat age</th><th>pushes</th></tr>{rows}</table>
 <p><a href="/status">/status</a> &middot; <a href="/metrics">/metrics</a></p>
 </body></html>"""
+
+
+def _held_back(replica: dict) -> str:
+    """Empty, or how long the replica still sits out pushes and why its last one failed."""
+    if not replica.get("held_back_s"):
+        return ""
+    return f"held back {replica['held_back_s']:.0f} s: {html.escape(replica['push_problem'][:200])}"
 
 
 def learner_summary(learner: dict) -> str:

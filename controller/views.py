@@ -7,6 +7,7 @@ from asyncrl.controller.results import LearnerReport
 
 
 def replica_view(replica: Replica, now: float, current: int, active_leases: int) -> dict:
+    """`held_back_s`: how much longer it sits out pushes after failing some (`push_problem`: why)."""
     return {
         "replica_id": replica.replica_id,
         "address": replica.address,
@@ -16,6 +17,8 @@ def replica_view(replica: Replica, now: float, current: int, active_leases: int)
         "active_leases": active_leases,
         "last_heartbeat_age_s": replica.heartbeat_age(now),
         "engine": replica.engine,
+        "held_back_s": max(0.0, replica.held_back_until - now),
+        "push_problem": replica.push_problem,
     }
 
 

@@ -25,6 +25,7 @@ from asyncrl.core.weights.flat import FlatWeights, bind_parameters
 from asyncrl.core.weights.groups import BroadcastGroups, publish_manifest
 from asyncrl.core.weights.manifest import decode_plan
 from asyncrl.core.weights.plan import tensor_metas
+from asyncrl.core.weights.rendezvous import ReceiversMissing
 from asyncrl.core.weights.transport import host_store, send_weights
 from asyncrl.v1 import controller_pb2
 
@@ -113,7 +114,7 @@ class WeightPublisher:
             )
             push_id, world_size, new_group = begin.plan.push_id, begin.plan.world_size, begin.plan.new_group
             delta = bool(begin.plan.delta_base_push_id)
-            ok, error, sent, t_bcast = True, "", 0, 0.0
+            ok, error, sent, t_bcast, missing = True, "", 0, 0.0, []
             if world_size > 1:  # else no replica is live: the version is committed without a broadcast
                 plan = dataclasses.replace(decode_plan(begin.plan), tensors=self.metas)
                 t0 = time.perf_counter()
@@ -122,11 +123,15 @@ class WeightPublisher:
                         sent = send_weights(group, weights.named(), plan)
                 except Exception as err:  # noqa: BLE001 - reported to the controller, then retried
                     ok, error = False, f"{type(err).__name__}: {err}"
+                    # Ranks that never joined: the controller holds them back, so the retry goes without them
+                    # (ranks that joined without the reused group just need the new group the retry forms).
+                    missing = list(err.ranks) if isinstance(err, ReceiversMissing) and err.absent else []
                     log.warning("push %s (version %d) failed on the sender: %s", push_id, version, error)
                 t_bcast = time.perf_counter() - t0
             try:
                 commit = self.stub.CommitWeightPush(
-                    controller_pb2.CommitWeightPushRequest(push_id=push_id, sender_ok=ok, error=error),
+                    controller_pb2.CommitWeightPushRequest(push_id=push_id, sender_ok=ok, error=error,
+                                                           missing_ranks=missing),
                     timeout=self.commit_deadline_s,
                 )
             except grpc.RpcError as err:

@@ -259,7 +259,12 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
             self.state.check_learner(request.learner_key)
             check_name(request.push_id, "push_id")
             require(len(request.error) <= MAX_ERROR, "error", f"at most {MAX_ERROR} characters, got {len(request.error)}")
-            result = self.state.commit_push(request.push_id, request.sender_ok, request.error)
+            require(len(request.missing_ranks) <= MAX_HELD_LEASES, "missing_ranks",
+                    f"at most {MAX_HELD_LEASES} ranks, got {len(request.missing_ranks)}")
+            for i, rank in enumerate(request.missing_ranks):
+                check_range(rank, 1, MAX_COUNT, f"missing_ranks[{i}]")
+            result = self.state.commit_push(request.push_id, request.sender_ok, request.error,
+                                            tuple(request.missing_ranks))
             return controller_pb2.CommitWeightPushResponse(
                 committed=result.committed,
                 current_version=result.current_version,

@@ -175,6 +175,12 @@ class ControllerConfig(Section):
     """Longest a held AcquireLease waits server-side before answering granted=false (the client asks again)."""
     push_timeout_s: float = Field(120.0, gt=0)
     """A receiver that has not acknowledged a push within this time is dropped from it."""
+    push_backoff_s: float = Field(10.0, gt=0)
+    """A replica that failed a push by never joining the broadcast, or whose address answered nothing, is left
+    out of the pushes that follow for this long, doubling with each further failure up to
+    32 times this; it needs a resync, so it gets no leases meanwhile. The push is retried without it at once. A
+    push it acknowledges clears it. Without this, one replica the controller or the learner cannot reach (a
+    wrong `rollout.advertise_host`) failed every push."""
     start_version: int = Field(0, ge=0)
     """Policy version the controller starts at (`up --resume` sets it to the checkpoint's version)."""
     start_admitted: int = Field(0, ge=0)

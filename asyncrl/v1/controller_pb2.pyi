@@ -212,16 +212,18 @@ class BeginWeightPushResponse(_message.Message):
     def __init__(self, plan: _Optional[_Union[_weights_pb2.WeightPushPlan, _Mapping]] = ..., receivers: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class CommitWeightPushRequest(_message.Message):
-    __slots__ = ("push_id", "sender_ok", "error", "learner_key")
+    __slots__ = ("push_id", "sender_ok", "error", "learner_key", "missing_ranks")
     PUSH_ID_FIELD_NUMBER: _ClassVar[int]
     SENDER_OK_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
     LEARNER_KEY_FIELD_NUMBER: _ClassVar[int]
+    MISSING_RANKS_FIELD_NUMBER: _ClassVar[int]
     push_id: str
     sender_ok: bool
     error: str
     learner_key: bytes
-    def __init__(self, push_id: _Optional[str] = ..., sender_ok: _Optional[bool] = ..., error: _Optional[str] = ..., learner_key: _Optional[bytes] = ...) -> None: ...
+    missing_ranks: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, push_id: _Optional[str] = ..., sender_ok: _Optional[bool] = ..., error: _Optional[str] = ..., learner_key: _Optional[bytes] = ..., missing_ranks: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class CommitWeightPushResponse(_message.Message):
     __slots__ = ("committed", "current_version", "acked", "dropped")
@@ -294,7 +296,7 @@ class GetStatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ReplicaStatus(_message.Message):
-    __slots__ = ("replica_id", "address", "weight_version", "alive", "needs_sync", "active_leases", "last_heartbeat_age_s", "engine")
+    __slots__ = ("replica_id", "address", "weight_version", "alive", "needs_sync", "active_leases", "last_heartbeat_age_s", "engine", "held_back_s", "push_problem")
     REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     WEIGHT_VERSION_FIELD_NUMBER: _ClassVar[int]
@@ -303,6 +305,8 @@ class ReplicaStatus(_message.Message):
     ACTIVE_LEASES_FIELD_NUMBER: _ClassVar[int]
     LAST_HEARTBEAT_AGE_S_FIELD_NUMBER: _ClassVar[int]
     ENGINE_FIELD_NUMBER: _ClassVar[int]
+    HELD_BACK_S_FIELD_NUMBER: _ClassVar[int]
+    PUSH_PROBLEM_FIELD_NUMBER: _ClassVar[int]
     replica_id: str
     address: str
     weight_version: int
@@ -311,7 +315,9 @@ class ReplicaStatus(_message.Message):
     active_leases: int
     last_heartbeat_age_s: float
     engine: str
-    def __init__(self, replica_id: _Optional[str] = ..., address: _Optional[str] = ..., weight_version: _Optional[int] = ..., alive: _Optional[bool] = ..., needs_sync: _Optional[bool] = ..., active_leases: _Optional[int] = ..., last_heartbeat_age_s: _Optional[float] = ..., engine: _Optional[str] = ...) -> None: ...
+    held_back_s: float
+    push_problem: str
+    def __init__(self, replica_id: _Optional[str] = ..., address: _Optional[str] = ..., weight_version: _Optional[int] = ..., alive: _Optional[bool] = ..., needs_sync: _Optional[bool] = ..., active_leases: _Optional[int] = ..., last_heartbeat_age_s: _Optional[float] = ..., engine: _Optional[str] = ..., held_back_s: _Optional[float] = ..., push_problem: _Optional[str] = ...) -> None: ...
 
 class ControllerStatus(_message.Message):
     __slots__ = ("current_version", "admitted", "batch_size", "eta", "held_requests", "replicas", "pushes_committed", "leases_expired")

@@ -342,3 +342,68 @@ def test_the_push_order_mac_is_the_documented_text_under_the_key():
     text = "\n".join(["push-v3-ab", "3", "2", "3", "10.0.0.1:29500", "gloo", "group-1", "0", "f" * 64, "xor-zlib",
                       "push-v2-cd"])
     assert push_order_mac(b"key", plan, 2) == hmac.new(b"key", text.encode(), hashlib.sha256).digest()
+
+
+def test_receivers_that_never_joined_sit_out_the_retry_and_come_back_after_their_back_off():
+    """A replica that did not join a push (the sender names its rank) is held back: the retry of the same
+    version goes without it and commits; it gets no leases (it needs a resync) and no heartbeat brings it
+    back; after controller.push_backoff_s it is a receiver again, and a second failure doubles the wait."""
+    state, clock, _, events = make_state(push_backoff_s=10.0)
+    a, b = register(state, 7001), register(state, 7002)
+    failed = begin(state, 1)
+    result = state.commit_push(failed.push_id, sender_ok=False, error="ReceiversMissing: rank [2]",
+                               missing_ranks=(2,))
+    assert not result.committed
+    held = events.of_kind("replica_held_back")
+    assert [(e["replica_id"], e["seconds"], e["failures"]) for e in held] == [(b, 10.0, 1)]
+    assert "did not join the broadcast" in held[0]["problem"]
+    state.heartbeat(b, 0)
+    retry = begin(state, 1)
+    assert [r.replica_id for r in retry.receivers] == [a]
+    assert state.commit_push(retry.push_id, sender_ok=True).committed
+    assert not state.acquire(b, 4, 0).granted  # needs the resync it is held back from
+    assert not state.learner_heartbeat(1, 1, 0).sync_requested  # the learner is not asked to resync it yet
+    clock.advance(10.0)
+    state.heartbeat(b, 0)
+    assert state.learner_heartbeat(1, 1, 0).sync_requested
+    again = begin(state, 1)  # the resync reaches it now
+    assert [r.replica_id for r in again.receivers] == [b]
+    state.commit_push(again.push_id, sender_ok=False, error="ReceiversMissing", missing_ranks=(1,))
+    assert events.of_kind("replica_held_back")[-1]["seconds"] == 20.0  # doubled
+    view = {r["replica_id"]: r for r in state.snapshot()["replicas"]}[b]
+    assert view["held_back_s"] == pytest.approx(20.0) and "did not join" in view["push_problem"]
+
+
+def test_a_push_a_held_back_replica_acknowledges_clears_it():
+    """An unreachable receiver is held back too (one that merely failed is resynced at once:
+    test_controller_service.py::test_failed_receiver_is_dropped_then_resynced); its heartbeats revive it, but
+    only the end of its back-off makes it a receiver again."""
+    state, clock, notifier, events = make_state(push_backoff_s=5.0)
+    a, b = register(state, 7001), register(state, 7002)
+    notifier.gone.add("127.0.0.1:7002")
+    result = state.commit_push(begin(state, 1).push_id, sender_ok=True)  # nothing answers at b's address
+    assert result.dropped == [b]
+    assert events.of_kind("replica_held_back")[0]["problem"].startswith("ReceiverUnreachable: 127.0.0.1:7002")
+    state.heartbeat(b, 0)  # revived, still held back
+    assert [r.replica_id for r in begin(state, 2).receivers] == [a]
+    state.commit_push(state._pushes.open.push_id, sender_ok=True)
+    notifier.gone.clear()
+    clock.advance(5.0)
+    state.heartbeat(b, 0)
+    session = begin(state, 3)
+    assert [r.replica_id for r in session.receivers] == [a, b]
+    assert state.commit_push(session.push_id, sender_ok=True).acked == [a, b]
+    view = {r["replica_id"]: r for r in state.snapshot()["replicas"]}[b]
+    assert view["held_back_s"] == 0 and view["push_problem"] == ""
+    assert state._registry.get(b).push_failures == 0
+
+
+def test_receivers_failing_only_because_the_sender_called_the_push_off_are_not_held_back():
+    state, _, notifier, events = make_state()
+    a, b = register(state, 7001), register(state, 7002)
+    notifier.failing.add("127.0.0.1:7001")  # stands for "aborted: called off by the sender"
+    session = begin(state, 1)
+    session.wait(5.0)  # a's failure is in before the sender reports
+    state.commit_push(session.push_id, sender_ok=False, error="ReceiversMissing: rank [2]", missing_ranks=(2,))
+    assert [e["replica_id"] for e in events.of_kind("replica_held_back")] == [b]
+    assert [r.replica_id for r in begin(state, 1).receivers] == [a]

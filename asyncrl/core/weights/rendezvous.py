@@ -32,12 +32,15 @@ class PushAborted(RuntimeError):
 
 
 class ReceiversMissing(RuntimeError):
-    """Some receivers did not join within the join time-out, or lack the reused group; `ranks` lists them."""
+    """Some receivers did not join within the join time-out (`absent`), or joined but lack the reused group;
+    `ranks` lists them."""
 
-    def __init__(self, push_id: str, ranks: list[int], join_timeout_s: float, reason: str = ""):
+    def __init__(self, push_id: str, ranks: list[int], join_timeout_s: float, reason: str = "",
+                 absent: bool = True):
         reason = reason or f"did not join within {join_timeout_s:g} s"
         super().__init__(f"push {push_id}: receivers of rank {ranks} {reason}")
         self.ranks = ranks
+        self.absent = absent
 
 
 def _ready_keys(world_size: int) -> list[str]:
@@ -60,7 +63,7 @@ def sender_join(store, push_id: str, world_size: int, join_timeout_s: float) -> 
     if groupless:
         store.set("verdict", f"abort: ranks {groupless} are not members of the push's group")
         raise ReceiversMissing(push_id, groupless, join_timeout_s,
-                               "are not members of the reused group (or lack its delta base)")
+                               "are not members of the reused group (or lack its delta base)", absent=False)
     store.set("verdict", "go")
 
 

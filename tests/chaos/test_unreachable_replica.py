@@ -1,0 +1,50 @@
+"""A replica that registers an address nothing answers at (a wrong `rollout.advertise_host`, the commonest
+deployment mistake) joins a running demo. Before, every push picked it, waited for it, failed, and after three
+attempts the learner died (twice, and the run with it). Now the push it did not join is retried without it at
+once, it sits out the next pushes for `controller.push_backoff_s` (doubling), the healthy replicas keep
+training, and the run completes with a clean audit and no learner restart."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from asyncrl.core.events import read_events
+from tests.run_helpers import running_up, steps_done, wait_for
+
+pytestmark = pytest.mark.chaos
+
+REPO = Path(__file__).resolve().parents[2]
+STEPS = 300
+
+
+def test_a_replica_nobody_can_reach_does_not_stop_the_run(tmp_path):
+    run_dir = tmp_path / "run"
+    args = ["--config", str(REPO / "examples/tiny-arith.yaml"), "--set", f"run_dir={run_dir}",
+            "--set", f"learner.total_steps={STEPS}", "--set", "learner.eval_every=0",
+            "--set", "controller.push_backoff_s=2", "--set", "learner.weight_transport.join_timeout_s=1"]
+    with running_up(*args) as proc:
+        wait_for(lambda: steps_done(run_dir) >= 10, 300, "10 learner steps")
+        # It binds loopback (127.0.0.1) but tells the controller 127.0.0.2: UpdateWeights finds nobody there.
+        env = {**os.environ, "ASYNCRL_REDIS_PASSWORD": (run_dir / "redis-password").read_text().strip()}
+        stray = subprocess.Popen(
+            [sys.executable, "-m", "asyncrl.tools.cli", "rollout", "--config", str(run_dir / "config.resolved.yaml"),
+             "--replica-id", "replica-stray", "--set", "rollout.advertise_host=127.0.0.2"],
+            cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            held = lambda: [e for e in read_events(run_dir, "controller") if e["kind"] == "replica_held_back"]
+            wait_for(lambda: len(held()) >= 2, 300, "the stray replica held back twice")
+            out, _ = proc.communicate(timeout=600)
+        finally:
+            stray.kill()
+            stray.wait()
+    assert proc.returncode == 0, out[-5000:]
+    assert "[up] audit OK" in out and "learner exited" not in out, out[-3000:]
+    assert {e["replica_id"] for e in held()} == {"replica-stray"}, held()
+    assert [e["seconds"] for e in held()][:2] == [2.0, 4.0]
+    steps = [e["step"] for e in read_events(run_dir, "learner") if e["kind"] == "step"]
+    assert steps == list(range(1, STEPS + 1))
