@@ -2,10 +2,10 @@
 the `PushCoordinator` that opens, commits and aborts them.
 
 Handshake (docs/architecture.md): Begin picks the receivers (every live replica for version current+1, the
-live replicas that need sync for version == current; a replica held back after failed pushes sits them out), ranks them 1..N, builds the plan (world_size N+1)
-and fans out: one thread per receiver calls the injected `WeightNotifier` (in production
-`asyncrl.services.weight_fanout.grpc_update_weights`, i.e. `Rollout.UpdateWeights(plan, rank)`, signed for
-that replica: `asyncrl.core.auth.push_order_mac`), which
+live replicas that need sync for version == current; a replica held back after failed pushes sits them out),
+ranks them 1..N, builds the plan (world_size N+1) and fans out: one thread per receiver calls the injected
+`WeightNotifier` (in production `asyncrl.services.weight_fanout.grpc_update_weights`, i.e.
+`Rollout.UpdateWeights(plan, rank)`, signed for that replica: `asyncrl.core.auth.push_order_mac`), which
 returns once the replica has joined the broadcast and loaded the weights. The plan names a broadcast group:
 the one of the previous push when the receivers, their ranks, the sender's store and the transport are the
 same and that push was acknowledged by all (every member still holds it), else a new one (`Membership`;
