@@ -20,6 +20,9 @@ class ReplicaPulse:
 
     current_version: int
     needs_sync: bool
+    held_back_s: float = 0.0
+    """How much longer it sits out pushes (`Replica.hold_back`), and why (`push_problem`)."""
+    push_problem: str = ""
 
 
 @dataclass(frozen=True)

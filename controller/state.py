@@ -173,7 +173,9 @@ class ControllerState(Admission):
             needs_sync = replica.needs_sync(self._current_version)
             # Wake held requests only when this replica's own eligibility may have changed.
             self._changed(wake=revived or lagged != needs_sync, replicas=replica.weight_version != reported)
-            return ReplicaPulse(self._current_version, needs_sync)
+            held_back_s = max(0.0, replica.held_back_until - self._clock())
+            return ReplicaPulse(self._current_version, needs_sync, held_back_s,
+                                replica.push_problem if held_back_s else "")
 
     # ---- weight pushes --------------------------------------------------------------------------------
 
@@ -195,11 +197,11 @@ class ControllerState(Admission):
             if not sender_ok:
                 so_far = session.outcomes_so_far()
                 missing = set(missing_ranks)
+                # The unreachable first (their error names the address), then those that never joined. Not the
+                # others: their UpdateWeights failed because the sender called the push off.
+                self._hold_back({rid: outcome.error for rid, outcome in so_far.items() if outcome.unreachable})
                 self._hold_back({r.replica_id: f"did not join the broadcast of {push_id} ({error or 'no detail'})"
                                  for r in session.receivers if r.rank in missing})
-                # Only the unreachable ones besides: the others' UpdateWeights failed because the sender called
-                # the push off, which is not theirs to answer for.
-                self._hold_back({rid: outcome.error for rid, outcome in so_far.items() if outcome.unreachable})
                 self._bury_unreachable(so_far)
                 self._pushes.abort(session, f"sender failed: {error or 'no detail'}")
                 self._changed(replicas=True)

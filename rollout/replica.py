@@ -46,6 +46,8 @@ class ReplicaSession:
         self._engine_type = engine_type
         self.replica_id = replica_id
         self.needs_sync = False
+        self._held_back_for = ""
+        """The push problem last reported in the log (one warning per hold-back reason)."""
         self.heartbeat_interval_s = 1.0
         self.push_key = b""
         """Secret of the current registration: pushes must be signed with it (empty until registered)."""
@@ -78,12 +80,24 @@ class ReplicaSession:
             )
             resp = self._stub.Heartbeat(request, timeout=max(5.0, self.heartbeat_interval_s * 3))
             self.needs_sync = resp.needs_sync
+            self._report_held_back(resp)
         except grpc.RpcError as err:
             if err.code() in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.INVALID_ARGUMENT):
                 # The controller does not know us (it restarted, or declared us dead): join again.
                 self.register()
             else:
                 log.warning("heartbeat failed: %s", err.details())
+
+    def _report_held_back(self, resp) -> None:
+        """Say once per hold-back why the controller leaves this replica out of its pushes: the replica's own
+        log is where its operator looks first (usually a wrong rollout.advertise_host)."""
+        problem = resp.push_problem if resp.held_back_s > 0 else ""
+        if problem and problem != self._held_back_for:
+            log.warning("the controller leaves this replica (%s) out of weight pushes for %.0f s more, so it "
+                        "gets no leases: %s. Is this replica reachable at the address it registered "
+                        "(rollout.advertise_host, rollout.host, rollout.port)?", self.replica_id, resp.held_back_s,
+                        problem)  # fmt: skip
+        self._held_back_for = problem
 
     def heartbeat_forever(self, stop: threading.Event) -> None:
         while not stop.wait(self.heartbeat_interval_s):

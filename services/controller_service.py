@@ -123,7 +123,8 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
                     check_name(lease_id, f"held_leases.lease_ids[{i}]")
             pulse = self.state.heartbeat(request.replica_id, request.weight_version, held)
             return controller_pb2.HeartbeatResponse(
-                current_version=pulse.current_version, needs_sync=pulse.needs_sync
+                current_version=pulse.current_version, needs_sync=pulse.needs_sync,
+                held_back_s=pulse.held_back_s, push_problem=pulse.push_problem,
             )
 
         return answer(context, run)

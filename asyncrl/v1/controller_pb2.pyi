@@ -52,12 +52,16 @@ class HeldLeases(_message.Message):
     def __init__(self, lease_ids: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class HeartbeatResponse(_message.Message):
-    __slots__ = ("current_version", "needs_sync")
+    __slots__ = ("current_version", "needs_sync", "held_back_s", "push_problem")
     CURRENT_VERSION_FIELD_NUMBER: _ClassVar[int]
     NEEDS_SYNC_FIELD_NUMBER: _ClassVar[int]
+    HELD_BACK_S_FIELD_NUMBER: _ClassVar[int]
+    PUSH_PROBLEM_FIELD_NUMBER: _ClassVar[int]
     current_version: int
     needs_sync: bool
-    def __init__(self, current_version: _Optional[int] = ..., needs_sync: _Optional[bool] = ...) -> None: ...
+    held_back_s: float
+    push_problem: str
+    def __init__(self, current_version: _Optional[int] = ..., needs_sync: _Optional[bool] = ..., held_back_s: _Optional[float] = ..., push_problem: _Optional[str] = ...) -> None: ...
 
 class AcquireLeaseRequest(_message.Message):
     __slots__ = ("replica_id", "num_trajectories", "wait_s")

@@ -31,10 +31,11 @@ def test_a_replica_nobody_can_reach_does_not_stop_the_run(tmp_path):
         wait_for(lambda: steps_done(run_dir) >= 10, 300, "10 learner steps")
         # It binds loopback (127.0.0.1) but tells the controller 127.0.0.2: UpdateWeights finds nobody there.
         env = {**os.environ, "ASYNCRL_REDIS_PASSWORD": (run_dir / "redis-password").read_text().strip()}
+        stray_log = (tmp_path / "stray.log").open("w")
         stray = subprocess.Popen(
             [sys.executable, "-m", "asyncrl.tools.cli", "rollout", "--config", str(run_dir / "config.resolved.yaml"),
              "--replica-id", "replica-stray", "--set", "rollout.advertise_host=127.0.0.2"],
-            cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            cwd=REPO, env=env, stdout=stray_log, stderr=subprocess.STDOUT)
         try:
             held = lambda: [e for e in read_events(run_dir, "controller") if e["kind"] == "replica_held_back"]
             wait_for(lambda: len(held()) >= 2, 300, "the stray replica held back twice")
@@ -42,9 +43,12 @@ def test_a_replica_nobody_can_reach_does_not_stop_the_run(tmp_path):
         finally:
             stray.kill()
             stray.wait()
+            stray_log.close()
     assert proc.returncode == 0, out[-5000:]
     assert "[up] audit OK" in out and "learner exited" not in out, out[-3000:]
     assert {e["replica_id"] for e in held()} == {"replica-stray"}, held()
     assert [e["seconds"] for e in held()][:2] == [2.0, 4.0]
+    # The stray replica's own log says why it gets nothing to do.
+    assert "out of weight pushes" in (tmp_path / "stray.log").read_text()
     steps = [e["step"] for e in read_events(run_dir, "learner") if e["kind"] == "step"]
     assert steps == list(range(1, STEPS + 1))

@@ -357,7 +357,8 @@ def test_receivers_that_never_joined_sit_out_the_retry_and_come_back_after_their
     held = events.of_kind("replica_held_back")
     assert [(e["replica_id"], e["seconds"], e["failures"]) for e in held] == [(b, 10.0, 1)]
     assert "did not join the broadcast" in held[0]["problem"]
-    state.heartbeat(b, 0)
+    pulse = state.heartbeat(b, 0)  # the replica hears why, and for how long
+    assert pulse.held_back_s == 10.0 and "did not join the broadcast" in pulse.push_problem
     retry = begin(state, 1)
     assert [r.replica_id for r in retry.receivers] == [a]
     assert state.commit_push(retry.push_id, sender_ok=True).committed
