@@ -7,7 +7,8 @@ continues from it) and updates the gauges. Leases are granted, held and taken ba
 (`controller.admission`); everything that can make a held request admissible wakes the held ones: returned
 quota (partial completion, expiry), a committed version, a replica becoming synced. Pushes are opened, settled and aborted by the
 `PushCoordinator` (`controller.push`) under this lock; its fan-out runs on its own threads and the commit
-waits for the acks *outside* the lock. The policy version is this object's: a push only reports it.
+waits for the acks *outside* the lock. The policy version is this object's: a push only reports it. The
+learner's seat is given and checked by the `LearnerSeating` part (`controller.learner_seat`).
 
 Clocks: `clock` (monotonic seconds, injectable) drives liveness: heartbeats, lease TTLs, push ages. Holding
 uses real time (`time.monotonic`) because it is a real wait on a condition variable.
@@ -24,9 +25,9 @@ from collections import deque
 from asyncrl.controller import staleness
 from asyncrl.controller.admission import Admission
 from asyncrl.controller.controller_metrics import ControllerMetrics
-from asyncrl.controller.errors import LearnerSeatTaken, PreconditionFailed, ReplicaIdInUse
+from asyncrl.controller.errors import PreconditionFailed, ReplicaIdInUse
 from asyncrl.controller.event_records import EventSink, NoEvents
-from asyncrl.controller.learner_seat import LearnerSeat, Probe
+from asyncrl.controller.learner_seat import LearnerSeat, LearnerSeating, Probe
 from asyncrl.controller.leases import Lease, LeaseBook
 from asyncrl.controller.persistence import (
     ControllerStore,
@@ -43,7 +44,6 @@ from asyncrl.controller.results import (
     CommitResult,
     LearnerFigures,
     LearnerPulse,
-    LearnerRegistration,
     LearnerReport,
     Registration,
     ReplicaPulse,
@@ -60,7 +60,7 @@ _REPLICA_SCAN_S = 0.1
 """Lazy reaping looks for dead replicas at most this often (seconds of the state's clock)."""
 
 
-class ControllerState(Admission):
+class ControllerState(Admission, LearnerSeating):
     def __init__(
         self,
         config: ControllerConfig,
@@ -242,29 +242,6 @@ class ControllerState(Admission):
                               prompt_index=cursor, leases_expired=len(expired))  # fmt: skip
             self._changed(replicas=True)
             return TimelineReset(version, len(expired), cursor)
-
-    def register_learner(self, address: str) -> LearnerRegistration:
-        """Give the learner's seat to the learner at `address` (`controller.learner_seat`): refused while its
-        holder still answers its challenge (the challenge runs outside the lock)."""
-        with self._cond:
-            holder = self._seat.holder
-        if self._seat.holder_alive(holder):
-            raise LearnerSeatTaken(f"address: the learner at {holder.address} holds this run's seat and still "
-                                   "answers; one learner trains a run (stop that one first)")
-        with self._cond:
-            if self._seat.holder != holder:  # another learner registered while we challenged
-                raise LearnerSeatTaken(f"address: the learner at {self._seat.holder.address} took this run's seat "
-                                       "just now; one learner trains a run")
-            key = self._seat.give_to(address)
-            self.events.write("learner_registered", address=address, previous_address=holder.address or None,
-                              current_version=self._current_version)  # fmt: skip
-            self._changed(wake=False)
-            return LearnerRegistration(key, self._current_version)
-
-    def check_learner(self, key: bytes) -> None:
-        """Raise `NotTheLearner` unless `key` is the seated learner's (every learner-only call)."""
-        with self._cond:
-            self._seat.check(key)
 
     def learner_heartbeat(self, step: int, version: int, consumed: int,
                           figures: LearnerFigures | None = None) -> LearnerPulse:
