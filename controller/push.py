@@ -298,6 +298,23 @@ class PushCoordinator:
             acked=acked, dropped=dropped, seconds=seconds,
         )  # fmt: skip
 
+    def hold_back_failed(self, session: PushSession, outcomes: dict[str, Outcome], now: float,
+                         missing_ranks=(), error: str = "") -> None:  # fmt: skip
+        """Leave out of the next pushes (`Replica.hold_back`) the receivers of `session` that could not be
+        reached, and those the sender names as never having joined (`missing_ranks`). Not the others: a receiver
+        whose UpdateWeights failed because the sender called the push off is not to blame, and one that joined
+        and then failed (it rejected the weights, say) is resynced at once."""
+        problems = {rid: outcome.error for rid, outcome in outcomes.items() if outcome.unreachable}
+        for receiver in session.receivers:  # the unreachable's own error names the address: it comes first
+            if receiver.rank in missing_ranks:
+                problems.setdefault(receiver.replica_id, f"did not join the broadcast of {session.push_id} "
+                                                         f"({error or 'no detail'})")
+        for replica_id, problem in problems.items():
+            replica = self._registry.get(replica_id)
+            seconds = replica.hold_back(now, self._config.push_backoff_s, problem)
+            self._events.write("replica_held_back", replica_id=replica_id, address=replica.address,
+                               seconds=seconds, failures=replica.push_failures, problem=problem)  # fmt: skip
+
     def abort(self, session: PushSession, reason: str) -> None:
         # A receiver may have loaded part of the weights in flight: treat them all as possibly mixed.
         for receiver in session.receivers:

@@ -196,12 +196,7 @@ class ControllerState(Admission, LearnerSeating):
             session, wait_s = self._pushes.start_commit(push_id, self._clock())
             if not sender_ok:
                 so_far = session.outcomes_so_far()
-                missing = set(missing_ranks)
-                # The unreachable first (their error names the address), then those that never joined. Not the
-                # others: their UpdateWeights failed because the sender called the push off.
-                self._hold_back({rid: outcome.error for rid, outcome in so_far.items() if outcome.unreachable})
-                self._hold_back({r.replica_id: f"did not join the broadcast of {push_id} ({error or 'no detail'})"
-                                 for r in session.receivers if r.rank in missing})
+                self._pushes.hold_back_failed(session, so_far, self._clock(), missing_ranks, error)
                 self._bury_unreachable(so_far)
                 self._pushes.abort(session, f"sender failed: {error or 'no detail'}")
                 self._changed(replicas=True)
@@ -209,8 +204,7 @@ class ControllerState(Admission, LearnerSeating):
         outcomes = session.wait(wait_s)  # outside the lock: leases keep flowing meanwhile
         with self._cond:
             acked, dropped = self._pushes.settle(session, outcomes)
-            # The others that failed are resynced at once (a receiver that rejected the weights once, say).
-            self._hold_back({rid: outcome.error for rid, outcome in outcomes.items() if outcome.unreachable})
+            self._pushes.hold_back_failed(session, outcomes, self._clock())
             self._bury_unreachable(outcomes)
             if session.mode == NEW:
                 self._current_version = max(self._current_version, session.plan.version)  # versions only grow
@@ -338,23 +332,12 @@ class ControllerState(Admission, LearnerSeating):
         if changed:
             self._changed(replicas=True)
 
-    def _hold_back(self, problems: dict[str, str]) -> None:
-        """Leave these replicas (id -> why their push failed) out of the next pushes for a while."""
-        now = self._clock()
-        for replica_id, problem in problems.items():
-            replica = self._registry.get(replica_id)
-            if replica.held_back_until > now:
-                continue  # already held back for this push (two reasons for one failure count once)
-            seconds = replica.hold_back(now, self.config.push_backoff_s, problem)
-            self.events.write("replica_held_back", replica_id=replica_id, address=replica.address,
-                              seconds=seconds, failures=replica.push_failures, problem=problem)  # fmt: skip
-
     def _bury_unreachable(self, outcomes: dict[str, Outcome]) -> None:
         """A receiver nothing listens for any more is dead now, not after the heartbeat time-out: the retry
         of this push must not pick it again, and its leases return their quota at once. Its next heartbeat
-        revives it (it then needs a resync), and it is held back from pushes (`_hold_back`) until its back-off
-        ends: a process whose heartbeats arrive but whose address answers nothing (a wrong advertised host)
-        must not be in every push."""
+        revives it (it then needs a resync), and it is held back from pushes until its back-off ends
+        (`PushCoordinator.hold_back_failed`): a process whose heartbeats arrive but whose address answers
+        nothing (a wrong advertised host) must not be in every push."""
         for replica_id, outcome in outcomes.items():
             replica = self._registry.get(replica_id)
             if not outcome.unreachable or not replica.alive:

@@ -38,6 +38,15 @@ def running_up(*args: str):
                 proc.communicate()
 
 
+def demo_args(run_dir: Path, steps: int, *sets: str) -> list[str]:
+    """`asyncrl up` arguments for the demo (examples/tiny-arith.yaml) in `run_dir` for `steps` learner steps,
+    plus `--set` for each of `sets` ("key=value")."""
+    args = ["--config", str(REPO / "examples/tiny-arith.yaml")]
+    for override in (f"run_dir={run_dir}", f"learner.total_steps={steps}", *sets):
+        args += ["--set", override]
+    return args
+
+
 def steps_done(run_dir: Path) -> int:
     """Learner `step` records written so far (0 before the run has an events folder)."""
     return sum(e["kind"] == "step" for e in read_events(run_dir, "learner")) if (run_dir / "events").exists() else 0

@@ -18,11 +18,10 @@ import yaml
 
 from asyncrl.core.events import read_events
 from asyncrl.tools.audit import surviving
-from tests.run_helpers import running_up, steps_done, wait_for
+from tests.run_helpers import demo_args, running_up, steps_done, wait_for
 
 pytestmark = pytest.mark.chaos
 
-REPO = Path(__file__).resolve().parents[2]
 STEPS, SAVE_EVERY = 80, 20
 
 
@@ -56,9 +55,7 @@ def checkpoint_of_step(run_dir: Path, step: int) -> bool:
 
 def test_killed_services_are_restarted_and_the_run_completes(tmp_path):
     run_dir = tmp_path / "run"
-    args = ["--config", str(REPO / "examples/tiny-arith.yaml"),
-            "--set", f"run_dir={run_dir}", "--set", f"learner.total_steps={STEPS}",
-            "--set", f"learner.eval_every={SAVE_EVERY}", "--set", f"learner.checkpoint.save_every={SAVE_EVERY}"]
+    args = demo_args(run_dir, STEPS, f"learner.eval_every={SAVE_EVERY}", f"learner.checkpoint.save_every={SAVE_EVERY}")
     with running_up(*args) as proc:
         wait_for(lambda: steps_done(run_dir) >= 6, 300, "6 learner steps")
         kill(run_dir, "learner")  # no checkpoint yet: it comes back from the base model, the run back to version 0

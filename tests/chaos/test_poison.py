@@ -15,7 +15,7 @@ import yaml
 
 from asyncrl.core.events import read_events
 from asyncrl.v1 import trajectory_pb2
-from tests.run_helpers import listening_sockets, process_tree, running_up, steps_done, wait_for
+from tests.run_helpers import demo_args, listening_sockets, process_tree, running_up, steps_done, wait_for
 
 pytestmark = pytest.mark.chaos
 
@@ -66,9 +66,7 @@ def poison(group_size: int, vocab_size: int) -> dict[str, tuple[dict, str]]:
 
 def test_poisoned_entries_are_dead_lettered_and_the_run_completes(tmp_path):
     run_dir = tmp_path / "run"
-    args = ["--config", str(REPO / "examples/tiny-arith.yaml"),
-            "--set", f"run_dir={run_dir}", "--set", f"learner.total_steps={STEPS}", "--set", "learner.eval_every=30",
-            "--set", f"learner.checkpoint.save_every={STEPS}"]
+    args = demo_args(run_dir, STEPS, "learner.eval_every=30", f"learner.checkpoint.save_every={STEPS}")
     with running_up(*args) as proc:
         wait_for(lambda: steps_done(run_dir) >= INJECT_AT, 300, f"{INJECT_AT} learner steps")
         config = yaml.safe_load((run_dir / "config.resolved.yaml").read_text())

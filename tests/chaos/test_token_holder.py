@@ -6,8 +6,6 @@ completes with a clean audit."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import grpc
 import pytest
 import yaml
@@ -17,19 +15,16 @@ from asyncrl.core.grpc_util import channel
 from asyncrl.v1 import controller_pb2 as pb
 from asyncrl.v1 import controller_pb2_grpc, weights_pb2
 from tests.conftest import TEST_AUTH
-from tests.run_helpers import running_up, steps_done, wait_for
+from tests.run_helpers import demo_args, running_up, steps_done, wait_for
 
 pytestmark = pytest.mark.chaos
 
-REPO = Path(__file__).resolve().parents[2]
 STEPS = 60
 
 
 def test_a_token_holder_cannot_move_a_live_run(tmp_path):
     run_dir = tmp_path / "run"
-    args = ["--config", str(REPO / "examples/tiny-arith.yaml"), "--set", f"run_dir={run_dir}",
-            "--set", f"learner.total_steps={STEPS}", "--set", "learner.eval_every=0"]
-    with running_up(*args) as proc:
+    with running_up(*demo_args(run_dir, STEPS, "learner.eval_every=0")) as proc:
         wait_for(lambda: steps_done(run_dir) >= 10, 300, "10 learner steps")
         config = yaml.safe_load((run_dir / "config.resolved.yaml").read_text())["controller"]
         # The run's token (the test session's, which `up` and its processes take from the environment).

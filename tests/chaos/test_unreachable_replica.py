@@ -9,24 +9,21 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 from asyncrl.core.events import read_events
-from tests.run_helpers import running_up, steps_done, wait_for
+from tests.run_helpers import REPO, demo_args, running_up, steps_done, wait_for
 
 pytestmark = pytest.mark.chaos
 
-REPO = Path(__file__).resolve().parents[2]
 STEPS = 300
 
 
 def test_a_replica_nobody_can_reach_does_not_stop_the_run(tmp_path):
     run_dir = tmp_path / "run"
-    args = ["--config", str(REPO / "examples/tiny-arith.yaml"), "--set", f"run_dir={run_dir}",
-            "--set", f"learner.total_steps={STEPS}", "--set", "learner.eval_every=0",
-            "--set", "controller.push_backoff_s=2", "--set", "learner.weight_transport.join_timeout_s=1"]
+    args = demo_args(run_dir, STEPS, "learner.eval_every=0", "controller.push_backoff_s=2",
+                     "learner.weight_transport.join_timeout_s=1")
     with running_up(*args) as proc:
         wait_for(lambda: steps_done(run_dir) >= 10, 300, "10 learner steps")
         # It binds loopback (127.0.0.1) but tells the controller 127.0.0.2: UpdateWeights finds nobody there.
