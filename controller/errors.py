@@ -2,7 +2,8 @@
 
 Kept free of grpc so the logic stays testable without a server: `InvalidRequest` becomes INVALID_ARGUMENT
 (the request itself is wrong: more written than leased), `UnknownReplica` NOT_FOUND, `RegistryFull`
-RESOURCE_EXHAUSTED, `ReplicaIdInUse` and `LearnerSeatTaken` ALREADY_EXISTS, `NotTheLearner` PERMISSION_DENIED,
+RESOURCE_EXHAUSTED, `ReplicaIdInUse` and `LearnerSeatTaken` ALREADY_EXISTS, `LearnerSeatUnconfirmed` UNAVAILABLE
+(retry later), `NotTheLearner` PERMISSION_DENIED,
 `PreconditionFailed` becomes FAILED_PRECONDITION (the request is well formed but the controller's state forbids it: an expired
 lease, a push already open, a version that is neither current nor current+1).
 """
@@ -40,6 +41,11 @@ class ReplicaIdInUse(ControllerError):
 
 class LearnerSeatTaken(ControllerError):
     """A live learner, which proved it holds the seat, trains this run (ALREADY_EXISTS)."""
+
+
+class LearnerSeatUnconfirmed(ControllerError):
+    """The seat's holder could not be challenged and still heartbeats (UNAVAILABLE: the caller retries once the
+    holder has been silent for controller.heartbeat_timeout_s)."""
 
 
 class NotTheLearner(ControllerError):

@@ -5,8 +5,14 @@ weight push, the learner's heartbeat, a timeline reset) must come from the learn
 gives the seat to its caller with a fresh random key, and those calls carry the key (`check`). The seat
 changes hands when a learner restarts (a crash, `asyncrl up`'s supervisor, a Kubernetes pod restart); it is
 refused while its holder still proves itself alive by answering a challenge under its key at its address
-(`holder_alive`), so a stray process cannot take a live learner's place, and two learners cannot train one
+(`challenge`), so a stray process cannot take a live learner's place, and two learners cannot train one
 run at once. Whoever loses the seat loses it at once: its key stops working on its next call.
+
+When the challenge gets no answer either way (a time-out, a firewall, a TLS certificate that does not name the
+address) the seat does not fall open: it stays with a holder that sent its `LearnerHeartbeat` within
+`controller.heartbeat_timeout_s`, and the caller is told to retry (UNAVAILABLE). A crashed learner stops
+heartbeating, so its successor gets the seat at most that long after the crash; one that comes back where
+the controller reaches it gets the seat at once (the old key no longer answers there).
 
 `LearnerSeat` is the seat itself (pure, its probe injected); `LearnerSeating` is the part of `ControllerState`
 that gives and checks it (a mixin, like `admission.Admission`: it shares the state's lock, events and store).
@@ -14,23 +20,36 @@ that gives and checks it (a mixin, like `admission.Admission`: it shares the sta
 
 from __future__ import annotations
 
+import enum
 import hmac
 import secrets
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from asyncrl.controller.errors import LearnerSeatTaken, NotTheLearner
+from asyncrl.controller.errors import LearnerSeatTaken, LearnerSeatUnconfirmed, NotTheLearner
 from asyncrl.controller.results import LearnerRegistration
 from asyncrl.core.auth import liveness_mac, new_push_key
 
-Probe = Callable[[str, bytes], bytes]
-"""(address, challenge) -> the learner's answer there (b"" when none)."""
+Probe = Callable[[str, bytes], "bytes | None"]
+"""(address, challenge) -> the learner's answer there: b"" when something answered without the key or nothing
+listens there (the connection was refused), None when no answer came at all (it may live, unreachable)."""
+
+
+class Answer(enum.Enum):
+    ALIVE = "alive"
+    """The holder answered under its key."""
+    GONE = "gone"
+    """Something answered without the key, or nothing listens at the holder's address."""
+    UNKNOWN = "unknown"
+    """No answer came (time-out, unreachable): the holder may still live."""
 
 
 @dataclass(frozen=True)
 class Holder:
     key: bytes = b""
     address: str = ""
+    since: float = float("-inf")
+    """State clock time it took the seat (-inf: restored from a saved state)."""
 
 
 class LearnerSeat:
@@ -39,16 +58,19 @@ class LearnerSeat:
         self._probe = probe
         """None: the holder is never challenged (unit tests); the seat always changes hands."""
 
-    def holder_alive(self, holder: Holder) -> bool:
+    def challenge(self, holder: Holder) -> Answer:
         """Whether `holder` still answers a fresh challenge under its key (a network call: outside any lock)."""
         if not holder.key or self._probe is None:
-            return False
+            return Answer.GONE
         challenge = secrets.token_bytes(32)
-        return hmac.compare_digest(self._probe(holder.address, challenge), liveness_mac(holder.key, challenge))
+        answer = self._probe(holder.address, challenge)
+        if answer is None:
+            return Answer.UNKNOWN
+        return Answer.ALIVE if hmac.compare_digest(answer, liveness_mac(holder.key, challenge)) else Answer.GONE
 
-    def give_to(self, address: str) -> bytes:
+    def give_to(self, address: str, now: float) -> bytes:
         """Seat the learner at `address` with a new key (the previous holder's key stops working)."""
-        self.holder = Holder(new_push_key(), address)
+        self.holder = Holder(new_push_key(), address, now)
         return self.holder.key
 
     def restore(self, key: bytes, address: str) -> None:
@@ -70,17 +92,28 @@ class LearnerSeat:
 class LearnerSeating:
     def register_learner(self, address: str) -> LearnerRegistration:
         """Give the learner's seat to the learner at `address` (`controller.learner_seat`): refused while its
-        holder still answers its challenge (the challenge runs outside the lock)."""
+        holder still answers its challenge (the challenge runs outside the lock), and while it cannot be
+        challenged but still heartbeats."""
         with self._cond:
             holder = self._seat.holder
-        if self._seat.holder_alive(holder):
+        answer = self._seat.challenge(holder)
+        if answer is Answer.ALIVE:
             raise LearnerSeatTaken(f"address: the learner at {holder.address} holds this run's seat and still "
                                    "answers; one learner trains a run (stop that one first)")
         with self._cond:
             if self._seat.holder != holder:  # another learner registered while we challenged
                 raise LearnerSeatTaken(f"address: the learner at {self._seat.holder.address} took this run's seat "
                                        "just now; one learner trains a run")
-            key = self._seat.give_to(address)
+            # Its last sign of life: its last heartbeat, or taking the seat (a heartbeat from before is another's).
+            now = self._clock()
+            silent_s = now - max(holder.since, self._learner.at if self._learner is not None else float("-inf"))
+            if answer is Answer.UNKNOWN and silent_s < self.config.heartbeat_timeout_s:
+                raise LearnerSeatUnconfirmed(
+                    f"address: the controller could not challenge the learner at {holder.address}, which holds "
+                    f"this run's seat and was last heard from {silent_s:.1f} s ago; the seat passes once it has "
+                    f"been silent for controller.heartbeat_timeout_s ({self.config.heartbeat_timeout_s:g} s): "
+                    "retry then")
+            key = self._seat.give_to(address, now)
             self.events.write("learner_registered", address=address, previous_address=holder.address or None,
                               current_version=self._current_version)  # fmt: skip
             self._changed(wake=False)

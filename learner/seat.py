@@ -9,6 +9,9 @@ on its next call and stops.
 from __future__ import annotations
 
 import logging
+import time
+
+import grpc
 
 from asyncrl.core.auth import liveness_mac
 from asyncrl.v1 import controller_pb2
@@ -26,10 +29,22 @@ class SeatedController:
         self.key = b""
         """Empty until `take_seat`."""
 
-    def take_seat(self, address: str, timeout_s: float = 30.0) -> int:
+    def take_seat(self, address: str, patience_s: float, timeout_s: float = 30.0) -> int:
         """Register as the run's learner at `address` (host:port of the status service); returns the
-        controller's current version. Raises the RpcError (ALREADY_EXISTS) when a live learner holds the seat."""
-        reply = self._stub.RegisterLearner(controller_pb2.RegisterLearnerRequest(address=address), timeout=timeout_s)
+        controller's current version. Raises the RpcError: ALREADY_EXISTS at once when a live learner holds the
+        seat; UNAVAILABLE after `patience_s` of retries while the controller cannot challenge the holder, which
+        still heartbeats (the seat passes once that has been silent for controller.heartbeat_timeout_s)."""
+        deadline = time.monotonic() + patience_s
+        request = controller_pb2.RegisterLearnerRequest(address=address)
+        while True:
+            try:
+                reply = self._stub.RegisterLearner(request, timeout=timeout_s)
+                break
+            except grpc.RpcError as err:
+                if err.code() != grpc.StatusCode.UNAVAILABLE or time.monotonic() >= deadline:
+                    raise
+                log.warning("the run's learner seat is not free yet, retrying: %s", err.details())
+                time.sleep(1.0)
         self.key = reply.learner_key
         log.info("took the run's learner seat at %s (controller at version %d)", address, reply.current_version)
         return reply.current_version

@@ -9,6 +9,7 @@ import grpc
 from asyncrl.controller.errors import (
     InvalidRequest,
     LearnerSeatTaken,
+    LearnerSeatUnconfirmed,
     NotTheLearner,
     PreconditionFailed,
     RegistryFull,
@@ -49,7 +50,7 @@ def status_message(snap: dict) -> controller_pb2.ControllerStatus:
 
 
 ERRORS = (UnknownReplica, InvalidArgument, InvalidRequest, RegistryFull, PreconditionFailed, ReplicaIdInUse,
-          LearnerSeatTaken, NotTheLearner)
+          LearnerSeatTaken, LearnerSeatUnconfirmed, NotTheLearner)
 
 
 def status_of(err: Exception) -> tuple[grpc.StatusCode, str]:
@@ -62,6 +63,8 @@ def status_of(err: Exception) -> tuple[grpc.StatusCode, str]:
         return grpc.StatusCode.RESOURCE_EXHAUSTED, str(err)
     if isinstance(err, (ReplicaIdInUse, LearnerSeatTaken)):
         return grpc.StatusCode.ALREADY_EXISTS, str(err)
+    if isinstance(err, LearnerSeatUnconfirmed):
+        return grpc.StatusCode.UNAVAILABLE, str(err)
     if isinstance(err, NotTheLearner):
         return grpc.StatusCode.PERMISSION_DENIED, str(err)
     return grpc.StatusCode.FAILED_PRECONDITION, str(err)

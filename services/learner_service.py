@@ -148,8 +148,10 @@ def serve(config) -> LearnerProgress:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     try:
-        # The controller challenges this learner where the replicas reach it (the rendezvous store's host).
-        controller.take_seat(f"{config.learner.weight_transport.host}:{port}")
+        # The controller challenges this learner where the replicas reach it (the rendezvous store's host). A
+        # predecessor it cannot challenge keeps the seat until silent for heartbeat_timeout_s: wait that out.
+        controller.take_seat(f"{config.learner.weight_transport.host}:{port}",
+                             patience_s=2 * config.controller.heartbeat_timeout_s)
         progress = loop.run(stop)
     finally:
         server.stop(2)

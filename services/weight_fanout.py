@@ -6,6 +6,7 @@ without a network; this is the gRPC client that `controller_service` hands it.""
 
 from __future__ import annotations
 
+import socket
 import threading
 
 import grpc
@@ -71,20 +72,41 @@ class ReplicaChannels:
 def grpc_liveness_answer(address: str, challenge: bytes, *, auth: Auth, timeout_s: float = 2.0) -> bytes:
     """Ask the replica at `address` to answer `challenge` (`Rollout.GetStatus`); b"" when nothing answers in
     time (the process is gone or hung) or it answers without a key."""
-    return _challenge(address, auth, lambda ch: rollout_pb2_grpc.RolloutStub(ch).GetStatus(
+    answer = _challenge(address, auth, lambda ch: rollout_pb2_grpc.RolloutStub(ch).GetStatus(
         rollout_pb2.RolloutStatusRequest(challenge=challenge), timeout=timeout_s))
+    return answer or b""
 
 
-def grpc_learner_liveness_answer(address: str, challenge: bytes, *, auth: Auth, timeout_s: float = 2.0) -> bytes:
-    """Ask the learner at `address` to answer `challenge` (`Learner.GetStatus`); b"" when nothing answers in
-    time or it answers without the seat's key."""
+def grpc_learner_liveness_answer(address: str, challenge: bytes, *, auth: Auth,
+                                 timeout_s: float = 2.0) -> bytes | None:
+    """Ask the learner at `address` to answer `challenge` (`Learner.GetStatus`): its answer; b"" when it
+    answers without the seat's key or nothing listens there; None when no answer came (it may live, out of
+    the controller's reach)."""
     return _challenge(address, auth, lambda ch: learner_pb2_grpc.LearnerStub(ch).GetStatus(
         learner_pb2.LearnerStatusRequest(challenge=challenge), timeout=timeout_s))
 
 
-def _challenge(address: str, auth: Auth, ask) -> bytes:
+def _challenge(address: str, auth: Auth, ask) -> bytes | None:
     with channel(address, auth) as ch:
         try:
             return ask(ch).challenge_mac
-        except grpc.RpcError:
-            return b""
+        except grpc.RpcError as err:
+            # A server that does not know the call is not the holder; a refused connection means no process
+            # listens there any more. Anything else (a time-out, an unreachable host, a failed TLS handshake)
+            # says nothing about the holder.
+            if err.code() == grpc.StatusCode.UNIMPLEMENTED or _refused(address, timeout_s=1.0):
+                return b""
+            return None
+
+
+def _refused(address: str, timeout_s: float) -> bool:
+    """Whether a TCP connection to `address` (host:port, [v6]:port) is refused: the host is there, the port
+    closed."""
+    host, _, port = address.rpartition(":")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
+    except ConnectionRefusedError:
+        return True
+    except (OSError, ValueError):
+        return False
+    return False

@@ -160,7 +160,9 @@ class ControllerConfig(Section):
     heartbeat_interval_s: float = Field(1.0, gt=0)
     """How often replicas heartbeat."""
     heartbeat_timeout_s: float = Field(10.0, gt=0)
-    """A replica silent this long is dead: its leases expire and return their quota."""
+    """A replica silent this long is dead: its leases expire and return their quota. Also how long the learner's
+    seat stays with a holder the controller cannot challenge (no answer at all) after its last heartbeat; a
+    learner taking the seat waits up to twice this long for it."""
     forget_dead_after_s: float = Field(600.0, gt=0)
     """A replica dead this long is removed from the registry (it registers again if it comes back)."""
     max_replicas: int = Field(1024, ge=1)

@@ -151,6 +151,8 @@ class ControllerServicer:
         (PERMISSION_DENIED otherwise): a caller with the access token but not the seat can neither push weights nor
         move the run's timeline. The seat passes to the new caller unless its holder still answers a liveness
         challenge at its address (ALREADY_EXISTS: one learner per run); the previous holder's key stops working.
+        A holder the controller cannot challenge (no answer at all) keeps the seat while it heartbeats: UNAVAILABLE,
+        retry once it has been silent for the controller's heartbeat time-out.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -33,7 +33,7 @@ def system(tiny_model_dir, tmp_path):
     servers.append(controller)
     ch = grpc_channel(f"127.0.0.1:{port}", TEST_AUTH)
     stub = SeatedController(controller_pb2_grpc.ControllerStub(ch))
-    stub.take_seat("127.0.0.1:1")  # this test plays the learner
+    stub.take_seat("127.0.0.1:1", patience_s=0)  # this test plays the learner
     engines, keys = [], {}
     for i in range(2):
         replica, replica_port = rollout_service.create_server(config, push_key=lambda i=i: keys[i])

@@ -87,7 +87,7 @@ def test_a_push_open_when_the_controller_died_is_refused_at_commit(clean_redis, 
     server, port = start(redis_config(clean_redis, tmp_path))
     with grpc_channel(f"127.0.0.1:{port}", TEST_AUTH, patient=True) as ch:
         stub = SeatedController(controller_pb2_grpc.ControllerStub(ch))
-        stub.take_seat("127.0.0.1:1")
+        stub.take_seat("127.0.0.1:1", patience_s=0)
         begun = stub.BeginWeightPush(begin_request())
         stop(server)
         again, _ = start(redis_config(clean_redis, tmp_path, port=port))

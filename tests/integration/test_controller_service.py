@@ -9,6 +9,7 @@ import math
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -67,7 +68,8 @@ def controller(tmp_path):
     address = f"127.0.0.1:{port}"
     with grpc_channel(address, TEST_AUTH) as channel:
         stub = SeatedController(controller_pb2_grpc.ControllerStub(channel))
-        stub.take_seat("127.0.0.1:1")  # nothing answers challenges there: any learner may take the seat over
+        # Nothing listens there, so nothing answers its challenges: any learner may take the seat over.
+        stub.take_seat("127.0.0.1:1", patience_s=0)
         yield Controller(stub, channel, server.controller_state, address, tmp_path)
     server.stop(0).wait()
     server.controller_state.close()
@@ -294,24 +296,56 @@ def test_the_seat_stays_with_a_live_learner_and_passes_on_when_it_is_gone(contro
     server.start()
     try:
         # The fixture's seat holder serves nothing at its address: the seat passes to `first`.
-        first.take_seat(f"127.0.0.1:{port}")
+        first.take_seat(f"127.0.0.1:{port}", patience_s=0)
         err = rpc_error(controller.stub.LearnerHeartbeat, pb.LearnerHeartbeatRequest())
         assert err.code() == grpc.StatusCode.PERMISSION_DENIED and "another learner took the seat" in err.details()
         second = raw()
         with pytest.raises(grpc.RpcError) as refused:
-            second.take_seat("127.0.0.1:2")
+            second.take_seat("127.0.0.1:2", patience_s=0)
         assert refused.value.code() == grpc.StatusCode.ALREADY_EXISTS
         assert refused.value.details().startswith(f"address: the learner at 127.0.0.1:{port} holds this run's seat")
         first.LearnerHeartbeat(pb.LearnerHeartbeatRequest(step=1))
     finally:
         server.stop(0).wait()
-    second.take_seat("127.0.0.1:2")
+    second.take_seat("127.0.0.1:2", patience_s=0)
     second.LearnerHeartbeat(pb.LearnerHeartbeatRequest(step=1))
     assert controller.state.snapshot()["learner"]["address"] == "127.0.0.1:2"  # the status page names it
     err = rpc_error(first.LearnerHeartbeat, pb.LearnerHeartbeatRequest(step=2))
     assert err.code() == grpc.StatusCode.PERMISSION_DENIED
     seats = [e for e in read_events(controller.run_dir, "controller") if e["kind"] == "learner_registered"]
     assert [e["address"] for e in seats] == ["127.0.0.1:1", f"127.0.0.1:{port}", "127.0.0.1:2"]
+
+
+def test_a_learner_out_of_the_controllers_reach_keeps_its_seat_while_it_heartbeats(tmp_path):
+    """A holder the controller cannot challenge (its address takes connections and never answers, as behind a
+    firewall or with a TLS name mismatch) keeps the seat while it heartbeats: a second learner is told to
+    retry (UNAVAILABLE, naming the address), and takes the seat once the holder has been silent for
+    controller.heartbeat_timeout_s."""
+    server, port = create_server(make_config(heartbeat_timeout_s=5.0), run_dir=str(tmp_path))
+    server.start()
+    hung = socket.create_server(("127.0.0.1", 0))  # the kernel accepts connections; nothing ever answers
+    hung_address = f"127.0.0.1:{hung.getsockname()[1]}"
+    try:
+        with grpc_channel(f"127.0.0.1:{port}", TEST_AUTH) as channel:
+            first, second = (SeatedController(controller_pb2_grpc.ControllerStub(channel)) for _ in range(2))
+            first.take_seat(hung_address, patience_s=0)
+            first.LearnerHeartbeat(pb.LearnerHeartbeatRequest(step=1))
+            with pytest.raises(grpc.RpcError) as refused:
+                second.take_seat("127.0.0.1:2", patience_s=0)
+            assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+            assert refused.value.details().startswith(
+                f"address: the controller could not challenge the learner at {hung_address}"), refused.value.details()
+            first.LearnerHeartbeat(pb.LearnerHeartbeatRequest(step=2))  # still the seat's holder
+            silent_from = time.monotonic()
+            second.take_seat("127.0.0.1:2", patience_s=30)  # retries until the holder has been silent for 5 s
+            assert time.monotonic() - silent_from >= 5.0
+            err = rpc_error(first.LearnerHeartbeat, pb.LearnerHeartbeatRequest(step=3))
+            assert err.code() == grpc.StatusCode.PERMISSION_DENIED
+            second.LearnerHeartbeat(pb.LearnerHeartbeatRequest(step=3))
+    finally:
+        hung.close()
+        server.stop(0).wait()
+        server.controller_state.close()
 
 
 # ---- the status page over real HTTP -----------------------------------------------------------------------

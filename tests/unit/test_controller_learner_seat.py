@@ -4,7 +4,7 @@ controller restart."""
 
 import pytest
 
-from asyncrl.controller.errors import LearnerSeatTaken, NotTheLearner
+from asyncrl.controller.errors import LearnerSeatTaken, LearnerSeatUnconfirmed, NotTheLearner
 from asyncrl.controller.persistence import MemoryStore
 from asyncrl.controller.state import ControllerState
 from asyncrl.core.auth import liveness_mac
@@ -54,6 +54,42 @@ def test_a_live_holder_keeps_the_seat_and_a_gone_one_loses_it():
     state.check_learner(third)
     assert [e["previous_address"] for e in events.of_kind("learner_registered")] == [None, "127.0.0.1:7100",
                                                                                      "127.0.0.1:7100"]
+
+
+def test_a_holder_that_cannot_be_challenged_keeps_the_seat_while_it_heartbeats():
+    """No answer either way (None: a time-out, a firewall) is no proof of death: the seat stays with a holder
+    heard from within heartbeat_timeout_s (its last heartbeat, or taking the seat) and passes after that
+    silence; an answer that proves it gone (b"": nothing listens there) passes it at once."""
+    answers = {"10.0.0.1:7100": None}
+    clock = FakeClock()
+    state = ControllerState(ControllerConfig(eta=0, heartbeat_timeout_s=10.0), 8, notify=FakeNotifier(),
+                            learner_probe=lambda address, _challenge: answers[address], clock=clock)
+    first = state.register_learner("10.0.0.1:7100").learner_key
+    clock.advance(4.0)  # taking the seat counts as being heard from, before any heartbeat
+    with pytest.raises(LearnerSeatUnconfirmed, match=r"address: the controller could not challenge the learner "
+                                                     r"at 10.0.0.1:7100, .* last heard from 4.0 s ago"):
+        state.register_learner("10.0.0.66:6666")
+    clock.advance(5.0)
+    state.learner_heartbeat(step=1, version=0, consumed=0)
+    clock.advance(9.5)
+    with pytest.raises(LearnerSeatUnconfirmed, match="last heard from 9.5 s ago"):
+        state.register_learner("10.0.0.66:6666")
+    state.check_learner(first)
+    clock.advance(0.5)  # silent for heartbeat_timeout_s: it passes
+    answers["10.0.0.66:6666"] = None
+    second = state.register_learner("10.0.0.66:6666").learner_key
+    with pytest.raises(NotTheLearner):
+        state.check_learner(first)
+    # The heartbeat before the seat changed hands was the previous holder's: the new one counts from its seat.
+    clock.advance(1.0)
+    with pytest.raises(LearnerSeatUnconfirmed, match="last heard from 1.0 s ago"):
+        state.register_learner("10.0.0.77:7777")
+    state.learner_heartbeat(step=2, version=0, consumed=0)
+    answers["10.0.0.66:6666"] = b""  # now nothing listens there: gone, whatever it said a moment ago
+    third = state.register_learner("10.0.0.77:7777").learner_key
+    state.check_learner(third)
+    with pytest.raises(NotTheLearner):
+        state.check_learner(second)
 
 
 def test_the_seat_survives_a_controller_restart():
