@@ -180,6 +180,26 @@ def test_overlay_renders_valid_hardened_resources(tmp_path, overlay):
     assert all(any(p["name"] == "metrics" for p in s["spec"]["ports"]) for s in selected)
     assert monitor["spec"]["jobLabel"] == "app.kubernetes.io/component"
 
+    # Network isolation: every pod that listens is selected; only the run's own pods reach it on any port
+    # (the data plane authenticates no one), anyone else only the ports named `metrics`, which every service's
+    # metrics (and the controller's status page) listen on.
+    [policy] = by_kind["NetworkPolicy"]
+    run_pods = policy["spec"]["podSelector"]["matchLabels"]
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    assert policy["spec"]["ingress"] == [{"from": [{"podSelector": {"matchLabels": run_pods}}]},
+                                         {"ports": [{"port": "metrics", "protocol": "TCP"}]}]
+    for doc in by_kind["Deployment"] + by_kind["StatefulSet"] + by_kind["Job"]:
+        ports = [p for c in doc["spec"]["template"]["spec"]["containers"] for p in c.get("ports", [])]
+        if ports:
+            assert run_pods.items() <= doc["spec"]["template"]["metadata"]["labels"].items(), doc["metadata"]["name"]
+    for service in by_kind["Service"]:
+        if service["metadata"]["labels"].get("asyncrl.dev/metrics") == "true":
+            pod = next(p for d in docs if d["kind"] in ("Deployment", "Job") and service["spec"]["selector"].items()
+                       <= d["spec"]["template"]["metadata"]["labels"].items() for p in [d["spec"]["template"]])
+            named = {p["name"]: p["containerPort"] for c in pod["spec"]["containers"] for p in c.get("ports", [])}
+            metrics = next(p for p in service["spec"]["ports"] if p["name"] == "metrics")
+            assert named["metrics"] == metrics.get("targetPort", metrics["port"]), service["metadata"]["name"]
+
     cfg = load_config(config_file, [])
     pods = _pods(docs)
     if overlay == "gpu":
