@@ -25,6 +25,11 @@ from them one can check that every admission satisfied the staleness bound and t
     Audit: `version` never decreases from one record to the next and grows by exactly 1 on mode "new".
 `push_aborted`: push_id, version, mode, reason (sender failure or time-out); the version is not committed.
 `replica_dropped`: push_id, replica_id, version (of the push), error.
+`replica_reachable`: replica_id, address, failed_checks: it answered the controller's challenge at its address
+    under its registration's key (after failed_checks that did not); from now on it joins pushes.
+`replica_held_back`: replica_id, address, seconds, failures, problem: it sits out pushes for `seconds`
+    (`controller.push_backoff_s`, doubling with `failures`) after it could not be reached, never joined a
+    push, or never answered the controller's challenge at its address.
 """
 
 from __future__ import annotations

@@ -219,7 +219,8 @@ def restore_books(saved: SavedState, leases, registry, now: float, lease_ttl_s: 
                           expires_at=now + lease_ttl_s) for x in saved.leases])  # fmt: skip
     for r in saved.replicas:
         registry.restore(Replica(r.replica_id, r.address, r.weight_version, r.engine, registered_at=now,
-                                 last_heartbeat=now, push_key=r.push_key, force_sync=r.force_sync))
+                                 last_heartbeat=now, push_key=r.push_key, force_sync=r.force_sync,
+                                 reachable=True))  # it was in the fleet; a push that fails holds it back
 
 
 def _state(meta: dict, leases: list[SavedLease], replicas: list[SavedReplica]) -> SavedState:

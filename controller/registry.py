@@ -3,6 +3,10 @@
 Not thread-safe by itself: `ControllerState` owns one and guards it with its lock. Time is passed in (`now`,
 seconds on the state's monotonic clock), so tests drive liveness with a fake clock.
 
+A replica joins pushes only once it is *reachable*: it answered the controller's challenge at the address it
+registered, under its registration's key (`controller/reachability.py`). An address nobody answers at (a wrong
+`rollout.advertise_host`, or a registration from a process that is not a replica there) costs no push.
+
 A replica *needs sync* when the weights it holds are not the current version (a late join, a restart, a
 push it missed or failed) or when a failed/aborted push may have left its weights half-overwritten
 (`force_sync`). A replica that needs sync gets no leases until a push reaches it.
@@ -34,14 +38,18 @@ class Replica:
     held_back_until: float = 0.0
     """Left out of pushes until then (`controller.push_backoff_s`, doubling with `push_failures`)."""
     push_problem: str = ""
-    """Why its last push failed (the status page shows it)."""
+    """Why its last push failed, or why it is not reachable (the status page shows it)."""
+    reachable: bool = False
+    """It answered the controller's challenge at `address` under `push_key`: it may join pushes."""
+    reach_failures: int = 0
+    """Challenges at this registration's address that got no right answer."""
 
     def needs_sync(self, current_version: int) -> bool:
         return self.force_sync or self.weight_version != current_version
 
     def pushable(self, now: float) -> bool:
-        """Alive and not held back after failed pushes: a receiver of the next push."""
-        return self.alive and now >= self.held_back_until
+        """Alive, reachable and not held back after failed pushes: a receiver of the next push."""
+        return self.alive and self.reachable and now >= self.held_back_until
 
     def hold_back(self, now: float, backoff_s: float, problem: str) -> float:
         """Leave this replica out of pushes for backoff_s * 2^(failures so far), at most 32x; returns how long."""
@@ -76,6 +84,7 @@ class ReplicaRegistry:
             existing.last_heartbeat, existing.alive, existing.force_sync = now, True, False
             existing.clear_push_failures()  # a new process (perhaps with its address fixed) gets a fresh chance
             existing.push_key = new_push_key()
+            existing.reachable, existing.reach_failures = False, 0  # a new key and perhaps a new address
             return existing
         if len(self._replicas) >= self.max_replicas:
             raise RegistryFull(f"{len(self._replicas)} replicas registered (controller.max_replicas)")

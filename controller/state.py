@@ -17,7 +17,6 @@ uses real time (`time.monotonic`) because it is a real wait on a condition varia
 from __future__ import annotations
 
 import hmac
-import secrets
 import threading
 import time
 from collections import deque
@@ -38,6 +37,7 @@ from asyncrl.controller.persistence import (
     restore_books,
 )
 from asyncrl.controller.push import NEW, Outcome, PushCoordinator, PushOffer, PushSession, WeightNotifier
+from asyncrl.controller.reachability import ReachabilityChecks, ReplicaReachability
 from asyncrl.controller.reaper import Reaper
 from asyncrl.controller.registry import Replica, ReplicaRegistry
 from asyncrl.controller.results import (
@@ -50,17 +50,18 @@ from asyncrl.controller.results import (
     TimelineReset,
 )
 from asyncrl.controller.views import learner_view, replica_view
-from asyncrl.core.auth import liveness_mac
 from asyncrl.core.config import ControllerConfig
 
 _HISTORY = 1000
 """Learner steps the status page's charts keep."""
+_REACH_WORKERS = 4
+"""Reachability checks in flight at once (one that times out takes the probe's 2 s)."""
 
 _REPLICA_SCAN_S = 0.1
 """Lazy reaping looks for dead replicas at most this often (seconds of the state's clock)."""
 
 
-class ControllerState(Admission, LearnerSeating):
+class ControllerState(Admission, LearnerSeating, ReplicaReachability):
     def __init__(
         self,
         config: ControllerConfig,
@@ -94,7 +95,9 @@ class ControllerState(Admission, LearnerSeating):
         self._reaper: Reaper | None = None
         self._run_id = run_id
         self._probe = probe
-        """(address, challenge) -> the replica's answer (b"" when none); None: ids are never checked."""
+        """(address, challenge) -> the replica's answer (b"" when none); None: ids and addresses are never
+        checked."""
+        self._reach = ReachabilityChecks(self.check_reachable, _REACH_WORKERS) if probe is not None else None
         self._seat = LearnerSeat(learner_probe)
         self._writer = StateWriter(store or NoStore())
         self.restored = self._restore(self._writer.store.load())
@@ -111,6 +114,8 @@ class ControllerState(Admission, LearnerSeating):
         if self._reaper is not None:
             self._reaper.stop()
             self._reaper = None
+        if self._reach is not None:
+            self._reach.close()
         self.events.close()
         self._writer.store.close()
 
@@ -125,10 +130,8 @@ class ControllerState(Admission, LearnerSeating):
         holder = self._live_holder(replica_id)
         if holder is not None and push_key and hmac.compare_digest(push_key, holder.push_key):
             holder = None  # the holder itself
-        if holder is not None and self._probe is not None:
-            challenge = secrets.token_bytes(32)
-            if hmac.compare_digest(self._probe(holder.address, challenge), liveness_mac(holder.push_key, challenge)):
-                raise ReplicaIdInUse(f"replica_id: {replica_id!r} is registered by a live replica at "
+        if holder is not None and self._probe is not None and self._answers(holder.address, holder.push_key):
+            raise ReplicaIdInUse(f"replica_id: {replica_id!r} is registered by a live replica at "
                                      f"{holder.address}; choose another id")
         with self._cond:
             self._reap_locked()
@@ -137,6 +140,7 @@ class ControllerState(Admission, LearnerSeating):
                 # A restarted replica lost whatever it was generating: its old leases return their quota.
                 self._log_expired(self._leases.expire_replica(replica_id, "reregistered"), "reregistered")
             replica = self._registry.register(address, replica_id, weight_version, engine, self._clock())
+            self._check_reachability_of(replica)
             needs_sync = replica.needs_sync(self._current_version)
             self.events.write(
                 "replica_registered", replica_id=replica.replica_id, address=address,

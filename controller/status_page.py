@@ -96,9 +96,10 @@ of at most {limit} &middot; held requests <b>{snap["held_requests"]}</b> &middot
 
 
 def _held_back(replica: dict) -> str:
-    """Empty, or how long the replica still sits out pushes and why its last one failed."""
+    """Empty, or how long the replica still sits out pushes and why (a failed push, no answer at its address),
+    or that the controller has not reached it yet."""
     if not replica.get("held_back_s"):
-        return ""
+        return "" if replica.get("reachable", True) else "not reached yet"
     return f"held back {replica['held_back_s']:.0f} s: {html.escape(replica['push_problem'][:200])}"
 
 

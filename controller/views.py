@@ -7,7 +7,8 @@ from asyncrl.controller.results import LearnerReport
 
 
 def replica_view(replica: Replica, now: float, current: int, active_leases: int) -> dict:
-    """`held_back_s`: how much longer it sits out pushes after failing some (`push_problem`: why)."""
+    """`held_back_s`: how much longer it sits out pushes after failing some, or failing to answer at its
+    address (`push_problem`: why); `reachable`: it answered there (until then it joins no push)."""
     return {
         "replica_id": replica.replica_id,
         "address": replica.address,
@@ -19,6 +20,7 @@ def replica_view(replica: Replica, now: float, current: int, active_leases: int)
         "engine": replica.engine,
         "held_back_s": max(0.0, replica.held_back_until - now),
         "push_problem": replica.push_problem,
+        "reachable": replica.reachable,
     }
 
 

@@ -100,7 +100,9 @@ class ControllerServicer:
     """Missing associated documentation comment in .proto file."""
 
     def RegisterReplica(self, request, context):
-        """A rollout replica announces itself; returns its id and whether it must sync weights first.
+        """A rollout replica announces itself; returns its id and whether it must sync weights first. It joins weight
+        pushes once the controller has challenged it at `address` (Rollout.GetStatus) and it answered under the
+        returned push_key; leases do not wait for that.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

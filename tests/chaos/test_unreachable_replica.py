@@ -1,8 +1,9 @@
 """A replica that registers an address nothing answers at (a wrong `rollout.advertise_host`, the commonest
 deployment mistake) joins a running demo. Before, every push picked it, waited for it, failed, and after three
-attempts the learner died (twice, and the run with it). Now the push it did not join is retried without it at
-once, it sits out the next pushes for `controller.push_backoff_s` (doubling), the healthy replicas keep
-training, and the run completes with a clean audit and no learner restart."""
+attempts the learner died (twice, and the run with it). Now it joins no push at all: the controller never
+reaches it at its address, so it sits out pushes for `controller.push_backoff_s` (doubling) and is told why,
+no push is aborted for it, the healthy replicas keep training, and the run completes with a clean audit and
+no learner restart."""
 
 from __future__ import annotations
 
@@ -45,6 +46,9 @@ def test_a_replica_nobody_can_reach_does_not_stop_the_run(tmp_path):
     assert "[up] audit OK" in out and "learner exited" not in out, out[-3000:]
     assert {e["replica_id"] for e in held()} == {"replica-stray"}, held()
     assert [e["seconds"] for e in held()][:2] == [2.0, 4.0]
+    events = read_events(run_dir, "controller")
+    assert not [e for e in events if e["kind"] == "push_aborted"]
+    assert "replica-stray" not in {rid for e in events if e["kind"] == "push_begun" for rid in e["receivers"]}
     # The stray replica's own log says why it gets nothing to do.
     assert "out of weight pushes" in (tmp_path / "stray.log").read_text()
     steps = [e["step"] for e in read_events(run_dir, "learner") if e["kind"] == "step"]

@@ -16,6 +16,7 @@ from asyncrl.services import controller_service, rollout_service
 from asyncrl.v1 import controller_pb2, controller_pb2_grpc
 from tests.conftest import TEST_AUTH
 from tests.integration.test_services import local_config
+from tests.run_helpers import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -42,6 +43,9 @@ def system(tiny_model_dir, tmp_path):
         keys[i] = stub.RegisterReplica(controller_pb2.RegisterReplicaRequest(
             address=f"127.0.0.1:{replica_port}", engine="torch")).push_key
         engines.append(replica.servicer.engine)
+    # Both join pushes once the controller has reached them at their addresses.
+    wait_for(lambda: all(r["reachable"] for r in controller.controller_state.snapshot()["replicas"]), 10,
+             "both replicas reachable")
     yield config, stub, engines
     ch.close()
     for server in servers:

@@ -27,6 +27,7 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from asyncrl.controller.state import ControllerState
 from asyncrl.controller.status_page import StatusPage
+from asyncrl.core.auth import liveness_mac
 from asyncrl.core.config import AsyncRLConfig, dump_config
 from asyncrl.core.events import read_events
 from asyncrl.core.grpc_util import channel as grpc_channel
@@ -385,6 +386,12 @@ class GlooReceiver(rollout_pb2_grpc.RolloutServicer):
     def __init__(self, fail_times: int = 0):
         self.fail_times = fail_times
         self.received: dict[int, dict[str, torch.Tensor]] = {}
+        self.push_key = b""
+        """Its registration's key: it answers the controller's challenges under it."""
+
+    def GetStatus(self, request, context):
+        mac = liveness_mac(self.push_key, request.challenge) if self.push_key and request.challenge else b""
+        return rollout_pb2.RolloutStatus(challenge_mac=mac)
 
     def UpdateWeights(self, request, context):
         plan = decode_plan(request.plan)
@@ -420,6 +427,20 @@ def receivers():
         server.stop(0)
 
 
+def register_receiver(controller, address: str, servicer: GlooReceiver) -> str:
+    """Register the receiver at `address` and wait until the controller has reached it there (it joins
+    pushes from then on)."""
+    reply = controller.stub.RegisterReplica(pb.RegisterReplicaRequest(address=address, engine="torch"))
+    servicer.push_key = reply.push_key
+    reachable = lambda: next(r for r in controller.state.snapshot()["replicas"]
+                             if r["replica_id"] == reply.replica_id)["reachable"]
+    deadline = time.monotonic() + 10
+    while not reachable():
+        assert time.monotonic() < deadline, "the controller never reached the receiver"
+        time.sleep(0.02)
+    return reply.replica_id
+
+
 def named_weights(version: int) -> list[tuple[str, torch.Tensor]]:
     g = torch.Generator().manual_seed(version)
     return [("layer.weight", torch.randn(16, 8, generator=g)), ("layer.bias", torch.randn(16, generator=g)),
@@ -445,8 +466,8 @@ def push_as_learner(stub, store, version: int):
 
 def test_weight_push_reaches_two_receivers_and_commits(controller, receivers):
     first, second = GlooReceiver(), GlooReceiver()
-    a = register(controller.stub, receivers(first))
-    b = register(controller.stub, receivers(second))
+    a = register_receiver(controller, receivers(first), first)
+    b = register_receiver(controller, receivers(second), second)
     store = host_store("127.0.0.1", 0, 30)
     begun, commit = push_as_learner(controller.stub, store, version=1)
     assert begun.plan.world_size == 3 and list(begun.receivers) == [a, b]
@@ -466,8 +487,8 @@ def test_weight_push_reaches_two_receivers_and_commits(controller, receivers):
 def test_failed_receiver_is_dropped_then_resynced(controller, receivers):
     stub = controller.stub
     good, flaky = GlooReceiver(), GlooReceiver(fail_times=1)
-    a = register(stub, receivers(good))
-    b = register(stub, receivers(flaky))
+    a = register_receiver(controller, receivers(good), good)
+    b = register_receiver(controller, receivers(flaky), flaky)
     store = host_store("127.0.0.1", 0, 30)
     _, commit = push_as_learner(stub, store, version=1)
     assert commit.committed and commit.current_version == 1
@@ -485,6 +506,31 @@ def test_failed_receiver_is_dropped_then_resynced(controller, receivers):
     assert stub.AcquireLease(pb.AcquireLeaseRequest(replica_id=b, num_trajectories=4, wait_s=0)).granted
     dropped = [e for e in read_events(controller.run_dir, "controller") if e["kind"] == "replica_dropped"]
     assert dropped[0]["replica_id"] == b and "engine rejected the weights" in dropped[0]["error"]
+
+
+def test_a_replica_nobody_answers_for_joins_no_push(controller, receivers):
+    """A registration's address is a claim: a replica joins pushes only once it answered the controller's
+    challenge there. Before, a token holder who registered a fresh unreachable address before every push
+    stalled each for join_timeout_s, and three in a row ended the learner."""
+    stub, good = controller.stub, GlooReceiver()
+    a = register_receiver(controller, receivers(good), good)
+    store = host_store("127.0.0.1", 0, 30)
+    strays = []
+    for version in (1, 2, 3):
+        strays.append(register(stub, "127.0.0.1:1", version=version - 1))  # nothing listens on port 1
+        begun, commit = push_as_learner(stub, store, version)
+        assert list(begun.receivers) == [a] and commit.committed and list(commit.acked) == [a]
+    assert all(torch.equal(good.received[3][n], t) for n, t in named_weights(3))
+    # After its quick retries a stray is held back like a replica that failed pushes, and told why.
+    deadline = time.monotonic() + 10
+    while not (pulse := stub.Heartbeat(pb.HeartbeatRequest(replica_id=strays[0], weight_version=0))).held_back_s:
+        assert time.monotonic() < deadline, "the stray was never held back"
+        time.sleep(0.1)
+    assert pulse.push_problem.startswith("unreachable at 127.0.0.1:1: nothing there answered"), pulse.push_problem
+    status = {r.replica_id: r for r in stub.GetStatus(pb.GetStatusRequest()).replicas}
+    assert status[a].reachable and not any(status[s].reachable for s in strays)
+    kinds = [e["kind"] for e in read_events(controller.run_dir, "controller")]
+    assert "push_aborted" not in kinds and kinds.count("replica_reachable") == 1
 
 
 def test_held_acquire_is_released_by_a_commit_over_grpc(controller):
