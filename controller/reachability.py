@@ -9,9 +9,9 @@ under its registration's key (`ControllerState.check_reachable`). Leases do not 
 that registered with the current weights generates at once.
 
 `ReplicaReachability` is the part of the state that checks (`check_reachable`); `ReachabilityChecks` runs
-them: a scheduler thread hands each due check to a small pool (a check
-of an address that swallows packets takes the probe's whole time-out), and a check that asks for another
-is scheduled again after the delay it returns.
+the checks: a scheduler thread hands each due one to a small pool (a check of an address that swallows
+packets takes the probe's whole time-out), and a check that asks for another is scheduled again after the
+delay it returns.
 """
 
 from __future__ import annotations
