@@ -4,8 +4,8 @@ What is kept, so a restarted controller continues with exact η accounting:
 - meta: the run it belongs to, the committed version, N_r (`admitted`), the prompt cursor, counters, the
   seated learner's key and address;
 - the active leases (id, replica, n, prompt index, version at admission);
-- the replicas (id, address, engine, the push key of their registration, the version they hold, force_sync),
-  in registration order.
+- the replicas (id, address, engine, the push key of their registration, the version they hold, force_sync,
+  whether the controller has reached them at their address), in registration order.
 What is not: liveness clocks (a restored replica counts as just heard from, a restored lease gets a fresh TTL:
 monotonic clocks do not survive a process) and the open push (the learner's commit of a push the new
 controller never saw is refused, and the learner begins it again).
@@ -49,6 +49,8 @@ class SavedReplica:
     force_sync: bool
     seq: int
     """Registration order (rank order of pushes)."""
+    reachable: bool = True
+    """It answered the controller's challenge at its address (True in states saved before this was kept)."""
 
 
 @dataclass
@@ -199,7 +201,7 @@ class StateWriter:
         changed, forgotten, saved = [], [], self._replicas
         if replicas is not None:
             saved = {r.replica_id: SavedReplica(r.replica_id, r.address, r.engine, r.push_key, r.weight_version,
-                                                r.force_sync, seq) for seq, r in enumerate(replicas)}  # fmt: skip
+                                                r.force_sync, seq, r.reachable) for seq, r in enumerate(replicas)}  # fmt: skip
             changed = [r for rid, r in saved.items() if self._replicas.get(rid) != r]
             forgotten = [rid for rid in self._replicas if rid not in saved]
         if meta == self._meta and not (new or ended or changed or forgotten):
@@ -220,7 +222,7 @@ def restore_books(saved: SavedState, leases, registry, now: float, lease_ttl_s: 
     for r in saved.replicas:
         registry.restore(Replica(r.replica_id, r.address, r.weight_version, r.engine, registered_at=now,
                                  last_heartbeat=now, push_key=r.push_key, force_sync=r.force_sync,
-                                 reachable=True))  # it was in the fleet; a push that fails holds it back
+                                 reachable=r.reachable))
 
 
 def _state(meta: dict, leases: list[SavedLease], replicas: list[SavedReplica]) -> SavedState:

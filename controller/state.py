@@ -397,6 +397,9 @@ class ControllerState(Admission, LearnerSeating, ReplicaReachability):
             self._pushes.committed = saved.pushes_committed
             self._seat.restore(saved.learner_key, saved.learner_address)
             restore_books(saved, self._leases, self._registry, self._clock(), self.config.lease_ttl_s)
+            for replica in self._registry.all():
+                if not replica.reachable:  # its check died with the previous controller
+                    self._check_reachability_of(replica)
         self._persist(replicas_changed=True)  # the baseline of later diffs
         return None if saved is None else saved.summary()
 

@@ -5,6 +5,7 @@ then held back with the push back-off (doubling) and told why; leases never wait
 import threading
 import time
 
+from asyncrl.controller.persistence import MemoryStore
 from asyncrl.controller.push import PushOffer
 from asyncrl.controller.reachability import QUICK_RETRIES_S, ReachabilityChecks
 from asyncrl.controller.state import ControllerState
@@ -116,3 +117,24 @@ def test_checks_run_off_the_callers_thread_and_again_when_they_ask():
         checks.close()
     time.sleep(0.1)
     assert len(calls) == 3
+
+
+def test_a_restarted_controller_keeps_who_was_reached_and_checks_the_others_again():
+    addresses, store = Addresses(), MemoryStore()
+    state = ControllerState(ControllerConfig(eta=None), 8, notify=FakeNotifier(), probe=addresses,
+                            clock=FakeClock(), store=store)
+    state._reach.close()
+    reached = state.register("127.0.0.1:7001", "reached", 0, "torch")
+    state.register("10.0.0.9:7001", "stray", 0, "torch")
+    addresses.keys["127.0.0.1:7001"] = reached.push_key
+    assert state.check_reachable("reached", reached.push_key) is None
+    again = ControllerState(ControllerConfig(eta=None), 8, notify=FakeNotifier(), probe=addresses,
+                            clock=FakeClock(), store=store)  # the controller died; a new one starts on its state
+    try:
+        assert replica(again, "reached")["reachable"] and not replica(again, "stray")["reachable"]
+        deadline = time.monotonic() + 5
+        while addresses.asked.count("10.0.0.9:7001") < 2:  # its checks resumed on the new controller's threads
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+    finally:
+        again.close()
