@@ -41,28 +41,31 @@ class Admission:
                         held = True
                         self._count_held(+1)
                     self._cond.wait(min(deadline - time.monotonic(), HOLD_POLL_S))
-                    self._touch(replica)  # a replica waiting in AcquireLease is evidently alive
                     self._reap_locked()
             finally:
                 if held:
                     self._count_held(-1)
                 self.metrics.lease_hold_seconds.observe(time.monotonic() - started)
 
-    def try_acquire(self, replica_id: str, num_trajectories: int, started: float, final: bool) -> LeaseDecision | None:
+    def try_acquire(self, replica_id: str, num_trajectories: int, started: float, final: bool,
+                    first: bool = True) -> LeaseDecision | None:
         """One look at a lease request, never waiting: a grant; a refusal with its reason when `final`; else None
         (the caller holds the request and asks again when woken). `started`: when the request arrived
-        (time.monotonic), for the hold time."""
-        return _one(self.try_acquire_many(replica_id, num_trajectories, 1, started, final))
+        (time.monotonic), for the hold time; `first`: the request's first look."""
+        return _one(self.try_acquire_many(replica_id, num_trajectories, 1, started, final, first))
 
     def try_acquire_many(self, replica_id: str, num_trajectories: int, max_leases: int, started: float,
-                         final: bool) -> LeaseBatch | None:
+                         final: bool, first: bool = True) -> LeaseBatch | None:
         """`try_acquire` for up to `max_leases` leases: the first decided as `try_acquire` decides it, more only
         while each is admissible at once (the η rule is checked lease by lease). A refusal (no lease, its
         reason) only when `final`; else None while the first must wait."""
         with self._cond:
             replica = self._registry.get(replica_id)
             self._reap_locked()
-            self._touch(replica)  # a replica waiting in AcquireLease(s) is evidently alive
+            if first:
+                # Its arrival is a sign of life; looking at it again later is not (the replica may have hung
+                # since: it heartbeats on a thread of its own meanwhile, or not at all).
+                self._touch(replica)
             return self._decide_many(replica, num_trajectories, max_leases, started, final)
 
     def hold_limit(self, wait_s: float) -> float:

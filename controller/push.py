@@ -148,6 +148,14 @@ class PushSession:
             )
         return outcomes
 
+    def give_up_on(self, replica_id: str, error: str) -> None:
+        """Count a receiver that has not answered as failed now (it was declared dead): `wait` stops waiting
+        for it, and its late answer, if any, changes nothing."""
+        with self._done:
+            if any(r.replica_id == replica_id for r in self.receivers) and replica_id not in self._outcomes:
+                self._outcomes[replica_id] = Outcome(False, error, 0.0)
+                self._done.notify_all()
+
     def outcomes_so_far(self) -> dict[str, Outcome]:
         with self._done:
             return dict(self._outcomes)
@@ -165,7 +173,7 @@ class PushSession:
             ok, error = False, f"{type(err).__name__}: {err}"
             unreachable = isinstance(err, ReceiverUnreachable)
         with self._done:
-            self._outcomes[receiver.replica_id] = Outcome(ok, error, time.monotonic() - start, unreachable)
+            self._outcomes.setdefault(receiver.replica_id, Outcome(ok, error, time.monotonic() - start, unreachable))
             self._done.notify_all()
 
 
@@ -325,6 +333,11 @@ class PushCoordinator:
             "push_aborted", push_id=session.push_id, version=session.plan.version, mode=session.mode,
             reason=reason,
         )  # fmt: skip
+
+    def receiver_died(self, replica_id: str, error: str) -> None:
+        """A replica was declared dead: if the open push waits for it, it no longer does."""
+        if self.open is not None:
+            self.open.give_up_on(replica_id, error)
 
     def is_fresh(self, now: float) -> bool:
         """A push is open and still inside its time-out (a resync request would only collide with it)."""

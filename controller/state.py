@@ -325,6 +325,10 @@ class ControllerState(Admission, LearnerSeating, ReplicaReachability):
                 leases_expired=len(leases),
             )  # fmt: skip
             self._log_expired(leases, "replica_dead")
+            # A receiver of the open push that falls silent (a hung process) will not acknowledge it: the
+            # commit stops waiting for it instead of waiting out push_timeout_s.
+            self._pushes.receiver_died(replica.replica_id, f"declared dead during the push: no heartbeat for "
+                                                           f"{replica.heartbeat_age(now):.1f} s")
             changed = True
         for replica in self._registry.forget(now) if scan else ():
             self.events.write("replica_forgotten", replica_id=replica.replica_id, silent_s=replica.heartbeat_age(now))

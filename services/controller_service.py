@@ -133,8 +133,8 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
         def check():
             self._check_lease_request(request)
 
-        def look(started: float, final: bool):
-            d = self.state.try_acquire(request.replica_id, request.num_trajectories, started, final=final)
+        def look(started: float, final: bool, first: bool):
+            d = self.state.try_acquire(request.replica_id, request.num_trajectories, started, final, first)
             return None if d is None else controller_pb2.AcquireLeaseResponse(
                 granted=d.granted, lease_id=d.lease_id, prompt_index=d.prompt_index, version=d.version,
                 reason=d.reason, expires_unix_s=d.expires_unix_s,
@@ -157,9 +157,9 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
             self._check_lease_request(request)
             check_range(request.max_leases, 1, self.state.batch_size, "max_leases")
 
-        def look(started: float, final: bool):
+        def look(started: float, final: bool, first: bool):
             batch = self.state.try_acquire_many(request.replica_id, request.num_trajectories, request.max_leases,
-                                                started, final=final)
+                                                started, final, first)
             return None if batch is None else controller_pb2.AcquireLeasesResponse(
                 leases=[controller_pb2.Lease(lease_id=d.lease_id, prompt_index=d.prompt_index, version=d.version,
                                              expires_unix_s=d.expires_unix_s) for d in batch.leases],
@@ -175,7 +175,7 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
         check_range(request.wait_s, 0.0, MAX_TIMEOUT_S, "wait_s")
 
     async def _held(self, context, wait_s: float, check, look):
-        """Answer a lease request with `look(started, final)`'s first answer (None: not yet), held without a
+        """Answer a lease request with `look(started, final, first)`'s first answer (None: not yet), held without a
         thread: a coroutine on the server's loop that looks again whenever the state says a held request may
         have become admissible (or every HOLD_POLL_S, for expiries found by reaping); `final` once `wait_s`
         (capped by max_hold_s) is up. `check` validates the request first."""
@@ -186,7 +186,7 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
             while True:
                 if self.stopping:
                     await context.abort(grpc.StatusCode.UNAVAILABLE, "the controller is stopping; ask again")
-                answer = look(started, time.monotonic() >= deadline)
+                answer = look(started, time.monotonic() >= deadline, not held)
                 if answer is not None:
                     return answer
                 if not held:

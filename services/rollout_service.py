@@ -19,6 +19,7 @@ from asyncrl.core.sampling import SamplingParams
 from asyncrl.core.validation import InvalidArgument, check_range, check_token_ids, require
 from asyncrl.core.weights.groups import ManifestCache
 from asyncrl.core.weights.manifest import decode_plan
+from asyncrl.core.weights.rendezvous import PushAborted
 from asyncrl.rollout.rollout_metrics import RolloutMetrics
 from asyncrl.rollout.runtime import ReplicaRuntime
 from asyncrl.v1 import controller_pb2_grpc, rollout_pb2, rollout_pb2_grpc
@@ -66,6 +67,9 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServicer):
             stats = self.engine.update_weights(self.manifests.resolve(plan), request.rank)
         except ValueError as err:  # the plan (or the manifest it names) does not fit the model
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"plan: {err}")
+        except PushAborted as err:  # the sender called it off, or it is over (a late order): nothing is wrong here
+            log.warning("weight update %s not taken: %s", request.plan.push_id, err)
+            context.abort(grpc.StatusCode.ABORTED, f"weight update {request.plan.push_id} not taken: {err}")
         except Exception as err:
             log.exception("weight update %s failed", request.plan.push_id)
             context.abort(grpc.StatusCode.ABORTED, f"weight update {request.plan.push_id} failed: {err}")

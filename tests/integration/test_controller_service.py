@@ -514,11 +514,11 @@ def test_a_replica_nobody_answers_for_joins_no_push(controller, receivers):
     stalled each for join_timeout_s, and three in a row ended the learner."""
     stub, good = controller.stub, GlooReceiver()
     a = register_receiver(controller, receivers(good), good)
-    store = host_store("127.0.0.1", 0, 30)
     strays = []
     for version in (1, 2, 3):
         strays.append(register(stub, "127.0.0.1:1", version=version - 1))  # nothing listens on port 1
-        begun, commit = push_as_learner(stub, store, version)
+        # A store of its own per push: push_as_learner forms a group per push, not the kept one.
+        begun, commit = push_as_learner(stub, host_store("127.0.0.1", 0, 30), version)
         assert list(begun.receivers) == [a] and commit.committed and list(commit.acked) == [a]
     assert all(torch.equal(good.received[3][n], t) for n, t in named_weights(3))
     # After its quick retries a stray is held back like a replica that failed pushes, and told why.

@@ -296,3 +296,46 @@ def test_a_pushs_verdict_outlives_its_broadcast_until_the_next_push_begins():
         receiver_join(keys, plan.push_id, 1, 5)  # reads "go", does not raise
     first = push_store(store, plans[0])
     assert not first.check(["verdict"]) and not first.check(["ready/1"])
+
+
+def test_an_order_that_comes_late_gives_up_when_the_sender_moves_on():
+    """A replica that was paused works through the UpdateWeights calls that queued up meanwhile, for pushes
+    long over whose keys the sender has deleted. Each used to hold it for the push's data time-out (60 s),
+    waiting for a verdict that would never come, so it missed every push after it resumed; now a late order
+    gives up as soon as the sender announces its next push."""
+    import threading
+    import time
+
+    from asyncrl.core.weights.groups import BroadcastGroups
+    from asyncrl.core.weights.rendezvous import PushAborted, ReceiversMissing, receiver_join
+    from asyncrl.core.weights.transport import connect_store, push_store
+
+    store = host_store("127.0.0.1", 0, 60)
+    sender = BroadcastGroups(store)
+    named = weights(0)
+    plans = [PushPlan(f"v{k}", k, f"127.0.0.1:{store.port}", 2, "gloo", tensor_metas(named), 1 << 20, 60)
+             for k in (1, 2, 3)]  # fmt: skip
+    for plan in plans[:2]:  # the receiver is paused: both pushes are called off without it
+        with pytest.raises(ReceiversMissing), sender.member(plan, 0, join_timeout_s=0.3):
+            pass
+    root = connect_store(plans[0])
+    outcome = {}
+
+    def late():
+        t0 = time.monotonic()
+        try:
+            receiver_join(push_store(root, plans[0]), plans[0].push_id, 1, 60, root=root)
+        except PushAborted as err:
+            outcome.update(error=str(err), at=time.monotonic())
+        outcome["waited"] = time.monotonic() - t0
+
+    thread = threading.Thread(target=late)
+    thread.start()  # v1's keys are gone (v2 began): no verdict will ever come for it
+    time.sleep(1.0)
+    assert thread.is_alive()  # it cannot tell a late order from an early one until the sender moves
+    announced = time.monotonic()
+    with pytest.raises(ReceiversMissing), sender.member(plans[2], 0, join_timeout_s=0.3):
+        pass
+    thread.join(10)
+    assert "v1 is over: the sender has moved on to v3" in outcome["error"], outcome
+    assert outcome["at"] - announced < 1.0 and outcome["waited"] < 3

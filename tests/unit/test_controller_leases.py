@@ -124,7 +124,9 @@ def test_dead_replica_returns_quota_to_a_waiting_live_one(pool):
     state.acquire(a, 4, 0)
     held = pool.submit(state.acquire, b, 4, 5.0)
     wait_until(lambda: state.snapshot()["held_requests"] == 1)
-    clock.advance(4.0)  # a is silent; b is waiting in AcquireLease, which counts as a sign of life
+    clock.advance(2.0)
+    state.heartbeat(b, 0)  # b heartbeats while it waits (its request itself counts only when it arrives)
+    clock.advance(2.0)  # a silent for 4 s: dead
     assert held.result(timeout=5).granted
     assert [e["replica_id"] for e in events.of_kind("replica_dead")] == [a]
     assert events.of_kind("lease_expired")[0]["reason"] == "replica_dead"

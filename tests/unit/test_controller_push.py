@@ -207,6 +207,31 @@ def test_a_push_whose_commit_is_waiting_is_not_superseded():
     assert answer["r"].committed and answer["r"].dropped == [a]
 
 
+def test_the_commit_stops_waiting_for_a_receiver_declared_dead():
+    """A receiver that hangs (a paused process: its UpdateWeights never answers, its heartbeats stop) used to
+    hold the commit for push_timeout_s; once it is declared dead the commit goes on without it."""
+    state, clock, notifier, events = make_state(push_timeout_s=60.0, heartbeat_timeout_s=3.0)
+    a, b = register(state, 7001), register(state, 7002)
+    notifier.hanging.add("127.0.0.1:7002")
+    session = begin(state, 1)
+    answer = {}
+    committer = threading.Thread(target=lambda: answer.update(r=state.commit_push(session.push_id, True)))
+    committer.start()
+    while not session.commit_started:
+        threading.Event().wait(0.01)
+    clock.advance(2.0)
+    state.heartbeat(a, 0)
+    clock.advance(2.0)  # b silent for 4 s
+    state.reap()
+    committer.join(timeout=5)
+    assert not committer.is_alive(), "the commit still waits for the dead receiver"
+    notifier.release.set()
+    result = answer["r"]
+    assert result.committed and result.acked == [a] and result.dropped == [b]
+    dropped = events.of_kind("replica_dropped")[0]
+    assert dropped["replica_id"] == b and dropped["error"].startswith("declared dead during the push")
+
+
 def test_an_unreachable_receiver_is_dead_at_once_and_the_retry_skips_it():
     """The replica's process is gone (its heartbeat is still fresh): the sender calls the push off (a receiver
     never joined); the controller already knows the address is dead, expires its leases, and the learner's

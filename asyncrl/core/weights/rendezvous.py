@@ -14,17 +14,29 @@ that long. So before each push's broadcast:
   next attempt).
 
 Keys live under the push's own prefix, so pushes never see each other's keys. Waiting is the store's own
-blocking wait (answered the moment the key is written), not polling: the handshake costs a few store round
-trips, well under a millisecond on one host.
+blocking wait (answered the moment the key is written): the handshake costs a few store round trips, well
+under a millisecond on one host.
+
+An order can reach a receiver late: a replica that was paused or hung (SIGSTOP, swapping, a stalled GPU)
+works through the UpdateWeights calls that queued up meanwhile when it resumes, for pushes long over, whose
+keys the sender has deleted. Waiting for such a push's verdict would hold the replica for the push's whole
+time-out per stale order, and make it miss every push in between. So the sender also writes which push it
+is on (`current_push`, in the store's root), and a waiting receiver looks at it every `POLL_S`: once it
+moves to a push other than its own, its push is over (the sender begins the next only after finishing it,
+and it could not have finished without this receiver) and it gives up at once.
 """
 
 from __future__ import annotations
 
 import datetime
+import time
 
 from torch.distributed import DistStoreError
 
 READY, NO_GROUP = b"ok", b"no-group"
+CURRENT_PUSH = "current_push"
+POLL_S = 0.25
+"""How often a receiver waiting for its verdict checks that its push is still the sender's."""
 
 
 class PushAborted(RuntimeError):
@@ -67,14 +79,41 @@ def sender_join(store, push_id: str, world_size: int, join_timeout_s: float) -> 
     store.set("verdict", "go")
 
 
-def receiver_join(store, push_id: str, rank: int, timeout_s: float, has_group: bool = True) -> None:
+def announce(root, push_id: str) -> None:
+    """Rank 0, before the handshake of `push_id`: this is the push the sender is on (in the store's root)."""
+    root.set(CURRENT_PUSH, push_id)
+
+
+def current_push(root) -> str:
+    """The push the sender last announced ("" before any)."""
+    return root.get(CURRENT_PUSH).decode() if root.check([CURRENT_PUSH]) else ""
+
+
+def receiver_join(store, push_id: str, rank: int, timeout_s: float, has_group: bool = True,
+                  root=None) -> None:
     """Rank > 0: announce this rank (and whether it holds the group the plan reuses), wait for the sender's
-    verdict; raise PushAborted on abort."""
+    verdict; raise PushAborted on abort, and (with `root`, the store the sender announces its pushes in) as
+    soon as the sender has moved on to another push."""
     store.set(f"ready/{rank}", READY if has_group else NO_GROUP)
-    try:
-        store.wait(["verdict"], datetime.timedelta(seconds=timeout_s))
-    except DistStoreError:
-        raise PushAborted(f"push {push_id}: no verdict from the sender within {timeout_s:g} s") from None
+    deadline = time.monotonic() + timeout_s
+    seen = current_push(root) if root is not None else ""
+    while True:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise PushAborted(f"push {push_id}: no verdict from the sender within {timeout_s:g} s")
+        try:
+            store.wait(["verdict"], datetime.timedelta(seconds=min(POLL_S, remaining) if root else remaining))
+            break
+        except DistStoreError:
+            if root is None:
+                continue
+            now = current_push(root)
+            # Before the sender reaches this push, it may announce it (seen -> push_id); any other move means
+            # this push is over. A late order finds another push announced and waits for the next move.
+            if now != seen and now != push_id:
+                raise PushAborted(f"push {push_id} is over: the sender has moved on to {now} (this order came "
+                                  "late)") from None
+            seen = now
     verdict = store.get("verdict").decode()
     if verdict != "go":
         raise PushAborted(f"push {push_id} called off by the sender ({verdict})")

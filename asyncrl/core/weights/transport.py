@@ -24,7 +24,7 @@ from asyncrl.core.weights.delta import DeltaBase, max_payload_bytes
 from asyncrl.core.weights.flat import FlatWeights, adjacent_run
 from asyncrl.core.weights.manifest import TRANSPORTS
 from asyncrl.core.weights.plan import PushPlan, TensorMeta
-from asyncrl.core.weights.rendezvous import receiver_join, sender_join
+from asyncrl.core.weights.rendezvous import announce, receiver_join, sender_join
 from asyncrl.core.weights.staging import STAGING
 
 
@@ -179,9 +179,10 @@ def join_push(plan: PushPlan, rank: int, root: TCPStore, join_timeout_s: float |
     """The push's join handshake (`weights.rendezvous`) as `rank`; returns the push's store (its keys)."""
     handshake = push_store(root, plan)
     if rank == 0:
+        announce(root, plan.push_id)
         sender_join(handshake, plan.push_id, plan.world_size, join_timeout_s or plan.formation_timeout_s)
     else:
-        receiver_join(handshake, plan.push_id, rank, plan.timeout_s, has_group)
+        receiver_join(handshake, plan.push_id, rank, plan.timeout_s, has_group, root=root)
     return handshake
 
 
