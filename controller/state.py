@@ -132,7 +132,7 @@ class ControllerState(Admission, LearnerSeating, ReplicaReachability):
             holder = None  # the holder itself
         if holder is not None and self._probe is not None and self._answers(holder.address, holder.push_key):
             raise ReplicaIdInUse(f"replica_id: {replica_id!r} is registered by a live replica at "
-                                     f"{holder.address}; choose another id")
+                                 f"{holder.address}; choose another id")
         with self._cond:
             self._reap_locked()
             reregistered = bool(replica_id) and self._registry.known(replica_id)
