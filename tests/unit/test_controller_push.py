@@ -189,16 +189,23 @@ def test_push_metrics():
     assert value("asyncrl_controller_live_replicas") == 1
 
 
-def test_a_push_whose_commit_is_waiting_is_not_superseded():
-    state, clock, notifier, _ = make_state(push_timeout_s=0.5)
-    a = register(state, 7001)
-    notifier.hanging.add("127.0.0.1:7001")
-    session = begin(state, 1)
+def commit_waiting(state, session) -> tuple[threading.Thread, dict]:
+    """The learner's commit of `session` on a thread, once it waits for the acknowledgements; its result lands
+    in the dict under "r"."""
     answer = {}
     committer = threading.Thread(target=lambda: answer.update(r=state.commit_push(session.push_id, True)))
     committer.start()
     while not session.commit_started:
         threading.Event().wait(0.01)
+    return committer, answer
+
+
+def test_a_push_whose_commit_is_waiting_is_not_superseded():
+    state, clock, notifier, _ = make_state(push_timeout_s=0.5)
+    a = register(state, 7001)
+    notifier.hanging.add("127.0.0.1:7001")
+    session = begin(state, 1)
+    committer, answer = commit_waiting(state, session)
     clock.advance(1.0)  # past push_timeout_s on the state's clock, but its commit is already waiting
     with pytest.raises(PreconditionFailed, match="its commit is in progress"):
         begin(state, 1)
@@ -214,11 +221,7 @@ def test_the_commit_stops_waiting_for_a_receiver_declared_dead():
     a, b = register(state, 7001), register(state, 7002)
     notifier.hanging.add("127.0.0.1:7002")
     session = begin(state, 1)
-    answer = {}
-    committer = threading.Thread(target=lambda: answer.update(r=state.commit_push(session.push_id, True)))
-    committer.start()
-    while not session.commit_started:
-        threading.Event().wait(0.01)
+    committer, answer = commit_waiting(state, session)
     clock.advance(2.0)
     state.heartbeat(a, 0)
     clock.advance(2.0)  # b silent for 4 s
