@@ -25,6 +25,8 @@ from them one can check that every admission satisfied the staleness bound and t
     Audit: `version` never decreases from one record to the next and grows by exactly 1 on mode "new".
 `push_aborted`: push_id, version, mode, reason (sender failure or time-out); the version is not committed.
 `replica_dropped`: push_id, replica_id, version (of the push), error.
+`controller_stalled`: seconds, replicas, leases: the controller itself stood still that long (a reap came that
+    much later than due); every replica's silence, lease age and the learner's silence were moved on by it.
 `replica_reachable`: replica_id, address, failed_checks: it answered the controller's challenge at its address
     under its registration's key (after failed_checks that did not); from now on it joins pushes.
 `replica_held_back`: replica_id, address, seconds, failures, problem: it sits out pushes for `seconds`

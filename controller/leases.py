@@ -104,6 +104,11 @@ class LeaseBook:
             self._end(lease, "expired: abandoned", lease.num_trajectories)
         return abandoned
 
+    def postpone_all(self, seconds: float) -> None:
+        """Move every active lease's expiry `seconds` later (time the controller itself stood still)."""
+        for lease in self._active.values():
+            lease.expires_at += seconds
+
     def expire_due(self, now: float) -> list[Lease]:
         """Expire every lease past its expiry time; returns them (each returned its whole quota)."""
         due = [lease for lease in self._active.values() if lease.expires_at <= now]

@@ -3,12 +3,17 @@
 Every state operation also reaps lazily, so correctness does not depend on this thread; it exists so that
 quota returns (and the gauges, the status page, the held requests they wake) happen on time even when no
 RPC arrives.
+
+With the reaper running, a reap is due at least every `interval_s`; a gap much longer than that means the
+controller itself stood still (paused, swapped out, its VM migrated), and so did everybody's chance to reach
+it. `StallDetector` measures such gaps, and the state does not count them as the replicas' silence.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 
 log = logging.getLogger(__name__)
 
@@ -41,3 +46,19 @@ class Reaper:
                 self._reap()
             except Exception:
                 log.exception("controller reaper round failed")
+
+
+class StallDetector:
+    """How long the controller stood still between two reaps, beyond the reaper's interval (0 when it did not:
+    a gap above `threshold_s`)."""
+
+    def __init__(self, interval_s: float, threshold_s: float, clock=time.monotonic):
+        self._interval_s, self._threshold_s, self._clock = interval_s, threshold_s, clock
+        self._last = clock()
+
+    def missed(self) -> float:
+        """Seconds stood still since the previous call (each reap calls it once)."""
+        now = self._clock()
+        gap = now - self._last - self._interval_s
+        self._last = now
+        return gap if gap > self._threshold_s else 0.0

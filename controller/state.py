@@ -20,6 +20,7 @@ import hmac
 import threading
 import time
 from collections import deque
+from dataclasses import replace
 
 from asyncrl.controller import staleness
 from asyncrl.controller.admission import Admission
@@ -38,7 +39,7 @@ from asyncrl.controller.persistence import (
 )
 from asyncrl.controller.push import NEW, Outcome, PushCoordinator, PushOffer, PushSession, WeightNotifier
 from asyncrl.controller.reachability import ReachabilityChecks, ReplicaReachability
-from asyncrl.controller.reaper import Reaper
+from asyncrl.controller.reaper import Reaper, StallDetector
 from asyncrl.controller.registry import Replica, ReplicaRegistry
 from asyncrl.controller.results import (
     CommitResult,
@@ -57,6 +58,8 @@ _HISTORY = 1000
 _REACH_WORKERS = 4
 """Reachability checks in flight at once (one that times out takes the probe's 2 s)."""
 
+_STALL_S = 2.0
+"""A reap this much later than due means the controller stood still (its reaper is due every second at most)."""
 _REPLICA_SCAN_S = 0.1
 """Lazy reaping looks for dead replicas at most this often (seconds of the state's clock)."""
 
@@ -93,6 +96,8 @@ class ControllerState(Admission, LearnerSeating, ReplicaReachability):
         self._history: deque[dict] = deque(maxlen=_HISTORY)
         """The learner's figures per step (the status page's charts), the last _HISTORY steps."""
         self._reaper: Reaper | None = None
+        self._stall: StallDetector | None = None
+        """With the reaper running: notices that the controller itself stood still."""
         self._run_id = run_id
         self._probe = probe
         """(address, challenge) -> the replica's answer (b"" when none); None: ids and addresses are never
@@ -105,9 +110,13 @@ class ControllerState(Admission, LearnerSeating, ReplicaReachability):
         self.metrics.follow(self.snapshot)
 
     def start_reaper(self) -> None:
-        """Reap on a timer too (production); unit tests rely on the lazy reaping of every operation."""
+        """Reap on a timer too (production); unit tests rely on the lazy reaping of every operation. With the
+        timer, a reap that comes much later than due tells that the controller stood still (`StallDetector`)."""
         cfg = self.config
-        self._reaper = Reaper.for_timeouts(self.reap, cfg.heartbeat_timeout_s, cfg.lease_ttl_s).start()
+        reaper = Reaper.for_timeouts(self.reap, cfg.heartbeat_timeout_s, cfg.lease_ttl_s)
+        with self._cond:
+            self._stall = StallDetector(reaper.interval_s, _STALL_S)
+        self._reaper = reaper.start()
 
     def close(self) -> None:
         """Stop the reaper, close the event log and the store (idempotent)."""
@@ -313,6 +322,8 @@ class ControllerState(Admission, LearnerSeating, ReplicaReachability):
         """Expire due leases (every time: cheap, and a late completion must find its lease expired); declare
         silent replicas dead and forget long-dead ones when `full` or at most every _REPLICA_SCAN_S (a scan
         of the whole fleet on every call would make each call O(replicas))."""
+        if self._stall is not None and (stood_s := self._stall.missed()):
+            self.forgive_stall(stood_s)
         now = self._clock()
         changed = False
         scan = full or now - self._last_replica_scan >= _REPLICA_SCAN_S
@@ -339,6 +350,19 @@ class ControllerState(Admission, LearnerSeating, ReplicaReachability):
             changed = True
         if changed:
             self._changed(replicas=True)
+
+    def forgive_stall(self, seconds: float) -> None:
+        """The controller stood still for `seconds` (call with the lock held): nobody could heartbeat or
+        complete a lease meanwhile, so every replica's silence, every lease's age and the learner's silence
+        are moved on by that much instead of counting against them."""
+        now = self._clock()
+        for replica in self._registry.all():
+            replica.last_heartbeat = min(now, replica.last_heartbeat + seconds)
+        self._leases.postpone_all(seconds)
+        if self._learner is not None:
+            self._learner = replace(self._learner, at=min(now, self._learner.at + seconds))
+        self.events.write("controller_stalled", seconds=seconds, replicas=len(self._registry.all()),
+                          leases=len(self._leases.active()))  # fmt: skip
 
     def _bury_unreachable(self, outcomes: dict[str, Outcome]) -> None:
         """A receiver nothing listens for any more is dead now, not after the heartbeat time-out: the retry
