@@ -182,7 +182,9 @@ class ControllerConfig(Section):
     out of the pushes that follow for this long, doubling with each further failure up to
     32 times this; it needs a resync, so it gets no leases meanwhile. The push is retried without it at once. A
     push it acknowledges clears it. Without this, one replica the controller or the learner cannot reach (a
-    wrong `rollout.advertise_host`) failed every push."""
+    wrong `rollout.advertise_host`) failed every push. The same back-off holds a new registration out of
+    pushes while it does not answer the controller's challenge at its address (after three quick retries);
+    it is challenged again when the back-off ends."""
     start_version: int = Field(0, ge=0)
     """Policy version the controller starts at (`up --resume` sets it to the checkpoint's version)."""
     start_admitted: int = Field(0, ge=0)
