@@ -11,8 +11,8 @@ Public API
   `server.stop(...)`, call `server.controller_state.close()` (stops the reaper, closes the event log).
   `server.release_held()` before `stop` answers held lease requests UNAVAILABLE at once (`serve` does).
   Events go to `<run_dir>/events/controller.jsonl`, run_dir defaulting to `config.run_dir`. `notify`
-  replaces the gRPC `Rollout.UpdateWeights` fan-out, `probe` the liveness challenge of a registered replica
-  (tests).
+  replaces the gRPC `Rollout.UpdateWeights` fan-out (tests); `check_replicas=False` skips the challenges of
+  registrations (simulated replicas).
 - `serve(config)`: the process entry point: gRPC + the status page (`controller.status_page`) on
   `config.controller.status_port`, prints `asyncrl-controller listening grpc=HOST:PORT http=HOST:PORT`,
   blocks until SIGTERM/SIGINT, stops gracefully.
@@ -312,9 +312,12 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
 
 
 def create_server(
-    config: AsyncRLConfig, run_dir: str | None = None, notify: WeightNotifier | None = None, probe=None
+    config: AsyncRLConfig, run_dir: str | None = None, notify: WeightNotifier | None = None,
+    check_replicas: bool = True,
 ) -> tuple[grpc.Server, int]:
-    """The controller's gRPC server, not started; the state is `server.controller_state` (see module doc)."""
+    """The controller's gRPC server, not started; the state is `server.controller_state` (see module doc).
+    `check_replicas=False` trusts every registration's id and address unchallenged: only for simulated replicas,
+    which hold no server (`asyncrl.tools.lease_load`)."""
     auth = resolve_auth(config.security)
     run_dir = run_dir or config.run_dir
     events = EventLog(run_dir, "controller")
@@ -322,7 +325,7 @@ def create_server(
     state = ControllerState(
         config.controller, config.learner.batch_size, events=events,
         notify=notify or channels.update_weights,
-        probe=functools.partial(grpc_liveness_answer, auth=auth) if probe is None else probe,
+        probe=functools.partial(grpc_liveness_answer, auth=auth) if check_replicas else None,
         learner_probe=functools.partial(grpc_learner_liveness_answer, auth=auth),
         store=make_store(config), run_id=str(run_dir),
     )

@@ -87,26 +87,28 @@ def grpc_learner_liveness_answer(address: str, challenge: bytes, *, auth: Auth,
 
 
 def _challenge(address: str, auth: Auth, ask) -> bytes | None:
+    # A plain TCP connection first, cheaper than a gRPC channel: a refused one means no process listens there
+    # any more (gone), one that times out says nothing about the holder (unknown). Then the call itself: a
+    # server that does not know it is not the holder; any other failure (a hung process, a failed TLS
+    # handshake) says nothing either.
+    reach = _dial(address, timeout_s=1.0)
+    if reach is not True:
+        return b"" if reach is False else None
     with channel(address, auth) as ch:
         try:
             return ask(ch).challenge_mac
         except grpc.RpcError as err:
-            # A server that does not know the call is not the holder; a refused connection means no process
-            # listens there any more. Anything else (a time-out, an unreachable host, a failed TLS handshake)
-            # says nothing about the holder.
-            if err.code() == grpc.StatusCode.UNIMPLEMENTED or _refused(address, timeout_s=1.0):
-                return b""
-            return None
+            return b"" if err.code() == grpc.StatusCode.UNIMPLEMENTED else None
 
 
-def _refused(address: str, timeout_s: float) -> bool:
-    """Whether a TCP connection to `address` (host:port, [v6]:port) is refused: the host is there, the port
-    closed."""
+def _dial(address: str, timeout_s: float) -> bool | None:
+    """Whether something accepts a TCP connection at `address` (host:port, [v6]:port): True, False when it is
+    refused (the host is there, the port closed), None when there is no answer in time."""
     host, _, port = address.rpartition(":")
     try:
         socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
     except ConnectionRefusedError:
-        return True
-    except (OSError, ValueError):
         return False
-    return False
+    except (OSError, ValueError):
+        return None
+    return True
