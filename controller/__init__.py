@@ -28,10 +28,12 @@ queue of held requests, and what unblocks each:
 
 Modules: `staleness` (the rule), `registry`, `leases`, `push` (the push in flight, its fan-out, and the
 `PushCoordinator` that begins, settles and aborts it), `learner_seat` (which process is the run's learner),
-`state` (the lock, reaping, the version, timeline
-resets), `admission` (granting and holding leases: held requests wait on the condition, or, on the asyncio
+`reachability` (new registrations challenged at their addresses before they join pushes), `state` (the lock,
+the version, timeline resets), `liveness` (reaping: dead replicas, due leases, the controller's own stalls
+forgiven), `admission` (granting and holding leases: held requests wait on the condition, or, on the asyncio
 gRPC edge, as coroutines woken by `add_waker`), `persistence` (the state kept in Redis across a controller
-restart), `reaper`, `controller_metrics`, `event_records` (record fields), `views` and `status_page`. The
+restart), `reaper` (the timer thread, the stall detector), `controller_metrics`, `event_records` (record
+fields), `views` and `status_page`. The
 gRPC notifier that tells a replica to join a push, and the liveness probes of a registered replica and of the
 seated learner, are the service edge's (`asyncrl.services.weight_fanout`); test fakes are in `tests/fakes.py`.
 """

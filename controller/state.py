@@ -8,7 +8,9 @@ continues from it) and updates the gauges. Leases are granted, held and taken ba
 quota (partial completion, expiry), a committed version, a replica becoming synced. Pushes are opened, settled and aborted by the
 `PushCoordinator` (`controller.push`) under this lock; its fan-out runs on its own threads and the commit
 waits for the acks *outside* the lock. The policy version is this object's: a push only reports it. The
-learner's seat is given and checked by the `LearnerSeating` part (`controller.learner_seat`).
+learner's seat is given and checked by the `LearnerSeating` part (`controller.learner_seat`), new registrations
+are challenged by the `ReplicaReachability` part (`controller.reachability`), and silent replicas and due leases
+are reaped by the `Liveness` part (`controller.liveness`).
 
 Clocks: `clock` (monotonic seconds, injectable) drives liveness: heartbeats, lease TTLs, push ages. Holding
 uses real time (`time.monotonic`) because it is a real wait on a condition variable.
@@ -20,7 +22,6 @@ import hmac
 import threading
 import time
 from collections import deque
-from dataclasses import replace
 
 from asyncrl.controller import staleness
 from asyncrl.controller.admission import Admission
@@ -28,7 +29,8 @@ from asyncrl.controller.controller_metrics import ControllerMetrics
 from asyncrl.controller.errors import PreconditionFailed, ReplicaIdInUse
 from asyncrl.controller.event_records import EventSink, NoEvents
 from asyncrl.controller.learner_seat import LearnerSeat, LearnerSeating, Probe
-from asyncrl.controller.leases import Lease, LeaseBook
+from asyncrl.controller.leases import LeaseBook
+from asyncrl.controller.liveness import Liveness
 from asyncrl.controller.persistence import (
     ControllerStore,
     NoStore,
@@ -37,7 +39,7 @@ from asyncrl.controller.persistence import (
     StateWriter,
     restore_books,
 )
-from asyncrl.controller.push import NEW, Outcome, PushCoordinator, PushOffer, PushSession, WeightNotifier
+from asyncrl.controller.push import NEW, PushCoordinator, PushOffer, PushSession, WeightNotifier
 from asyncrl.controller.reachability import ReachabilityChecks, ReplicaReachability
 from asyncrl.controller.reaper import Reaper, StallDetector
 from asyncrl.controller.registry import Replica, ReplicaRegistry
@@ -58,13 +60,8 @@ _HISTORY = 1000
 _REACH_WORKERS = 4
 """Reachability checks in flight at once (one that times out takes the probe's 2 s)."""
 
-_STALL_S = 2.0
-"""A reap this much later than due means the controller stood still (its reaper is due every second at most)."""
-_REPLICA_SCAN_S = 0.1
-"""Lazy reaping looks for dead replicas at most this often (seconds of the state's clock)."""
 
-
-class ControllerState(Admission, LearnerSeating, ReplicaReachability):
+class ControllerState(Admission, LearnerSeating, ReplicaReachability, Liveness):
     def __init__(
         self,
         config: ControllerConfig,
@@ -108,15 +105,6 @@ class ControllerState(Admission, LearnerSeating, ReplicaReachability):
         self.restored = self._restore(self._writer.store.load())
         self._publish_gauges()
         self.metrics.follow(self.snapshot)
-
-    def start_reaper(self) -> None:
-        """Reap on a timer too (production); unit tests rely on the lazy reaping of every operation. With the
-        timer, a reap that comes much later than due tells that the controller stood still (`StallDetector`)."""
-        cfg = self.config
-        reaper = Reaper.for_timeouts(self.reap, cfg.heartbeat_timeout_s, cfg.lease_ttl_s)
-        with self._cond:
-            self._stall = StallDetector(reaper.interval_s, _STALL_S)
-        self._reaper = reaper.start()
 
     def close(self) -> None:
         """Stop the reaper, close the event log and the store (idempotent)."""
@@ -270,11 +258,6 @@ class ControllerState(Admission, LearnerSeating, ReplicaReachability):
 
     # ---- housekeeping and views -----------------------------------------------------------------------
 
-    def reap(self) -> None:
-        """Declare silent replicas dead and expire due leases (the reaper thread calls this)."""
-        with self._cond:
-            self._reap_locked(full=True)
-
     @property
     def current_version(self) -> int:
         with self._cond:
@@ -311,86 +294,6 @@ class ControllerState(Admission, LearnerSeating, ReplicaReachability):
             }  # fmt: skip
 
     # ---- internals (call with the lock held) ------------------------------------------------------------
-
-    def _touch(self, replica: Replica) -> bool:
-        revived = self._registry.touch(replica, self._clock())
-        if revived:
-            self.events.write("replica_revived", replica_id=replica.replica_id)
-        return revived
-
-    def _reap_locked(self, full: bool = False) -> None:
-        """Expire due leases (every time: cheap, and a late completion must find its lease expired); declare
-        silent replicas dead and forget long-dead ones when `full` or at most every _REPLICA_SCAN_S (a scan
-        of the whole fleet on every call would make each call O(replicas))."""
-        if self._stall is not None and (stood_s := self._stall.missed()):
-            self.forgive_stall(stood_s)
-        now = self._clock()
-        changed = False
-        scan = full or now - self._last_replica_scan >= _REPLICA_SCAN_S
-        if scan:
-            self._last_replica_scan = now
-        for replica in self._registry.reap(now) if scan else ():
-            leases = self._leases.expire_replica(replica.replica_id, "replica_dead")
-            self.events.write(
-                "replica_dead", replica_id=replica.replica_id, silent_s=replica.heartbeat_age(now),
-                leases_expired=len(leases),
-            )  # fmt: skip
-            self._log_expired(leases, "replica_dead")
-            # A receiver of the open push that falls silent (a hung process) will not acknowledge it: the
-            # commit stops waiting for it instead of waiting out push_timeout_s.
-            self._pushes.receiver_died(replica.replica_id, f"declared dead during the push: no heartbeat for "
-                                                           f"{replica.heartbeat_age(now):.1f} s")
-            changed = True
-        for replica in self._registry.forget(now) if scan else ():
-            self.events.write("replica_forgotten", replica_id=replica.replica_id, silent_s=replica.heartbeat_age(now))
-            changed = True
-        due = self._leases.expire_due(now)
-        if due:
-            self._log_expired(due, "ttl")
-            changed = True
-        if changed:
-            self._changed(replicas=True)
-
-    def forgive_stall(self, seconds: float) -> None:
-        """The controller stood still for `seconds` (call with the lock held): nobody could heartbeat or
-        complete a lease meanwhile, so every replica's silence, every lease's age and the learner's silence
-        are moved on by that much instead of counting against them."""
-        now = self._clock()
-        for replica in self._registry.all():
-            replica.last_heartbeat = min(now, replica.last_heartbeat + seconds)
-        self._leases.postpone_all(seconds)
-        if self._learner is not None:
-            self._learner = replace(self._learner, at=min(now, self._learner.at + seconds))
-        self.events.write("controller_stalled", seconds=seconds, replicas=len(self._registry.all()),
-                          leases=len(self._leases.active()))  # fmt: skip
-
-    def _bury_unreachable(self, outcomes: dict[str, Outcome]) -> None:
-        """A receiver nothing listens for any more is dead now, not after the heartbeat time-out: the retry
-        of this push must not pick it again, and its leases return their quota at once. Its next heartbeat
-        revives it (it then needs a resync), and it is held back from pushes until its back-off ends
-        (`PushCoordinator.hold_back_failed`): a process whose heartbeats arrive but whose address answers
-        nothing (a wrong advertised host) must not be in every push."""
-        for replica_id, outcome in outcomes.items():
-            replica = self._registry.get(replica_id)
-            if not outcome.unreachable or not replica.alive:
-                continue
-            replica.alive = False
-            leases = self._leases.expire_replica(replica_id, "unreachable")
-            self.events.write(
-                "replica_dead", replica_id=replica_id, silent_s=replica.heartbeat_age(self._clock()),
-                leases_expired=len(leases), reason="unreachable",
-            )  # fmt: skip
-            self._log_expired(leases, "unreachable")
-
-    def _log_expired(self, leases: list[Lease], reason: str) -> None:
-        after = self._leases.admitted + sum(lease.num_trajectories for lease in leases)
-        for lease in leases:
-            after -= lease.num_trajectories
-            self.events.write(
-                "lease_expired", lease_id=lease.lease_id, replica_id=lease.replica_id, n=lease.num_trajectories,
-                returned=lease.num_trajectories, admitted_after=after, reason=reason,
-            )  # fmt: skip
-        self.metrics.leases_expired.inc(len(leases))
 
     def _changed(self, wake: bool = True, replicas: bool = False) -> None:
         self._persist(replicas)
