@@ -22,13 +22,12 @@ from __future__ import annotations
 
 import enum
 import hmac
-import secrets
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from asyncrl.controller.errors import LearnerSeatTaken, LearnerSeatUnconfirmed, NotTheLearner
 from asyncrl.controller.results import LearnerRegistration
-from asyncrl.core.auth import liveness_mac, new_push_key
+from asyncrl.core.auth import answers_challenge, new_push_key
 
 Probe = Callable[[str, bytes], "bytes | None"]
 """(address, challenge) -> the learner's answer there: b"" when something answered without the key or nothing
@@ -62,11 +61,8 @@ class LearnerSeat:
         """Whether `holder` still answers a fresh challenge under its key (a network call: outside any lock)."""
         if not holder.key or self._probe is None:
             return Answer.GONE
-        challenge = secrets.token_bytes(32)
-        answer = self._probe(holder.address, challenge)
-        if answer is None:
-            return Answer.UNKNOWN
-        return Answer.ALIVE if hmac.compare_digest(answer, liveness_mac(holder.key, challenge)) else Answer.GONE
+        proved = answers_challenge(self._probe, holder.address, holder.key)
+        return Answer.UNKNOWN if proved is None else Answer.ALIVE if proved else Answer.GONE
 
     def give_to(self, address: str, now: float) -> bytes:
         """Seat the learner at `address` with a new key (the previous holder's key stops working)."""

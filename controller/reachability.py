@@ -20,14 +20,13 @@ import heapq
 import hmac
 import itertools
 import logging
-import secrets
 import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 from asyncrl.controller.registry import Replica
-from asyncrl.core.auth import liveness_mac
+from asyncrl.core.auth import answers_challenge
 
 log = logging.getLogger(__name__)
 
@@ -97,8 +96,7 @@ class ReplicaReachability:
     def _answers(self, address: str, key: bytes) -> bool:
         """Whether the process at `address` answers a fresh challenge under `key` (a network call: outside any
         lock)."""
-        challenge = secrets.token_bytes(32)
-        return hmac.compare_digest(self._probe(address, challenge), liveness_mac(key, challenge))
+        return bool(answers_challenge(self._probe, address, key))
 
     def _check_reachability_of(self, replica: Replica) -> None:
         """A new registration: challenge it soon (without a probe, as in unit tests, it counts as reachable)."""

@@ -98,6 +98,15 @@ def liveness_mac(key: bytes, challenge: bytes) -> bytes:
     return hmac.new(key, b"alive\n" + challenge, "sha256").digest()
 
 
+def answers_challenge(probe, address: str, key: bytes) -> bool | None:
+    """Send the process at `address` a fresh random challenge through `probe` ((address, challenge) -> its
+    answer, None when none came; a network call: outside any lock): whether it answered under `key`, or None
+    when no answer came."""
+    challenge = secrets.token_bytes(32)
+    answer = probe(address, challenge)
+    return None if answer is None else hmac.compare_digest(answer, liveness_mac(key, challenge))
+
+
 def resolve_auth(security) -> Auth:
     """The credentials of `security` (a SecurityConfig): the token (the file, else the environment variable)
     and the TLS certificates when configured."""

@@ -96,17 +96,18 @@ def receiver_join(store, push_id: str, rank: int, timeout_s: float, has_group: b
     soon as the sender has moved on to another push."""
     store.set(f"ready/{rank}", READY if has_group else NO_GROUP)
     deadline = time.monotonic() + timeout_s
+    poll_s = POLL_S if root is not None else timeout_s
     seen = current_push(root) if root is not None else ""
     while True:
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             raise PushAborted(f"push {push_id}: no verdict from the sender within {timeout_s:g} s")
         try:
-            store.wait(["verdict"], datetime.timedelta(seconds=min(POLL_S, remaining) if root else remaining))
+            store.wait(["verdict"], datetime.timedelta(seconds=min(poll_s, remaining)))
             break
         except DistStoreError:
             if root is None:
-                continue
+                continue  # the deadline has passed: raised above
             now = current_push(root)
             # Before the sender reaches this push, it may announce it (seen -> push_id); any other move means
             # this push is over. A late order finds another push announced and waits for the next move.
