@@ -48,7 +48,7 @@ def tiny_model_dir(tmp_path_factory) -> TinyModelDir:
     config = AsyncRLConfig.model_validate(
         {
             "model": {"path": str(root / "policy")},
-            "teacher": {"model_path": str(root / "teacher")},
+            "teacher": {"enabled": True, "model_path": str(root / "teacher")},
             "tiny_model": {"warmstart_steps": TEST_WARMSTART_STEPS, "teacher_steps": TEST_TEACHER_STEPS},
             # In-process servers without a Redis; the Redis store has tests of its own.
             "controller": {"state_store": "none"},

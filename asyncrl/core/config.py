@@ -234,8 +234,9 @@ class RolloutConfig(Section):
 
 
 class TeacherConfig(Section):
-    enabled: bool = True
-    """Start the teacher service."""
+    enabled: bool = False
+    """Run a teacher: `asyncrl up` starts the teacher service, and with `annotate` the trajectories get its
+    log-probs. Off unless the config asks for it (on-policy distillation needs it)."""
     cpus: Cores = Field(default_factory=list)
     """CPU cores this process is pinned to when it starts (e.g. [0]); empty = any core. Pinning the learner and
     the rollouts to different cores stands in for separate accelerators on one machine."""
@@ -245,15 +246,17 @@ class TeacherConfig(Section):
     """gRPC port (0 = any free port, for tests)."""
     metrics_port: int = Field(0, ge=0, le=65535)
     """Prometheus /metrics port (0 = any free port)."""
-    model_path: str = "artifacts/tiny-arith/teacher"
-    """Teacher checkpoint (same tokenizer as the policy)."""
+    model_path: str = ""
+    """Teacher checkpoint directory (Hugging Face format, same tokenizer as the policy); relative to the working
+    directory. Required when `enabled`."""
     engine: EngineConfig = EngineConfig()
     """Engine computing the per-token log-probs."""
     max_restarts: int = Field(3, ge=0)
     """`asyncrl up` restarts a teacher process that dies (same port; the learner retries meanwhile, then trains
     without the distillation term), at most this many times; 0 = a dead teacher ends the run."""
     annotate: bool = False
-    """Every trajectory gets the teacher's per-token log-probs, logp_teacher (needed by OPD)."""
+    """With `enabled`: every trajectory gets the teacher's per-token log-probs, logp_teacher (needed by OPD).
+    Without a teacher it has no effect."""
     annotate_by: Literal["rollout", "learner"] = "rollout"
     """Who asks the teacher: "rollout": each replica, for each group before writing it (on the thread that
     finishes a batch while the next one generates), so the learner finds logp_teacher filled and never waits
@@ -364,6 +367,9 @@ class AsyncRLConfig(Section):
                              f"buffer.type is {self.buffer.type!r}: set controller.state_store: none")
         if self.learner.algo.opd.enabled and not (self.teacher.enabled and self.teacher.annotate):
             raise ValueError("learner.algo.opd.enabled needs teacher.enabled and teacher.annotate")
+        if self.teacher.enabled and not self.teacher.model_path:
+            raise ValueError("teacher.model_path: required when teacher.enabled is true (the teacher's checkpoint "
+                             "directory)")
         return self
 
 

@@ -224,8 +224,9 @@ def main(argv: list[str] | None = None) -> int:
 
 def _one_line(err: Exception) -> str:
     if isinstance(err, ValidationError):
+        # A check across sections (empty location) names its keys in its message.
         return "; ".join(
-            f"{'.'.join(str(p) for p in e['loc']) or '(config)'}: {e['msg'].removeprefix('Value error, ')}"
+            ".".join(str(p) for p in e["loc"]) + ": " * bool(e["loc"]) + e["msg"].removeprefix("Value error, ")
             for e in err.errors()
         )
     return str(err)

@@ -91,8 +91,14 @@ def run(config: AsyncRLConfig, config_path: str | None = None) -> int:
             f"run_dir: {str(run_dir)!r} exists and is not empty; choose another run_dir, or continue it with "
             f"`asyncrl up --resume {run_dir}`"
         )
-    ensure_models(cfg)
-    preflight(cfg)
+    try:
+        ensure_models(cfg)
+        preflight(cfg)
+    except BaseException:
+        # A refused start leaves no empty run directory behind (`resolve` claimed it for "{time}").
+        if run_dir.is_dir() and not any(run_dir.iterdir()):
+            run_dir.rmdir()
+        raise
     run_dir.mkdir(parents=True, exist_ok=True)
     group = ProcessGroup(run_dir / "logs")
     if cfg.buffer.type == "redis" and not cfg.buffer.redis_url:

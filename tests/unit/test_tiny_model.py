@@ -80,7 +80,7 @@ def test_teacher_must_train_at_least_as_long(tmp_path):
     cfg = AsyncRLConfig.model_validate(
         {
             "model": {"path": str(tmp_path / "p")},
-            "teacher": {"model_path": str(tmp_path / "t")},
+            "teacher": {"enabled": True, "model_path": str(tmp_path / "t")},
             "tiny_model": {"warmstart_steps": 5, "teacher_steps": 2},
         }
     )

@@ -44,3 +44,25 @@ def test_a_run_without_a_configured_token_gets_one_and_a_resumed_run_keeps_it(tm
     run_auth(cfg)
     assert token_file.read_text().strip() == token
     assert "using the run's access token" in capsys.readouterr().out
+
+
+def test_a_refused_start_leaves_no_run_directory_behind(tmp_path, capsys):
+    config_file = tmp_path / "c.yaml"
+    config_file.write_text(f"run_dir: {tmp_path}/runs/r-{{time}}\nmodel: {{path: {tmp_path}/no-such-model}}\n")
+    assert main(["up", "--config", str(config_file)]) == 2
+    assert "config error: model.path" in capsys.readouterr().err
+    assert list((tmp_path / "runs").iterdir()) == []  # the claimed "{time}" directory is gone again
+
+
+def test_a_config_without_a_teacher_section_runs_no_teacher(tmp_path, capsys):
+    config_file = tmp_path / "c.yaml"
+    config_file.write_text("model: {path: /models/mine}\n")
+    cfg = load_config(config_file)
+    assert not cfg.teacher.enabled and not cfg.teacher.annotate
+    with pytest.raises(ValueError, match=r"teacher\.model_path: required"):
+        load_config(config_file, ["teacher.enabled=true"])
+    assert main(["up", "--config", str(config_file), "--set", "teacher.enabled=true"]) == 2
+    assert capsys.readouterr().err.startswith("asyncrl up: config error: teacher.model_path: required when")
+    cfg = load_config(config_file, ["teacher.enabled=true", "teacher.model_path=/models/teacher",
+                                    "teacher.annotate=true"])
+    assert cfg.teacher.enabled and cfg.teacher.model_path == "/models/teacher"
