@@ -95,11 +95,16 @@ def check_leases(report: AuditReport, controller: list[dict]) -> None:
     report.open_leases = len(set(holder) - ended)
 
 
+RESTARTS = ("resumed", "learner_lost")
+"""Learner records that take the run back to a checkpoint's step: a learner process starting from it, and
+`up` recording that the last learner process ended without its closing records (`asyncrl.tools.run_end`)."""
+
+
 def check_fall_back(report: AuditReport, learner: list[dict]) -> None:
-    """The learner's step numbers only go on by one, except right after a `resumed` record (from its step)."""
+    """The learner's step numbers only go on by one, except right after a `RESTARTS` record (from its step)."""
     last = 0
     for ev in learner:
-        if ev["kind"] == "resumed":
+        if ev["kind"] in RESTARTS:
             last = ev["from_step"]
         elif ev["kind"] == "step" and "step" in ev:
             if ev["step"] != last + 1:
@@ -109,11 +114,11 @@ def check_fall_back(report: AuditReport, learner: list[dict]) -> None:
 
 
 def surviving(learner: list[dict]) -> list[dict]:
-    """The learner's records of the surviving timeline: a `resumed` record (from step s) voids the earlier
-    `trained` records of steps >= s and `step`/`eval` records of steps > s."""
+    """The learner's records of the surviving timeline: a `resumed` or `learner_lost` record (from step s) voids
+    the earlier `trained` records of steps >= s and `step`/`eval` records of steps > s."""
     kept: list[dict] = []
     for ev in learner:
-        if ev["kind"] == "resumed":
+        if ev["kind"] in RESTARTS:
             s = ev["from_step"]
             kept = [e for e in kept if not (
                 (e["kind"] == "trained" and e["step"] >= s) or (e["kind"] in ("step", "eval") and e["step"] > s)

@@ -26,6 +26,7 @@ from asyncrl.learner.checkpoint import latest_checkpoint, read_meta
 from asyncrl.learner.timeline import drop_dead_timeline
 from asyncrl.tools.processes import ProcessGroup, free_port
 from asyncrl.tools.redis_local import start_local_redis
+from asyncrl.tools.run_end import close_learner_log
 from asyncrl.tools.run_secrets import local_redis_password, run_auth
 from asyncrl.tools.supervisor import Restartable, Supervisor
 
@@ -168,7 +169,13 @@ def launch(cfg: AsyncRLConfig, group: ProcessGroup) -> int:
         print("\n[up] interrupted; stopping", flush=True)
         code = 130
     finally:
-        group.stop_all(first=("learner",))
+        # The learner first: it ends its step and records what is left while the services it talks to run.
+        group.stop_all(keep=tuple(c.name for c in group.children if c.name != "learner"))
+        if cfg.buffer.type == "redis":
+            closed = close_learner_log(cfg)
+            if closed:
+                print(f"[up] {closed}", flush=True)
+        group.stop_all()
     finish(cfg)
     return code
 

@@ -157,3 +157,31 @@ def test_a_lease_completed_by_another_replica_is_stolen_and_open_leases_are_coun
     report = audit_run(tmp_path)
     assert report.stolen_leases == [{"lease_id": "l1", "holder": "r0", "completed_by": "intruder"}]
     assert report.open_leases == 2 and not report.ok
+
+
+def killed_learner_run(tmp_path, closed_by_up: bool):
+    """Checkpoint at step 1; the learner trained g2 in step 2 and was killed; the run was stopped before another
+    learner started. g2 and g3 are still in the buffer (g2 pending: acked only once a checkpoint covers it)."""
+    write(tmp_path, "controller", [lease("l1", 4, 0), lease("l2", 8, 0), lease("l3", 12, 1),
+                                   {"t": 2, "kind": "push_committed", "version": 1},
+                                   {"t": 3, "kind": "push_committed", "version": 2}])
+    write(tmp_path, "rollout-r0", [written("g1", "1-0"), written("g2", "2-0"), written("g3", "3-0")])
+    learner = [{"t": 1, "kind": "resumed", "from_step": 0, "version": 0},
+               {"t": 2, "kind": "trained", "step": 0, "group_ids": ["g1"]}, {"t": 2, "kind": "step", "step": 1, "version": 1},
+               {"t": 2.1, "kind": "checkpoint_saved", "step": 1},
+               {"t": 3, "kind": "trained", "step": 1, "group_ids": ["g2"]}, {"t": 3, "kind": "step", "step": 2, "version": 2}]
+    if closed_by_up:
+        learner += [{"t": 9, "kind": "learner_lost", "from_step": 1, "checkpoint": "checkpoints/step-000001"},
+                    {"t": 9, "kind": "final_buffer", "entry_ids": ["2-0", "3-0"], "snapshot_t": 9, "written_by": "up"}]
+    write(tmp_path, "learner", learner)  # fmt: skip
+
+
+def test_a_learner_killed_at_the_end_counts_from_its_checkpoint(tmp_path):
+    killed_learner_run(tmp_path, closed_by_up=False)
+    report = audit_run(tmp_path)
+    assert report.lost == ["g3"] and not report.ok  # without the buffer's list, unconsumed data looks lost
+    killed_learner_run(tmp_path, closed_by_up=True)
+    report = audit_run(tmp_path)
+    assert report.ok, report.as_dict()
+    # g2's step died with the learner: it counts as in the buffer (pending, trained again later), not trained.
+    assert report.groups_trained == 1 and report.left_in_buffer == 2 and report.lost == []
