@@ -6,6 +6,7 @@ without a network; this is the gRPC client that `controller_service` hands it.""
 
 from __future__ import annotations
 
+import logging
 import socket
 import threading
 
@@ -16,7 +17,10 @@ from asyncrl.core.auth import Auth
 from asyncrl.core.grpc_util import channel
 from asyncrl.core.weights.manifest import encode_plan
 from asyncrl.core.weights.plan import PushPlan
+from asyncrl.core.weights.rendezvous import report_unreachable
 from asyncrl.v1 import learner_pb2, learner_pb2_grpc, rollout_pb2, rollout_pb2_grpc
+
+log = logging.getLogger(__name__)
 
 
 class UpdateWeightsFailed(RuntimeError):
@@ -52,6 +56,16 @@ class ReplicaChannels:
         for ch in channels:
             ch.close()
 
+    @staticmethod
+    def _tell_sender(plan: PushPlan, rank: int, timeout_s: float) -> None:
+        """A receiver whose process is gone will never join the push: say so in the sender's store, so the
+        learner calls this push off at once instead of waiting `join_timeout_s` for it (and retries without
+        it). Best effort: the sender's join time-out still ends the wait."""
+        try:
+            report_unreachable(plan.store_address, plan.push_id, rank, timeout_s)
+        except Exception as err:  # noqa: BLE001 - e.g. the learner's store is not reachable from here
+            log.warning("push %s: could not tell the sender that rank %d is gone: %s", plan.push_id, rank, err)
+
     def update_weights(self, address: str, plan: PushPlan, rank: int, timeout_s: float, order_mac: bytes) -> int:
         """The production `WeightNotifier`: `Rollout.UpdateWeights(plan, rank, order_mac)` on `address`;
         returns the weight version the replica reports."""
@@ -64,6 +78,7 @@ class ReplicaChannels:
             # UNAVAILABLE: nothing listens at the address any more, i.e. the process is gone.
             if err.code() == grpc.StatusCode.UNAVAILABLE:
                 self.drop(address)
+                self._tell_sender(plan, rank, timeout_s)
                 raise ReceiverUnreachable(message) from None
             raise UpdateWeightsFailed(message) from None
         return response.weight_version

@@ -32,6 +32,7 @@ from asyncrl.core.config import AsyncRLConfig, dump_config
 from asyncrl.core.events import read_events
 from asyncrl.core.grpc_util import channel as grpc_channel
 from asyncrl.core.weights.manifest import decode_plan
+from asyncrl.core.weights.rendezvous import ReceiversMissing
 from asyncrl.core.weights.transport import host_store, make_group, receive_weights, send_weights
 from asyncrl.learner.seat import SeatedController
 from asyncrl.services.controller_service import SERVICE_NAME, create_server
@@ -531,6 +532,38 @@ def test_a_replica_nobody_answers_for_joins_no_push(controller, receivers):
     assert status[a].reachable and not any(status[s].reachable for s in strays)
     kinds = [e["kind"] for e in read_events(controller.run_dir, "controller")]
     assert "push_aborted" not in kinds and kinds.count("replica_reachable") == 1
+
+
+def test_a_receiver_whose_process_is_gone_is_left_out_at_once_not_after_the_join_timeout(controller, receivers):
+    """The controller's order cannot reach a receiver whose process died (nothing listens at its address): it
+    says so in the learner's store, and the sender calls the push off at once naming that rank, instead of
+    waiting out join_timeout_s for it (found by the chaos soak: every replica crash cost the learner ~5 s)."""
+    stub, alive = controller.stub, GlooReceiver()
+    a = register_receiver(controller, receivers(alive), alive)
+    doomed, server = GlooReceiver(), grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    rollout_pb2_grpc.add_RolloutServicer_to_server(doomed, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    b = register_receiver(controller, f"127.0.0.1:{port}", doomed)
+    server.stop(0).wait()  # the replica's process is gone; its heartbeat is not stale yet
+    store = host_store("127.0.0.1", 0, 30)
+    named = named_weights(1)
+    specs = [weights_pb2.TensorSpec(name=n, shape=list(t.shape), dtype=str(t.dtype)[6:]) for n, t in named]
+    begun = stub.BeginWeightPush(pb.BeginWeightPushRequest(
+        version=1, store_address=f"127.0.0.1:{store.port}", transport="gloo", tensors=specs, bucket_bytes=512,
+        timeout_s=20, join_timeout_s=15))  # fmt: skip
+    assert list(begun.receivers) == [a, b]
+    t0 = time.monotonic()
+    with pytest.raises(ReceiversMissing, match=r"rank \[2\] could not be reached by the controller") as missing:
+        make_group(decode_plan(begun.plan), 0, store)
+    assert time.monotonic() - t0 < 5, "the sender waited for the dead receiver"
+    failed = stub.CommitWeightPush(pb.CommitWeightPushRequest(
+        push_id=begun.plan.push_id, sender_ok=False, error=str(missing.value), missing_ranks=missing.value.ranks))
+    assert not failed.committed
+    # The retry goes without it and commits.
+    begun, commit = push_as_learner(stub, store, version=1)
+    assert list(begun.receivers) == [a] and commit.committed and list(commit.acked) == [a]
+    assert torch.equal(alive.received[1]["layer.weight"], named[0][1])
 
 
 def test_held_acquire_is_released_by_a_commit_over_grpc(controller):

@@ -8,6 +8,8 @@ that long. So before each push's broadcast:
 - each receiver writes `ready/<rank>` into the push's store: `ok`, or `no-group` when the plan reuses a
   broadcast group this process is not a member of (it restarted, or dropped the group after a failure) or
   is a delta against a base this process does not hold (`weights.delta`);
+- the controller writes `unreachable` in place of a receiver it could not even reach with the push's order
+  (nothing listens at its address: the process is gone), so the sender need not wait for it;
 - the sender waits up to `join_timeout_s` for all ready keys, then writes the verdict: `go` (everybody
   broadcasts) or `abort` (nobody does: receivers raise `PushAborted` at once, the sender raises
   `ReceiversMissing` naming the absent or group-less ranks, and the controller forms a new group for the
@@ -31,12 +33,17 @@ from __future__ import annotations
 import datetime
 import time
 
-from torch.distributed import DistStoreError
+from torch.distributed import DistStoreError, PrefixStore, TCPStore
 
-READY, NO_GROUP = b"ok", b"no-group"
+READY, NO_GROUP, UNREACHABLE = b"ok", b"no-group", b"unreachable"
 CURRENT_PUSH = "current_push"
 POLL_S = 0.25
 """How often a receiver waiting for its verdict checks that its push is still the sender's."""
+
+
+def push_prefix(push_id: str) -> str:
+    """The store prefix of one push's keys (its join handshake)."""
+    return f"push/{push_id}/"
 
 
 class PushAborted(RuntimeError):
@@ -71,12 +78,24 @@ def sender_join(store, push_id: str, world_size: int, join_timeout_s: float) -> 
         store.set("verdict", f"abort: ranks {missing} did not join")
         raise ReceiversMissing(push_id, missing, join_timeout_s) from None
     states = store.multi_get(keys)
+    gone = [rank for rank, state in enumerate(states, start=1) if state == UNREACHABLE]
+    if gone:
+        store.set("verdict", f"abort: ranks {gone} could not be reached")
+        raise ReceiversMissing(push_id, gone, join_timeout_s, "could not be reached by the controller")
     groupless = [rank for rank, state in enumerate(states, start=1) if state != READY]
     if groupless:
         store.set("verdict", f"abort: ranks {groupless} are not members of the push's group")
         raise ReceiversMissing(push_id, groupless, join_timeout_s,
                                "are not members of the reused group (or lack its delta base)", absent=False)
     store.set("verdict", "go")
+
+
+def report_unreachable(store_address: str, push_id: str, rank: int, timeout_s: float) -> None:
+    """The controller, for a receiver its order could not reach: write `unreachable` as the rank's ready key in
+    the sender's store, unless the receiver wrote its own (a compare-and-set on an absent key)."""
+    host, _, port = store_address.rpartition(":")
+    root = TCPStore(host.strip("[]"), int(port), is_master=False, timeout=datetime.timedelta(seconds=timeout_s))
+    PrefixStore(push_prefix(push_id), root).compare_set(f"ready/{rank}", "", UNREACHABLE)
 
 
 def announce(root, push_id: str) -> None:

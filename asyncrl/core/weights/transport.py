@@ -24,7 +24,7 @@ from asyncrl.core.weights.delta import DeltaBase, max_payload_bytes
 from asyncrl.core.weights.flat import FlatWeights, adjacent_run
 from asyncrl.core.weights.manifest import TRANSPORTS
 from asyncrl.core.weights.plan import PushPlan, TensorMeta
-from asyncrl.core.weights.rendezvous import announce, receiver_join, sender_join
+from asyncrl.core.weights.rendezvous import announce, push_prefix, receiver_join, sender_join
 from asyncrl.core.weights.staging import STAGING
 
 
@@ -58,7 +58,7 @@ def connect_store(plan: PushPlan) -> TCPStore:
 
 def push_store(root: TCPStore, plan: PushPlan) -> PrefixStore:
     """The keys of one push (its join handshake)."""
-    return PrefixStore(f"push/{plan.push_id}/", root)
+    return PrefixStore(push_prefix(plan.push_id), root)
 
 
 def is_loopback(host: str) -> bool:
