@@ -22,6 +22,10 @@ from asyncrl.v1 import learner_pb2, learner_pb2_grpc, rollout_pb2, rollout_pb2_g
 
 log = logging.getLogger(__name__)
 
+TELL_SENDER_TIMEOUT_S = 2.0
+"""How long the controller tries to reach the learner's rendezvous store to report a receiver that is gone: a
+store it cannot reach must not hold that receiver's outcome (and the commit waiting for it) any longer."""
+
 
 class UpdateWeightsFailed(RuntimeError):
     """A replica answered UpdateWeights with an error (or never answered)."""
@@ -78,7 +82,7 @@ class ReplicaChannels:
             # UNAVAILABLE: nothing listens at the address any more, i.e. the process is gone.
             if err.code() == grpc.StatusCode.UNAVAILABLE:
                 self.drop(address)
-                self._tell_sender(plan, rank, timeout_s)
+                self._tell_sender(plan, rank, min(timeout_s, TELL_SENDER_TIMEOUT_S))
                 raise ReceiverUnreachable(message) from None
             raise UpdateWeightsFailed(message) from None
         return response.weight_version

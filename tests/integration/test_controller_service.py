@@ -25,6 +25,7 @@ import torch
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
+from asyncrl.controller.push import ReceiverUnreachable
 from asyncrl.controller.state import ControllerState
 from asyncrl.controller.status_page import StatusPage
 from asyncrl.core.auth import liveness_mac
@@ -32,10 +33,12 @@ from asyncrl.core.config import AsyncRLConfig, dump_config
 from asyncrl.core.events import read_events
 from asyncrl.core.grpc_util import channel as grpc_channel
 from asyncrl.core.weights.manifest import decode_plan
+from asyncrl.core.weights.plan import PushPlan
 from asyncrl.core.weights.rendezvous import ReceiversMissing
 from asyncrl.core.weights.transport import host_store, make_group, receive_weights, send_weights
 from asyncrl.learner.seat import SeatedController
 from asyncrl.services.controller_service import SERVICE_NAME, create_server
+from asyncrl.services.weight_fanout import TELL_SENDER_TIMEOUT_S, ReplicaChannels
 from asyncrl.v1 import controller_pb2 as pb
 from asyncrl.v1 import controller_pb2_grpc, rollout_pb2, rollout_pb2_grpc, weights_pb2
 from tests.conftest import TEST_AUTH
@@ -564,6 +567,20 @@ def test_a_receiver_whose_process_is_gone_is_left_out_at_once_not_after_the_join
     begun, commit = push_as_learner(stub, store, version=1)
     assert list(begun.receivers) == [a] and commit.committed and list(commit.acked) == [a]
     assert torch.equal(alive.received[1]["layer.weight"], named[0][1])
+
+
+def test_a_learner_store_the_controller_cannot_reach_costs_the_report_at_most_two_seconds(caplog):
+    """Reporting a gone receiver is best effort: a learner store the controller cannot reach (nothing listens
+    there) must not hold that receiver's outcome, and the commit waiting for it, for the push's time-out."""
+    plan = PushPlan("p-unreachable-store", 1, "127.0.0.1:1", 3, "gloo", (), 1 << 20, 60.0)
+    with socket.socket() as sock:  # a port nothing listens on: the receiver's process is gone
+        sock.bind(("127.0.0.1", 0))
+        dead = f"127.0.0.1:{sock.getsockname()[1]}"
+    t0 = time.monotonic()
+    with pytest.raises(ReceiverUnreachable):
+        ReplicaChannels(TEST_AUTH).update_weights(dead, plan, 2, 60.0, b"")
+    assert time.monotonic() - t0 < TELL_SENDER_TIMEOUT_S + 3
+    assert "could not tell the sender that rank 2 is gone" in caplog.text
 
 
 def test_held_acquire_is_released_by_a_commit_over_grpc(controller):
