@@ -17,7 +17,7 @@ from asyncrl.core.auth import Auth
 from asyncrl.core.grpc_util import channel
 from asyncrl.core.weights.manifest import encode_plan
 from asyncrl.core.weights.plan import PushPlan
-from asyncrl.core.weights.rendezvous import report_unreachable
+from asyncrl.core.weights.transport import report_unreachable
 from asyncrl.v1 import learner_pb2, learner_pb2_grpc, rollout_pb2, rollout_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -66,7 +66,7 @@ class ReplicaChannels:
         learner calls this push off at once instead of waiting `join_timeout_s` for it (and retries without
         it). Best effort: the sender's join time-out still ends the wait."""
         try:
-            report_unreachable(plan.store_address, plan.push_id, rank, timeout_s)
+            report_unreachable(plan, rank, timeout_s)
         except Exception as err:  # noqa: BLE001 - e.g. the learner's store is not reachable from here
             log.warning("push %s: could not tell the sender that rank %d is gone: %s", plan.push_id, rank, err)
 

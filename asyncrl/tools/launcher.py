@@ -170,7 +170,7 @@ def launch(cfg: AsyncRLConfig, group: ProcessGroup) -> int:
         code = 130
     finally:
         # The learner first: it ends its step and records what is left while the services it talks to run.
-        group.stop_all(keep=tuple(c.name for c in group.children if c.name != "learner"))
+        group.stop(("learner",))
         if cfg.buffer.type == "redis":
             closed = close_learner_log(cfg)
             if closed:

@@ -60,12 +60,13 @@ class ProcessGroup:
     def failed(self) -> list[Child]:
         return [c for c in self.children if c.proc.poll() not in (None, 0)]
 
-    def stop_all(self, grace_s: float = 15.0, keep: tuple[str, ...] = (), first: tuple[str, ...] = ()) -> None:
+    def stop(self, names: tuple[str, ...], grace_s: float = 15.0) -> None:
+        """Stop (and wait for) only the children named in `names`; the others keep running."""
+        self.stop_all(grace_s, keep=tuple(c.name for c in self.children if c.name not in names))
+
+    def stop_all(self, grace_s: float = 15.0, keep: tuple[str, ...] = ()) -> None:
         """SIGTERM every child (except those named in `keep`), SIGKILL what is still running after `grace_s`;
-        the stopped ones leave the group. Children named in `first` are stopped (and waited for) before the
-        others: the learner ends its step and records what is left while the services it talks to still run."""
-        if first:
-            self.stop_all(grace_s, keep=tuple(c.name for c in self.children if c.name not in first) + keep)
+        the stopped ones leave the group."""
         stopping = [c for c in reversed(self.children) if c.name not in keep]
         for child in stopping:
             if child.alive():

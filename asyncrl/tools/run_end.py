@@ -16,26 +16,32 @@ from __future__ import annotations
 
 import logging
 import time
+from pathlib import Path
 
 from asyncrl.core.buffer import make_buffer
-from asyncrl.core.events import EventLog, read_events
+from asyncrl.core.events import EventLog
 from asyncrl.learner.checkpoint import latest_checkpoint, read_meta
 
 log = logging.getLogger(__name__)
 
 
-def learner_closed_its_log(events: list[dict]) -> bool:
+def learner_closed_its_log(run_dir) -> bool:
     """Whether the learner's last process wrote its `final_buffer` (after its last `resumed`, the record each
-    learner process starts with)."""
-    last_start = max((i for i, e in enumerate(events) if e["kind"] == "resumed"), default=-1)
-    return any(e["kind"] == "final_buffer" for e in events[last_start + 1 :])
+    learner process starts with); True for a log with nothing in it. A search of the bytes, not a parse: the
+    audit right after parses the whole log, which grows by megabytes a minute. (`EventLog` writes compact JSON,
+    and a quote inside a value is escaped, so `"kind":"..."` only ever matches a record's kind.)"""
+    path = Path(run_dir) / "events" / "learner.jsonl"
+    data = path.read_bytes() if path.exists() else b""
+    if not data.strip():
+        return True
+    last_start = data.rfind(b'"kind":"resumed"')
+    return data.find(b'"kind":"final_buffer"', max(last_start, 0)) >= 0
 
 
 def close_learner_log(cfg) -> str | None:
     """Write `learner_lost` and `final_buffer` into the learner's log when its last process did not end it;
     returns what was done (a line for the console), or None when the learner had closed its log itself."""
-    events = read_events(cfg.run_dir, "learner")
-    if not events or learner_closed_its_log(events):
+    if learner_closed_its_log(cfg.run_dir):
         return None
     checkpoint = latest_checkpoint(cfg.run_dir)
     from_step = read_meta(checkpoint).step if checkpoint is not None else 0

@@ -24,9 +24,9 @@ import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from urllib.parse import urlsplit
 
-import yaml
-
+from asyncrl.core.config import load_config
 from asyncrl.core.events import read_events
 from asyncrl.tools.audit import surviving
 
@@ -63,15 +63,15 @@ def up_argv(config: str, run_dir: Path, overrides: list[str]) -> list[str]:
 def role_patterns(run_dir: Path) -> dict[str, str]:
     """`pgrep -f` patterns of the run's processes, by role."""
     cfg_path = run_dir / "config.resolved.yaml"
-    cfg = yaml.safe_load(cfg_path.read_text())
+    cfg = load_config(cfg_path)
     roles = {role: f"cli {role} --config {cfg_path}" for role in ("controller", "learner")}
-    if cfg["teacher"]["enabled"]:
+    if cfg.teacher.enabled:
         roles["teacher"] = f"cli teacher --config {cfg_path}"
-    for i in range(cfg["rollout"]["replicas"]):
+    for i in range(cfg.rollout.replicas):
         roles[f"replica-{i}"] = f"cli rollout --config {cfg_path} --replica-id replica-{i}"
-    url = cfg["buffer"]["redis_url"]
     if (run_dir / "redis").is_dir():  # the run's own redis-server (it retitles itself "redis-server host:port")
-        roles["redis"] = "redis-server " + url.split("//", 1)[1].split("@")[-1].split("/", 1)[0]
+        url = urlsplit(cfg.buffer.redis_url)
+        roles["redis"] = f"redis-server {url.hostname}:{url.port}"
     return roles
 
 

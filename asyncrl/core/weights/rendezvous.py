@@ -33,17 +33,12 @@ from __future__ import annotations
 import datetime
 import time
 
-from torch.distributed import DistStoreError, PrefixStore, TCPStore
+from torch.distributed import DistStoreError
 
 READY, NO_GROUP, UNREACHABLE = b"ok", b"no-group", b"unreachable"
 CURRENT_PUSH = "current_push"
 POLL_S = 0.25
 """How often a receiver waiting for its verdict checks that its push is still the sender's."""
-
-
-def push_prefix(push_id: str) -> str:
-    """The store prefix of one push's keys (its join handshake)."""
-    return f"push/{push_id}/"
 
 
 class PushAborted(RuntimeError):
@@ -62,8 +57,12 @@ class ReceiversMissing(RuntimeError):
         self.absent = absent
 
 
+def _ready_key(rank: int) -> str:
+    return f"ready/{rank}"
+
+
 def _ready_keys(world_size: int) -> list[str]:
-    return [f"ready/{rank}" for rank in range(1, world_size)]
+    return [_ready_key(rank) for rank in range(1, world_size)]
 
 
 def sender_join(store, push_id: str, world_size: int, join_timeout_s: float) -> None:
@@ -90,12 +89,10 @@ def sender_join(store, push_id: str, world_size: int, join_timeout_s: float) -> 
     store.set("verdict", "go")
 
 
-def report_unreachable(store_address: str, push_id: str, rank: int, timeout_s: float) -> None:
-    """The controller, for a receiver its order could not reach: write `unreachable` as the rank's ready key in
-    the sender's store, unless the receiver wrote its own (a compare-and-set on an absent key)."""
-    host, _, port = store_address.rpartition(":")
-    root = TCPStore(host.strip("[]"), int(port), is_master=False, timeout=datetime.timedelta(seconds=timeout_s))
-    PrefixStore(push_prefix(push_id), root).compare_set(f"ready/{rank}", "", UNREACHABLE)
+def mark_unreachable(store, rank: int) -> None:
+    """The controller, for a receiver its order could not reach: `unreachable` as the rank's ready key in the
+    push's store, unless the receiver wrote its own (a compare-and-set on an absent key)."""
+    store.compare_set(_ready_key(rank), "", UNREACHABLE)
 
 
 def announce(root, push_id: str) -> None:
@@ -113,7 +110,7 @@ def receiver_join(store, push_id: str, rank: int, timeout_s: float, has_group: b
     """Rank > 0: announce this rank (and whether it holds the group the plan reuses), wait for the sender's
     verdict; raise PushAborted on abort, and (with `root`, the store the sender announces its pushes in) as
     soon as the sender has moved on to another push."""
-    store.set(f"ready/{rank}", READY if has_group else NO_GROUP)
+    store.set(_ready_key(rank), READY if has_group else NO_GROUP)
     deadline = time.monotonic() + timeout_s
     poll_s = POLL_S if root is not None else timeout_s
     seen = current_push(root) if root is not None else ""

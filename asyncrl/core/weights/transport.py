@@ -24,7 +24,7 @@ from asyncrl.core.weights.delta import DeltaBase, max_payload_bytes
 from asyncrl.core.weights.flat import FlatWeights, adjacent_run
 from asyncrl.core.weights.manifest import TRANSPORTS
 from asyncrl.core.weights.plan import PushPlan, TensorMeta
-from asyncrl.core.weights.rendezvous import announce, push_prefix, receiver_join, sender_join
+from asyncrl.core.weights.rendezvous import announce, mark_unreachable, receiver_join, sender_join
 from asyncrl.core.weights.staging import STAGING
 
 
@@ -50,15 +50,21 @@ class BroadcastGroup(ABC):
         """Drop the group's connections."""
 
 
-def connect_store(plan: PushPlan) -> TCPStore:
-    """A receiver's client connection to the sender's rendezvous store."""
+def connect_store(plan: PushPlan, timeout_s: float | None = None) -> TCPStore:
+    """A client connection to the sender's rendezvous store (a receiver's: within the plan's time-out)."""
     return TCPStore(plan.store_host, plan.store_port, is_master=False,
-                    timeout=datetime.timedelta(seconds=plan.timeout_s))
+                    timeout=datetime.timedelta(seconds=plan.timeout_s if timeout_s is None else timeout_s))
 
 
 def push_store(root: TCPStore, plan: PushPlan) -> PrefixStore:
     """The keys of one push (its join handshake)."""
-    return PrefixStore(push_prefix(plan.push_id), root)
+    return PrefixStore(f"push/{plan.push_id}/", root)
+
+
+def report_unreachable(plan: PushPlan, rank: int, timeout_s: float) -> None:
+    """The controller, for a receiver of `plan` whose process is gone: tell the sender through its store, so
+    its join wait ends now (`rendezvous.mark_unreachable`)."""
+    mark_unreachable(push_store(connect_store(plan, timeout_s), plan), rank)
 
 
 def is_loopback(host: str) -> bool:
