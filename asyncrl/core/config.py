@@ -24,9 +24,10 @@ from asyncrl.core.learner_config import LearnerConfig, TrackingConfig
 
 
 class ModelConfig(Section):
-    path: str = "artifacts/tiny-arith/policy"
+    path: str = ""
     """Directory of a Hugging Face causal-LM checkpoint (config.json, weights, tokenizer with its special
-    tokens and chat template); relative to the working directory. Every process uses its tokenizer."""
+    tokens and chat template); relative to the working directory. Required by every process but the controller
+    (which never loads the model); there is no default model."""
     build_tiny: bool = False
     """Build the tiny demo model (and its teacher) at `path` / `teacher.model_path` when they do not exist
     (`asyncrl up`). Only the demo config sets this: a missing real checkpoint is an error naming the path."""

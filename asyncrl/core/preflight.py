@@ -14,6 +14,9 @@ class ConfigError(ValueError):
 
 def check_checkpoint(path: str, key: str) -> None:
     """`path` is a Hugging Face checkpoint directory (has config.json)."""
+    if not path:
+        raise ConfigError(f"{key}: required: the directory of a Hugging Face checkpoint (config.json, weights, "
+                          "tokenizer)")
     directory = Path(path)
     if not directory.exists():
         raise ConfigError(f"{key}: {path!r} does not exist")

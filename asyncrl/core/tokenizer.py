@@ -88,6 +88,9 @@ class ModelTokenizer:
         """The tokenizer saved with the checkpoint at `model_path` (plus generation_config's EOS ids)."""
         from transformers import AutoTokenizer, GenerationConfig
 
+        if not str(model_path):
+            raise ValueError("model.path: required: the directory of a Hugging Face checkpoint (config.json, "
+                             "weights, tokenizer)")
         path = Path(model_path)
         if not path.is_dir():
             raise ValueError(f"model.path: {str(model_path)!r} is not a directory")

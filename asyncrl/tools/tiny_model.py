@@ -196,6 +196,8 @@ def make_tiny_model(config) -> TinyModelPaths:
     """Build (or reuse) the tiny policy at `config.model.path` and, when the teacher is enabled, the teacher at
     `config.teacher.model_path`."""
     tiny = config.tiny_model
+    if not config.model.path:
+        raise ValueError("model.path: required: where to build the tiny policy")
     policy_dir = Path(config.model.path)
     teacher_dir = Path(config.teacher.model_path) if config.teacher.enabled else None
     stamp = config_stamp(config)

@@ -66,3 +66,14 @@ def test_a_config_without_a_teacher_section_runs_no_teacher(tmp_path, capsys):
     cfg = load_config(config_file, ["teacher.enabled=true", "teacher.model_path=/models/teacher",
                                     "teacher.annotate=true"])
     assert cfg.teacher.enabled and cfg.teacher.model_path == "/models/teacher"
+
+
+def test_a_config_without_a_model_path_is_refused_naming_the_key_not_given_the_demo_model(tmp_path, capsys):
+    # The demo's checkpoint exists in a checkout that ran the demo: a config without model.path must still
+    # not train it.
+    config_file = tmp_path / "c.yaml"
+    config_file.write_text(f"run_dir: {tmp_path / 'runs' / 'mine'}\n")
+    assert load_config(config_file).model.path == ""
+    assert main(["up", "--config", str(config_file)]) == 2
+    assert capsys.readouterr().err.startswith("asyncrl up: config error: model.path: required")
+    assert not (tmp_path / "runs" / "mine").exists()
