@@ -62,7 +62,12 @@ from asyncrl.core.weights.manifest import (
     encode_plan,
 )
 from asyncrl.services.controller_messages import ERRORS, answer, learner_figures, status_message, status_of
-from asyncrl.services.weight_fanout import ReplicaChannels, grpc_learner_liveness_answer, grpc_liveness_answer
+from asyncrl.services.weight_fanout import (
+    ReplicaChannels,
+    grpc_learner_liveness_answer,
+    grpc_liveness_answer,
+    preload_store_client,
+)
 from asyncrl.v1 import controller_pb2, controller_pb2_grpc
 
 SERVICE_NAME = "asyncrl.v1.Controller"
@@ -349,6 +354,7 @@ def create_server(
     # generations, a full collection no longer walks them, and its pause under a thousand held replicas
     # drops from ~130 ms to a few (heartbeat p99, bench/controller_leases.py).
     gc.freeze()
+    preload_store_client()
     return server, port
 
 

@@ -6,6 +6,7 @@ without a network; this is the gRPC client that `controller_service` hands it.""
 
 from __future__ import annotations
 
+import importlib
 import logging
 import socket
 import threading
@@ -17,14 +18,24 @@ from asyncrl.core.auth import Auth
 from asyncrl.core.grpc_util import channel
 from asyncrl.core.weights.manifest import encode_plan
 from asyncrl.core.weights.plan import PushPlan
-from asyncrl.core.weights.transport import report_unreachable
 from asyncrl.v1 import learner_pb2, learner_pb2_grpc, rollout_pb2, rollout_pb2_grpc
 
 log = logging.getLogger(__name__)
 
+STORE_CLIENT_MODULE = "asyncrl.core.weights.transport"
+"""Where `report_unreachable` lives: torch.distributed's store client, which the controller needs for nothing
+else. Imported on a thread once the server is built (`preload_store_client`), not before it serves: loading
+torch held up a restarted controller's first answer by about a second."""
+
 TELL_SENDER_TIMEOUT_S = 2.0
 """How long the controller tries to reach the learner's rendezvous store to report a receiver that is gone: a
 store it cannot reach must not hold that receiver's outcome (and the commit waiting for it) any longer."""
+
+
+def preload_store_client() -> None:
+    """Import `STORE_CLIENT_MODULE` on a daemon thread (a report that needs it first waits for that import)."""
+    threading.Thread(target=importlib.import_module, args=(STORE_CLIENT_MODULE,), name="preload-store-client",
+                     daemon=True).start()
 
 
 class UpdateWeightsFailed(RuntimeError):
@@ -66,7 +77,7 @@ class ReplicaChannels:
         learner calls this push off at once instead of waiting `join_timeout_s` for it (and retries without
         it). Best effort: the sender's join time-out still ends the wait."""
         try:
-            report_unreachable(plan, rank, timeout_s)
+            importlib.import_module(STORE_CLIENT_MODULE).report_unreachable(plan, rank, timeout_s)
         except Exception as err:  # noqa: BLE001 - e.g. the learner's store is not reachable from here
             log.warning("push %s: could not tell the sender that rank %d is gone: %s", plan.push_id, rank, err)
 

@@ -10,8 +10,7 @@ from pydantic import Field, model_validator
 
 from asyncrl.core.algo.config import AlgoConfig
 from asyncrl.core.config_base import Cores, Section
-from asyncrl.core.weights.delta import DeltaSetting
-from asyncrl.core.weights.manifest import Transport
+from asyncrl.core.weights.kinds import DeltaSetting, Transport
 
 
 class WeightTransportConfig(Section):

@@ -62,7 +62,7 @@ class Supervisor:
                     print(f"[up] {child.name} exited with {child.proc.returncode}; last lines:\n{child.tail()}",
                           flush=True)
                     return 1
-            time.sleep(1.0)
+            self.group.wait_for_an_exit(1.0)
 
     def _restart_learner(self, code: int) -> bool:
         if self.learner.restarts >= self.learner.max_restarts:

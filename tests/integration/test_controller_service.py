@@ -4,6 +4,7 @@ as a subprocess."""
 
 from __future__ import annotations
 
+import importlib
 import json
 import math
 import os
@@ -38,7 +39,7 @@ from asyncrl.core.weights.rendezvous import ReceiversMissing
 from asyncrl.core.weights.transport import host_store, make_group, receive_weights, send_weights
 from asyncrl.learner.seat import SeatedController
 from asyncrl.services.controller_service import SERVICE_NAME, create_server
-from asyncrl.services.weight_fanout import TELL_SENDER_TIMEOUT_S, ReplicaChannels
+from asyncrl.services.weight_fanout import STORE_CLIENT_MODULE, TELL_SENDER_TIMEOUT_S, ReplicaChannels
 from asyncrl.v1 import controller_pb2 as pb
 from asyncrl.v1 import controller_pb2_grpc, rollout_pb2, rollout_pb2_grpc, weights_pb2
 from tests.conftest import TEST_AUTH
@@ -573,6 +574,7 @@ def test_a_learner_store_the_controller_cannot_reach_costs_the_report_at_most_tw
     """Reporting a gone receiver is best effort: a learner store the controller cannot reach (nothing listens
     there) must not hold that receiver's outcome, and the commit waiting for it, for the push's time-out."""
     plan = PushPlan("p-unreachable-store", 1, "127.0.0.1:1", 3, "gloo", (), 1 << 20, 60.0)
+    importlib.import_module(STORE_CLIENT_MODULE)  # as a controller does once it is up (preload_store_client)
     with socket.socket() as sock:  # a port nothing listens on: the receiver's process is gone
         sock.bind(("127.0.0.1", 0))
         dead = f"127.0.0.1:{sock.getsockname()[1]}"

@@ -97,3 +97,26 @@ def test_a_delta_plan_round_trips_and_needs_a_codec_and_a_kept_group():
     assert refused(delta_base_push_id="bad id!") == "plan.delta_base_push_id"
     assert refused(new_group=True) == "plan.delta_base_push_id"  # a new group has no base
     assert refused(group_id="", new_group=True) == "plan.delta_base_push_id"
+
+
+def test_the_torch_free_dtype_table_is_torchs_own():
+    # The controller checks plans without torch; the names it accepts and their sizes must be torch's.
+    from asyncrl.core.weights.plan import DTYPE_BYTES
+
+    torch_dtypes = {name: value for name in dir(torch) if isinstance(value := getattr(torch, name), torch.dtype)}
+    assert set(DTYPE_BYTES) == set(torch_dtypes)
+    for name, dtype in torch_dtypes.items():
+        meta = TensorMeta("w", (3,), name)
+        assert meta.itemsize == dtype.itemsize and meta.torch_dtype is dtype and meta.nbytes == 3 * dtype.itemsize
+    with pytest.raises(ValueError, match="unknown dtype 'Tensor'"):
+        _ = TensorMeta("w", (3,), "Tensor").nbytes
+
+
+def test_the_controller_and_the_config_load_without_torch():
+    # A restarted controller answers about a second sooner without torch; `asyncrl` tools start at once.
+    import subprocess
+    import sys
+
+    code = ("import sys, services.controller_service, asyncrl.core.config, asyncrl.core.weights.manifest; "
+            "sys.exit('torch' in sys.modules)")
+    assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0

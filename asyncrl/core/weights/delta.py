@@ -19,15 +19,12 @@ link saves: it pays only on links slower than the figures in docs/benchmarks.md 
 from __future__ import annotations
 
 import zlib
-from typing import Literal, get_args
 
 import numpy as np
 import torch
 
-DeltaSetting = Literal["none", "xor-zlib"]
-"""`weight_transport.delta_codec`: no delta, or a codec."""
-CODECS: tuple[str, ...] = tuple(c for c in get_args(DeltaSetting) if c != "none")
-"""Delta encodings a push may use (a plan names one, or "")."""
+from asyncrl.core.weights.kinds import CODECS
+
 ZLIB_LEVEL = 1
 """Fastest zlib level: at higher levels the encode costs several times more for a few percent of bytes."""
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 import hashlib
 import math
 from collections.abc import Iterable, Mapping
-from typing import Literal, get_args
 
 from google.protobuf.message import DecodeError
 
@@ -27,13 +26,10 @@ from asyncrl.core.validation import (
     require,
     shown,
 )
-from asyncrl.core.weights.delta import CODECS
+from asyncrl.core.weights.kinds import CODECS, TRANSPORTS
 from asyncrl.core.weights.plan import PushPlan, TensorMeta
 from asyncrl.v1 import weights_pb2
 
-Transport = Literal["gloo", "nccl"]
-"""Data planes of the weight push: gloo (CPU tensors) or nccl (GPU tensors)."""
-TRANSPORTS: tuple[str, ...] = get_args(Transport)
 MAX_TENSORS = 1 << 20
 MAX_TENSOR_NAME = 1024
 MAX_PUSH_BYTES = 1 << 46
@@ -61,7 +57,7 @@ def decode_tensors(specs, field: str = "tensors") -> tuple[TensorMeta, ...]:
                 f"at most 8 dims, each in [0, {MAX_PUSH_BYTES}], got {list(spec.shape)[:9]}")
         meta = TensorMeta(spec.name, tuple(spec.shape), spec.dtype)
         try:
-            _ = meta.torch_dtype  # raises for a name that is not a torch dtype
+            _ = meta.itemsize  # raises for a name that is not a torch dtype
         except ValueError:
             raise InvalidArgument(f"{where}.dtype", f"unknown torch dtype {shown(spec.dtype)}") from None
         total += math.prod(spec.shape)

@@ -1,11 +1,30 @@
 """A weight push plan in plain Python (the proto `WeightPushPlan` at the service edges; the codec is
-`asyncrl.core.weights.manifest`)."""
+`asyncrl.core.weights.manifest`).
+
+Torch-free on purpose: the controller decodes and checks every plan, and it never needs torch otherwise.
+Only `TensorMeta.torch_dtype` (the data plane's question) imports it."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:
+    import torch
+
+DTYPE_BYTES: dict[str, int] = {
+    "bool": 1, "uint8": 1, "int8": 1, "int16": 2, "short": 2, "uint16": 2, "int32": 4, "int": 4, "uint32": 4,
+    "int64": 8, "long": 8, "uint64": 8,
+    "float16": 2, "half": 2, "bfloat16": 2, "float32": 4, "float": 4, "float64": 8, "double": 8,
+    "complex32": 4, "chalf": 4, "complex64": 8, "cfloat": 8, "complex128": 16, "cdouble": 16,
+    "float8_e4m3fn": 1, "float8_e4m3fnuz": 1, "float8_e5m2": 1, "float8_e5m2fnuz": 1, "float8_e8m0fnu": 1,
+    "float4_e2m1fn_x2": 1,
+    "qint8": 1, "quint8": 1, "qint32": 4, "quint4x2": 1, "quint2x4": 1,
+    "bits8": 1, "bits16": 2, "bits1x8": 1, "bits2x4": 1, "bits4x2": 1, "bit": 1,
+    **{f"int{b}": 1 for b in range(1, 8)}, **{f"uint{b}": 1 for b in range(1, 8)},
+}
+"""Every name of a torch dtype (`torch.<name>` is a `torch.dtype`, aliases included) and its element size in
+bytes, as torch reports them (a unit test compares this table with the installed torch)."""
 
 
 @dataclass(frozen=True)
@@ -15,11 +34,18 @@ class TensorMeta:
     dtype: str  # torch dtype name without "torch.", e.g. "float32"
 
     @property
+    def itemsize(self) -> int:
+        size = DTYPE_BYTES.get(self.dtype)
+        if size is None:
+            raise ValueError(f"tensor {self.name!r}: unknown dtype {self.dtype!r}")
+        return size
+
+    @property
     def torch_dtype(self) -> torch.dtype:
-        dtype = getattr(torch, self.dtype, None)
-        if not isinstance(dtype, torch.dtype):
-            raise ValueError(f"tensor {self.name!r}: unknown dtype {self.dtype!r}")  # noqa: TRY004 - a bad value
-        return dtype
+        import torch
+
+        _ = self.itemsize  # the same refusal for a name that is not a torch dtype
+        return getattr(torch, self.dtype)
 
     @property
     def numel(self) -> int:
@@ -30,7 +56,7 @@ class TensorMeta:
 
     @property
     def nbytes(self) -> int:
-        return self.numel * self.torch_dtype.itemsize
+        return self.numel * self.itemsize
 
     @classmethod
     def of(cls, name: str, tensor: torch.Tensor) -> TensorMeta:
