@@ -6,6 +6,7 @@ a killed learner trains again from its checkpoint count once); also the time fro
 next steps, and the run's audit (nothing lost, nothing trained twice, η held), which must be clean.
 
     .venv/bin/python bench/chaos_soak.py [--minutes 5] [--calm-s 30] [--seed 1] [--eta 4] [--set K=V ...]
+                                         [--name SUFFIX]   (the result goes to chaos_soak-SUFFIX)
     (or: asyncrl bench chaos_soak -- --minutes 5)
 """
 
@@ -28,6 +29,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--eta", default="4")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    parser.add_argument("--name", default="", help="suffix of the result's name")
     args = parser.parse_args()
     repo = Path(__file__).resolve().parents[1]
     overrides = [f"controller.eta={args.eta}", "learner.eval_every=0", "learner.checkpoint.save_every=50",
@@ -36,7 +38,8 @@ def main() -> None:
         result = soak(str(repo / "examples" / "tiny-arith.yaml"), Path(tmp) / "run", overrides, args.calm_s,
                       60 * args.minutes, args.seed, log=lambda line: print(line, file=sys.stderr, flush=True))
     result = {"eta": args.eta, "overrides": overrides, **result}
-    emit("chaos_soak", result, {"calm": result["calm_steps_per_s"], "under faults": result["chaos_steps_per_s"]},
+    emit("chaos_soak" + (f"-{args.name}" if args.name else ""), result,
+         {"calm": result["calm_steps_per_s"], "under faults": result["chaos_steps_per_s"]},
          "learner steps / s (surviving timeline)",
          f"{result['faults']} faults: {result['chaos_over_calm']:.2f}x of the calm rate, audit "
          f"{'OK' if result['audit_ok'] else 'FAILED'}")

@@ -10,14 +10,15 @@ from them one can check that every admission satisfied the staleness bound and t
     reregistered (bool: the id was known, i.e. a restart; its old leases expire with reason "reregistered").
 `replica_revived`: replica_id (a replica declared dead spoke again; its leases had already expired).
 `replica_dead`: replica_id, silent_s, leases_expired (count); reason "unreachable" when a push found nothing
-    listening at its address (otherwise it was silent past the heartbeat time-out).
+    listening at its address, "gone" when the controller's dial of a silent lease holder's address was
+    refused (otherwise it was silent past the heartbeat time-out).
 `lease_granted`: lease_id, replica_id, n, admitted_after (N_r after this admission, i.e. the N_r of the
     lease's last trajectory), version (policy version i at admission), eta (null = unbounded), batch_size,
     prompt_index, held_s.
     Audit: eta is null or floor((admitted_after - 1) / batch_size) <= version + eta.
 `lease_completed`: lease_id, replica_id, n, num_written, returned (n - num_written), admitted_after.
 `lease_expired`: lease_id, replica_id, n, returned (= n), admitted_after, reason ("ttl" | "replica_dead" |
-    "reregistered" | "unreachable").
+    "reregistered" | "unreachable" | "gone" | "abandoned" | "timeline_reset").
 `push_begun`: push_id, version, mode ("new" | "resync"; not `kind`, which names the record),
     receivers (replica ids, rank order), world_size, current_version (before the push),
     aborted_previous (push id or null).

@@ -1,10 +1,18 @@
 """Who is alive and what is due: the part of `ControllerState` that declares silent replicas dead, expires due
 leases and forgets long-dead replicas (lazily on every operation, and on the reaper's timer in production), and
 that does not count the controller's own stall as anybody's silence (a mixin, like `admission.Admission`: it
-shares the state's lock, registry, lease book, events and pushes; call the `_` methods with the lock held)."""
+shares the state's lock, registry, lease book, events and pushes; call the `_` methods with the lock held).
+
+A replica is declared dead when it is silent past `heartbeat_timeout_s`, or sooner when its process is
+shown gone: a push's order found nothing listening at its address (`_bury_unreachable`), or, for a silent
+lease holder, a dial of its address was refused (`check_gone`; `controller.dial_silent_after_s`). The
+leases of a dead replica expire and return their quota; with a small η the other replicas are waiting for
+exactly that quota, so the earlier it returns the shorter the learner's stall.
+"""
 
 from __future__ import annotations
 
+import hmac
 from dataclasses import replace
 
 from asyncrl.controller.leases import Lease
@@ -65,6 +73,8 @@ class Liveness:
         for replica in self._registry.forget(now) if scan else ():
             self.events.write("replica_forgotten", replica_id=replica.replica_id, silent_s=replica.heartbeat_age(now))
             changed = True
+        if scan:
+            self._dial_silent_lease_holders(now)
         due = self._leases.expire_due(now)
         if due:
             self._log_expired(due, "ttl")
@@ -85,6 +95,58 @@ class Liveness:
         self.events.write("controller_stalled", seconds=seconds, replicas=len(self._registry.all()),
                           leases=len(self._leases.active()))  # fmt: skip
 
+    def _dial_silent_lease_holders(self, now: float) -> None:
+        """Queue a dial of every lease holder silent for `dial_silent_after_s` that answered at its address
+        before (`reachable`; an address that never answered says nothing when it refuses), at most once per
+        that interval each (`check_gone` runs it off the lock)."""
+        after = self.config.dial_silent_after_s
+        if self._gone_checks is None or after <= 0:
+            return
+        for replica_id in {lease.replica_id for lease in self._leases.active()}:
+            replica = self._registry.get(replica_id)
+            if (replica.alive and replica.reachable and replica.heartbeat_age(now) >= after
+                    and now - replica.dialled_at >= after):
+                replica.dialled_at = now
+                self._gone_checks.submit(replica_id, replica.push_key, 0.0)
+
+    def _silent_holder(self, replica_id: str, key: bytes) -> Replica | None:
+        """The live registration `key` of `replica_id` if it is still silent past `dial_silent_after_s`."""
+        if not self._registry.known(replica_id):
+            return None
+        replica = self._registry.get(replica_id)
+        if not (replica.alive and hmac.compare_digest(replica.push_key, key)):
+            return None
+        return replica if replica.heartbeat_age(self._clock()) >= self.config.dial_silent_after_s else None
+
+    def check_gone(self, replica_id: str, key: bytes) -> None:
+        """Dial the address of a silent lease holder (outside the lock): refused, its process is gone, and it
+        is declared dead now (reason "gone"). One dial per call: `ReachabilityChecks` never repeats it (None)."""
+        with self._cond:
+            replica = self._silent_holder(replica_id, key)
+            if replica is None:
+                return
+            address = replica.address
+        if not self._gone(address):
+            return
+        with self._cond:
+            replica = self._silent_holder(replica_id, key)  # a heartbeat or a new registration meanwhile wins
+            if replica is not None:
+                self._declare_dead(replica, "gone", f"its process is gone: the controller's dial of {address} "
+                                                    "was refused")
+                self._changed(replicas=True)
+
+    def _declare_dead(self, replica: Replica, reason: str, problem: str) -> None:
+        """`replica` is dead before its heartbeat time-out: its leases expire now, and an open push stops
+        waiting for it. Its next heartbeat revives it (it then needs a resync)."""
+        replica.alive = False
+        leases = self._leases.expire_replica(replica.replica_id, reason)
+        self.events.write(
+            "replica_dead", replica_id=replica.replica_id, silent_s=replica.heartbeat_age(self._clock()),
+            leases_expired=len(leases), reason=reason,
+        )  # fmt: skip
+        self._log_expired(leases, reason)
+        self._pushes.receiver_died(replica.replica_id, problem)
+
     def _bury_unreachable(self, outcomes: dict[str, Outcome]) -> None:
         """A receiver nothing listens for any more is dead now, not after the heartbeat time-out: the retry
         of this push must not pick it again, and its leases return their quota at once. Its next heartbeat
@@ -93,15 +155,8 @@ class Liveness:
         nothing (a wrong advertised host) must not be in every push."""
         for replica_id, outcome in outcomes.items():
             replica = self._registry.get(replica_id)
-            if not outcome.unreachable or not replica.alive:
-                continue
-            replica.alive = False
-            leases = self._leases.expire_replica(replica_id, "unreachable")
-            self.events.write(
-                "replica_dead", replica_id=replica_id, silent_s=replica.heartbeat_age(self._clock()),
-                leases_expired=len(leases), reason="unreachable",
-            )  # fmt: skip
-            self._log_expired(leases, "unreachable")
+            if outcome.unreachable and replica.alive:
+                self._declare_dead(replica, "unreachable", outcome.error)
 
     def _log_expired(self, leases: list[Lease], reason: str) -> None:
         after = self._leases.admitted + sum(lease.num_trajectories for lease in leases)

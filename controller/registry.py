@@ -43,6 +43,8 @@ class Replica:
     """It answered the controller's challenge at `address` under `push_key`: it may join pushes."""
     reach_failures: int = 0
     """Challenges at this registration's address that got no right answer."""
+    dialled_at: float = float("-inf")
+    """When the controller last dialled this silent lease holder's address (`Liveness`: gone or not)."""
 
     def needs_sync(self, current_version: int) -> bool:
         return self.force_sync or self.weight_version != current_version

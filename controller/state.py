@@ -72,6 +72,7 @@ class ControllerState(Admission, LearnerSeating, ReplicaReachability, Liveness):
         notify: WeightNotifier,
         probe=None,
         learner_probe: Probe | None = None,
+        gone=None,
         store: ControllerStore | None = None,
         run_id: str = "",
         clock=time.monotonic,
@@ -100,6 +101,9 @@ class ControllerState(Admission, LearnerSeating, ReplicaReachability, Liveness):
         """(address, challenge) -> the replica's answer (b"" when none); None: ids and addresses are never
         checked."""
         self._reach = ReachabilityChecks(self.check_reachable, _REACH_WORKERS) if probe is not None else None
+        self._gone = gone
+        """address -> True when a connection there is refused (the process is gone); None: never dial."""
+        self._gone_checks = ReachabilityChecks(self.check_gone, _REACH_WORKERS) if gone is not None else None
         self._seat = LearnerSeat(learner_probe)
         self._writer = StateWriter(store or NoStore())
         self.restored = self._restore(self._writer.store.load())
@@ -111,8 +115,9 @@ class ControllerState(Admission, LearnerSeating, ReplicaReachability, Liveness):
         if self._reaper is not None:
             self._reaper.stop()
             self._reaper = None
-        if self._reach is not None:
-            self._reach.close()
+        for checks in (self._reach, self._gone_checks):
+            if checks is not None:
+                checks.close()
         self.events.close()
         self._writer.store.close()
 

@@ -64,6 +64,7 @@ from asyncrl.core.weights.manifest import (
 from asyncrl.services.controller_messages import ERRORS, answer, learner_figures, status_message, status_of
 from asyncrl.services.weight_fanout import (
     ReplicaChannels,
+    address_refuses,
     grpc_learner_liveness_answer,
     grpc_liveness_answer,
     preload_store_client,
@@ -332,6 +333,7 @@ def create_server(
         notify=notify or channels.update_weights,
         probe=functools.partial(grpc_liveness_answer, auth=auth) if check_replicas else None,
         learner_probe=functools.partial(grpc_learner_liveness_answer, auth=auth),
+        gone=address_refuses if check_replicas else None,
         store=make_store(config), run_id=str(run_dir),
     )
     servicer = ControllerServicer(state)

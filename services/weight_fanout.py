@@ -116,6 +116,12 @@ def grpc_learner_liveness_answer(address: str, challenge: bytes, *, auth: Auth,
         learner_pb2.LearnerStatusRequest(challenge=challenge), timeout=timeout_s))
 
 
+def address_refuses(address: str, timeout_s: float = 1.0) -> bool:
+    """A TCP connection to `address` is refused: no process listens there any more (the controller's check
+    of a silent lease holder). A time-out or an unreachable network says nothing and gives False."""
+    return _dial(address, timeout_s) is False
+
+
 def _challenge(address: str, auth: Auth, ask) -> bytes | None:
     # A plain TCP connection first, cheaper than a gRPC channel: a refused one means no process listens there
     # any more (gone), one that times out says nothing about the holder (unknown). Then the call itself: a

@@ -164,6 +164,12 @@ class ControllerConfig(Section):
     """A replica silent this long is dead: its leases expire and return their quota. Also how long the learner's
     seat stays with a holder the controller cannot challenge (no answer at all) after its last heartbeat; a
     learner taking the seat waits up to twice this long for it."""
+    dial_silent_after_s: float = Field(1.5, ge=0)
+    """A replica that holds leases, has answered the controller at its address before, and has been silent
+    this long (less than heartbeat_timeout_s) is dialled there (a TCP connect): a refused connection means
+    its process is gone, and it is declared dead at once, its leases returning their quota, instead of
+    after heartbeat_timeout_s or its restart. A dial that connects (a paused or busy process) or gets no
+    answer changes nothing. 0 = never dial."""
     forget_dead_after_s: float = Field(600.0, gt=0)
     """A replica dead this long is removed from the registry (it registers again if it comes back)."""
     max_replicas: int = Field(1024, ge=1)

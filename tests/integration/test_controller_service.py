@@ -570,6 +570,29 @@ def test_a_receiver_whose_process_is_gone_is_left_out_at_once_not_after_the_join
     assert torch.equal(alive.received[1]["layer.weight"], named[0][1])
 
 
+def test_a_lease_holder_whose_process_is_gone_returns_its_quota_before_its_heartbeat_time_out(controller, receivers):
+    """η = 0: the batch's quota is leased to a replica whose process then dies. The other replica's request
+    waits for that quota; the controller dials the silent holder's address, the connection is refused, and the
+    lease expires ("gone") well before heartbeat_timeout_s (10 s), which used to be the wait (or the dead
+    replica's restart)."""
+    stub = controller.stub
+    doomed, server = GlooReceiver(), grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    rollout_pb2_grpc.add_RolloutServicer_to_server(doomed, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    holder = register_receiver(controller, f"127.0.0.1:{port}", doomed)
+    other = GlooReceiver()
+    waiting = register_receiver(controller, receivers(other), other)
+    assert stub.AcquireLease(pb.AcquireLeaseRequest(replica_id=holder, num_trajectories=8)).granted
+    server.stop(0).wait()  # the holder's process is gone: nothing listens at its address
+    t0 = time.monotonic()
+    answer = stub.AcquireLease(pb.AcquireLeaseRequest(replica_id=waiting, num_trajectories=8, wait_s=9))
+    assert answer.granted, "the quota never came back"
+    assert time.monotonic() - t0 < 6
+    dead = [e for e in read_events(controller.run_dir, "controller") if e["kind"] == "replica_dead"]
+    assert [(e["replica_id"], e["reason"], e["leases_expired"]) for e in dead] == [(holder, "gone", 1)]
+
+
 def test_a_learner_store_the_controller_cannot_reach_costs_the_report_at_most_two_seconds(caplog):
     """Reporting a gone receiver is best effort: a learner store the controller cannot reach (nothing listens
     there) must not hold that receiver's outcome, and the commit waiting for it, for the push's time-out."""
