@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 
 import grpc
 
@@ -17,27 +18,39 @@ class HeldLeases:
     """The leases a replica still works on (granted, not yet completed or given up): its heartbeats report
     them, so the controller expires any other lease of the replica instead of keeping it alive."""
 
-    def __init__(self):
+    def __init__(self, clock=time.monotonic):
         self._lock = threading.Lock()
-        self._ids: set[str] = set()
+        self._since: dict[str, float] = {}
+        self._clock = clock
 
     def add(self, lease_id: str) -> None:
         with self._lock:
-            self._ids.add(lease_id)
+            self._since.setdefault(lease_id, self._clock())
 
     def discard(self, lease_id: str) -> None:
         with self._lock:
-            self._ids.discard(lease_id)
+            self._since.pop(lease_id, None)
 
     def snapshot(self) -> list[str]:
         with self._lock:
-            return sorted(self._ids)
+            return sorted(self._since)
+
+    def oldest_age_s(self) -> float:
+        """How long the oldest lease still held has been held (0 when none is)."""
+        with self._lock:
+            return self._clock() - min(self._since.values()) if self._since else 0.0
+
+
+class LoopStuck(RuntimeError):
+    """A lease held past `rollout.lease_deadline_s`: the rollout loop no longer moves."""
 
 
 class ReplicaSession:
     def __init__(self, controller_stub, address: str, engine, engine_type: str, replica_id: str = "",
-                 held: HeldLeases | None = None, on_registered=None):
+                 held: HeldLeases | None = None, on_registered=None, lease_deadline_s: float = 0.0):
         self._stub = controller_stub
+        self.lease_deadline_s = lease_deadline_s
+        """`rollout.lease_deadline_s`: `heartbeat_forever` raises `LoopStuck` for a lease held longer (0 = never)."""
         self._on_registered = on_registered
         """Called with the granted replica id after every registration (the metrics' `replica` label)."""
         self.held = held or HeldLeases()
@@ -84,7 +97,10 @@ class ReplicaSession:
         except grpc.RpcError as err:
             if err.code() in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.INVALID_ARGUMENT):
                 # The controller does not know us (it restarted, or declared us dead): join again.
-                self.register()
+                try:
+                    self.register()
+                except grpc.RpcError as again:  # the next heartbeat tries again
+                    log.warning("registering again failed: %s", again.details())
             else:
                 log.warning("heartbeat failed: %s", err.details())
 
@@ -100,5 +116,16 @@ class ReplicaSession:
         self._held_back_for = problem
 
     def heartbeat_forever(self, stop: threading.Event) -> None:
+        """Heartbeat until `stop`. Raises `LoopStuck` rather than keep alive a lease held past the deadline:
+        heartbeats from a replica whose loop is stuck would hold that lease's quota, and the run, forever."""
         while not stop.wait(self.heartbeat_interval_s):
+            self.check_not_stuck()
             self.heartbeat()
+
+    def check_not_stuck(self) -> None:
+        age = self.held.oldest_age_s()
+        if self.lease_deadline_s > 0 and age > self.lease_deadline_s:
+            raise LoopStuck(f"a lease has been held for {age:.0f} s, past rollout.lease_deadline_s "
+                            f"({self.lease_deadline_s:g} s): the rollout loop is stuck (an engine or a call that "
+                            "never returns); exiting so that this replica is restarted and the lease's quota "
+                            "returns")

@@ -81,7 +81,7 @@ class ReplicaRuntime:
         cfg = self.config
         address = f"{advertised_host(cfg.rollout)}:{port}"
         self.session = ReplicaSession(controller_stub, address, self.engine, cfg.rollout.engine.type, self.requested_id,
-                                      on_registered=self.metrics.bind)
+                                      on_registered=self.metrics.bind, lease_deadline_s=cfg.rollout.lease_deadline_s)
         self.session.register()
         task = task_for_run(cfg)
         self.rewards = RewardPool(task.reward_fn, cfg.reward.workers, cfg.reward.timeout_s,
@@ -98,21 +98,23 @@ class ReplicaRuntime:
             limits=checkpoint_limits(cfg.model.path, cfg), annotator=annotator,
         )  # fmt: skip
         self._threads = [
-            threading.Thread(target=self.session.heartbeat_forever, args=(self._stop,), daemon=True),
-            threading.Thread(target=self._roll_out, args=(worker,), daemon=True),
+            threading.Thread(target=self._exit_on_failure, args=(self.session.heartbeat_forever, "heartbeats"),
+                             daemon=True),
+            threading.Thread(target=self._exit_on_failure, args=(worker.run, "rollout loop"), daemon=True),
         ]
         for thread in self._threads:
             thread.start()
 
-    def _roll_out(self, worker: RolloutWorker) -> None:
-        """The rollout loop's thread. The loop rides out what it expects (controller calls failing, bad
-        groups); anything else is a bug, and a replica whose loop died would heartbeat on without producing
-        anything: it exits instead, so its supervisor (`asyncrl up`, Kubernetes) starts it again and its
-        leases expire."""
+    def _exit_on_failure(self, loop, name: str) -> None:
+        """Run `loop(stop)` on this thread (the rollout loop, the heartbeats). Each rides out what it expects
+        (controller calls failing, bad groups); anything else ends the process. A replica whose rollout loop
+        died would heartbeat on without producing anything, and one whose loop is stuck would keep its
+        leases alive (`LoopStuck`, from the heartbeats): it exits instead, so its supervisor (`asyncrl up`,
+        Kubernetes) starts it again and its leases expire."""
         try:
-            worker.run(self._stop)
+            loop(self._stop)
         except BaseException:
-            log.critical("the rollout loop died; exiting so that this replica is restarted", exc_info=True)
+            log.critical("the %s died; exiting so that this replica is restarted", name, exc_info=True)
             logging.shutdown()
             os._exit(1)
 

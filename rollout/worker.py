@@ -20,6 +20,7 @@ import grpc
 
 from asyncrl.core.sampling import SamplingParams
 from asyncrl.core.trajectory_checks import BadGroup, TrajectoryLimits, check_trajectory_group
+from asyncrl.rollout.reward_pool import RewardWorkersHung
 from asyncrl.rollout.trajectories import build_group
 from asyncrl.v1 import controller_pb2
 
@@ -125,6 +126,8 @@ class RolloutWorker:
         for lease, prompt, gens in zip(leases, prompts, groups):
             try:
                 built.append((lease, gens, *self._build(lease, prompt, gens)))
+            except RewardWorkersHung:
+                raise  # no reward can be computed any more: the loop dies, the replica is restarted
             except Exception as err:  # noqa: BLE001 - logged; the lease is given up (it expires, its quota returns)
                 self._give_up(lease, err)
         if self.annotator is not None:

@@ -235,6 +235,11 @@ class RolloutConfig(Section):
     """`asyncrl up` restarts a replica process that dies (same replica id: it re-registers, is resynced to the
     current weights and gets leases again) at most this many times per replica; 0 = a dead replica ends the
     run."""
+    lease_deadline_s: float = Field(1800.0, ge=0)
+    """A lease this replica has held this long, neither completed nor given up, means its rollout loop is
+    stuck (an engine or a call that never returns) while its heartbeats keep that lease, and its quota, alive:
+    the replica exits (code 1) to be restarted, and the lease's quota returns. Set it above the longest batch
+    you expect (the largest model, the longest responses). 0 = never."""
     leases_per_batch: int = Field(4, ge=1)
     """Groups generated together in one engine call: one held lease plus up to this many-1 more that are
     admissible at once (bigger engine batches, same staleness rule)."""

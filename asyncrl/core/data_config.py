@@ -88,7 +88,9 @@ class RewardConfig(Section):
     workers: int = Field(4, ge=1)
     """Threads per rollout replica that compute rewards, so a slow verifier does not hold up generation."""
     timeout_s: float = Field(30.0, gt=0)
-    """A sample whose reward takes longer gets reward 0 (counted as an error)."""
+    """A sample whose reward takes longer gets reward 0 (counted as an error). A call that never returns
+    keeps its worker; once every worker is kept so for one more time-out, the replica exits to be restarted
+    (`RewardWorkersHung` in its log)."""
     max_abs: float = Field(1.0e6, gt=0)
     """A group with a reward that is not finite or has |reward| above this is dead-lettered, never trained on
     (on write by the replica, on read by the learner): one absurd value would dominate the advantages."""

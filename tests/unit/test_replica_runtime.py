@@ -1,5 +1,7 @@
-"""The replica runtime's rollout thread: a loop that dies of an unexpected error ends the process (exit 1), so
-its supervisor starts the replica again; a loop that returns (the replica is stopping) ends nothing."""
+"""The replica runtime's threads: a loop that dies of an unexpected error ends the process (exit 1), so its
+supervisor starts the replica again; a loop that returns (the replica is stopping) ends nothing. The
+heartbeats end the process too when a lease has been held past `rollout.lease_deadline_s` (a stuck loop whose
+heartbeats would keep that lease, and the run's quota, alive forever)."""
 
 from __future__ import annotations
 
@@ -37,10 +39,44 @@ def replica(monkeypatch):
 
 def test_a_loop_that_dies_ends_the_process_with_1(replica, caplog):
     with pytest.raises(Exited) as exited:
-        replica._roll_out(Worker(AttributeError("a bug")))
+        replica._exit_on_failure(Worker(AttributeError("a bug")).run, "rollout loop")
     assert exited.value.args == (1,)
     assert "the rollout loop died" in caplog.text and "a bug" in caplog.text
 
 
 def test_a_loop_that_returns_ends_nothing(replica):
-    replica._roll_out(Worker(None))
+    replica._exit_on_failure(Worker(None).run, "rollout loop")
+
+
+class Clock:
+    def __init__(self):
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_lease_held_past_the_deadline_ends_the_process_from_the_heartbeat_thread(replica, caplog):
+    from asyncrl.rollout.replica import HeldLeases, ReplicaSession
+
+    clock = Clock()
+    held = HeldLeases(clock)
+    session = ReplicaSession(None, "127.0.0.1:1", None, "torch", "r-1", held=held, lease_deadline_s=60.0)
+    held.add("lease-a")
+    clock.now += 30.0
+    held.add("lease-b")
+    held.add("lease-a")  # taken again: still held since the first time
+    clock.now += 30.0
+    session.check_not_stuck()  # exactly at the deadline: not yet
+    assert held.oldest_age_s() == 60.0
+    held.discard("lease-a")  # completed: the next oldest counts (held 30 s so far)
+    clock.now += 30.0
+    session.check_not_stuck()
+    clock.now += 1.0
+    session.heartbeat_interval_s = 0.001
+    with pytest.raises(Exited) as exited:
+        replica._exit_on_failure(session.heartbeat_forever, "heartbeats")
+    assert exited.value.args == (1,)
+    assert "the heartbeats died" in caplog.text and "past rollout.lease_deadline_s (60 s)" in caplog.text
+    session.lease_deadline_s = 0  # 0 = never
+    session.check_not_stuck()
