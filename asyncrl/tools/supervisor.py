@@ -36,6 +36,7 @@ class Restartable:
 
     def restart(self, group: ProcessGroup) -> None:
         self.restarts += 1
+        self.child.kill_leftovers()
         group.children.remove(self.child)
         self.child = group.start_cli(self.child.name, self.argv, self.env)
 
@@ -80,6 +81,7 @@ class Supervisor:
             self.redis_restarts += 1
             print(f"[up] redis-server exited with {child.proc.returncode}; restarting it on its append-only "
                   f"file ({self.redis_restarts}/{self.cfg.buffer.local_max_restarts})", flush=True)
+            child.kill_leftovers()
             self.group.children.remove(child)
             restart_local_redis(self.group, self.cfg)
             return True
