@@ -22,6 +22,7 @@ import hmac
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 
 from asyncrl.controller import staleness
 from asyncrl.controller.admission import Admission
@@ -72,7 +73,7 @@ class ControllerState(Admission, LearnerSeating, ReplicaReachability, Liveness):
         notify: WeightNotifier,
         probe=None,
         learner_probe: Probe | None = None,
-        gone=None,
+        gone: Callable[[str], bool] | None = None,
         store: ControllerStore | None = None,
         run_id: str = "",
         clock=time.monotonic,

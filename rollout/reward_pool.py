@@ -7,9 +7,10 @@ neither crashes the replica nor floods its log.
 
 A call past its time-out may never return (a regex that backtracks forever, a solver in a loop), and a thread
 cannot be stopped: it holds its worker for good. Once every worker is held by such a call, and none of them
-returns within one more time-out, no reward can be computed any more. The pool then raises `RewardWorkersHung` instead of scoring every later sample 0 after a time-out each
-(which would train on nothing but zeros); the replica's rollout loop dies of it, and the replica exits to
-be restarted with fresh threads (`rollout.runtime`).
+returns within one more time-out, no reward can be computed any more. The pool then raises
+`RewardWorkersHung` instead of scoring every later sample 0 after a time-out each (which would train on
+nothing but zeros); the replica's rollout loop dies of it, and the replica exits to be restarted with fresh
+threads (`rollout.runtime`).
 """
 
 from __future__ import annotations
