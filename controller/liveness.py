@@ -138,7 +138,7 @@ class Liveness:
     def _declare_dead(self, replica: Replica, reason: str, problem: str) -> None:
         """`replica` is dead before its heartbeat time-out: its leases expire now, and an open push stops
         waiting for it. Its next heartbeat revives it (it then needs a resync)."""
-        replica.alive = False
+        replica.alive, replica.dead_reason = False, problem
         leases = self._leases.expire_replica(replica.replica_id, reason)
         self.events.write(
             "replica_dead", replica_id=replica.replica_id, silent_s=replica.heartbeat_age(self._clock()),

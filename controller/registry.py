@@ -45,6 +45,8 @@ class Replica:
     """Challenges at this registration's address that got no right answer."""
     dialled_at: float = float("-inf")
     """When the controller last dialled this silent lease holder's address (`Liveness`: gone or not)."""
+    dead_reason: str = ""
+    """Why it was declared dead (the status page shows it); "" while it lives."""
 
     def needs_sync(self, current_version: int) -> bool:
         return self.force_sync or self.weight_version != current_version
@@ -84,6 +86,7 @@ class ReplicaRegistry:
         if existing is not None:
             existing.address, existing.weight_version, existing.engine = address, weight_version, engine
             existing.last_heartbeat, existing.alive, existing.force_sync = now, True, False
+            existing.dead_reason = ""
             existing.clear_push_failures()  # a new process (perhaps with its address fixed) gets a fresh chance
             existing.push_key = new_push_key()
             existing.reachable, existing.reach_failures = False, 0  # a new key and perhaps a new address
@@ -112,7 +115,7 @@ class ReplicaRegistry:
         """Record a sign of life; returns True when this revives a replica that had been declared dead."""
         replica.last_heartbeat = now
         revived = not replica.alive
-        replica.alive = True
+        replica.alive, replica.dead_reason = True, ""
         return revived
 
     def report_version(self, replica: Replica, weight_version: int) -> None:
@@ -126,6 +129,8 @@ class ReplicaRegistry:
         dead = [r for r in self.live() if now - r.last_heartbeat > self.heartbeat_timeout_s]
         for replica in dead:
             replica.alive = False
+            replica.dead_reason = (f"silent for {now - replica.last_heartbeat:.0f} s (controller.heartbeat_timeout_s "
+                                   f"{self.heartbeat_timeout_s:g} s)")
         return dead
 
     def forget(self, now: float) -> list[Replica]:

@@ -53,7 +53,7 @@ def render_html(snap: dict) -> str:
     rows = "".join(
         "<tr>"
         f"<td>{esc(r['replica_id'])}</td><td>{esc(r['address'])}</td><td>{esc(r['engine'])}</td>"
-        f"<td>{r['weight_version']}</td><td>{'yes' if r['alive'] else 'dead'}</td>"
+        f"<td>{r['weight_version']}</td><td>{'yes' if r['alive'] else 'dead: ' + esc(r['dead_reason'])}</td>"
         f"<td>{'yes' if r['needs_sync'] else ''}</td><td>{r['active_leases']}</td>"
         f"<td>{r['last_heartbeat_age_s']:.1f} s</td>"
         f"<td>{_held_back(r)}</td>"

@@ -8,12 +8,14 @@ from asyncrl.controller.results import LearnerReport
 
 def replica_view(replica: Replica, now: float, current: int, active_leases: int) -> dict:
     """`held_back_s`: how much longer it sits out pushes after failing some, or failing to answer at its
-    address (`push_problem`: why); `reachable`: it answered there (until then it joins no push)."""
+    address (`push_problem`: why); `reachable`: it answered there (until then it joins no push);
+    `dead_reason`: why it was declared dead ("" while alive)."""
     return {
         "replica_id": replica.replica_id,
         "address": replica.address,
         "weight_version": replica.weight_version,
         "alive": replica.alive,
+        "dead_reason": replica.dead_reason,
         "needs_sync": replica.needs_sync(current),
         "active_leases": active_leases,
         "last_heartbeat_age_s": replica.heartbeat_age(now),

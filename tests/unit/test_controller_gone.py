@@ -78,6 +78,8 @@ def test_a_silent_lease_holder_whose_address_refuses_is_dead_at_once_and_its_quo
     dead = events.of_kind("replica_dead")
     assert [(e["replica_id"], e["reason"], e["leases_expired"]) for e in dead] == [("r-a", "gone", 1)]
     assert [e["reason"] for e in events.of_kind("lease_expired")] == ["gone"]
+    view = next(r for r in state.snapshot()["replicas"] if r["replica_id"] == "r-a")
+    assert view["dead_reason"] == "its process is gone: the controller's dial of 127.0.0.1:7001 was refused"
     assert state.try_acquire("r-b", 8, time.monotonic(), final=True).granted  # 1.6 s after, not 10 s
 
 

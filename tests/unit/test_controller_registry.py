@@ -3,6 +3,7 @@
 import pytest
 
 from asyncrl.controller.errors import InvalidRequest
+from asyncrl.controller.status_page import render_html
 from tests.fakes import make_state
 
 
@@ -49,10 +50,13 @@ def test_silent_replica_dies_and_a_heartbeat_revives_it():
     state.reap()
     (dead,) = events.of_kind("replica_dead")
     assert dead["replica_id"] == rid and dead["silent_s"] == pytest.approx(4.0)
-    assert not state.snapshot()["replicas"][0]["alive"]
+    view = state.snapshot()["replicas"][0]
+    assert not view["alive"] and view["dead_reason"] == "silent for 4 s (controller.heartbeat_timeout_s 3 s)"
+    assert "dead: silent for 4 s" in render_html(state.snapshot())
     assert state.metrics.registry.get_sample_value("asyncrl_controller_live_replicas") == 0
     state.heartbeat(rid, 0)
-    assert state.snapshot()["replicas"][0]["alive"]
+    view = state.snapshot()["replicas"][0]
+    assert view["alive"] and view["dead_reason"] == ""
     assert events.of_kind("replica_revived")[0]["replica_id"] == rid
 
 
