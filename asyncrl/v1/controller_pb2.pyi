@@ -300,7 +300,7 @@ class GetStatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ReplicaStatus(_message.Message):
-    __slots__ = ("replica_id", "address", "weight_version", "alive", "needs_sync", "active_leases", "last_heartbeat_age_s", "engine", "held_back_s", "push_problem", "reachable")
+    __slots__ = ("replica_id", "address", "weight_version", "alive", "needs_sync", "active_leases", "last_heartbeat_age_s", "engine", "held_back_s", "push_problem", "reachable", "dead_reason")
     REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     WEIGHT_VERSION_FIELD_NUMBER: _ClassVar[int]
@@ -312,6 +312,7 @@ class ReplicaStatus(_message.Message):
     HELD_BACK_S_FIELD_NUMBER: _ClassVar[int]
     PUSH_PROBLEM_FIELD_NUMBER: _ClassVar[int]
     REACHABLE_FIELD_NUMBER: _ClassVar[int]
+    DEAD_REASON_FIELD_NUMBER: _ClassVar[int]
     replica_id: str
     address: str
     weight_version: int
@@ -323,7 +324,8 @@ class ReplicaStatus(_message.Message):
     held_back_s: float
     push_problem: str
     reachable: bool
-    def __init__(self, replica_id: _Optional[str] = ..., address: _Optional[str] = ..., weight_version: _Optional[int] = ..., alive: _Optional[bool] = ..., needs_sync: _Optional[bool] = ..., active_leases: _Optional[int] = ..., last_heartbeat_age_s: _Optional[float] = ..., engine: _Optional[str] = ..., held_back_s: _Optional[float] = ..., push_problem: _Optional[str] = ..., reachable: _Optional[bool] = ...) -> None: ...
+    dead_reason: str
+    def __init__(self, replica_id: _Optional[str] = ..., address: _Optional[str] = ..., weight_version: _Optional[int] = ..., alive: _Optional[bool] = ..., needs_sync: _Optional[bool] = ..., active_leases: _Optional[int] = ..., last_heartbeat_age_s: _Optional[float] = ..., engine: _Optional[str] = ..., held_back_s: _Optional[float] = ..., push_problem: _Optional[str] = ..., reachable: _Optional[bool] = ..., dead_reason: _Optional[str] = ...) -> None: ...
 
 class ControllerStatus(_message.Message):
     __slots__ = ("current_version", "admitted", "batch_size", "eta", "held_requests", "replicas", "pushes_committed", "leases_expired")
