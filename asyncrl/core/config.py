@@ -19,6 +19,7 @@ import yaml
 from pydantic import Field, model_validator
 
 from asyncrl.core.config_base import Cores, Section
+from asyncrl.core.controller_config import ControllerConfig
 from asyncrl.core.data_config import RewardConfig, TaskConfig
 from asyncrl.core.learner_config import LearnerConfig, TrackingConfig
 
@@ -141,77 +142,6 @@ class BufferConfig(Section):
     """Client certificate for Redis servers that require one (`tls-auth-clients yes`), with `tls_key_file`."""
     tls_key_file: str | None = None
     """Private key of `tls_cert_file`."""
-
-
-class ControllerConfig(Section):
-    host: str = "127.0.0.1"
-    """Interface the controller binds and the address others dial."""
-    cpus: Cores = Field(default_factory=list)
-    """CPU cores this process is pinned to when it starts (e.g. [0]); empty = any core. Pinning the learner and
-    the rollouts to different cores stands in for separate accelerators on one machine."""
-    port: int = Field(50051, ge=0, le=65535)
-    """gRPC port (0 = any free port, for tests)."""
-    status_port: int = Field(8080, ge=0, le=65535)
-    """HTTP port of the status page and /metrics (0 = any free port)."""
-    eta: int | None = Field(2, ge=0)
-    """Max staleness η, enforced when leases are granted: floor((N_r-1)/B) <= i + η. 0 = synchronous; null =
-    unbounded. The learner trains the oldest groups it holds first (learner.oldest_first); one written only
-    after its last admissible step began still reaches the learner a step late (measured in the demo: 0.4%
-    of the trajectories at η + 1 with η = 2, none with η = 4)."""
-    heartbeat_interval_s: float = Field(1.0, gt=0)
-    """How often replicas heartbeat."""
-    heartbeat_timeout_s: float = Field(10.0, gt=0)
-    """A replica silent this long is dead: its leases expire and return their quota. Also how long the learner's
-    seat stays with a holder the controller cannot challenge (no answer at all) after its last heartbeat; a
-    learner taking the seat waits up to twice this long for it."""
-    dial_silent_after_s: float = Field(1.5, ge=0)
-    """A replica that holds leases, has answered the controller at its address before, and has been silent
-    this long (less than heartbeat_timeout_s) is dialled there (a TCP connect): a refused connection means
-    its process is gone, and it is declared dead at once, its leases returning their quota, instead of
-    after heartbeat_timeout_s or its restart. A dial that connects (a paused or busy process) or gets no
-    answer changes nothing. 0 = never dial."""
-    forget_dead_after_s: float = Field(600.0, gt=0)
-    """A replica dead this long is removed from the registry (it registers again if it comes back)."""
-    max_replicas: int = Field(1024, ge=1)
-    """Replicas registered at most (live, or dead and not yet forgotten); more get RESOURCE_EXHAUSTED."""
-    lease_report_grace_s: float = Field(5.0, gt=0)
-    """A lease missing from its replica's heartbeat (HeartbeatRequest.held_leases) is abandoned once it is
-    older than this (the grace covers a grant whose reply crossed a heartbeat); it expires and returns its
-    quota."""
-    lease_ttl_s: float = Field(120.0, gt=0)
-    """A lease not completed within this time (and not kept alive) expires and returns its quota."""
-    max_hold_s: float = Field(5.0, gt=0)
-    """Longest a held AcquireLease waits server-side before answering granted=false (the client asks again)."""
-    push_timeout_s: float = Field(120.0, gt=0)
-    """A receiver that has not acknowledged a push within this time is dropped from it."""
-    push_backoff_s: float = Field(10.0, gt=0)
-    """A replica that failed a push by never joining the broadcast, or whose address answered nothing, is left
-    out of the pushes that follow for this long, doubling with each further failure up to
-    32 times this; it needs a resync, so it gets no leases meanwhile. The push is retried without it at once. A
-    push it acknowledges clears it. Without this, one replica the controller or the learner cannot reach (a
-    wrong `rollout.advertise_host`) failed every push. The same back-off holds a new registration out of
-    pushes while it does not answer the controller's challenge at its address (after three quick retries);
-    it is challenged again when the back-off ends."""
-    start_version: int = Field(0, ge=0)
-    """Policy version the controller starts at (`up --resume` sets it to the checkpoint's version)."""
-    start_admitted: int = Field(0, ge=0)
-    """N_r the controller starts with: trajectories already trained or waiting in the buffer (`up --resume`)."""
-    start_prompt_index: int = Field(0, ge=0)
-    """First prompt index handed out (`up --resume`: past every prompt already trained or in the buffer)."""
-    state_store: Literal["redis", "none"] = "redis"
-    """Where the controller keeps its state (version, N_r, prompt cursor, replicas, leases) so a restarted
-    controller continues where it stopped: "redis" (the buffer's Redis, under `state_key`; every deployment)
-    or "none" (lost with the process; needs no Redis)."""
-    state_key: str = "asyncrl:controller"
-    """Redis key prefix of the controller's state. A saved state wins over the start_* fields; one saved by
-    another run_dir is refused (use another key, or `up --resume`, which starts a new controller timeline)."""
-    max_restarts: int = Field(3, ge=0)
-    """`asyncrl up` restarts a controller that dies (same ports; it restores its state from the store), at
-    most this many times."""
-
-    @property
-    def address(self) -> str:
-        return f"{self.host}:{self.port}"
 
 
 class RolloutConfig(Section):
