@@ -102,12 +102,13 @@ class Liveness:
         after = self.config.dial_silent_after_s
         if self._gone_checks is None or after <= 0:
             return
-        for replica_id in {lease.replica_id for lease in self._leases.active()}:
-            replica = self._registry.get(replica_id)
-            if (replica.alive and replica.reachable and replica.heartbeat_age(now) >= after
-                    and now - replica.dialled_at >= after):
+        # The fleet, not the leases: this runs with every scan, and silence is the cheap test that is rarely
+        # true (the lease book is looked at only for a silent replica).
+        for replica in self._registry.live():
+            if (replica.reachable and replica.heartbeat_age(now) >= after and now - replica.dialled_at >= after
+                    and self._leases.of_replica(replica.replica_id)):
                 replica.dialled_at = now
-                self._gone_checks.submit(replica_id, replica.push_key, 0.0)
+                self._gone_checks.submit(replica.replica_id, replica.push_key, 0.0)
 
     def _silent_holder(self, replica_id: str, key: bytes) -> Replica | None:
         """The live registration `key` of `replica_id` if it is still silent past `dial_silent_after_s`."""
