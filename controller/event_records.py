@@ -17,8 +17,8 @@ from them one can check that every admission satisfied the staleness bound and t
     prompt_index, held_s.
     Audit: eta is null or floor((admitted_after - 1) / batch_size) <= version + eta.
 `lease_completed`: lease_id, replica_id, n, num_written, returned (n - num_written), admitted_after.
-`lease_expired`: lease_id, replica_id, n, returned (= n), admitted_after, reason ("ttl" | "replica_dead" |
-    "reregistered" | "unreachable" | "gone" | "abandoned" | "timeline_reset").
+`lease_expired`: lease_id, replica_id, n, returned (= n), admitted_after, reason ("ttl" | "max_age" |
+    "replica_dead" | "reregistered" | "unreachable" | "gone" | "abandoned" | "timeline_reset").
 `push_begun`: push_id, version, mode ("new" | "resync"; not `kind`, which names the record),
     receivers (replica ids, rank order), world_size, current_version (before the push),
     aborted_previous (push id or null).

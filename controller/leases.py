@@ -32,11 +32,21 @@ class Lease:
     """Policy version at admission."""
     granted_at: float
     expires_at: float
+    """When the reaper expires it, unless completed: moved on by heartbeats, never past `ends_by`."""
+    ends_by: float = float("inf")
+    """`granted_at + controller.lease_max_s`: heartbeats do not keep the lease alive past this."""
+
+    @property
+    def at_max_age(self) -> bool:
+        """Its expiry is the age limit, not a missed renewal."""
+        return self.expires_at >= self.ends_by
 
 
 class LeaseBook:
-    def __init__(self, lease_ttl_s: float, admitted: int = 0, next_prompt_index: int = 0):
+    def __init__(self, lease_ttl_s: float, admitted: int = 0, next_prompt_index: int = 0, lease_max_s: float = 0.0):
         self.lease_ttl_s = lease_ttl_s
+        self.lease_max_s = lease_max_s
+        """`controller.lease_max_s` (0: no limit)."""
         self.admitted = admitted
         """N_r: trajectories admitted so far, net of returned quota (a resumed run starts past its history)."""
         self.next_prompt_index = next_prompt_index
@@ -45,7 +55,11 @@ class LeaseBook:
         self._active: dict[str, Lease] = {}
         self._ended: OrderedDict[str, str] = OrderedDict()  # lease_id -> "completed" | "expired: <why>"
 
+    def ends_by(self, granted_at: float) -> float:
+        return granted_at + self.lease_max_s if self.lease_max_s > 0 else float("inf")
+
     def grant(self, replica_id: str, num_trajectories: int, version: int, now: float) -> Lease:
+        ends_by = self.ends_by(now)
         lease = Lease(
             lease_id=f"lease-{uuid.uuid4().hex[:12]}",
             replica_id=replica_id,
@@ -53,7 +67,8 @@ class LeaseBook:
             prompt_index=self.next_prompt_index,
             version=version,
             granted_at=now,
-            expires_at=now + self.lease_ttl_s,
+            expires_at=min(now + self.lease_ttl_s, ends_by),
+            ends_by=ends_by,
         )
         self._active[lease.lease_id] = lease
         self.admitted += num_trajectories
@@ -90,14 +105,14 @@ class LeaseBook:
         return lease, returned
 
     def extend(self, replica_id: str, now: float, held: set[str] | None = None, grace_s: float = 0.0) -> list[Lease]:
-        """A heartbeat keeps the replica's leases alive for another TTL: all of them, or (`held` reported) only
-        those it still holds. A lease it no longer lists, granted more than `grace_s` ago, was abandoned (a
+        """A heartbeat keeps the replica's leases alive for another TTL (never past their `ends_by`): all of
+        them, or (`held` reported) only those it still holds. A lease it no longer lists, granted more than `grace_s` ago, was abandoned (a
         completion that never got through, a batch that failed): it expires now and returns its quota, so
         heartbeats cannot keep it alive. Returns the abandoned leases."""
         abandoned = []
         for lease in self.of_replica(replica_id):
             if held is None or lease.lease_id in held:
-                lease.expires_at = max(lease.expires_at, now + self.lease_ttl_s)
+                lease.expires_at = min(max(lease.expires_at, now + self.lease_ttl_s), lease.ends_by)
             elif now - lease.granted_at > grace_s:
                 abandoned.append(lease)
         for lease in abandoned:
@@ -105,15 +120,19 @@ class LeaseBook:
         return abandoned
 
     def postpone_all(self, seconds: float) -> None:
-        """Move every active lease's expiry `seconds` later (time the controller itself stood still)."""
+        """Move every active lease's expiry and age limit `seconds` later (time the controller itself stood
+        still)."""
         for lease in self._active.values():
             lease.expires_at += seconds
+            lease.ends_by += seconds
 
-    def expire_due(self, now: float) -> list[Lease]:
-        """Expire every lease past its expiry time; returns them (each returned its whole quota)."""
-        due = [lease for lease in self._active.values() if lease.expires_at <= now]
-        for lease in due:
-            self._end(lease, "expired: ttl", lease.num_trajectories)
+    def expire_due(self, now: float) -> list[tuple[Lease, str]]:
+        """Expire every lease past its expiry time; returns each with why ("max_age": it reached
+        `lease_max_s`, heartbeats or not; "ttl": nothing renewed it). Each returned its whole quota."""
+        due = [(lease, "max_age" if lease.at_max_age else "ttl") for lease in self._active.values()
+               if lease.expires_at <= now]
+        for lease, why in due:
+            self._end(lease, f"expired: {why}", lease.num_trajectories)
         return due
 
     def expire_replica(self, replica_id: str, why: str) -> list[Lease]:

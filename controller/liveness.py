@@ -7,18 +7,23 @@ A replica is declared dead when it is silent past `heartbeat_timeout_s`, or soon
 shown gone: a push's order found nothing listening at its address (`_bury_unreachable`), or, for a silent
 lease holder, a dial of its address was refused (`check_gone`; `controller.dial_silent_after_s`). The
 leases of a dead replica expire and return their quota; with a small η the other replicas are waiting for
-exactly that quota, so the earlier it returns the shorter the learner's stall.
+exactly that quota, so the earlier it returns the shorter the learner's stall. Heartbeats keep a live
+replica's leases alive, but not past `controller.lease_max_s`: a lease that old expires however alive its
+holder looks.
 """
 
 from __future__ import annotations
 
 import hmac
+import logging
 from dataclasses import replace
 
 from asyncrl.controller.leases import Lease
 from asyncrl.controller.push import Outcome
 from asyncrl.controller.reaper import Reaper, StallDetector
 from asyncrl.controller.registry import Replica
+
+log = logging.getLogger(__name__)
 
 STALL_S = 2.0
 """A reap this much later than due means the controller stood still (its reaper is due every second at most)."""
@@ -31,7 +36,7 @@ class Liveness:
         """Reap on a timer too (production); unit tests rely on the lazy reaping of every operation. With the
         timer, a reap that comes much later than due tells that the controller stood still (`StallDetector`)."""
         cfg = self.config
-        reaper = Reaper.for_timeouts(self.reap, cfg.heartbeat_timeout_s, cfg.lease_ttl_s)
+        reaper = Reaper.for_timeouts(self.reap, cfg.heartbeat_timeout_s, cfg.lease_ttl_s, cfg.lease_max_s)
         with self._cond:
             self._stall = StallDetector(reaper.interval_s, STALL_S)
         self._reaper = reaper.start()
@@ -76,8 +81,12 @@ class Liveness:
         if scan:
             self._dial_silent_lease_holders(now)
         due = self._leases.expire_due(now)
-        if due:
-            self._log_expired(due, "ttl")
+        for why in sorted({why for _lease, why in due}):
+            leases = [lease for lease, reason in due if reason == why]
+            if why == "max_age":
+                log.warning("leases %s reached controller.lease_max_s (%g s) still open: their quota returns",
+                            [lease.lease_id for lease in leases], self._leases.lease_max_s)
+            self._log_expired(leases, why)
             changed = True
         if changed:
             self._changed(replicas=True)

@@ -26,9 +26,10 @@ class Reaper:
         self._thread = threading.Thread(target=self._loop, name="controller-reaper", daemon=True)
 
     @classmethod
-    def for_timeouts(cls, reap, heartbeat_timeout_s: float, lease_ttl_s: float) -> Reaper:
+    def for_timeouts(cls, reap, heartbeat_timeout_s: float, lease_ttl_s: float, lease_max_s: float = 0.0) -> Reaper:
         # A quarter of the shortest timeout keeps detection within 25 % of it; clamped to stay cheap.
-        interval = min(1.0, max(0.05, min(heartbeat_timeout_s, lease_ttl_s) / 4))
+        shortest = min(t for t in (heartbeat_timeout_s, lease_ttl_s, lease_max_s) if t > 0)
+        interval = min(1.0, max(0.05, shortest / 4))
         return cls(reap, interval)
 
     def start(self) -> Reaper:

@@ -85,7 +85,8 @@ class ControllerState(Admission, LearnerSeating, ReplicaReachability, Liveness):
         self._clock, self._wall = clock, wall_clock
         self._cond = threading.Condition()
         self._registry = ReplicaRegistry(config.heartbeat_timeout_s, config.max_replicas, config.forget_dead_after_s)
-        self._leases = LeaseBook(config.lease_ttl_s, config.start_admitted, config.start_prompt_index)
+        self._leases = LeaseBook(config.lease_ttl_s, config.start_admitted, config.start_prompt_index,
+                                 config.lease_max_s)
         self._current_version = config.start_version
         self._pushes = PushCoordinator(config, self._registry, notify, self.events, self.metrics)
         self._held = 0

@@ -109,7 +109,7 @@ class ControllerServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Heartbeat(self, request, context):
-        """Keeps a replica (and its leases) alive.
+        """Keeps a replica alive, and its leases (each for at most the controller's lease_max_s after its grant).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -608,6 +608,46 @@ def test_a_learner_store_the_controller_cannot_reach_costs_the_report_at_most_tw
     assert "could not tell the sender that rank 2 is gone" in caplog.text
 
 
+def test_a_replica_that_heartbeats_but_never_completes_its_leases_loses_them_at_lease_max_s(tmp_path):
+    """Quota hoarding over the wire: a client with the run's token takes the whole batch at η = 0 and keeps
+    heartbeating with its leases listed. Another replica's held request is granted once the leases reach
+    `controller.lease_max_s`, and the hoarder's late completion is refused naming the lease."""
+    server, port = create_server(make_config(lease_max_s=1.0), run_dir=str(tmp_path))
+    server.start()
+    try:
+        with grpc_channel(f"127.0.0.1:{port}", TEST_AUTH) as channel:
+            stub = controller_pb2_grpc.ControllerStub(channel)
+            hoarder, other = register(stub, "127.0.0.1:9"), register(stub, "127.0.0.1:10")
+            taken = stub.AcquireLeases(pb.AcquireLeasesRequest(replica_id=hoarder, num_trajectories=4, max_leases=2))
+            assert len(taken.leases) == 2  # B = 8 at η = 0: all the quota there is
+            held = pb.HeldLeases(lease_ids=[lease.lease_id for lease in taken.leases])
+            stop = threading.Event()
+
+            def heartbeat():
+                while not stop.wait(0.1):
+                    stub.Heartbeat(pb.HeartbeatRequest(replica_id=hoarder, held_leases=held))
+                    stub.Heartbeat(pb.HeartbeatRequest(replica_id=other))
+
+            beating = threading.Thread(target=heartbeat, daemon=True)
+            beating.start()
+            t0 = time.monotonic()
+            granted = stub.AcquireLease(pb.AcquireLeaseRequest(replica_id=other, num_trajectories=4, wait_s=4.0))
+            waited = time.monotonic() - t0
+            stop.set()
+            beating.join()
+            assert granted.granted and 0.5 < waited < 3.0, (granted, waited)
+            err = rpc_error(stub.CompleteLease, pb.CompleteLeaseRequest(
+                replica_id=hoarder, lease_id=taken.leases[0].lease_id, num_written=4))
+            assert err.code() == grpc.StatusCode.FAILED_PRECONDITION
+            assert err.details().startswith(f"lease_id: lease {taken.leases[0].lease_id!r} is expired: max_age")
+        expired = [e for e in read_events(tmp_path, "controller") if e["kind"] == "lease_expired"]
+        assert sorted((e["lease_id"], e["reason"]) for e in expired) == sorted(
+            (lease.lease_id, "max_age") for lease in taken.leases)
+    finally:
+        server.stop(0).wait()
+        server.controller_state.close()
+
+
 def test_held_acquire_is_released_by_a_commit_over_grpc(controller):
     stub = controller.stub
     rid = register(stub, "127.0.0.1:9")

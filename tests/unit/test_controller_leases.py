@@ -9,6 +9,7 @@ import pytest
 from asyncrl.controller.errors import InvalidRequest, PreconditionFailed
 from asyncrl.controller.persistence import MemoryStore
 from asyncrl.controller.push import PushOffer
+from asyncrl.controller.reaper import StallDetector
 from asyncrl.controller.staleness import admissible
 from tests.fakes import TINY_TENSORS, make_state
 
@@ -140,6 +141,55 @@ def test_heartbeats_keep_leases_alive():
         clock.advance(4.0)
         state.heartbeat(rid, 0)
     assert state.complete(rid, lease.lease_id, 4) == 0
+
+
+def test_heartbeats_do_not_keep_a_lease_past_lease_max_s():
+    """A replica that heartbeats and lists its lease but never completes it (a generation that never ends
+    behind a live heartbeat thread, or a client hoarding quota) gets it expired at granted + lease_max_s: at
+    η = 0 its quota is the whole next batch, which the other replicas are waiting for."""
+    state, clock, _, events = make_state(batch_size=4, eta=0, lease_ttl_s=5.0, lease_max_s=12.0,
+                                         heartbeat_timeout_s=100.0)
+    hoarder = state.register("127.0.0.1:7001", "", 0, "torch").replica_id
+    other = state.register("127.0.0.1:7002", "", 0, "torch").replica_id
+    lease = state.acquire(hoarder, 4, 0)
+    for _ in range(5):  # t = 2, 4, ..., 10: the TTL alone would keep it forever
+        clock.advance(2.0)
+        state.heartbeat(hoarder, 0, held_leases=[lease.lease_id])
+        state.heartbeat(other, 0)
+    assert not state.acquire(other, 4, 0).granted  # t = 10: still held, the quota with it
+    clock.advance(1.9)
+    state.heartbeat(hoarder, 0, held_leases=[lease.lease_id])  # t = 11.9: renewed up to t = 12 only
+    assert not events.of_kind("lease_expired")
+    clock.advance(0.1)  # t = 12 = granted + lease_max_s
+    assert state.acquire(other, 4, 0).granted
+    (expired,) = events.of_kind("lease_expired")
+    assert expired == {**expired, "lease_id": lease.lease_id, "reason": "max_age", "returned": 4, "admitted_after": 0}
+    with pytest.raises(PreconditionFailed, match="^lease_id: lease .* is expired: max_age"):
+        state.complete(hoarder, lease.lease_id, 4)
+
+
+def test_lease_max_s_is_moved_on_by_a_controller_stall_and_0_means_no_limit():
+    state, clock, _, events = make_state(batch_size=4, eta=None, lease_ttl_s=5.0, lease_max_s=12.0,
+                                         heartbeat_timeout_s=100.0)
+    state._stall = StallDetector(1.0, 2.0, clock=clock)  # what start_reaper sets, on the test's clock
+    rid = state.register("127.0.0.1:7001", "", 0, "torch").replica_id
+    lease = state.acquire(rid, 4, 0)
+    clock.advance(6.0)  # the controller stood still: 5 s beyond the reaper's interval, which do not count
+    state.heartbeat(rid, 0, held_leases=[lease.lease_id])
+    assert events.of_kind("controller_stalled")[0]["seconds"] == 5.0
+    for _ in range(5):  # t = 8, ..., 16: past granted + 12 s, not past it + 5 s of stall
+        clock.advance(2.0)
+        state.heartbeat(rid, 0, held_leases=[lease.lease_id])
+    assert state.complete(rid, lease.lease_id, 4) == 0
+    unlimited, clock, _, _ = make_state(batch_size=4, eta=None, lease_ttl_s=5.0, lease_max_s=0.0,
+                                        heartbeat_timeout_s=10_000.0)
+    rid = unlimited.register("127.0.0.1:7001", "", 0, "torch").replica_id
+    lease = unlimited.acquire(rid, 4, 0)
+    for _ in range(1000):  # over an hour of heartbeats
+        clock.advance(4.0)
+        unlimited.heartbeat(rid, 0, held_leases=[lease.lease_id])
+    assert unlimited.complete(rid, lease.lease_id, 4) == 0
+    assert not events.of_kind("lease_expired")
 
 
 def test_complete_errors():
