@@ -106,9 +106,9 @@ class LeaseBook:
 
     def extend(self, replica_id: str, now: float, held: set[str] | None = None, grace_s: float = 0.0) -> list[Lease]:
         """A heartbeat keeps the replica's leases alive for another TTL (never past their `ends_by`): all of
-        them, or (`held` reported) only those it still holds. A lease it no longer lists, granted more than `grace_s` ago, was abandoned (a
-        completion that never got through, a batch that failed): it expires now and returns its quota, so
-        heartbeats cannot keep it alive. Returns the abandoned leases."""
+        them, or (`held` reported) only those it still holds. A lease it no longer lists, granted more than
+        `grace_s` ago, was abandoned (a completion that never got through, a batch that failed): it expires now
+        and returns its quota, so heartbeats cannot keep it alive. Returns the abandoned leases."""
         abandoned = []
         for lease in self.of_replica(replica_id):
             if held is None or lease.lease_id in held:

@@ -217,9 +217,10 @@ def restore_books(saved: SavedState, leases, registry, now: float, lease_ttl_s: 
     """Put the saved leases and replicas back into a `LeaseBook` and a `ReplicaRegistry`: every replica as
     just heard from, every lease with a fresh TTL and age limit (monotonic clocks do not survive a process)."""
     ends_by = leases.ends_by(now)
+    expires_at = min(now + lease_ttl_s, ends_by)
     leases.restore(saved.admitted, saved.next_prompt_index, saved.granted_total, saved.expired_total,
                    [Lease(x.lease_id, x.replica_id, x.num_trajectories, x.prompt_index, x.version, granted_at=now,
-                          expires_at=min(now + lease_ttl_s, ends_by), ends_by=ends_by) for x in saved.leases])  # fmt: skip
+                          expires_at=expires_at, ends_by=ends_by) for x in saved.leases])  # fmt: skip
     for r in saved.replicas:
         registry.restore(Replica(r.replica_id, r.address, r.weight_version, r.engine, registered_at=now,
                                  last_heartbeat=now, push_key=r.push_key, force_sync=r.force_sync,
