@@ -309,6 +309,13 @@ class AsyncRLConfig(Section):
                              f"buffer.type is {self.buffer.type!r}: set controller.state_store: none")
         if self.learner.algo.opd.enabled and not (self.teacher.enabled and self.teacher.annotate):
             raise ValueError("learner.algo.opd.enabled needs teacher.enabled and teacher.annotate")
+        lease_max, deadline = self.controller.lease_max_s, self.rollout.lease_deadline_s
+        if lease_max and deadline > lease_max:
+            raise ValueError(
+                f"controller.lease_max_s ({lease_max:g} s) is shorter than rollout.lease_deadline_s ({deadline:g} s): "
+                "the controller would take back leases the replicas are still allowed to work on; raise "
+                "controller.lease_max_s to at least rollout.lease_deadline_s (or 0 for no limit)"
+            )
         if self.teacher.enabled and not self.teacher.model_path:
             raise ValueError("teacher.model_path: required when teacher.enabled is true (the teacher's checkpoint "
                              "directory)")

@@ -53,8 +53,8 @@ class ControllerConfig(Section):
     quota. Heartbeats keep a replica's leases alive, so without this limit a replica whose heartbeats go on
     while its generation never ends (or any client with the run's token that takes leases and never completes
     them) holds their quota, and at a small eta stalls the learner, for as long as it heartbeats. Set it above
-    the longest generation of one lease; `rollout.lease_deadline_s` restarts a stuck replica of ours after the
-    same default time. 0 = no limit."""
+    the longest generation of one lease and at least `rollout.lease_deadline_s` (refused otherwise), after which
+    a stuck replica of ours restarts itself. 0 = no limit."""
     max_hold_s: float = Field(5.0, gt=0)
     """Longest a held AcquireLease waits server-side before answering granted=false (the client asks again)."""
     push_timeout_s: float = Field(120.0, gt=0)

@@ -49,11 +49,11 @@ pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]
 
 
-def make_config(**controller) -> AsyncRLConfig:
+def make_config(rollout: dict | None = None, **controller) -> AsyncRLConfig:
     fields = {"port": 0, "status_port": 0, "eta": 0, "max_hold_s": 5.0, "push_timeout_s": 30.0,
               "state_store": "none", **controller}
     return AsyncRLConfig.model_validate(
-        {"controller": fields, "learner": {"batch_size": 8}, "sampling": {"group_size": 4}}
+        {"controller": fields, "learner": {"batch_size": 8}, "sampling": {"group_size": 4}, "rollout": rollout or {}}
     )
 
 
@@ -612,7 +612,8 @@ def test_a_replica_that_heartbeats_but_never_completes_its_leases_loses_them_at_
     """Quota hoarding over the wire: a client with the run's token takes the whole batch at η = 0 and keeps
     heartbeating with its leases listed. Another replica's held request is granted once the leases reach
     `controller.lease_max_s`, and the hoarder's late completion is refused naming the lease."""
-    server, port = create_server(make_config(lease_max_s=1.0), run_dir=str(tmp_path))
+    # The replicas' own deadline no longer than the controller's limit, as loading a config asks.
+    server, port = create_server(make_config(lease_max_s=1.0, rollout={"lease_deadline_s": 1.0}), run_dir=str(tmp_path))
     server.start()
     try:
         with grpc_channel(f"127.0.0.1:{port}", TEST_AUTH) as channel:
