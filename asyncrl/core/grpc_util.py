@@ -56,6 +56,16 @@ def build_server(
     return server, bound, health_servicer
 
 
+# Client channels reconnect to a peer that went away every second at most (gRPC's default backs off to two
+# minutes): a run's peers are few, and a restarted controller, teacher or replica should be noticed as soon as
+# it serves again, not at the next of ever rarer attempts (measured: a killed teacher stalled an η = 0 demo
+# 5.2 s with the defaults, for a teacher that serves 3.4 s after its spawn).
+RECONNECT_OPTIONS = [
+    ("grpc.initial_reconnect_backoff_ms", 200),
+    ("grpc.min_reconnect_backoff_ms", 200),
+    ("grpc.max_reconnect_backoff_ms", 1000),
+]
+
 # A patient channel's calls ride out a server restart: they wait for the server (within their deadline)
 # instead of failing at once, and a call cut off by the server's death (UNAVAILABLE) is sent again.
 _PATIENT_SERVICE_CONFIG = json.dumps({"methodConfig": [{
@@ -79,7 +89,9 @@ def channel(address: str, auth: Auth, patient: bool = False) -> grpc.Channel:
     (the controller): calls wait for it within their deadline and are retried when cut off (UNAVAILABLE);
     a call whose request was processed before the cut-off can then arrive twice (the controller's calls
     are idempotent or answered FAILED_PRECONDITION the second time)."""
-    options = [*MESSAGE_OPTIONS, ("grpc.service_config", _PATIENT_SERVICE_CONFIG)] if patient else MESSAGE_OPTIONS
+    options = [*MESSAGE_OPTIONS, *RECONNECT_OPTIONS]
+    if patient:
+        options.append(("grpc.service_config", _PATIENT_SERVICE_CONFIG))
     if auth.tls is None:
         ch = grpc.insecure_channel(address, options=options)
     else:
