@@ -180,16 +180,15 @@ def test_lease_max_s_is_moved_on_by_a_controller_stall_and_0_means_no_limit():
     for _ in range(5):  # t = 8, ..., 16: past granted + 12 s, not past it + 5 s of stall
         clock.advance(2.0)
         state.heartbeat(rid, 0, held_leases=[lease.lease_id])
-    assert state.complete(rid, lease.lease_id, 4) == 0
-    unlimited, clock, _, _ = make_state(batch_size=4, eta=None, lease_ttl_s=5.0, lease_max_s=0.0,
-                                        heartbeat_timeout_s=10_000.0)
+    assert state.complete(rid, lease.lease_id, 4) == 0 and not events.of_kind("lease_expired")
+    unlimited, clock, _, events = make_state(batch_size=4, eta=None, lease_ttl_s=5.0, lease_max_s=0.0,
+                                             heartbeat_timeout_s=10_000.0)
     rid = unlimited.register("127.0.0.1:7001", "", 0, "torch").replica_id
     lease = unlimited.acquire(rid, 4, 0)
     for _ in range(1000):  # over an hour of heartbeats
         clock.advance(4.0)
         unlimited.heartbeat(rid, 0, held_leases=[lease.lease_id])
-    assert unlimited.complete(rid, lease.lease_id, 4) == 0
-    assert not events.of_kind("lease_expired")
+    assert unlimited.complete(rid, lease.lease_id, 4) == 0 and not events.of_kind("lease_expired")
 
 
 def test_complete_errors():
