@@ -77,7 +77,7 @@ def raw(url: str, payloads: list, stream: str, protobuf: bool = False) -> tuple[
         ids = [entry_id for _s, items in reply or [] for entry_id, _f in items]
         if protobuf:
             assert all(trajectory_pb2.TrajectoryGroup.FromString(f[b"g"]).trajectories
-                       for _s, items in reply for _id, f in items)
+                       for _s, items in reply or [] for _id, f in items)
         pipe = r.pipeline(transaction=False)
         pipe.xack(stream, "g", *ids)
         pipe.xdel(stream, *ids)
