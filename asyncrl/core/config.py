@@ -18,7 +18,7 @@ from typing import Literal
 import yaml
 from pydantic import Field, model_validator
 
-from asyncrl.core.config_base import Cores, Section
+from asyncrl.core.config_base import PinnedSection, Section
 from asyncrl.core.controller_config import ControllerConfig
 from asyncrl.core.data_config import RewardConfig, TaskConfig
 from asyncrl.core.learner_config import LearnerConfig, TrackingConfig
@@ -144,12 +144,9 @@ class BufferConfig(Section):
     """Private key of `tls_cert_file`."""
 
 
-class RolloutConfig(Section):
+class RolloutConfig(PinnedSection):
     replicas: int = Field(2, ge=1)
     """Replicas `up` starts (each a separate process)."""
-    cpus: Cores = Field(default_factory=list)
-    """CPU cores this process is pinned to when it starts (e.g. [0]); empty = any core. Pinning the learner and
-    the rollouts to different cores stands in for separate accelerators on one machine."""
     host: str = "127.0.0.1"
     """Interface a replica binds."""
     advertise_host: str | None = None
@@ -175,13 +172,10 @@ class RolloutConfig(Section):
     admissible at once (bigger engine batches, same staleness rule)."""
 
 
-class TeacherConfig(Section):
+class TeacherConfig(PinnedSection):
     enabled: bool = False
     """Run a teacher: `asyncrl up` starts the teacher service, and with `annotate` the trajectories get its
     log-probs. Off unless the config asks for it (on-policy distillation needs it)."""
-    cpus: Cores = Field(default_factory=list)
-    """CPU cores this process is pinned to when it starts (e.g. [0]); empty = any core. Pinning the learner and
-    the rollouts to different cores stands in for separate accelerators on one machine."""
     host: str = "127.0.0.1"
     """Interface the teacher binds and the address the learner dials."""
     port: int = Field(50061, ge=0, le=65535)

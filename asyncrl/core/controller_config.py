@@ -8,15 +8,12 @@ from typing import Literal
 
 from pydantic import Field
 
-from asyncrl.core.config_base import Cores, Section
+from asyncrl.core.config_base import PinnedSection
 
 
-class ControllerConfig(Section):
+class ControllerConfig(PinnedSection):
     host: str = "127.0.0.1"
     """Interface the controller binds and the address others dial."""
-    cpus: Cores = Field(default_factory=list)
-    """CPU cores this process is pinned to when it starts (e.g. [0]); empty = any core. Pinning the learner and
-    the rollouts to different cores stands in for separate accelerators on one machine."""
     port: int = Field(50051, ge=0, le=65535)
     """gRPC port (0 = any free port, for tests)."""
     status_port: int = Field(8080, ge=0, le=65535)

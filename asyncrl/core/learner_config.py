@@ -9,7 +9,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from asyncrl.core.algo.config import AlgoConfig
-from asyncrl.core.config_base import Cores, Section
+from asyncrl.core.config_base import PinnedSection, Section
 from asyncrl.core.weights.kinds import DeltaSetting, Transport
 
 
@@ -82,12 +82,9 @@ class RoutingReplayConfig(Section):
     |logp_prox - logp_behav| would be without replay)."""
 
 
-class LearnerConfig(Section):
+class LearnerConfig(PinnedSection):
     host: str = "127.0.0.1"
     """Interface the learner's status service binds."""
-    cpus: Cores = Field(default_factory=list)
-    """CPU cores this process is pinned to when it starts (e.g. [0]); empty = any core. Pinning the learner and
-    the rollouts to different cores stands in for separate accelerators on one machine."""
     port: int = Field(0, ge=0, le=65535)
     """gRPC port of the learner's status service (0 = any free port)."""
     metrics_port: int = Field(0, ge=0, le=65535)
