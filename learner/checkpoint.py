@@ -81,18 +81,46 @@ class Checkpointer:
         """The unsharded policy the Hugging Face export reads (the leader's mirror); None: the model saved."""
 
     def save(self, model, optimizer, meta: CheckpointMeta) -> Path:
-        """(The leader; every other rank saves its shards when told, `sharding.follow`.)"""
+        """Write a checkpoint of the live state, in line. (The leader; every other rank saves its shards when
+        told, `sharding.follow`.)"""
+        tmp, final = self._begin(meta)
+        if self.ranks.sharded:
+            self.ranks.broadcast((SAVE, str(tmp / "learner")))
+        save_shards(str(tmp / "learner"), model, optimizer)
+        if self.cfg.export_hf:
+            export_hf(self.export_model or model, self.tokenizer, tmp / "hf")
+        return self._finish(tmp, final, rng_state(), meta)
+
+    def stage(self, model, optimizer, meta: CheckpointMeta) -> StagedCheckpoint:
+        """A copy in host memory of everything a checkpoint holds, taken now, for `write` to put on disk later
+        while training goes on (`learner.checkpoint.background`). One rank only: a sharded learner's ranks
+        write their shards together (`save`)."""
+        if self.ranks.sharded:
+            raise RuntimeError("a sharded learner saves its checkpoints in line (Checkpointer.save)")
+        model_sd, optim_sd = get_state_dict(model, optimizer)
+        state = _host_copy({"model": model_sd, "optim": optim_sd})
+        return StagedCheckpoint(meta, state, rng_state(), self.export_model or model)
+
+    def write(self, staged: StagedCheckpoint) -> Path:
+        """Put a staged checkpoint on disk: the same files as `save`, from the copy, not the live model."""
+        tmp, final = self._begin(staged.meta)
+        dcp.save(staged.state, checkpoint_id=str(tmp / "learner"), no_dist=_no_dist())
+        if self.cfg.export_hf:
+            # The module only lends its config and save method: the weights are the staged ones.
+            staged.module.save_pretrained(str(tmp / "hf"), state_dict=staged.state["model"], safe_serialization=True)
+            self.tokenizer.save_pretrained(str(tmp / "hf"))
+        return self._finish(tmp, final, staged.rng, staged.meta)
+
+    def _begin(self, meta: CheckpointMeta) -> tuple[Path, Path]:
         root = checkpoints_dir(self.config.run_dir)
         final = root / f"{PREFIX}{meta.step:06d}"
         tmp = root / f".{final.name}.tmp"
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
-        if self.ranks.sharded:
-            self.ranks.broadcast((SAVE, str(tmp / "learner")))
-        save_shards(str(tmp / "learner"), model, optimizer)
-        torch.save(rng_state(), tmp / "learner" / "rng.pt")
-        if self.cfg.export_hf:
-            export_hf(self.export_model or model, self.tokenizer, tmp / "hf")
+        return tmp, final
+
+    def _finish(self, tmp: Path, final: Path, rng: dict, meta: CheckpointMeta) -> Path:
+        torch.save(rng, tmp / "learner" / "rng.pt")
         dump_config(self.config, tmp / "config.resolved.yaml")
         (tmp / "meta.json").write_text(json.dumps(asdict(meta), indent=2))
         shutil.rmtree(final, ignore_errors=True)
@@ -100,6 +128,30 @@ class Checkpointer:
         for old in list_checkpoints(self.config.run_dir)[: -self.cfg.keep_last]:
             shutil.rmtree(old, ignore_errors=True)
         return final
+
+
+@dataclass(frozen=True)
+class StagedCheckpoint:
+    """What `Checkpointer.stage` copied: model and optimizer state (host tensors, the layout
+    `get_state_dict` gives and `load_shards` reads), the RNG states, and the module whose config and
+    `save_pretrained` the Hugging Face export uses."""
+
+    meta: CheckpointMeta
+    state: dict
+    rng: dict
+    module: object
+
+
+def _host_copy(value):
+    """`value` with every tensor in it copied to host memory (containers rebuilt, other leaves shared: they are
+    immutable)."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().to("cpu", copy=True)
+    if isinstance(value, dict):
+        return type(value)((key, _host_copy(item)) for key, item in value.items())
+    if isinstance(value, (list, tuple)):
+        return type(value)(_host_copy(item) for item in value)
+    return value
 
 
 def export_hf(model, tokenizer, directory: Path) -> None:

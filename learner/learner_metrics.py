@@ -46,6 +46,10 @@ class LearnerMetrics:
                           f"Fraction of the wall time of the last {WINDOW_STEPS} steps spent in train steps (1: never waits)",
                           registry=r)
         self.push_seconds = Histogram("asyncrl_learner_push_seconds", "Weight push time (begin..commit)", registry=r)
+        self.checkpoint_stall_seconds = Histogram(
+            "asyncrl_learner_checkpoint_stall_seconds",
+            "Time a checkpoint stopped training: the copy to host memory (and any wait for the previous write) "
+            "in the background, the whole save in line", registry=r)
         self.push_wait_seconds = Histogram("asyncrl_learner_push_wait_seconds",
                                            "Time a step spent on its weight push on the learner's critical path "
                                            "(snapshot and waiting for the previous push, or the whole push when "

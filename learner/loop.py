@@ -18,6 +18,7 @@ from asyncrl.core.teacher_client import score, score_request
 from asyncrl.core.trajectory_checks import TrajectoryLimits
 from asyncrl.learner.busy import BusyMeter
 from asyncrl.learner.checkpoint import CheckpointMeta
+from asyncrl.learner.checkpoint_saver import CheckpointSaver
 from asyncrl.learner.intake import BatchIntake, lookahead_groups
 from asyncrl.learner.sharding import SINGLE, STEP, Mirror, Ranks, train_step
 from asyncrl.learner.status_report import StatusReporter
@@ -57,8 +58,10 @@ class LearnerLoop:
         self.events = events
         self.metrics = metrics
         self.teacher = teacher_stub
-        self.checkpointer = checkpointer
-        """Saves the policy and the learner state (`learner.checkpoint`); None: never."""
+        background = config.learner.checkpoint.background and not ranks.sharded
+        self.saver = None if checkpointer is None else CheckpointSaver(checkpointer, buffer, events, metrics, background)
+        """Writes checkpoints with the `checkpointer` (`learner.checkpoint`) and acknowledges the entries each
+        covers once it is on disk (`learner.checkpoint_saver`); None: never saves, acknowledges every step."""
         self.sinks = sinks
         """TensorBoard / W&B (`tracking`); None: the JSONL log only."""
         self._saved_step = -1
@@ -131,20 +134,17 @@ class LearnerLoop:
         return accuracy
 
     def save(self) -> None:
-        if self.checkpointer is None or self._saved_step == self.progress.step:
+        """Checkpoint this step (in the background with `learner.checkpoint.background`, `learner.checkpoint_saver`)."""
+        if self.saver is None or self._saved_step == self.progress.step:
             return
         # A checkpoint's version is committed at the controller before the checkpoint exists: a learner
         # restarted from it must never hold a version the controller has not seen.
         self.finish_push()
-        t0 = time.perf_counter()
         p = self.progress
         meta = CheckpointMeta(p.step, p.version, p.data_position, time.time())
-        path = self.checkpointer.save(self.trainer.model, self.trainer.optimizer, meta)
+        covered, self._unacked = self._unacked, []
+        self.saver.save(self.trainer.model, self.trainer.optimizer, meta, covered)
         self._saved_step = p.step
-        acked, self._unacked = self._unacked, []
-        self.buffer.ack(acked)
-        self.events.write("checkpoint_saved", step=p.step, version=p.version, path=str(path), acked=len(acked),
-                          seconds=time.perf_counter() - t0)  # fmt: skip
 
     def resume(self, meta: CheckpointMeta, path: str) -> None:
         """Continue from a checkpoint whose model and optimizer state the trainer already holds."""
@@ -194,11 +194,15 @@ class LearnerLoop:
             every = cfg.checkpoint.save_every
             if every and self.progress.step % every == 0:
                 self.save()
+            if self.saver is not None:
+                self.saver.poll()
         self.finish_push()
         self.status.finish(self.progress)
         if self.progress.step >= cfg.total_steps:
             self.run_eval()
         self.save()
+        if self.saver is not None:
+            self.saver.wait()  # the run's last checkpoint is on disk and its entries acknowledged
         # What is still in the buffer at the end: the audit's proof that unconsumed data was not lost. A group
         # written after `snapshot_t` may be missing from the list; the audit counts it as written after the end.
         snapshot_t = time.time()
@@ -251,7 +255,7 @@ class LearnerLoop:
             # Updates with a non-finite loss or gradient are skipped, so this is a bug, not bad data: stop
             # before such weights reach a replica (the last checkpoint is intact).
             raise RuntimeError(f"non-finite weights after step {self.progress.step}: not pushing them")
-        if self.checkpointer is None:
+        if self.saver is None:
             self.buffer.ack(batch.entry_ids)
         else:
             self._unacked.extend(batch.entry_ids)

@@ -53,6 +53,11 @@ class CheckpointConfig(Section):
     export_hf: bool = True
     """Also write the policy as a Hugging Face checkpoint (safetensors, config, tokenizer, chat template),
     loadable by `transformers` and vLLM, in `hf/` beside the learner state."""
+    background: bool = True
+    """Write checkpoints on a thread of their own while training goes on: the learner stops only to copy model,
+    optimizer and RNG state to host memory (its size again: about 3x the parameters' bytes with AdamW), and
+    the entries a checkpoint covers are acknowledged once it is on disk. False: the learner stops for the
+    whole save. A sharded learner (`learner.world_size` > 1) always saves in line: its ranks write together."""
 
 
 class TrackingConfig(Section):

@@ -10,6 +10,7 @@ import pytest
 
 from asyncrl.controller.event_records import MemoryEvents
 from asyncrl.core.config import AsyncRLConfig
+from asyncrl.learner.checkpoint_saver import CheckpointSaver
 from asyncrl.learner.learner_metrics import LearnerMetrics
 from asyncrl.learner.loop import LearnerLoop
 from asyncrl.v1 import teacher_pb2
@@ -235,7 +236,8 @@ def test_background_pushes_are_finished_before_the_next_push_and_before_a_checkp
             return "ckpt"
 
     loop, events, metrics = loop_with(None)
-    loop.publisher, loop.checkpointer, loop.buffer = Publisher(calls), Checkpointer(), MemoryBuffer()
+    loop.publisher, loop.buffer = Publisher(calls), MemoryBuffer()
+    loop.saver = CheckpointSaver(Checkpointer(), loop.buffer, events, metrics, background=False)
     loop.trainer = type("T", (), {"model": None, "optimizer": None})()
     loop.publish(1)
     loop.publish(2)

@@ -1,0 +1,65 @@
+"""When a checkpoint is written and what it unlocks: the buffer entries it covers are acknowledged once it is
+complete on disk, never before (a learner that dies earlier trains them again from the checkpoint before).
+
+In line, the learner stops for the whole save. In the background (`learner.checkpoint.background`, one learner
+rank), it stops only to copy the state to host memory (`Checkpointer.stage`); a thread of its own writes the
+files, renames the checkpoint into place and then acknowledges its entries, so a learner that fails while the
+write is under way still finishes it with its acknowledgement, and one killed outright leaves only the
+temporary directory and the entries unacknowledged: both are consistent. One save at a time: a save asked for
+while the previous one is still being written waits for it (that wait is part of its stall). A write that
+failed raises in the loop at the next step, as it would have in line.
+"""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+
+from asyncrl.learner.checkpoint import CheckpointMeta
+
+
+class CheckpointSaver:
+    def __init__(self, checkpointer, buffer, events, metrics, background: bool):
+        self.checkpointer, self.buffer, self.events, self.metrics = checkpointer, buffer, events, metrics
+        self.background = background
+        self._thread = ThreadPoolExecutor(1, thread_name_prefix="checkpoint") if background else None
+        self._writing: Future | None = None
+
+    def save(self, model, optimizer, meta: CheckpointMeta, covered: list[str]) -> float:
+        """Checkpoint `meta.step` (acknowledging `covered` once it is complete); returns the seconds this cost
+        the caller: the whole save in line, the copy (and any wait for the previous save) in the background."""
+        t0 = time.perf_counter()
+        if self._thread is None:
+            path = self.checkpointer.save(model, optimizer, meta)
+            stall_s = time.perf_counter() - t0
+            self._record(meta, path, covered, stall_s, stall_s, background=False)
+            return stall_s
+        self.wait()
+        staged = self.checkpointer.stage(model, optimizer, meta)
+        stall_s = time.perf_counter() - t0
+        self._writing = self._thread.submit(self._write, staged, covered, stall_s)
+        return stall_s
+
+    def poll(self) -> None:
+        """Raise the error of a background write that failed (once it is over; never waits)."""
+        if self._writing is not None and self._writing.done():
+            writing, self._writing = self._writing, None
+            writing.result()
+
+    def wait(self) -> None:
+        """Wait for the background write in flight, if any (its failure is raised here)."""
+        if self._writing is not None:
+            writing, self._writing = self._writing, None
+            writing.result()
+
+    def _write(self, staged, covered: list[str], stall_s: float) -> None:
+        t0 = time.perf_counter()
+        path = self.checkpointer.write(staged)
+        self._record(staged.meta, path, covered, stall_s, stall_s + time.perf_counter() - t0, background=True)
+
+    def _record(self, meta: CheckpointMeta, path, covered: list[str], stall_s: float, seconds: float,
+                background: bool) -> None:
+        self.buffer.ack(covered)
+        self.metrics.checkpoint_stall_seconds.observe(stall_s)
+        self.events.write("checkpoint_saved", step=meta.step, version=meta.version, path=str(path),
+                          acked=len(covered), seconds=seconds, stall_s=stall_s, background=background)
