@@ -26,7 +26,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from asyncrl.core.config import dump_config
-from asyncrl.learner.sharding import SAVE, SINGLE, Ranks
+from asyncrl.learner.sharding import SAVE, SINGLE, STAGE, Ranks
 
 PREFIX = "step-"
 
@@ -93,23 +93,27 @@ class Checkpointer:
 
     def stage(self, model, optimizer, meta: CheckpointMeta) -> StagedCheckpoint:
         """A copy in host memory of everything a checkpoint holds, taken now, for `write` to put on disk later
-        while training goes on (`learner.checkpoint.background`). One rank only: a sharded learner's ranks
-        write their shards together (`save`)."""
+        while training goes on (`learner.checkpoint.background`). On a sharded learner every rank copies its
+        shards when told (`sharding.follow`, STAGE) and the leader also copies its mirror for the export."""
+        tmp, final = self._begin(meta)
         if self.ranks.sharded:
-            raise RuntimeError("a sharded learner saves its checkpoints in line (Checkpointer.save)")
-        model_sd, optim_sd = get_state_dict(model, optimizer)
-        state = _host_copy({"model": model_sd, "optim": optim_sd})
-        return StagedCheckpoint(meta, state, rng_state(), self.export_model or model)
+            self.ranks.broadcast((STAGE, str(tmp / "learner")))
+        state = stage_shards(model, optimizer)
+        exported = self.export_model or model
+        hf_state = None
+        if self.cfg.export_hf:
+            hf_state = state["model"] if exported is model else _host_copy(exported.state_dict())
+        return StagedCheckpoint(meta, state, rng_state(), exported, hf_state, tmp, final)
 
     def write(self, staged: StagedCheckpoint) -> Path:
-        """Put a staged checkpoint on disk: the same files as `save`, from the copy, not the live model."""
-        tmp, final = self._begin(staged.meta)
-        dcp.save(staged.state, checkpoint_id=str(tmp / "learner"), no_dist=_no_dist())
-        if self.cfg.export_hf:
+        """Put a staged checkpoint on disk: the same files as `save`, from the copy, not the live model (on a
+        sharded learner, together with every rank's write of its shards)."""
+        write_shards(str(staged.tmp / "learner"), staged.state, self.ranks)
+        if staged.hf_state is not None:
             # The module only lends its config and save method: the weights are the staged ones.
-            staged.module.save_pretrained(str(tmp / "hf"), state_dict=staged.state["model"], safe_serialization=True)
-            self.tokenizer.save_pretrained(str(tmp / "hf"))
-        return self._finish(tmp, final, staged.rng, staged.meta)
+            staged.module.save_pretrained(str(staged.tmp / "hf"), state_dict=staged.hf_state, safe_serialization=True)
+            self.tokenizer.save_pretrained(str(staged.tmp / "hf"))
+        return self._finish(staged.tmp, staged.final, staged.rng, staged.meta)
 
     def _begin(self, meta: CheckpointMeta) -> tuple[Path, Path]:
         root = checkpoints_dir(self.config.run_dir)
@@ -132,14 +136,17 @@ class Checkpointer:
 
 @dataclass(frozen=True)
 class StagedCheckpoint:
-    """What `Checkpointer.stage` copied: model and optimizer state (host tensors, the layout
-    `get_state_dict` gives and `load_shards` reads), the RNG states, and the module whose config and
-    `save_pretrained` the Hugging Face export uses."""
+    """What `Checkpointer.stage` copied: this rank's model and optimizer state (host tensors, the layout
+    `get_state_dict` gives and `load_shards` reads), the RNG states, the full policy for the Hugging Face
+    export (None: no export) with the module whose config and `save_pretrained` it uses, and where it goes."""
 
     meta: CheckpointMeta
     state: dict
     rng: dict
     module: object
+    hf_state: dict | None
+    tmp: Path
+    final: Path
 
 
 def _host_copy(value):
@@ -167,6 +174,21 @@ def save_shards(path: str, model, optimizer) -> None:
     rank writes its shards (all ranks call this together); the files are the same whatever the rank count."""
     model_sd, optim_sd = get_state_dict(model, optimizer)
     dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=path, no_dist=_no_dist())
+
+
+def stage_shards(model, optimizer) -> dict:
+    """This rank's model and optimizer state, copied to host memory (what `write_shards` writes)."""
+    model_sd, optim_sd = get_state_dict(model, optimizer)
+    return _host_copy({"model": model_sd, "optim": optim_sd})
+
+
+def write_shards(path: str, state: dict, ranks: Ranks) -> None:
+    """`stage_shards`'s copy into `path`: on a sharded learner every rank calls this together, on its checkpoint
+    thread, over `ranks.checkpoint_group` (the default group is the training's meanwhile)."""
+    if ranks.sharded:
+        dcp.save(state, checkpoint_id=path, process_group=ranks.checkpoint_group)
+    else:
+        dcp.save(state, checkpoint_id=path, no_dist=_no_dist())
 
 
 def load_shards(path: str, model, optimizer) -> None:

@@ -8,6 +8,11 @@ write is under way still finishes it with its acknowledgement, and one killed ou
 temporary directory and the entries unacknowledged: both are consistent. One save at a time: a save asked for
 while the previous one is still being written waits for it (that wait is part of its stall). A write that
 failed raises in the loop at the next step, as it would have in line.
+
+On a sharded learner every rank copies its shards when the leader stages a checkpoint and writes them on a
+thread of its own (`FollowerSaves` on the other ranks); the leader's write returns once every rank's part is
+on disk (torch.distributed.checkpoint's last step is collective), so its acknowledgement still comes after
+the whole checkpoint.
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ from __future__ import annotations
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 
-from asyncrl.learner.checkpoint import CheckpointMeta
+from asyncrl.learner.checkpoint import CheckpointMeta, save_shards, stage_shards, write_shards
 
 
 class CheckpointSaver:
@@ -63,3 +68,27 @@ class CheckpointSaver:
         self.metrics.checkpoint_stall_seconds.observe(stall_s)
         self.events.write("checkpoint_saved", step=meta.step, version=meta.version, path=str(path),
                           acked=len(covered), seconds=seconds, stall_s=stall_s, background=background)
+
+
+class FollowerSaves:
+    """A follower rank's part of the leader's checkpoints (`sharding.follow`): its shards written in line
+    (SAVE), or copied now and written on its checkpoint thread (STAGE), one write at a time."""
+
+    def __init__(self, model, optimizer, ranks):
+        self.model, self.optimizer, self.ranks = model, optimizer, ranks
+        self._thread = ThreadPoolExecutor(1, thread_name_prefix="checkpoint")
+        self._writing: Future | None = None
+
+    def save(self, path: str) -> None:
+        self.wait()
+        save_shards(path, self.model, self.optimizer)
+
+    def stage(self, path: str) -> None:
+        self.wait()
+        state = stage_shards(self.model, self.optimizer)
+        self._writing = self._thread.submit(write_shards, path, state, self.ranks)
+
+    def wait(self) -> None:
+        if self._writing is not None:
+            writing, self._writing = self._writing, None
+            writing.result()

@@ -58,8 +58,8 @@ class LearnerLoop:
         self.events = events
         self.metrics = metrics
         self.teacher = teacher_stub
-        background = config.learner.checkpoint.background and not ranks.sharded
-        self.saver = None if checkpointer is None else CheckpointSaver(checkpointer, buffer, events, metrics, background)
+        self.saver = None if checkpointer is None else CheckpointSaver(checkpointer, buffer, events, metrics,
+                                                                        config.learner.checkpoint.background)
         """Writes checkpoints with the `checkpointer` (`learner.checkpoint`) and acknowledges the entries each
         covers once it is on disk (`learner.checkpoint_saver`); None: never saves, acknowledges every step."""
         self.sinks = sinks

@@ -8,7 +8,11 @@ for the leader's commands and take part in what needs every rank, in the same or
     STEP(batch, version)  -> `train_step`: the trainer's step on this rank's share (FSDP's all-gathers and
                              reduce-scatters, the loss denominators, the finite checks), then `Mirror.refresh`
     SAVE(path)            -> the sharded model and optimizer state into the checkpoint (torch.distributed.checkpoint)
-    STOP                  -> return
+    STAGE(path)           -> the same state copied to host memory now and written on the rank's checkpoint thread
+                             while the next steps train (`learner.checkpoint.background`); the writes of all
+                             ranks meet on a gloo group of their own (`Ranks.checkpoint_group`), apart from the
+                             training's collectives
+    STOP                  -> wait for that write, return
 
 The leader keeps one full, unsharded copy of the weights, the `Mirror`: bucket-shaped storage (what the push
 broadcasts without packing, `weights.flat`) bound to an unsharded module (what evaluation and the Hugging
@@ -32,7 +36,7 @@ from asyncrl.core.modeling import named_weights
 
 log = logging.getLogger("asyncrl.learner")
 
-STEP, SAVE, STOP = "step", "save", "stop"
+STEP, SAVE, STAGE, STOP = "step", "save", "stage", "stop"
 
 
 @dataclass(frozen=True)
@@ -43,6 +47,9 @@ class Ranks:
     world_size: int = 1
     device: str = "cpu"
     """Where collective tensors live: the rank's GPU under NCCL, the CPU under gloo."""
+    checkpoint_group: object = None
+    """A gloo group of all ranks for checkpoints written in the background (None with one rank): their
+    collectives run on the ranks' checkpoint threads while the training's run on the default group."""
 
     @property
     def leader(self) -> bool:
@@ -104,7 +111,8 @@ def init_ranks(world_size: int, device: str) -> Ranks:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     if not dist.is_initialized():
         dist.init_process_group("nccl" if cuda else "gloo")
-    return Ranks(dist.get_rank(), dist.get_world_size(), rank_device(device) if cuda else "cpu")
+    return Ranks(dist.get_rank(), dist.get_world_size(), rank_device(device) if cuda else "cpu",
+                 checkpoint_group=dist.new_group(backend="gloo"))
 
 
 def rank_device(device: str) -> str:
@@ -200,17 +208,21 @@ def train_step(trainer, batch, version: int, mirror: Mirror | None) -> dict:
     return metrics
 
 
-def follow(trainer, ranks: Ranks, mirror: Mirror, save_shards) -> None:
-    """A follower's loop: run the leader's commands until STOP. `save_shards(path)` writes this rank's part
-    of a checkpoint."""
+def follow(trainer, ranks: Ranks, mirror: Mirror, saves) -> None:
+    """A follower's loop: run the leader's commands until STOP. `saves` writes this rank's part of each
+    checkpoint: `save(path)` in line, `stage(path)` in the background, `wait()` for that write
+    (`checkpoint_saver.FollowerSaves`)."""
     while True:
         command, *args = ranks.broadcast()
         if command == STEP:
             batch, version = args
             train_step(trainer, batch, version, mirror)
         elif command == SAVE:
-            save_shards(*args)
+            saves.save(*args)
+        elif command == STAGE:
+            saves.stage(*args)
         elif command == STOP:
+            saves.wait()
             log.info("rank %d: stop", ranks.rank)
             return
         else:

@@ -24,7 +24,8 @@ from asyncrl.core.preflight import check_checkpoint
 from asyncrl.core.sampling import SamplingParams
 from asyncrl.core.tasks import task_for_run
 from asyncrl.core.trajectory_checks import checkpoint_limits
-from asyncrl.learner.checkpoint import Checkpointer, load_checkpoint, resume_path, save_shards
+from asyncrl.learner.checkpoint import Checkpointer, load_checkpoint, resume_path
+from asyncrl.learner.checkpoint_saver import FollowerSaves
 from asyncrl.learner.held_out import evaluate_held_out
 from asyncrl.learner.learner_metrics import LearnerMetrics
 from asyncrl.learner.loop import LearnerLoop, LearnerProgress
@@ -61,7 +62,7 @@ def _follow(trainer, ranks, mirror) -> LearnerProgress:
     on (it finishes its step, then stops every rank); a follower leaving mid-collective would hang it."""
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, signal.SIG_IGN)
-    follow(trainer, ranks, mirror, lambda path: save_shards(path, trainer.model, trainer.optimizer))
+    follow(trainer, ranks, mirror, FollowerSaves(trainer.model, trainer.optimizer, ranks))
     leave(ranks)
     return LearnerProgress()
 

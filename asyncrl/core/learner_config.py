@@ -57,7 +57,8 @@ class CheckpointConfig(Section):
     """Write checkpoints on a thread of their own while training goes on: the learner stops only to copy model,
     optimizer and RNG state to host memory (its size again: about 3x the parameters' bytes with AdamW), and
     the entries a checkpoint covers are acknowledged once it is on disk. False: the learner stops for the
-    whole save. A sharded learner (`learner.world_size` > 1) always saves in line: its ranks write together."""
+    whole save. On a sharded learner (`learner.world_size` > 1) every rank copies its shards and writes them on
+    a thread of its own, over a gloo group apart from the training's."""
 
 
 class TrackingConfig(Section):

@@ -26,6 +26,9 @@ def test_two_rank_learner_learns_pushes_to_every_replica_and_resumes_on_one(tmp_
     assert audit["ok"] and audit["groups_trained"] == STEPS * 8, audit
     assert summary["eval_last"] > summary["eval_first"], summary
     assert "starting 2 ranks with torchrun" in (run_dir / "logs" / "learner.log").read_text()
+    # Both checkpoints were written in the background by both ranks (learner.checkpoint.background).
+    saved = [e for e in read_events(run_dir, "learner") if e["kind"] == "checkpoint_saved"]
+    assert [(e["step"], e["background"]) for e in saved] == [(40, True), (STEPS, True)], saved
     # One learner to the rest of the system: every version committed and acked by both replicas.
     pushes = [e for e in read_events(run_dir, "controller") if e["kind"] == "push_committed"]
     assert {e["version"] for e in pushes if len(e["acked"]) == 2} >= set(range(1, STEPS + 1)), pushes[-3:]

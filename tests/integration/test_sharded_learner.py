@@ -7,13 +7,16 @@
   1e-3 the weights moved up to 6e-3 and the two runs differ by at most 1.2e-6; the tolerance is 1e-5;
 - micro-batching by a token budget gives the same step as the whole mini-batch at once;
 - each rank holds about half the parameter, gradient and optimizer bytes;
-- a checkpoint saved by two ranks resumes on one, and one saved by one resumes on two.
+- a checkpoint saved by two ranks resumes on one, and one saved by one resumes on two;
+- a checkpoint staged by two ranks and written on their checkpoint threads while the next step trains holds
+  the weights of its step, and the training is the same as without it.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -77,15 +80,18 @@ def one_rank(model_path: Path, learner: dict, steps: int = STEPS, start=None, on
 
 def _rank_main(rank: int, world: int, port: int, model_path: str, learner: dict, out: str, job: dict) -> None:
     """One rank of a two-rank learner: shard, train, report weights (leader), bytes, and save or load."""
+    from concurrent.futures import ThreadPoolExecutor
+
     import torch.distributed as dist
 
-    from asyncrl.learner.checkpoint import load_shards, save_shards
+    from asyncrl.learner.checkpoint import load_shards, save_shards, stage_shards
     from asyncrl.learner.sharding import Mirror, Ranks, leave, local_state_bytes, shard, train_step
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world)
-    ranks = Ranks(rank, world)
+    ranks = Ranks(rank, world, checkpoint_group=dist.new_group(backend="gloo"))
+    writing = None
     model = load_causal_lm(model_path)
     mirror = Mirror.before_sharding(model, ranks)
     shard(model, "none", False)
@@ -93,7 +99,12 @@ def _rank_main(rank: int, world: int, port: int, model_path: str, learner: dict,
     if job.get("load"):
         load_shards(job["load"], model, trainer.optimizer)
     for step, b in enumerate(batches()[job.get("first", 0) : job.get("last", STEPS)], start=job.get("first", 0)):
+        if step == job.get("stage_at"):  # as `FollowerSaves.stage` and the leader's `Checkpointer.stage` do
+            writing = ThreadPoolExecutor(1).submit(_write_later, job["stage_to"], stage_shards(model, trainer.optimizer),
+                                                   ranks)
         train_step(trainer, b, step, mirror)
+    if writing is not None:
+        writing.result()
     if job.get("save"):
         save_shards(job["save"], model, trainer.optimizer)
     Path(out, f"bytes-{rank}.json").write_text(json.dumps(local_state_bytes(model, trainer.optimizer)))
@@ -102,6 +113,14 @@ def _rank_main(rank: int, world: int, port: int, model_path: str, learner: dict,
         torch.save(full_state(mirror.module), Path(out, "weights.pt"))
     leave(ranks)  # on success only: a failing rank exits, and spawn stops the other
     os._exit(0)  # as `asyncrl learner` ends a rank: no interpreter teardown beside the group's threads
+
+
+def _write_later(path: str, state: dict, ranks) -> None:
+    """`write_shards` once the step after the copy has changed the live weights: the copy must not follow them."""
+    from asyncrl.learner.checkpoint import write_shards
+
+    time.sleep(1.0)
+    write_shards(path, state, ranks)
 
 
 def two_ranks(tmp_path: Path, model_path: Path, learner: dict, **job) -> dict:
@@ -171,3 +190,20 @@ def test_a_checkpoint_of_two_ranks_resumes_on_one_and_back(tmp_path, tiny_model_
     (tmp_path / "b").mkdir()
     resumed = two_ranks(tmp_path / "b", tiny_model_dir.policy, LEARNER, load=str(saved_by_one), first=2)
     assert max_difference(resumed, reference) < TOLERANCE
+
+
+def test_a_checkpoint_written_in_the_background_holds_its_step_while_the_next_trains(tmp_path, tiny_model_dir):
+    """Both ranks copy their shards after step 1 and write them over the checkpoint group on a thread while
+    step 2 trains over the default group: the checkpoint is step 1's, the training is undisturbed."""
+    from asyncrl.learner.checkpoint import load_shards
+
+    after_two, _ = one_rank(tiny_model_dir.policy, LEARNER, steps=2)
+    after_three, _ = one_rank(tiny_model_dir.policy, LEARNER)
+    staged = tmp_path / "staged"
+    trained = two_ranks(tmp_path, tiny_model_dir.policy, LEARNER, stage_at=2, stage_to=str(staged))
+    assert max_difference(trained, after_three) < TOLERANCE
+    model = load_causal_lm(tiny_model_dir.policy)
+    trainer = trainer_for(model, LEARNER)
+    load_shards(str(staged), model, trainer.optimizer)
+    assert max_difference(full_state(model), after_two) < TOLERANCE
+    assert max_difference(after_three, after_two) > 1e-4  # step 2 moved the weights: the copy predates it
