@@ -1,11 +1,11 @@
 """When a checkpoint is written and what it unlocks: the buffer entries it covers are acknowledged once it is
 complete on disk, never before (a learner that dies earlier trains them again from the checkpoint before).
 
-In line, the learner stops for the whole save. In the background (`learner.checkpoint.background`, one learner
-rank), it stops only to copy the state to host memory (`Checkpointer.stage`); a thread of its own writes the
-files, renames the checkpoint into place and then acknowledges its entries, so a learner that fails while the
-write is under way still finishes it with its acknowledgement, and one killed outright leaves only the
-temporary directory and the entries unacknowledged: both are consistent. One save at a time: a save asked for
+In line, the learner stops for the whole save. In the background (`learner.checkpoint.background`), it stops
+only to copy the state to host memory (`Checkpointer.stage`); a thread of its own writes the files, renames
+the checkpoint into place and then acknowledges its entries. A one-rank learner whose loop fails while the
+write is under way still finishes it, acknowledgement included (the interpreter waits for the thread); one
+killed outright leaves only the temporary directory and the entries unacknowledged: both are consistent. One save at a time: a save asked for
 while the previous one is still being written waits for it (that wait is part of its stall). A write that
 failed raises in the loop at the next step, as it would have in line.
 
