@@ -41,11 +41,14 @@ PANELS: list[tuple[str, list[tuple[str, str, list[tuple[str, str]]]]]] = [
         ("Learner busy: share of the wall time in train steps", "percentunit", [
             ("asyncrl_learner_busy_ratio", f"last {WINDOW_STEPS} steps"),
             (f"rate(asyncrl_learner_step_seconds_sum{RATE})", "last minute")]),
-        ("Step and push time", "s", [
+        ("Step, push and checkpoint time", "s", [
             (_q(0.5, "asyncrl_learner_step_seconds"), "step p50"),
             (_q(0.5, "asyncrl_learner_push_seconds"), "push p50 (learner)"),
             (_q(0.5, "asyncrl_learner_push_wait_seconds"), "push on the learner's path p50"),
-            (_q(0.99, "asyncrl_controller_push_seconds"), "push p99 (begin..commit at the controller)")]),
+            (_q(0.99, "asyncrl_controller_push_seconds"), "push p99 (begin..commit at the controller)"),
+            # Checkpoints are rare (every save_every steps): the mean over a longer window than the rates'.
+            ("rate(asyncrl_learner_checkpoint_stall_seconds_sum[10m]) / rate(asyncrl_learner_checkpoint_stall_seconds_count[10m])",
+             "checkpoint stall (mean, 10 min)")]),
         ("Weights pushed", "Bps", [(f"rate(asyncrl_learner_push_bytes_total{RATE})", "bytes/s")]),
         ("Rollout correction and mismatch", "none", [
             ("asyncrl_learner_kl_behav_prox", "KL(behav||prox) k3"),
