@@ -5,9 +5,9 @@ In line, the learner stops for the whole save. In the background (`learner.check
 only to copy the state to host memory (`Checkpointer.stage`); a thread of its own writes the files, renames
 the checkpoint into place and then acknowledges its entries. A one-rank learner whose loop fails while the
 write is under way still finishes it, acknowledgement included (the interpreter waits for the thread); one
-killed outright leaves only the temporary directory and the entries unacknowledged: both are consistent. One save at a time: a save asked for
-while the previous one is still being written waits for it (that wait is part of its stall). A write that
-failed raises in the loop at the next step, as it would have in line.
+killed outright leaves only the temporary directory and the entries unacknowledged: both are consistent.
+One save at a time: a save asked for while the previous one is still being written waits for it (that wait
+is part of its stall). A write that failed raises in the loop at the next step, as it would have in line.
 
 On a sharded learner every rank copies its shards when the leader stages a checkpoint and writes them on a
 thread of its own (`FollowerSaves` on the other ranks); the leader's write returns once every rank's part is
@@ -26,7 +26,6 @@ from asyncrl.learner.checkpoint import CheckpointMeta, save_shards, stage_shards
 class CheckpointSaver:
     def __init__(self, checkpointer, buffer, events, metrics, background: bool):
         self.checkpointer, self.buffer, self.events, self.metrics = checkpointer, buffer, events, metrics
-        self.background = background
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="checkpoint") if background else None
         self._writing: Future | None = None
 
