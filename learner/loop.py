@@ -20,6 +20,7 @@ from asyncrl.learner.busy import BusyMeter
 from asyncrl.learner.checkpoint import CheckpointMeta
 from asyncrl.learner.checkpoint_saver import CheckpointSaver
 from asyncrl.learner.intake import BatchIntake, lookahead_groups
+from asyncrl.learner.replica_eval import BackgroundEvaluations
 from asyncrl.learner.sharding import SINGLE, STEP, Mirror, Ranks, train_step
 from asyncrl.learner.status_report import StatusReporter
 from asyncrl.learner.timeline import rejoin
@@ -48,7 +49,7 @@ class LearnerProgress:
 class LearnerLoop:
     def __init__(self, *, config, trainer, buffer, controller_stub, publisher, evaluate, events, metrics,
                  limits: TrajectoryLimits, teacher_stub=None, checkpointer=None, sinks=None, ranks: Ranks = SINGLE,
-                 mirror: Mirror | None = None):
+                 mirror: Mirror | None = None, replica_evals: BackgroundEvaluations | None = None):
         self.config = config
         self.trainer = trainer
         self.buffer = buffer
@@ -86,6 +87,8 @@ class LearnerLoop:
         """The heartbeats with the learner's progress (`learner.status_report`)."""
         self.mirror = mirror
         """The leader's full copy of a sharded policy (None with one rank)."""
+        self.replica_evals = replica_evals
+        """The evaluations every `eval_every` steps on a replica (`learner.eval_by: replica`); None: in line."""
 
     # -- data -----------------------------------------------------------------------------------------
     def _heartbeat(self) -> None:
@@ -121,17 +124,46 @@ class LearnerLoop:
 
     # -- loop -----------------------------------------------------------------------------------------
     def run_eval(self) -> float:
+        """Evaluate the learner's own model now, in line."""
         t0 = time.perf_counter()
         result = self.evaluate()
+        self._record_eval(self.progress.step, self.progress.version, result, time.perf_counter() - t0, by="learner")
+        return result["accuracy"]
+
+    def periodic_eval(self) -> None:
+        """The evaluation every `eval_every` steps: in line, or started on a replica (`learner.replica_eval`)."""
+        if self.replica_evals is None:
+            self.run_eval()
+        elif not self.replica_evals.start(self.progress.step, self.progress.version):
+            self.events.write("eval_skipped", step=self.progress.step,
+                              reason="the previous evaluation on a replica is still running")
+
+    def take_replica_eval(self, wait: bool = False) -> None:
+        """Record an evaluation a replica has finished (with `wait`, the one still running); one that could not
+        run there runs on the learner now."""
+        if self.replica_evals is None:
+            return
+        done = self.replica_evals.wait() if wait else self.replica_evals.poll()
+        if done is None:
+            return
+        if done.result is None:
+            self.events.write("eval_fallback", step=done.step, error=done.error)
+            log.warning("evaluation of step %d on a replica did not run (%s): evaluating on the learner", done.step,
+                        done.error)
+            self.run_eval()
+            return
+        r = done.result
+        self._record_eval(done.step, done.version, {"accuracy": r.accuracy}, done.seconds, by="replica",
+                          replica_id=r.replica_id, weight_versions=list(r.versions))
+
+    def _record_eval(self, step: int, version: int, result: dict, seconds: float, **where) -> None:
         accuracy = result["accuracy"]
         self.progress.last_eval_accuracy = accuracy
         self.metrics.eval_accuracy.set(accuracy)
-        self.events.write("eval", step=self.progress.step, version=self.progress.version, **result,
-                          seconds=time.perf_counter() - t0)  # fmt: skip
+        self.events.write("eval", step=step, version=version, **result, seconds=seconds, **where)
         if self.sinks is not None:
-            self.sinks.log(self.progress.step, {f"eval/{k}": v for k, v in result.items()})
-        log.info("eval step %d: %s", self.progress.step, result)
-        return accuracy
+            self.sinks.log(step, {f"eval/{k}": v for k, v in result.items()})
+        log.info("eval step %d: %s", step, result)
 
     def save(self) -> None:
         """Checkpoint this step (in the background with `learner.checkpoint.background`, `learner.checkpoint_saver`)."""
@@ -190,13 +222,15 @@ class LearnerLoop:
             self.train_on(entries, collect_s)
             carry += self.intake.take_prefetched()
             if cfg.eval_every and self.progress.step % cfg.eval_every == 0 and self.progress.step < cfg.total_steps:
-                self.run_eval()
+                self.periodic_eval()
+            self.take_replica_eval()
             every = cfg.checkpoint.save_every
             if every and self.progress.step % every == 0:
                 self.save()
             if self.saver is not None:
                 self.saver.poll()
         self.finish_push()
+        self.take_replica_eval(wait=True)
         self.status.finish(self.progress)
         if self.progress.step >= cfg.total_steps:
             self.run_eval()

@@ -18,6 +18,7 @@ from asyncrl.core.buffer import make_buffer
 from asyncrl.core.config import dump_config
 from asyncrl.core.events import EventLog
 from asyncrl.core.grpc_util import build_server, wait_for_channel
+from asyncrl.core.grpc_util import channel as grpc_channel
 from asyncrl.core.metrics import serve_metrics
 from asyncrl.core.modeling import load_causal_lm, pad_token_id
 from asyncrl.core.preflight import check_checkpoint
@@ -30,6 +31,7 @@ from asyncrl.learner.held_out import evaluate_held_out
 from asyncrl.learner.learner_metrics import LearnerMetrics
 from asyncrl.learner.loop import LearnerLoop, LearnerProgress
 from asyncrl.learner.publisher import WeightPublisher
+from asyncrl.learner.replica_eval import BackgroundEvaluations, ReplicaEvaluator
 from asyncrl.learner.seat import SeatedController
 from asyncrl.learner.sharding import STOP, Mirror, follow, init_ranks, leave, rank_device, shard
 from asyncrl.learner.tracking import MetricSinks
@@ -65,6 +67,15 @@ def _follow(trainer, ranks, mirror) -> LearnerProgress:
     follow(trainer, ranks, mirror, FollowerSaves(trainer.model, trainer.optimizer, ranks))
     leave(ranks)
     return LearnerProgress()
+
+
+def _replica_evals(config, controller, task, sampling, auth) -> BackgroundEvaluations | None:
+    """Evaluations on a rollout replica (`learner.eval_by: replica`), else None (the learner evaluates)."""
+    if config.learner.eval_by != "replica":
+        return None
+    evaluator = ReplicaEvaluator(controller, functools.partial(grpc_channel, auth=auth), task, sampling.max_new_tokens,
+                                 config.rollout.engine.max_batch_size, config.learner.eval_timeout_s)
+    return BackgroundEvaluations(evaluator)
 
 
 def create_server(config, progress: LearnerProgress | None = None, registry=None,
@@ -137,6 +148,7 @@ def serve(config) -> LearnerProgress:
         sinks=MetricSinks(config),
         ranks=ranks,
         mirror=mirror,
+        replica_evals=_replica_evals(config, controller, task, sampling, auth),
     )
     if meta is not None:
         loop.resume(meta, path)

@@ -140,6 +140,16 @@ class LearnerConfig(PinnedSection):
     """Also estimate pass@k on the held-out set with `eval_samples` samples per prompt (0 = off)."""
     eval_samples: int = Field(8, ge=1)
     """Samples per held-out prompt for pass@k (n >= k)."""
+    eval_by: Literal["learner", "replica"] = "learner"
+    """Who runs the evaluations every `eval_every` steps. "learner": its own model, in line (training waits).
+    "replica": a live rollout replica holding the newest weights, through its Generate RPC, while training
+    goes on; that replica's rollouts wait meanwhile, a push may land mid-evaluation (the `eval` event records
+    the versions its tokens came from), an evaluation still running at the next one's step skips that one,
+    and one the replicas cannot run (none live, an error) runs on the learner instead. The first and the last
+    evaluation always run on the learner. Greedy accuracy only (`eval_pass_k` needs the learner)."""
+    eval_timeout_s: float = Field(300.0, gt=0)
+    """With `eval_by: replica`: the deadline of each call an evaluation makes (the controller's status, each
+    Generate of at most `rollout.engine.max_batch_size` prompts)."""
     checkpoint: CheckpointConfig = CheckpointConfig()
     """Saving the trained policy and the learner state."""
     max_restarts: int = Field(2, ge=0)
@@ -186,6 +196,9 @@ class LearnerConfig(PinnedSection):
         if self.world_size > 1 and self.algo.kl.mode != "none":
             raise ValueError("learner.algo.kl.mode: the KL reference model is kept on one learner rank "
                              "(learner.world_size: 1)")
+        if self.eval_by == "replica" and self.eval_pass_k:
+            raise ValueError("learner.eval_by: replica evaluates greedy accuracy only; learner.eval_pass_k needs "
+                             "the learner's own sampling (eval_by: learner, or eval_pass_k: 0)")
         if self.mixed_precision != "none" and self.world_size == 1:
             raise ValueError("learner.mixed_precision: applies to the sharded learner (learner.world_size > 1)")
         if self.mixed_precision != "none" and not self.device.startswith("cuda"):

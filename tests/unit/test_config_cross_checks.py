@@ -25,3 +25,13 @@ def test_a_batch_that_is_not_whole_groups_is_refused_naming_both_keys():
     with pytest.raises(ValidationError, match=r"learner.batch_size \(60\) must be a multiple of "
                                               r"sampling.group_size \(8\)"):
         config(learner={"batch_size": 60}, sampling={"group_size": 8})
+
+
+def test_pass_at_k_evaluated_on_a_replica_is_refused_naming_both_keys():
+    with pytest.raises(ValidationError, match=r"learner.eval_by: replica evaluates greedy accuracy only; "
+                                              r"learner.eval_pass_k needs"):
+        config(learner={"eval_by": "replica", "eval_pass_k": 4})
+    config(learner={"eval_by": "replica"})
+    config(learner={"eval_by": "learner", "eval_pass_k": 4})
+    with pytest.raises(ValidationError, match="eval_by"):
+        config(learner={"eval_by": "teacher"})

@@ -375,3 +375,49 @@ def test_holding_a_full_lookahead_the_learner_reads_nothing_more():
     assert len(held) == 6 and asked == [6]
     batch, rest = take_batch(loop, held)
     assert asked == [6] and [e.group.group_id for e in batch] == ["g0", "g1"] and len(rest) == 4
+
+
+def test_evaluations_on_a_replica_are_recorded_at_their_step_one_at_a_time_and_fall_back_to_the_learner():
+    """`learner.eval_by: replica`: the evaluation asked for at step 10 is recorded as step 10's when it
+    finishes; one due while it runs is skipped; one that could not run on a replica runs on the learner."""
+    import threading
+
+    from asyncrl.learner.replica_eval import BackgroundEvaluations, NoReplica, ReplicaEvaluation
+
+    gate = threading.Event()
+
+    class Evaluator:
+        def __init__(self):
+            self.outcomes = [ReplicaEvaluation(0.5, "replica-1", (9, 10)), NoReplica("no live replica with current weights")]
+
+        def evaluate(self):
+            assert gate.wait(10)
+            outcome = self.outcomes.pop(0)
+            if isinstance(outcome, Exception):
+                raise outcome
+            return outcome
+
+    loop, events, metrics = loop_with(None)
+    loop.evaluate = lambda: {"accuracy": 0.25}  # the learner's own evaluation
+    loop.replica_evals = BackgroundEvaluations(Evaluator())
+    loop.progress.step = loop.progress.version = 10
+    loop.periodic_eval()
+    loop.progress.step = loop.progress.version = 20
+    loop.periodic_eval()  # the one of step 10 still runs
+    assert [e["step"] for e in events.of_kind("eval_skipped")] == [20]
+    loop.take_replica_eval()
+    assert events.of_kind("eval") == []  # not finished: nothing recorded, nothing waited for
+    gate.set()
+    loop.take_replica_eval(wait=True)
+    [on_replica] = events.of_kind("eval")
+    assert (on_replica["step"], on_replica["version"], on_replica["accuracy"], on_replica["by"]) == (10, 10, 0.5, "replica")
+    assert on_replica["replica_id"] == "replica-1" and on_replica["weight_versions"] == [9, 10]
+    assert loop.progress.last_eval_accuracy == 0.5 and metrics.eval_accuracy._value.get() == 0.5
+
+    loop.progress.step = loop.progress.version = 30
+    loop.periodic_eval()
+    loop.take_replica_eval(wait=True)
+    [fallback] = events.of_kind("eval_fallback")
+    assert fallback["step"] == 30 and "no live replica" in fallback["error"]
+    on_learner = events.of_kind("eval")[-1]
+    assert (on_learner["step"], on_learner["accuracy"], on_learner["by"]) == (30, 0.25, "learner")
