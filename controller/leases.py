@@ -55,11 +55,14 @@ class LeaseBook:
         self._active: dict[str, Lease] = {}
         self._ended: OrderedDict[str, str] = OrderedDict()  # lease_id -> "completed" | "expired: <why>"
 
-    def ends_by(self, granted_at: float) -> float:
-        return granted_at + self.lease_max_s if self.lease_max_s > 0 else float("inf")
+    def fresh_clock(self, now: float) -> tuple[float, float]:
+        """(expires_at, ends_by) of a lease granted, or restored after a controller restart, at `now`: one TTL,
+        never past `now + lease_max_s`."""
+        ends_by = now + self.lease_max_s if self.lease_max_s > 0 else float("inf")
+        return min(now + self.lease_ttl_s, ends_by), ends_by
 
     def grant(self, replica_id: str, num_trajectories: int, version: int, now: float) -> Lease:
-        ends_by = self.ends_by(now)
+        expires_at, ends_by = self.fresh_clock(now)
         lease = Lease(
             lease_id=f"lease-{uuid.uuid4().hex[:12]}",
             replica_id=replica_id,
@@ -67,7 +70,7 @@ class LeaseBook:
             prompt_index=self.next_prompt_index,
             version=version,
             granted_at=now,
-            expires_at=min(now + self.lease_ttl_s, ends_by),
+            expires_at=expires_at,
             ends_by=ends_by,
         )
         self._active[lease.lease_id] = lease

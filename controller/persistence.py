@@ -213,11 +213,10 @@ class StateWriter:
         self._meta, self._leases, self._replicas = dict(meta), set(active_leases), saved
 
 
-def restore_books(saved: SavedState, leases, registry, now: float, lease_ttl_s: float) -> None:
+def restore_books(saved: SavedState, leases, registry, now: float) -> None:
     """Put the saved leases and replicas back into a `LeaseBook` and a `ReplicaRegistry`: every replica as
     just heard from, every lease with a fresh TTL and age limit (monotonic clocks do not survive a process)."""
-    ends_by = leases.ends_by(now)
-    expires_at = min(now + lease_ttl_s, ends_by)
+    expires_at, ends_by = leases.fresh_clock(now)
     leases.restore(saved.admitted, saved.next_prompt_index, saved.granted_total, saved.expired_total,
                    [Lease(x.lease_id, x.replica_id, x.num_trajectories, x.prompt_index, x.version, granted_at=now,
                           expires_at=expires_at, ends_by=ends_by) for x in saved.leases])  # fmt: skip

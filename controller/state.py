@@ -334,7 +334,7 @@ class ControllerState(Admission, LearnerSeating, ReplicaReachability, Liveness):
             self._current_version = saved.current_version
             self._pushes.committed = saved.pushes_committed
             self._seat.restore(saved.learner_key, saved.learner_address)
-            restore_books(saved, self._leases, self._registry, self._clock(), self.config.lease_ttl_s)
+            restore_books(saved, self._leases, self._registry, self._clock())
             for replica in self._registry.all():
                 if not replica.reachable:  # its check died with the previous controller
                     self._check_reachability_of(replica)
