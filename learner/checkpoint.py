@@ -110,9 +110,7 @@ class Checkpointer:
         sharded learner, together with every rank's write of its shards)."""
         write_shards(str(staged.tmp / "learner"), staged.state, self.ranks)
         if staged.hf_state is not None:
-            # The module only lends its config and save method: the weights are the staged ones.
-            staged.module.save_pretrained(str(staged.tmp / "hf"), state_dict=staged.hf_state, safe_serialization=True)
-            self.tokenizer.save_pretrained(str(staged.tmp / "hf"))
+            export_hf(staged.module, self.tokenizer, staged.tmp / "hf", staged.hf_state)
         return self._finish(staged.tmp, staged.final, staged.rng, staged.meta)
 
     def _begin(self, meta: CheckpointMeta) -> tuple[Path, Path]:
@@ -150,10 +148,10 @@ class StagedCheckpoint:
 
 
 def _host_copy(value):
-    """`value` with every tensor in it copied to host memory (containers rebuilt, other leaves shared: they are
-    immutable)."""
+    """`value` with every tensor in it copied to host memory, contiguous (containers rebuilt, other leaves
+    shared: they are immutable)."""
     if isinstance(value, torch.Tensor):
-        return value.detach().to("cpu", copy=True)
+        return value.detach().to("cpu", copy=True).contiguous()
     if isinstance(value, dict):
         return type(value)((key, _host_copy(item)) for key, item in value.items())
     if isinstance(value, (list, tuple)):
@@ -161,10 +159,11 @@ def _host_copy(value):
     return value
 
 
-def export_hf(model, tokenizer, directory: Path) -> None:
-    """The policy as a standalone Hugging Face checkpoint. The learner's parameters are views into shared
-    bucket storage (for zero-copy pushes), which safetensors would take for tied weights: save copies."""
-    state = {name: tensor.detach().to("cpu").clone().contiguous() for name, tensor in model.state_dict().items()}
+def export_hf(model, tokenizer, directory: Path, state: dict | None = None) -> None:
+    """The policy as a standalone Hugging Face checkpoint: `model`'s config with `state` (a staged copy; None:
+    a copy of the model's own now). The learner's parameters are views into shared bucket storage (for
+    zero-copy pushes), which safetensors would take for tied weights: it saves copies."""
+    state = _host_copy(model.state_dict()) if state is None else state
     model.save_pretrained(str(directory), state_dict=state, safe_serialization=True)
     tokenizer.save_pretrained(str(directory))
 
