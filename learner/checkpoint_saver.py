@@ -18,43 +18,40 @@ the whole checkpoint.
 from __future__ import annotations
 
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
 
 from asyncrl.learner.checkpoint import CheckpointMeta, save_shards, stage_shards, write_shards
+from asyncrl.learner.one_at_a_time import OneAtATime
 
 
 class CheckpointSaver:
     def __init__(self, checkpointer, buffer, events, metrics, background: bool):
         self.checkpointer, self.buffer, self.events, self.metrics = checkpointer, buffer, events, metrics
-        self._thread = ThreadPoolExecutor(1, thread_name_prefix="checkpoint") if background else None
-        self._writing: Future | None = None
+        self._writes = OneAtATime("checkpoint") if background else None
 
     def save(self, model, optimizer, meta: CheckpointMeta, covered: list[str]) -> float:
         """Checkpoint `meta.step` (acknowledging `covered` once it is complete); returns the seconds this cost
         the caller: the whole save in line, the copy (and any wait for the previous save) in the background."""
         t0 = time.perf_counter()
-        if self._thread is None:
+        if self._writes is None:
             path = self.checkpointer.save(model, optimizer, meta)
             stall_s = time.perf_counter() - t0
             self._record(meta, path, covered, stall_s, stall_s, background=False)
             return stall_s
-        self.wait()
+        self._writes.wait()
         staged = self.checkpointer.stage(model, optimizer, meta)
         stall_s = time.perf_counter() - t0
-        self._writing = self._thread.submit(self._write, staged, covered, stall_s)
+        self._writes.start(self._write, staged, covered, stall_s)
         return stall_s
 
     def poll(self) -> None:
         """Raise the error of a background write that failed (once it is over; never waits)."""
-        if self._writing is not None and self._writing.done():
-            writing, self._writing = self._writing, None
-            writing.result()
+        if self._writes is not None:
+            self._writes.poll()
 
     def wait(self) -> None:
         """Wait for the background write in flight, if any (its failure is raised here)."""
-        if self._writing is not None:
-            writing, self._writing = self._writing, None
-            writing.result()
+        if self._writes is not None:
+            self._writes.wait()
 
     def _write(self, staged, covered: list[str], stall_s: float) -> None:
         t0 = time.perf_counter()
@@ -75,8 +72,7 @@ class FollowerSaves:
 
     def __init__(self, model, optimizer, ranks):
         self.model, self.optimizer, self.ranks = model, optimizer, ranks
-        self._thread = ThreadPoolExecutor(1, thread_name_prefix="checkpoint")
-        self._writing: Future | None = None
+        self._writes = OneAtATime("checkpoint")
 
     def save(self, path: str) -> None:
         self.wait()
@@ -84,10 +80,7 @@ class FollowerSaves:
 
     def stage(self, path: str) -> None:
         self.wait()
-        state = stage_shards(self.model, self.optimizer)
-        self._writing = self._thread.submit(write_shards, path, state, self.ranks)
+        self._writes.start(write_shards, path, stage_shards(self.model, self.optimizer), self.ranks)
 
     def wait(self) -> None:
-        if self._writing is not None:
-            writing, self._writing = self._writing, None
-            writing.result()
+        self._writes.wait()

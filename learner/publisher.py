@@ -14,7 +14,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 import grpc
@@ -27,6 +26,7 @@ from asyncrl.core.weights.manifest import decode_plan
 from asyncrl.core.weights.plan import tensor_metas
 from asyncrl.core.weights.rendezvous import ReceiversMissing
 from asyncrl.core.weights.transport import host_store, send_weights
+from asyncrl.learner.one_at_a_time import OneAtATime
 from asyncrl.v1 import controller_pb2
 
 log = logging.getLogger(__name__)
@@ -71,33 +71,31 @@ class WeightPublisher:
         self.groups = BroadcastGroups(self.store)
         self.delta_codec = "" if transport_cfg.delta_codec == "none" else transport_cfg.delta_codec
         self._snapshot: FlatWeights | None = None
-        self._background = ThreadPoolExecutor(1, thread_name_prefix="push")
-        self._in_flight: Future | None = None
+        self._background = OneAtATime("push")
 
     def push(self, version: int) -> PushResult:
         """Publish the live model as `version` (current+1) or resync it to out-of-date replicas (current)."""
-        if self._in_flight is not None:
+        if self._background.running:
             raise RuntimeError("a background push is in flight: finish() it first")
         return self._push(version, self.flat, background=False)
 
     def start(self, version: int) -> None:
         """Snapshot the live weights and push them as `version` on the background thread."""
-        if self._in_flight is not None:
+        if self._background.running:
             raise RuntimeError("a background push is in flight: finish() it first")
         if self._snapshot is None:
             self._snapshot = FlatWeights(self.flat.metas, self.flat.bucket_bytes, self.flat.buffers[0].device)
         with torch.no_grad():
             for live, copy in zip(self.flat.buffers, self._snapshot.buffers):
                 copy.copy_(live)
-        self._in_flight = self._background.submit(self._push, version, self._snapshot, True)
+        self._background.start(self._push, version, self._snapshot, True)
 
     def finish(self) -> PushResult | None:
         """Wait for the background push (None when there is none); raises what it raised."""
-        future, self._in_flight = self._in_flight, None
-        return None if future is None else future.result()
+        return self._background.wait()
 
     def close(self) -> None:
-        self._background.shutdown(wait=True)
+        self._background.shutdown()
         self.groups.close()
 
     def _push(self, version: int, weights: FlatWeights, background: bool) -> PushResult:

@@ -15,12 +15,12 @@ the loop to run on the learner instead.
 from __future__ import annotations
 
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 import grpc
 
 from asyncrl.core.tasks.evaluate import greedy_rewards
+from asyncrl.learner.one_at_a_time import OneAtATime
 from asyncrl.v1 import controller_pb2, rollout_pb2, rollout_pb2_grpc
 
 
@@ -94,26 +94,22 @@ class BackgroundEvaluations:
 
     def __init__(self, evaluator: ReplicaEvaluator):
         self.evaluator = evaluator
-        self._thread = ThreadPoolExecutor(1, thread_name_prefix="replica-eval")
-        self._running: Future | None = None
+        self._runs = OneAtATime("replica-eval")
 
     def start(self, step: int, version: int) -> bool:
         """Start an evaluation for `step`; False (nothing started) while the previous one still runs."""
-        if self._running is not None:
+        if self._runs.running:
             return False
-        self._running = self._thread.submit(self._run, step, version)
+        self._runs.start(self._run, step, version)
         return True
 
     def poll(self) -> FinishedEvaluation | None:
         """The evaluation that has finished since the last call, if any (never waits)."""
-        if self._running is None or not self._running.done():
-            return None
-        return self.wait()
+        return self._runs.poll()
 
     def wait(self) -> FinishedEvaluation | None:
         """Wait for the evaluation in flight, if any."""
-        running, self._running = self._running, None
-        return None if running is None else running.result()
+        return self._runs.wait()
 
     def _run(self, step: int, version: int) -> FinishedEvaluation:
         t0 = time.perf_counter()
