@@ -86,6 +86,21 @@ def check_response_starts(sequences: list[list[int]], response_starts: list[int]
             )
 
 
+def padded_rows(rows: list[list[int]], pad_id: int, left: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """(ids, mask), each a [len(rows), longest row] long tensor: the rows padded with `pad_id` after their
+    tokens (before them with `left`), mask 1 on the real tokens. One tensor built from one padded list: a
+    copy per row costs ten times as much on the small batches every forward here sees."""
+    width = max((len(r) for r in rows), default=0)
+    if left:
+        ids = [[pad_id] * (width - len(r)) + list(r) for r in rows]
+        mask = [[0] * (width - len(r)) + [1] * len(r) for r in rows]
+    else:
+        ids = [list(r) + [pad_id] * (width - len(r)) for r in rows]
+        mask = [[1] * len(r) + [0] * (width - len(r)) for r in rows]
+    return (torch.tensor(ids, dtype=torch.long).reshape(len(rows), width),
+            torch.tensor(mask, dtype=torch.long).reshape(len(rows), width))
+
+
 def token_logprobs(lm_head, hidden: torch.Tensor, targets: torch.Tensor, params) -> torch.Tensor:
     """log p(targets[j] | hidden[j]) for hidden states [M, H] through the vocabulary projection `lm_head`, in
     chunks of at most _MAX_LOGIT_ELEMENTS logits (a 150k vocabulary makes the full [M, V] too big; with grad
@@ -147,11 +162,7 @@ def _sequence_logprobs(model, sequences, response_starts, params, pad_id, **forw
     if n == 0 or width == 0:
         return torch.zeros(n, width, device=device), mask.to(device)
 
-    input_ids = torch.full((n, int(lengths.max())), pad_id, dtype=torch.long)
-    attention_mask = torch.zeros_like(input_ids)
-    for i, seq in enumerate(sequences):
-        input_ids[i, : len(seq)] = torch.tensor(seq, dtype=torch.long)
-        attention_mask[i, : len(seq)] = 1
+    input_ids, attention_mask = padded_rows(sequences, pad_id)
     input_ids, attention_mask = input_ids.to(device), attention_mask.to(device)
     hidden = model.base_model(
         input_ids=input_ids, attention_mask=attention_mask, use_cache=False, **forward_kwargs

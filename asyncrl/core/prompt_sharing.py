@@ -14,19 +14,14 @@ from __future__ import annotations
 
 import torch
 
-from asyncrl.core.modeling import check_response_starts, sequence_logprobs, token_logprobs
+from asyncrl.core.modeling import check_response_starts, padded_rows, sequence_logprobs, token_logprobs
 from asyncrl.core.sampling import SamplingParams
 
 
 def left_pad(prompts: list[list[int]], pad_id: int, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(input_ids, attention_mask, position_ids), each [len(prompts), longest prompt]: prompts aligned to the
     right under an attention mask, positions counted from each prompt's first real token."""
-    width = max(len(p) for p in prompts)
-    input_ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
-    attention_mask = torch.zeros_like(input_ids)
-    for i, p in enumerate(prompts):
-        input_ids[i, width - len(p) :] = torch.tensor(p, dtype=torch.long)
-        attention_mask[i, width - len(p) :] = 1
+    input_ids, attention_mask = padded_rows(prompts, pad_id, left=True)
     # Real tokens get positions 0, 1, ...; padding positions are masked, their value does not matter.
     position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
     return input_ids.to(device), attention_mask.to(device), position_ids.to(device)
@@ -82,12 +77,8 @@ def shared_prompt_logprobs(model, sequences: list[list[int]], response_starts: l
     first = prefill.last_hidden_state[:, -1][expand]
 
     n, width = len(sequences), max(len(r) for r in responses)
-    response_ids = torch.full((n, width), pad_id, dtype=torch.long)
-    for i, response in enumerate(responses):
-        response_ids[i, : len(response)] = torch.tensor(response, dtype=torch.long)
-    lengths = torch.tensor([len(r) for r in responses])
-    mask = torch.arange(width)[None, :] < lengths[:, None]
-    response_ids, mask = response_ids.to(device), mask.to(device)
+    response_ids, mask = padded_rows(responses, pad_id)
+    response_ids, mask = response_ids.to(device), mask.bool().to(device)
     # Responses right-padded after the (left-padded) prompts: a real token never attends to the padding
     # after it, and the padding before it is masked.
     hidden = base(

@@ -3,7 +3,13 @@
 import pytest
 import torch
 
-from asyncrl.core.modeling import check_weight_metas, copy_weights_, named_weights, sequence_logprobs
+from asyncrl.core.modeling import (
+    check_weight_metas,
+    copy_weights_,
+    named_weights,
+    padded_rows,
+    sequence_logprobs,
+)
 from asyncrl.core.sampling import SamplingParams, processed_logprobs
 from asyncrl.core.weights.plan import TensorMeta, tensor_metas
 
@@ -103,6 +109,18 @@ def test_empty_responses_and_bad_starts(model):
         sequence_logprobs(model, [[1, 5]], [4], None, pad_id=PAD)
     with pytest.raises(ValueError, match="2 sequences but 1"):
         sequence_logprobs(model, [[1, 5], [1, 6]], [1], None, pad_id=PAD)
+
+
+def test_padded_rows_pad_after_or_before_the_tokens():
+    ids, mask = padded_rows([[5, 6, 7], [8], [9, 4]], pad_id=0)
+    assert ids.tolist() == [[5, 6, 7], [8, 0, 0], [9, 4, 0]]
+    assert mask.tolist() == [[1, 1, 1], [1, 0, 0], [1, 1, 0]]
+    ids, mask = padded_rows([[5, 6, 7], [8]], pad_id=3, left=True)
+    assert ids.tolist() == [[5, 6, 7], [3, 3, 8]]
+    assert mask.tolist() == [[1, 1, 1], [0, 0, 1]]
+    assert ids.dtype == mask.dtype == torch.long
+    ids, mask = padded_rows([[], []], pad_id=0)  # rows without tokens keep their shape
+    assert ids.shape == mask.shape == (2, 0)
 
 
 def test_named_weights_load_with_state_dict_names(model):
