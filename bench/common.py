@@ -148,16 +148,31 @@ def emit(name: str, result: dict, bars: dict[str, float], ylabel: str, title: st
     plt.close(fig)
 
 
+def cpu_description(cpuinfo: Path) -> str:
+    """The first processor of `cpuinfo` as "<model name> (family F model M, <widest vector unit>)": a
+    virtual machine often names only the vendor's line ("AMD EPYC"), and two generations behind one name
+    time differently; "" without the file."""
+    if not cpuinfo.exists():
+        return ""
+    first: dict[str, str] = {}
+    for line in cpuinfo.read_text().splitlines():
+        if not line.strip():
+            break
+        key, _, value = line.partition(":")
+        first[key.strip()] = value.strip()
+    flags = set(first.get("flags", "").split())
+    vector = "AVX-512" if "avx512f" in flags else "AVX2" if "avx2" in flags else "no AVX2"
+    details = [f"family {first['cpu family']} model {first['model']}"] if "cpu family" in first and "model" in first else []
+    return f"{first.get('model name', 'unknown')} ({', '.join([*details, vector])})"
+
+
 def provenance() -> dict:
     """The command (as typed from the repository root), the machine and the time of a result."""
     machine = {"arch": platform.machine(), "cpus": os.cpu_count(), "python": platform.python_version(),
                "torch": torch.__version__}
-    cpuinfo = Path("/proc/cpuinfo")
-    if cpuinfo.exists():
-        names = [line.split(":", 1)[1].strip() for line in cpuinfo.read_text().splitlines()
-                 if line.startswith("model name")]
-        if names:
-            machine["cpu"] = names[0]
+    cpu = cpu_description(Path("/proc/cpuinfo"))
+    if cpu:
+        machine["cpu"] = cpu
     if torch.cuda.is_available():
         machine["gpu"] = torch.cuda.get_device_name(0)
     return {"command": " ".join([".venv/bin/python", f"bench/{Path(sys.argv[0]).name}", *sys.argv[1:]]),

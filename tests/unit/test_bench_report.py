@@ -1,5 +1,5 @@
-"""docs/results.md is generated from docs/results/*.json (no number typed by hand), and the annotation
-request/reply mapping of a replica's teacher call."""
+"""docs/results.md is generated from docs/results/*.json (no number typed by hand), a result names the CPU
+generation it ran on, and the annotation request/reply mapping of a replica's teacher call."""
 
 from __future__ import annotations
 
@@ -47,3 +47,19 @@ def test_score_request_and_reply_map_to_the_trajectories():
     with pytest.raises(ValueError, match="1 teacher log-probs for 3 tokens"):
         fill_logp_teacher(groups, short)
     assert [list(t.logp_teacher) for g in groups for t in g.trajectories] == [[-1.0, -2.0, -3.0], [-0.5]]  # untouched
+
+
+def test_a_result_names_the_cpu_generation_behind_a_bare_model_name(tmp_path):
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location("bench_common", Path(__file__).parents[2] / "bench" / "common.py")
+    common = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(common)
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 25\nmodel\t\t: 17\n"
+                       "model name\t: AMD EPYC\nflags\t\t: fpu avx2 avx512f\n\nprocessor\t: 1\nflags\t\t: avx2\n")
+    assert common.cpu_description(cpuinfo) == "AMD EPYC (family 25 model 17, AVX-512)"
+    cpuinfo.write_text("model name\t: Some CPU\nflags\t\t: sse avx2\n")
+    assert common.cpu_description(cpuinfo) == "Some CPU (AVX2)"
+    assert common.cpu_description(tmp_path / "absent") == ""
