@@ -6,9 +6,9 @@ Scenarios (the controller in a process of its own, `asyncrl.tools.lease_load`):
 - held: the same 1000 replicas asking for leases under η = 2 with B = 64 (one batch per version, most held),
   a simulated learner committing a version every second (a push to all 1000);
 - unbounded: 64 replicas under η = unbounded, generating for ~2 ms per lease (grants/s, grant latency);
-- unbounded, batched: the same with 4 leases per AcquireLeases / CompleteLeases call, as the real replicas
-  ask (`rollout.leases_per_batch`), generating for ~2 ms per batch: leases granted per second against one
-  lease per call.
+- unbounded, batched: the same with 4 leases per AcquireLeases / CompleteLeases call, the way the real
+  replicas ask (up to `rollout.leases_per_batch` per call, 8 by default), generating for ~2 ms per batch:
+  leases granted per second against one lease per call.
 Reports heartbeat p50/p99 of each, the held/baseline p99 ratio, grants/s, and whether the controller's
 admitted count equals the trajectories the replicas were granted (the admission count is exact).
 

@@ -21,7 +21,7 @@ class ControllerConfig(PinnedSection):
     eta: int | None = Field(2, ge=0)
     """Max staleness η, enforced when leases are granted: floor((N_r-1)/B) <= i + η. 0 = synchronous; null =
     unbounded. The learner trains the oldest groups it holds first (learner.oldest_first); one written only
-    after its last admissible step began still reaches the learner a step late (measured in the demo: 0.4%
+    after its last admissible step began still reaches the learner a step late (measured in the demo: 0.25%
     of the trajectories at η + 1 with η = 2, none with η = 4)."""
     heartbeat_interval_s: float = Field(1.0, gt=0)
     """How often replicas heartbeat."""

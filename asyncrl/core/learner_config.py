@@ -167,7 +167,7 @@ class LearnerConfig(PinnedSection):
     prompt index) instead of in the order they were written. A group a replica finished late then no longer
     waits behind the newer groups written before it and stays within η at training, unless it was written
     only after its last admissible step began (bench/consumption_staleness.py, the demo: trajectories older
-    than η 1.7% -> 0 at η = 4, 0.9% -> 0.4% at η = 2, wall time per step unchanged). false, or η 0 or null:
+    than η 1.0% -> 0 at η = 4, 0.33% -> 0.25% at η = 2, wall time per step unchanged). false, or η 0 or null:
     the order they were written."""
     push_in_background: bool = True
     """Push each step's weights from a snapshot on a background thread while the next step trains (the push
