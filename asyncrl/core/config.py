@@ -172,7 +172,9 @@ class RolloutConfig(PinnedSection):
     admissible at once (same staleness rule). Bigger engine batches spread each forward's fixed cost over more
     sequences: 8 groups of G = 8 fill the default `engine.max_batch_size` of 64, and on the demo cut the
     replicas' CPU per learner step by a third against 4, synchronous training included (docs/benchmarks.md,
-    async_speedup). The price is latency: a batch's groups are written together, when its longest is done."""
+    async_speedup). The price is latency: a batch's groups are written together, when its longest is done;
+    and one replica may take a whole step's groups (B/G) while the others wait for the next version, so with a
+    small η and more replicas than the step has batches, fewer per batch spread the step across them."""
 
 
 class TeacherConfig(PinnedSection):
