@@ -134,7 +134,9 @@ class LearnerLoop:
         """The evaluation every `eval_every` steps: in line, or started on a replica (`learner.replica_eval`)."""
         if self.replica_evals is None:
             self.run_eval()
-        elif not self.replica_evals.start(self.progress.step, self.progress.version):
+            return
+        self.take_replica_eval()  # one that finished during this step is taken, not mistaken for one still running
+        if not self.replica_evals.start(self.progress.step, self.progress.version):
             self.events.write("eval_skipped", step=self.progress.step,
                               reason="the previous evaluation on a replica is still running")
 

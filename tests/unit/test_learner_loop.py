@@ -421,3 +421,24 @@ def test_evaluations_on_a_replica_are_recorded_at_their_step_one_at_a_time_and_f
     assert fallback["step"] == 30 and "no live replica" in fallback["error"]
     on_learner = events.of_kind("eval")[-1]
     assert (on_learner["step"], on_learner["accuracy"], on_learner["by"]) == (30, 0.25, "learner")
+
+
+def test_an_evaluation_finished_on_a_replica_but_not_yet_taken_does_not_skip_the_next():
+    """The evaluation of step 10 finished while step 20 trained: step 20's evaluation records it and starts its
+    own, instead of skipping as if it still ran."""
+    from asyncrl.learner.replica_eval import BackgroundEvaluations, ReplicaEvaluation
+
+    class Evaluator:
+        def evaluate(self):
+            return ReplicaEvaluation(0.5, "replica-1", (10, 10))
+
+    loop, events, _ = loop_with(None)
+    loop.replica_evals = BackgroundEvaluations(Evaluator())
+    loop.progress.step = loop.progress.version = 10
+    loop.periodic_eval()
+    loop.replica_evals._runs._job.result(timeout=10)  # over, its outcome not taken yet
+    loop.progress.step = loop.progress.version = 20
+    loop.periodic_eval()
+    loop.take_replica_eval(wait=True)
+    assert events.of_kind("eval_skipped") == []
+    assert [e["step"] for e in events.of_kind("eval")] == [10, 20]
