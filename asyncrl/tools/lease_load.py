@@ -34,6 +34,8 @@ class LoadResult:
     grant_latencies_s: list[float] = field(default_factory=list)
     """Time of AcquireLease(s) calls that were granted (including any hold)."""
     heartbeat_errors: int = 0
+    heartbeats_by_replica: dict[str, int] = field(default_factory=dict)
+    """Answered heartbeats of each replica (a replica starved behind held calls shows here, not in a total)."""
     grants: int = 0
     """Leases granted (several per call with `leases_per_call` > 1)."""
     granted_trajectories: int = 0
@@ -52,6 +54,7 @@ class LoadResult:
         return {
             "replicas": self.replicas, "seconds": round(self.seconds, 2),
             "heartbeats": len(self.heartbeat_latencies_s), "heartbeat_errors": self.heartbeat_errors,
+            "fewest_heartbeats_of_a_replica": min(self.heartbeats_by_replica.values(), default=0),
             "heartbeat_p50_ms": self.percentile_ms(0.50), "heartbeat_p99_ms": self.percentile_ms(0.99),
             "grant_p50_ms": self.percentile_ms(0.50, self.grant_latencies_s),
             "grant_p99_ms": self.percentile_ms(0.99, self.grant_latencies_s),
@@ -140,6 +143,7 @@ async def _complete(stub, rid: str, lease_ids: list[str], group_size: int, lease
 
 async def _heartbeats(stub, rid: str, result: LoadResult, stop: asyncio.Event, interval_s: float,
                       held: set[str]) -> None:  # fmt: skip
+    result.heartbeats_by_replica[rid] = 0
     await asyncio.sleep(random.random() * interval_s)  # spread the fleet's heartbeats over the interval
     while not stop.is_set():
         t0 = time.perf_counter()
@@ -148,6 +152,7 @@ async def _heartbeats(stub, rid: str, result: LoadResult, stop: asyncio.Event, i
                                                      held_leases=pb.HeldLeases(lease_ids=sorted(held))),
                                  timeout=10)  # fmt: skip
             result.heartbeat_latencies_s.append(time.perf_counter() - t0)
+            result.heartbeats_by_replica[rid] += 1
         except grpc.aio.AioRpcError:
             result.heartbeat_errors += 1
         try:

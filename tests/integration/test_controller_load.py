@@ -22,7 +22,10 @@ def test_a_thousand_held_replicas_leave_heartbeats_responsive_and_admission_exac
     summary = result.summary()
     print(summary)
     assert result.heartbeat_errors == 0 and result.acquire_errors == 0, summary
-    assert len(result.heartbeat_latencies_s) > REPLICAS * (SECONDS - 3), summary  # every replica kept beating
+    # Every replica kept beating (about one a second each; the load's own loop, a thousand replicas in one
+    # Python process on a shared machine, may fall behind the schedule, a starved replica falls far behind).
+    assert len(result.heartbeats_by_replica) == REPLICAS, summary
+    assert summary["fewest_heartbeats_of_a_replica"] >= SECONDS / 2, summary
     assert result.max_held >= 0.9 * REPLICAS, summary  # most requests were held
     # Responsive, not fast: a heartbeat starved behind the held requests would take seconds. The 100 ms target
     # is the benchmark's (bench/controller_leases.py, 39 ms measured); a timed test on a shared CI machine only
