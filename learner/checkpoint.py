@@ -6,10 +6,18 @@ Each checkpoint directory holds
   leader's RNG states;
 - `hf/` (`export_hf`): the policy as a Hugging Face checkpoint (safetensors, config, generation config, the
   tokenizer with its special tokens and chat template) that `transformers` and vLLM load as they are;
-- `config.resolved.yaml` and `meta.json` (step, version, data position, time).
+- `config.resolved.yaml` and `meta.json` (step, version, data position, time);
+- `covered.json`: the buffer entries trained since the checkpoint before, which this one holds and the
+  learner acknowledges once it is in place (`ack_covered`).
 
 A checkpoint is written under a temporary name and renamed when complete, so `latest` never returns half a
 checkpoint; once it is in place the oldest beyond `keep_last` are deleted.
+
+The acknowledgement comes after the rename, so a learner can die between the two (killed, or Redis down for
+the ack): its entries are then still pending though the checkpoint holds what they trained. Whoever continues
+from the checkpoint (`asyncrl up --resume`, a restarted learner) acknowledges them first with `ack_covered`,
+so they are not trained twice; entries of a newer checkpoint that was not resumed from are trained again, as
+its weights were.
 """
 
 from __future__ import annotations
@@ -29,6 +37,7 @@ from asyncrl.core.config import dump_config
 from asyncrl.learner.sharding import SAVE, SINGLE, STAGE, Ranks
 
 PREFIX = "step-"
+COVERED = "covered.json"
 
 
 @dataclass(frozen=True)
@@ -80,18 +89,18 @@ class Checkpointer:
         self.export_model = export_model
         """The unsharded policy the Hugging Face export reads (the leader's mirror); None: the model saved."""
 
-    def save(self, model, optimizer, meta: CheckpointMeta) -> Path:
-        """Write a checkpoint of the live state, in line. (The leader; every other rank saves its shards when
-        told, `sharding.follow`.)"""
+    def save(self, model, optimizer, meta: CheckpointMeta, covered: list[str] = ()) -> Path:
+        """Write a checkpoint of the live state, in line, naming the buffer entries it `covered`. (The leader;
+        every other rank saves its shards when told, `sharding.follow`.)"""
         tmp, final = self._begin(meta)
         if self.ranks.sharded:
             self.ranks.broadcast((SAVE, str(tmp / "learner")))
         save_shards(str(tmp / "learner"), model, optimizer)
         if self.cfg.export_hf:
             export_hf(self.export_model or model, self.tokenizer, tmp / "hf")
-        return self._finish(tmp, final, rng_state(), meta)
+        return self._finish(tmp, final, rng_state(), meta, covered)
 
-    def stage(self, model, optimizer, meta: CheckpointMeta) -> StagedCheckpoint:
+    def stage(self, model, optimizer, meta: CheckpointMeta, covered: list[str] = ()) -> StagedCheckpoint:
         """A copy in host memory of everything a checkpoint holds, taken now, for `write` to put on disk later
         while training goes on (`learner.checkpoint.background`). On a sharded learner every rank copies its
         shards when told (`sharding.follow`, STAGE) and the leader also copies its mirror for the export."""
@@ -103,7 +112,7 @@ class Checkpointer:
         hf_state = None
         if self.cfg.export_hf:
             hf_state = state["model"] if exported is model else _host_copy(exported.state_dict())
-        return StagedCheckpoint(meta, state, rng_state(), exported, hf_state, tmp, final)
+        return StagedCheckpoint(meta, state, rng_state(), exported, hf_state, tmp, final, tuple(covered))
 
     def write(self, staged: StagedCheckpoint) -> Path:
         """Put a staged checkpoint on disk: the same files as `save`, from the copy, not the live model (on a
@@ -111,7 +120,7 @@ class Checkpointer:
         write_shards(str(staged.tmp / "learner"), staged.state, self.ranks)
         if staged.hf_state is not None:
             export_hf(staged.module, self.tokenizer, staged.tmp / "hf", staged.hf_state)
-        return self._finish(staged.tmp, staged.final, staged.rng, staged.meta)
+        return self._finish(staged.tmp, staged.final, staged.rng, staged.meta, staged.covered)
 
     def _begin(self, meta: CheckpointMeta) -> tuple[Path, Path]:
         root = checkpoints_dir(self.config.run_dir)
@@ -121,9 +130,10 @@ class Checkpointer:
         tmp.mkdir(parents=True)
         return tmp, final
 
-    def _finish(self, tmp: Path, final: Path, rng: dict, meta: CheckpointMeta) -> Path:
+    def _finish(self, tmp: Path, final: Path, rng: dict, meta: CheckpointMeta, covered) -> Path:
         torch.save(rng, tmp / "learner" / "rng.pt")
         dump_config(self.config, tmp / "config.resolved.yaml")
+        (tmp / COVERED).write_text(json.dumps(list(covered)))
         (tmp / "meta.json").write_text(json.dumps(asdict(meta), indent=2))
         shutil.rmtree(final, ignore_errors=True)
         tmp.rename(final)
@@ -145,6 +155,25 @@ class StagedCheckpoint:
     hf_state: dict | None
     tmp: Path
     final: Path
+    covered: tuple[str, ...] = ()
+    """The buffer entries trained since the checkpoint before (`covered.json`)."""
+
+
+def read_covered(path: str | Path) -> list[str]:
+    """The buffer entries checkpoint `path` covers ([] for one written before checkpoints named them)."""
+    file = Path(path) / COVERED
+    return json.loads(file.read_text()) if file.is_file() else []
+
+
+def ack_covered(buffer, path: str | Path, events) -> int:
+    """Acknowledge the entries checkpoint `path` covers that are still pending (its learner died between the
+    rename and the acknowledgement); returns how many were. Acknowledging twice changes nothing, so whoever
+    continues from the checkpoint calls this first, however the previous learner ended."""
+    covered = read_covered(path)
+    acked = buffer.ack(covered) if covered else 0
+    if acked:
+        events.write("covered_acked", path=str(path), acked=acked, covered=len(covered))
+    return acked
 
 
 def _host_copy(value):

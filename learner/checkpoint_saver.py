@@ -33,12 +33,12 @@ class CheckpointSaver:
         the caller: the whole save in line, the copy (and any wait for the previous save) in the background."""
         t0 = time.perf_counter()
         if self._writes is None:
-            path = self.checkpointer.save(model, optimizer, meta)
+            path = self.checkpointer.save(model, optimizer, meta, covered)
             stall_s = time.perf_counter() - t0
             self._record(meta, path, covered, stall_s, stall_s, background=False)
             return stall_s
         self._writes.wait()
-        staged = self.checkpointer.stage(model, optimizer, meta)
+        staged = self.checkpointer.stage(model, optimizer, meta, covered)
         stall_s = time.perf_counter() - t0
         self._writes.start(self._write, staged, covered, stall_s)
         return stall_s

@@ -17,7 +17,7 @@ import torch
 from asyncrl.core.teacher_client import score, score_request
 from asyncrl.core.trajectory_checks import TrajectoryLimits
 from asyncrl.learner.busy import BusyMeter
-from asyncrl.learner.checkpoint import CheckpointMeta
+from asyncrl.learner.checkpoint import CheckpointMeta, ack_covered
 from asyncrl.learner.checkpoint_saver import CheckpointSaver
 from asyncrl.learner.intake import BatchIntake, lookahead_groups
 from asyncrl.learner.replica_eval import BackgroundEvaluations
@@ -70,6 +70,8 @@ class LearnerLoop:
         """Entries trained since the last checkpoint: acknowledged once a checkpoint includes their step."""
         self.resumed: CheckpointMeta | None = None
         """Set by `resume`: the checkpoint this learner continues from."""
+        self.resumed_path: str | None = None
+        """Where that checkpoint is (its covered entries are acknowledged before anything is read)."""
         self.groups_per_step = config.learner.batch_size // config.sampling.group_size
         self.progress = LearnerProgress()
         self._last_step_end: float | None = None
@@ -182,7 +184,7 @@ class LearnerLoop:
 
     def resume(self, meta: CheckpointMeta, path: str) -> None:
         """Continue from a checkpoint whose model and optimizer state the trainer already holds."""
-        self.resumed = meta
+        self.resumed, self.resumed_path = meta, path
         self.progress.step, self.progress.version = meta.step, meta.version
         self.progress.data_position = meta.data_position
         self._saved_step = meta.step
@@ -198,6 +200,9 @@ class LearnerLoop:
                 f"{self.resumed.version} (asyncrl up --resume does)"
             )
         start_step, start_version = (self.resumed.step, self.resumed.version) if self.resumed else (0, 0)
+        if self.resumed_path:
+            # Trained into the checkpoint, but its learner died before acknowledging them: not again.
+            ack_covered(self.buffer, self.resumed_path, self.events)
         if hb.current_version > start_version:
             # Restarted alone: the run went on after our checkpoint (or, with none, after the base model);
             # take it back there instead of training older weights under newer version numbers.

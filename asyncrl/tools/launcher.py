@@ -22,7 +22,7 @@ from asyncrl.core.config import AsyncRLConfig, dump_config, load_config
 from asyncrl.core.events import EventLog, read_events
 from asyncrl.core.grpc_util import wait_for_channel
 from asyncrl.core.preflight import ConfigError, preflight
-from asyncrl.learner.checkpoint import latest_checkpoint, read_meta
+from asyncrl.learner.checkpoint import ack_covered, latest_checkpoint, read_meta
 from asyncrl.learner.timeline import drop_dead_timeline
 from asyncrl.tools.processes import ProcessGroup, free_port
 from asyncrl.tools.redis_local import start_local_redis
@@ -136,8 +136,11 @@ def from_checkpoint(cfg: AsyncRLConfig, ckpt: Path) -> AsyncRLConfig:
     run_dir = cfg.run_dir
     meta = read_meta(ckpt)
     buffer = make_buffer(cfg.buffer, consumer="learner-0")
-    buffered = buffer.peek()
     events = EventLog(run_dir, "learner")
+    # Entries the checkpoint trained but its learner never acknowledged are not buffered data: not counted in
+    # N_r a second time, not trained again.
+    ack_covered(buffer, ckpt, events)
+    buffered = buffer.peek()
     survivors = drop_dead_timeline(buffer, buffered, meta.version, events)
     events.close()
     buffer.close()

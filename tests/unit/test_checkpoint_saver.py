@@ -1,6 +1,8 @@
 """Checkpoints written in the background (`learner.checkpoint.background`): the checkpoint holds the state at
 the step it was asked for, whatever training does meanwhile; the entries it covers are acknowledged only once
-it is on disk; saves go one at a time; a failed write raises in the loop; the stall is the copy only."""
+it is on disk; saves go one at a time; a failed write raises in the loop; the stall is the copy only. A
+checkpoint names the entries it covers, so a learner that died between its rename and the acknowledgement
+leaves nothing to be trained twice."""
 
 from __future__ import annotations
 
@@ -13,7 +15,14 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from asyncrl.controller.event_records import MemoryEvents
 from asyncrl.core.buffer.memory import MemoryBuffer
-from asyncrl.learner.checkpoint import Checkpointer, CheckpointMeta, list_checkpoints, load_checkpoint
+from asyncrl.learner.checkpoint import (
+    Checkpointer,
+    CheckpointMeta,
+    ack_covered,
+    list_checkpoints,
+    load_checkpoint,
+    read_covered,
+)
 from asyncrl.learner.checkpoint_saver import CheckpointSaver
 from asyncrl.learner.learner_metrics import LearnerMetrics
 from tests.unit.test_checkpoint import learner_model, logp, train_a_little
@@ -138,3 +147,43 @@ def test_in_line_saves_stall_for_the_whole_save(tiny_model_dir, tmp_path):
     stall_s = saver.save(model, optimizer, CheckpointMeta(10, 10, 0, 0.0), pending_entries(buffer, 2))
     [saved] = events.of_kind("checkpoint_saved")
     assert buffer.pending() == 0 and saved["background"] is False and saved["seconds"] == saved["stall_s"] == stall_s
+
+
+class AcksFail(MemoryBuffer):
+    """A buffer whose acknowledgements fail while `down` (Redis gone for the ack: the learner's loop dies, as a
+    learner killed right after the rename would)."""
+
+    down = True
+
+    def ack(self, entry_ids):
+        if self.down:
+            raise ConnectionError("simulated: Redis unreachable for the acknowledgement")
+        return super().ack(entry_ids)
+
+
+@pytest.mark.parametrize("background", [False, True])
+def test_a_checkpoint_whose_learner_died_before_acknowledging_is_not_trained_twice(tiny_model_dir, tmp_path,
+                                                                                   background):
+    checkpointer = checkpointer_for(tiny_model_dir, tmp_path)
+    buffer, events = AcksFail(), MemoryEvents()
+    saver = CheckpointSaver(checkpointer, buffer, events, LearnerMetrics(), background=background)
+    model, optimizer = learner_model(tiny_model_dir.policy)
+    covered = pending_entries(buffer, 3)
+    read_ahead = pending_entries(buffer, 2)  # delivered, not yet trained: no part of the checkpoint
+    with pytest.raises(ConnectionError, match="simulated"):
+        saver.save(model, optimizer, CheckpointMeta(10, 10, 0, 0.0), covered)
+        saver.wait()
+    [path] = list_checkpoints(checkpointer.config.run_dir)  # in place, its entries still pending
+    assert read_covered(path) == covered and buffer.pending() == 5
+    assert events.of_kind("checkpoint_saved") == []
+
+    buffer.down = False  # whoever continues from the checkpoint, once Redis answers
+    assert ack_covered(buffer, path, events) == 3
+    assert sorted(e.entry_id for e in buffer.all_pending()) == sorted(read_ahead)  # trained from the checkpoint
+    [record] = events.of_kind("covered_acked")
+    assert (record["acked"], record["covered"]) == (3, 3)
+    assert ack_covered(buffer, path, events) == 0 and len(events.of_kind("covered_acked")) == 1
+
+
+def test_a_checkpoint_written_before_checkpoints_named_their_entries_covers_none(tmp_path):
+    assert read_covered(tmp_path) == [] and ack_covered(MemoryBuffer(), tmp_path, MemoryEvents()) == 0

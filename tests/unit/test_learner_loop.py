@@ -75,7 +75,7 @@ def test_annotation_retries_then_goes_on_without_the_teacher(script, calls, anno
         assert (b.logp_teacher[b.response_mask > 0] == -0.5).all()
 
 
-def prefetching_loop(oldest_first: bool = False):
+def prefetching_loop(oldest_first: bool = False, controller_stub=None):
     """A loop of 2 groups of 2 per step over an in-memory buffer, at version 3, with the checks of a 20-token
     vocabulary (no trainer: a dense policy's routing shape is None); batches in written order, or with
     `oldest_first` the oldest of up to (η + 1) x 2 = 6 groups held (η = 2)."""
@@ -88,7 +88,7 @@ def prefetching_loop(oldest_first: bool = False):
                                            "learner": {"batch_size": 4, "oldest_first": oldest_first}})
     events, metrics = MemoryEvents(), LearnerMetrics()
     loop = LearnerLoop(config=config, trainer=SimpleNamespace(replay=SimpleNamespace(shape=None)),
-                       buffer=MemoryBuffer(), controller_stub=None, publisher=None, evaluate=None, events=events,
+                       buffer=MemoryBuffer(), controller_stub=controller_stub, publisher=None, evaluate=None, events=events,
                        metrics=metrics, limits=TrajectoryLimits(20, 16, 5, 2, 10.0))
     loop.progress.version = 3
     return loop, events, metrics
@@ -231,7 +231,7 @@ def test_background_pushes_are_finished_before_the_next_push_and_before_a_checkp
     calls = []
 
     class Checkpointer:
-        def save(self, model, optimizer, meta):
+        def save(self, model, optimizer, meta, covered):
             calls.append(("save", meta.version))
             return "ckpt"
 
@@ -442,3 +442,28 @@ def test_an_evaluation_finished_on_a_replica_but_not_yet_taken_does_not_skip_the
     loop.take_replica_eval(wait=True)
     assert events.of_kind("eval_skipped") == []
     assert [e["step"] for e in events.of_kind("eval")] == [10, 20]
+
+
+def test_a_resumed_learner_acknowledges_what_its_checkpoint_holds_before_taking_back_pending_entries(tmp_path):
+    """The previous learner died between its checkpoint's rename and the acknowledgement: the entries the
+    checkpoint names are acknowledged, not trained again; the rest of what it had read comes back first."""
+    import json
+
+    from asyncrl.learner.checkpoint import COVERED, CheckpointMeta
+    from asyncrl.v1 import controller_pb2
+
+    heartbeat = controller_pb2.LearnerHeartbeatResponse(current_version=4)
+    loop, events, _metrics = prefetching_loop(controller_stub=SimpleNamespace(
+        LearnerHeartbeat=lambda request, timeout: heartbeat))
+    for i in range(5):
+        loop.buffer.put(group(f"g{i}"))
+    delivered = [e.entry_id for e in loop.buffer.get(5, timeout_s=1.0)]
+    (tmp_path / COVERED).write_text(json.dumps(delivered[:3]))
+    loop.resume(CheckpointMeta(step=4, version=4, data_position=5, saved_unix_s=0.0), str(tmp_path))
+    loop.config.learner.total_steps = 4  # nothing left to train: the start alone is under test
+    loop.evaluate = lambda: {"accuracy": 0.5}
+    loop.publisher = SimpleNamespace(finish=lambda: None)  # no push in flight
+    loop.run(stop=SimpleNamespace(is_set=lambda: False))
+    assert events.of_kind("covered_acked")[0]["acked"] == 3
+    assert events.of_kind("recovered_pending")[0]["entries"] == delivered[3:]
+    assert sorted(events.of_kind("final_buffer")[0]["entry_ids"]) == sorted(delivered[3:])
