@@ -151,7 +151,8 @@ def push_system(cfg, replicas: int) -> Iterator[tuple[object, Callable[[], None]
             add_replica()
         stub = SeatedController(controller_pb2_grpc.ControllerStub(wait_for_channel(address, 60,
                                                                                      resolve_auth(cfg.security))))
-        stub.take_seat("127.0.0.1:1")  # no status service to challenge here: nothing else claims the seat
+        # No status service to challenge here, and nothing else claims the seat: no patience needed.
+        stub.take_seat("127.0.0.1:1", patience_s=0.0)
         yield stub, add_replica
     finally:
         stop.set()
