@@ -128,7 +128,7 @@ def push_system(cfg, replicas: int) -> Iterator[tuple[object, Callable[[], None]
     from asyncrl.learner.seat import SeatedController
     from asyncrl.tools.processes import ProcessGroup
     from asyncrl.tools.redis_local import start_local_redis
-    from asyncrl.v1 import controller_pb2_grpc
+    from asyncrl.v1 import controller_pb2, controller_pb2_grpc
 
     # Every service requires a token; the processes spawned below inherit this one.
     os.environ.setdefault("ASYNCRL_TOKEN", new_token())
@@ -140,17 +140,25 @@ def push_system(cfg, replicas: int) -> Iterator[tuple[object, Callable[[], None]
         procs.append(ctx.Process(target=controller_process, args=(cfg, ports, stop)))
         procs[0].start()
         address = f"127.0.0.1:{ports.get(timeout=60)}"
+        raw_stub = controller_pb2_grpc.ControllerStub(wait_for_channel(address, 60, resolve_auth(cfg.security)))
 
         def add_replica() -> None:
+            """One more replica, returning once the controller will push to it: registered, and proven
+            reachable by the controller's challenge (until then a replica joins no push)."""
             proc = ctx.Process(target=replica_process, args=(cfg, address, ready, stop))
             proc.start()
             procs.append(proc)
-            ready.get(timeout=120)
+            replica_id = ready.get(timeout=120)
+            deadline = time.monotonic() + 60
+            while not any(r.replica_id == replica_id and r.reachable
+                          for r in raw_stub.GetStatus(controller_pb2.GetStatusRequest(), timeout=10).replicas):
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"{replica_id} was not proven reachable within 60 s")
+                time.sleep(0.05)
 
         for _ in range(replicas):
             add_replica()
-        stub = SeatedController(controller_pb2_grpc.ControllerStub(wait_for_channel(address, 60,
-                                                                                     resolve_auth(cfg.security))))
+        stub = SeatedController(raw_stub)
         # No status service to challenge here, and nothing else claims the seat: no patience needed.
         stub.take_seat("127.0.0.1:1", patience_s=0.0)
         yield stub, add_replica
@@ -172,18 +180,20 @@ def measure(cfg, args, stub, add_replica):
     publisher = WeightPublisher(stub, model, cfg.learner.weight_transport, cfg.controller.push_timeout_s)
     version = 0
 
-    def push() -> float:
+    def push(receivers: int, new_group: bool) -> float:
+        """One push; checks it went to every replica, forming a group or not as the membership says."""
         nonlocal version
         version += 1
         result = publisher.push(version)
-        assert result.committed and len(result.acked) == result.receivers, result
+        assert result.committed and len(result.acked) == result.receivers == receivers, result
+        assert result.new_group == new_group, result
         return result.total_s
 
-    first = push()
-    steady = [push() for _ in range(args.pushes)]
+    first = push(args.replicas, new_group=True)
+    steady = [push(args.replicas, new_group=False) for _ in range(args.pushes)]
     add_replica()
-    rebuild = push()
-    after = [push() for _ in range(5)]
+    rebuild = push(args.replicas + 1, new_group=True)
+    after = [push(args.replicas + 1, new_group=False) for _ in range(5)]
     publisher.close()
     nbytes = sum(p.numel() * p.element_size() for p in model.parameters())
     return first, steady, rebuild, after, nbytes
