@@ -8,7 +8,8 @@ Each checkpoint directory holds
   tokenizer with its special tokens and chat template) that `transformers` and vLLM load as they are;
 - `config.resolved.yaml` and `meta.json` (step, version, data position, time);
 - `covered.json`: the buffer entries trained since the checkpoint before, which this one holds and the
-  learner acknowledges once it is in place (`ack_covered`).
+  learner acknowledges once it is in place (`ack_covered`), and their group ids (a learner resumed from the
+  checkpoint refuses a second copy of one of those groups, as the learner that trained it would have).
 
 A checkpoint is written under a temporary name and renamed when complete, so `latest` never returns half a
 checkpoint; once it is in place the oldest beyond `keep_last` are deleted.
@@ -25,7 +26,7 @@ from __future__ import annotations
 import json
 import random
 import shutil
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -47,6 +48,14 @@ class CheckpointMeta:
     data_position: int
     """One past the highest prompt index trained on."""
     saved_unix_s: float
+
+
+@dataclass(frozen=True)
+class Covered:
+    """What a checkpoint trained since the checkpoint before: the buffer entries and their groups."""
+
+    entry_ids: tuple[str, ...] = ()
+    group_ids: tuple[str, ...] = ()
 
 
 def checkpoints_dir(run_dir: str | Path) -> Path:
@@ -89,9 +98,9 @@ class Checkpointer:
         self.export_model = export_model
         """The unsharded policy the Hugging Face export reads (the leader's mirror); None: the model saved."""
 
-    def save(self, model, optimizer, meta: CheckpointMeta, covered: list[str] = ()) -> Path:
-        """Write a checkpoint of the live state, in line, naming the buffer entries it `covered`. (The leader;
-        every other rank saves its shards when told, `sharding.follow`.)"""
+    def save(self, model, optimizer, meta: CheckpointMeta, covered: Covered | None = None) -> Path:
+        """Write a checkpoint of the live state, in line, naming what it `covered`. (The leader; every other
+        rank saves its shards when told, `sharding.follow`.)"""
         tmp, final = self._begin(meta)
         if self.ranks.sharded:
             self.ranks.broadcast((SAVE, str(tmp / "learner")))
@@ -100,7 +109,7 @@ class Checkpointer:
             export_hf(self.export_model or model, self.tokenizer, tmp / "hf")
         return self._finish(tmp, final, rng_state(), meta, covered)
 
-    def stage(self, model, optimizer, meta: CheckpointMeta, covered: list[str] = ()) -> StagedCheckpoint:
+    def stage(self, model, optimizer, meta: CheckpointMeta, covered: Covered | None = None) -> StagedCheckpoint:
         """A copy in host memory of everything a checkpoint holds, taken now, for `write` to put on disk later
         while training goes on (`learner.checkpoint.background`). On a sharded learner every rank copies its
         shards when told (`sharding.follow`, STAGE) and the leader also copies its mirror for the export."""
@@ -112,7 +121,7 @@ class Checkpointer:
         hf_state = None
         if self.cfg.export_hf:
             hf_state = state["model"] if exported is model else _host_copy(exported.state_dict())
-        return StagedCheckpoint(meta, state, rng_state(), exported, hf_state, tmp, final, tuple(covered))
+        return StagedCheckpoint(meta, state, rng_state(), exported, hf_state, tmp, final, covered or Covered())
 
     def write(self, staged: StagedCheckpoint) -> Path:
         """Put a staged checkpoint on disk: the same files as `save`, from the copy, not the live model (on a
@@ -130,10 +139,12 @@ class Checkpointer:
         tmp.mkdir(parents=True)
         return tmp, final
 
-    def _finish(self, tmp: Path, final: Path, rng: dict, meta: CheckpointMeta, covered) -> Path:
+    def _finish(self, tmp: Path, final: Path, rng: dict, meta: CheckpointMeta, covered: Covered | None) -> Path:
         torch.save(rng, tmp / "learner" / "rng.pt")
         dump_config(self.config, tmp / "config.resolved.yaml")
-        (tmp / COVERED).write_text(json.dumps(list(covered)))
+        covered = covered or Covered()
+        (tmp / COVERED).write_text(json.dumps({"entry_ids": list(covered.entry_ids),
+                                               "group_ids": list(covered.group_ids)}))
         (tmp / "meta.json").write_text(json.dumps(asdict(meta), indent=2))
         shutil.rmtree(final, ignore_errors=True)
         tmp.rename(final)
@@ -155,25 +166,29 @@ class StagedCheckpoint:
     hf_state: dict | None
     tmp: Path
     final: Path
-    covered: tuple[str, ...] = ()
-    """The buffer entries trained since the checkpoint before (`covered.json`)."""
+    covered: Covered = field(default_factory=Covered)
+    """What it trained since the checkpoint before (`covered.json`)."""
 
 
-def read_covered(path: str | Path) -> list[str]:
-    """The buffer entries checkpoint `path` covers ([] for one written before checkpoints named them)."""
+def read_covered(path: str | Path) -> Covered:
+    """What checkpoint `path` covers (nothing for one written before checkpoints named it)."""
     file = Path(path) / COVERED
-    return json.loads(file.read_text()) if file.is_file() else []
+    if not file.is_file():
+        return Covered()
+    saved = json.loads(file.read_text())
+    return Covered(tuple(saved["entry_ids"]), tuple(saved["group_ids"]))
 
 
-def ack_covered(buffer, path: str | Path, events) -> int:
+def ack_covered(buffer, path: str | Path, events) -> Covered:
     """Acknowledge the entries checkpoint `path` covers that are still pending (its learner died between the
-    rename and the acknowledgement); returns how many were. Acknowledging twice changes nothing, so whoever
-    continues from the checkpoint calls this first, however the previous learner ended."""
+    rename and the acknowledgement), recorded as `covered_acked` when there were any; returns what the
+    checkpoint covers. Acknowledging twice changes nothing, so whoever continues from the checkpoint calls
+    this first, however the previous learner ended."""
     covered = read_covered(path)
-    acked = buffer.ack(covered) if covered else 0
+    acked = buffer.ack(list(covered.entry_ids)) if covered.entry_ids else 0
     if acked:
-        events.write("covered_acked", path=str(path), acked=acked, covered=len(covered))
-    return acked
+        events.write("covered_acked", path=str(path), acked=acked, covered=len(covered.entry_ids))
+    return covered
 
 
 def _host_copy(value):

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import time
 
-from asyncrl.learner.checkpoint import CheckpointMeta, save_shards, stage_shards, write_shards
+from asyncrl.learner.checkpoint import CheckpointMeta, Covered, save_shards, stage_shards, write_shards
 from asyncrl.learner.one_at_a_time import OneAtATime
 
 
@@ -28,17 +28,19 @@ class CheckpointSaver:
         self.checkpointer, self.buffer, self.events, self.metrics = checkpointer, buffer, events, metrics
         self._writes = OneAtATime("checkpoint") if background else None
 
-    def save(self, model, optimizer, meta: CheckpointMeta, covered: list[str]) -> float:
-        """Checkpoint `meta.step` (acknowledging `covered` once it is complete); returns the seconds this cost
-        the caller: the whole save in line, the copy (and any wait for the previous save) in the background."""
+    def save(self, model, optimizer, meta: CheckpointMeta, covered: list[str], groups: list[str] = ()) -> float:
+        """Checkpoint `meta.step`, naming the entries it `covered` and their `groups` (the entries acknowledged
+        once it is complete); returns the seconds this cost the caller: the whole save in line, the copy (and
+        any wait for the previous save) in the background."""
+        named = Covered(tuple(covered), tuple(groups))
         t0 = time.perf_counter()
         if self._writes is None:
-            path = self.checkpointer.save(model, optimizer, meta, covered)
+            path = self.checkpointer.save(model, optimizer, meta, named)
             stall_s = time.perf_counter() - t0
             self._record(meta, path, covered, stall_s, stall_s, background=False)
             return stall_s
         self._writes.wait()
-        staged = self.checkpointer.stage(model, optimizer, meta, covered)
+        staged = self.checkpointer.stage(model, optimizer, meta, named)
         stall_s = time.perf_counter() - t0
         self._writes.start(self._write, staged, covered, stall_s)
         return stall_s

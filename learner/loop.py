@@ -68,6 +68,8 @@ class LearnerLoop:
         self._saved_step = -1
         self._unacked: list[str] = []
         """Entries trained since the last checkpoint: acknowledged once a checkpoint includes their step."""
+        self._unacked_groups: list[str] = []
+        """The groups of `_unacked` (named in the next checkpoint)."""
         self.resumed: CheckpointMeta | None = None
         """Set by `resume`: the checkpoint this learner continues from."""
         self.resumed_path: str | None = None
@@ -179,7 +181,8 @@ class LearnerLoop:
         p = self.progress
         meta = CheckpointMeta(p.step, p.version, p.data_position, time.time())
         covered, self._unacked = self._unacked, []
-        self.saver.save(self.trainer.model, self.trainer.optimizer, meta, covered)
+        groups, self._unacked_groups = self._unacked_groups, []
+        self.saver.save(self.trainer.model, self.trainer.optimizer, meta, covered, groups)
         self._saved_step = p.step
 
     def resume(self, meta: CheckpointMeta, path: str) -> None:
@@ -201,8 +204,10 @@ class LearnerLoop:
             )
         start_step, start_version = (self.resumed.step, self.resumed.version) if self.resumed else (0, 0)
         if self.resumed_path:
-            # Trained into the checkpoint, but its learner died before acknowledging them: not again.
-            ack_covered(self.buffer, self.resumed_path, self.events)
+            # Trained into the checkpoint, but its learner died before acknowledging them: not again. Nor a
+            # second copy of one of its groups (a buffer write retried after its reply was lost).
+            covered = ack_covered(self.buffer, self.resumed_path, self.events)
+            self.intake.mark_trained(covered.group_ids)
         if hb.current_version > start_version:
             # Restarted alone: the run went on after our checkpoint (or, with none, after the base model);
             # take it back there instead of training older weights under newer version numbers.
@@ -300,6 +305,7 @@ class LearnerLoop:
             self.buffer.ack(batch.entry_ids)
         else:
             self._unacked.extend(batch.entry_ids)
+            self._unacked_groups.extend(dict.fromkeys(batch.group_ids))
         self.intake.mark_trained(batch.group_ids, batch.entry_ids)
         self.events.write("trained", step=self.progress.step, version=version, entry_ids=batch.entry_ids,
                           group_ids=sorted(set(batch.group_ids)), trajectories=len(batch))

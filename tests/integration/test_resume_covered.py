@@ -31,7 +31,8 @@ def test_resume_acknowledges_what_the_checkpoint_holds_and_counts_only_the_rest(
     ckpt = tmp_path / "run" / "checkpoints" / "step-000002"
     ckpt.mkdir(parents=True)
     (ckpt / "meta.json").write_text(json.dumps({"step": 2, "version": 2, "data_position": 4, "saved_unix_s": 0.0}))
-    (ckpt / COVERED).write_text(json.dumps(delivered[:4]))  # its two steps of two groups
+    (ckpt / COVERED).write_text(json.dumps({"entry_ids": delivered[:4],  # its two steps of two groups
+                                             "group_ids": ["g0", "g1", "g2", "g3"]}))
 
     resumed = from_checkpoint(cfg, ckpt)
 

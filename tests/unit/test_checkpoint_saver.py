@@ -18,6 +18,7 @@ from asyncrl.core.buffer.memory import MemoryBuffer
 from asyncrl.learner.checkpoint import (
     Checkpointer,
     CheckpointMeta,
+    Covered,
     ack_covered,
     list_checkpoints,
     load_checkpoint,
@@ -171,19 +172,20 @@ def test_a_checkpoint_whose_learner_died_before_acknowledging_is_not_trained_twi
     covered = pending_entries(buffer, 3)
     read_ahead = pending_entries(buffer, 2)  # delivered, not yet trained: no part of the checkpoint
     with pytest.raises(ConnectionError, match="simulated"):
-        saver.save(model, optimizer, CheckpointMeta(10, 10, 0, 0.0), covered)
+        saver.save(model, optimizer, CheckpointMeta(10, 10, 0, 0.0), covered, ["g0", "g1", "g2"])
         saver.wait()
     [path] = list_checkpoints(checkpointer.config.run_dir)  # in place, its entries still pending
-    assert read_covered(path) == covered and buffer.pending() == 5
+    assert read_covered(path) == Covered(tuple(covered), ("g0", "g1", "g2")) and buffer.pending() == 5
     assert events.of_kind("checkpoint_saved") == []
 
     buffer.down = False  # whoever continues from the checkpoint, once Redis answers
-    assert ack_covered(buffer, path, events) == 3
+    assert ack_covered(buffer, path, events) == read_covered(path)
     assert sorted(e.entry_id for e in buffer.all_pending()) == sorted(read_ahead)  # trained from the checkpoint
     [record] = events.of_kind("covered_acked")
     assert (record["acked"], record["covered"]) == (3, 3)
-    assert ack_covered(buffer, path, events) == 0 and len(events.of_kind("covered_acked")) == 1
+    ack_covered(buffer, path, events)  # again: nothing left to acknowledge, nothing recorded
+    assert len(events.of_kind("covered_acked")) == 1
 
 
 def test_a_checkpoint_written_before_checkpoints_named_their_entries_covers_none(tmp_path):
-    assert read_covered(tmp_path) == [] and ack_covered(MemoryBuffer(), tmp_path, MemoryEvents()) == 0
+    assert read_covered(tmp_path) == Covered() == ack_covered(MemoryBuffer(), tmp_path, MemoryEvents())

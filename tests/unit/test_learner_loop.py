@@ -446,7 +446,8 @@ def test_an_evaluation_finished_on_a_replica_but_not_yet_taken_does_not_skip_the
 
 def test_a_resumed_learner_acknowledges_what_its_checkpoint_holds_before_taking_back_pending_entries(tmp_path):
     """The previous learner died between its checkpoint's rename and the acknowledgement: the entries the
-    checkpoint names are acknowledged, not trained again; the rest of what it had read comes back first."""
+    checkpoint names are acknowledged, not trained again, and their groups count as trained; the rest of what
+    it had read comes back first."""
     import json
 
     from asyncrl.learner.checkpoint import COVERED, CheckpointMeta
@@ -458,7 +459,7 @@ def test_a_resumed_learner_acknowledges_what_its_checkpoint_holds_before_taking_
     for i in range(5):
         loop.buffer.put(group(f"g{i}"))
     delivered = [e.entry_id for e in loop.buffer.get(5, timeout_s=1.0)]
-    (tmp_path / COVERED).write_text(json.dumps(delivered[:3]))
+    (tmp_path / COVERED).write_text(json.dumps({"entry_ids": delivered[:3], "group_ids": ["g0", "g1", "g2"]}))
     loop.resume(CheckpointMeta(step=4, version=4, data_position=5, saved_unix_s=0.0), str(tmp_path))
     loop.config.learner.total_steps = 4  # nothing left to train: the start alone is under test
     loop.evaluate = lambda: {"accuracy": 0.5}
@@ -467,3 +468,9 @@ def test_a_resumed_learner_acknowledges_what_its_checkpoint_holds_before_taking_
     assert events.of_kind("covered_acked")[0]["acked"] == 3
     assert events.of_kind("recovered_pending")[0]["entries"] == delivered[3:]
     assert sorted(events.of_kind("final_buffer")[0]["entry_ids"]) == sorted(delivered[3:])
+    # A second copy of a group the checkpoint trained (a buffer write retried after its reply was lost) is
+    # refused by the resumed learner as by the one that trained it.
+    duplicate = loop.buffer.put(group("g1"))
+    [entry] = loop.buffer.get(1, timeout_s=1.0)
+    assert entry.entry_id == duplicate and not loop.intake.admit(entry)
+    assert "already trained" in loop.buffer.dead_letters()[-1].reason
