@@ -90,6 +90,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=100)
     parser.add_argument("--paired-steps", type=int, default=400)
     args = parser.parse_args()
+    if min(args.steps, args.paired_steps) <= SKIP_STEPS:
+        parser.error(f"--steps and --paired-steps must exceed the {SKIP_STEPS} warm-up steps each run leaves out")
     with tempfile.TemporaryDirectory(prefix="bench-routing-") as tmp:
         results = {
             name: run_variant(name, overrides, args.paired_steps if name == "r3_measured" else args.steps, Path(tmp))
