@@ -26,7 +26,7 @@ from __future__ import annotations
 import json
 import random
 import shutil
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
@@ -98,7 +98,7 @@ class Checkpointer:
         self.export_model = export_model
         """The unsharded policy the Hugging Face export reads (the leader's mirror); None: the model saved."""
 
-    def save(self, model, optimizer, meta: CheckpointMeta, covered: Covered | None = None) -> Path:
+    def save(self, model, optimizer, meta: CheckpointMeta, covered: Covered = Covered()) -> Path:
         """Write a checkpoint of the live state, in line, naming what it `covered`. (The leader; every other
         rank saves its shards when told, `sharding.follow`.)"""
         tmp, final = self._begin(meta)
@@ -109,7 +109,7 @@ class Checkpointer:
             export_hf(self.export_model or model, self.tokenizer, tmp / "hf")
         return self._finish(tmp, final, rng_state(), meta, covered)
 
-    def stage(self, model, optimizer, meta: CheckpointMeta, covered: Covered | None = None) -> StagedCheckpoint:
+    def stage(self, model, optimizer, meta: CheckpointMeta, covered: Covered = Covered()) -> StagedCheckpoint:
         """A copy in host memory of everything a checkpoint holds, taken now, for `write` to put on disk later
         while training goes on (`learner.checkpoint.background`). On a sharded learner every rank copies its
         shards when told (`sharding.follow`, STAGE) and the leader also copies its mirror for the export."""
@@ -121,7 +121,7 @@ class Checkpointer:
         hf_state = None
         if self.cfg.export_hf:
             hf_state = state["model"] if exported is model else _host_copy(exported.state_dict())
-        return StagedCheckpoint(meta, state, rng_state(), exported, hf_state, tmp, final, covered or Covered())
+        return StagedCheckpoint(meta, state, rng_state(), exported, hf_state, tmp, final, covered)
 
     def write(self, staged: StagedCheckpoint) -> Path:
         """Put a staged checkpoint on disk: the same files as `save`, from the copy, not the live model (on a
@@ -139,10 +139,9 @@ class Checkpointer:
         tmp.mkdir(parents=True)
         return tmp, final
 
-    def _finish(self, tmp: Path, final: Path, rng: dict, meta: CheckpointMeta, covered: Covered | None) -> Path:
+    def _finish(self, tmp: Path, final: Path, rng: dict, meta: CheckpointMeta, covered: Covered) -> Path:
         torch.save(rng, tmp / "learner" / "rng.pt")
         dump_config(self.config, tmp / "config.resolved.yaml")
-        covered = covered or Covered()
         (tmp / COVERED).write_text(json.dumps({"entry_ids": list(covered.entry_ids),
                                                "group_ids": list(covered.group_ids)}))
         (tmp / "meta.json").write_text(json.dumps(asdict(meta), indent=2))
@@ -166,7 +165,7 @@ class StagedCheckpoint:
     hf_state: dict | None
     tmp: Path
     final: Path
-    covered: Covered = field(default_factory=Covered)
+    covered: Covered = Covered()
     """What it trained since the checkpoint before (`covered.json`)."""
 
 
