@@ -5,13 +5,16 @@ service around a torch engine on the demo model, registered with the controller,
 learner side in this process (`WeightPublisher`: BeginWeightPush, broadcast as rank 0, CommitWeightPush).
 
 Measured, each a median over `--pushes` pushes:
-  push_s         : one push of the demo model (2 MB) with unchanged membership, Begin to committed;
+  push_s         : one push of the demo model (2 MB) with unchanged membership, Begin to committed, ordered
+                   in-band (the default: the replicas follow their group, `weights.in_band`);
+  controller_ordered_push_s : the same with `weight_transport.in_band: false` (the controller calls
+                   UpdateWeights on every replica), in blocks of 5 alternating with blocks of in-band ones;
   raw_s          : a bare gloo broadcast of the same bytes from this process to the same number of receiver
                    processes, plus an all-reduce so it covers receipt (the floor for moving these bytes);
   fixed_cost_s   : push_s - raw_s (target <= 5 ms);
   first_push_s   : the first push, which forms the broadcast group;
   rebuild_push_s : the push right after one more replica joined (membership changed: one rebuild).
-The ratio line is raw_s / push_s.
+The ratio lines are raw_s / push_s and controller_ordered_push_s / push_s.
 
     .venv/bin/python bench/push_fixed_cost.py [--replicas 2] [--pushes 40]
     (or: asyncrl bench push_fixed_cost)
@@ -34,6 +37,8 @@ import torch
 from common import emit
 
 REPO = Path(__file__).resolve().parents[1]
+BLOCK = 5
+"""Pushes of one kind in a row (after one more that is not counted)."""
 
 
 def demo_config(run_dir: str):
@@ -72,7 +77,7 @@ def replica_process(cfg, controller_address: str, ready, stop) -> None:
     holder: list[ReplicaSession] = []
     server, port = rollout_service.create_server(cfg, engine, push_key=lambda: holder[0].push_key if holder else b"")
     server.start()
-    session = ReplicaSession(stub, f"127.0.0.1:{port}", engine, "torch")
+    session = ReplicaSession(stub, f"127.0.0.1:{port}", engine, "torch", in_band_pushes=True)
     holder.append(session)
     session.register()
     stop_event = threading.Event()
@@ -177,26 +182,34 @@ def measure(cfg, args, stub, add_replica):
     from asyncrl.learner.publisher import WeightPublisher
 
     model = load_causal_lm(cfg.model.path)
-    publisher = WeightPublisher(stub, model, cfg.learner.weight_transport, cfg.controller.push_timeout_s)
+    transport = cfg.learner.weight_transport
+    publisher = WeightPublisher(stub, model, transport, cfg.controller.push_timeout_s)
     version = 0
 
-    def push(receivers: int, new_group: bool) -> float:
-        """One push; checks it went to every replica, forming a group or not as the membership says."""
+    def push(receivers: int, new_group: bool, in_band: bool = True) -> float:
+        """One push; checks it went to every replica, forming a group or not as the membership says, in-band
+        when offered on a kept group."""
         nonlocal version
         version += 1
+        transport.in_band = in_band  # the publisher reads it at every Begin
         result = publisher.push(version)
         assert result.committed and len(result.acked) == result.receivers == receivers, result
-        assert result.new_group == new_group, result
+        assert result.new_group == new_group and result.in_band == (in_band and not new_group), result
         return result.total_s
 
     first = push(args.replicas, new_group=True)
-    steady = [push(args.replicas, new_group=False) for _ in range(args.pushes)]
+    steady, ordered = [], []
+    # Alternating blocks, so that both kinds see the same machine; each block's first push is left out (the one
+    # after a switch: the first in-band push after a controller-ordered one also wakes the followers).
+    for _ in range(max(1, args.pushes // BLOCK)):
+        steady += [push(args.replicas, new_group=False) for _ in range(BLOCK + 1)][1:]
+        ordered += [push(args.replicas, new_group=False, in_band=False) for _ in range(BLOCK + 1)][1:]
     add_replica()
     rebuild = push(args.replicas + 1, new_group=True)
     after = [push(args.replicas + 1, new_group=False) for _ in range(5)]
     publisher.close()
     nbytes = sum(p.numel() * p.element_size() for p in model.parameters())
-    return first, steady, rebuild, after, nbytes
+    return first, steady, ordered, rebuild, after, nbytes
 
 
 def main() -> None:
@@ -209,18 +222,21 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as run_dir:
         cfg = demo_config(run_dir)
         with push_system(cfg, args.replicas) as (stub, add_replica):
-            first, steady, rebuild, after, nbytes = measure(cfg, args, stub, add_replica)
+            first, steady, ordered, rebuild, after, nbytes = measure(cfg, args, stub, add_replica)
     raw = raw_broadcast_s(nbytes // 4, args.replicas, args.pushes)
-    push_s = statistics.median(steady)
+    push_s, ordered_s = statistics.median(steady), statistics.median(ordered)
     result = {
         "model_bytes": nbytes, "replicas": args.replicas, "pushes": args.pushes,
         "push_s": round(push_s, 5), "push_p90_s": round(statistics.quantiles(steady, n=10)[-1], 5),
         "raw_s": round(raw, 5), "fixed_cost_s": round(push_s - raw, 5),
+        "controller_ordered_push_s": round(ordered_s, 5), "controller_ordered_fixed_cost_s": round(ordered_s - raw, 5),
+        "controller_ordered_over_in_band": round(ordered_s / push_s, 3),
         "first_push_s": round(first, 5), "rebuild_push_s": round(rebuild, 5),
         "push_after_rebuild_s": round(statistics.median(after), 5),
         "raw_over_push": round(raw / push_s, 3), "target_fixed_cost_s": 0.005,
     }
-    emit("push_fixed_cost", result, {"raw broadcast": raw, "push (same members)": push_s, "first push": first,
+    emit("push_fixed_cost", result, {"raw broadcast": raw, "push (same members, in-band)": push_s,
+                                     "push (same members, controller-ordered)": ordered_s, "first push": first,
                                      "push after a join": rebuild},
          "seconds", f"Weight push of the demo model ({nbytes / 2**20:.1f} MiB) to {args.replicas} replicas")
 

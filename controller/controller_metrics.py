@@ -47,6 +47,8 @@ class ControllerMetrics:
             registry=r,
         )
         self.pushes_committed = Counter(PREFIX + "pushes_committed", "Weight pushes committed.", registry=r)
+        self.pushes_in_band = Counter(PREFIX + "pushes_in_band", "Weight pushes committed that the learner ordered "
+                                      "through its store (no UpdateWeights calls).", registry=r)
         self.groups_formed = Counter(PREFIX + "broadcast_groups_formed",
                                      "Broadcast groups formed (the first push, and after each membership change "
                                      "or failure; other pushes reuse the group).", registry=r)

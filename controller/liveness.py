@@ -19,7 +19,7 @@ import logging
 from dataclasses import replace
 
 from asyncrl.controller.leases import Lease
-from asyncrl.controller.push import Outcome
+from asyncrl.controller.push_session import Outcome
 from asyncrl.controller.reaper import Reaper, StallDetector
 from asyncrl.controller.registry import Replica
 

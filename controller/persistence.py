@@ -5,7 +5,8 @@ What is kept, so a restarted controller continues with exact η accounting:
   seated learner's key and address;
 - the active leases (id, replica, n, prompt index, version at admission);
 - the replicas (id, address, engine, the push key of their registration, the version they hold, force_sync,
-  whether the controller has reached them at their address), in registration order.
+  whether the controller has reached them at their address, whether they follow broadcast groups), in
+  registration order.
 What is not: liveness clocks (a restored replica counts as just heard from, a restored lease gets a fresh TTL:
 monotonic clocks do not survive a process) and the open push (the learner's commit of a push the new
 controller never saw is refused, and the learner begins it again).
@@ -51,6 +52,9 @@ class SavedReplica:
     """Registration order (rank order of pushes)."""
     reachable: bool = True
     """It answered the controller's challenge at its address (True in states saved before this was kept)."""
+    in_band: bool = False
+    """It follows the broadcast groups it joins (False in states saved before this was kept: pushes then
+    reach it through UpdateWeights until it registers again)."""
 
 
 @dataclass
@@ -201,7 +205,7 @@ class StateWriter:
         changed, forgotten, saved = [], [], self._replicas
         if replicas is not None:
             saved = {r.replica_id: SavedReplica(r.replica_id, r.address, r.engine, r.push_key, r.weight_version,
-                                                r.force_sync, seq, r.reachable) for seq, r in enumerate(replicas)}  # fmt: skip
+                                                r.force_sync, seq, r.reachable, r.in_band) for seq, r in enumerate(replicas)}  # fmt: skip
             changed = [r for rid, r in saved.items() if self._replicas.get(rid) != r]
             forgotten = [rid for rid in self._replicas if rid not in saved]
         if meta == self._meta and not (new or ended or changed or forgotten):
@@ -223,7 +227,7 @@ def restore_books(saved: SavedState, leases, registry, now: float) -> None:
     for r in saved.replicas:
         registry.restore(Replica(r.replica_id, r.address, r.weight_version, r.engine, registered_at=now,
                                  last_heartbeat=now, push_key=r.push_key, force_sync=r.force_sync,
-                                 reachable=r.reachable))
+                                 reachable=r.reachable, in_band=r.in_band))
 
 
 def _state(meta: dict, leases: list[SavedLease], replicas: list[SavedReplica]) -> SavedState:

@@ -1,5 +1,5 @@
-"""Weight pushes: the one push in flight (`PushSession`: plan, receivers in rank order, fan-out outcomes) and
-the `PushCoordinator` that opens, commits and aborts them.
+"""Weight pushes: the `PushCoordinator` that opens, commits and aborts the one push in flight
+(`controller.push_session.PushSession`: plan, receivers in rank order, outcomes).
 
 Handshake (docs/architecture.md): Begin picks the receivers (every live replica for version current+1, the
 live replicas that need sync for version == current; a replica held back after failed pushes sits them out),
@@ -13,6 +13,11 @@ same and that push was acknowledged by all (every member still holds it), else a
 (bounded by push_timeout_s from Begin) *outside* the controller's lock, so lease traffic keeps flowing,
 then drops and flags the receivers that failed.
 
+A push that reuses a group whose members all follow it (they registered with `in_band_pushes`), for a
+learner that offers it, goes in-band instead (`asyncrl.core.weights.in_band`): no fan-out; Begin hands the
+learner each rank's signed order, and Commit takes the receivers' signed acks from the learner
+(`outcomes_from_acks`), checks each under the replica's push key and waits for nothing.
+
 The coordinator's collaborators are explicit: the replica registry (whose sync flags a push changes), the
 notifier, the event sink and the metrics. It does not own the policy version: `ControllerState` holds the
 lock around every coordinator call, commits the version a push reports and wakes held lease requests.
@@ -20,33 +25,21 @@ lock around every coordinator call, commits the version a push reports and wakes
 
 from __future__ import annotations
 
-import threading
-import time
 import uuid
-from collections.abc import Callable
 from dataclasses import dataclass
 
 from asyncrl.controller.controller_metrics import ControllerMetrics
 from asyncrl.controller.errors import PreconditionFailed
 from asyncrl.controller.event_records import EventSink
+from asyncrl.controller.push_session import Membership, Outcome, PushSession, Receiver, WeightNotifier
 from asyncrl.controller.registry import ReplicaRegistry
-from asyncrl.core.auth import push_order_mac
 from asyncrl.core.config import ControllerConfig
 from asyncrl.core.weights.plan import PushPlan, TensorMeta
-
-WeightNotifier = Callable[[str, PushPlan, int, float, bytes], int]
-"""(address, plan, rank, timeout_s) -> weight version the replica now holds; raises on failure (a
-`ReceiverUnreachable` when nothing listens at the address any more)."""
 
 NEW = "new"
 """A push of version current+1 to every live replica."""
 RESYNC = "resync"
 """A push of the current version to the live replicas that need it."""
-
-
-class ReceiverUnreachable(RuntimeError):
-    """A notifier's failure meaning the replica's process is gone (nothing listens at its address): the
-    controller declares it dead at once instead of waiting for its heartbeat time-out."""
 
 
 @dataclass(frozen=True)
@@ -69,112 +62,8 @@ class PushOffer:
     delta_base_push_id: str = ""
     """The push whose bytes the learner keeps as its group's base: the push becomes a delta against it when
     the controller reuses that group and that push was its last, acknowledged by every member."""
-
-
-@dataclass(frozen=True)
-class Membership:
-    """Who is in a broadcast group, in rank order, and where it forms: a push to the same members reuses the
-    group. The push keys are in it because a replica that registered again is a new process (new key) that
-    does not hold the group its predecessor joined."""
-
-    group_id: str
-    members: tuple[tuple[str, str, bytes], ...]
-    """(replica id, address, push key) of ranks 1..N."""
-    store_address: str
-    transport: str
-
-    def same(self, other: Membership) -> bool:
-        return (self.members, self.store_address, self.transport) == (
-            other.members, other.store_address, other.transport)
-
-
-@dataclass(frozen=True)
-class Receiver:
-    replica_id: str
-    address: str
-    rank: int
-    push_key: bytes = b""
-
-
-@dataclass(frozen=True)
-class Outcome:
-    ok: bool
-    error: str
-    seconds: float
-    unreachable: bool = False
-    """The replica could not be reached at all (its process is gone): treat it as dead right away."""
-
-
-class PushSession:
-    def __init__(self, plan: PushPlan, mode: str, receivers: list[Receiver], begun_at: float,
-                 notify: WeightNotifier, call_timeout_s: float):  # fmt: skip
-        self.plan, self.mode, self.receivers, self.begun_at = plan, mode, receivers, begun_at
-        self._notify, self._call_timeout_s = notify, call_timeout_s
-        self._done = threading.Condition()
-        self._outcomes: dict[str, Outcome] = {}
-        self.commit_started = False
-        """Set (under the controller's lock) by the first CommitWeightPush, so a duplicate is refused."""
-        self.membership: Membership | None = None
-        """The broadcast group this push uses (set by the coordinator)."""
-
-    @property
-    def push_id(self) -> str:
-        return self.plan.push_id
-
-    def start(self) -> None:
-        """Fan out: one daemon thread per receiver (every receiver must be in the collective at once; a hung
-        replica must not keep the process alive), started from a thread of its own: starting a thousand
-        threads takes tens of milliseconds, which must not be spent under the controller's lock."""
-        threading.Thread(target=self._fan_out, name=f"push-{self.plan.version}", daemon=True).start()
-
-    def _fan_out(self) -> None:
-        for receiver in self.receivers:
-            name = f"push-{self.plan.version}-rank{receiver.rank}"
-            threading.Thread(target=self._deliver, args=(receiver,), name=name, daemon=True).start()
-
-    def wait(self, timeout_s: float) -> dict[str, Outcome]:
-        """Outcomes of all receivers, waiting up to `timeout_s` for the stragglers (they count as failed)."""
-        deadline = time.monotonic() + max(0.0, timeout_s)
-        with self._done:
-            while len(self._outcomes) < len(self.receivers):
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    break
-                self._done.wait(remaining)
-            outcomes = dict(self._outcomes)
-        for receiver in self.receivers:
-            outcomes.setdefault(
-                receiver.replica_id, Outcome(False, f"no acknowledgement within {timeout_s:.1f} s", timeout_s)
-            )
-        return outcomes
-
-    def give_up_on(self, replica_id: str, error: str) -> None:
-        """Count a receiver that has not answered as failed now (it was declared dead): `wait` stops waiting
-        for it, and its late answer, if any, changes nothing."""
-        with self._done:
-            if any(r.replica_id == replica_id for r in self.receivers) and replica_id not in self._outcomes:
-                self._outcomes[replica_id] = Outcome(False, error, 0.0)
-                self._done.notify_all()
-
-    def outcomes_so_far(self) -> dict[str, Outcome]:
-        with self._done:
-            return dict(self._outcomes)
-
-    def _deliver(self, receiver: Receiver) -> None:
-        start = time.monotonic()
-        unreachable = False
-        try:
-            plan = self.plan
-            order = push_order_mac(receiver.push_key, plan, receiver.rank)
-            version = self._notify(receiver.address, plan, receiver.rank, self._call_timeout_s, order)
-            ok = version == self.plan.version
-            error = "" if ok else f"replica reports version {version} after a push of {self.plan.version}"
-        except Exception as err:  # noqa: BLE001 - any failure of one receiver drops just that receiver
-            ok, error = False, f"{type(err).__name__}: {err}"
-            unreachable = isinstance(err, ReceiverUnreachable)
-        with self._done:
-            self._outcomes.setdefault(receiver.replica_id, Outcome(ok, error, time.monotonic() - start, unreachable))
-            self._done.notify_all()
+    in_band: bool = False
+    """The learner can deliver the order through its store and collect the acks (`weights.in_band`)."""
 
 
 class PushCoordinator:
@@ -192,6 +81,8 @@ class PushCoordinator:
         self.group_base: tuple[str, str] | None = None
         """(codec, push id) of the last push on `group` when it named a delta codec: every member holds its
         bytes as the group's delta base (`asyncrl.core.weights.delta`)."""
+        self.group_last_push = ""
+        """The last push on `group`: members that follow the group wait for the order of the one after it."""
         self.groups_formed = 0
 
     def begin(self, version: int, current: int, offer: PushOffer, now: float) -> PushSession:
@@ -229,7 +120,7 @@ class PushCoordinator:
                                 offer.store_address, offer.transport)
         new_group = self.group is None or not self.group.same(membership)
         if new_group:
-            self.group, self.group_base = None, None
+            self.group, self.group_base, self.group_last_push = None, None, ""
             self.groups_formed += 1
             self._metrics.groups_formed.inc()
         else:
@@ -242,14 +133,18 @@ class PushCoordinator:
             manifest_digest=offer.manifest_digest, delta_codec=offer.delta_codec,
             delta_base_push_id=self._delta_base(offer, new_group),
         )  # fmt: skip
-        session = PushSession(plan, mode, receivers, now, self._notify, self._config.push_timeout_s)
+        # In-band when every member follows the group it kept (`weights.in_band`); else the controller orders it.
+        in_band = offer.in_band and not new_group and bool(receivers) and all(
+            self._registry.get(r.replica_id).in_band for r in receivers)
+        session = PushSession(plan, mode, receivers, now, self._notify, self._config.push_timeout_s,
+                              after_push_id=self.group_last_push if in_band else "")
         session.membership = membership
         self.open = session
         self._events.write(
             "push_begun", push_id=plan.push_id, version=version, mode=mode,
             receivers=[r.replica_id for r in receivers], world_size=plan.world_size,
             current_version=current, aborted_previous=aborted_previous, group_id=plan.group_id,
-            new_group=plan.new_group, delta_base_push_id=plan.delta_base_push_id,
+            new_group=plan.new_group, delta_base_push_id=plan.delta_base_push_id, in_band=session.in_band,
         )  # fmt: skip
         session.start()
         return session
@@ -260,13 +155,17 @@ class PushCoordinator:
             return ""
         return offer.delta_base_push_id if self.group_base == (offer.delta_codec, offer.delta_base_push_id) else ""
 
-    def start_commit(self, push_id: str, now: float) -> tuple[PushSession, float]:
-        """Mark the open push as committing; returns it and how long its receivers may still take."""
+    def start_commit(self, push_id: str, now: float, relays_acks: bool = False) -> tuple[PushSession, float]:
+        """Mark the open push as committing; returns it and how long its receivers may still take.
+        `relays_acks`: the commit carries receivers' acks, which only an in-band push takes."""
         if self.open is None or self.open.push_id != push_id:
             open_id = f" (the open push is {self.open.push_id!r})" if self.open else " (no push is open)"
             raise PreconditionFailed(f"push_id: {push_id!r} is not the open push{open_id}")
         if self.open.commit_started:
             raise PreconditionFailed(f"push_id: a commit of {push_id!r} is already in progress")
+        if relays_acks and not self.open.in_band:
+            raise PreconditionFailed(f"acks: push {push_id!r} was ordered by the controller, whose receivers "
+                                     "answer it themselves; only an in-band push takes acks from the learner")
         self.open.commit_started = True
         return self.open, self._config.push_timeout_s - (now - self.open.begun_at)
 
@@ -281,6 +180,7 @@ class PushCoordinator:
         acked = [r.replica_id for r in session.receivers if outcomes[r.replica_id].ok]
         dropped = [r.replica_id for r in session.receivers if not outcomes[r.replica_id].ok]
         self.group = None if dropped else session.membership
+        self.group_last_push = session.push_id if self.group is not None else ""
         kept_base = self.group is not None and session.plan.delta_codec
         self.group_base = (session.plan.delta_codec, session.push_id) if kept_base else None
         for replica_id in acked:
@@ -299,11 +199,13 @@ class PushCoordinator:
                       seconds: float) -> None:  # fmt: skip
         self.committed += 1
         self._metrics.pushes_committed.inc()
+        if session.in_band:
+            self._metrics.pushes_in_band.inc()
         self._metrics.replicas_dropped.inc(len(dropped))
         self._metrics.push_seconds.observe(max(0.0, seconds))
         self._events.write(
             "push_committed", push_id=session.push_id, version=version_after, mode=session.mode,
-            acked=acked, dropped=dropped, seconds=seconds,
+            acked=acked, dropped=dropped, seconds=seconds, in_band=session.in_band,
         )  # fmt: skip
 
     def hold_back_failed(self, session: PushSession, outcomes: dict[str, Outcome], now: float,
@@ -328,7 +230,7 @@ class PushCoordinator:
         for receiver in session.receivers:
             self._registry.get(receiver.replica_id).force_sync = True
         self.open = None
-        self.group, self.group_base = None, None
+        self.group, self.group_base, self.group_last_push = None, None, ""
         self._events.write(
             "push_aborted", push_id=session.push_id, version=session.plan.version, mode=session.mode,
             reason=reason,

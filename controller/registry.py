@@ -47,6 +47,9 @@ class Replica:
     """When the controller last dialled this silent lease holder's address (`Liveness`: gone or not)."""
     dead_reason: str = ""
     """Why it was declared dead (the status page shows it); "" while it lives."""
+    in_band: bool = False
+    """It follows the broadcast groups it joins (`weights.in_band`): a push that reuses one may reach it
+    through the learner's store instead of an UpdateWeights call."""
 
     def needs_sync(self, current_version: int) -> bool:
         return self.force_sync or self.weight_version != current_version
@@ -78,13 +81,14 @@ class ReplicaRegistry:
         self._next_number = 1
 
     def register(
-        self, address: str, replica_id: str, weight_version: int, engine: str, now: float
+        self, address: str, replica_id: str, weight_version: int, engine: str, now: float, in_band: bool = False
     ) -> Replica:
         """Add a replica, or refresh one that registers again under its id (a restart: new address and weights)."""
         replica_id = replica_id or self._fresh_id()
         existing = self._replicas.get(replica_id)
         if existing is not None:
             existing.address, existing.weight_version, existing.engine = address, weight_version, engine
+            existing.in_band = in_band
             existing.last_heartbeat, existing.alive, existing.force_sync = now, True, False
             existing.dead_reason = ""
             existing.clear_push_failures()  # a new process (perhaps with its address fixed) gets a fresh chance
@@ -94,7 +98,7 @@ class ReplicaRegistry:
         if len(self._replicas) >= self.max_replicas:
             raise RegistryFull(f"{len(self._replicas)} replicas registered (controller.max_replicas)")
         replica = Replica(replica_id, address, weight_version, engine, registered_at=now, last_heartbeat=now,
-                          push_key=new_push_key())
+                          push_key=new_push_key(), in_band=in_band)
         self._replicas[replica_id] = replica
         return replica
 

@@ -40,7 +40,8 @@ from asyncrl.controller.persistence import (
     StateWriter,
     restore_books,
 )
-from asyncrl.controller.push import NEW, PushCoordinator, PushOffer, PushSession, WeightNotifier
+from asyncrl.controller.push import NEW, PushCoordinator, PushOffer
+from asyncrl.controller.push_session import PushSession, ReceiverAck, WeightNotifier
 from asyncrl.controller.reachability import ReachabilityChecks, ReplicaReachability
 from asyncrl.controller.reaper import Reaper, StallDetector
 from asyncrl.controller.registry import Replica, ReplicaRegistry
@@ -126,7 +127,7 @@ class ControllerState(Admission, LearnerSeating, ReplicaReachability, Liveness):
     # ---- replicas -------------------------------------------------------------------------------------
 
     def register(self, address: str, replica_id: str, weight_version: int, engine: str,
-                 push_key: bytes = b"") -> Registration:
+                 push_key: bytes = b"", in_band: bool = False) -> Registration:
         """Add a replica, or register one again: its own process (it presents its current `push_key`), or a
         new process taking the id over from a holder that is gone (a restart). An id whose holder still proves
         itself alive (`probe`, outside the lock) is refused: one caller cannot redirect another replica's
@@ -143,7 +144,7 @@ class ControllerState(Admission, LearnerSeating, ReplicaReachability, Liveness):
             if reregistered:
                 # A restarted replica lost whatever it was generating: its old leases return their quota.
                 self._log_expired(self._leases.expire_replica(replica_id, "reregistered"), "reregistered")
-            replica = self._registry.register(address, replica_id, weight_version, engine, self._clock())
+            replica = self._registry.register(address, replica_id, weight_version, engine, self._clock(), in_band)
             self._check_reachability_of(replica)
             needs_sync = replica.needs_sync(self._current_version)
             self.events.write(
@@ -195,13 +196,14 @@ class ControllerState(Admission, LearnerSeating, ReplicaReachability, Liveness):
             self._changed(replicas=True)  # an aborted predecessor flagged its receivers
             return session
 
-    def commit_push(self, push_id: str, sender_ok: bool, error: str = "",
-                    missing_ranks: tuple[int, ...] = ()) -> CommitResult:  # fmt: skip
+    def commit_push(self, push_id: str, sender_ok: bool, error: str = "", missing_ranks: tuple[int, ...] = (),
+                    acks: tuple[ReceiverAck, ...] = ()) -> CommitResult:  # fmt: skip
         """Wait (bounded) for the receivers' acks, drop the failed ones, commit the version. A push the sender
         failed is aborted; its receivers that never joined (`missing_ranks`) or could not be reached are held
-        back from the next pushes (`Replica.hold_back`), so the retry goes without them."""
+        back from the next pushes (`Replica.hold_back`), so the retry goes without them. An in-band push's acks
+        come with the commit (`acks`, relayed by the learner): nothing to wait for."""
         with self._cond:
-            session, wait_s = self._pushes.start_commit(push_id, self._clock())
+            session, wait_s = self._pushes.start_commit(push_id, self._clock(), relays_acks=bool(acks))
             if not sender_ok:
                 so_far = session.outcomes_so_far()
                 self._pushes.hold_back_failed(session, so_far, self._clock(), missing_ranks, error)
@@ -209,7 +211,10 @@ class ControllerState(Admission, LearnerSeating, ReplicaReachability, Liveness):
                 self._pushes.abort(session, f"sender failed: {error or 'no detail'}")
                 self._changed(replicas=True)
                 return CommitResult(False, self._current_version, [], [r.replica_id for r in session.receivers])
-        outcomes = session.wait(wait_s)  # outside the lock: leases keep flowing meanwhile
+        if session.in_band:
+            outcomes = session.outcomes_from_acks(list(acks), self._clock() - session.begun_at)
+        else:
+            outcomes = session.wait(wait_s)  # outside the lock: leases keep flowing meanwhile
         with self._cond:
             acked, dropped = self._pushes.settle(session, outcomes)
             self._pushes.hold_back_failed(session, outcomes, self._clock())

@@ -1,6 +1,10 @@
 """The learner's side of the weight push: Begin (controller picks receivers and the broadcast group) ->
 broadcast as rank 0 -> Commit (controller waits for the receivers' acks and commits the version).
 
+When the controller answers Begin with `in_band` (the push reuses a group whose members all follow it), the
+learner orders the push itself: it writes the signed order into its store, where the members wait, and after
+the broadcast collects their signed acks from the store and hands them to Commit (`weights.in_band`).
+
 Two ways to push:
 - `push(version)`: now, from the live weights, returning when committed (the first push, resyncs);
 - `start(version)` then `finish()`: the weights are copied into a snapshot (one memcpy of the bucket
@@ -22,10 +26,11 @@ import torch
 from asyncrl.core.modeling import named_weights
 from asyncrl.core.weights.flat import FlatWeights, bind_parameters
 from asyncrl.core.weights.groups import BroadcastGroups, publish_manifest
+from asyncrl.core.weights.in_band import collect_acks, publish_order
 from asyncrl.core.weights.manifest import decode_plan
 from asyncrl.core.weights.plan import tensor_metas
 from asyncrl.core.weights.rendezvous import ReceiversMissing
-from asyncrl.core.weights.transport import host_store, send_weights
+from asyncrl.core.weights.transport import host_store, push_store, send_weights
 from asyncrl.learner.one_at_a_time import OneAtATime
 from asyncrl.v1 import controller_pb2
 
@@ -50,6 +55,8 @@ class PushResult:
     delta: bool = False
     """Sent as a delta against the previous push (`weight_transport.delta_codec`); `bytes_sent` is then the
     compressed size."""
+    in_band: bool = False
+    """Ordered by the learner through its store, not by the controller (`weights.in_band`)."""
 
 
 class WeightPublisher:
@@ -72,6 +79,8 @@ class WeightPublisher:
         self.delta_codec = "" if transport_cfg.delta_codec == "none" else transport_cfg.delta_codec
         self._snapshot: FlatWeights | None = None
         self._background = OneAtATime("push")
+        self._order_key = ""
+        """The last in-band order's key in our store, deleted when the next one is written."""
 
     def push(self, version: int) -> PushResult:
         """Publish the live model as `version` (current+1) or resync it to out-of-date replicas (current)."""
@@ -107,14 +116,18 @@ class WeightPublisher:
                     manifest_digest=self.manifest_digest, bucket_bytes=int(self.cfg.bucket_mb * 2**20),
                     timeout_s=self.cfg.timeout_s, join_timeout_s=self.cfg.join_timeout_s,
                     delta_codec=self.delta_codec, delta_base_push_id=self.groups.delta_base() if self.delta_codec else "",
+                    in_band=self.cfg.in_band,
                 ),
                 timeout=self.cfg.timeout_s + 30,
             )
             push_id, world_size, new_group = begin.plan.push_id, begin.plan.world_size, begin.plan.new_group
             delta = bool(begin.plan.delta_base_push_id)
-            ok, error, sent, t_bcast, missing = True, "", 0, 0.0, []
+            ok, error, sent, t_bcast, missing, acks = True, "", 0, 0.0, [], []
             if world_size > 1:  # else no replica is live: the version is committed without a broadcast
-                plan = dataclasses.replace(decode_plan(begin.plan), tensors=self.metas)
+                plan = decode_plan(begin.plan)
+                if begin.in_band:
+                    self._order(plan, begin)
+                plan = dataclasses.replace(plan, tensors=self.metas)
                 t0 = time.perf_counter()
                 try:
                     with self.groups.member(plan, 0) as group:
@@ -126,10 +139,13 @@ class WeightPublisher:
                     missing = list(err.ranks) if isinstance(err, ReceiversMissing) and err.absent else []
                     log.warning("push %s (version %d) failed on the sender: %s", push_id, version, error)
                 t_bcast = time.perf_counter() - t0
+                if ok and begin.in_band:
+                    # Every receiver acks once its weights are in; a silent one is dropped by the controller.
+                    acks = collect_acks(push_store(self.store, plan), world_size, plan.timeout_s)
             try:
                 commit = self.stub.CommitWeightPush(
                     controller_pb2.CommitWeightPushRequest(push_id=push_id, sender_ok=ok, error=error,
-                                                           missing_ranks=missing),
+                                                           missing_ranks=missing, acks=acks),
                     timeout=self.commit_deadline_s,
                 )
             except grpc.RpcError as err:
@@ -140,5 +156,12 @@ class WeightPublisher:
                 continue
             if commit.committed:
                 return PushResult(version, True, world_size - 1, list(commit.acked), list(commit.dropped),
-                                  sent, t_bcast, time.perf_counter() - start, attempt, new_group, background, delta)
+                                  sent, t_bcast, time.perf_counter() - start, attempt, new_group, background, delta,
+                                  begin.in_band)
         raise RuntimeError(f"weight push of version {version} not committed after {self.max_attempts} attempts")
+
+    def _order(self, plan, begin) -> None:
+        """Write an in-band push's order where the group's members wait for it (deleting the previous one)."""
+        if self._order_key:
+            self.store.delete_key(self._order_key)
+        self._order_key = publish_order(self.store, plan.group_id, begin.after_push_id, plan, list(begin.order_macs))

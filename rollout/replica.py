@@ -47,8 +47,12 @@ class LoopStuck(RuntimeError):
 
 class ReplicaSession:
     def __init__(self, controller_stub, address: str, engine, engine_type: str, replica_id: str = "",
-                 held: HeldLeases | None = None, on_registered=None, lease_deadline_s: float = 0.0):
+                 held: HeldLeases | None = None, on_registered=None, lease_deadline_s: float = 0.0,
+                 in_band_pushes: bool = False):
         self._stub = controller_stub
+        self.in_band_pushes = in_band_pushes
+        """Registered as following the broadcast groups it joins: true when its Rollout service has a
+        `PushListener` (`rollout_service.create_server` with a push key)."""
         self.lease_deadline_s = lease_deadline_s
         """`rollout.lease_deadline_s`: `heartbeat_forever` raises `LoopStuck` for a lease held longer (0 = never)."""
         self._on_registered = on_registered
@@ -73,6 +77,7 @@ class ReplicaSession:
                 weight_version=self._engine.weight_version,
                 engine=self._engine_type,
                 push_key=self.push_key,  # registering again from the same process: we hold the id
+                in_band_pushes=self.in_band_pushes,
             ),
             timeout=30,
         )

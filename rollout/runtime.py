@@ -76,12 +76,14 @@ class ReplicaRuntime:
         """The id the controller gave this replica (the requested one until registration)."""
         return self.session.replica_id if self.session else self.requested_id
 
-    def start(self, controller_stub, port: int) -> None:
-        """Register with the controller as `<advertised host>:port`, then heartbeat and roll out until `stop`."""
+    def start(self, controller_stub, port: int, in_band_pushes: bool) -> None:
+        """Register with the controller as `<advertised host>:port` (`in_band_pushes`: its Rollout service
+        follows the groups it joins), then heartbeat and roll out until `stop`."""
         cfg = self.config
         address = f"{advertised_host(cfg.rollout)}:{port}"
         self.session = ReplicaSession(controller_stub, address, self.engine, cfg.rollout.engine.type, self.requested_id,
-                                      on_registered=self.metrics.bind, lease_deadline_s=cfg.rollout.lease_deadline_s)
+                                      on_registered=self.metrics.bind, lease_deadline_s=cfg.rollout.lease_deadline_s,
+                                      in_band_pushes=in_band_pushes)
         self.session.register()
         task = task_for_run(cfg)
         self.rewards = RewardPool(task.reward_fn, cfg.reward.workers, cfg.reward.timeout_s,

@@ -1,6 +1,7 @@
-"""The controller's wire translation, beside its gRPC edge (`controller_service`): the progress figures of a
-LearnerHeartbeatRequest, a state snapshot as `ControllerStatus`, and controller and validation errors as gRPC
-status codes (the message names the field or the rule)."""
+"""The controller's wire translation, beside its gRPC edge (`controller_service`): the acks a learner relays
+in CommitWeightPushRequest, the progress figures of a LearnerHeartbeatRequest, a state snapshot as
+`ControllerStatus`, and controller and validation errors as gRPC status codes (the message names the field or
+the rule)."""
 
 from __future__ import annotations
 
@@ -16,9 +17,30 @@ from asyncrl.controller.errors import (
     ReplicaIdInUse,
     UnknownReplica,
 )
+from asyncrl.controller.push_session import ReceiverAck
 from asyncrl.controller.results import LearnerFigures
-from asyncrl.core.validation import MAX_TIMEOUT_S, InvalidArgument, check_range
+from asyncrl.core.validation import MAX_COUNT, MAX_TIMEOUT_S, InvalidArgument, check_range, require
 from asyncrl.v1 import controller_pb2
+
+MAX_ERROR = 4096
+"""Characters of an error message in CommitWeightPush (the sender's, a receiver's ack)."""
+MAX_ACKS = 4096
+"""Acks in one CommitWeightPush (as many receivers as one push may have)."""
+
+
+def receiver_acks(acks) -> tuple[ReceiverAck, ...]:
+    """CommitWeightPushRequest.acks, every field checked."""
+    require(len(acks) <= MAX_ACKS, "acks", f"at most {MAX_ACKS} acks, got {len(acks)}")
+    seen = set()
+    for i, ack in enumerate(acks):
+        check_range(ack.rank, 1, MAX_COUNT, f"acks[{i}].rank")
+        require(ack.rank not in seen, f"acks[{i}].rank", f"rank {ack.rank} is acknowledged twice")
+        seen.add(ack.rank)
+        check_range(ack.weight_version, 0, MAX_COUNT, f"acks[{i}].weight_version")
+        require(len(ack.ack_mac) <= 64, f"acks[{i}].ack_mac", f"at most 64 bytes, got {len(ack.ack_mac)}")
+        require(len(ack.error) <= MAX_ERROR, f"acks[{i}].error",
+                f"at most {MAX_ERROR} characters, got {len(ack.error)}")
+    return tuple(ReceiverAck(a.rank, a.weight_version, a.ack_mac, a.error) for a in acks)
 
 
 def learner_figures(request) -> LearnerFigures | None:

@@ -36,7 +36,8 @@ import grpc
 
 from asyncrl.controller.admission import HOLD_POLL_S
 from asyncrl.controller.persistence import make_store
-from asyncrl.controller.push import PushOffer, WeightNotifier
+from asyncrl.controller.push import PushOffer
+from asyncrl.controller.push_session import WeightNotifier
 from asyncrl.controller.state import ControllerState
 from asyncrl.controller.status_page import StatusPage
 from asyncrl.core.auth import resolve_auth
@@ -61,7 +62,15 @@ from asyncrl.core.weights.manifest import (
     decode_tensors,
     encode_plan,
 )
-from asyncrl.services.controller_messages import ERRORS, answer, learner_figures, status_message, status_of
+from asyncrl.services.controller_messages import (
+    ERRORS,
+    MAX_ERROR,
+    answer,
+    learner_figures,
+    receiver_acks,
+    status_message,
+    status_of,
+)
 from asyncrl.services.weight_fanout import (
     ReplicaChannels,
     address_refuses,
@@ -77,8 +86,6 @@ _WORKERS = 32
 CommitWeightPush's wait for acks; held AcquireLease calls are coroutines and take none."""
 
 MAX_HELD_LEASES = 4096
-MAX_ERROR = 4096
-"""Characters of a sender's error message in CommitWeightPush."""
 
 
 class ControllerServicer(controller_pb2_grpc.ControllerServicer):
@@ -103,9 +110,8 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
             self._require_version(request.weight_version, "weight_version")
             check_name(request.engine, "engine", optional=True)
             require(len(request.push_key) <= 64, "push_key", f"at most 64 bytes, got {len(request.push_key)}")
-            r = self.state.register(
-                request.address, request.replica_id, request.weight_version, request.engine, request.push_key
-            )
+            r = self.state.register(request.address, request.replica_id, request.weight_version, request.engine,
+                                    request.push_key, request.in_band_pushes)
             return controller_pb2.RegisterReplicaResponse(
                 replica_id=r.replica_id,
                 current_version=r.current_version,
@@ -253,10 +259,11 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
             check_delta(request.delta_codec, request.delta_base_push_id)
             offer = PushOffer(request.store_address, request.transport, tensors, request.bucket_bytes,
                               request.timeout_s, request.join_timeout_s, request.manifest_digest,
-                              request.delta_codec, request.delta_base_push_id)  # fmt: skip
+                              request.delta_codec, request.delta_base_push_id, request.in_band)  # fmt: skip
             session = self.state.begin_push(request.version, offer)
             return controller_pb2.BeginWeightPushResponse(
-                plan=encode_plan(session.plan), receivers=[r.replica_id for r in session.receivers]
+                plan=encode_plan(session.plan), receivers=[r.replica_id for r in session.receivers],
+                in_band=session.in_band, order_macs=session.order_macs, after_push_id=session.after_push_id,
             )
 
         return answer(context, run)
@@ -271,7 +278,7 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
             for i, rank in enumerate(request.missing_ranks):
                 check_range(rank, 1, MAX_COUNT, f"missing_ranks[{i}]")
             result = self.state.commit_push(request.push_id, request.sender_ok, request.error,
-                                            tuple(request.missing_ranks))
+                                            tuple(request.missing_ranks), receiver_acks(request.acks))
             return controller_pb2.CommitWeightPushResponse(
                 committed=result.committed,
                 current_version=result.current_version,

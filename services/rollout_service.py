@@ -20,6 +20,7 @@ from asyncrl.core.validation import InvalidArgument, check_range, check_token_id
 from asyncrl.core.weights.groups import ManifestCache
 from asyncrl.core.weights.manifest import decode_plan
 from asyncrl.core.weights.rendezvous import PushAborted
+from asyncrl.rollout.push_listener import PushListener
 from asyncrl.rollout.rollout_metrics import RolloutMetrics
 from asyncrl.rollout.runtime import ReplicaRuntime
 from asyncrl.v1 import controller_pb2_grpc, rollout_pb2, rollout_pb2_grpc
@@ -47,7 +48,18 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServicer):
         has no controller and checks no push orders."""
         self.manifests = ManifestCache()
         """Tensor manifests of plans that name one by digest, read once from the learner's store."""
+        self.listener = None if push_key is None else PushListener(self.take_push, push_key,
+                                                                     metrics.pushes_refused.inc)
+        """Follows the broadcast group this replica keeps, for in-band pushes (only with a controller)."""
         metrics.weight_version.set(engine.weight_version)
+
+    def take_push(self, plan, rank: int):
+        """Join `plan`'s push as `rank` and load the weights (an UpdateWeights order or an in-band one)."""
+        stats = self.engine.update_weights(self.manifests.resolve(plan), rank)
+        self.metrics.weight_version.set(stats.version)
+        self.metrics.weight_update_seconds.observe(stats.load_s)
+        self.metrics.weight_update_pause.observe(stats.pause_s)
+        return stats
 
     def UpdateWeights(self, request, context):
         try:
@@ -64,18 +76,19 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServicer):
                 context.abort(grpc.StatusCode.PERMISSION_DENIED,
                               "order_mac: this push was not ordered by this replica's controller")
         try:
-            stats = self.engine.update_weights(self.manifests.resolve(plan), request.rank)
-        except ValueError as err:  # the plan (or the manifest it names) does not fit the model
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"plan: {err}")
-        except PushAborted as err:  # the sender called it off, or it is over (a late order): nothing is wrong here
-            log.warning("weight update %s not taken: %s", request.plan.push_id, err)
-            context.abort(grpc.StatusCode.ABORTED, f"weight update {request.plan.push_id} not taken: {err}")
+            stats = self.take_push(plan, request.rank)
         except Exception as err:
+            if self.listener is not None:
+                self.listener.forget()  # the controller forms a new group after a failed push
+            if isinstance(err, ValueError):  # the plan (or the manifest it names) does not fit the model
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"plan: {err}")
+            if isinstance(err, PushAborted):  # the sender called it off, or it is over (a late order): not a fault
+                log.warning("weight update %s not taken: %s", request.plan.push_id, err)
+                context.abort(grpc.StatusCode.ABORTED, f"weight update {request.plan.push_id} not taken: {err}")
             log.exception("weight update %s failed", request.plan.push_id)
             context.abort(grpc.StatusCode.ABORTED, f"weight update {request.plan.push_id} failed: {err}")
-        self.metrics.weight_version.set(stats.version)
-        self.metrics.weight_update_seconds.observe(stats.load_s)
-        self.metrics.weight_update_pause.observe(stats.pause_s)
+        if self.listener is not None:
+            self.listener.follow(plan, request.rank)
         return rollout_pb2.UpdateWeightsResponse(weight_version=stats.version, load_s=stats.load_s,
                                                  pause_s=stats.pause_s)
 
@@ -150,7 +163,7 @@ def serve(config, replica_id: str = "") -> None:
                                  replica_id=lambda: runtime.replica_id, push_key=lambda: runtime.push_key)
     server.start()
     metrics_port = serve_metrics(config.rollout.host, config.rollout.metrics_port, runtime.metrics.registry)
-    runtime.start(controller, port)
+    runtime.start(controller, port, in_band_pushes=server.servicer.listener is not None)
     print(f"asyncrl-rollout {runtime.replica_id} listening grpc={config.rollout.host}:{port} "
           f"metrics={config.rollout.host}:{metrics_port}", flush=True)  # fmt: skip
     wait_until_stopped(server, on_stop=runtime.stop)

@@ -1,4 +1,4 @@
-"""The controller's gRPC client of the replicas: the production `WeightNotifier` (`asyncrl.controller.push`,
+"""The controller's gRPC client of the replicas: the production `WeightNotifier` (`asyncrl.controller.push_session`,
 `ReplicaChannels.update_weights`) that tells one replica to join a push (`Rollout.UpdateWeights`), and the liveness probes that ask the holder
 of a replica id, or of the learner's seat, to prove it is still there (`Rollout.GetStatus`, `Learner.GetStatus`
 with a challenge). The controller's logic takes the notifier as a parameter, so its unit tests run
@@ -13,7 +13,7 @@ import threading
 
 import grpc
 
-from asyncrl.controller.push import ReceiverUnreachable
+from asyncrl.controller.push_session import ReceiverUnreachable
 from asyncrl.core.auth import Auth
 from asyncrl.core.grpc_util import channel
 from asyncrl.core.weights.manifest import encode_plan

@@ -6,7 +6,7 @@ from __future__ import annotations
 import threading
 
 from asyncrl.controller.event_records import MemoryEvents
-from asyncrl.controller.push import ReceiverUnreachable
+from asyncrl.controller.push_session import ReceiverUnreachable
 from asyncrl.controller.state import ControllerState
 from asyncrl.core.config import ControllerConfig
 from asyncrl.core.weights.plan import PushPlan, TensorMeta

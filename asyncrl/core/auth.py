@@ -92,6 +92,13 @@ def push_order_mac(key: bytes, plan, rank: int) -> bytes:
     return hmac.new(key, "\n".join(map(str, fields)).encode(), "sha256").digest()
 
 
+def push_ack_mac(key: bytes, push_id: str, rank: int, weight_version: int) -> bytes:
+    """A replica's signature on its acknowledgement of an in-band push (`weights.in_band`; HMAC-SHA256 under its
+    push key): the learner relays it, and the controller counts only what the replica itself signed."""
+    fields = ("ack", push_id, rank, weight_version)
+    return hmac.new(key, "\n".join(map(str, fields)).encode(), "sha256").digest()
+
+
 def liveness_mac(key: bytes, challenge: bytes) -> bytes:
     """A replica's (or the learner's) answer to the controller's liveness challenge (HMAC-SHA256 under its push
     key, or learner key): only the process holding the registration's key can give it."""

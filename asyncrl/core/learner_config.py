@@ -28,6 +28,10 @@ class WeightTransportConfig(Section):
     join_timeout_s: float = Field(5.0, gt=0)
     """How long the learner waits for every receiver of a push to join before calling the push off and
     retrying without the absent ones (a replica that died after being picked must not stall the rest)."""
+    in_band: bool = True
+    """Offer the controller to order pushes that reuse a broadcast group through the learner's store: the
+    members wait there for the next push and acknowledge it there, two gRPC hops instead of four per push
+    (docs/architecture.md, "Weight push"). False: the controller orders every push (UpdateWeights)."""
     delta_codec: DeltaSetting = "none"
     """Send only what changed since the previous push: `xor-zlib` XORs each bucket with the bytes every member
     kept from the last push on the same broadcast group and compresses the result (lossless); a new group, or

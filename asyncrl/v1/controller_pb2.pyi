@@ -8,18 +8,20 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class RegisterReplicaRequest(_message.Message):
-    __slots__ = ("address", "replica_id", "weight_version", "engine", "push_key")
+    __slots__ = ("address", "replica_id", "weight_version", "engine", "push_key", "in_band_pushes")
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
     WEIGHT_VERSION_FIELD_NUMBER: _ClassVar[int]
     ENGINE_FIELD_NUMBER: _ClassVar[int]
     PUSH_KEY_FIELD_NUMBER: _ClassVar[int]
+    IN_BAND_PUSHES_FIELD_NUMBER: _ClassVar[int]
     address: str
     replica_id: str
     weight_version: int
     engine: str
     push_key: bytes
-    def __init__(self, address: _Optional[str] = ..., replica_id: _Optional[str] = ..., weight_version: _Optional[int] = ..., engine: _Optional[str] = ..., push_key: _Optional[bytes] = ...) -> None: ...
+    in_band_pushes: bool
+    def __init__(self, address: _Optional[str] = ..., replica_id: _Optional[str] = ..., weight_version: _Optional[int] = ..., engine: _Optional[str] = ..., push_key: _Optional[bytes] = ..., in_band_pushes: _Optional[bool] = ...) -> None: ...
 
 class RegisterReplicaResponse(_message.Message):
     __slots__ = ("replica_id", "current_version", "needs_sync", "heartbeat_interval_s", "push_key")
@@ -182,7 +184,7 @@ class RegisterLearnerResponse(_message.Message):
     def __init__(self, learner_key: _Optional[bytes] = ..., current_version: _Optional[int] = ...) -> None: ...
 
 class BeginWeightPushRequest(_message.Message):
-    __slots__ = ("version", "store_address", "transport", "tensors", "bucket_bytes", "timeout_s", "join_timeout_s", "manifest_digest", "delta_codec", "delta_base_push_id", "learner_key")
+    __slots__ = ("version", "store_address", "transport", "tensors", "bucket_bytes", "timeout_s", "join_timeout_s", "manifest_digest", "delta_codec", "delta_base_push_id", "learner_key", "in_band")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     STORE_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     TRANSPORT_FIELD_NUMBER: _ClassVar[int]
@@ -194,6 +196,7 @@ class BeginWeightPushRequest(_message.Message):
     DELTA_CODEC_FIELD_NUMBER: _ClassVar[int]
     DELTA_BASE_PUSH_ID_FIELD_NUMBER: _ClassVar[int]
     LEARNER_KEY_FIELD_NUMBER: _ClassVar[int]
+    IN_BAND_FIELD_NUMBER: _ClassVar[int]
     version: int
     store_address: str
     transport: str
@@ -205,29 +208,38 @@ class BeginWeightPushRequest(_message.Message):
     delta_codec: str
     delta_base_push_id: str
     learner_key: bytes
-    def __init__(self, version: _Optional[int] = ..., store_address: _Optional[str] = ..., transport: _Optional[str] = ..., tensors: _Optional[_Iterable[_Union[_weights_pb2.TensorSpec, _Mapping]]] = ..., bucket_bytes: _Optional[int] = ..., timeout_s: _Optional[float] = ..., join_timeout_s: _Optional[float] = ..., manifest_digest: _Optional[str] = ..., delta_codec: _Optional[str] = ..., delta_base_push_id: _Optional[str] = ..., learner_key: _Optional[bytes] = ...) -> None: ...
+    in_band: bool
+    def __init__(self, version: _Optional[int] = ..., store_address: _Optional[str] = ..., transport: _Optional[str] = ..., tensors: _Optional[_Iterable[_Union[_weights_pb2.TensorSpec, _Mapping]]] = ..., bucket_bytes: _Optional[int] = ..., timeout_s: _Optional[float] = ..., join_timeout_s: _Optional[float] = ..., manifest_digest: _Optional[str] = ..., delta_codec: _Optional[str] = ..., delta_base_push_id: _Optional[str] = ..., learner_key: _Optional[bytes] = ..., in_band: _Optional[bool] = ...) -> None: ...
 
 class BeginWeightPushResponse(_message.Message):
-    __slots__ = ("plan", "receivers")
+    __slots__ = ("plan", "receivers", "in_band", "order_macs", "after_push_id")
     PLAN_FIELD_NUMBER: _ClassVar[int]
     RECEIVERS_FIELD_NUMBER: _ClassVar[int]
+    IN_BAND_FIELD_NUMBER: _ClassVar[int]
+    ORDER_MACS_FIELD_NUMBER: _ClassVar[int]
+    AFTER_PUSH_ID_FIELD_NUMBER: _ClassVar[int]
     plan: _weights_pb2.WeightPushPlan
     receivers: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, plan: _Optional[_Union[_weights_pb2.WeightPushPlan, _Mapping]] = ..., receivers: _Optional[_Iterable[str]] = ...) -> None: ...
+    in_band: bool
+    order_macs: _containers.RepeatedScalarFieldContainer[bytes]
+    after_push_id: str
+    def __init__(self, plan: _Optional[_Union[_weights_pb2.WeightPushPlan, _Mapping]] = ..., receivers: _Optional[_Iterable[str]] = ..., in_band: _Optional[bool] = ..., order_macs: _Optional[_Iterable[bytes]] = ..., after_push_id: _Optional[str] = ...) -> None: ...
 
 class CommitWeightPushRequest(_message.Message):
-    __slots__ = ("push_id", "sender_ok", "error", "learner_key", "missing_ranks")
+    __slots__ = ("push_id", "sender_ok", "error", "learner_key", "missing_ranks", "acks")
     PUSH_ID_FIELD_NUMBER: _ClassVar[int]
     SENDER_OK_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
     LEARNER_KEY_FIELD_NUMBER: _ClassVar[int]
     MISSING_RANKS_FIELD_NUMBER: _ClassVar[int]
+    ACKS_FIELD_NUMBER: _ClassVar[int]
     push_id: str
     sender_ok: bool
     error: str
     learner_key: bytes
     missing_ranks: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, push_id: _Optional[str] = ..., sender_ok: _Optional[bool] = ..., error: _Optional[str] = ..., learner_key: _Optional[bytes] = ..., missing_ranks: _Optional[_Iterable[int]] = ...) -> None: ...
+    acks: _containers.RepeatedCompositeFieldContainer[_weights_pb2.PushAck]
+    def __init__(self, push_id: _Optional[str] = ..., sender_ok: _Optional[bool] = ..., error: _Optional[str] = ..., learner_key: _Optional[bytes] = ..., missing_ranks: _Optional[_Iterable[int]] = ..., acks: _Optional[_Iterable[_Union[_weights_pb2.PushAck, _Mapping]]] = ...) -> None: ...
 
 class CommitWeightPushResponse(_message.Message):
     __slots__ = ("committed", "current_version", "acked", "dropped")

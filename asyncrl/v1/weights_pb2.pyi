@@ -53,3 +53,23 @@ class TensorManifest(_message.Message):
     TENSORS_FIELD_NUMBER: _ClassVar[int]
     tensors: _containers.RepeatedCompositeFieldContainer[TensorSpec]
     def __init__(self, tensors: _Optional[_Iterable[_Union[TensorSpec, _Mapping]]] = ...) -> None: ...
+
+class PushOrder(_message.Message):
+    __slots__ = ("plan", "order_macs")
+    PLAN_FIELD_NUMBER: _ClassVar[int]
+    ORDER_MACS_FIELD_NUMBER: _ClassVar[int]
+    plan: WeightPushPlan
+    order_macs: _containers.RepeatedScalarFieldContainer[bytes]
+    def __init__(self, plan: _Optional[_Union[WeightPushPlan, _Mapping]] = ..., order_macs: _Optional[_Iterable[bytes]] = ...) -> None: ...
+
+class PushAck(_message.Message):
+    __slots__ = ("rank", "weight_version", "ack_mac", "error")
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    WEIGHT_VERSION_FIELD_NUMBER: _ClassVar[int]
+    ACK_MAC_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    rank: int
+    weight_version: int
+    ack_mac: bytes
+    error: str
+    def __init__(self, rank: _Optional[int] = ..., weight_version: _Optional[int] = ..., ack_mac: _Optional[bytes] = ..., error: _Optional[str] = ...) -> None: ...

@@ -1,9 +1,13 @@
 """The learner's weight push end to end over real gRPC and gloo: a controller, two Rollout servers with torch
 engines on the tiny model, the learner's `WeightPublisher`. Pushes to unchanged members reuse one broadcast
 group on every rank, the manifest travels once (plans carry its digest), and a background push sends the
-snapshot taken when it started, whatever the next step does to the live weights meanwhile."""
+snapshot taken when it started, whatever the next step does to the live weights meanwhile. Every test runs
+twice: with replicas that follow their group (pushes after the first go in-band, `weights.in_band`) and with
+replicas that do not (the controller orders every push)."""
 
 from __future__ import annotations
+
+import contextlib
 
 import pytest
 import torch
@@ -23,9 +27,20 @@ pytestmark = pytest.mark.integration
 SEQS, STARTS = [[1, 5, 6, 7, 8, 9, 2], [1, 9, 9, 4, 3]], [4, 3]
 
 
-@pytest.fixture
-def system(tiny_model_dir, tmp_path):
+@pytest.fixture(params=[True, False], ids=["in-band", "controller-ordered"])
+def system(request, tiny_model_dir, tmp_path):
+    with push_system(tiny_model_dir, tmp_path, in_band=request.param) as parts:
+        yield parts
+
+
+@contextlib.contextmanager
+def push_system(tiny_model_dir, tmp_path, in_band: bool, **transport):
+    """A controller and two Rollout servers (torch engines, registered as following their groups or not),
+    with this process seated as the learner: yields (config, controller stub, engines, replica servers,
+    in_band). `transport`: `learner.weight_transport` fields to set."""
     config = local_config(tiny_model_dir)
+    for name, value in transport.items():
+        setattr(config.learner.weight_transport, name, value)
     config.controller.port = 0
     config.controller.state_store = "none"
     servers = []
@@ -41,16 +56,18 @@ def system(tiny_model_dir, tmp_path):
         replica.start()
         servers.append(replica)
         keys[i] = stub.RegisterReplica(controller_pb2.RegisterReplicaRequest(
-            address=f"127.0.0.1:{replica_port}", engine="torch")).push_key
+            address=f"127.0.0.1:{replica_port}", engine="torch", in_band_pushes=in_band)).push_key
         engines.append(replica.servicer.engine)
     # Both join pushes once the controller has reached them at their addresses.
     wait_for(lambda: all(r["reachable"] for r in controller.controller_state.snapshot()["replicas"]), 10,
              "both replicas reachable")
-    yield config, stub, engines
-    ch.close()
-    for server in servers:
-        server.stop(0).wait()
-    controller.controller_state.close()
+    try:
+        yield config, stub, engines, servers[1:], in_band
+    finally:
+        ch.close()
+        for server in servers:
+            server.stop(0).wait()
+        controller.controller_state.close()
 
 
 def replica_logprobs(engine) -> torch.Tensor:
@@ -63,7 +80,7 @@ def model_logprobs(model) -> torch.Tensor:
 
 
 def test_background_pushes_reuse_one_group_and_send_their_snapshot(system, tiny_model_dir):
-    config, stub, engines = system
+    config, stub, engines, replicas, in_band = system
     learner = load_causal_lm(tiny_model_dir.policy)
     publisher = WeightPublisher(stub, learner, config.learner.weight_transport, config.controller.push_timeout_s)
     try:
@@ -80,6 +97,7 @@ def test_background_pushes_reuse_one_group_and_send_their_snapshot(system, tiny_
                 p.mul_(0.5)
         second = publisher.finish()
         assert second.committed and second.background and not second.new_group and second.version == 2
+        assert not first.in_band and second.in_band == in_band
         for engine in engines:
             assert engine.weight_version == 2
             assert torch.allclose(replica_logprobs(engine), expected, atol=1e-5)
@@ -92,6 +110,7 @@ def test_background_pushes_reuse_one_group_and_send_their_snapshot(system, tiny_
         # Every rank formed the group once; the replicas read the manifest once.
         assert publisher.groups.formed == 1
         assert all(engine._groups.formed == 1 for engine in engines)
+        assert [r.servicer.listener.taken for r in replicas] == ([2, 2] if in_band else [0, 0])
         with pytest.raises(RuntimeError, match="in flight"):
             publisher.start(4)
             publisher.start(5)
@@ -108,7 +127,7 @@ def test_delta_pushes_end_to_end_land_the_exact_weights(system, tiny_model_dir):
     """`weight_transport.delta_codec: xor-zlib` over the real controller and Rollout servers: the first push
     goes whole, later ones (in the background, after a real optimizer step) go as deltas in fewer bytes, and
     both replicas hold the learner's exact bytes (their engines' parameters, compared byte for byte)."""
-    config, stub, engines = system
+    config, stub, engines, _replicas, in_band = system
     config.learner.weight_transport.delta_codec = "xor-zlib"
     learner = load_causal_lm(tiny_model_dir.policy)
     optimizer = torch.optim.AdamW(learner.parameters(), lr=1e-3)
@@ -124,7 +143,7 @@ def test_delta_pushes_end_to_end_land_the_exact_weights(system, tiny_model_dir):
             expected = flat_bytes(learner.state_dict().values())
             publisher.start(version)
             result = publisher.finish()
-            assert result.committed and result.delta and not result.new_group, result
+            assert result.committed and result.delta and not result.new_group and result.in_band == in_band, result
             assert result.bytes_sent < first.bytes_sent
             for engine in engines:
                 assert engine.weight_version == version

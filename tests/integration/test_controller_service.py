@@ -26,7 +26,7 @@ import torch
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-from asyncrl.controller.push import ReceiverUnreachable
+from asyncrl.controller.push_session import ReceiverUnreachable
 from asyncrl.controller.state import ControllerState
 from asyncrl.controller.status_page import StatusPage
 from asyncrl.core.auth import liveness_mac
@@ -226,6 +226,11 @@ INVALID = [
     ("BeginWeightPush", push_request(delta_base_push_id="push-1"), "delta_base_push_id: needs delta_codec"),
     ("BeginWeightPush", push_request(delta_codec="xor-zlib", delta_base_push_id="a b"), "delta_base_push_id: must be"),
     ("CommitWeightPush", pb.CommitWeightPushRequest(push_id=""), "push_id: must be a name"),
+    ("CommitWeightPush", pb.CommitWeightPushRequest(push_id="p", acks=[weights_pb2.PushAck(rank=0)]), "acks[0].rank: must be in [1, "),
+    ("CommitWeightPush", pb.CommitWeightPushRequest(push_id="p", acks=[weights_pb2.PushAck(rank=1), weights_pb2.PushAck(rank=1)]), "acks[1].rank: rank 1 is acknowledged twice"),
+    ("CommitWeightPush", pb.CommitWeightPushRequest(push_id="p", acks=[weights_pb2.PushAck(rank=1, weight_version=-1)]), "acks[0].weight_version: must be in [0, "),
+    ("CommitWeightPush", pb.CommitWeightPushRequest(push_id="p", acks=[weights_pb2.PushAck(rank=1, ack_mac=b"m" * 65)]), "acks[0].ack_mac: at most 64 bytes, got 65"),
+    ("CommitWeightPush", pb.CommitWeightPushRequest(push_id="p", acks=[weights_pb2.PushAck(rank=1, error="e" * 4097)]), "acks[0].error: at most 4096 characters"),
     ("LearnerHeartbeat", pb.LearnerHeartbeatRequest(step=-1), "step: must be in [0, 9007199254740992], got -1"),
     ("LearnerHeartbeat", pb.LearnerHeartbeatRequest(consumed=-5), "consumed: must be in [0, 9007199254740992], got -5"),
     ("LearnerHeartbeat", pb.LearnerHeartbeatRequest(step=1, busy_fraction=1.5), "busy_fraction: must be in [0.0, 1.0], got 1.5"),

@@ -83,6 +83,10 @@ def controller_cases():
         cases.append(("BeginWeightPush", c.BeginWeightPushRequest(**{**good_push, **change})))
     for push_id, error in [("", ""), (BIG, ""), ("unknown-push", ""), ("unknown-push", BIG)]:
         cases.append(("CommitWeightPush", c.CommitWeightPushRequest(push_id=push_id, error=error)))
+    for ack in [weights_pb2.PushAck(rank=-1), weights_pb2.PushAck(rank=I64 % 2**31), weights_pb2.PushAck(rank=1, weight_version=-I64),
+                weights_pb2.PushAck(rank=1, ack_mac=BIG.encode()), weights_pb2.PushAck(rank=1, error=BIG),
+                weights_pb2.PushAck(rank=1, ack_mac=b"x" * 32)]:  # fmt: skip
+        cases.append(("CommitWeightPush", c.CommitWeightPushRequest(push_id="unknown-push", acks=[ack])))
     for field in ("step", "version", "consumed"):
         for value in [-1, I64]:
             cases.append(("LearnerHeartbeat", c.LearnerHeartbeatRequest(**{field: value})))

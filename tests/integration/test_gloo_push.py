@@ -264,9 +264,10 @@ def test_delta_pushes_on_a_kept_group_deliver_the_exact_weights_in_fewer_bytes()
         proc.join(30)
 
 
-def test_a_pushs_verdict_outlives_its_broadcast_until_the_next_push_begins():
+def test_a_pushs_verdict_outlives_its_broadcast_until_the_next_push():
     """The sender's broadcast can end (its bytes in socket buffers) before a slow receiver has read the
-    verdict: the handshake keys of a push stay until the next push begins, then go (the store stays small).
+    verdict: the handshake keys of a push stay until the next push's broadcast is over, then go (the store
+    stays small).
     A receiver that reads the verdict only after the sender finished still gets "go"."""
     import threading
 

@@ -25,6 +25,7 @@ from collections.abc import Iterator
 
 from torch.distributed import TCPStore
 
+from asyncrl.core.weights.in_band import forget_acks
 from asyncrl.core.weights.manifest import manifest_bytes, parse_manifest
 from asyncrl.core.weights.plan import PushPlan, TensorMeta
 from asyncrl.core.weights.rendezvous import forget
@@ -57,7 +58,8 @@ class BroadcastGroups:
         self._group: BroadcastGroup | None = None
         self._lock = threading.Lock()
         self._finished_handshake: tuple | None = None
-        """Sender: (store, world size) of the last push's handshake keys, deleted when the next push begins."""
+        """Sender: (store, world size) of the last push's handshake keys, deleted once the next push's broadcast
+        is over."""
         self.formed = 0
         """Groups this process formed (a reused group is not counted again)."""
 
@@ -74,59 +76,66 @@ class BroadcastGroups:
         the group for the broadcast. A group of the push alone is closed afterwards; a failure drops the held
         group (it may be half-used), so the next plan must form a new one."""
         with self._lock:
-            check_transport_here(plan)
-            key = (plan.group_key, rank, plan.world_size, plan.store_address, plan.transport)
-            reuse = self._key == key and self._group is not None
-            if not reuse:
-                self.close()
-            root = self._root(plan)
-            holds_group = reuse or plan.new_group
-            # A delta needs the group's base as of the push it names (`weights.delta`).
-            holds_base = not plan.delta_base_push_id or (
-                reuse and self._group.delta is not None and self._group.delta.holds(plan.delta_base_push_id))
-            if rank == 0:
-                # A push's handshake keys are deleted when the next push begins, not when it ends: the sender's
-                # broadcast can complete (its bytes in the socket buffers) before a slow receiver has read the
-                # verdict, and one that then finds no verdict would leave the collective and stall the others.
-                # The next push begins only after this one's receivers answered.
-                self._forget_finished()
-                handshake = push_store(root, plan)
-                self._finished_handshake = (handshake, plan.world_size)
-                if not (holds_group and holds_base):
-                    lacking = f"group {plan.group_id!r}" if not holds_group else f"the delta base {plan.delta_base_push_id!r}"
-                    handshake.set("verdict", f"abort: the sender does not hold {lacking}")
-                    raise GroupLost(f"push {plan.push_id}: the sender does not hold {lacking}")
-            join_push(plan, rank, root, join_timeout_s, has_group=holds_group and holds_base)
-            group = self._group if reuse else form_group(plan, rank, root)
-            if not reuse:
-                self.formed += 1
-                if plan.group_id:
-                    self._key, self._group = key, group
+            previous = self._finished_handshake
             try:
-                yield group
-            except BaseException:
-                self.close()
-                if not plan.group_id:
-                    group.close()
-                raise
+                with self._joined(plan, rank, join_timeout_s) as group:
+                    yield group
+            finally:
+                # The previous push's keys go once this one's broadcast is over (or called off): off the
+                # critical path, while the receivers load and acknowledge.
+                if rank == 0 and previous is not None:
+                    forget(*previous)
+                    forget_acks(*previous)
+
+    @contextlib.contextmanager
+    def _joined(self, plan: PushPlan, rank: int, join_timeout_s: float | None) -> Iterator[BroadcastGroup]:
+        """`member`'s body, under its lock."""
+        check_transport_here(plan)
+        key = (plan.group_key, rank, plan.world_size, plan.store_address, plan.transport)
+        reuse = self._key == key and self._group is not None
+        if not reuse:
+            self.close()
+        root = self._root(plan)
+        holds_group = reuse or plan.new_group
+        # A delta needs the group's base as of the push it names (`weights.delta`).
+        holds_base = not plan.delta_base_push_id or (
+            reuse and self._group.delta is not None and self._group.delta.holds(plan.delta_base_push_id))
+        if rank == 0:
+            # A push's handshake keys are deleted during the next push, not when it ends: the sender's
+            # broadcast can complete (its bytes in the socket buffers) before a slow receiver has read the
+            # verdict, and one that then finds no verdict would leave the collective and stall the others.
+            # The next push begins only after this one's receivers answered.
+            handshake = push_store(root, plan)
+            self._finished_handshake = (handshake, plan.world_size)
+            if not (holds_group and holds_base):
+                lacking = f"group {plan.group_id!r}" if not holds_group else f"the delta base {plan.delta_base_push_id!r}"
+                handshake.set("verdict", f"abort: the sender does not hold {lacking}")
+                raise GroupLost(f"push {plan.push_id}: the sender does not hold {lacking}")
+        join_push(plan, rank, root, join_timeout_s, has_group=holds_group and holds_base)
+        group = self._group if reuse else form_group(plan, rank, root)
+        if not reuse:
+            self.formed += 1
+            if plan.group_id:
+                self._key, self._group = key, group
+        try:
+            yield group
+        except BaseException:
+            self.close()
             if not plan.group_id:
                 group.close()
-            elif plan.delta_codec and group.delta is not None:
-                group.delta.push_id = plan.push_id  # every bucket of the base is now this push's
-            else:
-                group.delta = None
+            raise
+        if not plan.group_id:
+            group.close()
+        elif plan.delta_codec and group.delta is not None:
+            group.delta.push_id = plan.push_id  # every bucket of the base is now this push's
+        else:
+            group.delta = None
 
     def delta_base(self) -> str:
         """The push whose bytes the held group keeps as its delta base ("" when none)."""
         with self._lock:
             delta = self._group.delta if self._group is not None else None
             return delta.push_id if delta is not None else ""
-
-    def _forget_finished(self) -> None:
-        """Delete the previous push's handshake keys, so the sender's store does not grow with every push."""
-        if self._finished_handshake is not None:
-            forget(*self._finished_handshake)
-            self._finished_handshake = None
 
     def close(self) -> None:
         """Leave the held group (the other members notice at their next push's handshake or broadcast)."""

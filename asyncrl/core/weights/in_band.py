@@ -1,0 +1,132 @@
+"""In-band push orders: a push on a kept broadcast group reaches its members through the learner's store, not
+through the controller.
+
+Beyond its bytes, a push costs the hops around them. Ordered by the controller, a push is four gRPC hops
+(Begin; `Rollout.UpdateWeights` to every receiver, answered once its weights are in; Commit, which waits for
+those answers) and a thread per receiver in the controller. Ordered in-band, it is two:
+
+    learner     BeginWeightPush(in_band) -> controller: the plan, each rank's order MAC, the group's last push
+    learner     order/<group>/after/<last push> := PushOrder           (in its own store)
+    member      (waiting on that key since it took the last push) checks its rank's MAC, joins the push: the
+                usual join handshake, so a dead or paused member is still found before the broadcast
+    learner     broadcast
+    member      receive, load; push/<push id>/ack/<rank> := PushAck, signed under its push key
+    learner     waits (bounded) for every rank's ack, CommitWeightPush(acks) -> controller checks each signature
+
+The controller decides per push (`controller.push`): in-band only when the learner offers it, the plan reuses
+a group every member acknowledged and every member registered as following groups. Forming a group, a
+membership change, a resync and any failure take the controller's path. The messages are `PushOrder` and
+`PushAck` in `weights.proto`.
+"""
+
+from __future__ import annotations
+
+import datetime
+import time
+from collections.abc import Callable
+
+from google.protobuf.message import DecodeError
+from torch.distributed import DistStoreError
+
+from asyncrl.core.validation import InvalidArgument, require
+from asyncrl.core.weights.manifest import decode_plan, encode_plan
+from asyncrl.core.weights.plan import PushPlan
+from asyncrl.v1 import weights_pb2
+
+ORDER_KEY = "order/{group_id}/after/{push_id}"
+"""In the sender's root store: the order of the push after `push_id` on the group."""
+ACK_KEY = "ack/{rank}"
+"""In the push's own store (`transport.push_store`): a member's `PushAck`."""
+MAX_ORDER_BYTES = 1 << 20
+WAKE = b"wake"
+"""Written at an order key that holds no order, to end its members' wait at once: a member that took a push
+ordered by the controller waits on another key from then on (`wake_waiters`)."""
+
+
+def order_key(group_id: str, after_push_id: str) -> str:
+    return ORDER_KEY.format(group_id=group_id, push_id=after_push_id)
+
+
+def publish_order(root, group_id: str, after_push_id: str, plan: PushPlan, order_macs: list[bytes]) -> str:
+    """Sender: put the order for the push after `after_push_id` where the group's members wait; returns its
+    key (the sender deletes it when it writes the next one)."""
+    key = order_key(group_id, after_push_id)
+    root.set(key, weights_pb2.PushOrder(plan=encode_plan(plan), order_macs=order_macs).SerializeToString())
+    return key
+
+
+def wait_for_order(root, key: str, poll_s: float, keep_waiting: Callable[[], bool],
+                   refused: bytes = b"") -> bytes | None:
+    """Member: the order at `key` once it is there (and is not `refused`, an order this member already turned
+    down, which the sender's own order overwrites, nor `WAKE`); None as soon as `keep_waiting()` (asked every
+    `poll_s`, and whenever the key is woken) says to stop. A store that went away (the learner is gone) raises."""
+    while keep_waiting():
+        try:
+            root.wait([key], datetime.timedelta(seconds=poll_s))
+        except DistStoreError:  # a time-out: ask again
+            continue
+        data = root.get(key)
+        if data not in (refused, WAKE):
+            return data
+        time.sleep(poll_s if keep_waiting() else 0.0)
+    return None
+
+
+def wake_waiters(root, key: str) -> None:
+    """End the wait of everyone waiting at `key` now, unless an order is there already (a compare-and-set
+    on an absent key)."""
+    root.compare_set(key, "", WAKE)
+
+
+def parse_order(data: bytes, rank: int) -> tuple[PushPlan, bytes]:
+    """An order's plan and the MAC for `rank`; InvalidArgument naming the field when it does not parse."""
+    require(len(data) <= MAX_ORDER_BYTES, "order", f"at most {MAX_ORDER_BYTES} bytes, got {len(data)}")
+    order = weights_pb2.PushOrder()
+    try:
+        order.ParseFromString(data)
+    except DecodeError as err:
+        raise InvalidArgument("order", f"not a PushOrder: {err}") from None
+    require(order.HasField("plan"), "order.plan", "is required")
+    plan = decode_plan(order.plan, "order.plan")
+    require(1 <= rank < plan.world_size, "order.plan.world_size", f"has no rank {rank}")
+    require(len(order.order_macs) == plan.world_size - 1, "order.order_macs",
+            f"must hold one MAC per receiver ({plan.world_size - 1}), got {len(order.order_macs)}")
+    return plan, order.order_macs[rank - 1]
+
+
+def write_ack(handshake, rank: int, weight_version: int, ack_mac: bytes = b"", error: str = "") -> None:
+    """Member: its answer to the push whose store is `handshake`."""
+    ack = weights_pb2.PushAck(rank=rank, weight_version=weight_version, ack_mac=ack_mac, error=error)
+    handshake.set(ACK_KEY.format(rank=rank), ack.SerializeToString())
+
+
+def collect_acks(handshake, world_size: int, timeout_s: float) -> list[weights_pb2.PushAck]:
+    """Sender: every receiver's ack, waiting up to `timeout_s` for them all; a rank still silent then has
+    none in the list (the controller drops it), one whose ack does not parse gets an ack with an error."""
+    keys = [ACK_KEY.format(rank=rank) for rank in range(1, world_size)]
+    if not keys:
+        return []
+    try:
+        handshake.wait(keys, datetime.timedelta(seconds=timeout_s))
+        present = list(enumerate(keys, start=1))
+    except DistStoreError:
+        present = [(rank, key) for rank, key in enumerate(keys, start=1) if handshake.check([key])]
+    values = handshake.multi_get([key for _, key in present]) if present else []
+    acks = []
+    for (rank, _), value in zip(present, values):
+        ack = weights_pb2.PushAck()
+        try:
+            ack.ParseFromString(value)
+        except DecodeError:
+            ack = weights_pb2.PushAck(error="its ack does not parse")
+        if ack.rank != rank:  # a value under another rank's key says nothing about this one
+            ack = weights_pb2.PushAck(error=f"its ack names rank {ack.rank}")
+        ack.rank = rank
+        acks.append(ack)
+    return acks
+
+
+def forget_acks(handshake, world_size: int) -> None:
+    """Sender: delete a finished push's ack keys (with its handshake keys, during the next push)."""
+    for rank in range(1, world_size):
+        handshake.delete_key(ACK_KEY.format(rank=rank))

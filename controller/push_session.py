@@ -1,0 +1,175 @@
+"""One weight push in flight (`PushSession`): its plan, its receivers in rank order, and their outcomes, from
+the fan-out (one thread per receiver calls the injected `WeightNotifier`: in production
+`Rollout.UpdateWeights` through `asyncrl.services.weight_fanout`) or, for an in-band push, from the acks the
+learner relays (`outcomes_from_acks`, each checked under the replica's push key). `controller.push` opens,
+commits and aborts them."""
+
+from __future__ import annotations
+
+import hmac
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from asyncrl.core.auth import push_ack_mac, push_order_mac
+from asyncrl.core.weights.plan import PushPlan
+
+WeightNotifier = Callable[[str, PushPlan, int, float, bytes], int]
+"""(address, plan, rank, timeout_s) -> weight version the replica now holds; raises on failure (a
+`ReceiverUnreachable` when nothing listens at the address any more)."""
+
+class ReceiverUnreachable(RuntimeError):
+    """A notifier's failure meaning the replica's process is gone (nothing listens at its address): the
+    controller declares it dead at once instead of waiting for its heartbeat time-out."""
+
+
+@dataclass(frozen=True)
+class Membership:
+    """Who is in a broadcast group, in rank order, and where it forms: a push to the same members reuses the
+    group. The push keys are in it because a replica that registered again is a new process (new key) that
+    does not hold the group its predecessor joined."""
+
+    group_id: str
+    members: tuple[tuple[str, str, bytes], ...]
+    """(replica id, address, push key) of ranks 1..N."""
+    store_address: str
+    transport: str
+
+    def same(self, other: Membership) -> bool:
+        return (self.members, self.store_address, self.transport) == (
+            other.members, other.store_address, other.transport)
+
+
+@dataclass(frozen=True)
+class Receiver:
+    replica_id: str
+    address: str
+    rank: int
+    push_key: bytes = b""
+
+
+@dataclass(frozen=True)
+class ReceiverAck:
+    """A receiver's answer to an in-band push, as the learner relays it (`PushAck` in weights.proto)."""
+
+    rank: int
+    weight_version: int
+    ack_mac: bytes
+    error: str = ""
+
+
+@dataclass(frozen=True)
+class Outcome:
+    ok: bool
+    error: str
+    seconds: float
+    unreachable: bool = False
+    """The replica could not be reached at all (its process is gone): treat it as dead right away."""
+
+
+class PushSession:
+    def __init__(self, plan: PushPlan, mode: str, receivers: list[Receiver], begun_at: float,
+                 notify: WeightNotifier, call_timeout_s: float, after_push_id: str = ""):  # fmt: skip
+        self.plan, self.mode, self.receivers, self.begun_at = plan, mode, receivers, begun_at
+        self.after_push_id = after_push_id
+        """Non-empty: an in-band push, ordered through the learner's store after this push of the group (no
+        fan-out; the learner relays the acks)."""
+        self.order_macs = [push_order_mac(r.push_key, plan, r.rank) for r in receivers] if after_push_id else []
+        """In-band: each rank's signed order, in rank order."""
+        self._notify, self._call_timeout_s = notify, call_timeout_s
+        self._done = threading.Condition()
+        self._outcomes: dict[str, Outcome] = {}
+        self.commit_started = False
+        """Set (under the controller's lock) by the first CommitWeightPush, so a duplicate is refused."""
+        self.membership: Membership | None = None
+        """The broadcast group this push uses (set by the coordinator)."""
+
+    @property
+    def push_id(self) -> str:
+        return self.plan.push_id
+
+    @property
+    def in_band(self) -> bool:
+        return bool(self.after_push_id)
+
+    def start(self) -> None:
+        """Fan out: one daemon thread per receiver (every receiver must be in the collective at once; a hung
+        replica must not keep the process alive), started from a thread of its own: starting a thousand
+        threads takes tens of milliseconds, which must not be spent under the controller's lock. An in-band
+        push has no fan-out: the learner orders it."""
+        if self.in_band:
+            return
+        threading.Thread(target=self._fan_out, name=f"push-{self.plan.version}", daemon=True).start()
+
+    def _fan_out(self) -> None:
+        for receiver in self.receivers:
+            name = f"push-{self.plan.version}-rank{receiver.rank}"
+            threading.Thread(target=self._deliver, args=(receiver,), name=name, daemon=True).start()
+
+    def wait(self, timeout_s: float) -> dict[str, Outcome]:
+        """Outcomes of all receivers, waiting up to `timeout_s` for the stragglers (they count as failed)."""
+        deadline = time.monotonic() + max(0.0, timeout_s)
+        with self._done:
+            while len(self._outcomes) < len(self.receivers):
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    break
+                self._done.wait(remaining)
+            outcomes = dict(self._outcomes)
+        for receiver in self.receivers:
+            outcomes.setdefault(
+                receiver.replica_id, Outcome(False, f"no acknowledgement within {timeout_s:.1f} s", timeout_s)
+            )
+        return outcomes
+
+    def give_up_on(self, replica_id: str, error: str) -> None:
+        """Count a receiver that has not answered as failed now (it was declared dead): `wait` stops waiting
+        for it, and its late answer, if any, changes nothing."""
+        with self._done:
+            if any(r.replica_id == replica_id for r in self.receivers) and replica_id not in self._outcomes:
+                self._outcomes[replica_id] = Outcome(False, error, 0.0)
+                self._done.notify_all()
+
+    def outcomes_so_far(self) -> dict[str, Outcome]:
+        with self._done:
+            return dict(self._outcomes)
+
+    def outcomes_from_acks(self, acks: list[ReceiverAck], seconds: float) -> dict[str, Outcome]:
+        """An in-band push's outcomes: a receiver took it when the learner relays its ack, signed under its push
+        key, for the plan's version; a receiver declared dead meanwhile (`give_up_on`) did not."""
+        by_rank = {ack.rank: ack for ack in acks}
+        outcomes = self.outcomes_so_far()
+        for r in self.receivers:
+            ack = by_rank.get(r.rank)
+            if r.replica_id in outcomes:
+                continue
+            if ack is None:
+                outcome = Outcome(False, "no acknowledgement among those the learner collected", seconds)
+            elif ack.error:
+                outcome = Outcome(False, ack.error, seconds)
+            elif not hmac.compare_digest(ack.ack_mac, push_ack_mac(r.push_key, self.push_id, r.rank, ack.weight_version)):
+                outcome = Outcome(False, "its acknowledgement is not signed under its push key", seconds)
+            elif ack.weight_version != self.plan.version:
+                outcome = Outcome(False, f"replica reports version {ack.weight_version} after a push of "
+                                         f"{self.plan.version}", seconds)
+            else:
+                outcome = Outcome(True, "", seconds)
+            outcomes[r.replica_id] = outcome
+        return outcomes
+
+    def _deliver(self, receiver: Receiver) -> None:
+        start = time.monotonic()
+        unreachable = False
+        try:
+            plan = self.plan
+            order = push_order_mac(receiver.push_key, plan, receiver.rank)
+            version = self._notify(receiver.address, plan, receiver.rank, self._call_timeout_s, order)
+            ok = version == self.plan.version
+            error = "" if ok else f"replica reports version {version} after a push of {self.plan.version}"
+        except Exception as err:  # noqa: BLE001 - any failure of one receiver drops just that receiver
+            ok, error = False, f"{type(err).__name__}: {err}"
+            unreachable = isinstance(err, ReceiverUnreachable)
+        with self._done:
+            self._outcomes.setdefault(receiver.replica_id, Outcome(ok, error, time.monotonic() - start, unreachable))
+            self._done.notify_all()

@@ -1,0 +1,190 @@
+"""A replica's follower of the broadcast group it kept: after each push on a kept group it waits in the learner's
+store for the order of the next one (`asyncrl.core.weights.in_band`), takes it as an UpdateWeights call from the
+controller would be taken (the same signature check, the same engine call), and acknowledges it there.
+
+One thread, started at the first push it follows. Every push this replica takes on a kept group, ordered by
+the controller or in-band, moves it on to wait for the push after that one; a push on another group replaces
+what it follows; a failure stops following (the controller then forms a new group, through UpdateWeights).
+
+The learner's store takes writes from anyone who reaches it, so an order found there counts only when the
+controller signed it for this replica's rank. One that is not signed is refused, and the listener waits on for
+the sender's own order to replace it: a forged order can delay a push by `poll_s`, not redirect it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import hmac
+import logging
+import threading
+from collections.abc import Callable
+
+from torch.distributed import DistError, TCPStore
+
+from asyncrl.core.auth import push_ack_mac, push_order_mac
+from asyncrl.core.engines.base import WeightUpdateStats
+from asyncrl.core.validation import InvalidArgument
+from asyncrl.core.weights.in_band import order_key, parse_order, wait_for_order, wake_waiters, write_ack
+from asyncrl.core.weights.plan import PushPlan
+from asyncrl.core.weights.rendezvous import POLL_S, PushAborted, current_push
+from asyncrl.core.weights.transport import push_store
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class Followed:
+    """The group a replica follows, its rank there and the last push it took on it."""
+
+    store_address: str
+    group_id: str
+    rank: int
+    after_push_id: str
+    timeout_s: float
+
+    @property
+    def key(self) -> str:
+        return order_key(self.group_id, self.after_push_id)
+
+
+class PushListener:
+    def __init__(self, take: Callable[[PushPlan, int], WeightUpdateStats], push_key: Callable[[], bytes],
+                 on_refused: Callable[[], None], poll_s: float = POLL_S):  # fmt: skip
+        self._take = take
+        """(plan, rank) -> stats: the replica's own handling of a push (the engine's update, metrics)."""
+        self._push_key = push_key
+        self._on_refused = on_refused
+        self._poll_s = poll_s
+        self._followed: Followed | None = None
+        self._cond = threading.Condition()
+        self._closed = False
+        self._thread: threading.Thread | None = None
+        self._store: tuple[str, TCPStore] | None = None
+        """(address, client) of the learner's store: this thread's own connection."""
+        self._refused: tuple[Followed, bytes] | None = None
+        """The last order refused, and where: not looked at again until something replaces it."""
+        self._waiting_on: Followed | None = None
+        """What the thread is blocked on in the store (None while it is not)."""
+        self.taken = 0
+        """In-band pushes taken."""
+
+    def follow(self, plan: PushPlan, rank: int) -> None:
+        """This replica took `plan` as `rank`: wait for the order of the push after it (if it keeps a group)."""
+        if not plan.group_id:
+            return self.forget()
+        with self._cond:
+            self._followed = Followed(plan.store_address, plan.group_id, rank, plan.push_id, plan.timeout_s)
+            if self._thread is None and not self._closed:
+                self._thread = threading.Thread(target=self._run, name="push-listener", daemon=True)
+                self._thread.start()
+            self._cond.notify_all()
+            stale = self._waiting_on if self._waiting_on != self._followed else None
+        if stale is not None:
+            # The thread is blocked on the key of the push before this one (this push came through
+            # UpdateWeights): wake it, or the next in-band order would wait for its poll to end (`poll_s`).
+            threading.Thread(target=self._wake, args=(stale,), name="push-listener-wake", daemon=True).start()
+
+    def forget(self) -> None:
+        """Stop following (a push failed here: the controller forms a new group)."""
+        with self._cond:
+            self._followed = None
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed, self._followed = True, None
+            self._cond.notify_all()
+
+    @property
+    def followed(self) -> Followed | None:
+        with self._cond:
+            return self._followed
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while self._followed is None and not self._closed:
+                    self._cond.wait()
+                if self._closed:
+                    return
+                target = self._followed
+            refused = self._refused[1] if self._refused is not None and self._refused[0] == target else b""
+            try:
+                root = self._root(target)
+                with self._cond:
+                    self._waiting_on = target
+                try:
+                    data = wait_for_order(root, target.key, self._poll_s, lambda t=target: self.followed == t,
+                                          refused)
+                finally:
+                    with self._cond:
+                        self._waiting_on = None
+                if data is not None:
+                    self._answer(target, root, data)
+            except DistError as err:  # the learner's store went away (a new learner forms a new group)
+                log.info("stopped following group %s: its store is gone (%s)", target.group_id, err)
+                self._store = None
+                self._forget_if(target)
+
+    def _root(self, target: Followed) -> TCPStore:
+        if self._store is None or self._store[0] != target.store_address:
+            host, _, port = target.store_address.rpartition(":")
+            client = TCPStore(host.strip("[]"), int(port), is_master=False,
+                              timeout=datetime.timedelta(seconds=min(target.timeout_s, 30.0)))
+            self._store = (target.store_address, client)
+        return self._store[1]
+
+    @staticmethod
+    def _wake(target: Followed) -> None:
+        """Wake whoever waits at `target`'s key, over a connection of its own (best effort: a store that is gone
+        ends that wait by itself)."""
+        host, _, port = target.store_address.rpartition(":")
+        try:
+            client = TCPStore(host.strip("[]"), int(port), is_master=False, timeout=datetime.timedelta(seconds=2))
+            wake_waiters(client, target.key)
+        except DistError as err:
+            log.info("could not wake the wait at %s: %s", target.key, err)
+
+    def _forget_if(self, target: Followed) -> None:
+        with self._cond:
+            if self._followed == target:
+                self._followed = None
+
+    def _answer(self, target: Followed, root: TCPStore, data: bytes) -> None:
+        """Take the order `data` found at `target.key`, if its controller signed it for this replica's rank,
+        and write the ack; an order nobody signed is refused and not acked."""
+        rank, key = target.rank, self._push_key()
+        try:
+            plan, mac = parse_order(data, rank)
+        except InvalidArgument as err:
+            return self._refuse(target, data, f"an order that does not parse ({err})")
+        if not key or not hmac.compare_digest(mac, push_order_mac(key, plan, rank)):
+            return self._refuse(target, data, "an order its controller did not sign")
+        if plan.group_id != target.group_id or plan.new_group:
+            return self._refuse(target, data, f"an order for another group ({plan.group_id!r})")
+        # An order read late (this replica was paused) is for a push long over: the sender has announced
+        # another since. Joining it would wait for a verdict that never comes.
+        now = current_push(root)
+        if now not in (target.after_push_id, plan.push_id):
+            log.warning("in-band push %s not taken: the sender has moved on to %s", plan.push_id, now)
+            return self._forget_if(target)
+        handshake = push_store(root, plan)
+        try:
+            stats = self._take(plan, rank)
+        except PushAborted as err:  # the sender called it off: it knows, and the next push forms a new group
+            log.warning("in-band push %s not taken: %s", plan.push_id, err)
+            return self._forget_if(target)
+        except Exception as err:  # reported in the ack; the controller resyncs this replica
+            log.exception("in-band push %s failed", plan.push_id)
+            write_ack(handshake, rank, 0, error=f"{type(err).__name__}: {err}"[:1000])
+            return self._forget_if(target)
+        write_ack(handshake, rank, stats.version, push_ack_mac(key, plan.push_id, rank, stats.version))
+        self.taken += 1
+        with self._cond:
+            if self._followed == target:
+                self._followed = dataclasses.replace(target, after_push_id=plan.push_id)
+
+    def _refuse(self, target: Followed, data: bytes, what: str) -> None:
+        log.warning("refused %s at %s", what, target.key)
+        self._on_refused()
+        self._refused = (target, data)

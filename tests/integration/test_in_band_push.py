@@ -1,0 +1,68 @@
+"""In-band pushes over real gRPC, gloo and the learner's TCPStore: what a replica that follows its group does
+with an order nobody signed, and how the run goes on when a follower stops listening."""
+
+from __future__ import annotations
+
+import pytest
+
+from asyncrl.core.modeling import load_causal_lm
+from asyncrl.core.weights.in_band import publish_order
+from asyncrl.core.weights.plan import PushPlan
+from asyncrl.learner.publisher import WeightPublisher
+from tests.integration.test_background_push import push_system
+from tests.run_helpers import wait_for
+
+pytestmark = pytest.mark.integration
+
+
+def refused(replica) -> float:
+    return replica.servicer.metrics.pushes_refused._value.get()
+
+
+def test_an_order_nobody_signed_is_refused_and_the_real_one_still_gets_through(tiny_model_dir, tmp_path):
+    with push_system(tiny_model_dir, tmp_path, in_band=True) as (config, stub, engines, replicas, _):
+        learner = load_causal_lm(tiny_model_dir.policy)
+        publisher = WeightPublisher(stub, learner, config.learner.weight_transport, config.controller.push_timeout_s)
+        try:
+            assert publisher.push(1).committed
+            listener = replicas[0].servicer.listener
+            followed = listener.followed
+            assert followed is not None and followed.rank == 1
+            # Anyone who reaches the learner's store can write there; only the controller can sign.
+            forged = PushPlan("push-v2-forged", 2, followed.store_address, 3, "gloo", (), 1 << 20, 30.0,
+                              group_id=followed.group_id, new_group=False, manifest_digest=publisher.manifest_digest)
+            publish_order(publisher.store, followed.group_id, followed.after_push_id, forged, [b"x" * 32, b"y" * 32])
+            wait_for(lambda: refused(replicas[0]) == refused(replicas[1]) == 1, 10, "the forged order refused")
+            assert listener.followed == followed and all(e.weight_version == 1 for e in engines)
+
+            # Both followers still wait there: the learner's own order replaces the forged one and goes in-band.
+            second = publisher.push(2)
+            assert second.committed and second.attempts == 1 and second.in_band and len(second.acked) == 2
+            assert all(e.weight_version == 2 for e in engines)
+            assert refused(replicas[0]) == refused(replicas[1]) == 1
+        finally:
+            publisher.close()
+
+
+def test_followers_take_in_band_pushes_and_a_new_group_moves_them_on(tiny_model_dir, tmp_path):
+    with push_system(tiny_model_dir, tmp_path, in_band=True) as (config, stub, engines, replicas, _):
+        learner = load_causal_lm(tiny_model_dir.policy)
+        publisher = WeightPublisher(stub, learner, config.learner.weight_transport, config.controller.push_timeout_s)
+        try:
+            results = [publisher.push(v) for v in (1, 2, 3)]
+            assert [(r.new_group, r.in_band) for r in results] == [(True, False), (False, True), (False, True)]
+            assert [r.servicer.listener.taken for r in replicas] == [2, 2]
+            assert all(e.weight_version == 3 for e in engines)
+            group = replicas[0].servicer.listener.followed.group_id
+
+            # A learner that restarts has a new store: the controller forms a new group there (UpdateWeights),
+            # and the followers move on to it.
+            publisher.close()
+            publisher = WeightPublisher(stub, learner, config.learner.weight_transport,
+                                        config.controller.push_timeout_s)
+            fourth, fifth = publisher.push(4), publisher.push(5)
+            assert fourth.new_group and not fourth.in_band and fifth.in_band and fifth.committed
+            assert all(r.servicer.listener.followed.group_id != group for r in replicas)
+            assert all(e.weight_version == 5 for e in engines)
+        finally:
+            publisher.close()
