@@ -4,7 +4,7 @@ A controller process (gRPC, as `asyncrl controller` builds it), `--replicas` rep
 service around a torch engine on the demo model, registered with the controller, heartbeating) and the
 learner side in this process (`WeightPublisher`: BeginWeightPush, broadcast as rank 0, CommitWeightPush).
 
-Measured, each a median over `--pushes` pushes:
+Measured, each a median over `--pushes` pushes of each kind (in blocks of 5, at least one block):
   push_s         : one push of the demo model (2 MB) with unchanged membership, Begin to committed, ordered
                    in-band (the default: the replicas follow their group, `weights.in_band`);
   controller_ordered_push_s : the same with `weight_transport.in_band: false` (the controller calls
