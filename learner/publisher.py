@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import grpc
 import torch
 
+from asyncrl.core.grpc_util import address_refuses
 from asyncrl.core.modeling import named_weights
 from asyncrl.core.weights.flat import FlatWeights, bind_parameters
 from asyncrl.core.weights.groups import BroadcastGroups, publish_manifest
@@ -35,6 +36,8 @@ from asyncrl.learner.one_at_a_time import OneAtATime
 from asyncrl.v1 import controller_pb2
 
 log = logging.getLogger(__name__)
+GONE_DIAL_S = 0.5
+"""How long the learner tries to reach an in-band receiver that does not join before the answer counts as none."""
 
 
 @dataclass
@@ -129,8 +132,10 @@ class WeightPublisher:
                     self._order(plan, begin)
                 plan = dataclasses.replace(plan, tensors=self.metas)
                 t0 = time.perf_counter()
+                # In-band, no controller call fails for a receiver whose process is gone: we dial it ourselves.
+                gone = receiver_gone(list(begin.receiver_addresses)) if begin.in_band else None
                 try:
-                    with self.groups.member(plan, 0) as group:
+                    with self.groups.member(plan, 0, gone=gone) as group:
                         sent = send_weights(group, weights.named(), plan)
                 except Exception as err:  # noqa: BLE001 - reported to the controller, then retried
                     ok, error = False, f"{type(err).__name__}: {err}"
@@ -165,3 +170,12 @@ class WeightPublisher:
         if self._order_key:
             self.store.delete_key(self._order_key)
         self._order_key = publish_order(self.store, plan.group_id, begin.after_push_id, plan, list(begin.order_macs))
+
+
+def receiver_gone(addresses: list[str]):
+    """The sender's check of in-band receivers (rank r at `addresses[r - 1]`) that do not join: refused = gone."""
+
+    def gone(rank: int) -> bool:
+        return 1 <= rank <= len(addresses) and address_refuses(addresses[rank - 1], GONE_DIAL_S)
+
+    return gone

@@ -119,7 +119,7 @@ class PushListener:
                 finally:
                     with self._cond:
                         self._waiting_on = None
-                if data is not None:
+                if data is not None and self.followed == target:  # not if it moved on (or closed) meanwhile
                     self._answer(target, root, data)
             except DistError as err:  # the learner's store went away (a new learner forms a new group)
                 log.info("stopped following group %s: its store is gone (%s)", target.group_id, err)

@@ -44,7 +44,7 @@ from asyncrl.core.auth import resolve_auth
 from asyncrl.core.config import AsyncRLConfig
 from asyncrl.core.events import EventLog
 from asyncrl.core.grpc_aio import Wakeup, build_aio_server
-from asyncrl.core.grpc_util import wait_until_stopped
+from asyncrl.core.grpc_util import address_refuses, wait_until_stopped
 from asyncrl.core.validation import (
     MAX_COUNT,
     MAX_TIMEOUT_S,
@@ -73,7 +73,6 @@ from asyncrl.services.controller_messages import (
 )
 from asyncrl.services.weight_fanout import (
     ReplicaChannels,
-    address_refuses,
     grpc_learner_liveness_answer,
     grpc_liveness_answer,
     preload_store_client,
@@ -264,6 +263,7 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
             return controller_pb2.BeginWeightPushResponse(
                 plan=encode_plan(session.plan), receivers=[r.replica_id for r in session.receivers],
                 in_band=session.in_band, order_macs=session.order_macs, after_push_id=session.after_push_id,
+                receiver_addresses=[r.address for r in session.receivers] if session.in_band else [],
             )
 
         return answer(context, run)

@@ -8,14 +8,13 @@ from __future__ import annotations
 
 import importlib
 import logging
-import socket
 import threading
 
 import grpc
 
 from asyncrl.controller.push_session import ReceiverUnreachable
 from asyncrl.core.auth import Auth
-from asyncrl.core.grpc_util import channel
+from asyncrl.core.grpc_util import channel, dial
 from asyncrl.core.weights.manifest import encode_plan
 from asyncrl.core.weights.plan import PushPlan
 from asyncrl.v1 import learner_pb2, learner_pb2_grpc, rollout_pb2, rollout_pb2_grpc
@@ -116,18 +115,12 @@ def grpc_learner_liveness_answer(address: str, challenge: bytes, *, auth: Auth,
         learner_pb2.LearnerStatusRequest(challenge=challenge), timeout=timeout_s))
 
 
-def address_refuses(address: str, timeout_s: float = 1.0) -> bool:
-    """A TCP connection to `address` is refused: no process listens there any more (the controller's check
-    of a silent lease holder). A time-out or an unreachable network says nothing and gives False."""
-    return _dial(address, timeout_s) is False
-
-
 def _challenge(address: str, auth: Auth, ask) -> bytes | None:
     # A plain TCP connection first, cheaper than a gRPC channel: a refused one means no process listens there
     # any more (gone), one that times out says nothing about the holder (unknown). Then the call itself: a
     # server that does not know it is not the holder; any other failure (a hung process, a failed TLS
     # handshake) says nothing either.
-    reach = _dial(address, timeout_s=1.0)
+    reach = dial(address, timeout_s=1.0)
     if reach is not True:
         return b"" if reach is False else None
     with channel(address, auth) as ch:
@@ -135,16 +128,3 @@ def _challenge(address: str, auth: Auth, ask) -> bytes | None:
             return ask(ch).challenge_mac
         except grpc.RpcError as err:
             return b"" if err.code() == grpc.StatusCode.UNIMPLEMENTED else None
-
-
-def _dial(address: str, timeout_s: float) -> bool | None:
-    """Whether something accepts a TCP connection at `address` (host:port, [v6]:port): True, False when it is
-    refused (the host is there, the port closed), None when there is no answer in time."""
-    host, _, port = address.rpartition(":")
-    try:
-        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
-    except ConnectionRefusedError:
-        return False
-    except (OSError, ValueError):
-        return None
-    return True

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import signal
+import socket
 import threading
 from concurrent import futures
 
@@ -116,3 +117,24 @@ def wait_until_stopped(server: grpc.Server, on_stop=None, grace_s: float = 5.0) 
     if on_stop is not None:
         on_stop()
     server.stop(grace_s).wait()
+
+
+def dial(address: str, timeout_s: float) -> bool | None:
+    """Whether something accepts a TCP connection at `address` (host:port, [v6]:port): True, False when it is
+    refused (the host is there, the port closed: no process listens there any more), None when there is no
+    answer in time (that says nothing: a hung process, a slow network)."""
+    host, _, port = address.rpartition(":")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
+    except ConnectionRefusedError:
+        return False
+    except (OSError, ValueError):
+        return None
+    return True
+
+
+def address_refuses(address: str, timeout_s: float = 1.0) -> bool:
+    """A TCP connection to `address` is refused: no process listens there any more (the controller's check
+    of a silent lease holder, the learner's of an in-band receiver that does not join). A time-out or an
+    unreachable network says nothing and gives False."""
+    return dial(address, timeout_s) is False

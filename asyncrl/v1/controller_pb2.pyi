@@ -212,18 +212,20 @@ class BeginWeightPushRequest(_message.Message):
     def __init__(self, version: _Optional[int] = ..., store_address: _Optional[str] = ..., transport: _Optional[str] = ..., tensors: _Optional[_Iterable[_Union[_weights_pb2.TensorSpec, _Mapping]]] = ..., bucket_bytes: _Optional[int] = ..., timeout_s: _Optional[float] = ..., join_timeout_s: _Optional[float] = ..., manifest_digest: _Optional[str] = ..., delta_codec: _Optional[str] = ..., delta_base_push_id: _Optional[str] = ..., learner_key: _Optional[bytes] = ..., in_band: _Optional[bool] = ...) -> None: ...
 
 class BeginWeightPushResponse(_message.Message):
-    __slots__ = ("plan", "receivers", "in_band", "order_macs", "after_push_id")
+    __slots__ = ("plan", "receivers", "in_band", "order_macs", "after_push_id", "receiver_addresses")
     PLAN_FIELD_NUMBER: _ClassVar[int]
     RECEIVERS_FIELD_NUMBER: _ClassVar[int]
     IN_BAND_FIELD_NUMBER: _ClassVar[int]
     ORDER_MACS_FIELD_NUMBER: _ClassVar[int]
     AFTER_PUSH_ID_FIELD_NUMBER: _ClassVar[int]
+    RECEIVER_ADDRESSES_FIELD_NUMBER: _ClassVar[int]
     plan: _weights_pb2.WeightPushPlan
     receivers: _containers.RepeatedScalarFieldContainer[str]
     in_band: bool
     order_macs: _containers.RepeatedScalarFieldContainer[bytes]
     after_push_id: str
-    def __init__(self, plan: _Optional[_Union[_weights_pb2.WeightPushPlan, _Mapping]] = ..., receivers: _Optional[_Iterable[str]] = ..., in_band: _Optional[bool] = ..., order_macs: _Optional[_Iterable[bytes]] = ..., after_push_id: _Optional[str] = ...) -> None: ...
+    receiver_addresses: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, plan: _Optional[_Union[_weights_pb2.WeightPushPlan, _Mapping]] = ..., receivers: _Optional[_Iterable[str]] = ..., in_band: _Optional[bool] = ..., order_macs: _Optional[_Iterable[bytes]] = ..., after_push_id: _Optional[str] = ..., receiver_addresses: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class CommitWeightPushRequest(_message.Message):
     __slots__ = ("push_id", "sender_ok", "error", "learner_key", "missing_ranks", "acks")

@@ -66,3 +66,25 @@ def test_followers_take_in_band_pushes_and_a_new_group_moves_them_on(tiny_model_
             assert all(e.weight_version == 5 for e in engines)
         finally:
             publisher.close()
+
+
+def test_a_follower_whose_process_is_gone_calls_the_push_off_at_once_not_after_the_join_time_out(
+        tiny_model_dir, tmp_path):
+    """No UpdateWeights call fails for an in-band receiver that is gone: the learner dials the ones that do not
+    join and calls the push off as soon as nothing listens there (join_timeout_s is 30 s here)."""
+    with push_system(tiny_model_dir, tmp_path, in_band=True, join_timeout_s=30.0) as (config, stub, engines,
+                                                                                     replicas, _):
+        learner = load_causal_lm(tiny_model_dir.policy)
+        publisher = WeightPublisher(stub, learner, config.learner.weight_transport, config.controller.push_timeout_s)
+        try:
+            assert publisher.push(1).committed
+            # Replica 0's process "dies": nothing listens at its address, and it no longer follows its group.
+            replicas[0].servicer.listener.close()
+            replicas[0].stop(0).wait()
+            second = publisher.push(2)
+            assert second.committed and second.attempts == 2 and second.receivers == 1
+            assert second.total_s < 10, second  # the join time-out alone would be 30 s
+            print(f"push after a follower died: {second.total_s:.2f} s")
+            assert engines[1].weight_version == 2
+        finally:
+            publisher.close()

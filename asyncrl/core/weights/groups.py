@@ -21,7 +21,7 @@ import contextlib
 import dataclasses
 import datetime
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from torch.distributed import TCPStore
 
@@ -71,14 +71,16 @@ class BroadcastGroups:
         return self._client[1]
 
     @contextlib.contextmanager
-    def member(self, plan: PushPlan, rank: int, join_timeout_s: float | None = None) -> Iterator[BroadcastGroup]:
+    def member(self, plan: PushPlan, rank: int, join_timeout_s: float | None = None,
+               gone: Callable[[int], bool] | None = None) -> Iterator[BroadcastGroup]:
         """Join `plan`'s push as `rank` (the handshake, then the held group or a newly formed one) and yield
         the group for the broadcast. A group of the push alone is closed afterwards; a failure drops the held
-        group (it may be half-used), so the next plan must form a new one."""
+        group (it may be half-used), so the next plan must form a new one. `gone`: the sender's check of a
+        receiver that does not join (`rendezvous.sender_join`)."""
         with self._lock:
             previous = self._finished_handshake
             try:
-                with self._joined(plan, rank, join_timeout_s) as group:
+                with self._joined(plan, rank, join_timeout_s, gone) as group:
                     yield group
             finally:
                 # The previous push's keys go once this one's broadcast is over (or called off): off the
@@ -88,7 +90,8 @@ class BroadcastGroups:
                     forget_acks(*previous)
 
     @contextlib.contextmanager
-    def _joined(self, plan: PushPlan, rank: int, join_timeout_s: float | None) -> Iterator[BroadcastGroup]:
+    def _joined(self, plan: PushPlan, rank: int, join_timeout_s: float | None,
+                gone: Callable[[int], bool] | None) -> Iterator[BroadcastGroup]:
         """`member`'s body, under its lock."""
         check_transport_here(plan)
         key = (plan.group_key, rank, plan.world_size, plan.store_address, plan.transport)
@@ -111,7 +114,7 @@ class BroadcastGroups:
                 lacking = f"group {plan.group_id!r}" if not holds_group else f"the delta base {plan.delta_base_push_id!r}"
                 handshake.set("verdict", f"abort: the sender does not hold {lacking}")
                 raise GroupLost(f"push {plan.push_id}: the sender does not hold {lacking}")
-        join_push(plan, rank, root, join_timeout_s, has_group=holds_group and holds_base)
+        join_push(plan, rank, root, join_timeout_s, has_group=holds_group and holds_base, gone=gone)
         group = self._group if reuse else form_group(plan, rank, root)
         if not reuse:
             self.formed += 1

@@ -9,7 +9,9 @@ that long. So before each push's broadcast:
   broadcast group this process is not a member of (it restarted, or dropped the group after a failure) or
   is a delta against a base this process does not hold (`weights.delta`);
 - the controller writes `unreachable` in place of a receiver it could not even reach with the push's order
-  (nothing listens at its address: the process is gone), so the sender need not wait for it;
+  (nothing listens at its address: the process is gone), so the sender need not wait for it; for an
+  in-band push (`weights.in_band`: no order call to fail) the sender dials the receivers still missing after
+  `GONE_AFTER_S` and writes it itself for those where nothing listens;
 - the sender waits up to `join_timeout_s` for all ready keys, then writes the verdict: `go` (everybody
   broadcasts) or `abort` (nobody does: receivers raise `PushAborted` at once, the sender raises
   `ReceiversMissing` naming the absent or group-less ranks, and the controller forms a new group for the
@@ -32,6 +34,7 @@ from __future__ import annotations
 
 import datetime
 import time
+from collections.abc import Callable
 
 from torch.distributed import DistStoreError
 
@@ -39,6 +42,8 @@ READY, NO_GROUP, UNREACHABLE = b"ok", b"no-group", b"unreachable"
 CURRENT_PUSH = "current_push"
 POLL_S = 0.25
 """How often a receiver waiting for its verdict checks that its push is still the sender's."""
+GONE_AFTER_S = 0.25
+"""How long the sender waits for the receivers before asking whether the missing ones are gone at all."""
 
 
 class PushAborted(RuntimeError):
@@ -65,13 +70,25 @@ def _ready_keys(world_size: int) -> list[str]:
     return [_ready_key(rank) for rank in range(1, world_size)]
 
 
-def sender_join(store, push_id: str, world_size: int, join_timeout_s: float) -> None:
-    """Rank 0: wait for every receiver's ready key, then tell them all to go (or abort and raise)."""
+def sender_join(store, push_id: str, world_size: int, join_timeout_s: float,
+                gone: Callable[[int], bool] | None = None) -> None:
+    """Rank 0: wait for every receiver's ready key, then tell them all to go (or abort and raise). `gone(rank)`:
+    whether that receiver's process is known to be gone; asked, after `GONE_AFTER_S`, of the ranks not there
+    yet, when nobody else will say so (an in-band push: no controller call fails for them)."""
     keys = _ready_keys(world_size)
     if not keys:
         return
+    waited = 0.0
+    if gone is not None and join_timeout_s > GONE_AFTER_S:
+        waited = GONE_AFTER_S
+        try:
+            store.wait(keys, datetime.timedelta(seconds=GONE_AFTER_S))
+        except DistStoreError:
+            for rank, key in enumerate(keys, start=1):
+                if not store.check([key]) and gone(rank):
+                    mark_unreachable(store, rank)
     try:
-        store.wait(keys, datetime.timedelta(seconds=join_timeout_s))
+        store.wait(keys, datetime.timedelta(seconds=join_timeout_s - waited))
     except DistStoreError:
         missing = [rank for rank, key in enumerate(keys, start=1) if not store.check([key])]
         store.set("verdict", f"abort: ranks {missing} did not join")
@@ -80,7 +97,7 @@ def sender_join(store, push_id: str, world_size: int, join_timeout_s: float) -> 
     gone = [rank for rank, state in enumerate(states, start=1) if state == UNREACHABLE]
     if gone:
         store.set("verdict", f"abort: ranks {gone} could not be reached")
-        raise ReceiversMissing(push_id, gone, join_timeout_s, "could not be reached by the controller")
+        raise ReceiversMissing(push_id, gone, join_timeout_s, "could not be reached (nothing listens at their address)")
     groupless = [rank for rank, state in enumerate(states, start=1) if state != READY]
     if groupless:
         store.set("verdict", f"abort: ranks {groupless} are not members of the push's group")

@@ -14,7 +14,7 @@ import datetime
 import ipaddress
 import socket
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 import torch
 from torch.distributed import PrefixStore, TCPStore
@@ -181,12 +181,13 @@ def make_group(
 
 
 def join_push(plan: PushPlan, rank: int, root: TCPStore, join_timeout_s: float | None = None,
-              has_group: bool = True) -> PrefixStore:
-    """The push's join handshake (`weights.rendezvous`) as `rank`; returns the push's store (its keys)."""
+              has_group: bool = True, gone: Callable[[int], bool] | None = None) -> PrefixStore:
+    """The push's join handshake (`weights.rendezvous`) as `rank`; returns the push's store (its keys).
+    `gone`: the sender's check of a receiver that does not join (`rendezvous.sender_join`)."""
     handshake = push_store(root, plan)
     if rank == 0:
         announce(root, plan.push_id)
-        sender_join(handshake, plan.push_id, plan.world_size, join_timeout_s or plan.formation_timeout_s)
+        sender_join(handshake, plan.push_id, plan.world_size, join_timeout_s or plan.formation_timeout_s, gone)
     else:
         receiver_join(handshake, plan.push_id, rank, plan.timeout_s, has_group, root=root)
     return handshake
