@@ -146,7 +146,7 @@ class WeightPublisher:
                 t_bcast = time.perf_counter() - t0
                 if ok and begin.in_band:
                     # Every receiver acks once its weights are in; a silent one is dropped by the controller.
-                    acks = collect_acks(push_store(self.store, plan), world_size, plan.timeout_s)
+                    acks = collect_acks(push_store(self.store, plan), world_size, plan.timeout_s, gone)
             try:
                 commit = self.stub.CommitWeightPush(
                     controller_pb2.CommitWeightPushRequest(push_id=push_id, sender_ok=ok, error=error,

@@ -91,3 +91,19 @@ def test_an_ack_under_another_ranks_key_counts_for_nothing(store):
     handshake.set("ack/2", handshake.get("ack/1"))  # rank 1's ack copied under rank 2's key
     by_rank = {a.rank: a for a in collect_acks(handshake, 3, timeout_s=1.0)}
     assert not by_rank[1].error and "names rank 1" in by_rank[2].error and not by_rank[2].ack_mac
+
+
+def test_the_sender_stops_waiting_for_an_ack_from_a_receiver_that_is_gone(store):
+    plan = PushPlan("push-v4", 4, "127.0.0.1:1", 3, "gloo", (), 1, 30.0)
+    handshake = push_store(store, plan)
+    write_ack(handshake, 1, 4, b"mac")
+    asked = []
+
+    def gone(rank):
+        asked.append(rank)
+        return rank == 2
+
+    started = time.monotonic()
+    acks = collect_acks(handshake, 3, timeout_s=30.0, gone=gone, check_every_s=0.1)
+    assert time.monotonic() - started < 5 and asked == [2]
+    assert [a.rank for a in acks] == [1]

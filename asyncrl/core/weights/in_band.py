@@ -100,17 +100,28 @@ def write_ack(handshake, rank: int, weight_version: int, ack_mac: bytes = b"", e
     handshake.set(ACK_KEY.format(rank=rank), ack.SerializeToString())
 
 
-def collect_acks(handshake, world_size: int, timeout_s: float) -> list[weights_pb2.PushAck]:
+def collect_acks(handshake, world_size: int, timeout_s: float, gone: Callable[[int], bool] | None = None,
+                 check_every_s: float = 1.0) -> list[weights_pb2.PushAck]:
     """Sender: every receiver's ack, waiting up to `timeout_s` for them all; a rank still silent then has
-    none in the list (the controller drops it), one whose ack does not parse gets an ack with an error."""
-    keys = [ACK_KEY.format(rank=rank) for rank in range(1, world_size)]
-    if not keys:
-        return []
-    try:
-        handshake.wait(keys, datetime.timedelta(seconds=timeout_s))
-        present = list(enumerate(keys, start=1))
-    except DistStoreError:
-        present = [(rank, key) for rank, key in enumerate(keys, start=1) if handshake.check([key])]
+    none in the list (the controller drops it), one whose ack does not parse gets an ack with an error.
+    `gone(rank)`: asked every `check_every_s` of the ranks still silent; one whose process is gone is not
+    waited for any longer (it died while loading)."""
+    keys = {rank: ACK_KEY.format(rank=rank) for rank in range(1, world_size)}
+    silent, given_up = dict(keys), set()
+    deadline = time.monotonic() + timeout_s
+    while silent:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            break
+        try:
+            slice_s = min(remaining, check_every_s) if gone is not None else remaining
+            handshake.wait(list(silent.values()), datetime.timedelta(seconds=slice_s))
+            silent = {}
+        except DistStoreError:
+            silent = {rank: key for rank, key in silent.items() if not handshake.check([key])}
+            given_up |= {rank for rank in silent if gone is not None and gone(rank)}
+            silent = {rank: key for rank, key in silent.items() if rank not in given_up}
+    present = [(rank, key) for rank, key in keys.items() if rank not in silent and rank not in given_up]
     values = handshake.multi_get([key for _, key in present]) if present else []
     acks = []
     for (rank, _), value in zip(present, values):
