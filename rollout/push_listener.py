@@ -125,6 +125,10 @@ class PushListener:
                 log.info("stopped following group %s: its store is gone (%s)", target.group_id, err)
                 self._store = None
                 self._forget_if(target)
+            except Exception:  # this thread must outlive any one order: it serves every later push
+                log.exception("stopped following group %s", target.group_id)
+                self._store = None
+                self._forget_if(target)
 
     def _root(self, target: Followed) -> TCPStore:
         if self._store is None or self._store[0] != target.store_address:
