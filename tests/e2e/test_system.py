@@ -59,8 +59,14 @@ def check_run(run_dir: Path, summary: dict, steps: int, replicas: int) -> None:
     learner = read_events(run_dir, "learner")
     versions = [ev["version"] for ev in learner if ev["kind"] == "step"]
     assert versions == list(range(1, steps + 1))
-    committed = {ev["version"] for ev in read_events(run_dir, "controller") if ev["kind"] == "push_committed"}
+    controller = read_events(run_dir, "controller")
+    committed = {ev["version"] for ev in controller if ev["kind"] == "push_committed"}
     assert set(range(1, steps + 1)) <= committed
+    # Every push that reused its broadcast group went in-band (the replicas follow their group, the learner
+    # offers it by default): the controller called no replica for it.
+    begun = [ev for ev in controller if ev["kind"] == "push_begun"]
+    assert all(ev["in_band"] for ev in begun if not ev["new_group"]), [ev for ev in begun if not ev["in_band"]][:5]
+    assert sum(ev["in_band"] for ev in controller if ev["kind"] == "push_committed") >= steps - 5
     # Every replica produced data, and data generated after the first pushes carries newer versions: the
     # weights reached the engines.
     rollout_logs = sorted(p.stem for p in (run_dir / "events").glob("rollout-*.jsonl"))
