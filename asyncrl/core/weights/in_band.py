@@ -10,7 +10,8 @@ those answers) and a thread per receiver in the controller. Ordered in-band, it 
     member      (waiting on that key since it took the last push) checks its rank's MAC, joins the push: the
                 usual join handshake, so a dead or paused member is still found before the broadcast
     learner     broadcast
-    member      receive, load; push/<push id>/ack/<rank> := PushAck, signed under its push key
+    member      receive, load; ack/<rank> := PushAck in the push's store (`transport.push_store`, keys
+                push/<push id>//ack/<rank> of the root), signed under its push key
     learner     waits (bounded) for every rank's ack, CommitWeightPush(acks) -> controller checks each signature
 
 The controller decides per push (`controller.push`): in-band only when the learner offers it, the plan reuses
