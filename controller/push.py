@@ -16,7 +16,7 @@ then drops and flags the receivers that failed.
 A push that reuses a group whose members all follow it (they registered with `in_band_pushes`), for a
 learner that offers it, goes in-band instead (`asyncrl.core.weights.in_band`): no fan-out; Begin hands the
 learner each rank's signed order, and Commit takes the receivers' signed acks from the learner
-(`outcomes_from_acks`), checks each under the replica's push key and waits for nothing.
+(`PushSession.outcomes_from_acks`), checks each under the replica's push key and waits for nothing.
 
 The coordinator's collaborators are explicit: the replica registry (whose sync flags a push changes), the
 notifier, the event sink and the metrics. It does not own the policy version: `ControllerState` holds the

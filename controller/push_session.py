@@ -19,6 +19,7 @@ WeightNotifier = Callable[[str, PushPlan, int, float, bytes], int]
 """(address, plan, rank, timeout_s) -> weight version the replica now holds; raises on failure (a
 `ReceiverUnreachable` when nothing listens at the address any more)."""
 
+
 class ReceiverUnreachable(RuntimeError):
     """A notifier's failure meaning the replica's process is gone (nothing listens at its address): the
     controller declares it dead at once instead of waiting for its heartbeat time-out."""
