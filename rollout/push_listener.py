@@ -14,7 +14,6 @@ the sender's own order to replace it: a forged order can delay a push by `poll_s
 from __future__ import annotations
 
 import dataclasses
-import datetime
 import hmac
 import logging
 import threading
@@ -28,7 +27,7 @@ from asyncrl.core.validation import InvalidArgument
 from asyncrl.core.weights.in_band import order_key, parse_order, wait_for_order, wake_waiters, write_ack
 from asyncrl.core.weights.plan import PushPlan
 from asyncrl.core.weights.rendezvous import POLL_S, PushAborted, current_push
-from asyncrl.core.weights.transport import push_store
+from asyncrl.core.weights.transport import push_store, store_client
 
 log = logging.getLogger(__name__)
 
@@ -132,20 +131,15 @@ class PushListener:
 
     def _root(self, target: Followed) -> TCPStore:
         if self._store is None or self._store[0] != target.store_address:
-            host, _, port = target.store_address.rpartition(":")
-            client = TCPStore(host.strip("[]"), int(port), is_master=False,
-                              timeout=datetime.timedelta(seconds=min(target.timeout_s, 30.0)))
-            self._store = (target.store_address, client)
+            self._store = (target.store_address, store_client(target.store_address, min(target.timeout_s, 30.0)))
         return self._store[1]
 
     @staticmethod
     def _wake(target: Followed) -> None:
         """Wake whoever waits at `target`'s key, over a connection of its own (best effort: a store that is gone
         ends that wait by itself)."""
-        host, _, port = target.store_address.rpartition(":")
         try:
-            client = TCPStore(host.strip("[]"), int(port), is_master=False, timeout=datetime.timedelta(seconds=2))
-            wake_waiters(client, target.key)
+            wake_waiters(store_client(target.store_address, 2.0), target.key)
         except DistError as err:
             log.info("could not wake the wait at %s: %s", target.key, err)
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import datetime
 import threading
 from collections.abc import Callable, Iterator
 
@@ -36,6 +35,7 @@ from asyncrl.core.weights.transport import (
     form_group,
     join_push,
     push_store,
+    store_client,
 )
 
 MANIFEST_KEY = "manifest/{digest}"
@@ -168,8 +168,7 @@ class ManifestCache:
         with self._lock:
             metas = self._known.get(plan.manifest_digest)
             if metas is None:
-                store = TCPStore(plan.store_host, plan.store_port, is_master=False,
-                                 timeout=datetime.timedelta(seconds=min(plan.timeout_s, 30.0)))
+                store = store_client(plan.store_address, min(plan.timeout_s, 30.0))
                 metas = parse_manifest(store.get(MANIFEST_KEY.format(digest=plan.manifest_digest)),
                                        plan.manifest_digest)
                 while len(self._known) >= MANIFESTS_KEPT:

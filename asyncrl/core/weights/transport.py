@@ -50,10 +50,15 @@ class BroadcastGroup(ABC):
         """Drop the group's connections."""
 
 
+def store_client(address: str, timeout_s: float) -> TCPStore:
+    """A client connection to the rendezvous store at `address` (host:port, [v6]:port)."""
+    host, _, port = address.rpartition(":")
+    return TCPStore(host.strip("[]"), int(port), is_master=False, timeout=datetime.timedelta(seconds=timeout_s))
+
+
 def connect_store(plan: PushPlan, timeout_s: float | None = None) -> TCPStore:
     """A client connection to the sender's rendezvous store (a receiver's: within the plan's time-out)."""
-    return TCPStore(plan.store_host, plan.store_port, is_master=False,
-                    timeout=datetime.timedelta(seconds=plan.timeout_s if timeout_s is None else timeout_s))
+    return store_client(plan.store_address, plan.timeout_s if timeout_s is None else timeout_s)
 
 
 def push_store(root: TCPStore, plan: PushPlan) -> PrefixStore:
