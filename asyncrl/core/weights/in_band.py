@@ -17,7 +17,8 @@ those answers) and a thread per receiver in the controller. Ordered in-band, it 
 The controller decides per push (`controller.push`): in-band only when the learner offers it, the plan reuses
 a group every member acknowledged and every member registered as following groups. Forming a group, a
 membership change, a resync and any failure take the controller's path. The messages are `PushOrder` and
-`PushAck` in `weights.proto`.
+`PushAck` in `weights.proto`. No controller call fails for a member whose process is gone, so the learner
+dials the members that do not join or do not ack (`rendezvous.sender_join`, `collect_acks`: `gone`).
 """
 
 from __future__ import annotations
