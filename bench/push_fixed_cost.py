@@ -13,7 +13,9 @@ Measured, each a median over `--pushes` pushes of each kind (in blocks of 5, at 
                    processes, plus an all-reduce so it covers receipt (the floor for moving these bytes);
   fixed_cost_s   : push_s - raw_s (target <= 5 ms);
   first_push_s   : the first push, which forms the broadcast group;
-  rebuild_push_s : the push right after one more replica joined (membership changed: one rebuild).
+  rebuild_push_s : the push right after one more replica joined (membership changed: one rebuild);
+  phases_s       : for each kind, the medians of where a push's time went (Begin, join and broadcast, in-band
+                   acks, Commit, the rest), as the publisher times them.
 The ratio lines are raw_s / push_s and controller_ordered_push_s / push_s.
 
     .venv/bin/python bench/push_fixed_cost.py [--replicas 2] [--pushes 40]
@@ -186,18 +188,18 @@ def measure(cfg, args, stub, add_replica):
     publisher = WeightPublisher(stub, model, transport, cfg.controller.push_timeout_s)
     version = 0
 
-    def push(receivers: int, new_group: bool, in_band: bool = True) -> float:
-        """One push; checks it went to every replica, forming a group or not as the membership says, in-band
-        when offered on a kept group."""
+    def push(receivers: int, new_group: bool, in_band: bool = True):
+        """One push (its `PushResult`); checks it went to every replica, forming a group or not as the
+        membership says, in-band when offered on a kept group."""
         nonlocal version
         version += 1
         transport.in_band = in_band  # the publisher reads it at every Begin
         result = publisher.push(version)
         assert result.committed and len(result.acked) == result.receivers == receivers, result
         assert result.new_group == new_group and result.in_band == (in_band and not new_group), result
-        return result.total_s
+        return result
 
-    first = push(args.replicas, new_group=True)
+    first = push(args.replicas, new_group=True).total_s
     steady, ordered = [], []
     # Alternating blocks, so that both kinds see the same machine; each block's first push is left out (the one
     # after a switch: the first in-band push after a controller-ordered one also wakes the followers).
@@ -205,11 +207,20 @@ def measure(cfg, args, stub, add_replica):
         steady += [push(args.replicas, new_group=False) for _ in range(BLOCK + 1)][1:]
         ordered += [push(args.replicas, new_group=False, in_band=False) for _ in range(BLOCK + 1)][1:]
     add_replica()
-    rebuild = push(args.replicas + 1, new_group=True)
-    after = [push(args.replicas + 1, new_group=False) for _ in range(5)]
+    rebuild = push(args.replicas + 1, new_group=True).total_s
+    after = [push(args.replicas + 1, new_group=False).total_s for _ in range(5)]
     publisher.close()
     nbytes = sum(p.numel() * p.element_size() for p in model.parameters())
     return first, steady, ordered, rebuild, after, nbytes
+
+
+def phases(pushes) -> dict[str, float]:
+    """Medians of where a push's time went, as the publisher measures it (`PushResult`): Begin's round trip,
+    the join handshake and broadcast, waiting for in-band acks, Commit's round trip, and what is left."""
+    parts = {"begin": [p.begin_s for p in pushes], "join_and_broadcast": [p.broadcast_s for p in pushes],
+             "acks": [p.acks_s for p in pushes], "commit": [p.commit_s for p in pushes],
+             "other": [p.total_s - p.begin_s - p.broadcast_s - p.acks_s - p.commit_s for p in pushes]}
+    return {name: round(statistics.median(values), 5) for name, values in parts.items()}
 
 
 def main() -> None:
@@ -222,8 +233,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as run_dir:
         cfg = demo_config(run_dir)
         with push_system(cfg, args.replicas) as (stub, add_replica):
-            first, steady, ordered, rebuild, after, nbytes = measure(cfg, args, stub, add_replica)
+            first, steady_pushes, ordered_pushes, rebuild, after, nbytes = measure(cfg, args, stub, add_replica)
     raw = raw_broadcast_s(nbytes // 4, args.replicas, args.pushes)
+    steady, ordered = [p.total_s for p in steady_pushes], [p.total_s for p in ordered_pushes]
     push_s, ordered_s = statistics.median(steady), statistics.median(ordered)
     result = {
         "model_bytes": nbytes, "replicas": args.replicas, "pushes": args.pushes,
@@ -234,6 +246,7 @@ def main() -> None:
         "first_push_s": round(first, 5), "rebuild_push_s": round(rebuild, 5),
         "push_after_rebuild_s": round(statistics.median(after), 5),
         "raw_over_push": round(raw / push_s, 3), "target_fixed_cost_s": 0.005,
+        "phases_s": {"in_band": phases(steady_pushes), "controller_ordered": phases(ordered_pushes)},
     }
     emit("push_fixed_cost", result, {"raw broadcast": raw, "push (same members, in-band)": push_s,
                                      "push (same members, controller-ordered)": ordered_s, "first push": first,

@@ -60,6 +60,13 @@ class PushResult:
     compressed size."""
     in_band: bool = False
     """Ordered by the learner through its store, not by the controller (`weights.in_band`)."""
+    begin_s: float = 0.0
+    """BeginWeightPush's round trip (of the last attempt, as the phases below)."""
+    acks_s: float = 0.0
+    """In-band: waiting for the receivers' acks after the broadcast (they receive, load and answer)."""
+    commit_s: float = 0.0
+    """CommitWeightPush's round trip; controller-ordered, it includes waiting for the receivers' answers.
+    (`broadcast_s` is the join handshake, the broadcast and deleting the previous push's keys.)"""
 
 
 class WeightPublisher:
@@ -113,6 +120,7 @@ class WeightPublisher:
     def _push(self, version: int, weights: FlatWeights, background: bool) -> PushResult:
         start = time.perf_counter()
         for attempt in range(1, self.max_attempts + 1):
+            t_begin = time.perf_counter()
             begin = self.stub.BeginWeightPush(
                 controller_pb2.BeginWeightPushRequest(
                     version=version, store_address=self.store_address, transport=self.cfg.type,
@@ -123,9 +131,10 @@ class WeightPublisher:
                 ),
                 timeout=self.cfg.timeout_s + 30,
             )
+            begin_s = time.perf_counter() - t_begin
             push_id, world_size, new_group = begin.plan.push_id, begin.plan.world_size, begin.plan.new_group
             delta = bool(begin.plan.delta_base_push_id)
-            ok, error, sent, t_bcast, missing, acks = True, "", 0, 0.0, [], []
+            ok, error, sent, t_bcast, missing, acks, acks_s = True, "", 0, 0.0, [], [], 0.0
             if world_size > 1:  # else no replica is live: the version is committed without a broadcast
                 plan = decode_plan(begin.plan)
                 if begin.in_band:
@@ -147,6 +156,8 @@ class WeightPublisher:
                 if ok and begin.in_band:
                     # Every receiver acks once its weights are in; a silent one is dropped by the controller.
                     acks = collect_acks(push_store(self.store, plan), world_size, plan.timeout_s, gone)
+                    acks_s = time.perf_counter() - t0 - t_bcast
+            t_commit = time.perf_counter()
             try:
                 commit = self.stub.CommitWeightPush(
                     controller_pb2.CommitWeightPushRequest(push_id=push_id, sender_ok=ok, error=error,
@@ -160,9 +171,10 @@ class WeightPublisher:
                 log.warning("push %s (version %d) not committed: %s", push_id, version, err.details())
                 continue
             if commit.committed:
+                now = time.perf_counter()
                 return PushResult(version, True, world_size - 1, list(commit.acked), list(commit.dropped),
-                                  sent, t_bcast, time.perf_counter() - start, attempt, new_group, background, delta,
-                                  begin.in_band)
+                                  sent, t_bcast, now - start, attempt, new_group, background, delta,
+                                  begin.in_band, begin_s, acks_s, now - t_commit)
         raise RuntimeError(f"weight push of version {version} not committed after {self.max_attempts} attempts")
 
     def _order(self, plan, begin) -> None:
