@@ -26,7 +26,7 @@ from asyncrl.core.engines.base import WeightUpdateStats
 from asyncrl.core.validation import InvalidArgument
 from asyncrl.core.weights.in_band import order_key, parse_order, wait_for_order, wake_waiters, write_ack
 from asyncrl.core.weights.plan import PushPlan
-from asyncrl.core.weights.rendezvous import POLL_S, PushAborted, current_push
+from asyncrl.core.weights.rendezvous import POLL_S, PushAborted
 from asyncrl.core.weights.transport import push_store, store_client
 
 log = logging.getLogger(__name__)
@@ -160,12 +160,8 @@ class PushListener:
             return self._refuse(target, data, "an order its controller did not sign")
         if plan.group_id != target.group_id or plan.new_group:
             return self._refuse(target, data, f"an order for another group ({plan.group_id!r})")
-        # An order read late (this replica was paused) is for a push long over: the sender has announced
-        # another since. Joining it would wait for a verdict that never comes.
-        now = current_push(root)
-        if now not in (target.after_push_id, plan.push_id):
-            log.warning("in-band push %s not taken: the sender has moved on to %s", plan.push_id, now)
-            return self._forget_if(target)
+        # An order read late (this replica was paused) is for a push long over: its join gives up as soon as the
+        # sender announces another push, as for a late UpdateWeights (`rendezvous.receiver_join`).
         handshake = push_store(root, plan)
         try:
             stats = self._take(plan, rank)

@@ -70,7 +70,9 @@ def wait_for_order(root, key: str, poll_s: float, keep_waiting: Callable[[], boo
         data = root.get(key)
         if data not in (refused, WAKE):
             return data
-        time.sleep(poll_s if keep_waiting() else 0.0)
+        if not keep_waiting():  # woken because the member moved on
+            return None
+        time.sleep(poll_s)  # the key holds what this member turned down: look again for a replacement
     return None
 
 
