@@ -8,17 +8,18 @@ queue of held requests, and what unblocks each:
       |  AcquireLease(s) / CompleteLease(s)               |        |                     |
       v                                                   |        v                     v
   +---------------------------------- ControllerState (one lock + condition) ------------------------+
-  |  ReplicaRegistry  (alive, weight_version, needs_sync)    PushCoordinator: PushSession (one open)  |
-  |  LeaseBook        (N_r admitted, active leases, prompt cursor)  receivers ranked 1..N             |
-  |  current_version i                                                    |                          |
-  |                                                                       | fan-out: one thread per  |
-  |  held AcquireLease(s) calls ─ wait on the condition ┐                 | receiver, each calls     |
-  |     (η rule forbids, or the replica needs sync;     │                 | Rollout.UpdateWeights    |
-  |      at most min(wait_s, max_hold_s))               │                 v                          |
+  |  ReplicaRegistry  (alive, weight_version, needs_sync)    PushCoordinator: PushSession (one open,  |
+  |  LeaseBook        (N_r admitted, active leases, prompt cursor)  or one reserved at a commit)      |
+  |  current_version i                                         receivers ranked 1..N                  |
+  |                                                                       | fan-out: one thread per   |
+  |  held AcquireLease(s) calls ─ wait on the condition ┐                 | receiver, each calls      |
+  |     (η rule forbids, or the replica needs sync;     │                 | Rollout.UpdateWeights     |
+  |      at most min(wait_s, max_hold_s))               │                 | (in-band: none, the       |
+  |                                                      │                 v learner relays the acks) |
   |                                                      │   commit waits for the acks (outside the   |
-  |  notify_all wakes them on:                           │   lock, bounded by push_timeout_s), drops   |
+  |  notify_all wakes them on:                           │   lock, bounded by push_timeout_s), drops  |
   |    - commit of version i+1 ◄─────────────────────────┤   the failed receivers (needs_sync),       |
-  |    - a resync push reaching a replica ◄──────────────┤   commits i+1                              |
+  |    - a resync push reaching a replica ◄──────────────┤   commits i+1, may reserve i+2             |
   |    - quota returned: CompleteLease(s), written < n ◄─┤                                            |
   |    - quota returned: lease expired ◄─────────────────┘◄── reaper loop (timer thread, and lazily    |
   |                                                            in every operation): dead replicas,    |
@@ -26,8 +27,8 @@ queue of held requests, and what unblocks each:
   +---------------------------------------------------------------------------------------------------+
       |  events/controller.jsonl (controller.events)     |  status page /, /status, /metrics, /healthz
 
-Modules: `staleness` (the rule), `registry`, `leases`, `push` (the push in flight, its fan-out, and the
-`PushCoordinator` that begins, settles and aborts it), `learner_seat` (which process is the run's learner),
+Modules: `staleness` (the rule), `registry`, `leases`, `push_session` (the push in flight, its fan-out),
+`push` (the `PushCoordinator` that begins, reserves, settles and aborts it), `learner_seat` (the learner's seat),
 `reachability` (new registrations challenged at their addresses before they join pushes), `state` (the lock,
 the version, timeline resets), `liveness` (reaping: dead replicas, due leases, the controller's own stalls
 forgiven), `admission` (granting and holding leases: held requests wait on the condition, or, on the asyncio

@@ -21,10 +21,14 @@ from them one can check that every admission satisfied the staleness bound and t
     "replica_dead" | "reregistered" | "unreachable" | "gone" | "abandoned" | "timeline_reset").
 `push_begun`: push_id, version, mode ("new" | "resync"; not `kind`, which names the record),
     receivers (replica ids, rank order), world_size, current_version (before the push),
-    aborted_previous (push id or null).
-`push_committed`: push_id, version (the current version after the commit), mode, acked, dropped, seconds.
+    aborted_previous (push id or null), group_id, new_group, delta_base_push_id, in_band, reserved (opened at
+    the previous commit for the learner, `CommitWeightPush.reserve_next`).
+`push_committed`: push_id, version (the current version after the commit), mode, acked, dropped, seconds
+    (from its Begin; for a reserved push, from the commit that reserved it), in_band.
     Audit: `version` never decreases from one record to the next and grows by exactly 1 on mode "new".
-`push_aborted`: push_id, version, mode, reason (sender failure or time-out); the version is not committed.
+`push_aborted`: push_id, version, mode, reason (sender failure, time-out, or a reserved push superseded
+    without being named unused); the version is not committed.
+`push_withdrawn`: push_id, version, reason: a reserved push its learner dropped unused; nobody took it.
 `replica_dropped`: push_id, replica_id, version (of the push), error.
 `controller_stalled`: seconds, replicas, leases: the controller itself stood still that long (a reap came that
     much later than due); every replica's silence, lease age and the learner's silence were moved on by it.

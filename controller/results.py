@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # for the annotation only: results stay plain data
+    from asyncrl.controller.push_session import PushSession
 
 
 @dataclass(frozen=True)
@@ -56,6 +60,8 @@ class CommitResult:
     current_version: int
     acked: list[str] = field(default_factory=list)
     dropped: list[str] = field(default_factory=list)
+    next_push: PushSession | None = None
+    """The next push, reserved for the learner when it asked (`PushCoordinator.reserve`)."""
 
 
 @dataclass(frozen=True)

@@ -145,6 +145,8 @@ class ControllerState(Admission, LearnerSeating, ReplicaReachability, Liveness):
                 # A restarted replica lost whatever it was generating: its old leases return their quota.
                 self._log_expired(self._leases.expire_replica(replica_id, "reregistered"), "reregistered")
             replica = self._registry.register(address, replica_id, weight_version, engine, self._clock(), in_band)
+            if reregistered:
+                self._pushes.replica_registered(replica.replica_id)
             self._check_reachability_of(replica)
             needs_sync = replica.needs_sync(self._current_version)
             self.events.write(
@@ -188,20 +190,23 @@ class ControllerState(Admission, LearnerSeating, ReplicaReachability, Liveness):
 
     # ---- weight pushes --------------------------------------------------------------------------------
 
-    def begin_push(self, version: int, offer: PushOffer) -> PushSession:
-        """Open a push of `version` (current+1: new policy; current: resync) and start its fan-out."""
+    def begin_push(self, version: int, offer: PushOffer, unused_push_id: str = "") -> PushSession:
+        """Open a push of `version` (current+1: new policy; current: resync) and start its fan-out. A push
+        reserved at the last commit is closed (`PushCoordinator.close_reserved`: quietly when `unused_push_id`
+        names it)."""
         with self._cond:
             self._reap_locked()
-            session = self._pushes.begin(version, self._current_version, offer, self._clock())
+            session = self._pushes.begin(version, self._current_version, offer, self._clock(), unused_push_id)
             self._changed(replicas=True)  # an aborted predecessor flagged its receivers
             return session
 
     def commit_push(self, push_id: str, sender_ok: bool, error: str = "", missing_ranks: tuple[int, ...] = (),
-                    acks: tuple[ReceiverAck, ...] = ()) -> CommitResult:  # fmt: skip
+                    acks: tuple[ReceiverAck, ...] = (), reserve_next: bool = False) -> CommitResult:  # fmt: skip
         """Wait (bounded) for the receivers' acks, drop the failed ones, commit the version. A push the sender
         failed is aborted; its receivers that never joined (`missing_ranks`) or could not be reached are held
         back from the next pushes (`Replica.hold_back`), so the retry goes without them. An in-band push's acks
-        come with the commit (`acks`, relayed by the learner): nothing to wait for."""
+        come with the commit (`acks`, relayed by the learner): nothing to wait for. With `reserve_next`, the
+        next push is reserved for the learner when it can go in-band (`CommitResult.next_push`)."""
         with self._cond:
             session, wait_s = self._pushes.start_commit(push_id, self._clock(), relays_acks=bool(acks))
             if not sender_ok:
@@ -223,8 +228,9 @@ class ControllerState(Admission, LearnerSeating, ReplicaReachability, Liveness):
                 self._current_version = max(self._current_version, session.plan.version)  # versions only grow
             self._pushes.record_commit(session, self._current_version, acked, dropped,
                                        self._clock() - session.begun_at)  # fmt: skip
+            reserved = self._pushes.reserve(session, self._current_version, self._clock()) if reserve_next else None
             self._changed(replicas=True)
-            return CommitResult(True, self._current_version, acked, dropped)
+            return CommitResult(True, self._current_version, acked, dropped, reserved)
 
     def reset_timeline(self, version: int, admitted: int, prompt_index: int) -> TimelineReset:
         """The learner continues from a checkpoint at `version`, behind the controller (it restarted alone):
@@ -239,6 +245,7 @@ class ControllerState(Admission, LearnerSeating, ReplicaReachability, Liveness):
                                          "ahead of its controller pushes its weights instead")
             if self._pushes.open is not None:
                 self._pushes.abort(self._pushes.open, "timeline reset by the learner")
+            self._pushes.close_reserved(reason="timeline reset by the learner")
             expired = self._leases.expire_all("timeline_reset")
             self._log_expired(expired, "timeline_reset")
             cursor = self._leases.restart_counts(admitted, prompt_index)

@@ -255,15 +255,16 @@ class LearnerLoop:
         self.events.write("final_buffer", entry_ids=self.buffer.entry_ids(), snapshot_t=snapshot_t)
         return self.progress
 
-    def publish(self, version: int) -> float:
+    def publish(self, version: int, last: bool = False) -> float:
         """Push the new weights as `version`: started in the background (`learner.push_in_background`) after the
-        previous push is finished, or pushed now. Returns the seconds this cost the learner's critical path."""
+        previous push is finished, or pushed now; `last`: the run's last step (no push is reserved after it).
+        Returns the seconds this cost the learner's critical path."""
         t0 = time.perf_counter()
         self.finish_push()
         if self.config.learner.push_in_background:
-            self.publisher.start(version)
+            self.publisher.start(version, last)
         else:
-            self._record_push(self.publisher.push(version))
+            self._record_push(self.publisher.push(version, last))
         return time.perf_counter() - t0
 
     def finish_push(self) -> None:
@@ -280,7 +281,7 @@ class LearnerLoop:
                           push_bytes=push.bytes_sent, receivers=push.receivers, acked=push.acked,
                           dropped=push.dropped, attempts=push.attempts, new_group=push.new_group,
                           background=push.background, delta=push.delta, in_band=push.in_band,
-                          begin_s=push.begin_s, acks_s=push.acks_s, commit_s=push.commit_s)
+                          begin_s=push.begin_s, acks_s=push.acks_s, commit_s=push.commit_s, reserved=push.reserved)
 
     def train_on(self, entries: list, collect_s: float = 0.0) -> None:
         """One step on `entries` (read in `collect_s` seconds), its push and its records."""
@@ -310,7 +311,7 @@ class LearnerLoop:
         self.intake.mark_trained(batch.group_ids, batch.entry_ids)
         self.events.write("trained", step=self.progress.step, version=version, entry_ids=batch.entry_ids,
                           group_ids=sorted(set(batch.group_ids)), trajectories=len(batch))
-        push_wait_s = self.publish(version + 1)
+        push_wait_s = self.publish(version + 1, last=self.progress.step + 1 >= self.config.learner.total_steps)
         self.progress.step += 1
         self.progress.version = version + 1
         self.progress.consumed += len(batch)

@@ -3,7 +3,9 @@ broadcast as rank 0 -> Commit (controller waits for the receivers' acks and comm
 
 When the controller answers Begin with `in_band` (the push reuses a group whose members all follow it), the
 learner orders the push itself: it writes the signed order into its store, where the members wait, and after
-the broadcast collects their signed acks from the store and hands them to Commit (`weights.in_band`).
+the broadcast collects their signed acks from the store and hands them to Commit (`weights.in_band`). With
+`weight_transport.reserve_next`, each commit also asks for the next push's plan; when the controller reserves
+one, the next push of that version starts from it without a Begin, and any other push names it unused.
 
 Two ways to push:
 - `push(version)`: now, from the live weights, returning when committed (the first push, resyncs);
@@ -67,6 +69,8 @@ class PushResult:
     commit_s: float = 0.0
     """CommitWeightPush's round trip; controller-ordered, it includes waiting for the receivers' answers.
     (`broadcast_s` is the join handshake, the broadcast and deleting the previous push's keys.)"""
+    reserved: bool = False
+    """Its plan came with the previous push's commit (`weight_transport.reserve_next`): no Begin."""
 
 
 class WeightPublisher:
@@ -91,15 +95,19 @@ class WeightPublisher:
         self._background = OneAtATime("push")
         self._order_key = ""
         """The last in-band order's key in our store, deleted when the next one is written."""
+        self._reserved: controller_pb2.BeginWeightPushResponse | None = None
+        """The next push's plan, reserved by the controller at the last commit; unused until a push of its
+        version takes it (any other push's Begin names it unused)."""
 
-    def push(self, version: int) -> PushResult:
-        """Publish the live model as `version` (current+1) or resync it to out-of-date replicas (current)."""
+    def push(self, version: int, last: bool = False) -> PushResult:
+        """Publish the live model as `version` (current+1) or resync it to out-of-date replicas (current).
+        `last`: no push follows (the run's last): none is reserved after it."""
         if self._background.running:
             raise RuntimeError("a background push is in flight: finish() it first")
-        return self._push(version, self.flat, background=False)
+        return self._push(version, self.flat, False, last)
 
-    def start(self, version: int) -> None:
-        """Snapshot the live weights and push them as `version` on the background thread."""
+    def start(self, version: int, last: bool = False) -> None:
+        """Snapshot the live weights and push them as `version` on the background thread (`last` as in `push`)."""
         if self._background.running:
             raise RuntimeError("a background push is in flight: finish() it first")
         if self._snapshot is None:
@@ -107,30 +115,27 @@ class WeightPublisher:
         with torch.no_grad():
             for live, copy in zip(self.flat.buffers, self._snapshot.buffers):
                 copy.copy_(live)
-        self._background.start(self._push, version, self._snapshot, True)
+        self._background.start(self._push, version, self._snapshot, True, last)
 
     def finish(self) -> PushResult | None:
         """Wait for the background push (None when there is none); raises what it raised."""
         return self._background.wait()
 
     def close(self) -> None:
+        """Wait for the background push and leave the group. A reservation still held stays with the controller
+        until the next Begin, a new learner's included, aborts it (its receivers then get a resync)."""
         self._background.shutdown()
         self.groups.close()
 
-    def _push(self, version: int, weights: FlatWeights, background: bool) -> PushResult:
+    def _push(self, version: int, weights: FlatWeights, background: bool, last: bool) -> PushResult:
         start = time.perf_counter()
         for attempt in range(1, self.max_attempts + 1):
             t_begin = time.perf_counter()
-            begin = self.stub.BeginWeightPush(
-                controller_pb2.BeginWeightPushRequest(
-                    version=version, store_address=self.store_address, transport=self.cfg.type,
-                    manifest_digest=self.manifest_digest, bucket_bytes=int(self.cfg.bucket_mb * 2**20),
-                    timeout_s=self.cfg.timeout_s, join_timeout_s=self.cfg.join_timeout_s,
-                    delta_codec=self.delta_codec, delta_base_push_id=self.groups.delta_base() if self.delta_codec else "",
-                    in_band=self.cfg.in_band,
-                ),
-                timeout=self.cfg.timeout_s + 30,
-            )
+            begin, reserved = self._reserved, self._reserved is not None
+            self._reserved = None  # used now, or named unused in this Begin
+            if begin is None or begin.plan.version != version or not self.cfg.in_band:
+                reserved = False
+                begin = self._begin(version, unused_push_id=begin.plan.push_id if begin is not None else "")
             begin_s = time.perf_counter() - t_begin
             push_id, world_size, new_group = begin.plan.push_id, begin.plan.world_size, begin.plan.new_group
             delta = bool(begin.plan.delta_base_push_id)
@@ -161,7 +166,8 @@ class WeightPublisher:
             try:
                 commit = self.stub.CommitWeightPush(
                     controller_pb2.CommitWeightPushRequest(push_id=push_id, sender_ok=ok, error=error,
-                                                           missing_ranks=missing, acks=acks),
+                                                           missing_ranks=missing, acks=acks,
+                                                           reserve_next=self.cfg.in_band and self.cfg.reserve_next and not last),
                     timeout=self.commit_deadline_s,
                 )
             except grpc.RpcError as err:
@@ -172,10 +178,23 @@ class WeightPublisher:
                 continue
             if commit.committed:
                 now = time.perf_counter()
+                self._reserved = commit.next_push if commit.HasField("next_push") else None
                 return PushResult(version, True, world_size - 1, list(commit.acked), list(commit.dropped),
                                   sent, t_bcast, now - start, attempt, new_group, background, delta,
-                                  begin.in_band, begin_s, acks_s, now - t_commit)
+                                  begin.in_band, begin_s, acks_s, now - t_commit, reserved)
         raise RuntimeError(f"weight push of version {version} not committed after {self.max_attempts} attempts")
+
+    def _begin(self, version: int, unused_push_id: str) -> controller_pb2.BeginWeightPushResponse:
+        return self.stub.BeginWeightPush(
+            controller_pb2.BeginWeightPushRequest(
+                version=version, store_address=self.store_address, transport=self.cfg.type,
+                manifest_digest=self.manifest_digest, bucket_bytes=int(self.cfg.bucket_mb * 2**20),
+                timeout_s=self.cfg.timeout_s, join_timeout_s=self.cfg.join_timeout_s,
+                delta_codec=self.delta_codec, delta_base_push_id=self.groups.delta_base() if self.delta_codec else "",
+                in_band=self.cfg.in_band, unused_push_id=unused_push_id,
+            ),
+            timeout=self.cfg.timeout_s + 30,
+        )
 
     def _order(self, plan, begin) -> None:
         """Write an in-band push's order where the group's members wait for it (deleting the previous one)."""

@@ -36,8 +36,7 @@ import grpc
 
 from asyncrl.controller.admission import HOLD_POLL_S
 from asyncrl.controller.persistence import make_store
-from asyncrl.controller.push import PushOffer
-from asyncrl.controller.push_session import WeightNotifier
+from asyncrl.controller.push_session import PushOffer, PushSession, WeightNotifier
 from asyncrl.controller.state import ControllerState
 from asyncrl.controller.status_page import StatusPage
 from asyncrl.core.auth import resolve_auth
@@ -256,15 +255,11 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
             check_optional_seconds(request.timeout_s, "timeout_s")
             check_optional_seconds(request.join_timeout_s, "join_timeout_s")
             check_delta(request.delta_codec, request.delta_base_push_id)
+            check_name(request.unused_push_id, "unused_push_id", optional=True)
             offer = PushOffer(request.store_address, request.transport, tensors, request.bucket_bytes,
                               request.timeout_s, request.join_timeout_s, request.manifest_digest,
                               request.delta_codec, request.delta_base_push_id, request.in_band)  # fmt: skip
-            session = self.state.begin_push(request.version, offer)
-            return controller_pb2.BeginWeightPushResponse(
-                plan=encode_plan(session.plan), receivers=[r.replica_id for r in session.receivers],
-                in_band=session.in_band, order_macs=session.order_macs, after_push_id=session.after_push_id,
-                receiver_addresses=[r.address for r in session.receivers] if session.in_band else [],
-            )
+            return begin_response(self.state.begin_push(request.version, offer, request.unused_push_id))
 
         return answer(context, run)
 
@@ -278,12 +273,14 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
             for i, rank in enumerate(request.missing_ranks):
                 check_range(rank, 1, MAX_COUNT, f"missing_ranks[{i}]")
             result = self.state.commit_push(request.push_id, request.sender_ok, request.error,
-                                            tuple(request.missing_ranks), receiver_acks(request.acks))
+                                            tuple(request.missing_ranks), receiver_acks(request.acks),
+                                            request.reserve_next)  # fmt: skip
             return controller_pb2.CommitWeightPushResponse(
                 committed=result.committed,
                 current_version=result.current_version,
                 acked=result.acked,
                 dropped=result.dropped,
+                next_push=begin_response(result.next_push) if result.next_push is not None else None,
             )
 
         return answer(context, run)
@@ -385,3 +382,12 @@ def serve(config: AsyncRLConfig) -> None:
     wait_until_stopped(server, on_stop=lambda: (server.release_held(), page.stop()))
     state.close()
     server.replica_channels.close()
+
+
+def begin_response(session: PushSession) -> controller_pb2.BeginWeightPushResponse:
+    """A push's plan as BeginWeightPush answers it (and CommitWeightPush, for the push it reserved)."""
+    return controller_pb2.BeginWeightPushResponse(
+        plan=encode_plan(session.plan), receivers=[r.replica_id for r in session.receivers],
+        in_band=session.in_band, order_macs=session.order_macs, after_push_id=session.after_push_id,
+        receiver_addresses=[r.address for r in session.receivers] if session.in_band else [],
+    )

@@ -32,6 +32,10 @@ class WeightTransportConfig(Section):
     """Offer the controller to order pushes that reuse a broadcast group through the learner's store: the
     members wait there for the next push and acknowledge it there, two gRPC hops instead of four per push
     (docs/architecture.md, "Weight push"). False: the controller orders every push (UpdateWeights)."""
+    reserve_next: bool = True
+    """With `in_band`: ask the controller, at each commit, for the next push's plan when that push can go
+    in-band (`CommitWeightPush.reserve_next`), so an in-band push costs one controller call (its commit), not
+    two. The reservation is void once another push begins or one of its receivers registers again."""
     delta_codec: DeltaSetting = "none"
     """Send only what changed since the previous push: `xor-zlib` XORs each bucket with the bytes every member
     kept from the last push on the same broadcast group and compresses the result (lossless); a new group, or

@@ -184,7 +184,7 @@ class RegisterLearnerResponse(_message.Message):
     def __init__(self, learner_key: _Optional[bytes] = ..., current_version: _Optional[int] = ...) -> None: ...
 
 class BeginWeightPushRequest(_message.Message):
-    __slots__ = ("version", "store_address", "transport", "tensors", "bucket_bytes", "timeout_s", "join_timeout_s", "manifest_digest", "delta_codec", "delta_base_push_id", "learner_key", "in_band")
+    __slots__ = ("version", "store_address", "transport", "tensors", "bucket_bytes", "timeout_s", "join_timeout_s", "manifest_digest", "delta_codec", "delta_base_push_id", "learner_key", "in_band", "unused_push_id")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     STORE_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     TRANSPORT_FIELD_NUMBER: _ClassVar[int]
@@ -197,6 +197,7 @@ class BeginWeightPushRequest(_message.Message):
     DELTA_BASE_PUSH_ID_FIELD_NUMBER: _ClassVar[int]
     LEARNER_KEY_FIELD_NUMBER: _ClassVar[int]
     IN_BAND_FIELD_NUMBER: _ClassVar[int]
+    UNUSED_PUSH_ID_FIELD_NUMBER: _ClassVar[int]
     version: int
     store_address: str
     transport: str
@@ -209,7 +210,8 @@ class BeginWeightPushRequest(_message.Message):
     delta_base_push_id: str
     learner_key: bytes
     in_band: bool
-    def __init__(self, version: _Optional[int] = ..., store_address: _Optional[str] = ..., transport: _Optional[str] = ..., tensors: _Optional[_Iterable[_Union[_weights_pb2.TensorSpec, _Mapping]]] = ..., bucket_bytes: _Optional[int] = ..., timeout_s: _Optional[float] = ..., join_timeout_s: _Optional[float] = ..., manifest_digest: _Optional[str] = ..., delta_codec: _Optional[str] = ..., delta_base_push_id: _Optional[str] = ..., learner_key: _Optional[bytes] = ..., in_band: _Optional[bool] = ...) -> None: ...
+    unused_push_id: str
+    def __init__(self, version: _Optional[int] = ..., store_address: _Optional[str] = ..., transport: _Optional[str] = ..., tensors: _Optional[_Iterable[_Union[_weights_pb2.TensorSpec, _Mapping]]] = ..., bucket_bytes: _Optional[int] = ..., timeout_s: _Optional[float] = ..., join_timeout_s: _Optional[float] = ..., manifest_digest: _Optional[str] = ..., delta_codec: _Optional[str] = ..., delta_base_push_id: _Optional[str] = ..., learner_key: _Optional[bytes] = ..., in_band: _Optional[bool] = ..., unused_push_id: _Optional[str] = ...) -> None: ...
 
 class BeginWeightPushResponse(_message.Message):
     __slots__ = ("plan", "receivers", "in_band", "order_macs", "after_push_id", "receiver_addresses")
@@ -228,32 +230,36 @@ class BeginWeightPushResponse(_message.Message):
     def __init__(self, plan: _Optional[_Union[_weights_pb2.WeightPushPlan, _Mapping]] = ..., receivers: _Optional[_Iterable[str]] = ..., in_band: _Optional[bool] = ..., order_macs: _Optional[_Iterable[bytes]] = ..., after_push_id: _Optional[str] = ..., receiver_addresses: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class CommitWeightPushRequest(_message.Message):
-    __slots__ = ("push_id", "sender_ok", "error", "learner_key", "missing_ranks", "acks")
+    __slots__ = ("push_id", "sender_ok", "error", "learner_key", "missing_ranks", "acks", "reserve_next")
     PUSH_ID_FIELD_NUMBER: _ClassVar[int]
     SENDER_OK_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
     LEARNER_KEY_FIELD_NUMBER: _ClassVar[int]
     MISSING_RANKS_FIELD_NUMBER: _ClassVar[int]
     ACKS_FIELD_NUMBER: _ClassVar[int]
+    RESERVE_NEXT_FIELD_NUMBER: _ClassVar[int]
     push_id: str
     sender_ok: bool
     error: str
     learner_key: bytes
     missing_ranks: _containers.RepeatedScalarFieldContainer[int]
     acks: _containers.RepeatedCompositeFieldContainer[_weights_pb2.PushAck]
-    def __init__(self, push_id: _Optional[str] = ..., sender_ok: _Optional[bool] = ..., error: _Optional[str] = ..., learner_key: _Optional[bytes] = ..., missing_ranks: _Optional[_Iterable[int]] = ..., acks: _Optional[_Iterable[_Union[_weights_pb2.PushAck, _Mapping]]] = ...) -> None: ...
+    reserve_next: bool
+    def __init__(self, push_id: _Optional[str] = ..., sender_ok: _Optional[bool] = ..., error: _Optional[str] = ..., learner_key: _Optional[bytes] = ..., missing_ranks: _Optional[_Iterable[int]] = ..., acks: _Optional[_Iterable[_Union[_weights_pb2.PushAck, _Mapping]]] = ..., reserve_next: _Optional[bool] = ...) -> None: ...
 
 class CommitWeightPushResponse(_message.Message):
-    __slots__ = ("committed", "current_version", "acked", "dropped")
+    __slots__ = ("committed", "current_version", "acked", "dropped", "next_push")
     COMMITTED_FIELD_NUMBER: _ClassVar[int]
     CURRENT_VERSION_FIELD_NUMBER: _ClassVar[int]
     ACKED_FIELD_NUMBER: _ClassVar[int]
     DROPPED_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PUSH_FIELD_NUMBER: _ClassVar[int]
     committed: bool
     current_version: int
     acked: _containers.RepeatedScalarFieldContainer[str]
     dropped: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, committed: _Optional[bool] = ..., current_version: _Optional[int] = ..., acked: _Optional[_Iterable[str]] = ..., dropped: _Optional[_Iterable[str]] = ...) -> None: ...
+    next_push: BeginWeightPushResponse
+    def __init__(self, committed: _Optional[bool] = ..., current_version: _Optional[int] = ..., acked: _Optional[_Iterable[str]] = ..., dropped: _Optional[_Iterable[str]] = ..., next_push: _Optional[_Union[BeginWeightPushResponse, _Mapping]] = ...) -> None: ...
 
 class LearnerHeartbeatRequest(_message.Message):
     __slots__ = ("step", "version", "consumed", "total_steps", "reward_mean", "eval_accuracy", "staleness_mean", "step_seconds", "busy_fraction", "learner_key")

@@ -225,6 +225,7 @@ INVALID = [
     ("BeginWeightPush", push_request(delta_codec="lz4"), "delta_codec: must be empty or one of ('xor-zlib',)"),
     ("BeginWeightPush", push_request(delta_base_push_id="push-1"), "delta_base_push_id: needs delta_codec"),
     ("BeginWeightPush", push_request(delta_codec="xor-zlib", delta_base_push_id="a b"), "delta_base_push_id: must be"),
+    ("BeginWeightPush", push_request(unused_push_id="push v2"), "unused_push_id: must be empty or a name"),
     ("CommitWeightPush", pb.CommitWeightPushRequest(push_id=""), "push_id: must be a name"),
     ("CommitWeightPush", pb.CommitWeightPushRequest(push_id="p", acks=[weights_pb2.PushAck(rank=0)]), "acks[0].rank: must be in [1, "),
     ("CommitWeightPush", pb.CommitWeightPushRequest(push_id="p", acks=[weights_pb2.PushAck(rank=1), weights_pb2.PushAck(rank=1)]), "acks[1].rank: rank 1 is acknowledged twice"),

@@ -79,10 +79,12 @@ def controller_cases():
                    {"tensors": [weights_pb2.TensorSpec(name="w", shape=[-2], dtype="float32")]},
                    {"tensors": [weights_pb2.TensorSpec(name="w", shape=[2], dtype="complex512")]},
                    {"tensors": [weights_pb2.TensorSpec(name=BIG, shape=[2], dtype="float32")]},
-                   {"tensors": [weights_pb2.TensorSpec(name="w", shape=[I64, I64], dtype="float32")]}]:
+                   {"tensors": [weights_pb2.TensorSpec(name="w", shape=[I64, I64], dtype="float32")]},
+                   {"unused_push_id": BIG}, {"unused_push_id": "push\nv2"}]:
         cases.append(("BeginWeightPush", c.BeginWeightPushRequest(**{**good_push, **change})))
     for push_id, error in [("", ""), (BIG, ""), ("unknown-push", ""), ("unknown-push", BIG)]:
         cases.append(("CommitWeightPush", c.CommitWeightPushRequest(push_id=push_id, error=error)))
+        cases.append(("CommitWeightPush", c.CommitWeightPushRequest(push_id=push_id, error=error, reserve_next=True)))
     for ack in [weights_pb2.PushAck(rank=-1), weights_pb2.PushAck(rank=I64 % 2**31), weights_pb2.PushAck(rank=1, weight_version=-I64),
                 weights_pb2.PushAck(rank=1, ack_mac=BIG.encode()), weights_pb2.PushAck(rank=1, error=BIG),
                 weights_pb2.PushAck(rank=1, ack_mac=b"x" * 32)]:  # fmt: skip

@@ -1,10 +1,12 @@
 """In-band pushes over real gRPC, gloo and the learner's TCPStore: what a replica that follows its group does
-with an order nobody signed, and how the run goes on when a follower stops listening."""
+with an order nobody signed, how the run goes on when a follower stops listening, and the push each commit
+reserves."""
 
 from __future__ import annotations
 
 import pytest
 
+from asyncrl.core.events import read_events
 from asyncrl.core.modeling import load_causal_lm
 from asyncrl.core.weights.in_band import publish_order
 from asyncrl.core.weights.plan import PushPlan
@@ -86,5 +88,31 @@ def test_a_follower_whose_process_is_gone_calls_the_push_off_at_once_not_after_t
             assert second.total_s < 10, second  # the join time-out alone would be 30 s
             print(f"push after a follower died: {second.total_s:.2f} s")
             assert engines[1].weight_version == 2
+        finally:
+            publisher.close()
+
+
+def test_reserved_pushes_take_no_begin_and_a_resync_drops_the_reservation_quietly(tiny_model_dir, tmp_path):
+    """Each commit reserves the next in-band push (`weight_transport.reserve_next`): the learner orders it
+    without a BeginWeightPush. A push of another version (a resync) names the reservation unused: nobody is
+    flagged for a resync by it, and the group goes on."""
+    with push_system(tiny_model_dir, tmp_path, in_band=True) as (config, stub, engines, replicas, _):
+        learner = load_causal_lm(tiny_model_dir.policy)
+        publisher = WeightPublisher(stub, learner, config.learner.weight_transport, config.controller.push_timeout_s)
+        try:
+            results = [publisher.push(v) for v in (1, 2, 3)]
+            assert [(r.in_band, r.reserved) for r in results] == [(False, False), (True, True), (True, True)]
+            assert all(r.begin_s < 0.001 for r in results[1:]), [r.begin_s for r in results]
+            resync = publisher.push(3)  # asked for one, say, and nobody lacks version 3 by now
+            assert resync.committed and resync.receivers == 0 and not resync.reserved
+            fourth = publisher.push(4)
+            assert fourth.reserved and fourth.in_band and not fourth.new_group and len(fourth.acked) == 2
+            assert all(e.weight_version == 4 for e in engines)
+            assert [r.servicer.listener.taken for r in replicas] == [3, 3]
+            events = read_events(str(tmp_path), "controller")
+            kinds = [e["kind"] for e in events]
+            assert kinds.count("push_withdrawn") == 1 and "push_aborted" not in kinds
+            begun = [(e["version"], e["reserved"]) for e in events if e["kind"] == "push_begun"]
+            assert begun == [(1, False), (2, True), (3, True), (4, True), (3, False), (4, True), (5, True)]
         finally:
             publisher.close()

@@ -205,9 +205,9 @@ class Publisher:
 
         return PushResult(version, True, 2, ["a", "b"], [], 100, 0.001, 0.002, 1, False, background)
 
-    def start(self, version):
+    def start(self, version, last=False):
         assert self._in_flight is None, "one push at a time"
-        self.calls.append(("start", version))
+        self.calls.append(("start", version, "last") if last else ("start", version))
         self._in_flight = version
 
     def finish(self):
@@ -217,9 +217,9 @@ class Publisher:
         self.calls.append(("finish", version))
         return self._result(version, True)
 
-    def push(self, version):
+    def push(self, version, last=False):
         assert self._in_flight is None, "one push at a time"
-        self.calls.append(("push", version))
+        self.calls.append(("push", version, "last") if last else ("push", version))
         return self._result(version, False)
 
 
@@ -252,6 +252,8 @@ def test_background_pushes_are_finished_before_the_next_push_and_before_a_checkp
     calls.clear()
     loop.publish(3)
     assert calls == [("push", 3)] and events.of_kind("push")[-1]["background"] is False
+    loop.publish(4, last=True)  # the run's last: the publisher reserves no push after it
+    assert calls[-1] == ("push", 4, "last")
 
 
 def test_status_reports_go_in_the_background_and_their_failures_surface_at_the_next_step():

@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterable, Iterator
 import torch
 from torch.distributed import PrefixStore, TCPStore
 
+from asyncrl.core.grpc_util import address_refuses
 from asyncrl.core.weights.buckets import pack, plan_buckets, unpack
 from asyncrl.core.weights.delta import DeltaBase, max_payload_bytes
 from asyncrl.core.weights.flat import FlatWeights, adjacent_run
@@ -68,7 +69,10 @@ def push_store(root: TCPStore, plan: PushPlan) -> PrefixStore:
 
 def report_unreachable(plan: PushPlan, rank: int, timeout_s: float) -> None:
     """The controller, for a receiver of `plan` whose process is gone: tell the sender through its store, so
-    its join wait ends now (`rendezvous.mark_unreachable`)."""
+    its join wait ends now (`rendezvous.mark_unreachable`). A store that refuses the connection (the sender is
+    gone too) raises at once: the store client would keep trying for all of `timeout_s`, and then once more."""
+    if address_refuses(plan.store_address, min(timeout_s, 0.5)):
+        raise ConnectionRefusedError(f"nothing listens at the sender's store {plan.store_address}")
     mark_unreachable(push_store(connect_store(plan, timeout_s), plan), rank)
 
 
