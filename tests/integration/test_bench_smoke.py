@@ -20,7 +20,8 @@ pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]
 
 CASES = {
-    "push_fixed_cost": (["--pushes", "3"], ["fixed_cost_s", "controller_ordered_over_in_band", "rebuild_push_s", "push_after_rebuild_s"]),
+    "push_fixed_cost": (["--pushes", "3"], ["fixed_cost_s", "controller_ordered_over_in_band",
+                                            "unreserved_over_reserved", "rebuild_push_s", "push_after_rebuild_s"]),
     "weight_push": (["--mb", "8", "--trials", "1"], ["push_fraction_of_raw"]),
     "buffer_throughput": (["--groups", "40", "--trials", "1"], ["ratio_total", "ratio_total_vs_raw_protobuf"]),
     "checkpoint_stall": (["--hidden", "64", "--layers", "2", "--steps", "2", "--trials", "1"], []),
