@@ -58,7 +58,7 @@ class ControllerMetrics:
             registry=r,
         )
         self.push_seconds = Histogram(
-            PREFIX + "push_seconds", "BeginWeightPush to commit.", buckets=_PUSH_BUCKETS, registry=r
+            PREFIX + "push_seconds", "BeginWeightPush to commit (a reserved push: from its start on the learner).", buckets=_PUSH_BUCKETS, registry=r
         )
         self.lease_hold_seconds = Histogram(
             PREFIX + "lease_hold_seconds",

@@ -24,7 +24,7 @@ from them one can check that every admission satisfied the staleness bound and t
     aborted_previous (push id or null), group_id, new_group, delta_base_push_id, in_band, reserved (opened at
     the previous commit for the learner, `CommitWeightPush.reserve_next`).
 `push_committed`: push_id, version (the current version after the commit), mode, acked, dropped, seconds
-    (from its Begin; for a reserved push, from the commit that reserved it), in_band.
+    (from its Begin; for a reserved push, the learner's own measure up to its commit plus the commit), in_band.
     Audit: `version` never decreases from one record to the next and grows by exactly 1 on mode "new".
 `push_aborted`: push_id, version, mode, reason (sender failure, time-out, or a reserved push superseded
     without being named unused); the version is not committed.

@@ -102,7 +102,7 @@ class PushSession:
         """What the learner asked for in Begin (a reservation for the next push starts from it)."""
         self.reserved = reserved
         """Opened at the previous commit for its learner (`PushCoordinator.reserve`): `begun_at` is that
-        commit, and the learner ordered it without a Begin."""
+        commit, and the learner ordered it without a Begin (it reports how long the push took)."""
         self.after_push_id = after_push_id
         """Non-empty: an in-band push, ordered through the learner's store after this push of the group (no
         fan-out; the learner relays the acks)."""

@@ -201,12 +201,16 @@ class ControllerState(Admission, LearnerSeating, ReplicaReachability, Liveness):
             return session
 
     def commit_push(self, push_id: str, sender_ok: bool, error: str = "", missing_ranks: tuple[int, ...] = (),
-                    acks: tuple[ReceiverAck, ...] = (), reserve_next: bool = False) -> CommitResult:  # fmt: skip
+                    acks: tuple[ReceiverAck, ...] = (), reserve_next: bool = False,
+                    learner_seconds: float = 0.0) -> CommitResult:  # fmt: skip
         """Wait (bounded) for the receivers' acks, drop the failed ones, commit the version. A push the sender
         failed is aborted; its receivers that never joined (`missing_ranks`) or could not be reached are held
         back from the next pushes (`Replica.hold_back`), so the retry goes without them. An in-band push's acks
         come with the commit (`acks`, relayed by the learner): nothing to wait for. With `reserve_next`, the
-        next push is reserved for the learner when it can go in-band (`CommitResult.next_push`)."""
+        next push is reserved for the learner when it can go in-band (`CommitResult.next_push`). A reserved
+        push is timed from `learner_seconds` (the learner's own measure up to this call): the controller did
+        not see it begin."""
+        arrived = self._clock()
         with self._cond:
             session, wait_s = self._pushes.start_commit(push_id, self._clock(), relays_acks=bool(acks))
             if not sender_ok:
@@ -226,8 +230,8 @@ class ControllerState(Admission, LearnerSeating, ReplicaReachability, Liveness):
             self._bury_unreachable(outcomes)
             if session.mode == NEW:
                 self._current_version = max(self._current_version, session.plan.version)  # versions only grow
-            self._pushes.record_commit(session, self._current_version, acked, dropped,
-                                       self._clock() - session.begun_at)  # fmt: skip
+            seconds = self._clock() - (arrived - learner_seconds if session.reserved else session.begun_at)
+            self._pushes.record_commit(session, self._current_version, acked, dropped, seconds)
             reserved = self._pushes.reserve(session, self._current_version, self._clock()) if reserve_next else None
             self._changed(replicas=True)
             return CommitResult(True, self._current_version, acked, dropped, reserved)

@@ -45,7 +45,7 @@ class LearnerMetrics:
         self.busy = Gauge("asyncrl_learner_busy_ratio",
                           f"Fraction of the wall time of the last {WINDOW_STEPS} steps spent in train steps (1: never waits)",
                           registry=r)
-        self.push_seconds = Histogram("asyncrl_learner_push_seconds", "Weight push time (begin..commit)", registry=r)
+        self.push_seconds = Histogram("asyncrl_learner_push_seconds", "Weight push time (start..commit)", registry=r)
         self.checkpoint_stall_seconds = Histogram(
             "asyncrl_learner_checkpoint_stall_seconds",
             "Time a checkpoint stopped training: the copy to host memory (and any wait for the previous write) "

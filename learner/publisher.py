@@ -167,7 +167,8 @@ class WeightPublisher:
                 commit = self.stub.CommitWeightPush(
                     controller_pb2.CommitWeightPushRequest(push_id=push_id, sender_ok=ok, error=error,
                                                            missing_ranks=missing, acks=acks,
-                                                           reserve_next=self.cfg.in_band and self.cfg.reserve_next and not last),
+                                                           reserve_next=self.cfg.in_band and self.cfg.reserve_next and not last,
+                                                           push_seconds=t_commit - start),
                     timeout=self.commit_deadline_s,
                 )
             except grpc.RpcError as err:

@@ -272,9 +272,10 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
                     f"at most {MAX_HELD_LEASES} ranks, got {len(request.missing_ranks)}")
             for i, rank in enumerate(request.missing_ranks):
                 check_range(rank, 1, MAX_COUNT, f"missing_ranks[{i}]")
+            check_range(request.push_seconds, 0.0, MAX_TIMEOUT_S, "push_seconds")
             result = self.state.commit_push(request.push_id, request.sender_ok, request.error,
                                             tuple(request.missing_ranks), receiver_acks(request.acks),
-                                            request.reserve_next)  # fmt: skip
+                                            request.reserve_next, request.push_seconds)  # fmt: skip
             return controller_pb2.CommitWeightPushResponse(
                 committed=result.committed,
                 current_version=result.current_version,

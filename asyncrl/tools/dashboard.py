@@ -45,7 +45,7 @@ PANELS: list[tuple[str, list[tuple[str, str, list[tuple[str, str]]]]]] = [
             (_q(0.5, "asyncrl_learner_step_seconds"), "step p50"),
             (_q(0.5, "asyncrl_learner_push_seconds"), "push p50 (learner)"),
             (_q(0.5, "asyncrl_learner_push_wait_seconds"), "push on the learner's path p50"),
-            (_q(0.99, "asyncrl_controller_push_seconds"), "push p99 (begin..commit at the controller)"),
+            (_q(0.99, "asyncrl_controller_push_seconds"), "push p99 (start..commit, at the controller)"),
             # Checkpoints are rare (every save_every steps): the mean over a longer window than the rates'.
             ("rate(asyncrl_learner_checkpoint_stall_seconds_sum[10m]) / rate(asyncrl_learner_checkpoint_stall_seconds_count[10m])",
              "checkpoint stall (mean, 10 min)")]),

@@ -230,7 +230,7 @@ class BeginWeightPushResponse(_message.Message):
     def __init__(self, plan: _Optional[_Union[_weights_pb2.WeightPushPlan, _Mapping]] = ..., receivers: _Optional[_Iterable[str]] = ..., in_band: _Optional[bool] = ..., order_macs: _Optional[_Iterable[bytes]] = ..., after_push_id: _Optional[str] = ..., receiver_addresses: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class CommitWeightPushRequest(_message.Message):
-    __slots__ = ("push_id", "sender_ok", "error", "learner_key", "missing_ranks", "acks", "reserve_next")
+    __slots__ = ("push_id", "sender_ok", "error", "learner_key", "missing_ranks", "acks", "reserve_next", "push_seconds")
     PUSH_ID_FIELD_NUMBER: _ClassVar[int]
     SENDER_OK_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
@@ -238,6 +238,7 @@ class CommitWeightPushRequest(_message.Message):
     MISSING_RANKS_FIELD_NUMBER: _ClassVar[int]
     ACKS_FIELD_NUMBER: _ClassVar[int]
     RESERVE_NEXT_FIELD_NUMBER: _ClassVar[int]
+    PUSH_SECONDS_FIELD_NUMBER: _ClassVar[int]
     push_id: str
     sender_ok: bool
     error: str
@@ -245,7 +246,8 @@ class CommitWeightPushRequest(_message.Message):
     missing_ranks: _containers.RepeatedScalarFieldContainer[int]
     acks: _containers.RepeatedCompositeFieldContainer[_weights_pb2.PushAck]
     reserve_next: bool
-    def __init__(self, push_id: _Optional[str] = ..., sender_ok: _Optional[bool] = ..., error: _Optional[str] = ..., learner_key: _Optional[bytes] = ..., missing_ranks: _Optional[_Iterable[int]] = ..., acks: _Optional[_Iterable[_Union[_weights_pb2.PushAck, _Mapping]]] = ..., reserve_next: _Optional[bool] = ...) -> None: ...
+    push_seconds: float
+    def __init__(self, push_id: _Optional[str] = ..., sender_ok: _Optional[bool] = ..., error: _Optional[str] = ..., learner_key: _Optional[bytes] = ..., missing_ranks: _Optional[_Iterable[int]] = ..., acks: _Optional[_Iterable[_Union[_weights_pb2.PushAck, _Mapping]]] = ..., reserve_next: _Optional[bool] = ..., push_seconds: _Optional[float] = ...) -> None: ...
 
 class CommitWeightPushResponse(_message.Message):
     __slots__ = ("committed", "current_version", "acked", "dropped", "next_push")

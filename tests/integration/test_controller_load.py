@@ -27,10 +27,12 @@ def test_a_thousand_held_replicas_leave_heartbeats_responsive_and_admission_exac
     assert len(result.heartbeats_by_replica) == REPLICAS, summary
     assert summary["fewest_heartbeats_of_a_replica"] >= SECONDS / 2, summary
     assert result.max_held >= 0.9 * REPLICAS, summary  # most requests were held
-    # Responsive, not fast: a heartbeat starved behind the held requests would take seconds. The 100 ms target
-    # is the benchmark's (bench/controller_leases.py, 39 ms measured); a timed test on a shared CI machine only
-    # guards against starvation (it measured 344 ms once with another test suite running beside it).
-    assert summary["heartbeat_p99_ms"] < 1000, summary
+    # Responsive, not fast: a heartbeat starved behind the held requests would wait out their hold
+    # (controller.max_hold_s, 5 s). The 100 ms target is the benchmark's (bench/controller_leases.py, 39 ms
+    # measured); a timed test on a shared CI machine only guards against starvation. The p99 here includes the
+    # load's own loop (a thousand replicas in one Python process): 344 ms once with another test suite running
+    # beside it, 620-1230 ms in six runs on the noisy 2-core Zen 4 machine, with and without the latest code.
+    assert summary["heartbeat_p99_ms"] < 2500, summary
     # Exact admission: N_r equals what the replicas were granted (all completed in full), and every grant in
     # the controller's log obeyed floor((N_r - 1) / B) <= i + η.
     assert result.final_admitted == result.granted_trajectories, summary

@@ -227,6 +227,8 @@ INVALID = [
     ("BeginWeightPush", push_request(delta_codec="xor-zlib", delta_base_push_id="a b"), "delta_base_push_id: must be"),
     ("BeginWeightPush", push_request(unused_push_id="push v2"), "unused_push_id: must be empty or a name"),
     ("CommitWeightPush", pb.CommitWeightPushRequest(push_id=""), "push_id: must be a name"),
+    ("CommitWeightPush", pb.CommitWeightPushRequest(push_id="p", push_seconds=-1.0), "push_seconds: must be in [0.0, "),
+    ("CommitWeightPush", pb.CommitWeightPushRequest(push_id="p", push_seconds=math.inf), "push_seconds: must be in [0.0, "),
     ("CommitWeightPush", pb.CommitWeightPushRequest(push_id="p", acks=[weights_pb2.PushAck(rank=0)]), "acks[0].rank: must be in [1, "),
     ("CommitWeightPush", pb.CommitWeightPushRequest(push_id="p", acks=[weights_pb2.PushAck(rank=1), weights_pb2.PushAck(rank=1)]), "acks[1].rank: rank 1 is acknowledged twice"),
     ("CommitWeightPush", pb.CommitWeightPushRequest(push_id="p", acks=[weights_pb2.PushAck(rank=1, weight_version=-1)]), "acks[0].weight_version: must be in [0, "),

@@ -85,6 +85,8 @@ def controller_cases():
     for push_id, error in [("", ""), (BIG, ""), ("unknown-push", ""), ("unknown-push", BIG)]:
         cases.append(("CommitWeightPush", c.CommitWeightPushRequest(push_id=push_id, error=error)))
         cases.append(("CommitWeightPush", c.CommitWeightPushRequest(push_id=push_id, error=error, reserve_next=True)))
+    for seconds in BAD_FLOATS:
+        cases.append(("CommitWeightPush", c.CommitWeightPushRequest(push_id="unknown-push", push_seconds=seconds)))
     for ack in [weights_pb2.PushAck(rank=-1), weights_pb2.PushAck(rank=I64 % 2**31), weights_pb2.PushAck(rank=1, weight_version=-I64),
                 weights_pb2.PushAck(rank=1, ack_mac=BIG.encode()), weights_pb2.PushAck(rank=1, error=BIG),
                 weights_pb2.PushAck(rank=1, ack_mac=b"x" * 32)]:  # fmt: skip

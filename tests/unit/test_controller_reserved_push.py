@@ -33,7 +33,7 @@ def reserving_commit(state, keys, version):
 
 
 def test_a_reserved_push_is_committed_without_a_begin():
-    state, _, notifier, events = make_state()
+    state, clock, notifier, events = make_state()
     keys = in_band_group(state, 7001, 7002)
     reserved = reserving_commit(state, keys, 2)
     assert reserved.in_band and reserved.reserved and reserved.plan.version == 3 and not reserved.plan.new_group
@@ -43,8 +43,13 @@ def test_a_reserved_push_is_committed_without_a_begin():
     # Reserved, not open: a resync request is not held back by it, and no time-out runs on it.
     assert state._pushes.open is None and not state._pushes.is_fresh(state._clock() + 1e6)
     calls = len(notifier.calls)
-    result = state.commit_push(reserved.push_id, True, acks=signed_acks(reserved, keys), reserve_next=True)
+    clock.advance(40.0)  # the learner's step: the reservation waits, with no time-out
+    result = state.commit_push(reserved.push_id, True, acks=signed_acks(reserved, keys), reserve_next=True,
+                               learner_seconds=0.004)
     assert result.committed and result.current_version == 3 and sorted(result.acked) == sorted(keys)
+    # Timed as the learner measured it (the controller did not see it begin), not from the reservation.
+    assert events.of_kind("push_committed")[-1]["seconds"] == pytest.approx(0.004)
+    assert state.metrics.push_seconds._sum.get() < 1.0
     assert result.next_push.plan.version == 4 and result.next_push.after_push_id == reserved.push_id
     assert len(notifier.calls) == calls
     assert [e["reserved"] for e in events.of_kind("push_begun")] == [False, False, True, True]
