@@ -20,6 +20,23 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
+def free_port_run(count: int, host: str = "127.0.0.1", tries: int = 50) -> int:
+    """A port p with p .. p + count - 1 all free now: where replica i serves on a configured port + i (a lone
+    free port says nothing of the one after it, which another socket may hold)."""
+    for _ in range(tries):
+        base = free_port(host)
+        if base + count - 1 > 65535:
+            continue
+        with contextlib.ExitStack() as held:
+            try:
+                for port in range(base + 1, base + count):
+                    held.enter_context(socket.socket()).bind((host, port))
+            except OSError:
+                continue
+        return base
+    raise RuntimeError(f"no {count} consecutive free ports on {host} in {tries} tries")
+
+
 @dataclass
 class Child:
     name: str

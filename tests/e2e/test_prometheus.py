@@ -74,10 +74,11 @@ def scrape_config(tmp_path: Path, targets: dict[str, list[str]]) -> Path:
 
 
 def test_prometheus_scrapes_every_service_and_the_dashboard_queries_exist(tmp_path):
-    from asyncrl.tools.processes import free_port
+    from asyncrl.tools.processes import free_port, free_port_run
 
     run_dir = tmp_path / "run"
-    ports = {name: free_port("127.0.0.1") for name in ("status", "teacher", "learner", "rollout", "prometheus")}
+    ports = {name: free_port("127.0.0.1") for name in ("status", "teacher", "learner", "prometheus")}
+    ports["rollout"] = free_port_run(2)  # replica i serves its metrics on this port + i
     targets = {"controller": [f"127.0.0.1:{ports['status']}"], "teacher": [f"127.0.0.1:{ports['teacher']}"],
                "learner": [f"127.0.0.1:{ports['learner']}"],
                "rollout": [f"127.0.0.1:{ports['rollout']}", f"127.0.0.1:{ports['rollout'] + 1}"]}

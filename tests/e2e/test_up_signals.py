@@ -15,10 +15,10 @@ pytestmark = pytest.mark.e2e
 
 
 def test_sigterm_stops_the_run_cleanly(tmp_path, monkeypatch):
-    from asyncrl.tools.processes import free_port
+    from asyncrl.tools.processes import free_port_run
 
     monkeypatch.setenv("ASYNCRL_LOG_LEVEL", "WARNING")  # = `asyncrl --log-level WARNING up ...`
-    run_dir, metrics_port = tmp_path / "run", free_port("127.0.0.1")
+    run_dir, metrics_port = tmp_path / "run", free_port_run(2)
     args = ["--config", str(DEMO_CONFIG), "--set", f"run_dir={run_dir}", "--set", "learner.total_steps=1000",
             "--set", f"rollout.metrics_port={metrics_port}"]
     with running_up(*args) as proc:
