@@ -301,8 +301,9 @@ class PushCoordinator:
         """A push is open and still inside its time-out (a resync request would only collide with it)."""
         return self.open is not None and now - self.open.begun_at < self._config.push_timeout_s
 
-    def view(self, now: float) -> dict | None:
-        push = self.open
+    def view(self, now: float, reserved: bool = False) -> dict | None:
+        """The open push (or, with `reserved`, the one reserved at the last commit) for the status page."""
+        push = self.reserved if reserved else self.open
         if push is None:
             return None
         return {

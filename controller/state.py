@@ -309,6 +309,7 @@ class ControllerState(Admission, LearnerSeating, ReplicaReachability, Liveness):
                 "leases_expired": self._leases.expired_total,
                 "pushes_committed": self._pushes.committed,
                 "open_push": self._pushes.view(now),
+                "reserved_push": self._pushes.view(now, reserved=True),
                 "learner": None if self._learner is None else learner_view(self._learner, now, self.batch_size,
                                                                             self._seat.holder.address),
                 "history": list(self._history),

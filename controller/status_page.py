@@ -60,13 +60,16 @@ def render_html(snap: dict) -> str:
         "</tr>"
         for r in snap["replicas"]
     )
-    push = snap["open_push"]
+    push, reserved = snap["open_push"], snap.get("reserved_push")
     push_line = (
         "none open"
         if push is None
         else f"{esc(push['push_id'])} ({push['mode']}, version {push['version']}, "
         f"{len(push['receivers'])} receivers, {push['age_s']:.1f} s)"
     )
+    if reserved is not None:  # the learner orders it without a Begin (docs/architecture.md, weight push step 12)
+        push_line += (f" &middot; next reserved: {esc(reserved['push_id'])} (version {reserved['version']}, "
+                      f"{len(reserved['receivers'])} receivers, {reserved['age_s']:.1f} s)")
     learner = snap["learner"]
     learner_line = "no heartbeat yet" if learner is None else learner_summary(learner)
     history = snap.get("history", [])

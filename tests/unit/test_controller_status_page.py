@@ -53,3 +53,17 @@ def test_the_learner_reports_every_step_and_the_page_shows_progress_charts_and_e
     assert f"throughput <b>{state.batch_size / 0.5:.0f} trajectories/s</b>" in page
     assert page.count("<polyline") == 4  # reward, accuracy (two evaluated steps), staleness, step time
     assert "reward (mean) by step: 0.5" in page
+
+
+def test_the_page_shows_the_push_reserved_for_the_learner():
+    from tests.unit.test_controller_reserved_push import in_band_group, reserving_commit
+
+    state, _, _, _ = make_state()
+    keys = in_band_group(state, 7001, 7002)
+    assert state.snapshot()["reserved_push"] is None
+    reserved = reserving_commit(state, keys, 2)
+    snap = state.snapshot()
+    assert snap["open_push"] is None and snap["reserved_push"]["push_id"] == reserved.push_id
+    assert snap["reserved_push"]["version"] == 3 and len(snap["reserved_push"]["receivers"]) == 2
+    page = render_html(snap)
+    assert "open push: none open &middot; next reserved: " + reserved.push_id + " (version 3, 2 receivers" in page
