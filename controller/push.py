@@ -111,11 +111,11 @@ class PushCoordinator:
         learner to order without a Begin, when that push can go in-band (the group kept, every live pushable
         replica in it, all following it). It is not open: no time-out, not fresh (a resync goes first); it
         becomes the open push when a commit names it (`start_commit`), and the next Begin closes it."""
+        if self.open is not None or self.reserved is not None or self.group is None or not committed.offer.in_band:
+            return None
         # The learner's base is its group's last push, as every member's is (`group_base`).
         base = self.group_base[1] if self.group_base is not None and committed.offer.delta_codec else ""
         offer = dataclasses.replace(committed.offer, delta_base_push_id=base)
-        if self.open is not None or self.reserved is not None or self.group is None or not offer.in_band:
-            return None
         mode, receivers = self._choose(current + 1, current, now)
         membership, new_group = self._membership(receivers, offer)
         if new_group or not self._in_band(offer, receivers):
@@ -155,12 +155,11 @@ class PushCoordinator:
 
     def _membership(self, receivers: list[Receiver], offer: PushOffer) -> tuple[Membership, bool]:
         """The group the receivers would use (the kept one when they are its members) and whether it is new."""
-        membership = Membership(f"group-{uuid.uuid4().hex[:12]}",
-                                tuple((r.replica_id, r.address, r.push_key) for r in receivers),
+        membership = Membership("", tuple((r.replica_id, r.address, r.push_key) for r in receivers),
                                 offer.store_address, offer.transport)
         if self.group is not None and self.group.same(membership):
             return self.group, False
-        return membership, True
+        return dataclasses.replace(membership, group_id=f"group-{uuid.uuid4().hex[:12]}"), True
 
     def _in_band(self, offer: PushOffer, receivers: list[Receiver]) -> bool:
         """In-band when the learner offers it and every member of the kept group follows it (`weights.in_band`)."""
@@ -198,12 +197,15 @@ class PushCoordinator:
             return ""
         return offer.delta_base_push_id if self.group_base == (offer.delta_codec, offer.delta_base_push_id) else ""
 
-    def start_commit(self, push_id: str, now: float, relays_acks: bool = False) -> tuple[PushSession, float]:
+    def start_commit(self, push_id: str, now: float, relays_acks: bool = False,
+                     learner_seconds: float = 0.0) -> tuple[PushSession, float]:  # fmt: skip
         """Mark the open push as committing; returns it and how long its receivers may still take.
         `relays_acks`: the commit carries receivers' acks, which only an in-band push takes. A commit naming
-        the reserved push makes it the open one: its learner ordered it."""
+        the reserved push makes it the open one (its learner ordered it), begun `learner_seconds` ago by the
+        learner's own measure: the controller did not see it begin."""
         if self.open is None and self.reserved is not None and self.reserved.push_id == push_id:
             self.open, self.reserved = self.reserved, None
+            self.open.begun_at = now - learner_seconds
         if self.open is None or self.open.push_id != push_id:
             open_id = f" (the open push is {self.open.push_id!r})" if self.open else " (no push is open)"
             raise PreconditionFailed(f"push_id: {push_id!r} is not the open push{open_id}")

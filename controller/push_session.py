@@ -101,8 +101,8 @@ class PushSession:
         self.offer = offer
         """What the learner asked for in Begin (a reservation for the next push starts from it)."""
         self.reserved = reserved
-        """Opened at the previous commit for its learner (`PushCoordinator.reserve`): `begun_at` is that
-        commit, and the learner ordered it without a Begin (it reports how long the push took)."""
+        """Opened at the previous commit for its learner (`PushCoordinator.reserve`), which ordered it without a
+        Begin: `begun_at` is that commit until the commit naming it re-dates it by the learner's own measure."""
         self.after_push_id = after_push_id
         """Non-empty: an in-band push, ordered through the learner's store after this push of the group (no
         fan-out; the learner relays the acks)."""

@@ -210,9 +210,8 @@ class ControllerState(Admission, LearnerSeating, ReplicaReachability, Liveness):
         next push is reserved for the learner when it can go in-band (`CommitResult.next_push`). A reserved
         push is timed from `learner_seconds` (the learner's own measure up to this call): the controller did
         not see it begin."""
-        arrived = self._clock()
         with self._cond:
-            session, wait_s = self._pushes.start_commit(push_id, self._clock(), relays_acks=bool(acks))
+            session, wait_s = self._pushes.start_commit(push_id, self._clock(), bool(acks), learner_seconds)
             if not sender_ok:
                 so_far = session.outcomes_so_far()
                 self._pushes.hold_back_failed(session, so_far, self._clock(), missing_ranks, error)
@@ -230,8 +229,8 @@ class ControllerState(Admission, LearnerSeating, ReplicaReachability, Liveness):
             self._bury_unreachable(outcomes)
             if session.mode == NEW:
                 self._current_version = max(self._current_version, session.plan.version)  # versions only grow
-            seconds = self._clock() - (arrived - learner_seconds if session.reserved else session.begun_at)
-            self._pushes.record_commit(session, self._current_version, acked, dropped, seconds)
+            self._pushes.record_commit(session, self._current_version, acked, dropped,
+                                       self._clock() - session.begun_at)  # fmt: skip
             reserved = self._pushes.reserve(session, self._current_version, self._clock()) if reserve_next else None
             self._changed(replicas=True)
             return CommitResult(True, self._current_version, acked, dropped, reserved)

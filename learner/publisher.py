@@ -131,11 +131,9 @@ class WeightPublisher:
         start = time.perf_counter()
         for attempt in range(1, self.max_attempts + 1):
             t_begin = time.perf_counter()
-            begin, reserved = self._reserved, self._reserved is not None
-            self._reserved = None  # used now, or named unused in this Begin
-            if begin is None or begin.plan.version != version or not self.cfg.in_band:
-                reserved = False
-                begin = self._begin(version, unused_push_id=begin.plan.push_id if begin is not None else "")
+            held, self._reserved = self._reserved, None  # used now, or named unused in this Begin
+            reserved = held is not None and held.plan.version == version and self.cfg.in_band
+            begin = held if reserved else self._begin(version, held.plan.push_id if held is not None else "")
             begin_s = time.perf_counter() - t_begin
             push_id, world_size, new_group = begin.plan.push_id, begin.plan.world_size, begin.plan.new_group
             delta = bool(begin.plan.delta_base_push_id)
