@@ -27,6 +27,7 @@ import torch
 
 from asyncrl.core.grpc_util import address_refuses
 from asyncrl.core.modeling import named_weights
+from asyncrl.core.ports import listening
 from asyncrl.core.weights.flat import FlatWeights, bind_parameters
 from asyncrl.core.weights.groups import BroadcastGroups, publish_manifest
 from asyncrl.core.weights.in_band import collect_acks, publish_order
@@ -81,7 +82,8 @@ class WeightPublisher:
         self.model = model
         self.cfg = transport_cfg
         self.max_attempts = max_attempts
-        self.store = host_store(transport_cfg.host, transport_cfg.store_port, transport_cfg.timeout_s)
+        with listening("learner.weight_transport.store_port", transport_cfg.host, transport_cfg.store_port):
+            self.store = host_store(transport_cfg.host, transport_cfg.store_port, transport_cfg.timeout_s)
         self.store_address = f"{transport_cfg.host}:{self.store.port}"
         # The model's weights move (once) into bucket-shaped storage: every later push broadcasts the
         # buckets as they are, without packing (the optimizer updates them in place).

@@ -44,6 +44,7 @@ from asyncrl.core.config import AsyncRLConfig
 from asyncrl.core.events import EventLog
 from asyncrl.core.grpc_aio import Wakeup, build_aio_server
 from asyncrl.core.grpc_util import address_refuses, wait_until_stopped
+from asyncrl.core.ports import listening
 from asyncrl.core.validation import (
     MAX_COUNT,
     MAX_TIMEOUT_S,
@@ -342,15 +343,16 @@ def create_server(
         store=make_store(config), run_id=str(run_dir),
     )
     servicer = ControllerServicer(state)
-    server, port = build_aio_server(
-        config.controller.host,
-        config.controller.port,
-        [lambda s: controller_pb2_grpc.add_ControllerServicer_to_server(servicer, s)],
-        [SERVICE_NAME],
-        auth,
-        migration_workers=_WORKERS,
-        registry=state.metrics.registry,
-    )
+    with listening("controller.port", config.controller.host, config.controller.port):
+        server, port = build_aio_server(
+            config.controller.host,
+            config.controller.port,
+            [lambda s: controller_pb2_grpc.add_ControllerServicer_to_server(servicer, s)],
+            [SERVICE_NAME],
+            auth,
+            migration_workers=_WORKERS,
+            registry=state.metrics.registry,
+        )
     servicer.wakeup = Wakeup(server.loop)
     state.add_waker(servicer.wakeup.notify)
     server.release_held = servicer.release_held
@@ -371,7 +373,8 @@ def serve(config: AsyncRLConfig) -> None:
     server, port = create_server(config)
     state: ControllerState = server.controller_state
     host = config.controller.host
-    page = StatusPage(state, host, config.controller.status_port)
+    with listening("controller.status_port", host, config.controller.status_port):
+        page = StatusPage(state, host, config.controller.status_port)
     http_port = page.start()
     server.start()
     cc = config.controller

@@ -21,6 +21,7 @@ from asyncrl.core.grpc_util import build_server, wait_for_channel
 from asyncrl.core.grpc_util import channel as grpc_channel
 from asyncrl.core.metrics import serve_metrics
 from asyncrl.core.modeling import load_causal_lm, pad_token_id
+from asyncrl.core.ports import listening
 from asyncrl.core.preflight import check_checkpoint
 from asyncrl.core.sampling import SamplingParams
 from asyncrl.core.tasks import task_for_run
@@ -84,11 +85,12 @@ def create_server(config, progress: LearnerProgress | None = None, registry=None
     counted in `registry` (the learner's metrics) when given; `seat` answers the controller's liveness
     challenges."""
     servicer = LearnerServicer(progress or LearnerProgress(), seat)
-    server, port, _health = build_server(
-        config.learner.host, config.learner.port,
-        [lambda s: learner_pb2_grpc.add_LearnerServicer_to_server(servicer, s)], [SERVICE],
-        resolve_auth(config.security), registry=registry,
-    )
+    with listening("learner.port", config.learner.host, config.learner.port):
+        server, port, _health = build_server(
+            config.learner.host, config.learner.port,
+            [lambda s: learner_pb2_grpc.add_LearnerServicer_to_server(servicer, s)], [SERVICE],
+            resolve_auth(config.security), registry=registry,
+        )
     server.servicer = servicer
     return server, port
 
@@ -154,7 +156,8 @@ def serve(config) -> LearnerProgress:
         loop.resume(meta, path)
     server, port = create_server(config, loop.progress, metrics.registry, seat=controller)
     server.start()
-    metrics_port = serve_metrics(config.learner.host, config.learner.metrics_port, metrics.registry)
+    with listening("learner.metrics_port", config.learner.host, config.learner.metrics_port):
+        metrics_port = serve_metrics(config.learner.host, config.learner.metrics_port, metrics.registry)
     print(f"asyncrl-learner listening grpc={config.learner.host}:{port} "
           f"metrics={config.learner.host}:{metrics_port}", flush=True)
     stop = threading.Event()

@@ -15,6 +15,7 @@ from asyncrl.core.auth import MAX_CHALLENGE, liveness_mac, push_order_mac, resol
 from asyncrl.core.engines.factory import make_engine
 from asyncrl.core.grpc_util import abort_invalid, build_server, wait_for_channel, wait_until_stopped
 from asyncrl.core.metrics import serve_metrics
+from asyncrl.core.ports import listening
 from asyncrl.core.sampling import SamplingParams
 from asyncrl.core.validation import InvalidArgument, check_range, check_token_ids, require
 from asyncrl.core.weights.groups import ManifestCache
@@ -144,11 +145,12 @@ def create_server(config, engine=None, engine_lock=None, metrics=None, replica_i
         model_config.vocab_size, model_config.max_position_embeddings, config.rollout.engine.max_batch_size,
         metrics or RolloutMetrics(), config.rollout.engine.type, replica_id, push_key,
     )
-    server, port, _health = build_server(
-        config.rollout.host, config.rollout.port,
-        [lambda s: rollout_pb2_grpc.add_RolloutServicer_to_server(servicer, s)], [SERVICE],
-        resolve_auth(config.security), registry=servicer.metrics.registry,
-    )
+    with listening("rollout.port", config.rollout.host, config.rollout.port):
+        server, port, _health = build_server(
+            config.rollout.host, config.rollout.port,
+            [lambda s: rollout_pb2_grpc.add_RolloutServicer_to_server(servicer, s)], [SERVICE],
+            resolve_auth(config.security), registry=servicer.metrics.registry,
+        )
     server.servicer = servicer
     return server, port
 
@@ -162,7 +164,8 @@ def serve(config, replica_id: str = "") -> None:
     server, port = create_server(config, runtime.engine, runtime.engine_lock, runtime.metrics,
                                  replica_id=lambda: runtime.replica_id, push_key=lambda: runtime.push_key)
     server.start()
-    metrics_port = serve_metrics(config.rollout.host, config.rollout.metrics_port, runtime.metrics.registry)
+    with listening("rollout.metrics_port", config.rollout.host, config.rollout.metrics_port):
+        metrics_port = serve_metrics(config.rollout.host, config.rollout.metrics_port, runtime.metrics.registry)
     runtime.start(controller, port, in_band_pushes=server.servicer.listener is not None)
     print(f"asyncrl-rollout {runtime.replica_id} listening grpc={config.rollout.host}:{port} "
           f"metrics={config.rollout.host}:{metrics_port}", flush=True)  # fmt: skip

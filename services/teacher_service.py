@@ -10,6 +10,7 @@ from asyncrl.core.auth import resolve_auth
 from asyncrl.core.engines.factory import make_engine
 from asyncrl.core.grpc_util import abort_invalid, build_server, wait_until_stopped
 from asyncrl.core.metrics import serve_metrics
+from asyncrl.core.ports import listening
 from asyncrl.core.preflight import check_checkpoint
 from asyncrl.core.validation import InvalidArgument
 from asyncrl.teacher.scorer import TeacherScorer
@@ -39,10 +40,11 @@ def create_server(config, engine=None):
     model_config = AutoConfig.from_pretrained(tcfg.model_path)
     servicer = TeacherServicer(TeacherScorer(engine, model_config.vocab_size, model_config.max_position_embeddings,
                                              max_sequences=config.learner.batch_size))
-    server, port, _health = build_server(
-        tcfg.host, tcfg.port, [lambda s: teacher_pb2_grpc.add_TeacherServicer_to_server(servicer, s)], [SERVICE],
-        resolve_auth(config.security), registry=servicer.scorer.metrics.registry,
-    )
+    with listening("teacher.port", tcfg.host, tcfg.port):
+        server, port, _health = build_server(
+            tcfg.host, tcfg.port, [lambda s: teacher_pb2_grpc.add_TeacherServicer_to_server(servicer, s)],
+            [SERVICE], resolve_auth(config.security), registry=servicer.scorer.metrics.registry,
+        )
     server.servicer = servicer
     return server, port
 
@@ -53,7 +55,8 @@ def serve(config) -> None:
     server, port = create_server(config)
     server.start()
     scorer = server.servicer.scorer
-    metrics_port = serve_metrics(config.teacher.host, config.teacher.metrics_port, scorer.metrics.registry)
+    with listening("teacher.metrics_port", config.teacher.host, config.teacher.metrics_port):
+        metrics_port = serve_metrics(config.teacher.host, config.teacher.metrics_port, scorer.metrics.registry)
     print(f"asyncrl-teacher listening grpc={config.teacher.host}:{port} "
           f"metrics={config.teacher.host}:{metrics_port}", flush=True)  # fmt: skip
     wait_until_stopped(server, on_stop=scorer.close)

@@ -153,9 +153,12 @@ class RolloutConfig(PinnedSection):
     """Host registered with the controller (what the controller dials). Empty: `host`, or this machine's
     IP address when `host` is 0.0.0.0 (containers, pods)."""
     port: int = Field(0, ge=0, le=65535)
-    """gRPC port (0 = any free port; the replica tells the controller which)."""
+    """gRPC port (0 = any free port; the replica tells the controller which). Under `asyncrl up`, replica i
+    listens on this port + i; `up` refuses to start when one of those ports is taken or is also another
+    port of the run (naming the key)."""
     metrics_port: int = Field(0, ge=0, le=65535)
-    """Prometheus /metrics port (0 = any free port, printed in the log)."""
+    """Prometheus /metrics port (0 = any free port, printed in the log). Under `asyncrl up`, replica i serves
+    on this port + i, checked like `port`."""
     engine: EngineConfig = EngineConfig()
     """Engine generating the rollouts."""
     max_restarts: int = Field(3, ge=0)

@@ -24,6 +24,7 @@ from asyncrl.core.grpc_util import wait_for_channel
 from asyncrl.core.preflight import ConfigError, preflight
 from asyncrl.learner.checkpoint import ack_covered, latest_checkpoint, read_meta
 from asyncrl.learner.timeline import drop_dead_timeline
+from asyncrl.tools.port_plan import check_ports
 from asyncrl.tools.processes import ProcessGroup, free_port
 from asyncrl.tools.redis_local import start_local_redis
 from asyncrl.tools.run_end import close_learner_log
@@ -95,6 +96,7 @@ def run(config: AsyncRLConfig, config_path: str | None = None) -> int:
     try:
         ensure_models(cfg)
         preflight(cfg)
+        check_ports(cfg)
     except BaseException:
         # A refused start leaves no empty run directory behind (`resolve` claimed it for "{time}").
         if run_dir.is_dir() and not any(run_dir.iterdir()):
@@ -123,7 +125,13 @@ def resume(run_dir: str, overrides: list[str]) -> int:
     group = ProcessGroup(Path(run_dir) / "logs")
     if (Path(run_dir) / "redis").is_dir():  # `up` ran this run's Redis: start it again on the same files
         cfg.buffer.redis_url = start_local_redis(group, Path(run_dir) / "redis", password=local_redis_password(cfg))
-    return launch(from_checkpoint(cfg, ckpt), group)
+    try:
+        cfg = from_checkpoint(cfg, ckpt)
+        check_ports(cfg)
+    except BaseException:
+        group.stop_all()
+        raise
+    return launch(cfg, group)
 
 
 def from_checkpoint(cfg: AsyncRLConfig, ckpt: Path) -> AsyncRLConfig:

@@ -1,0 +1,70 @@
+"""The fixed ports a local run (`asyncrl up`) will listen on, checked before anything starts.
+
+A port the config fixes is bound by one process: `rollout.port` and `rollout.metrics_port` by every replica,
+counting up from the configured one (replica i on port + i). Two of them on the same port, or one that another
+program already holds, would make a process exit at start, and `up` would restart it until it runs out of
+restarts: a run that ends minutes later, with a traceback in one replica's log. Checked here instead, the
+start is refused at once with the key to change. Ports left at 0 are picked free by each process and cannot
+collide. (What is checked is free now: a program that takes a port between this check and the bind still
+makes that process fail, with the same key in its error.)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from asyncrl.core.config import AsyncRLConfig
+from asyncrl.core.ports import why_not_listenable
+from asyncrl.core.preflight import ConfigError
+
+WILDCARDS = frozenset({"", "0.0.0.0", "::"})
+
+
+@dataclass(frozen=True)
+class PlannedPort:
+    key: str
+    """The config key that sets it ("rollout.metrics_port")."""
+    owner: str
+    """Who listens there ("replica-1", "the controller")."""
+    host: str
+    port: int
+
+    def describe(self) -> str:
+        return f"{self.owner}'s {self.host}:{self.port}"
+
+    def clashes_with(self, other: PlannedPort) -> bool:
+        """Both on one port of one address (a wildcard address holds that port on every address)."""
+        return self.port == other.port and (self.host == other.host or bool({self.host, other.host} & WILDCARDS))
+
+
+def planned_ports(cfg: AsyncRLConfig) -> list[PlannedPort]:
+    """Every nonzero port the processes `up` starts for `cfg` listen on (after `resolve` picked its own)."""
+    c, t, r, lr = cfg.controller, cfg.teacher, cfg.rollout, cfg.learner
+    wanted = [("controller.port", "the controller", c.host, c.port),
+              ("controller.status_port", "the controller", c.host, c.status_port),
+              ("learner.port", "the learner", lr.host, lr.port),
+              ("learner.metrics_port", "the learner", lr.host, lr.metrics_port),
+              ("learner.weight_transport.store_port", "the learner", lr.weight_transport.host,
+               lr.weight_transport.store_port)]
+    if t.enabled:
+        wanted += [("teacher.port", "the teacher", t.host, t.port),
+                   ("teacher.metrics_port", "the teacher", t.host, t.metrics_port)]
+    for i in range(r.replicas):
+        wanted += [(f"rollout.{field}", f"replica-{i}", r.host, getattr(r, field) + i)
+                   for field in ("port", "metrics_port") if getattr(r, field)]
+    return [PlannedPort(key, owner, host, port) for key, owner, host, port in wanted if port]
+
+
+def check_ports(cfg: AsyncRLConfig) -> None:
+    """Refuse a local run whose fixed ports collide with each other or are taken (ConfigError naming the key)."""
+    ports = planned_ports(cfg)
+    for i, port in enumerate(ports):
+        for earlier in ports[:i]:
+            if port.clashes_with(earlier):
+                raise ConfigError(f"{port.key}: {port.describe()} is also {earlier.key} ({earlier.describe()}); "
+                                  "give them ports that do not overlap (replica i listens on the configured port + i)")
+    for port in ports:
+        reason = why_not_listenable(port.host, port.port)
+        if reason:
+            raise ConfigError(f"{port.key}: cannot listen on {port.describe()}: {reason}; choose another port, or "
+                              "0 for any free one")
