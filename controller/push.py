@@ -304,11 +304,13 @@ class PushCoordinator:
         return self.open is not None and now - self.open.begun_at < self._config.push_timeout_s
 
     def view(self, now: float, reserved: bool = False) -> dict | None:
-        """The open push (or, with `reserved`, the one reserved at the last commit) for the status page."""
+        """The open push (or, with `reserved`, the one reserved at the last commit) for the status page and
+        GetStatus (`PushStatus`)."""
         push = self.reserved if reserved else self.open
         if push is None:
             return None
         return {
             "push_id": push.push_id, "version": push.plan.version, "mode": push.mode,
             "receivers": [r.replica_id for r in push.receivers], "age_s": now - push.begun_at,
+            "in_band": push.in_band,
         }  # fmt: skip

@@ -68,7 +68,13 @@ def status_message(snap: dict) -> controller_pb2.ControllerStatus:
         replicas=[controller_pb2.ReplicaStatus(**r) for r in snap["replicas"]],
         pushes_committed=snap["pushes_committed"],
         leases_expired=snap["leases_expired"],
+        open_push=_push_status(snap["open_push"]),
+        reserved_push=_push_status(snap["reserved_push"]),
     )
+
+
+def _push_status(view: dict | None) -> controller_pb2.PushStatus | None:
+    return None if view is None else controller_pb2.PushStatus(**view)
 
 
 ERRORS = (UnknownReplica, InvalidArgument, InvalidRequest, RegistryFull, PreconditionFailed, ReplicaIdInUse,

@@ -350,7 +350,7 @@ class ReplicaStatus(_message.Message):
     def __init__(self, replica_id: _Optional[str] = ..., address: _Optional[str] = ..., weight_version: _Optional[int] = ..., alive: _Optional[bool] = ..., needs_sync: _Optional[bool] = ..., active_leases: _Optional[int] = ..., last_heartbeat_age_s: _Optional[float] = ..., engine: _Optional[str] = ..., held_back_s: _Optional[float] = ..., push_problem: _Optional[str] = ..., reachable: _Optional[bool] = ..., dead_reason: _Optional[str] = ...) -> None: ...
 
 class ControllerStatus(_message.Message):
-    __slots__ = ("current_version", "admitted", "batch_size", "eta", "held_requests", "replicas", "pushes_committed", "leases_expired")
+    __slots__ = ("current_version", "admitted", "batch_size", "eta", "held_requests", "replicas", "pushes_committed", "leases_expired", "open_push", "reserved_push")
     CURRENT_VERSION_FIELD_NUMBER: _ClassVar[int]
     ADMITTED_FIELD_NUMBER: _ClassVar[int]
     BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
@@ -359,6 +359,8 @@ class ControllerStatus(_message.Message):
     REPLICAS_FIELD_NUMBER: _ClassVar[int]
     PUSHES_COMMITTED_FIELD_NUMBER: _ClassVar[int]
     LEASES_EXPIRED_FIELD_NUMBER: _ClassVar[int]
+    OPEN_PUSH_FIELD_NUMBER: _ClassVar[int]
+    RESERVED_PUSH_FIELD_NUMBER: _ClassVar[int]
     current_version: int
     admitted: int
     batch_size: int
@@ -367,4 +369,22 @@ class ControllerStatus(_message.Message):
     replicas: _containers.RepeatedCompositeFieldContainer[ReplicaStatus]
     pushes_committed: int
     leases_expired: int
-    def __init__(self, current_version: _Optional[int] = ..., admitted: _Optional[int] = ..., batch_size: _Optional[int] = ..., eta: _Optional[int] = ..., held_requests: _Optional[int] = ..., replicas: _Optional[_Iterable[_Union[ReplicaStatus, _Mapping]]] = ..., pushes_committed: _Optional[int] = ..., leases_expired: _Optional[int] = ...) -> None: ...
+    open_push: PushStatus
+    reserved_push: PushStatus
+    def __init__(self, current_version: _Optional[int] = ..., admitted: _Optional[int] = ..., batch_size: _Optional[int] = ..., eta: _Optional[int] = ..., held_requests: _Optional[int] = ..., replicas: _Optional[_Iterable[_Union[ReplicaStatus, _Mapping]]] = ..., pushes_committed: _Optional[int] = ..., leases_expired: _Optional[int] = ..., open_push: _Optional[_Union[PushStatus, _Mapping]] = ..., reserved_push: _Optional[_Union[PushStatus, _Mapping]] = ...) -> None: ...
+
+class PushStatus(_message.Message):
+    __slots__ = ("push_id", "version", "mode", "receivers", "age_s", "in_band")
+    PUSH_ID_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    RECEIVERS_FIELD_NUMBER: _ClassVar[int]
+    AGE_S_FIELD_NUMBER: _ClassVar[int]
+    IN_BAND_FIELD_NUMBER: _ClassVar[int]
+    push_id: str
+    version: int
+    mode: str
+    receivers: _containers.RepeatedScalarFieldContainer[str]
+    age_s: float
+    in_band: bool
+    def __init__(self, push_id: _Optional[str] = ..., version: _Optional[int] = ..., mode: _Optional[str] = ..., receivers: _Optional[_Iterable[str]] = ..., age_s: _Optional[float] = ..., in_band: _Optional[bool] = ...) -> None: ...

@@ -13,6 +13,7 @@ from asyncrl.core.modeling import load_causal_lm
 from asyncrl.core.weights.in_band import publish_order
 from asyncrl.core.weights.plan import PushPlan
 from asyncrl.learner.publisher import WeightPublisher
+from asyncrl.v1 import controller_pb2
 from tests.integration.test_background_push import push_system
 from tests.run_helpers import wait_for
 
@@ -111,3 +112,10 @@ def test_reserved_pushes_take_no_begin_and_a_resync_drops_the_reservation_quietl
         assert kinds.count("push_withdrawn") == 1 and "push_aborted" not in kinds
         begun = [(e["version"], e["reserved"]) for e in events if e["kind"] == "push_begun"]
         assert begun == [(1, False), (2, True), (3, True), (4, True), (3, False), (4, True), (5, True)]
+        # Between pushes, an outside client sees the reservation and no open push (GetStatus, as built from
+        # proto/ alone).
+        status = stub.GetStatus(controller_pb2.GetStatusRequest())
+        assert not status.HasField("open_push") and status.HasField("reserved_push")
+        reserved = status.reserved_push
+        assert (reserved.version, reserved.mode, reserved.in_band) == (5, "new", True)
+        assert sorted(reserved.receivers) == sorted(r.replica_id for r in status.replicas) and reserved.push_id

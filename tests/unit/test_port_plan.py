@@ -80,20 +80,17 @@ def test_free_ports_pass_and_an_address_this_machine_lacks_is_named():
 
 
 def test_a_service_that_cannot_listen_names_its_key(held_port):
-    with pytest.raises(ConfigError, match=rf"^rollout.port: cannot listen on 127.0.0.1:{held_port}: another "
-                                          "program listens there$"):
-        with listening("rollout.port", "127.0.0.1", held_port):
-            build_server("127.0.0.1", held_port, [], [], TEST_AUTH)
-    with pytest.raises(ConfigError, match=rf"^teacher.metrics_port: cannot listen on 127.0.0.1:{held_port}: another "
-                                          "program listens there$"):
-        with listening("teacher.metrics_port", "127.0.0.1", held_port):
-            serve_metrics("127.0.0.1", held_port, CollectorRegistry())
+    taken = rf"cannot listen on 127.0.0.1:{held_port}: another program listens there$"
+    with pytest.raises(ConfigError, match="^rollout.port: " + taken), listening("rollout.port", "127.0.0.1", held_port):
+        build_server("127.0.0.1", held_port, [], [], TEST_AUTH)
+    with (pytest.raises(ConfigError, match="^teacher.metrics_port: " + taken),
+          listening("teacher.metrics_port", "127.0.0.1", held_port)):
+        serve_metrics("127.0.0.1", held_port, CollectorRegistry())
 
 
 def test_other_errors_pass_through_unchanged():
-    with pytest.raises(RuntimeError, match="^not a bind failure$"):
-        with listening("rollout.port", "127.0.0.1", 1):
-            raise RuntimeError("not a bind failure")
+    with pytest.raises(RuntimeError, match="^not a bind failure$"), listening("rollout.port", "127.0.0.1", 1):
+        raise RuntimeError("not a bind failure")
 
 
 def test_up_refuses_taken_ports_before_it_starts_anything(tmp_path, capsys, held_port, tiny_model_dir):
