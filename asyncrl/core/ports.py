@@ -29,6 +29,10 @@ def why_not_listenable(host: str, port: int) -> str | None:
     return None
 
 
+BIND_ERRNOS = frozenset({errno.EADDRINUSE, errno.EADDRNOTAVAIL, errno.EACCES})
+"""What binding a socket fails with for a reason in the config: taken, not this machine's, privileged."""
+
+
 def _reason(err: OSError, host: str) -> str:
     if err.errno == errno.EADDRINUSE:
         return "another program listens there"
@@ -41,10 +45,15 @@ def _reason(err: OSError, host: str) -> str:
 
 @contextlib.contextmanager
 def listening(key: str, host: str, port: int) -> Iterator[None]:
-    """Around starting a server on host:port: a failure to listen there becomes a ConfigError naming `key`."""
+    """Around starting a server on host:port: a failure to listen there becomes a ConfigError naming `key`.
+    Any other error passes unchanged (a missing TLS file is not the port's fault)."""
     try:
         yield
+    except socket.gaierror as err:
+        raise ConfigError(f"{key}: cannot listen on {host}:{port}: {_reason(err, host)}") from err
     except OSError as err:
+        if err.errno is not None and err.errno not in BIND_ERRNOS:
+            raise
         # An error without an errno (a server that says only that it could not bind): probe for the reason.
         reason = _reason(err, host) if err.errno is not None else _probed(host, port)
         raise ConfigError(f"{key}: cannot listen on {host}:{port}: {reason or err}") from err

@@ -91,6 +91,13 @@ def test_a_service_that_cannot_listen_names_its_key(held_port):
 def test_other_errors_pass_through_unchanged():
     with pytest.raises(RuntimeError, match="^not a bind failure$"), listening("rollout.port", "127.0.0.1", 1):
         raise RuntimeError("not a bind failure")
+    # A TLS file that is missing is not the port's fault.
+    with pytest.raises(FileNotFoundError), listening("controller.port", "127.0.0.1", 1):
+        open("/nonexistent/server.crt")  # noqa: SIM115
+    # A host name that does not resolve is the config's (as getaddrinfo says it; raised here, no DNS needed).
+    with (pytest.raises(ConfigError, match=r"^learner.port: cannot listen on nohost:5: nohost does not resolve"),
+          listening("learner.port", "nohost", 5)):
+        raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
 
 
 def test_up_refuses_taken_ports_before_it_starts_anything(tmp_path, capsys, held_port, tiny_model_dir):
