@@ -30,7 +30,7 @@ from asyncrl.core.modeling import named_weights
 from asyncrl.core.ports import listening
 from asyncrl.core.weights.flat import FlatWeights, bind_parameters
 from asyncrl.core.weights.groups import BroadcastGroups, publish_manifest
-from asyncrl.core.weights.in_band import collect_acks, publish_order
+from asyncrl.core.weights.in_band import collect_acks, order_key, publish_order
 from asyncrl.core.weights.manifest import decode_plan
 from asyncrl.core.weights.plan import tensor_metas
 from asyncrl.core.weights.rendezvous import ReceiversMissing
@@ -97,6 +97,12 @@ class WeightPublisher:
         self._background = OneAtATime("push")
         self._order_key = ""
         """The last in-band order's key in our store, deleted when the next one is written."""
+        self._wait_key = ""
+        """Where the members of the group of the last committed push wait for the next in-band order."""
+        self._stale_keys: list[str] = []
+        """Wait keys no order will reach (a push the controller ordered moved the members on): a member may
+        have woken its wait there (`in_band.WAKE`), so they are deleted at the next commit, when every such
+        wake has landed (its thread writes it while the push that moved it on is still being committed)."""
         self._reserved: controller_pb2.BeginWeightPushResponse | None = None
         """The next push's plan, reserved by the controller at the last commit; unused until a push of its
         version takes it (any other push's Begin names it unused)."""
@@ -180,6 +186,8 @@ class WeightPublisher:
             if commit.committed:
                 now = time.perf_counter()
                 self._reserved = commit.next_push if commit.HasField("next_push") else None
+                if world_size > 1:
+                    self._moved_on(begin)
                 return PushResult(version, True, world_size - 1, list(commit.acked), list(commit.dropped),
                                   sent, t_bcast, now - start, attempt, new_group, background, delta,
                                   begin.in_band, begin_s, acks_s, now - t_commit, reserved)
@@ -196,6 +204,17 @@ class WeightPublisher:
             ),
             timeout=self.cfg.timeout_s + 30,
         )
+
+    def _moved_on(self, begin) -> None:
+        """A push reached the members (committed): the keys left stale at an earlier commit go, and the wait
+        key the members leave becomes stale when no order reached them there (a push the controller ordered)."""
+        for key in self._stale_keys:
+            self.store.delete_key(key)
+        self._stale_keys = []
+        wait_key = order_key(begin.plan.group_id, begin.plan.push_id) if begin.plan.group_id else ""
+        if self._wait_key and self._wait_key != wait_key and not begin.in_band:
+            self._stale_keys.append(self._wait_key)
+        self._wait_key = wait_key
 
     def _order(self, plan, begin) -> None:
         """Write an in-band push's order where the group's members wait for it (deleting the previous one)."""

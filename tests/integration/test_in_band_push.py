@@ -10,7 +10,7 @@ import pytest
 
 from asyncrl.core.events import read_events
 from asyncrl.core.modeling import load_causal_lm
-from asyncrl.core.weights.in_band import publish_order
+from asyncrl.core.weights.in_band import WAKE, publish_order
 from asyncrl.core.weights.plan import PushPlan
 from asyncrl.learner.publisher import WeightPublisher
 from asyncrl.v1 import controller_pb2
@@ -119,3 +119,22 @@ def test_reserved_pushes_take_no_begin_and_a_resync_drops_the_reservation_quietl
         reserved = status.reserved_push
         assert (reserved.version, reserved.mode, reserved.in_band) == (5, "new", True)
         assert sorted(reserved.receivers) == sorted(r.replica_id for r in status.replicas) and reserved.push_id
+
+
+def test_a_wait_key_a_controller_ordered_push_woke_is_deleted_at_the_next_commit(tiny_model_dir, tmp_path):
+    """A push the controller orders moves the followers on from the key they waited at: each wakes its wait
+    there (`in_band.WAKE`), and no order will ever reach that key. The learner deletes it at the next commit,
+    so its store does not keep one key per such push for the rest of the run."""
+    with (push_system(tiny_model_dir, tmp_path, in_band=True) as (config, stub, engines, replicas, _),
+          publishing(config, stub, load_causal_lm(tiny_model_dir.policy)) as publisher):
+        assert publisher.push(1).new_group and publisher.push(2).in_band
+        waited_at = replicas[0].servicer.listener.followed.key
+        config.learner.weight_transport.in_band = False  # this one push through the controller (UpdateWeights)
+        third = publisher.push(3)
+        assert third.committed and not third.in_band and not third.new_group and len(third.acked) == 2
+        wait_for(lambda: publisher.store.check([waited_at]), 5, "the followers' wake at the key they left")
+        assert publisher.store.get(waited_at) == WAKE
+        config.learner.weight_transport.in_band = True
+        fourth = publisher.push(4)
+        assert fourth.committed and fourth.in_band and all(e.weight_version == 4 for e in engines)
+        assert not publisher.store.check([waited_at])

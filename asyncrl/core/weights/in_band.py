@@ -42,7 +42,8 @@ ACK_KEY = "ack/{rank}"
 MAX_ORDER_BYTES = 1 << 20
 WAKE = b"wake"
 """Written at an order key that holds no order, to end its members' wait at once: a member that took a push
-ordered by the controller waits on another key from then on (`wake_waiters`)."""
+ordered by the controller waits on another key from then on (`wake_waiters`). No order reaches that key any
+more: the sender deletes it at its next commit (`WeightPublisher`)."""
 
 
 def order_key(group_id: str, after_push_id: str) -> str:
