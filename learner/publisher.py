@@ -206,14 +206,16 @@ class WeightPublisher:
         )
 
     def _moved_on(self, begin) -> None:
-        """A push reached the members (committed): the keys left stale at an earlier commit go, and the wait
-        key the members leave becomes stale when no order reached them there (a push the controller ordered)."""
+        """A push reached the members (committed): the keys left stale at an earlier commit go. After a push
+        the controller ordered, the wait key the members left (no order reached them there) and the last
+        in-band order (nobody reads it again; the next order would have deleted it) become stale."""
         for key in self._stale_keys:
             self.store.delete_key(key)
         self._stale_keys = []
         wait_key = order_key(begin.plan.group_id, begin.plan.push_id) if begin.plan.group_id else ""
-        if self._wait_key and self._wait_key != wait_key and not begin.in_band:
-            self._stale_keys.append(self._wait_key)
+        if not begin.in_band:
+            self._stale_keys = [key for key in (self._wait_key, self._order_key) if key and key != wait_key]
+            self._order_key = ""
         self._wait_key = wait_key
 
     def _order(self, plan, begin) -> None:

@@ -121,20 +121,24 @@ def test_reserved_pushes_take_no_begin_and_a_resync_drops_the_reservation_quietl
         assert sorted(reserved.receivers) == sorted(r.replica_id for r in status.replicas) and reserved.push_id
 
 
-def test_a_wait_key_a_controller_ordered_push_woke_is_deleted_at_the_next_commit(tiny_model_dir, tmp_path):
+def test_the_keys_a_controller_ordered_push_left_behind_are_deleted_at_the_next_commit(tiny_model_dir, tmp_path):
     """A push the controller orders moves the followers on from the key they waited at: each wakes its wait
-    there (`in_band.WAKE`), and no order will ever reach that key. The learner deletes it at the next commit,
-    so its store does not keep one key per such push for the rest of the run."""
+    there (`in_band.WAKE`), and no order will ever reach that key; nobody reads the last in-band order again
+    either. The learner deletes both at the next commit, so its store does not keep keys per such push for
+    the rest of the run."""
     with (push_system(tiny_model_dir, tmp_path, in_band=True) as (config, stub, engines, replicas, _),
           publishing(config, stub, load_causal_lm(tiny_model_dir.policy)) as publisher):
-        assert publisher.push(1).new_group and publisher.push(2).in_band
+        assert publisher.push(1).new_group
+        ordered_at = replicas[0].servicer.listener.followed.key  # where push 2's order goes
+        assert publisher.push(2).in_band and publisher.store.check([ordered_at])
         waited_at = replicas[0].servicer.listener.followed.key
-        config.learner.weight_transport.in_band = False  # this one push through the controller (UpdateWeights)
+        config.learner.weight_transport.in_band = False  # the next pushes through the controller (UpdateWeights)
         third = publisher.push(3)
         assert third.committed and not third.in_band and not third.new_group and len(third.acked) == 2
         wait_for(lambda: publisher.store.check([waited_at]), 5, "the followers' wake at the key they left")
         assert publisher.store.get(waited_at) == WAKE
-        config.learner.weight_transport.in_band = True
         fourth = publisher.push(4)
-        assert fourth.committed and fourth.in_band and all(e.weight_version == 4 for e in engines)
-        assert not publisher.store.check([waited_at])
+        assert fourth.committed and not fourth.in_band and all(e.weight_version == 4 for e in engines)
+        assert not publisher.store.check([waited_at]) and not publisher.store.check([ordered_at])
+        config.learner.weight_transport.in_band = True
+        assert publisher.push(5).in_band  # the group goes on in-band from the key push 4 left

@@ -52,7 +52,8 @@ def order_key(group_id: str, after_push_id: str) -> str:
 
 def publish_order(root, group_id: str, after_push_id: str, plan: PushPlan, order_macs: list[bytes]) -> str:
     """Sender: put the order for the push after `after_push_id` where the group's members wait; returns its
-    key (the sender deletes it when it writes the next one)."""
+    key (the sender deletes it when it writes the next one, or at the commit after a push the controller
+    ordered)."""
     key = order_key(group_id, after_push_id)
     root.set(key, weights_pb2.PushOrder(plan=encode_plan(plan), order_macs=order_macs).SerializeToString())
     return key
