@@ -96,13 +96,15 @@ class WeightPublisher:
         self._snapshot: FlatWeights | None = None
         self._background = OneAtATime("push")
         self._order_key = ""
-        """The last in-band order's key in our store, deleted when the next one is written."""
+        """The last in-band order's key in our store, deleted when the next one is written (or at the commit
+        after a push the controller ordered: `_moved_on`)."""
         self._wait_key = ""
         """Where the members of the group of the last committed push wait for the next in-band order."""
         self._stale_keys: list[str] = []
-        """Wait keys no order will reach (a push the controller ordered moved the members on): a member may
-        have woken its wait there (`in_band.WAKE`), so they are deleted at the next commit, when every such
-        wake has landed (its thread writes it while the push that moved it on is still being committed)."""
+        """Keys nobody reads again once a push the controller ordered moved the members on: the wait key they
+        left (a member may have woken its wait there, `in_band.WAKE`) and the last in-band order. Deleted at
+        the next commit, when every such wake has landed (its thread writes it while the push that moved it
+        on is still being committed)."""
         self._reserved: controller_pb2.BeginWeightPushResponse | None = None
         """The next push's plan, reserved by the controller at the last commit; unused until a push of its
         version takes it (any other push's Begin names it unused)."""
@@ -210,7 +212,10 @@ class WeightPublisher:
         the controller ordered, the wait key the members left (no order reached them there) and the last
         in-band order (nobody reads it again; the next order would have deleted it) become stale."""
         for key in self._stale_keys:
-            self.store.delete_key(key)
+            try:
+                self.store.delete_key(key)
+            except Exception as err:  # noqa: BLE001 - a key left over must never fail a committed push
+                log.warning("could not delete %s from the learner's store: %s", key, err)
         self._stale_keys = []
         wait_key = order_key(begin.plan.group_id, begin.plan.push_id) if begin.plan.group_id else ""
         if not begin.in_band:
