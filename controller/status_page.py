@@ -60,7 +60,7 @@ def render_html(snap: dict) -> str:
         "</tr>"
         for r in snap["replicas"]
     )
-    push, reserved = snap["open_push"], snap.get("reserved_push")
+    push, reserved = snap["open_push"], snap["reserved_push"]
     push_line = (
         "none open"
         if push is None

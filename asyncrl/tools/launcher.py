@@ -24,7 +24,7 @@ from asyncrl.core.grpc_util import wait_for_channel
 from asyncrl.core.preflight import ConfigError, preflight
 from asyncrl.learner.checkpoint import ack_covered, latest_checkpoint, read_meta
 from asyncrl.learner.timeline import drop_dead_timeline
-from asyncrl.tools.port_plan import check_ports
+from asyncrl.tools.port_plan import REPLICA_PORTS, check_ports, replica_port
 from asyncrl.tools.processes import ProcessGroup, free_port
 from asyncrl.tools.redis_local import start_local_redis
 from asyncrl.tools.run_end import close_learner_log
@@ -214,9 +214,9 @@ def start_and_supervise(cfg: AsyncRLConfig, group: ProcessGroup) -> int:
         engines += cfg.teacher.engine.type == "vllm"
     for i in range(cfg.rollout.replicas):
         argv = ["rollout", *args, "--replica-id", f"replica-{i}"]
-        for field in ("port", "metrics_port"):  # fixed ports: one per replica, counting up from the configured
-            if getattr(cfg.rollout, field):
-                argv += ["--set", f"rollout.{field}={getattr(cfg.rollout, field) + i}"]
+        for field in REPLICA_PORTS:  # fixed ports: one per replica, counting up from the configured one
+            if replica_port(cfg.rollout, field, i):
+                argv += ["--set", f"rollout.{field}={replica_port(cfg.rollout, field, i)}"]
         env = vllm_cpu_binding(cfg.rollout.engine, engines)
         engines += cfg.rollout.engine.type == "vllm"
         restartable[f"rollout-{i}"] = Restartable(group.start_cli(f"rollout-{i}", argv, env), argv, env,

@@ -37,6 +37,17 @@ class PlannedPort:
         return self.port == other.port and (self.host == other.host or bool({self.host, other.host} & WILDCARDS))
 
 
+REPLICA_PORTS = ("port", "metrics_port")
+"""The rollout fields every replica listens on, each at the configured port + its index."""
+
+
+def replica_port(rollout, field: str, index: int) -> int:
+    """Where replica `index` listens for `rollout.<field>` under `up`: the configured port + index (0 stays 0:
+    the replica picks a free one)."""
+    base = getattr(rollout, field)
+    return base + index if base else 0
+
+
 def planned_ports(cfg: AsyncRLConfig) -> list[PlannedPort]:
     """Every nonzero port the processes `up` starts for `cfg` listen on (after `resolve` picked its own)."""
     c, t, r, lr = cfg.controller, cfg.teacher, cfg.rollout, cfg.learner
@@ -50,8 +61,7 @@ def planned_ports(cfg: AsyncRLConfig) -> list[PlannedPort]:
         wanted += [("teacher.port", "the teacher", t.host, t.port),
                    ("teacher.metrics_port", "the teacher", t.host, t.metrics_port)]
     for i in range(r.replicas):
-        wanted += [(f"rollout.{field}", f"replica-{i}", r.host, getattr(r, field) + i)
-                   for field in ("port", "metrics_port") if getattr(r, field)]
+        wanted += [(f"rollout.{field}", f"replica-{i}", r.host, replica_port(r, field, i)) for field in REPLICA_PORTS]
     return [PlannedPort(key, owner, host, port) for key, owner, host, port in wanted if port]
 
 

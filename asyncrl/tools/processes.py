@@ -13,6 +13,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from asyncrl.core.ports import why_not_listenable
+
 
 def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as s:
@@ -27,13 +29,8 @@ def free_port_run(count: int, host: str = "127.0.0.1", tries: int = 50) -> int:
         base = free_port(host)
         if base + count - 1 > 65535:
             continue
-        with contextlib.ExitStack() as held:
-            try:
-                for port in range(base + 1, base + count):
-                    held.enter_context(socket.socket()).bind((host, port))
-            except OSError:
-                continue
-        return base
+        if all(why_not_listenable(host, port) is None for port in range(base + 1, base + count)):
+            return base
     raise RuntimeError(f"no {count} consecutive free ports on {host} in {tries} tries")
 
 
