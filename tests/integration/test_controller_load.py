@@ -36,7 +36,11 @@ def test_a_thousand_held_replicas_leave_heartbeats_responsive_and_admission_exac
     # Exact admission: N_r equals what the replicas were granted (all completed in full), and every grant in
     # the controller's log obeyed floor((N_r - 1) / B) <= i + η.
     assert result.final_admitted == result.granted_trajectories, summary
-    assert result.versions_committed >= 5 and result.grants > 0, summary
+    # Versions keep being committed under the load (each one re-opens admission): progress, not a rate. The
+    # simulated learner pushes every second from the same event loop as the thousand replicas, which falls
+    # behind on a slow sitting: 4-6 commits in 15 s in six runs alone on the 2-core Zen 4 machine one evening,
+    # with and without the status fields of that day's change (and 4 once in a full suite).
+    assert result.versions_committed >= 3 and result.grants > 0, summary
     report = AuditReport()
     check_eta(report, read_events(tmp_path, "controller"))
     assert report.leases_granted == result.grants and not report.eta_violations
