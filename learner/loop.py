@@ -87,7 +87,8 @@ class LearnerLoop:
             heartbeat=self._heartbeat, lookahead=lookahead_groups(config, self.groups_per_step),
         )  # fmt: skip
         """The entries each batch is made of, admitted (or dead-lettered) and prefetched."""
-        self.status = StatusReporter(controller_stub, config.learner.total_steps, self._observe_gauges)
+        self.status = StatusReporter(controller_stub, config.learner.total_steps, self._observe_gauges,
+                                     config.learner.status_interval_s)
         """The heartbeats with the learner's progress (`learner.status_report`)."""
         self.mirror = mirror
         """The leader's full copy of a sharded policy (None with one rank)."""
@@ -330,6 +331,6 @@ class LearnerLoop:
         if self.sinks is not None:
             self.sinks.log(self.progress.step, {**metrics, "push_wait_s": push_wait_s})
         self.events.write("step", step=self.progress.step, version=version + 1, push_wait_s=push_wait_s, **metrics)
-        self.status.after_step(self.progress)  # the status page follows every step
+        self.status.after_step(self.progress)  # at most every learner.status_interval_s
         if self.status.take_sync_request():
             self._resync()

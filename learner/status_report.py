@@ -1,16 +1,19 @@
 """The learner's reports to the controller: where it is (step, version, the figures its status page shows)
 and, in the answer, whether replicas lag behind and need a resync push.
 
-While the learner waits for data it reports in line (`now`). After every step the report goes on a thread of
-its own (`after_step`) with the buffer gauges, so the step does not wait for two Redis round trips and an RPC;
-the status page still follows every step. A report still on its way when the next step ends is not queued
-behind it (the next one carries newer figures); a failed report raises at the next step, as it would have in
-line; a resync asked for in the background is taken by the loop between steps (`take_sync_request`).
+While the learner waits for data it reports in line (`now`). After a step the report goes on a thread of its
+own (`after_step`) with the buffer gauges, so the step does not wait for two Redis round trips and an RPC. It
+goes at most once per `learner.status_interval_s`: a report carries the newest figures, so one every few
+steps tells the status page as much as one per step, for a fraction of the CPU the training shares its cores
+with. A report still on its way when the next step ends is not queued behind it either; a failed report raises
+at the next step, as it would have in line; a resync asked for in the background is taken by the loop between
+steps (`take_sync_request`); `finish` always reports the last step.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 
@@ -37,13 +40,16 @@ def heartbeat_request(progress, total_steps: int) -> controller_pb2.LearnerHeart
 
 
 class StatusReporter:
-    def __init__(self, controller_stub, total_steps: int, observe_gauges: Callable[[], None]):
+    def __init__(self, controller_stub, total_steps: int, observe_gauges: Callable[[], None],
+                 interval_s: float, clock: Callable[[], float] = time.monotonic):
         self._stub = controller_stub
         self._total_steps = total_steps
         self._observe_gauges = observe_gauges
         """Reads the buffer's depth into the learner's gauges (a Redis round trip or two)."""
+        self._interval_s, self._clock = interval_s, clock
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="status")
         self._sent: Future | None = None
+        self._sent_at = -float("inf")
         self._sync_requested = False
 
     def now(self, progress) -> bool:
@@ -51,11 +57,14 @@ class StatusReporter:
         return self._stub.LearnerHeartbeat(heartbeat_request(progress, self._total_steps), timeout=30).sync_requested
 
     def after_step(self, progress) -> None:
-        """Report the step just finished, in the background."""
+        """Report the step just finished, in the background, unless the last report went out less than the
+        interval ago or is still on its way."""
         if self._sent is not None and self._sent.done():
             sent, self._sent = self._sent, None
             sent.result()  # a report that failed raises here
-        if self._sent is None:
+        now = self._clock()
+        if self._sent is None and now - self._sent_at >= self._interval_s:
+            self._sent_at = now
             self._sent = self._thread.submit(self._send, heartbeat_request(progress, self._total_steps))
 
     def take_sync_request(self) -> bool:

@@ -318,6 +318,13 @@ class AsyncRLConfig(Section):
                 "the controller would take back leases the replicas are still allowed to work on; raise "
                 "controller.lease_max_s to at least rollout.lease_deadline_s (or 0 for no limit)"
             )
+        status, seat = self.learner.status_interval_s, self.controller.heartbeat_timeout_s
+        if status * 2 > seat:
+            raise ValueError(
+                f"learner.status_interval_s ({status:g} s) is more than half controller.heartbeat_timeout_s "
+                f"({seat:g} s): the learner's reports are also its heartbeat, and a learner whose seat is "
+                "challenged without an answer keeps it only while they arrive; lower learner.status_interval_s"
+            )
         if self.teacher.enabled and not self.teacher.model_path:
             raise ValueError("teacher.model_path: required when teacher.enabled is true (the teacher's checkpoint "
                              "directory)")

@@ -35,3 +35,14 @@ def test_pass_at_k_evaluated_on_a_replica_is_refused_naming_both_keys():
     config(learner={"eval_by": "learner", "eval_pass_k": 4})
     with pytest.raises(ValidationError, match="eval_by"):
         config(learner={"eval_by": "teacher"})
+
+
+def test_learner_status_reports_rarer_than_half_the_heartbeat_timeout_are_refused_naming_both_keys():
+    """The learner's status reports are its heartbeat too (the seat it keeps when a challenge goes unanswered)."""
+    with pytest.raises(ValidationError, match=r"learner.status_interval_s \(6 s\) is more than half "
+                                              r"controller.heartbeat_timeout_s \(10 s\)"):
+        config(learner={"status_interval_s": 6})
+    config(learner={"status_interval_s": 5})
+    config(learner={"status_interval_s": 6}, controller={"heartbeat_timeout_s": 12})
+    with pytest.raises(ValidationError, match="status_interval_s"):
+        config(learner={"status_interval_s": -1})

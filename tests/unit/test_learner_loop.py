@@ -279,7 +279,7 @@ def test_status_reports_go_in_the_background_and_their_failures_surface_at_the_n
             return controller_pb2.LearnerHeartbeatResponse(sync_requested=self.sync)
 
     controller, gauges = Controller(), []
-    reporter = StatusReporter(controller, total_steps=10, observe_gauges=lambda: gauges.append(1))
+    reporter = StatusReporter(controller, total_steps=10, observe_gauges=lambda: gauges.append(1), interval_s=0)
     progress = LearnerProgress(step=3, version=3, consumed=192, last_reward_mean=0.5, busy_fraction=0.75)
     controller.sync = True
     reporter.after_step(progress)
@@ -296,6 +296,35 @@ def test_status_reports_go_in_the_background_and_their_failures_surface_at_the_n
         reporter.after_step(LearnerProgress(step=5, version=5))
     reporter.finish(LearnerProgress(step=5, version=5))  # logs, does not raise
     assert controller.requests[-1].step == 5
+
+
+def test_status_reports_after_steps_go_at_most_once_per_interval_and_the_last_step_is_always_reported():
+    """With learner.status_interval_s 1: steps ending at t = 0, 0.4, 0.9 send one report (step 1's); t = 1.0
+    sends step 4's figures (steps 2 and 3 are summed up by it); `finish` reports the last step whatever the
+    clock says."""
+    from asyncrl.learner.loop import LearnerProgress
+    from asyncrl.learner.status_report import StatusReporter
+    from asyncrl.v1 import controller_pb2
+
+    class Controller:
+        def __init__(self):
+            self.steps = []
+
+        def LearnerHeartbeat(self, request, timeout):
+            self.steps.append(request.step)
+            return controller_pb2.LearnerHeartbeatResponse()
+
+    controller, now, gauges = Controller(), [0.0], []
+    reporter = StatusReporter(controller, total_steps=10, observe_gauges=lambda: gauges.append(now[0]),
+                              interval_s=1.0, clock=lambda: now[0])
+    for step, t in ((1, 0.0), (2, 0.4), (3, 0.9), (4, 1.0), (5, 1.5)):
+        now[0] = t
+        reporter.after_step(LearnerProgress(step=step, version=step))
+        if reporter._sent is not None:
+            reporter._sent.result(timeout=10)
+    assert controller.steps == [1, 4] and len(gauges) == 2
+    reporter.finish(LearnerProgress(step=5, version=5))
+    assert controller.steps == [1, 4, 5]
 
 
 def take_batch(loop, carry):
