@@ -185,8 +185,9 @@ class LearnerConfig(PinnedSection):
     """Give up (error) when no full batch arrives within this time."""
     status_interval_s: float = Field(0.25, ge=0, le=60)
     """Least time between two of the progress reports the learner sends after its steps (its
-    `LearnerHeartbeat`: the status page and `GetStatus`; the buffer gauges on its /metrics). Each report
-    carries the newest figures, so a step skipped is summed up by the next report, and the last step is always
+    `LearnerHeartbeat`: the status page and `GetStatus`; the buffer gauges on its /metrics). A step that ends
+    sooner after the last report is reported once the interval is up, with the newest figures then (a step
+    skipped is summed up by them): the page is never more than an interval behind, and the last step is always
     reported. Each report costs CPU in the learner (about 1 ms on the demo), the controller and Redis, on the
     cores training shares with generation; at 20 steps per second, one per step is 20 RPCs a second that tell
     a reader nothing more. 0: after every step (one report on its way at a time)."""

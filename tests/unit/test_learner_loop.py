@@ -298,10 +298,13 @@ def test_status_reports_go_in_the_background_and_their_failures_surface_at_the_n
     assert controller.requests[-1].step == 5
 
 
-def test_status_reports_after_steps_go_at_most_once_per_interval_and_the_last_step_is_always_reported():
-    """With learner.status_interval_s 1: steps ending at t = 0, 0.4, 0.9 send one report (step 1's); t = 1.0
-    sends step 4's figures (steps 2 and 3 are summed up by it); `finish` reports the last step whatever the
-    clock says."""
+def test_status_reports_go_at_most_once_per_interval_with_the_newest_figures_and_none_are_left_behind():
+    """learner.status_interval_s 1, on a fake clock: step 1 is reported at once; steps 2 and 3 end while the
+    status thread waits out the interval, which then reports step 3's figures (the newest); with nothing newer
+    after another interval the thread stops, and step 4, ending a whole interval later, is reported at once;
+    `finish` reports the last step whatever the clock says."""
+    import threading
+
     from asyncrl.learner.loop import LearnerProgress
     from asyncrl.learner.status_report import StatusReporter
     from asyncrl.v1 import controller_pb2
@@ -314,17 +317,35 @@ def test_status_reports_after_steps_go_at_most_once_per_interval_and_the_last_st
             self.steps.append(request.step)
             return controller_pb2.LearnerHeartbeatResponse()
 
-    controller, now, gauges = Controller(), [0.0], []
+    now, sleeping, wake = [0.0], threading.Semaphore(0), threading.Semaphore(0)
+
+    def sleep(seconds: float) -> None:  # the status thread's wait: it goes on when the test says so
+        sleeping.release()
+        assert wake.acquire(timeout=10)
+        now[0] += seconds
+
+    def waits() -> None:  # the status thread is waiting out an interval
+        assert sleeping.acquire(timeout=10)
+
+    controller, gauges = Controller(), []
     reporter = StatusReporter(controller, total_steps=10, observe_gauges=lambda: gauges.append(now[0]),
-                              interval_s=1.0, clock=lambda: now[0])
-    for step, t in ((1, 0.0), (2, 0.4), (3, 0.9), (4, 1.0), (5, 1.5)):
-        now[0] = t
-        reporter.after_step(LearnerProgress(step=step, version=step))
-        if reporter._sent is not None:
-            reporter._sent.result(timeout=10)
-    assert controller.steps == [1, 4] and len(gauges) == 2
+                              interval_s=1.0, clock=lambda: now[0], sleep=sleep)
+    reporter.after_step(LearnerProgress(step=1, version=1))
+    waits()
+    assert controller.steps == [1]
+    reporter.after_step(LearnerProgress(step=2, version=2))
+    reporter.after_step(LearnerProgress(step=3, version=3))
+    wake.release()
+    waits()  # step 3 sent at t = 1, now waiting until t = 2
+    assert controller.steps == [1, 3] and gauges == [0.0, 1.0]
+    wake.release()  # t = 2: nothing newer, the thread stops
+    reporter._sent.result(timeout=10)
+    reporter.after_step(LearnerProgress(step=4, version=4))
+    waits()
+    assert controller.steps == [1, 3, 4]
+    wake.release()
     reporter.finish(LearnerProgress(step=5, version=5))
-    assert controller.steps == [1, 4, 5]
+    assert controller.steps == [1, 3, 4, 5]
 
 
 def take_batch(loop, carry):
