@@ -87,6 +87,8 @@ class StatusReporter:
     def finish(self, progress) -> None:
         """Wait for the report on its way, then send the last figures (the page shows the final step). Best
         effort: the run is ending, and what follows (the final evaluation and checkpoint) matters more."""
+        with self._lock:
+            self._latest = None  # superseded by the last figures: a report still waiting sends nothing
         try:
             if self._sent is not None:
                 self._sent.result()

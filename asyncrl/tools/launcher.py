@@ -215,8 +215,8 @@ def start_and_supervise(cfg: AsyncRLConfig, group: ProcessGroup) -> int:
     for i in range(cfg.rollout.replicas):
         argv = ["rollout", *args, "--replica-id", f"replica-{i}"]
         for field in REPLICA_PORTS:  # fixed ports: one per replica, counting up from the configured one
-            if replica_port(cfg.rollout, field, i):
-                argv += ["--set", f"rollout.{field}={replica_port(cfg.rollout, field, i)}"]
+            if port := replica_port(cfg.rollout, field, i):
+                argv += ["--set", f"rollout.{field}={port}"]
         env = vllm_cpu_binding(cfg.rollout.engine, engines)
         engines += cfg.rollout.engine.type == "vllm"
         restartable[f"rollout-{i}"] = Restartable(group.start_cli(f"rollout-{i}", argv, env), argv, env,

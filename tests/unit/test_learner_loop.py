@@ -302,8 +302,9 @@ def test_status_reports_go_at_most_once_per_interval_with_the_newest_figures_and
     """learner.status_interval_s 1, on a fake clock: step 1 is reported at once; steps 2 and 3 end while the
     status thread waits out the interval, which then reports step 3's figures (the newest); with nothing newer
     after another interval the thread stops, and step 4, ending a whole interval later, is reported at once;
-    `finish` reports the last step whatever the clock says."""
+    `finish` reports the last step whatever the clock says, and step 5, still waiting then, is not sent."""
     import threading
+    import time
 
     from asyncrl.learner.loop import LearnerProgress
     from asyncrl.learner.status_report import StatusReporter
@@ -343,9 +344,16 @@ def test_status_reports_go_at_most_once_per_interval_with_the_newest_figures_and
     reporter.after_step(LearnerProgress(step=4, version=4))
     waits()
     assert controller.steps == [1, 3, 4]
+    reporter.after_step(LearnerProgress(step=5, version=5))  # waits for t = 3 ...
+    finishing = threading.Thread(target=reporter.finish, args=(LearnerProgress(step=6, version=6),))
+    finishing.start()  # ... but the last figures supersede it
+    wait_until = time.monotonic() + 10
+    while reporter._latest is not None:
+        assert time.monotonic() < wait_until
+        time.sleep(0.01)
     wake.release()
-    reporter.finish(LearnerProgress(step=5, version=5))
-    assert controller.steps == [1, 3, 4, 5]
+    finishing.join(10)
+    assert controller.steps == [1, 3, 4, 6]
 
 
 def take_batch(loop, carry):
