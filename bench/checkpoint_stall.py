@@ -30,14 +30,14 @@ import torch
 from common import build_random_qwen2, emit
 from transformers import AutoTokenizer
 
-from asyncrl.controller.event_records import MemoryEvents
 from asyncrl.core.buffer.memory import MemoryBuffer
 from asyncrl.core.config import AsyncRLConfig
+from asyncrl.core.events import MemoryEvents
 from asyncrl.core.modeling import load_causal_lm, named_weights
-from asyncrl.core.weights.flat import bind_parameters
 from asyncrl.learner.checkpoint import Checkpointer, CheckpointMeta
 from asyncrl.learner.checkpoint_saver import CheckpointSaver
 from asyncrl.learner.learner_metrics import LearnerMetrics
+from asyncrl.push.transport.flat import bind_parameters
 
 BATCH, TOKENS = 4, 128
 

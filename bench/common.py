@@ -106,12 +106,13 @@ def cpu_ms_per_step(samples: list, start_t: float, end_t: float, steps: int) -> 
 
 def push_weights(engine, named: list[tuple[str, torch.Tensor]], version: int, bucket_bytes: int = 64 << 20):
     """Push `named` into `engine` over a real gloo group (sender thread = rank 0, engine = rank 1)."""
-    from asyncrl.core.weights.plan import PushPlan, tensor_metas
-    from asyncrl.core.weights.transport import host_store, make_group, send_weights
+    from asyncrl.push.manifest import tensor_metas
+    from asyncrl.push.plan import PushPlan
+    from asyncrl.push.transport.broadcast import host_store, make_group, send_weights
 
     store = host_store("127.0.0.1", 0, 120)
-    plan = PushPlan(f"bench-{version}", version, f"127.0.0.1:{store.port}", 2, "gloo", tensor_metas(named),
-                    bucket_bytes, 120)
+    plan = PushPlan(push_id=f"bench-{version}", version=version, store_address=f"127.0.0.1:{store.port}", world_size=2, transport="gloo", tensors=tensor_metas(named),
+                    bucket_bytes=bucket_bytes, timeout_s=120)
 
     def send():
         group = make_group(plan, 0, store)

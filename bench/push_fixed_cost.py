@@ -6,11 +6,10 @@ learner side in this process (`WeightPublisher`: BeginWeightPush, broadcast as r
 
 Measured, each a median over `--pushes` pushes of each kind (in blocks of 5, at least one block):
   push_s         : one push of the demo model (2 MB) with unchanged membership, start to committed, ordered
-                   in-band (the default: the replicas follow their group, `weights.in_band`) from the plan the
-                   previous commit reserved (`weight_transport.reserve_next`, the default: no Begin);
-  unreserved_push_s : the same with `reserve_next: false` (a Begin before every push);
-  controller_ordered_push_s : the same with `weight_transport.in_band: false` (the controller calls
-                   UpdateWeights on every replica); the three kinds in alternating blocks of 5;
+                   in-band (the default: the replicas follow their group, `push.in_band`) from the plan the
+                   previous commit reserved (no Begin);
+  controller_ordered_push_s : the same with `weight_transport.in_band: false` (a Begin, and the controller
+                   calls UpdateWeights on every replica); the two kinds in alternating blocks of 5;
   raw_s          : a bare gloo broadcast of the same bytes from this process to the same number of receiver
                    processes, plus an all-reduce so it covers receipt (the floor for moving these bytes);
   fixed_cost_s   : push_s - raw_s (target <= 5 ms);
@@ -18,7 +17,7 @@ Measured, each a median over `--pushes` pushes of each kind (in blocks of 5, at 
   rebuild_push_s : the push right after one more replica joined (membership changed: one rebuild);
   phases_s       : for each kind, the medians of where a push's time went (Begin, join and broadcast, in-band
                    acks, Commit, the rest), as the publisher times them.
-The ratio lines are raw_s / push_s, controller_ordered_push_s / push_s and unreserved_push_s / push_s.
+The ratio lines are raw_s / push_s and controller_ordered_push_s / push_s.
 
     .venv/bin/python bench/push_fixed_cost.py [--replicas 2] [--pushes 40]
     (or: asyncrl bench push_fixed_cost)
@@ -93,10 +92,10 @@ def replica_process(cfg, controller_address: str, ready, stop) -> None:
 
 
 def raw_receiver(store_port: int, rank: int, world: int, numel: int, trials: int) -> None:
-    from asyncrl.core.weights.plan import PushPlan
-    from asyncrl.core.weights.transport import make_group
+    from asyncrl.push.plan import PushPlan
+    from asyncrl.push.transport.broadcast import make_group
 
-    plan = PushPlan("raw", 0, f"127.0.0.1:{store_port}", world, "gloo", (), 0, 60)
+    plan = PushPlan(push_id="raw", version=0, store_address=f"127.0.0.1:{store_port}", world_size=world, transport="gloo", tensors=(), bucket_bytes=0, timeout_s=60)
     group = make_group(plan, rank)
     flat, flag = torch.empty(numel), torch.ones(1)
     for _ in range(trials):
@@ -105,8 +104,8 @@ def raw_receiver(store_port: int, rank: int, world: int, numel: int, trials: int
 
 
 def raw_broadcast_s(numel: int, receivers: int, trials: int) -> float:
-    from asyncrl.core.weights.plan import PushPlan
-    from asyncrl.core.weights.transport import host_store, make_group
+    from asyncrl.push.plan import PushPlan
+    from asyncrl.push.transport.broadcast import host_store, make_group
 
     store = host_store("127.0.0.1", 0, 60)
     world = receivers + 1
@@ -114,7 +113,7 @@ def raw_broadcast_s(numel: int, receivers: int, trials: int) -> float:
     procs = [ctx.Process(target=raw_receiver, args=(store.port, r, world, numel, trials)) for r in range(1, world)]
     for p in procs:
         p.start()
-    group = make_group(PushPlan("raw", 0, f"127.0.0.1:{store.port}", world, "gloo", (), 0, 60), 0, store)
+    group = make_group(PushPlan(push_id="raw", version=0, store_address=f"127.0.0.1:{store.port}", world_size=world, transport="gloo", tensors=(), bucket_bytes=0, timeout_s=60), 0, store)
     flat, flag, times = torch.randn(numel), torch.ones(1), []
     for _ in range(trials):
         t0 = time.perf_counter()
@@ -183,45 +182,43 @@ def push_system(cfg, replicas: int) -> Iterator[tuple[object, Callable[[], None]
 def measure(cfg, args, stub, add_replica):
     """Time the pushes: steady ones, the first, the one after a replica joined."""
     from asyncrl.core.modeling import load_causal_lm
-    from asyncrl.learner.publisher import WeightPublisher
+    from asyncrl.push.sender import WeightPublisher
 
     model = load_causal_lm(cfg.model.path)
     transport = cfg.learner.weight_transport
     publisher = WeightPublisher(stub, model, transport, cfg.controller.push_timeout_s)
     version = 0
 
-    def push(receivers: int, new_group: bool, in_band: bool = True, reserve: bool = True):
+    def push(receivers: int, new_group: bool, in_band: bool = True):
         """One push (its `PushResult`); checks it went to every replica, forming a group or not as the
         membership says, in-band when offered on a kept group."""
         nonlocal version
         version += 1
-        transport.in_band, transport.reserve_next = in_band, reserve  # the publisher reads them at every push
+        transport.in_band = in_band  # the publisher reads it at every push
         result = publisher.push(version)
         assert result.committed and len(result.acked) == result.receivers == receivers, result
-        assert result.new_group == new_group and result.in_band == (in_band and not new_group), result
+        assert result.new_group == new_group, result
         return result
 
     def block(**kind):
         """BLOCK pushes of one kind after one more that is left out (the one after a switch: the first in-band
-        push after a controller-ordered one also wakes the followers, the first reserved one has no
-        reservation yet, the first unreserved one still has one)."""
+        push after a controller-ordered one has no reservation yet, the first ordered one still has one)."""
         pushes = [push(args.replicas, new_group=False, **kind) for _ in range(BLOCK + 1)][1:]
-        assert all(p.reserved == (kind.get("in_band", True) and kind.get("reserve", True)) for p in pushes), pushes
+        assert all(p.in_band == kind.get("in_band", True) for p in pushes), pushes
         return pushes
 
     first = push(args.replicas, new_group=True).total_s
-    steady, unreserved, ordered = [], [], []
+    steady, ordered = [], []
     # Alternating blocks, so that every kind sees the same machine.
     for _ in range(max(1, args.pushes // BLOCK)):
         steady += block()
-        unreserved += block(reserve=False)
         ordered += block(in_band=False)
     add_replica()
     rebuild = push(args.replicas + 1, new_group=True).total_s
     after = [push(args.replicas + 1, new_group=False).total_s for _ in range(5)]
     publisher.close()
     nbytes = sum(p.numel() * p.element_size() for p in model.parameters())
-    return first, steady, unreserved, ordered, rebuild, after, nbytes
+    return first, steady, ordered, rebuild, after, nbytes
 
 
 def phases(pushes) -> dict[str, float]:
@@ -243,28 +240,23 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as run_dir:
         cfg = demo_config(run_dir)
         with push_system(cfg, args.replicas) as (stub, add_replica):
-            first, steady_pushes, unreserved_pushes, ordered_pushes, rebuild, after, nbytes = measure(
+            first, steady_pushes, ordered_pushes, rebuild, after, nbytes = measure(
                 cfg, args, stub, add_replica)
     raw = raw_broadcast_s(nbytes // 4, args.replicas, args.pushes)
     steady, ordered = [p.total_s for p in steady_pushes], [p.total_s for p in ordered_pushes]
     push_s, ordered_s = statistics.median(steady), statistics.median(ordered)
-    unreserved_s = statistics.median(p.total_s for p in unreserved_pushes)
     result = {
         "model_bytes": nbytes, "replicas": args.replicas, "pushes": args.pushes,
         "push_s": round(push_s, 5), "push_p90_s": round(statistics.quantiles(steady, n=10)[-1], 5),
         "raw_s": round(raw, 5), "fixed_cost_s": round(push_s - raw, 5),
         "controller_ordered_push_s": round(ordered_s, 5), "controller_ordered_fixed_cost_s": round(ordered_s - raw, 5),
         "controller_ordered_over_in_band": round(ordered_s / push_s, 3),
-        "unreserved_push_s": round(unreserved_s, 5), "unreserved_fixed_cost_s": round(unreserved_s - raw, 5),
-        "unreserved_over_reserved": round(unreserved_s / push_s, 3),
         "first_push_s": round(first, 5), "rebuild_push_s": round(rebuild, 5),
         "push_after_rebuild_s": round(statistics.median(after), 5),
         "raw_over_push": round(raw / push_s, 3), "target_fixed_cost_s": 0.005,
-        "phases_s": {"in_band": phases(steady_pushes), "in_band_unreserved": phases(unreserved_pushes),
-                     "controller_ordered": phases(ordered_pushes)},
+        "phases_s": {"in_band": phases(steady_pushes), "controller_ordered": phases(ordered_pushes)},
     }
     emit("push_fixed_cost", result, {"raw broadcast": raw, "push (same members, in-band)": push_s,
-                                     "push (in-band, Begin each time)": unreserved_s,
                                      "push (same members, controller-ordered)": ordered_s, "first push": first,
                                      "push after a join": rebuild},
          "seconds", f"Weight push of the demo model ({nbytes / 2**20:.1f} MiB) to {args.replicas} replicas")

@@ -25,9 +25,10 @@ import time
 import torch
 from common import emit
 
-from asyncrl.core.weights.flat import FlatWeights
-from asyncrl.core.weights.plan import PushPlan, TensorMeta
-from asyncrl.core.weights.transport import host_store, make_group, receive_weights, send_weights
+from asyncrl.push.manifest import TensorMeta
+from asyncrl.push.plan import PushPlan
+from asyncrl.push.transport.broadcast import host_store, make_group, receive_weights, send_weights
+from asyncrl.push.transport.flat import FlatWeights
 
 
 def model_like_metas(total_mb: float, hidden: int = 1024) -> tuple[TensorMeta, ...]:
@@ -77,8 +78,8 @@ def main() -> None:
     torch.set_num_threads(1)
     metas = model_like_metas(args.mb)
     store = host_store("127.0.0.1", 0, 120)
-    plan = PushPlan("bench", 1, f"127.0.0.1:{store.port}", args.receivers + 1, "gloo", metas,
-                    int(args.bucket_mb * 2**20), 120)
+    plan = PushPlan(push_id="bench", version=1, store_address=f"127.0.0.1:{store.port}", world_size=args.receivers + 1, transport="gloo", tensors=metas,
+                    bucket_bytes=int(args.bucket_mb * 2**20), timeout_s=120)
     ctx = mp.get_context("spawn")
     procs = [ctx.Process(target=receiver, args=(plan, r, args.trials + 1)) for r in range(1, args.receivers + 1)]
     for p in procs:

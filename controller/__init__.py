@@ -27,14 +27,14 @@ queue of held requests, and what unblocks each:
   +---------------------------------------------------------------------------------------------------+
       |  events/controller.jsonl (controller.events)     |  status page /, /status, /metrics, /healthz
 
-Modules: `staleness` (the rule), `registry`, `leases`, `push_session` (the push in flight, its fan-out),
-`push` (the `PushCoordinator` that begins, reserves, settles and aborts it), `learner_seat` (the learner's seat),
+Modules: `staleness` (the rule), `registry`, `leases`, `learner_seat` (the learner's seat),
 `reachability` (new registrations challenged at their addresses before they join pushes), `state` (the lock,
-the version, timeline resets), `liveness` (reaping: dead replicas, due leases, the controller's own stalls
-forgiven), `admission` (granting and holding leases: held requests wait on the condition, or, on the asyncio
-gRPC edge, as coroutines woken by `add_waker`), `persistence` (the state kept in Redis across a controller
-restart), `reaper` (the timer thread, the stall detector), `controller_metrics`, `event_records` (record
-fields), `views` and `status_page`. The
-gRPC notifier that tells a replica to join a push, and the liveness probes of a registered replica and of the
-seated learner, are the service edge's (`asyncrl.services.weight_fanout`); test fakes are in `tests/fakes.py`.
+the version, timeline resets; it holds the push's `asyncrl.push.coordinator.PushCoordinator`), `liveness`
+(reaping: dead replicas, due leases, the controller's own stalls forgiven), `admission` (granting and holding
+leases: held requests wait on the condition, or, on the asyncio gRPC edge, as coroutines woken by
+`add_waker`), `persistence` (the state kept in Redis across a controller restart), `reaper` (the timer thread,
+the stall detector), `controller_metrics`, `event_records` (record fields), `views` and `status_page`. The
+gRPC notifier that tells a replica to join a push is the push's own (`asyncrl.push.fanout`); the liveness
+probes of a registered replica and of the seated learner are the service edge's
+(`asyncrl.services.liveness_calls`); test fakes are in `tests/fakes.py`.
 """

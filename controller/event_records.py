@@ -1,4 +1,4 @@
-"""The controller's event records in `<run_dir>/events/controller.jsonl` (`asyncrl.core.events.EventLog`).
+"""The controller's event records (the sink types are `asyncrl.core.events`) in `<run_dir>/events/controller.jsonl` (`asyncrl.core.events.EventLog`).
 
 Every record has `t` (unix seconds) and `kind`; the fields per kind are below. They are the audit trail:
 from them one can check that every admission satisfied the staleness bound and that versions only grew.
@@ -38,39 +38,3 @@ from them one can check that every admission satisfied the staleness bound and t
     (`controller.push_backoff_s`, doubling with `failures`) after it could not be reached, never joined a
     push, or never answered the controller's challenge at its address.
 """
-
-from __future__ import annotations
-
-from typing import Protocol
-
-
-class EventSink(Protocol):
-    def write(self, kind: str, **fields) -> None: ...
-
-    def close(self) -> None: ...
-
-
-class NoEvents:
-    """An event sink that keeps nothing (unit tests that do not look at the audit trail)."""
-
-    def write(self, kind: str, **fields) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
-
-
-class MemoryEvents:
-    """An event sink that keeps records in a list (unit tests that check the audit trail)."""
-
-    def __init__(self):
-        self.records: list[dict] = []
-
-    def write(self, kind: str, **fields) -> None:
-        self.records.append({"kind": kind, **fields})
-
-    def of_kind(self, kind: str) -> list[dict]:
-        return [r for r in self.records if r["kind"] == kind]
-
-    def close(self) -> None:
-        pass

@@ -19,9 +19,9 @@ import logging
 from dataclasses import replace
 
 from asyncrl.controller.leases import Lease
-from asyncrl.controller.push_session import Outcome
 from asyncrl.controller.reaper import Reaper, StallDetector
 from asyncrl.controller.registry import Replica
+from asyncrl.push.session import Outcome
 
 log = logging.getLogger(__name__)
 

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # for the annotation only: results stay plain data
-    from asyncrl.controller.push_session import PushSession
+    from asyncrl.push.session import PushSession
 
 
 @dataclass(frozen=True)

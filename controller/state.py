@@ -6,7 +6,7 @@ writes its event records, saves what changed to its store (`controller.persisten
 continues from it) and updates the gauges. Leases are granted, held and taken back by the `Admission` part
 (`controller.admission`); everything that can make a held request admissible wakes the held ones: returned
 quota (partial completion, expiry), a committed version, a replica becoming synced. Pushes are opened, settled and aborted by the
-`PushCoordinator` (`controller.push`) under this lock; its fan-out runs on its own threads and the commit
+`PushCoordinator` (`asyncrl.push.coordinator`) under this lock; its fan-out runs on its own threads and the commit
 waits for the acks *outside* the lock. The policy version is this object's: a push only reports it. The
 learner's seat is given and checked by the `LearnerSeating` part (`controller.learner_seat`), new registrations
 are challenged by the `ReplicaReachability` part (`controller.reachability`), and silent replicas and due leases
@@ -28,7 +28,6 @@ from asyncrl.controller import staleness
 from asyncrl.controller.admission import Admission
 from asyncrl.controller.controller_metrics import ControllerMetrics
 from asyncrl.controller.errors import PreconditionFailed, ReplicaIdInUse
-from asyncrl.controller.event_records import EventSink, NoEvents
 from asyncrl.controller.learner_seat import LearnerSeat, LearnerSeating, Probe
 from asyncrl.controller.leases import LeaseBook
 from asyncrl.controller.liveness import Liveness
@@ -40,8 +39,6 @@ from asyncrl.controller.persistence import (
     StateWriter,
     restore_books,
 )
-from asyncrl.controller.push import NEW, PushCoordinator, PushOffer
-from asyncrl.controller.push_session import PushSession, ReceiverAck, WeightNotifier
 from asyncrl.controller.reachability import ReachabilityChecks, ReplicaReachability
 from asyncrl.controller.reaper import Reaper, StallDetector
 from asyncrl.controller.registry import Replica, ReplicaRegistry
@@ -56,6 +53,10 @@ from asyncrl.controller.results import (
 )
 from asyncrl.controller.views import learner_view, replica_view
 from asyncrl.core.config import ControllerConfig
+from asyncrl.core.events import EventSink, NoEvents
+from asyncrl.push.coordinator import NEW, PushCoordinator, PushTiming
+from asyncrl.push.plan import PushOffer
+from asyncrl.push.session import PushSession, ReceiverAck, WeightNotifier
 
 _HISTORY = 1000
 """Learner steps the status page's charts keep."""
@@ -89,7 +90,9 @@ class ControllerState(Admission, LearnerSeating, ReplicaReachability, Liveness):
         self._leases = LeaseBook(config.lease_ttl_s, config.start_admitted, config.start_prompt_index,
                                  config.lease_max_s)
         self._current_version = config.start_version
-        self._pushes = PushCoordinator(config, self._registry, notify, self.events, self.metrics)
+        self._pushes = PushCoordinator(timing=PushTiming(config.push_timeout_s, config.push_backoff_s),
+                                       replicas=self._registry, notify=notify, events=self.events,
+                                       metrics=self.metrics)
         self._held = 0
         self._last_replica_scan = float("-inf")
         self._wakers: list = []
@@ -246,9 +249,7 @@ class ControllerState(Admission, LearnerSeating, ReplicaReachability, Liveness):
             if version > previous:
                 raise PreconditionFailed(f"version: {version} is ahead of the controller's {previous}; a learner "
                                          "ahead of its controller pushes its weights instead")
-            if self._pushes.open is not None:
-                self._pushes.abort(self._pushes.open, "timeline reset by the learner")
-            self._pushes.close_reserved(reason="timeline reset by the learner")
+            self._pushes.abort_held("timeline reset by the learner")
             expired = self._leases.expire_all("timeline_reset")
             self._log_expired(expired, "timeline_reset")
             cursor = self._leases.restart_counts(admitted, prompt_index)

@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import time
 
+from asyncrl.core.one_at_a_time import OneAtATime
 from asyncrl.learner.checkpoint import CheckpointMeta, Covered, save_shards, stage_shards, write_shards
-from asyncrl.learner.one_at_a_time import OneAtATime
 
 
 class CheckpointSaver:

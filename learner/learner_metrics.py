@@ -56,12 +56,8 @@ class LearnerMetrics:
                                            "not in the background)", registry=r)
         self.groups_formed = Counter("asyncrl_learner_broadcast_groups_formed",
                                      "Pushes that formed a broadcast group (the others reused one)", registry=r)
-        self.push_bytes = Counter("asyncrl_learner_push_bytes",
-                                  "Bytes of weights pushed to the replicas (compressed ones for delta pushes)",
+        self.push_bytes = Counter("asyncrl_learner_push_bytes", "Bytes of weights pushed to the replicas",
                                   registry=r)
-        self.delta_pushes = Counter("asyncrl_learner_delta_pushes",
-                                    "Pushes sent as deltas against the previous push (weight_transport.delta_codec)",
-                                    registry=r)
         self.dead_letters = Counter("asyncrl_learner_dead_letters", "Buffer entries refused and dead-lettered",
                                     registry=r)
         self.skipped_updates = Counter("asyncrl_learner_skipped_updates",
@@ -78,7 +74,6 @@ class LearnerMetrics:
         self.push_seconds.observe(push.total_s)
         self.push_bytes.inc(push.bytes_sent)
         self.groups_formed.inc(int(push.new_group))
-        self.delta_pushes.inc(int(push.delta))
 
     def observe_step(self, metrics: dict, version: int, push_wait_s: float,
                      created_unix_s: list[float] | None = None) -> None:

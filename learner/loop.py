@@ -281,8 +281,8 @@ class LearnerLoop:
         self.events.write("push", version=push.version, push_s=push.total_s, broadcast_s=push.broadcast_s,
                           push_bytes=push.bytes_sent, receivers=push.receivers, acked=push.acked,
                           dropped=push.dropped, attempts=push.attempts, new_group=push.new_group,
-                          background=push.background, delta=push.delta, in_band=push.in_band,
-                          begin_s=push.begin_s, acks_s=push.acks_s, commit_s=push.commit_s, reserved=push.reserved)
+                          background=push.background, in_band=push.in_band, begin_s=push.begin_s,
+                          acks_s=push.acks_s, commit_s=push.commit_s)
 
     def train_on(self, entries: list, collect_s: float = 0.0) -> None:
         """One step on `entries` (read in `collect_s` seconds), its push and its records."""

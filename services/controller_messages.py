@@ -17,9 +17,10 @@ from asyncrl.controller.errors import (
     ReplicaIdInUse,
     UnknownReplica,
 )
-from asyncrl.controller.push_session import ReceiverAck
 from asyncrl.controller.results import LearnerFigures
 from asyncrl.core.validation import MAX_COUNT, MAX_TIMEOUT_S, InvalidArgument, check_range, require
+from asyncrl.push.protocol import PushRefused
+from asyncrl.push.session import ReceiverAck
 from asyncrl.v1 import controller_pb2
 
 MAX_ERROR = 4096
@@ -77,8 +78,8 @@ def _push_status(view: dict | None) -> controller_pb2.PushStatus | None:
     return None if view is None else controller_pb2.PushStatus(**view)
 
 
-ERRORS = (UnknownReplica, InvalidArgument, InvalidRequest, RegistryFull, PreconditionFailed, ReplicaIdInUse,
-          LearnerSeatTaken, LearnerSeatUnconfirmed, NotTheLearner)
+ERRORS = (UnknownReplica, InvalidArgument, InvalidRequest, RegistryFull, PreconditionFailed, PushRefused,
+          ReplicaIdInUse, LearnerSeatTaken, LearnerSeatUnconfirmed, NotTheLearner)
 
 
 def status_of(err: Exception) -> tuple[grpc.StatusCode, str]:

@@ -36,7 +36,6 @@ import grpc
 
 from asyncrl.controller.admission import HOLD_POLL_S
 from asyncrl.controller.persistence import make_store
-from asyncrl.controller.push_session import PushOffer, PushSession, WeightNotifier
 from asyncrl.controller.state import ControllerState
 from asyncrl.controller.status_page import StatusPage
 from asyncrl.core.auth import resolve_auth
@@ -48,20 +47,14 @@ from asyncrl.core.ports import listening
 from asyncrl.core.validation import (
     MAX_COUNT,
     MAX_TIMEOUT_S,
+    check_host_port,
     check_name,
     check_range,
     require,
 )
-from asyncrl.core.weights.manifest import (
-    MAX_PUSH_BYTES,
-    check_address,
-    check_delta,
-    check_digest,
-    check_optional_seconds,
-    check_transport,
-    decode_tensors,
-    encode_plan,
-)
+from asyncrl.push.fanout import ReplicaChannels, preload_store_client
+from asyncrl.push.plan import PushOffer
+from asyncrl.push.session import PushSession, WeightNotifier
 from asyncrl.services.controller_messages import (
     ERRORS,
     MAX_ERROR,
@@ -71,12 +64,7 @@ from asyncrl.services.controller_messages import (
     status_message,
     status_of,
 )
-from asyncrl.services.weight_fanout import (
-    ReplicaChannels,
-    grpc_learner_liveness_answer,
-    grpc_liveness_answer,
-    preload_store_client,
-)
+from asyncrl.services.liveness_calls import grpc_learner_liveness_answer, grpc_liveness_answer
 from asyncrl.v1 import controller_pb2, controller_pb2_grpc
 
 SERVICE_NAME = "asyncrl.v1.Controller"
@@ -104,7 +92,7 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
 
     def RegisterReplica(self, request, context):
         def run():
-            check_address(request.address, "address")
+            check_host_port(request.address, "address")
             check_name(request.replica_id, "replica_id", optional=True)
             self._require_version(request.weight_version, "weight_version")
             check_name(request.engine, "engine", optional=True)
@@ -232,7 +220,7 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
 
     def RegisterLearner(self, request, context):
         def run():
-            check_address(request.address, "address")
+            check_host_port(request.address, "address")
             seat = self.state.register_learner(request.address)
             return controller_pb2.RegisterLearnerResponse(learner_key=seat.learner_key,
                                                           current_version=seat.current_version)
@@ -244,22 +232,8 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
             self.state.check_learner(request.learner_key)
             # The state answers a version other than current or current + 1 (FAILED_PRECONDITION).
             check_range(request.version, 0, MAX_COUNT, "version")
-            check_address(request.store_address, "store_address")
-            check_transport(request.transport, "transport")
-            check_digest(request.manifest_digest, "manifest_digest", optional=True)
-            if request.manifest_digest:
-                require(not request.tensors, "tensors", "must be empty when manifest_digest is set")
-                tensors = ()
-            else:
-                tensors = decode_tensors(request.tensors, "tensors")
-            check_range(request.bucket_bytes, 1, MAX_PUSH_BYTES, "bucket_bytes")
-            check_optional_seconds(request.timeout_s, "timeout_s")
-            check_optional_seconds(request.join_timeout_s, "join_timeout_s")
-            check_delta(request.delta_codec, request.delta_base_push_id)
+            offer = PushOffer.from_proto(request)
             check_name(request.unused_push_id, "unused_push_id", optional=True)
-            offer = PushOffer(request.store_address, request.transport, tensors, request.bucket_bytes,
-                              request.timeout_s, request.join_timeout_s, request.manifest_digest,
-                              request.delta_codec, request.delta_base_push_id, request.in_band)  # fmt: skip
             return begin_response(self.state.begin_push(request.version, offer, request.unused_push_id))
 
         return answer(context, run)
@@ -391,7 +365,7 @@ def serve(config: AsyncRLConfig) -> None:
 def begin_response(session: PushSession) -> controller_pb2.BeginWeightPushResponse:
     """A push's plan as BeginWeightPush answers it (and CommitWeightPush, for the push it reserved)."""
     return controller_pb2.BeginWeightPushResponse(
-        plan=encode_plan(session.plan), receivers=[r.replica_id for r in session.receivers],
+        plan=session.plan.to_proto(), receivers=[r.replica_id for r in session.receivers],
         in_band=session.in_band, order_macs=session.order_macs, after_push_id=session.after_push_id,
         receiver_addresses=[r.address for r in session.receivers] if session.in_band else [],
     )

@@ -31,12 +31,12 @@ from asyncrl.learner.checkpoint_saver import FollowerSaves
 from asyncrl.learner.held_out import evaluate_held_out
 from asyncrl.learner.learner_metrics import LearnerMetrics
 from asyncrl.learner.loop import LearnerLoop, LearnerProgress
-from asyncrl.learner.publisher import WeightPublisher
 from asyncrl.learner.replica_eval import BackgroundEvaluations, ReplicaEvaluator
 from asyncrl.learner.seat import SeatedController
 from asyncrl.learner.sharding import STOP, Mirror, follow, init_ranks, leave, rank_device, shard
 from asyncrl.learner.tracking import MetricSinks
 from asyncrl.learner.trainer import Trainer
+from asyncrl.push.sender import WeightPublisher
 from asyncrl.v1 import controller_pb2_grpc, learner_pb2, learner_pb2_grpc, teacher_pb2_grpc
 
 log = logging.getLogger("asyncrl.learner")

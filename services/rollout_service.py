@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import hmac
 import logging
 import math
 import threading
@@ -11,17 +10,16 @@ import threading
 import grpc
 from transformers import AutoConfig
 
-from asyncrl.core.auth import MAX_CHALLENGE, liveness_mac, push_order_mac, resolve_auth
+from asyncrl.core.auth import MAX_CHALLENGE, liveness_mac, resolve_auth
 from asyncrl.core.engines.factory import make_engine
 from asyncrl.core.grpc_util import abort_invalid, build_server, wait_for_channel, wait_until_stopped
 from asyncrl.core.metrics import serve_metrics
 from asyncrl.core.ports import listening
 from asyncrl.core.sampling import SamplingParams
 from asyncrl.core.validation import InvalidArgument, check_range, check_token_ids, require
-from asyncrl.core.weights.groups import ManifestCache
-from asyncrl.core.weights.manifest import decode_plan
-from asyncrl.core.weights.rendezvous import PushAborted
-from asyncrl.rollout.push_listener import PushListener
+from asyncrl.push.plan import PushPlan
+from asyncrl.push.receiver import OrderNotSigned, PushReceiver
+from asyncrl.push.transport.rendezvous import PushAborted
 from asyncrl.rollout.rollout_metrics import RolloutMetrics
 from asyncrl.rollout.runtime import ReplicaRuntime
 from asyncrl.v1 import controller_pb2_grpc, rollout_pb2, rollout_pb2_grpc
@@ -47,16 +45,13 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServicer):
         self.push_key = push_key
         """Callable -> the key its controller signs pushes with; None: a standalone server (tests, tools) that
         has no controller and checks no push orders."""
-        self.manifests = ManifestCache()
-        """Tensor manifests of plans that name one by digest, read once from the learner's store."""
-        self.listener = None if push_key is None else PushListener(self.take_push, push_key,
-                                                                     metrics.pushes_refused.inc)
-        """Follows the broadcast group this replica keeps, for in-band pushes (only with a controller)."""
+        self.receiver = PushReceiver(self._load, push_key, metrics.pushes_refused.inc)
+        """Takes pushes: UpdateWeights orders, and in-band ones its listener finds (only with a controller)."""
         metrics.weight_version.set(engine.weight_version)
 
-    def take_push(self, plan, rank: int):
-        """Join `plan`'s push as `rank` and load the weights (an UpdateWeights order or an in-band one)."""
-        stats = self.engine.update_weights(self.manifests.resolve(plan), rank)
+    def _load(self, plan, rank: int):
+        """The engine's update (join `plan`'s push as `rank`, load the weights), counted."""
+        stats = self.engine.update_weights(plan, rank)
         self.metrics.weight_version.set(stats.version)
         self.metrics.weight_update_seconds.observe(stats.load_s)
         self.metrics.weight_update_pause.observe(stats.pause_s)
@@ -65,22 +60,15 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServicer):
     def UpdateWeights(self, request, context):
         try:
             require(request.HasField("plan"), "plan", "is required")
-            plan = decode_plan(request.plan, "plan")
+            plan = PushPlan.from_proto(request.plan, "plan")
             require(1 <= request.rank < plan.world_size, "rank", f"must be in [1, {plan.world_size}), got {request.rank}")
         except InvalidArgument as err:
             abort_invalid(context, err)
-        if self.push_key is not None:
-            key = self.push_key()
-            expected = push_order_mac(key, plan, request.rank)
-            if not key or not hmac.compare_digest(request.order_mac, expected):
-                self.metrics.pushes_refused.inc()
-                context.abort(grpc.StatusCode.PERMISSION_DENIED,
-                              "order_mac: this push was not ordered by this replica's controller")
         try:
-            stats = self.take_push(plan, request.rank)
+            stats = self.receiver.take_ordered(plan, request.rank, request.order_mac)
         except Exception as err:
-            if self.listener is not None:
-                self.listener.forget()  # the controller forms a new group after a failed push
+            if isinstance(err, OrderNotSigned):
+                context.abort(grpc.StatusCode.PERMISSION_DENIED, str(err))
             if isinstance(err, ValueError):  # the plan (or the manifest it names) does not fit the model
                 context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"plan: {err}")
             if isinstance(err, PushAborted):  # the sender called it off, or it is over (a late order): not a fault
@@ -88,8 +76,6 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServicer):
                 context.abort(grpc.StatusCode.ABORTED, f"weight update {request.plan.push_id} not taken: {err}")
             log.exception("weight update %s failed", request.plan.push_id)
             context.abort(grpc.StatusCode.ABORTED, f"weight update {request.plan.push_id} failed: {err}")
-        if self.listener is not None:
-            self.listener.follow(plan, request.rank)
         return rollout_pb2.UpdateWeightsResponse(weight_version=stats.version, load_s=stats.load_s,
                                                  pause_s=stats.pause_s)
 
@@ -166,7 +152,7 @@ def serve(config, replica_id: str = "") -> None:
     server.start()
     with listening("rollout.metrics_port", config.rollout.host, config.rollout.metrics_port):
         metrics_port = serve_metrics(config.rollout.host, config.rollout.metrics_port, runtime.metrics.registry)
-    runtime.start(controller, port, in_band_pushes=server.servicer.listener is not None)
+    runtime.start(controller, port, in_band_pushes=server.servicer.receiver.listener is not None)
     print(f"asyncrl-rollout {runtime.replica_id} listening grpc={config.rollout.host}:{port} "
           f"metrics={config.rollout.host}:{metrics_port}", flush=True)  # fmt: skip
     wait_until_stopped(server, on_stop=runtime.stop)

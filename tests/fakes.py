@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import threading
 
-from asyncrl.controller.event_records import MemoryEvents
-from asyncrl.controller.push_session import ReceiverUnreachable
 from asyncrl.controller.state import ControllerState
 from asyncrl.core.config import ControllerConfig
-from asyncrl.core.weights.plan import PushPlan, TensorMeta
+from asyncrl.core.events import MemoryEvents
+from asyncrl.push.manifest import TensorMeta
+from asyncrl.push.plan import PushPlan
+from asyncrl.push.session import ReceiverUnreachable
 
 
 class FakeClock:

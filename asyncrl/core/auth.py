@@ -84,11 +84,11 @@ def new_push_key() -> bytes:
 
 
 def push_order_mac(key: bytes, plan, rank: int) -> bytes:
-    """The controller's signature on one push order (a `weights.plan.PushPlan`) for one replica (HMAC-SHA256
-    under its push key): the push, the replica's rank, where to join (store, transport, group), which manifest
-    to load and how the bytes are encoded (delta codec and base)."""
-    fields = (plan.push_id, plan.version, rank, plan.world_size, plan.store_address, plan.transport,
-              plan.group_id, int(plan.new_group), plan.manifest_digest, plan.delta_codec, plan.delta_base_push_id)
+    """The controller's signature on one push order (a `push.plan.PushPlan`) for one replica (HMAC-SHA256
+    under its push key): the push, the replica's rank, where to join (store, transport, group) and which
+    manifest to load."""
+    fields = ("order", plan.push_id, plan.version, rank, plan.world_size, plan.store_address, plan.transport,
+              plan.group_id, int(plan.new_group), plan.manifest_digest)
     return hmac.new(key, "\n".join(map(str, fields)).encode(), "sha256").digest()
 
 

@@ -8,6 +8,7 @@ import os
 import threading
 import time
 from pathlib import Path
+from typing import Protocol
 
 
 class EventLog:
@@ -51,3 +52,35 @@ class EventTail:
         complete = data[: data.rfind(b"\n") + 1]  # a line being written is read next time
         self._offset += len(complete)
         return [json.loads(line) for line in complete.splitlines() if line.strip()]
+
+
+class EventSink(Protocol):
+    def write(self, kind: str, **fields) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class NoEvents:
+    """An event sink that keeps nothing (unit tests that do not look at the audit trail)."""
+
+    def write(self, kind: str, **fields) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+class MemoryEvents:
+    """An event sink that keeps records in a list (unit tests that check the audit trail)."""
+
+    def __init__(self):
+        self.records: list[dict] = []
+
+    def write(self, kind: str, **fields) -> None:
+        self.records.append({"kind": kind, **fields})
+
+    def of_kind(self, kind: str) -> list[dict]:
+        return [r for r in self.records if r["kind"] == kind]
+
+    def close(self) -> None:
+        pass

@@ -10,7 +10,7 @@ from pydantic import Field, model_validator
 
 from asyncrl.core.algo.config import AlgoConfig
 from asyncrl.core.config_base import PinnedSection, Section
-from asyncrl.core.weights.kinds import DeltaSetting, Transport
+from asyncrl.push.plan import Transport
 
 
 class WeightTransportConfig(Section):
@@ -29,19 +29,10 @@ class WeightTransportConfig(Section):
     """How long the learner waits for every receiver of a push to join before calling the push off and
     retrying without the absent ones (a replica that died after being picked must not stall the rest)."""
     in_band: bool = True
-    """Offer the controller to order pushes that reuse a broadcast group through the learner's store: the
-    members wait there for the next push and acknowledge it there, two gRPC hops instead of four per push
-    (docs/architecture.md, "Weight push"). False: the controller orders every push (UpdateWeights)."""
-    reserve_next: bool = True
-    """With `in_band`: ask the controller, at each commit, for the next push's plan when that push can go
-    in-band (`CommitWeightPush.reserve_next`), so an in-band push costs one controller call (its commit), not
-    two. The reservation is void once another push begins or one of its receivers registers again."""
-    delta_codec: DeltaSetting = "none"
-    """Send only what changed since the previous push: `xor-zlib` XORs each bucket with the bytes every member
-    kept from the last push on the same broadcast group and compresses the result (lossless); a new group, or
-    a push that some member did not acknowledge, falls back to a whole push. Costs one more copy of the
-    weights in memory on the learner and on every replica, and CPU time to encode and decode: it pays only on
-    links slower than tens of MB/s (docs/benchmarks.md, "Delta push"). `none`: every push whole."""
+    """Order pushes that reuse a broadcast group through the learner's store: at each commit the controller
+    reserves the next push's plan when every member follows the group, and the members wait in the store for
+    that push and acknowledge it there: one gRPC call per push instead of four (docs/architecture.md, "Weight
+    push"). False: the controller orders every push (UpdateWeights)."""
 
 
 class CheckpointConfig(Section):

@@ -16,8 +16,7 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from asyncrl.core.sampling import SamplingParams, processed_logprobs
-from asyncrl.core.weights.manifest import match_model
-from asyncrl.core.weights.plan import TensorMeta
+from asyncrl.push.manifest import TensorMeta, match_model
 
 # Above this many logit elements per call the vocabulary projection runs in row chunks (and, with grad,
 # recomputes each chunk in backward), so the [tokens, vocab] logits never exist all at once.
@@ -194,7 +193,7 @@ def named_weights(model) -> list[tuple[str, torch.Tensor]]:
 
 
 def check_weight_metas(model, metas: Iterable[TensorMeta]) -> dict[str, torch.Tensor]:
-    """Hold pushed tensor metadata against `model` (`asyncrl.core.weights.manifest.match_model`); returns
+    """Hold pushed tensor metadata against `model` (`asyncrl.push.manifest.match_model`); returns
     name -> the model tensor to copy into. Raises ValueError naming the offending tensor."""
     targets = dict(named_weights(model))
     match_model(

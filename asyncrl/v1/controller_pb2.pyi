@@ -184,7 +184,7 @@ class RegisterLearnerResponse(_message.Message):
     def __init__(self, learner_key: _Optional[bytes] = ..., current_version: _Optional[int] = ...) -> None: ...
 
 class BeginWeightPushRequest(_message.Message):
-    __slots__ = ("version", "store_address", "transport", "tensors", "bucket_bytes", "timeout_s", "join_timeout_s", "manifest_digest", "delta_codec", "delta_base_push_id", "learner_key", "in_band", "unused_push_id")
+    __slots__ = ("version", "store_address", "transport", "tensors", "bucket_bytes", "timeout_s", "join_timeout_s", "manifest_digest", "learner_key", "in_band", "unused_push_id")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     STORE_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     TRANSPORT_FIELD_NUMBER: _ClassVar[int]
@@ -193,8 +193,6 @@ class BeginWeightPushRequest(_message.Message):
     TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
     JOIN_TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
     MANIFEST_DIGEST_FIELD_NUMBER: _ClassVar[int]
-    DELTA_CODEC_FIELD_NUMBER: _ClassVar[int]
-    DELTA_BASE_PUSH_ID_FIELD_NUMBER: _ClassVar[int]
     LEARNER_KEY_FIELD_NUMBER: _ClassVar[int]
     IN_BAND_FIELD_NUMBER: _ClassVar[int]
     UNUSED_PUSH_ID_FIELD_NUMBER: _ClassVar[int]
@@ -206,12 +204,10 @@ class BeginWeightPushRequest(_message.Message):
     timeout_s: float
     join_timeout_s: float
     manifest_digest: str
-    delta_codec: str
-    delta_base_push_id: str
     learner_key: bytes
     in_band: bool
     unused_push_id: str
-    def __init__(self, version: _Optional[int] = ..., store_address: _Optional[str] = ..., transport: _Optional[str] = ..., tensors: _Optional[_Iterable[_Union[_weights_pb2.TensorSpec, _Mapping]]] = ..., bucket_bytes: _Optional[int] = ..., timeout_s: _Optional[float] = ..., join_timeout_s: _Optional[float] = ..., manifest_digest: _Optional[str] = ..., delta_codec: _Optional[str] = ..., delta_base_push_id: _Optional[str] = ..., learner_key: _Optional[bytes] = ..., in_band: _Optional[bool] = ..., unused_push_id: _Optional[str] = ...) -> None: ...
+    def __init__(self, version: _Optional[int] = ..., store_address: _Optional[str] = ..., transport: _Optional[str] = ..., tensors: _Optional[_Iterable[_Union[_weights_pb2.TensorSpec, _Mapping]]] = ..., bucket_bytes: _Optional[int] = ..., timeout_s: _Optional[float] = ..., join_timeout_s: _Optional[float] = ..., manifest_digest: _Optional[str] = ..., learner_key: _Optional[bytes] = ..., in_band: _Optional[bool] = ..., unused_push_id: _Optional[str] = ...) -> None: ...
 
 class BeginWeightPushResponse(_message.Message):
     __slots__ = ("plan", "receivers", "in_band", "order_macs", "after_push_id", "receiver_addresses")

@@ -17,7 +17,7 @@ class TensorSpec(_message.Message):
     def __init__(self, name: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., dtype: _Optional[str] = ...) -> None: ...
 
 class WeightPushPlan(_message.Message):
-    __slots__ = ("push_id", "version", "store_address", "world_size", "transport", "tensors", "bucket_bytes", "timeout_s", "join_timeout_s", "group_id", "new_group", "manifest_digest", "delta_codec", "delta_base_push_id")
+    __slots__ = ("push_id", "version", "store_address", "world_size", "transport", "tensors", "bucket_bytes", "timeout_s", "join_timeout_s", "group_id", "new_group", "manifest_digest")
     PUSH_ID_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     STORE_ADDRESS_FIELD_NUMBER: _ClassVar[int]
@@ -30,8 +30,6 @@ class WeightPushPlan(_message.Message):
     GROUP_ID_FIELD_NUMBER: _ClassVar[int]
     NEW_GROUP_FIELD_NUMBER: _ClassVar[int]
     MANIFEST_DIGEST_FIELD_NUMBER: _ClassVar[int]
-    DELTA_CODEC_FIELD_NUMBER: _ClassVar[int]
-    DELTA_BASE_PUSH_ID_FIELD_NUMBER: _ClassVar[int]
     push_id: str
     version: int
     store_address: str
@@ -44,9 +42,7 @@ class WeightPushPlan(_message.Message):
     group_id: str
     new_group: bool
     manifest_digest: str
-    delta_codec: str
-    delta_base_push_id: str
-    def __init__(self, push_id: _Optional[str] = ..., version: _Optional[int] = ..., store_address: _Optional[str] = ..., world_size: _Optional[int] = ..., transport: _Optional[str] = ..., tensors: _Optional[_Iterable[_Union[TensorSpec, _Mapping]]] = ..., bucket_bytes: _Optional[int] = ..., timeout_s: _Optional[float] = ..., join_timeout_s: _Optional[float] = ..., group_id: _Optional[str] = ..., new_group: _Optional[bool] = ..., manifest_digest: _Optional[str] = ..., delta_codec: _Optional[str] = ..., delta_base_push_id: _Optional[str] = ...) -> None: ...
+    def __init__(self, push_id: _Optional[str] = ..., version: _Optional[int] = ..., store_address: _Optional[str] = ..., world_size: _Optional[int] = ..., transport: _Optional[str] = ..., tensors: _Optional[_Iterable[_Union[TensorSpec, _Mapping]]] = ..., bucket_bytes: _Optional[int] = ..., timeout_s: _Optional[float] = ..., join_timeout_s: _Optional[float] = ..., group_id: _Optional[str] = ..., new_group: _Optional[bool] = ..., manifest_digest: _Optional[str] = ...) -> None: ...
 
 class TensorManifest(_message.Message):
     __slots__ = ("tensors",)

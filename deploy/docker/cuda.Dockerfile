@@ -10,6 +10,7 @@ WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY proto proto
 COPY asyncrl asyncrl
+COPY push push
 COPY controller controller
 COPY rollout rollout
 COPY teacher teacher

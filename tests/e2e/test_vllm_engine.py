@@ -16,8 +16,8 @@ import torch
 
 from asyncrl.core.config import EngineConfig
 from asyncrl.core.sampling import SamplingParams
-from asyncrl.core.weights.plan import PushPlan, TensorMeta, tensor_metas
-from asyncrl.core.weights.transport import host_store, send_weights
+from asyncrl.push.manifest import TensorMeta, tensor_metas
+from asyncrl.push.plan import PushPlan
 from tests.e2e.conftest import logits_of, perturbed, push, reference_logp
 
 pytestmark = [
@@ -240,40 +240,3 @@ def test_bad_plans_fail_clearly_and_the_engine_keeps_working(engine, live):
     assert len(gen.token_ids) >= 1 and set(gen.weight_version) == {engine.weight_version}
 
 
-def test_delta_pushes_on_a_kept_group_load_the_exact_weights(engine, live):
-    """`weight_transport.delta_codec: xor-zlib` into vLLM: a whole push forms the kept group and leaves the
-    base in the worker, the next push is a delta against it (decoded in the worker, then the layerwise
-    reload); scores match the reference model after each."""
-    import dataclasses
-
-    from asyncrl.core.weights.groups import BroadcastGroups
-
-    store = host_store("127.0.0.1", 0, timeout_s=60)
-    sender = BroadcastGroups(store)
-    models = [perturbed(live.model, seed=11)]
-    models.append(perturbed(models[0], seed=12, scale=1e-3))  # a small step: most bytes do not change
-    named = [[(n, p.detach().contiguous()) for n, p in m.named_parameters()] for m in models]
-    base = PushPlan("delta-1", engine.weight_version + 1, f"127.0.0.1:{store.port}", 2, "gloo",
-                    tensor_metas(named[0]), 64 * 1024, 60, group_id="vllm-delta", delta_codec="xor-zlib")
-    plans = [base, dataclasses.replace(base, push_id="delta-2", version=base.version + 1, new_group=False,
-                                       delta_base_push_id="delta-1")]
-    try:
-        for plan, model, tensors in zip(plans, models, named):
-            sent: dict = {}
-
-            def send(plan=plan, tensors=tensors, sent=sent):
-                with sender.member(plan, 0) as group:
-                    sent["bytes"] = send_weights(group, tensors, plan)
-
-            thread = threading.Thread(target=send, daemon=True)
-            thread.start()
-            stats = engine.update_weights(plan, rank=1)
-            thread.join(timeout=60)
-            live.model = model
-            assert stats.version == plan.version == engine.weight_version
-            assert (sent["bytes"] < plan.total_bytes) == bool(plan.delta_base_push_id)
-            for seq, start, got in zip(SEQUENCES, STARTS, engine.score(SEQUENCES, STARTS)):
-                want = reference_logp(model, seq[:start], seq[start:], None)
-                assert torch.allclose(torch.tensor(got), want, atol=TOL, rtol=0)
-    finally:
-        sender.close()

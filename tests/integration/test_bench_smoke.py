@@ -3,7 +3,7 @@ and one that broke (an argument its code gained, a receiver that never joined) s
 runs it. Each writes its JSON into a temporary results directory (`ASYNCRL_RESULTS_DIR`), never into
 docs/results/. The ones that train whole demo runs (async_speedup, dash, the ablations, the chaos soak,
 consumption_staleness, eval_offload, routing_replay) or load vLLM (engine_throughput, update_pause) take
-minutes and are left to their own runs; delta_push and controller_leases take half a minute or more."""
+minutes and are left to their own runs; controller_leases takes half a minute or more."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 CASES = {
     "push_fixed_cost": (["--pushes", "3"], ["fixed_cost_s", "controller_ordered_over_in_band",
-                                            "unreserved_over_reserved", "rebuild_push_s", "push_after_rebuild_s"]),
+                                            "rebuild_push_s", "push_after_rebuild_s"]),
     "weight_push": (["--mb", "8", "--trials", "1"], ["push_fraction_of_raw"]),
     "buffer_throughput": (["--groups", "40", "--trials", "1"], ["ratio_total", "ratio_total_vs_raw_protobuf"]),
     "checkpoint_stall": (["--hidden", "64", "--layers", "2", "--steps", "2", "--trials", "1"], []),

@@ -26,20 +26,19 @@ import torch
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-from asyncrl.controller.push_session import ReceiverUnreachable
 from asyncrl.controller.state import ControllerState
 from asyncrl.controller.status_page import StatusPage
 from asyncrl.core.auth import liveness_mac
 from asyncrl.core.config import AsyncRLConfig, dump_config
 from asyncrl.core.events import read_events
 from asyncrl.core.grpc_util import channel as grpc_channel
-from asyncrl.core.weights.manifest import decode_plan
-from asyncrl.core.weights.plan import PushPlan
-from asyncrl.core.weights.rendezvous import ReceiversMissing
-from asyncrl.core.weights.transport import host_store, make_group, receive_weights, send_weights
 from asyncrl.learner.seat import SeatedController
+from asyncrl.push.fanout import STORE_CLIENT_MODULE, TELL_SENDER_TIMEOUT_S, ReplicaChannels
+from asyncrl.push.plan import PushPlan
+from asyncrl.push.session import ReceiverUnreachable
+from asyncrl.push.transport.broadcast import host_store, make_group, receive_weights, send_weights
+from asyncrl.push.transport.rendezvous import ReceiversMissing
 from asyncrl.services.controller_service import SERVICE_NAME, create_server
-from asyncrl.services.weight_fanout import STORE_CLIENT_MODULE, TELL_SENDER_TIMEOUT_S, ReplicaChannels
 from asyncrl.v1 import controller_pb2 as pb
 from asyncrl.v1 import controller_pb2_grpc, rollout_pb2, rollout_pb2_grpc, weights_pb2
 from tests.conftest import TEST_AUTH
@@ -222,9 +221,6 @@ INVALID = [
     ("BeginWeightPush", push_request(manifest_digest="ab12"), "manifest_digest: must be a SHA-256 digest"),
     ("BeginWeightPush", push_request(manifest_digest="0" * 64), "tensors: must be empty when manifest_digest is set"),
     ("BeginWeightPush", push_request(version=-1), "version: must be in [0, 9007199254740992], got -1"),
-    ("BeginWeightPush", push_request(delta_codec="lz4"), "delta_codec: must be empty or one of ('xor-zlib',)"),
-    ("BeginWeightPush", push_request(delta_base_push_id="push-1"), "delta_base_push_id: needs delta_codec"),
-    ("BeginWeightPush", push_request(delta_codec="xor-zlib", delta_base_push_id="a b"), "delta_base_push_id: must be"),
     ("BeginWeightPush", push_request(unused_push_id="push v2"), "unused_push_id: must be empty or a name"),
     ("CommitWeightPush", pb.CommitWeightPushRequest(push_id=""), "push_id: must be a name"),
     ("CommitWeightPush", pb.CommitWeightPushRequest(push_id="p", push_seconds=-1.0), "push_seconds: must be in [0.0, "),
@@ -407,7 +403,7 @@ class GlooReceiver(rollout_pb2_grpc.RolloutServicer):
         return rollout_pb2.RolloutStatus(challenge_mac=mac)
 
     def UpdateWeights(self, request, context):
-        plan = decode_plan(request.plan)
+        plan = PushPlan.from_proto(request.plan)
         group = make_group(plan, request.rank)
         got = {}
         try:
@@ -468,7 +464,7 @@ def push_as_learner(stub, store, version: int):
         pb.BeginWeightPushRequest(version=version, store_address=f"127.0.0.1:{store.port}", transport="gloo",
                                   tensors=specs, bucket_bytes=512, timeout_s=20)
     )  # fmt: skip
-    plan = decode_plan(begun.plan)
+    plan = PushPlan.from_proto(begun.plan)
     group = make_group(plan, 0, store)
     try:
         send_weights(group, named, plan)
@@ -567,7 +563,7 @@ def test_a_receiver_whose_process_is_gone_is_left_out_at_once_not_after_the_join
     assert list(begun.receivers) == [a, b]
     t0 = time.monotonic()
     with pytest.raises(ReceiversMissing, match=r"rank \[2\] could not be reached \(nothing listens at their address\)") as missing:
-        make_group(decode_plan(begun.plan), 0, store)
+        make_group(PushPlan.from_proto(begun.plan), 0, store)
     assert time.monotonic() - t0 < 5, "the sender waited for the dead receiver"
     failed = stub.CommitWeightPush(pb.CommitWeightPushRequest(
         push_id=begun.plan.push_id, sender_ok=False, error=str(missing.value), missing_ranks=missing.value.ranks))
@@ -604,7 +600,7 @@ def test_a_lease_holder_whose_process_is_gone_returns_its_quota_before_its_heart
 def test_a_learner_store_the_controller_cannot_reach_costs_the_report_at_most_two_seconds(caplog):
     """Reporting a gone receiver is best effort: a learner store the controller cannot reach (nothing listens
     there) must not hold that receiver's outcome, and the commit waiting for it, for the push's time-out."""
-    plan = PushPlan("p-unreachable-store", 1, "127.0.0.1:1", 3, "gloo", (), 1 << 20, 60.0)
+    plan = PushPlan(push_id="p-unreachable-store", version=1, store_address="127.0.0.1:1", world_size=3, transport="gloo", tensors=(), bucket_bytes=1 << 20, timeout_s=60.0)
     importlib.import_module(STORE_CLIENT_MODULE)  # as a controller does once it is up (preload_store_client)
     with socket.socket() as sock:  # a port nothing listens on: the receiver's process is gone
         sock.bind(("127.0.0.1", 0))

@@ -5,8 +5,9 @@ import multiprocessing as mp
 import pytest
 import torch
 
-from asyncrl.core.weights.plan import PushPlan, tensor_metas
-from asyncrl.core.weights.transport import host_store, make_group, receive_weights, send_weights
+from asyncrl.push.manifest import tensor_metas
+from asyncrl.push.plan import PushPlan
+from asyncrl.push.transport.broadcast import host_store, make_group, receive_weights, send_weights
 
 pytestmark = pytest.mark.integration
 
@@ -30,7 +31,7 @@ def test_two_receivers_get_identical_tensors_over_successive_pushes():
     """Two pushes on one store (groups are per push), many small buckets then one big one."""
     store = host_store("127.0.0.1", 0, 30)
     named = weights(0)
-    plans = [PushPlan(push_id, 1, f"127.0.0.1:{store.port}", 3, "gloo", tensor_metas(named), bucket_bytes, 30)
+    plans = [PushPlan(push_id=push_id, version=1, store_address=f"127.0.0.1:{store.port}", world_size=3, transport="gloo", tensors=tensor_metas(named), bucket_bytes=bucket_bytes, timeout_s=30)
              for push_id, bucket_bytes in (("push-a", 256), ("push-b", 1 << 20))]
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
@@ -51,7 +52,7 @@ def test_two_receivers_get_identical_tensors_over_successive_pushes():
 def test_sender_refuses_a_tensor_count_mismatch():
     store = host_store("127.0.0.1", 0, 5)
     named = weights(0)
-    plan = PushPlan("p", 1, f"127.0.0.1:{store.port}", 1, "gloo", tensor_metas(named), 1024, 5)
+    plan = PushPlan(push_id="p", version=1, store_address=f"127.0.0.1:{store.port}", world_size=1, transport="gloo", tensors=tensor_metas(named), bucket_bytes=1024, timeout_s=5)
     with pytest.raises(ValueError, match="plan lists 4 tensors, got 3"):
         send_weights(make_group(plan, 0, store), named[:3], plan)
 
@@ -62,11 +63,11 @@ def test_a_receiver_that_never_joins_calls_the_push_off_quickly():
     import threading
     import time
 
-    from asyncrl.core.weights.rendezvous import PushAborted, ReceiversMissing
+    from asyncrl.push.transport.rendezvous import PushAborted, ReceiversMissing
 
     store = host_store("127.0.0.1", 0, 60)
     named = weights(0)
-    plan = PushPlan("push-missing", 1, f"127.0.0.1:{store.port}", 3, "gloo", tensor_metas(named), 1024, 60)
+    plan = PushPlan(push_id="push-missing", version=1, store_address=f"127.0.0.1:{store.port}", world_size=3, transport="gloo", tensors=tensor_metas(named), bucket_bytes=1024, timeout_s=60)
     seen = {}
 
     def rank1():
@@ -94,12 +95,12 @@ def test_a_receiver_that_joins_then_vanishes_costs_the_formation_timeout():
     import threading
     import time
 
-    from asyncrl.core.weights.rendezvous import receiver_join
-    from asyncrl.core.weights.transport import connect_store, push_store
+    from asyncrl.push.transport.broadcast import connect_store, push_store
+    from asyncrl.push.transport.rendezvous import receiver_join
 
     store = host_store("127.0.0.1", 0, 60)
     named = weights(0)
-    plan = PushPlan("push-vanish", 1, f"127.0.0.1:{store.port}", 2, "gloo", tensor_metas(named), 1024, 60,
+    plan = PushPlan(push_id="push-vanish", version=1, store_address=f"127.0.0.1:{store.port}", world_size=2, transport="gloo", tensors=tensor_metas(named), bucket_bytes=1024, timeout_s=60,
                     join_timeout_s=1.0)  # fmt: skip
     joined = threading.Thread(target=receiver_join, args=(push_store(connect_store(plan), plan), plan.push_id, 1, 10))
     joined.start()
@@ -113,8 +114,8 @@ def test_a_receiver_that_joins_then_vanishes_costs_the_formation_timeout():
 
 def kept_group_receiver(rank, plans, results):
     """A replica's side with a kept group: resolve each plan's manifest, join, receive; report what came."""
-    from asyncrl.core.weights.groups import BroadcastGroups, ManifestCache
-    from asyncrl.core.weights.rendezvous import PushAborted
+    from asyncrl.push.transport.groups import BroadcastGroups, ManifestCache
+    from asyncrl.push.transport.rendezvous import PushAborted
 
     groups, manifests = BroadcastGroups(), ManifestCache()
     while (plan := plans.get(timeout=60)) is not None:
@@ -136,14 +137,14 @@ def test_a_kept_group_carries_many_pushes_and_a_receiver_without_it_calls_one_of
     on a new group, reaches everyone."""
     import dataclasses
 
-    from asyncrl.core.weights.groups import BroadcastGroups, publish_manifest
-    from asyncrl.core.weights.rendezvous import ReceiversMissing
+    from asyncrl.push.transport.groups import BroadcastGroups, publish_manifest
+    from asyncrl.push.transport.rendezvous import ReceiversMissing
 
     store = host_store("127.0.0.1", 0, 30)
     metas = tensor_metas(weights(0))
     digest = publish_manifest(store, metas)
     sender = BroadcastGroups(store)
-    base = PushPlan("p", 1, f"127.0.0.1:{store.port}", 3, "gloo", (), 512, 30, group_id="group-a",
+    base = PushPlan(push_id="p", version=1, store_address=f"127.0.0.1:{store.port}", world_size=3, transport="gloo", tensors=(), bucket_bytes=512, timeout_s=30, group_id="group-a",
                     manifest_digest=digest)  # fmt: skip
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
@@ -194,74 +195,17 @@ def test_a_kept_group_carries_many_pushes_and_a_receiver_without_it_calls_one_of
 
 def test_a_manifest_that_does_not_match_its_digest_is_refused():
     from asyncrl.core.validation import InvalidArgument
-    from asyncrl.core.weights.groups import MANIFEST_KEY, ManifestCache, publish_manifest
-    from asyncrl.core.weights.manifest import manifest_bytes
+    from asyncrl.push.manifest import manifest_bytes
+    from asyncrl.push.transport.groups import MANIFEST_KEY, ManifestCache, publish_manifest
 
     store = host_store("127.0.0.1", 0, 30)
     digest = publish_manifest(store, tensor_metas(weights(0)))
-    plan = PushPlan("p", 1, f"127.0.0.1:{store.port}", 2, "gloo", (), 512, 5, group_id="g", manifest_digest=digest)
+    plan = PushPlan(push_id="p", version=1, store_address=f"127.0.0.1:{store.port}", world_size=2, transport="gloo", tensors=(), bucket_bytes=512, timeout_s=5, group_id="g", manifest_digest=digest)
     assert ManifestCache().resolve(plan).tensors == tensor_metas(weights(0))
     store.set(MANIFEST_KEY.format(digest=digest), manifest_bytes(tensor_metas(weights(0)[:2]))[0])
     with pytest.raises(InvalidArgument) as refused:
         ManifestCache().resolve(plan)
     assert refused.value.field == "plan.manifest_digest"
-
-
-def test_delta_pushes_on_a_kept_group_deliver_the_exact_weights_in_fewer_bytes():
-    """Under the xor-zlib codec the first push on a group goes whole and every rank keeps it as the base; the
-    next pushes are deltas against the previous one (a small change of half the values: far fewer bytes) and
-    both receivers end with the sender's exact tensors, integer ones included. A plan naming a base the
-    sender does not hold is called off for everyone at the handshake."""
-    import dataclasses
-
-    from asyncrl.core.weights.groups import BroadcastGroups, GroupLost, publish_manifest
-
-    store = host_store("127.0.0.1", 0, 30)
-    metas = tensor_metas(weights(0))
-    sender = BroadcastGroups(store)
-    base = PushPlan("p", 1, f"127.0.0.1:{store.port}", 3, "gloo", (), 4096, 30, group_id="group-d",
-                    manifest_digest=publish_manifest(store, metas), delta_codec="xor-zlib")  # fmt: skip
-    ctx = mp.get_context("spawn")
-    results = ctx.Queue()
-    inboxes = {rank: ctx.Queue() for rank in (1, 2)}
-    procs = [ctx.Process(target=kept_group_receiver, args=(rank, inboxes[rank], results)) for rank in (1, 2)]
-    for proc in procs:
-        proc.start()
-    named = weights(0)
-
-    def push(push_id, new_group, delta_base=""):
-        plan = dataclasses.replace(base, push_id=push_id, new_group=new_group, delta_base_push_id=delta_base)
-        for inbox in inboxes.values():
-            inbox.put(plan)
-        with sender.member(dataclasses.replace(plan, tensors=metas), 0) as group:
-            sent = send_weights(group, named, dataclasses.replace(plan, tensors=metas))
-        for _, rank, received, _ in (results.get(timeout=60) for _ in range(2)):
-            for name, tensor in named:
-                assert torch.equal(torch.from_numpy(received[name]), tensor), (push_id, rank, name)
-        return sent
-
-    whole = sum(m.nbytes for m in metas)
-    assert push("d1", True) == whole
-    assert sender.delta_base() == "d1"
-    for push_id, previous, seed in (("d2", "d1", 2), ("d3", "d2", 3)):
-        g = torch.Generator().manual_seed(seed)
-        for _, tensor in named[:3]:
-            tensor.add_(1e-3 * torch.randn(tensor.shape, generator=g) * (torch.rand(tensor.shape, generator=g) < 0.5))
-        named[3][1].add_(1)
-        assert push(push_id, False, delta_base=previous) < 0.8 * whole
-    assert sender.delta_base() == "d3"
-
-    stale = dataclasses.replace(base, push_id="d4", new_group=False, delta_base_push_id="d2")
-    for inbox in inboxes.values():
-        inbox.put(stale)
-    with pytest.raises(GroupLost, match="delta base 'd2'"), sender.member(dataclasses.replace(stale, tensors=metas), 0):
-        pass
-    called_off = [results.get(timeout=60) for _ in range(2)]
-    assert all(isinstance(received, str) and "called off" in received for _, _, received, _ in called_off)
-    for inbox in inboxes.values():
-        inbox.put(None)
-    for proc in procs:
-        proc.join(30)
 
 
 def test_a_pushs_verdict_outlives_its_broadcast_until_the_next_push():
@@ -271,14 +215,14 @@ def test_a_pushs_verdict_outlives_its_broadcast_until_the_next_push():
     A receiver that reads the verdict only after the sender finished still gets "go"."""
     import threading
 
-    from asyncrl.core.weights.groups import BroadcastGroups
-    from asyncrl.core.weights.rendezvous import receiver_join
-    from asyncrl.core.weights.transport import push_store
+    from asyncrl.push.transport.broadcast import push_store
+    from asyncrl.push.transport.groups import BroadcastGroups
+    from asyncrl.push.transport.rendezvous import receiver_join
 
     store = host_store("127.0.0.1", 0, 30)
     sender, receiver = BroadcastGroups(store), BroadcastGroups()
     named = weights(0)
-    plans = [PushPlan(f"v{k}", k, f"127.0.0.1:{store.port}", 2, "gloo", tensor_metas(named), 1 << 20, 30,
+    plans = [PushPlan(push_id=f"v{k}", version=k, store_address=f"127.0.0.1:{store.port}", world_size=2, transport="gloo", tensors=tensor_metas(named), bucket_bytes=1 << 20, timeout_s=30,
                       group_id="g", new_group=k == 1) for k in (1, 2)]
 
     def receive(plan):
@@ -307,14 +251,14 @@ def test_an_order_that_comes_late_gives_up_when_the_sender_moves_on():
     import threading
     import time
 
-    from asyncrl.core.weights.groups import BroadcastGroups
-    from asyncrl.core.weights.rendezvous import PushAborted, ReceiversMissing, receiver_join
-    from asyncrl.core.weights.transport import connect_store, push_store
+    from asyncrl.push.transport.broadcast import connect_store, push_store
+    from asyncrl.push.transport.groups import BroadcastGroups
+    from asyncrl.push.transport.rendezvous import PushAborted, ReceiversMissing, receiver_join
 
     store = host_store("127.0.0.1", 0, 60)
     sender = BroadcastGroups(store)
     named = weights(0)
-    plans = [PushPlan(f"v{k}", k, f"127.0.0.1:{store.port}", 2, "gloo", tensor_metas(named), 1 << 20, 60)
+    plans = [PushPlan(push_id=f"v{k}", version=k, store_address=f"127.0.0.1:{store.port}", world_size=2, transport="gloo", tensors=tensor_metas(named), bucket_bytes=1 << 20, timeout_s=60)
              for k in (1, 2, 3)]  # fmt: skip
     for plan in plans[:2]:  # the receiver is paused: both pushes are called off without it
         with pytest.raises(ReceiversMissing), sender.member(plan, 0, join_timeout_s=0.3):

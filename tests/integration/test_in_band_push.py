@@ -10,9 +10,9 @@ import pytest
 
 from asyncrl.core.events import read_events
 from asyncrl.core.modeling import load_causal_lm
-from asyncrl.core.weights.in_band import WAKE, publish_order
-from asyncrl.core.weights.plan import PushPlan
-from asyncrl.learner.publisher import WeightPublisher
+from asyncrl.push.in_band import WAKE, publish_order
+from asyncrl.push.plan import PushPlan
+from asyncrl.push.sender import WeightPublisher
 from asyncrl.v1 import controller_pb2
 from tests.integration.test_background_push import push_system
 from tests.run_helpers import wait_for
@@ -38,11 +38,11 @@ def test_an_order_nobody_signed_is_refused_and_the_real_one_still_gets_through(t
     with (push_system(tiny_model_dir, tmp_path, in_band=True) as (config, stub, engines, replicas, _),
           publishing(config, stub, load_causal_lm(tiny_model_dir.policy)) as publisher):
         assert publisher.push(1).committed
-        listener = replicas[0].servicer.listener
+        listener = replicas[0].servicer.receiver.listener
         followed = listener.followed
         assert followed is not None and followed.rank == 1
         # Anyone who reaches the learner's store can write there; only the controller can sign.
-        forged = PushPlan("push-v2-forged", 2, followed.store_address, 3, "gloo", (), 1 << 20, 30.0,
+        forged = PushPlan(push_id="push-v2-forged", version=2, store_address=followed.store_address, world_size=3, transport="gloo", tensors=(), bucket_bytes=1 << 20, timeout_s=30.0,
                           group_id=followed.group_id, new_group=False, manifest_digest=publisher.manifest_digest)
         publish_order(publisher.store, followed.group_id, followed.after_push_id, forged, [b"x" * 32, b"y" * 32])
         wait_for(lambda: refused(replicas[0]) == refused(replicas[1]) == 1, 10, "the forged order refused")
@@ -61,16 +61,16 @@ def test_followers_take_in_band_pushes_and_a_new_group_moves_them_on(tiny_model_
         with publishing(config, stub, learner) as publisher:
             results = [publisher.push(v) for v in (1, 2, 3)]
             assert [(r.new_group, r.in_band) for r in results] == [(True, False), (False, True), (False, True)]
-            assert [r.servicer.listener.taken for r in replicas] == [2, 2]
+            assert [r.servicer.receiver.listener.taken for r in replicas] == [2, 2]
             assert all(e.weight_version == 3 for e in engines)
-            group = replicas[0].servicer.listener.followed.group_id
+            group = replicas[0].servicer.receiver.listener.followed.group_id
 
         # A learner that restarts has a new store: the controller forms a new group there (UpdateWeights), and
         # the followers move on to it.
         with publishing(config, stub, learner) as publisher:
             fourth, fifth = publisher.push(4), publisher.push(5)
             assert fourth.new_group and not fourth.in_band and fifth.in_band and fifth.committed
-            assert all(r.servicer.listener.followed.group_id != group for r in replicas)
+            assert all(r.servicer.receiver.listener.followed.group_id != group for r in replicas)
             assert all(e.weight_version == 5 for e in engines)
 
 
@@ -83,7 +83,7 @@ def test_a_follower_whose_process_is_gone_calls_the_push_off_at_once_not_after_t
           publishing(config, stub, load_causal_lm(tiny_model_dir.policy)) as publisher):
         assert publisher.push(1).committed
         # Replica 0's process "dies": nothing listens at its address, and it no longer follows its group.
-        replicas[0].servicer.listener.close()
+        replicas[0].servicer.receiver.listener.close()
         replicas[0].stop(0).wait()
         second = publisher.push(2)
         assert second.committed and second.attempts == 2 and second.receivers == 1
@@ -93,20 +93,20 @@ def test_a_follower_whose_process_is_gone_calls_the_push_off_at_once_not_after_t
 
 
 def test_reserved_pushes_take_no_begin_and_a_resync_drops_the_reservation_quietly(tiny_model_dir, tmp_path):
-    """Each commit reserves the next in-band push (`weight_transport.reserve_next`): the learner orders it
+    """Each commit reserves the next in-band push (`CommitWeightPush.reserve_next`): the learner orders it
     without a BeginWeightPush. A push of another version (a resync) names the reservation unused: nobody is
     flagged for a resync by it, and the group goes on."""
     with (push_system(tiny_model_dir, tmp_path, in_band=True) as (config, stub, engines, replicas, _),
           publishing(config, stub, load_causal_lm(tiny_model_dir.policy)) as publisher):
         results = [publisher.push(v) for v in (1, 2, 3)]
-        assert [(r.in_band, r.reserved) for r in results] == [(False, False), (True, True), (True, True)]
+        assert [r.in_band for r in results] == [False, True, True]
         assert all(r.begin_s < 0.001 for r in results[1:]), [r.begin_s for r in results]
         resync = publisher.push(3)  # asked for one, say, and nobody lacks version 3 by now
-        assert resync.committed and resync.receivers == 0 and not resync.reserved
+        assert resync.committed and resync.receivers == 0 and not resync.in_band
         fourth = publisher.push(4)
-        assert fourth.reserved and fourth.in_band and not fourth.new_group and len(fourth.acked) == 2
+        assert fourth.in_band and not fourth.new_group and len(fourth.acked) == 2
         assert all(e.weight_version == 4 for e in engines)
-        assert [r.servicer.listener.taken for r in replicas] == [3, 3]
+        assert [r.servicer.receiver.listener.taken for r in replicas] == [3, 3]
         events = read_events(str(tmp_path), "controller")
         kinds = [e["kind"] for e in events]
         assert kinds.count("push_withdrawn") == 1 and "push_aborted" not in kinds
@@ -129,9 +129,9 @@ def test_the_keys_a_controller_ordered_push_left_behind_are_deleted_at_the_next_
     with (push_system(tiny_model_dir, tmp_path, in_band=True) as (config, stub, engines, replicas, _),
           publishing(config, stub, load_causal_lm(tiny_model_dir.policy)) as publisher):
         assert publisher.push(1).new_group
-        ordered_at = replicas[0].servicer.listener.followed.key  # where push 2's order goes
+        ordered_at = replicas[0].servicer.receiver.listener.followed.key  # where push 2's order goes
         assert publisher.push(2).in_band and publisher.store.check([ordered_at])
-        waited_at = replicas[0].servicer.listener.followed.key
+        waited_at = replicas[0].servicer.receiver.listener.followed.key
         config.learner.weight_transport.in_band = False  # the next pushes through the controller (UpdateWeights)
         third = publisher.push(3)
         assert third.committed and not third.in_band and not third.new_group and len(third.acked) == 2
@@ -141,4 +141,6 @@ def test_the_keys_a_controller_ordered_push_left_behind_are_deleted_at_the_next_
         assert fourth.committed and not fourth.in_band and all(e.weight_version == 4 for e in engines)
         assert not publisher.store.check([waited_at]) and not publisher.store.check([ordered_at])
         config.learner.weight_transport.in_band = True
-        assert publisher.push(5).in_band  # the group goes on in-band from the key push 4 left
+        fifth = publisher.push(5)  # a Begin: ordered by the controller, on the kept group
+        assert not fifth.in_band and not fifth.new_group
+        assert publisher.push(6).in_band  # reserved at the commit of 5: the group goes on in-band

@@ -18,11 +18,11 @@ from asyncrl.core.auth import new_push_key, push_order_mac
 from asyncrl.core.grpc_util import channel as grpc_channel
 from asyncrl.core.metrics import serve_metrics
 from asyncrl.core.modeling import load_causal_lm, named_weights, sequence_logprobs
-from asyncrl.core.weights.manifest import encode_plan
-from asyncrl.core.weights.plan import PushPlan, tensor_metas
-from asyncrl.core.weights.transport import host_store, make_group, send_weights
 from asyncrl.learner.learner_metrics import LearnerMetrics
 from asyncrl.learner.loop import LearnerProgress
+from asyncrl.push.manifest import tensor_metas
+from asyncrl.push.plan import PushPlan
+from asyncrl.push.transport.broadcast import host_store, make_group, send_weights
 from asyncrl.services import learner_service, rollout_service, teacher_service
 from asyncrl.v1 import (
     learner_pb2,
@@ -118,9 +118,9 @@ def test_rollout_generate_health_metrics_and_validation(tiny_model_dir, started)
     invalid(stub.Generate, rollout_pb2.GenerateRequest(prompts=[prompt], max_new_tokens=2, temperature=-1),
             "temperature")
     invalid(stub.UpdateWeights, rollout_pb2.UpdateWeightsRequest(), "plan")
-    plan = PushPlan("p1", 1, "127.0.0.1:1", 2, "gloo", tensor_metas([("x", torch.zeros(2))]), 1024, 5)
-    invalid(stub.UpdateWeights, rollout_pb2.UpdateWeightsRequest(plan=encode_plan(plan), rank=0), "rank")
-    bad_transport = encode_plan(plan)
+    plan = PushPlan(push_id="p1", version=1, store_address="127.0.0.1:1", world_size=2, transport="gloo", tensors=tensor_metas([("x", torch.zeros(2))]), bucket_bytes=1024, timeout_s=5)
+    invalid(stub.UpdateWeights, rollout_pb2.UpdateWeightsRequest(plan=plan.to_proto(), rank=0), "rank")
+    bad_transport = plan.to_proto()
     bad_transport.transport = "carrier-pigeon"
     invalid(stub.UpdateWeights, rollout_pb2.UpdateWeightsRequest(plan=bad_transport, rank=1), "plan.transport")
     # A request that was refused did not disturb the replica: it still generates at version 0.
@@ -147,20 +147,20 @@ def test_rollout_update_weights_installs_the_learner_weights(tiny_model_dir, sta
             p.add_(0.05 * torch.randn_like(p))
     named = named_weights(learner)
     store = host_store("127.0.0.1", 0, 30)
-    plan = PushPlan("push-7", 7, f"127.0.0.1:{store.port}", 2, "gloo", tensor_metas(named), 64 * 1024, 30)
+    plan = PushPlan(push_id="push-7", version=7, store_address=f"127.0.0.1:{store.port}", world_size=2, transport="gloo", tensors=tensor_metas(named), bucket_bytes=64 * 1024, timeout_s=30)
 
     def order(signing_key: bytes, rank: int) -> bytes:
         return push_order_mac(signing_key, plan, rank)
 
     for mac in [b"", order(new_push_key(), 1), order(key, 2), order(key, 1)[:-1] + b"\x00"]:
         with pytest.raises(grpc.RpcError) as refused:
-            stub.UpdateWeights(rollout_pb2.UpdateWeightsRequest(plan=encode_plan(plan), rank=1, order_mac=mac),
+            stub.UpdateWeights(rollout_pb2.UpdateWeightsRequest(plan=plan.to_proto(), rank=1, order_mac=mac),
                                timeout=10)
         assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED, refused.value.details()
     assert stub.GetStatus(rollout_pb2.RolloutStatusRequest()).weight_version == 0
     replies = {}
     receiver = threading.Thread(target=lambda: replies.update(r=stub.UpdateWeights(
-        rollout_pb2.UpdateWeightsRequest(plan=encode_plan(plan), rank=1, order_mac=order(key, 1)), timeout=60)))
+        rollout_pb2.UpdateWeightsRequest(plan=plan.to_proto(), rank=1, order_mac=order(key, 1)), timeout=60)))
     receiver.start()
     assert send_weights(make_group(plan, 0, store), named, plan) == plan.total_bytes
     receiver.join(60)
@@ -179,6 +179,30 @@ def test_rollout_update_weights_installs_the_learner_weights(tiny_model_dir, sta
     assert set(gen.sequences[0].weight_version) == {7}
 
 
+def test_a_liveness_answer_is_never_a_signed_push_order(tiny_model_dir, started):
+    """A token holder asks the replica to answer a liveness challenge chosen so that the answered text is a
+    push order's text (push id "alive", the rest of the order as the challenge), then presents the answer as
+    the order's signature. Every text signed under the push key starts with its own word, so the replica
+    refuses the forged order (before, the two texts were the same bytes and the order was taken)."""
+    config = local_config(tiny_model_dir)
+    key = new_push_key()
+    _server, channel = started(rollout_service.create_server(config, push_key=lambda: key))
+    stub = rollout_pb2_grpc.RolloutStub(channel)
+    plan = PushPlan(push_id="alive", version=1, store_address="127.0.0.1:1", world_size=2, transport="gloo",
+                    tensors=tensor_metas([("x", torch.zeros(2))]), bucket_bytes=1024, timeout_s=5)
+    fields = [plan.version, 1, plan.world_size, plan.store_address, plan.transport, plan.group_id, 1,
+              plan.manifest_digest]
+    for challenge in ("\n".join(map(str, fields)).encode(), "\n".join(["alive", *map(str, fields)]).encode()):
+        assert len(challenge) <= 64
+        answer = stub.GetStatus(rollout_pb2.RolloutStatusRequest(challenge=challenge)).challenge_mac
+        assert answer and answer != push_order_mac(key, plan, 1)
+        with pytest.raises(grpc.RpcError) as refused:
+            stub.UpdateWeights(rollout_pb2.UpdateWeightsRequest(plan=plan.to_proto(), rank=1, order_mac=answer),
+                               timeout=10)
+        assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED, refused.value.details()
+    assert stub.GetStatus(rollout_pb2.RolloutStatusRequest()).weight_version == 0
+
+
 def test_rollout_refuses_a_plan_that_does_not_fit_the_model(tiny_model_dir, started):
     """A plan naming tensors the model lacks is INVALID_ARGUMENT; the sender is not left hanging and the
     replica keeps its weights and version."""
@@ -186,12 +210,12 @@ def test_rollout_refuses_a_plan_that_does_not_fit_the_model(tiny_model_dir, star
     stub = rollout_pb2_grpc.RolloutStub(channel)
     named = [("model.not_a_layer.weight", torch.ones(3, 3))]
     store = host_store("127.0.0.1", 0, 30)
-    plan = PushPlan("push-x", 1, f"127.0.0.1:{store.port}", 2, "gloo", tensor_metas(named), 1024, 30)
+    plan = PushPlan(push_id="push-x", version=1, store_address=f"127.0.0.1:{store.port}", world_size=2, transport="gloo", tensors=tensor_metas(named), bucket_bytes=1024, timeout_s=30)
     errors = {}
 
     def call():
         try:
-            stub.UpdateWeights(rollout_pb2.UpdateWeightsRequest(plan=encode_plan(plan), rank=1), timeout=60)
+            stub.UpdateWeights(rollout_pb2.UpdateWeightsRequest(plan=plan.to_proto(), rank=1), timeout=60)
         except grpc.RpcError as err:
             errors["e"] = err
 

@@ -6,7 +6,7 @@ import time
 import pytest
 
 from asyncrl.core.validation import InvalidArgument
-from asyncrl.core.weights.in_band import (
+from asyncrl.push.in_band import (
     collect_acks,
     forget_acks,
     order_key,
@@ -15,10 +15,10 @@ from asyncrl.core.weights.in_band import (
     wait_for_order,
     write_ack,
 )
-from asyncrl.core.weights.plan import PushPlan
-from asyncrl.core.weights.transport import host_store, push_store
+from asyncrl.push.plan import PushPlan
+from asyncrl.push.transport.broadcast import host_store, push_store
 
-PLAN = PushPlan("push-v2-ab", 2, "127.0.0.1:29500", 3, "gloo", (), 1 << 20, 30.0, group_id="group-1",
+PLAN = PushPlan(push_id="push-v2-ab", version=2, store_address="127.0.0.1:29500", world_size=3, transport="gloo", tensors=(), bucket_bytes=1 << 20, timeout_s=30.0, group_id="group-1",
                 new_group=False, manifest_digest="a" * 64)
 
 
@@ -68,7 +68,7 @@ def test_an_order_that_does_not_parse_names_its_field(store, data, rank, field):
 
 
 def test_acks_are_collected_per_rank_a_silent_rank_has_none_and_garbage_says_so(store):
-    plan = PushPlan("push-v3", 3, "127.0.0.1:1", 5, "gloo", (), 1, 30.0)
+    plan = PushPlan(push_id="push-v3", version=3, store_address="127.0.0.1:1", world_size=5, transport="gloo", tensors=(), bucket_bytes=1, timeout_s=30.0)
     handshake = push_store(store, plan)
     write_ack(handshake, 1, 3, b"mac")
     write_ack(handshake, 2, 0, error="RuntimeError: boom")
@@ -94,7 +94,7 @@ def test_an_ack_under_another_ranks_key_counts_for_nothing(store):
 
 
 def test_the_sender_stops_waiting_for_an_ack_from_a_receiver_that_is_gone(store):
-    plan = PushPlan("push-v4", 4, "127.0.0.1:1", 3, "gloo", (), 1, 30.0)
+    plan = PushPlan(push_id="push-v4", version=4, store_address="127.0.0.1:1", world_size=3, transport="gloo", tensors=(), bucket_bytes=1, timeout_s=30.0)
     handshake = push_store(store, plan)
     write_ack(handshake, 1, 4, b"mac")
     asked = []

@@ -6,7 +6,6 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from asyncrl.core.modeling import load_causal_lm, named_weights, sequence_logprobs
-from asyncrl.core.weights.flat import bind_parameters
 from asyncrl.learner.checkpoint import (
     Checkpointer,
     CheckpointMeta,
@@ -15,6 +14,7 @@ from asyncrl.learner.checkpoint import (
     load_checkpoint,
     read_meta,
 )
+from asyncrl.push.transport.flat import bind_parameters
 
 SEQUENCES, STARTS = [[1, 5, 6, 14, 7, 8, 15, 9, 2], [1, 9, 14, 9, 15, 5, 12, 2]], [7, 6]
 
@@ -78,3 +78,4 @@ def test_keep_last_and_half_written_checkpoints(tiny_model_dir, tmp_path):
     # A save that died half-way leaves only its temporary directory: never taken for a checkpoint.
     (tmp_path / "run" / "checkpoints" / ".step-000040.tmp" / "learner").mkdir(parents=True)
     assert latest_checkpoint(config.run_dir).name == "step-000030"
+

@@ -13,8 +13,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from asyncrl.controller.event_records import MemoryEvents
 from asyncrl.core.buffer.memory import MemoryBuffer
+from asyncrl.core.events import MemoryEvents
 from asyncrl.learner.checkpoint import (
     Checkpointer,
     CheckpointMeta,

@@ -1,21 +1,30 @@
-"""In-band pushes in the controller: when it leaves a push to the learner (a reused group, every member
-following it, a learner offering it), the orders it signs, and which relayed acks it counts."""
+"""In-band pushes in the controller: when it leaves a push to the learner (reserved at a commit, on a kept
+group every member follows, for a learner that offers it), the orders it signs, and which relayed acks it
+counts. BeginWeightPush itself always answers a push the controller orders."""
 
 import hashlib
 import hmac
 
 import pytest
 
-from asyncrl.controller.errors import PreconditionFailed
-from asyncrl.controller.push import PushOffer
-from asyncrl.controller.push_session import ReceiverAck
 from asyncrl.core.auth import push_ack_mac, push_order_mac
+from asyncrl.push.plan import PushOffer
+from asyncrl.push.protocol import PushRefused
+from asyncrl.push.session import ReceiverAck
 from tests.fakes import TINY_TENSORS, make_state
 
 
 def begin(state, version, in_band=True):
-    return state.begin_push(version, PushOffer("127.0.0.1:29500", "gloo", TINY_TENSORS, 1 << 20, 5.0,
+    return state.begin_push(version, PushOffer(store_address="127.0.0.1:29500", transport="gloo", tensors=TINY_TENSORS, bucket_bytes=1 << 20, timeout_s=5.0,
                                                in_band=in_band))
+
+
+def reserved_after(state, version, in_band=True):
+    """Begin `version` (the controller orders it) and commit it asking for the next push: the reservation."""
+    session = begin(state, version, in_band)
+    result = state.commit_push(session.push_id, sender_ok=True, reserve_next=True)
+    assert result.committed
+    return result.next_push
 
 
 def following(state, *ports):
@@ -35,19 +44,19 @@ def test_a_reused_group_of_followers_goes_in_band_with_signed_orders_and_no_call
     keys = dict(following(state, 7001, 7002))
     first = begin(state, 1)
     assert not first.in_band and first.plan.new_group  # forming the group: the controller orders it
-    state.commit_push(first.push_id, sender_ok=True)
+    second = state.commit_push(first.push_id, sender_ok=True, reserve_next=True).next_push
     calls = len(notifier.calls)
-    second = begin(state, 2)
     assert second.in_band and not second.plan.new_group and second.after_push_id == first.push_id
     assert second.order_macs == [push_order_mac(keys[r.replica_id], second.plan, r.rank) for r in second.receivers]
-    result = state.commit_push(second.push_id, sender_ok=True, acks=signed_acks(second, keys))
+    result = state.commit_push(second.push_id, sender_ok=True, acks=signed_acks(second, keys), reserve_next=True)
     assert result.committed and result.current_version == 2 and sorted(result.acked) == sorted(keys)
     assert len(notifier.calls) == calls  # nobody was called for the in-band push
-    assert [e["in_band"] for e in events.of_kind("push_begun")] == [False, True]
+    assert [e["in_band"] for e in events.of_kind("push_begun")] == [False, True, True]
     assert [e["in_band"] for e in events.of_kind("push_committed")] == [False, True]
     assert state.metrics.pushes_in_band._value.get() == 1
-    third = begin(state, 3)
+    third = result.next_push
     assert third.in_band and third.after_push_id == second.push_id  # the members wait after the last push
+    assert not begin(state, 3, in_band=True).in_band  # a Begin (the reservation named unused) is ordered
     assert all(r["weight_version"] == 2 for r in state.snapshot()["replicas"])
 
 
@@ -57,10 +66,14 @@ def test_the_controller_orders_the_push_itself_otherwise(case):
     following(state, 7001)
     if case == "a member does not follow":
         state.register("127.0.0.1:7002", "", 0, "torch")
-    state.commit_push(begin(state, 1).push_id, sender_ok=True)
     if case == "membership changed":
+        state.commit_push(begin(state, 1).push_id, sender_ok=True)
         following(state, 7003)
-    session = begin(state, 2, in_band=case != "not offered")
+        session = begin(state, 2)
+        assert session.plan.new_group
+    else:
+        assert reserved_after(state, 1, in_band=case != "not offered") is None
+        session = begin(state, 2, in_band=case != "not offered")
     assert not session.in_band and session.order_macs == [] and session.after_push_id == ""
     result = state.commit_push(session.push_id, sender_ok=True)
     assert result.committed and len(result.acked) == len(session.receivers)
@@ -71,8 +84,7 @@ def test_only_acks_signed_by_the_replica_for_the_plans_version_count():
     state, _, _, events = make_state()
     ids = following(state, 7001, 7002, 7003, 7004)
     keys = dict(ids)
-    state.commit_push(begin(state, 1).push_id, sender_ok=True)
-    session = begin(state, 2)
+    session = reserved_after(state, 1)
     good, forged, stale, failed = session.receivers
     acks = (
         signed_acks(session, keys)[0],
@@ -88,14 +100,13 @@ def test_only_acks_signed_by_the_replica_for_the_plans_version_count():
     assert "reports version 1" in errors[stale.replica_id]
     assert "out of memory" in errors[failed.replica_id]
     assert state.heartbeat(forged.replica_id, 2).needs_sync  # flagged for a resync, not trusted
-    assert not begin(state, 3).in_band  # a drop forgets the group: the next push forms a new one
+    assert begin(state, 3).plan.new_group  # a drop forgets the group: the next push forms a new one
 
 
 def test_a_receiver_without_an_ack_is_dropped():
     state, _, _, _ = make_state()
     keys = dict(following(state, 7001, 7002))
-    state.commit_push(begin(state, 1).push_id, sender_ok=True)
-    session = begin(state, 2)
+    session = reserved_after(state, 1)
     result = state.commit_push(session.push_id, sender_ok=True, acks=signed_acks(session, keys)[:1])
     assert result.acked == [session.receivers[0].replica_id] and result.dropped == [session.receivers[1].replica_id]
 
@@ -104,7 +115,7 @@ def test_acks_for_a_push_the_controller_ordered_are_refused():
     state, _, _, _ = make_state()
     keys = dict(following(state, 7001))
     session = begin(state, 1)  # forms the group: ordered by the controller
-    with pytest.raises(PreconditionFailed, match="^acks: "):
+    with pytest.raises(PushRefused, match="^acks: "):
         state.commit_push(session.push_id, sender_ok=True, acks=signed_acks(session, keys))
     assert state.commit_push(session.push_id, sender_ok=True).committed  # the refusal did not start the commit
 

@@ -8,9 +8,9 @@ import pytest
 
 from asyncrl.controller.errors import InvalidRequest, PreconditionFailed
 from asyncrl.controller.persistence import MemoryStore
-from asyncrl.controller.push import PushOffer
 from asyncrl.controller.reaper import StallDetector
 from asyncrl.controller.staleness import admissible
+from asyncrl.push.coordinator import PushOffer
 from tests.fakes import TINY_TENSORS, make_state
 
 
@@ -23,7 +23,7 @@ def wait_until(predicate, timeout_s=5.0):
 
 def publish(state, version):
     """Play the learner: push `version` (the fake notifier acks every receiver) and commit it."""
-    session = state.begin_push(version, PushOffer("127.0.0.1:1", "gloo", TINY_TENSORS, 1 << 20, 5.0))
+    session = state.begin_push(version, PushOffer(store_address="127.0.0.1:1", transport="gloo", tensors=TINY_TENSORS, bucket_bytes=1 << 20, timeout_s=5.0))
     return state.commit_push(session.push_id, sender_ok=True)
 
 

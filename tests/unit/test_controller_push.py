@@ -4,13 +4,13 @@ import threading
 
 import pytest
 
-from asyncrl.controller.errors import PreconditionFailed
-from asyncrl.controller.push import PushOffer
+from asyncrl.push.plan import PushOffer
+from asyncrl.push.protocol import Phase, PushRefused
 from tests.fakes import TINY_TENSORS, make_state
 
 
 def begin(state, version, timeout_s=5.0):
-    return state.begin_push(version, PushOffer("127.0.0.1:29500", "gloo", TINY_TENSORS, 1 << 20, timeout_s))
+    return state.begin_push(version, PushOffer(store_address="127.0.0.1:29500", transport="gloo", tensors=TINY_TENSORS, bucket_bytes=1 << 20, timeout_s=timeout_s))
 
 
 def register(state, port, version=0):
@@ -104,7 +104,7 @@ def test_resync_releases_a_held_request():
 def test_version_must_be_current_plus_one_or_current(bad_version):
     state, _, _, _ = make_state()
     state.commit_push(begin(state, 1).push_id, sender_ok=True)
-    with pytest.raises(PreconditionFailed, match=r"^version: must be 2 \(new policy\) or 1 \(resync\)"):
+    with pytest.raises(PushRefused, match=r"^version: must be 2 \(new policy\) or 1 \(resync\)"):
         begin(state, bad_version)
     assert state.current_version == 1
 
@@ -122,14 +122,14 @@ def test_one_push_at_a_time_until_the_open_one_times_out():
     state, clock, _, events = make_state(push_timeout_s=30.0)
     register(state, 7001)
     first = begin(state, 1)
-    with pytest.raises(PreconditionFailed, match="is still open"):
+    with pytest.raises(PushRefused, match="is still open"):
         begin(state, 1)
     clock.advance(31.0)
     second = begin(state, 1)
     (aborted,) = events.of_kind("push_aborted")
     assert aborted["push_id"] == first.push_id
     assert events.of_kind("push_begun")[-1]["aborted_previous"] == first.push_id
-    with pytest.raises(PreconditionFailed, match="is not the open push"):
+    with pytest.raises(PushRefused, match="is not the open push"):
         state.commit_push(first.push_id, sender_ok=True)
     assert state.commit_push(second.push_id, sender_ok=True).committed
 
@@ -140,7 +140,7 @@ def test_a_learner_at_another_store_supersedes_the_open_push_of_the_one_before()
     state, _, _, events = make_state(push_timeout_s=30.0)
     register(state, 7001)
     orphan = begin(state, 1)
-    replacement = state.begin_push(1, PushOffer("127.0.0.1:29600", "gloo", TINY_TENSORS, 1 << 20, 5.0))
+    replacement = state.begin_push(1, PushOffer(store_address="127.0.0.1:29600", transport="gloo", tensors=TINY_TENSORS, bucket_bytes=1 << 20, timeout_s=5.0))
     (aborted,) = events.of_kind("push_aborted")
     assert aborted["push_id"] == orphan.push_id and "superseded by a learner at 127.0.0.1:29600" in aborted["reason"]
     assert replacement.plan.new_group  # the new learner holds no group yet
@@ -174,7 +174,7 @@ def test_duplicate_commit_is_refused():
     state, _, _, _ = make_state()
     session = begin(state, 1)
     state.commit_push(session.push_id, sender_ok=True)
-    with pytest.raises(PreconditionFailed, match="no push is open"):
+    with pytest.raises(PushRefused, match="no push is open"):
         state.commit_push(session.push_id, sender_ok=True)
 
 
@@ -195,7 +195,7 @@ def commit_waiting(state, session) -> tuple[threading.Thread, dict]:
     answer = {}
     committer = threading.Thread(target=lambda: answer.update(r=state.commit_push(session.push_id, True)))
     committer.start()
-    while not session.commit_started:
+    while state._pushes.slot.phase is not Phase.COMMITTING:
         threading.Event().wait(0.01)
     return committer, answer
 
@@ -207,7 +207,7 @@ def test_a_push_whose_commit_is_waiting_is_not_superseded():
     session = begin(state, 1)
     committer, answer = commit_waiting(state, session)
     clock.advance(1.0)  # past push_timeout_s on the state's clock, but its commit is already waiting
-    with pytest.raises(PreconditionFailed, match="its commit is in progress"):
+    with pytest.raises(PushRefused, match="its commit is in progress"):
         begin(state, 1)
     committer.join(timeout=5)
     notifier.release.set()
@@ -266,7 +266,7 @@ def test_every_push_order_is_signed_with_the_receivers_key():
     first = state.register("127.0.0.1:7001", "a", 0, "torch")
     second = state.register("127.0.0.1:7002", "b", 0, "torch")
     assert len(first.push_key) == 32 and first.push_key != second.push_key
-    session = state.begin_push(1, PushOffer("127.0.0.1:1", "gloo", TINY_TENSORS, 1 << 20, 5.0))
+    session = state.begin_push(1, PushOffer(store_address="127.0.0.1:1", transport="gloo", tensors=TINY_TENSORS, bucket_bytes=1 << 20, timeout_s=5.0))
     state.commit_push(session.push_id, sender_ok=True)
     plan = session.plan
     for registration, address in ((first, "127.0.0.1:7001"), (second, "127.0.0.1:7002")):
@@ -324,51 +324,17 @@ def test_a_membership_change_or_a_failure_forms_a_new_group():
     assert ids[0] == ids[1] != ids[2] == ids[3] == ids[4] != ids[5] == ids[6] != ids[7] == ids[8] != ids[9]
 
 
-def test_a_push_is_a_delta_only_against_the_last_push_every_member_acknowledged():
-    """The learner offers its base; the controller grants a delta when it reuses the group and that base is the
-    group's last push, acknowledged by all (with the same codec); a new group or a failure means whole."""
-    state, _, notifier, events = make_state()
-    register(state, 7001), register(state, 7002)
-    plans = []
-
-    def push(version, base="", codec="xor-zlib", sender_ok=True):
-        offer = PushOffer("127.0.0.1:29500", "gloo", TINY_TENSORS, 1 << 20, 5.0, delta_codec=codec,
-                          delta_base_push_id=base)
-        session = state.begin_push(version, offer)
-        state.commit_push(session.push_id, sender_ok=sender_ok, error="" if sender_ok else "broke")
-        plans.append(session.plan)
-        return session.plan
-
-    first = push(1)  # new group: whole, but every member keeps the base
-    assert first.delta_codec == "xor-zlib" and first.delta_base_push_id == ""
-    second = push(2, base=first.push_id)
-    assert second.delta_base_push_id == first.push_id and not second.new_group
-    assert push(3, base=first.push_id).delta_base_push_id == ""  # not the group's last push
-    third = plans[-1]
-    assert push(4, base=third.push_id, codec="").delta_base_push_id == ""  # no codec: whole, no base kept
-    assert push(5, base=plans[-1].push_id).delta_base_push_id == ""  # the last push kept no base
-    notifier.failing.add("127.0.0.1:7002")
-    failed = push(6, base=plans[-1].push_id)
-    assert failed.delta_base_push_id == plans[-2].push_id  # granted: the failure comes after
-    notifier.failing.clear()
-    assert push(7, base=failed.push_id).delta_base_push_id == ""  # the failure forgot group and base
-    register(state, 7003)
-    assert push(8, base=plans[-1].push_id).new_group and plans[-1].delta_base_push_id == ""  # new member
-    assert [e["delta_base_push_id"] for e in events.of_kind("push_begun")][1] == first.push_id
-
-
 def test_the_push_order_mac_is_the_documented_text_under_the_key():
     """rollout.proto documents the signed text (an outside controller must produce it byte for byte)."""
     import hashlib
     import hmac
 
     from asyncrl.core.auth import push_order_mac
-    from asyncrl.core.weights.plan import PushPlan
+    from asyncrl.push.plan import PushPlan
 
-    plan = PushPlan("push-v3-ab", 3, "10.0.0.1:29500", 3, "gloo", (), 1024, 60.0, group_id="group-1",
-                    new_group=False, manifest_digest="f" * 64, delta_codec="xor-zlib", delta_base_push_id="push-v2-cd")
-    text = "\n".join(["push-v3-ab", "3", "2", "3", "10.0.0.1:29500", "gloo", "group-1", "0", "f" * 64, "xor-zlib",
-                      "push-v2-cd"])
+    plan = PushPlan(push_id="push-v3-ab", version=3, store_address="10.0.0.1:29500", world_size=3, transport="gloo", tensors=(), bucket_bytes=1024, timeout_s=60.0, group_id="group-1",
+                    new_group=False, manifest_digest="f" * 64)
+    text = "\n".join(["order", "push-v3-ab", "3", "2", "3", "10.0.0.1:29500", "gloo", "group-1", "0", "f" * 64])
     assert push_order_mac(b"key", plan, 2) == hmac.new(b"key", text.encode(), hashlib.sha256).digest()
 
 

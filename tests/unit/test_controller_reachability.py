@@ -6,11 +6,11 @@ import threading
 import time
 
 from asyncrl.controller.persistence import MemoryStore
-from asyncrl.controller.push import PushOffer
 from asyncrl.controller.reachability import QUICK_RETRIES_S, ReachabilityChecks
 from asyncrl.controller.state import ControllerState
 from asyncrl.core.auth import liveness_mac
 from asyncrl.core.config import ControllerConfig
+from asyncrl.push.coordinator import PushOffer
 from tests.fakes import TINY_TENSORS, FakeClock, FakeNotifier, MemoryEvents
 
 
@@ -44,7 +44,7 @@ def test_a_replica_that_answers_under_its_key_joins_pushes():
     state, _, events = state_with(addresses)
     reg = state.register("127.0.0.1:7001", "r-1", 0, "torch")
     assert not replica(state, "r-1")["reachable"]
-    session = state.begin_push(1, PushOffer("127.0.0.1:29500", "gloo", TINY_TENSORS, 1 << 20, 5.0))
+    session = state.begin_push(1, PushOffer(store_address="127.0.0.1:29500", transport="gloo", tensors=TINY_TENSORS, bucket_bytes=1 << 20, timeout_s=5.0))
     assert session.receivers == []  # not reached yet: left out
     assert state.commit_push(session.push_id, sender_ok=True).committed
     addresses.keys["127.0.0.1:7001"] = reg.push_key

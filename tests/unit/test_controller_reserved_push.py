@@ -4,17 +4,17 @@ right: used, named unused, superseded, voided by a receiver's new registration, 
 
 import pytest
 
-from asyncrl.controller.errors import PreconditionFailed
-from asyncrl.controller.push import PushOffer
 from asyncrl.core.auth import push_order_mac
+from asyncrl.push.plan import PushOffer
+from asyncrl.push.protocol import PushRefused
 from tests.fakes import TINY_TENSORS, make_state
 from tests.unit.test_controller_in_band_push import following, signed_acks
 
 STORE = "127.0.0.1:29500"
 
 
-def offer(in_band=True, store=STORE, delta=""):
-    return PushOffer(store, "gloo", TINY_TENSORS, 1 << 20, 5.0, in_band=in_band, delta_codec=delta)
+def offer(in_band=True, store=STORE):
+    return PushOffer(store_address=store, transport="gloo", tensors=TINY_TENSORS, bucket_bytes=1 << 20, timeout_s=5.0, in_band=in_band)
 
 
 def in_band_group(state, *ports):
@@ -25,9 +25,10 @@ def in_band_group(state, *ports):
 
 
 def reserving_commit(state, keys, version):
-    """Begin and commit `version` in-band, asking for the next push; returns the reservation (or None)."""
+    """Begin and commit `version` (the controller orders it), asking for the next push; returns the
+    reservation (or None)."""
     session = state.begin_push(version, offer())
-    result = state.commit_push(session.push_id, True, acks=signed_acks(session, keys), reserve_next=True)
+    result = state.commit_push(session.push_id, True, reserve_next=True)
     assert result.committed and result.current_version == version
     return result.next_push
 
@@ -36,7 +37,7 @@ def test_a_reserved_push_is_committed_without_a_begin():
     state, clock, notifier, events = make_state()
     keys = in_band_group(state, 7001, 7002)
     reserved = reserving_commit(state, keys, 2)
-    assert reserved.in_band and reserved.reserved and reserved.plan.version == 3 and not reserved.plan.new_group
+    assert reserved.in_band and reserved.plan.version == 3 and not reserved.plan.new_group
     assert reserved.after_push_id == events.of_kind("push_committed")[-1]["push_id"]
     assert reserved.order_macs == [push_order_mac(keys[r.replica_id], reserved.plan, r.rank)
                                    for r in reserved.receivers]
@@ -59,18 +60,16 @@ def test_a_reserved_push_is_committed_without_a_begin():
 @pytest.mark.parametrize("case", ["not asked", "not offered in-band", "a member does not follow",
                                   "a new replica", "a member dropped", "sender failed"])
 def test_nothing_is_reserved_when_the_next_push_cannot_go_in_band(case):
-    state, _, _, events = make_state()
-    keys = in_band_group(state, 7001, 7002)
+    state, _, notifier, events = make_state()
+    in_band_group(state, 7001, 7002)
     if case == "a member does not follow":
         state.register("127.0.0.1:7003", "", 0, "torch")  # the next push forms a group with it
+    if case == "a member dropped":
+        notifier.failing.add("127.0.0.1:7002")
     session = state.begin_push(2, offer(in_band=case != "not offered in-band"))
     if case == "a new replica":
         following(state, 7003)  # after the Begin: the next push would form a group with it
-    acks = signed_acks(session, keys) if session.in_band else ()
-    if case == "a member dropped":
-        acks = acks[:1]
-    result = state.commit_push(session.push_id, case != "sender failed", acks=acks,
-                               reserve_next=case != "not asked")
+    result = state.commit_push(session.push_id, case != "sender failed", reserve_next=case != "not asked")
     assert result.next_push is None and state._pushes.reserved is None
     assert not [e for e in events.of_kind("push_begun") if e["reserved"]]
 
@@ -100,7 +99,7 @@ def test_a_reservation_superseded_otherwise_is_aborted_and_its_receivers_resynce
     assert aborted["push_id"] == reserved.push_id and not events.of_kind("push_withdrawn")
     # Its receivers may have taken it: they get the version again, on a new group.
     assert sorted(r.replica_id for r in session.receivers) == sorted(keys) and session.plan.new_group
-    with pytest.raises(PreconditionFailed, match="push_id"):
+    with pytest.raises(PushRefused, match="push_id"):
         state.commit_push(reserved.push_id, True, acks=signed_acks(reserved, keys))
 
 
@@ -112,7 +111,7 @@ def test_a_receiver_registering_again_voids_the_reservation():
     state.register(again.address, again.replica_id, 2, "torch", push_key=keys[again.replica_id], in_band=True)
     assert events.of_kind("push_aborted")[0]["push_id"] == reserved.push_id
     assert "registered again" in events.of_kind("push_aborted")[0]["reason"]
-    with pytest.raises(PreconditionFailed, match="is not the open push"):
+    with pytest.raises(PushRefused, match="is not the open push"):
         state.commit_push(reserved.push_id, True, acks=signed_acks(reserved, keys))
     # The next push forms a new group; a new replica (not a receiver) leaves the reservation after it alone.
     session = state.begin_push(3, offer())
@@ -143,19 +142,6 @@ def test_a_timeline_reset_aborts_the_reservation():
     state.reset_timeline(1, 0, 0)
     assert events.of_kind("push_aborted")[0]["push_id"] == reserved.push_id
     assert state._pushes.reserved is None
-
-
-def test_a_reserved_delta_push_is_against_the_push_it_follows():
-    state, _, _, _ = make_state()
-    keys = dict(following(state, 7001))
-    first = state.begin_push(1, offer(delta="xor-zlib"))
-    assert first.plan.delta_codec == "xor-zlib" and not first.plan.delta_base_push_id
-    # The push that formed the group (ordered by the controller) reserves the first in-band one, a delta
-    # against it: the learner's group keeps its bytes as the base, as every member's does.
-    second = state.commit_push(first.push_id, True, reserve_next=True).next_push
-    assert second.in_band and second.plan.delta_base_push_id == first.push_id
-    reserved = state.commit_push(second.push_id, True, acks=signed_acks(second, keys), reserve_next=True).next_push
-    assert reserved.plan.delta_codec == "xor-zlib" and reserved.plan.delta_base_push_id == second.push_id
 
 
 def test_a_resync_to_nobody_keeps_the_group_and_reserves_the_next_push():

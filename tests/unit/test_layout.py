@@ -2,7 +2,8 @@
 
 - Only `asyncrl` goes into site-packages: the wheel's one top-level package, with every package folder of
   the repository inside it.
-- Floors: core (asyncrl.core, asyncrl.v1) <- roles (controller, rollout, teacher, learner) <- services <-
+- Floors: core (asyncrl.core, asyncrl.v1, and asyncrl.push: the weight push, the one feature every role
+  takes part in, in one room) <- roles (controller, rollout, teacher, learner) <- services <-
   roof (asyncrl.tools, bench/). A module imports only its own floor or lower ones; a role never imports
   another role; nothing imports the roof. Imports inside functions count: they run too.
 - No import cycles between modules.
@@ -30,7 +31,7 @@ ROLES = ("asyncrl.controller", "asyncrl.rollout", "asyncrl.teacher", "asyncrl.le
 
 
 def floor_of(module: str) -> int:
-    if module == "asyncrl" or module.startswith(("asyncrl.core", "asyncrl.v1")):
+    if module == "asyncrl" or module.startswith(("asyncrl.core", "asyncrl.v1", "asyncrl.push")):
         return CORE
     if module.startswith(ROLES):
         return ROLE

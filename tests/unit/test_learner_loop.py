@@ -8,8 +8,8 @@ from types import SimpleNamespace
 import grpc
 import pytest
 
-from asyncrl.controller.event_records import MemoryEvents
 from asyncrl.core.config import AsyncRLConfig
+from asyncrl.core.events import MemoryEvents
 from asyncrl.learner.checkpoint_saver import CheckpointSaver
 from asyncrl.learner.learner_metrics import LearnerMetrics
 from asyncrl.learner.loop import LearnerLoop
@@ -201,9 +201,10 @@ class Publisher:
         self.calls, self._in_flight = calls, None
 
     def _result(self, version, background):
-        from asyncrl.learner.publisher import PushResult
+        from asyncrl.push.sender import PushResult
 
-        return PushResult(version, True, 2, ["a", "b"], [], 100, 0.001, 0.002, 1, False, background)
+        return PushResult(version=version, committed=True, receivers=2, acked=["a", "b"], dropped=[], bytes_sent=100,
+                          broadcast_s=0.001, total_s=0.002, attempts=1, new_group=False, background=background)
 
     def start(self, version, last=False):
         assert self._in_flight is None, "one push at a time"

@@ -66,7 +66,7 @@ def test_learner_step_series():
             "staleness/hist": {"0": 2, "1": 1, "2": 1}, "time/step_s": 0.1, "time/busy": 0.8, "rc/kl_k3": 0.01,
             "rc/ratio_max": 1.5, "loss/clip_frac": 0.25, "opt/grad_norm": 2.0, "reward/max": 1.0,
             "routing/per_layer": [0.1, 0.2]}
-    push = SimpleNamespace(version=3, total_s=0.05, bytes_sent=2_000_000, new_group=True, delta=False)
+    push = SimpleNamespace(version=3, total_s=0.05, bytes_sent=2_000_000, new_group=True)
     now = time.time()
     metrics.observe_push(push)
     metrics.observe_step(step, 3, 0.002, [now - 2.0, now - 0.3])
@@ -75,7 +75,6 @@ def test_learner_step_series():
     assert got[("asyncrl_learner_tokens_trained_total", ())] == 37
     assert got[("asyncrl_learner_push_bytes_total", ())] == 2_000_000
     assert got[("asyncrl_learner_broadcast_groups_formed_total", ())] == 1
-    assert got[("asyncrl_learner_delta_pushes_total", ())] == 0
     assert got[("asyncrl_learner_push_wait_seconds_count", ())] == 1
     # Staleness 0, 0, 1, 2: cumulative buckets le=0 -> 2, le=1 -> 3, le=2 -> 4; sum 3.
     assert got[("asyncrl_learner_staleness_versions_bucket", (("le", "0.0"),))] == 2

@@ -11,7 +11,7 @@ from asyncrl.core.modeling import (
     sequence_logprobs,
 )
 from asyncrl.core.sampling import SamplingParams, processed_logprobs
-from asyncrl.core.weights.plan import TensorMeta, tensor_metas
+from asyncrl.push.manifest import TensorMeta, tensor_metas
 
 PAD = 0
 

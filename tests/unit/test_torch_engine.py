@@ -10,8 +10,9 @@ from asyncrl.core.config import EngineConfig
 from asyncrl.core.engines.torch_engine import TorchEngine
 from asyncrl.core.modeling import load_causal_lm, named_weights, sequence_logprobs
 from asyncrl.core.sampling import SamplingParams
-from asyncrl.core.weights.plan import PushPlan, TensorMeta, tensor_metas
-from asyncrl.core.weights.transport import host_store, make_group, send_weights
+from asyncrl.push.manifest import TensorMeta, tensor_metas
+from asyncrl.push.plan import PushPlan
+from asyncrl.push.transport.broadcast import host_store, make_group, send_weights
 
 # Variable prompt lengths on purpose: left padding must not change anything.
 PROMPTS = [[1, 5, 6, 14, 7, 8, 15], [1, 9, 14, 9, 15], [1, 12, 13, 14, 4, 15], [1, 4, 15]]

@@ -1,9 +1,9 @@
 import pytest
 import torch
 
-from asyncrl.core.weights.buckets import pack, plan_buckets, unpack
-from asyncrl.core.weights.manifest import decode_plan, encode_plan
-from asyncrl.core.weights.plan import PushPlan, TensorMeta
+from asyncrl.push.manifest import TensorMeta
+from asyncrl.push.plan import PushPlan
+from asyncrl.push.transport.buckets import pack, plan_buckets, unpack
 
 
 def metas(*specs):
@@ -42,32 +42,32 @@ def test_bad_inputs_are_clear_errors():
 
 
 def test_plan_proto_round_trip():
-    plan = PushPlan("p1", 3, "127.0.0.1:1234", 3, "gloo", metas(("a", (2, 3), "bfloat16")), 1024, 5.0)
-    assert decode_plan(encode_plan(plan)) == plan
+    plan = PushPlan(push_id="p1", version=3, store_address="127.0.0.1:1234", world_size=3, transport="gloo", tensors=metas(("a", (2, 3), "bfloat16")), bucket_bytes=1024, timeout_s=5.0)
+    assert PushPlan.from_proto(plan.to_proto()) == plan
     assert plan.store_host == "127.0.0.1" and plan.store_port == 1234
     assert plan.total_bytes == 12
 
 
 def test_a_plan_naming_a_manifest_and_a_kept_group_round_trips_and_is_checked():
     from asyncrl.core.validation import InvalidArgument
-    from asyncrl.core.weights.manifest import manifest_bytes
+    from asyncrl.push.manifest import manifest_bytes
 
     _, digest = manifest_bytes(metas(("a", (2, 3), "float32")))
-    plan = PushPlan("p2", 4, "127.0.0.1:1234", 3, "gloo", (), 1024, 5.0, group_id="group-1", new_group=False,
+    plan = PushPlan(push_id="p2", version=4, store_address="127.0.0.1:1234", world_size=3, transport="gloo", tensors=(), bucket_bytes=1024, timeout_s=5.0, group_id="group-1", new_group=False,
                     manifest_digest=digest)
-    assert decode_plan(encode_plan(plan)) == plan
+    assert PushPlan.from_proto(plan.to_proto()) == plan
     assert plan.group_key == "group/group-1/"
-    assert PushPlan("p3", 1, "h:1", 2, "gloo", (), 1, 1.0).group_key == "push/p3/group/"
+    assert PushPlan(push_id="p3", version=1, store_address="h:1", world_size=2, transport="gloo", tensors=(), bucket_bytes=1, timeout_s=1.0).group_key == "push/p3/group/"
 
     def refused(**fields) -> str:
-        msg = encode_plan(plan)
+        msg = plan.to_proto()
         for name, value in fields.items():
             if name == "tensors":
                 msg.tensors.add(name="a", shape=[2, 3], dtype="float32")
             else:
                 setattr(msg, name, value)
         with pytest.raises(InvalidArgument) as err:
-            decode_plan(msg)
+            PushPlan.from_proto(msg)
         return err.value.field
 
     assert refused(manifest_digest="abc") == "plan.manifest_digest"
@@ -77,31 +77,9 @@ def test_a_plan_naming_a_manifest_and_a_kept_group_round_trips_and_is_checked():
     assert refused(group_id="bad id!") == "plan.group_id"
 
 
-def test_a_delta_plan_round_trips_and_needs_a_codec_and_a_kept_group():
-    from asyncrl.core.validation import InvalidArgument
-
-    plan = PushPlan("p5", 5, "127.0.0.1:1234", 3, "gloo", metas(("a", (2, 3), "float32")), 1024, 5.0,
-                    group_id="group-1", new_group=False, delta_codec="xor-zlib", delta_base_push_id="p4")
-    assert decode_plan(encode_plan(plan)) == plan
-
-    def refused(**fields) -> str:
-        msg = encode_plan(plan)
-        for name, value in fields.items():
-            setattr(msg, name, value)
-        with pytest.raises(InvalidArgument) as err:
-            decode_plan(msg)
-        return err.value.field
-
-    assert refused(delta_codec="lz4") == "plan.delta_codec"
-    assert refused(delta_codec="") == "plan.delta_base_push_id"  # a base without a codec
-    assert refused(delta_base_push_id="bad id!") == "plan.delta_base_push_id"
-    assert refused(new_group=True) == "plan.delta_base_push_id"  # a new group has no base
-    assert refused(group_id="", new_group=True) == "plan.delta_base_push_id"
-
-
 def test_the_torch_free_dtype_table_is_torchs_own():
     # The controller checks plans without torch; the names it accepts and their sizes must be torch's.
-    from asyncrl.core.weights.plan import DTYPE_BYTES
+    from asyncrl.push.manifest import DTYPE_BYTES
 
     torch_dtypes = {name: value for name in dir(torch) if isinstance(value := getattr(torch, name), torch.dtype)}
     assert set(DTYPE_BYTES) == set(torch_dtypes)
@@ -117,6 +95,6 @@ def test_the_controller_and_the_config_load_without_torch():
     import subprocess
     import sys
 
-    code = ("import sys, services.controller_service, asyncrl.core.config, asyncrl.core.weights.manifest; "
+    code = ("import sys, services.controller_service, asyncrl.core.config, asyncrl.push.manifest; "
             "sys.exit('torch' in sys.modules)")
     assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0

@@ -3,15 +3,15 @@
 import pytest
 import torch
 
-from asyncrl.core.weights.buckets import pack, plan_buckets
-from asyncrl.core.weights.flat import (
+from asyncrl.push.manifest import tensor_metas
+from asyncrl.push.transport.buckets import pack, plan_buckets
+from asyncrl.push.transport.flat import (
     FlatWeights,
     adjacent_run,
     bind_parameters,
     rebind_parameters,
     weight_slots,
 )
-from asyncrl.core.weights.plan import tensor_metas
 
 
 def model():

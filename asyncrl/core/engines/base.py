@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from asyncrl.core.routing import RoutedExperts
 from asyncrl.core.sampling import SamplingParams
-from asyncrl.core.weights.plan import PushPlan
+from asyncrl.push.plan import PushPlan
 
 
 @dataclass

@@ -30,10 +30,10 @@ from asyncrl.core.modeling import (
 from asyncrl.core.prompt_sharing import shared_prompt_logprobs
 from asyncrl.core.routing import install_hooks
 from asyncrl.core.sampling import SamplingParams
-from asyncrl.core.weights.flat import FlatWeights, rebind_parameters, weight_slots
-from asyncrl.core.weights.groups import BroadcastGroups
-from asyncrl.core.weights.plan import PushPlan
-from asyncrl.core.weights.transport import receive_weights
+from asyncrl.push.plan import PushPlan
+from asyncrl.push.transport.broadcast import receive_weights
+from asyncrl.push.transport.flat import FlatWeights, rebind_parameters, weight_slots
+from asyncrl.push.transport.groups import BroadcastGroups
 
 log = logging.getLogger(__name__)
 

@@ -33,7 +33,7 @@ from asyncrl.core.engines.vllm_worker import (
 )
 from asyncrl.core.routing import RoutedExperts, checkpoint_num_experts
 from asyncrl.core.sampling import SamplingParams
-from asyncrl.core.weights.plan import PushPlan
+from asyncrl.push.plan import PushPlan
 
 UPDATE_MODES = ("inflight", "between")
 

@@ -18,10 +18,10 @@ from pathlib import Path
 
 import torch
 
-from asyncrl.core.weights.groups import BroadcastGroups
-from asyncrl.core.weights.manifest import match_model
-from asyncrl.core.weights.plan import PushPlan, TensorMeta
-from asyncrl.core.weights.transport import receive_weights
+from asyncrl.push.manifest import TensorMeta, match_model
+from asyncrl.push.plan import PushPlan
+from asyncrl.push.transport.broadcast import receive_weights
+from asyncrl.push.transport.groups import BroadcastGroups
 
 log = logging.getLogger(__name__)
 

@@ -1,5 +1,9 @@
-"""A replica's follower of the broadcast group it kept: after each push on a kept group it waits in the learner's
-store for the order of the next one (`asyncrl.core.weights.in_band`), takes it as an UpdateWeights call from the
+"""The replica's side of the push: `PushReceiver` takes a push ordered by the controller (UpdateWeights) or
+in-band (found in the learner's store by its `PushListener`): the order's signature checked under the
+replica's push key, the manifest resolved, the engine's own update called (it joins the broadcast and loads).
+
+`PushListener` follows the broadcast group the replica kept: after each push on a kept group it waits in the
+learner's store for the order of the next one (`push.in_band`), takes it as an UpdateWeights call from the
 controller would be taken (the same signature check, the same engine call), and acknowledges it there.
 
 One thread, started at the first push it follows. Every push this replica takes on a kept group, ordered by
@@ -24,10 +28,11 @@ from torch.distributed import DistError, TCPStore
 from asyncrl.core.auth import push_ack_mac, push_order_mac
 from asyncrl.core.engines.base import WeightUpdateStats
 from asyncrl.core.validation import InvalidArgument
-from asyncrl.core.weights.in_band import order_key, parse_order, wait_for_order, wake_waiters, write_ack
-from asyncrl.core.weights.plan import PushPlan
-from asyncrl.core.weights.rendezvous import POLL_S, PushAborted
-from asyncrl.core.weights.transport import push_store, store_client
+from asyncrl.push.in_band import order_key, parse_order, wait_for_order, wake_waiters, write_ack
+from asyncrl.push.plan import PushPlan
+from asyncrl.push.transport.broadcast import push_store, store_client
+from asyncrl.push.transport.groups import ManifestCache
+from asyncrl.push.transport.rendezvous import POLL_S, PushAborted
 
 log = logging.getLogger(__name__)
 
@@ -182,3 +187,50 @@ class PushListener:
         log.warning("refused %s at %s", what, target.key)
         self._on_refused()
         self._refused = (target, data)
+
+
+class OrderNotSigned(PermissionError):
+    """An UpdateWeights order this replica's controller did not sign (PERMISSION_DENIED)."""
+
+
+class PushReceiver:
+    """One replica's intake of pushes. `load(plan, rank)` is the engine's own update (join the broadcast as
+    `rank`, load the weights; returns `WeightUpdateStats`); `push_key()` the key the controller signs this
+    replica's orders with, or None for a replica without a controller (tests, tools), which checks no
+    signature and follows no group."""
+
+    def __init__(self, load: Callable[[PushPlan, int], WeightUpdateStats], push_key: Callable[[], bytes] | None,
+                 on_refused: Callable[[], None]):  # fmt: skip
+        self._load, self._push_key, self._on_refused = load, push_key, on_refused
+        self.manifests = ManifestCache()
+        """Tensor manifests of plans that name one by digest, read once from the learner's store."""
+        self.listener = None if push_key is None else PushListener(self.take, push_key, on_refused)
+        """Follows the broadcast group this replica keeps, for in-band pushes (only with a controller)."""
+
+    def take(self, plan: PushPlan, rank: int) -> WeightUpdateStats:
+        """Join `plan`'s push as `rank` and load the weights (an order already checked)."""
+        return self._load(self.manifests.resolve(plan), rank)
+
+    def take_ordered(self, plan: PushPlan, rank: int, order_mac: bytes) -> WeightUpdateStats:
+        """An order from the controller (UpdateWeights): refused unless signed for this replica's rank; once
+        taken, the listener waits for the next push on its group; a failure stops following (the controller
+        forms a new group). Raises what the load raised: `ValueError` when the plan does not fit the model,
+        `PushAborted` when the sender called it off."""
+        if self._push_key is not None:
+            key = self._push_key()
+            if not key or not hmac.compare_digest(order_mac, push_order_mac(key, plan, rank)):
+                self._on_refused()
+                raise OrderNotSigned("order_mac: this push was not ordered by this replica's controller")
+        try:
+            stats = self.take(plan, rank)
+        except Exception:
+            if self.listener is not None:
+                self.listener.forget()
+            raise
+        if self.listener is not None:
+            self.listener.follow(plan, rank)
+        return stats
+
+    def close(self) -> None:
+        if self.listener is not None:
+            self.listener.close()

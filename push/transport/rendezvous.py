@@ -6,11 +6,10 @@ it (its process is gone, its heartbeat not yet stale) would hold the learner and
 that long. So before each push's broadcast:
 
 - each receiver writes `ready/<rank>` into the push's store: `ok`, or `no-group` when the plan reuses a
-  broadcast group this process is not a member of (it restarted, or dropped the group after a failure) or
-  is a delta against a base this process does not hold (`weights.delta`);
+  broadcast group this process is not a member of (it restarted, or dropped the group after a failure);
 - the controller writes `unreachable` in place of a receiver it could not even reach with the push's order
   (nothing listens at its address: the process is gone), so the sender need not wait for it; for an
-  in-band push (`weights.in_band`: no order call to fail) the sender dials the receivers still missing after
+  in-band push (`push.in_band`: no order call to fail) the sender dials the receivers still missing after
   `GONE_AFTER_S` and writes it itself for those where nothing listens;
 - the sender waits up to `join_timeout_s` for all ready keys, then writes the verdict: `go` (everybody
   broadcasts) or `abort` (nobody does: receivers raise `PushAborted` at once, the sender raises
@@ -102,7 +101,7 @@ def sender_join(store, push_id: str, world_size: int, join_timeout_s: float,
     if groupless:
         store.set("verdict", f"abort: ranks {groupless} are not members of the push's group")
         raise ReceiversMissing(push_id, groupless, join_timeout_s,
-                               "are not members of the reused group (or lack its delta base)", absent=False)
+                               "are not members of the reused group", absent=False)
     store.set("verdict", "go")
 
 

@@ -1,8 +1,8 @@
-"""What a learner asks for in a push (`PushOffer`), and one weight push in flight (`PushSession`): its plan,
-its receivers in rank order, and their outcomes, from the fan-out (one thread per receiver calls the injected
-`WeightNotifier`: in production `Rollout.UpdateWeights` through `asyncrl.services.weight_fanout`) or, for an
-in-band push, from the acks the learner relays (`outcomes_from_acks`, each checked under the replica's push
-key). `controller.push` opens, reserves, commits and aborts them."""
+"""One weight push in the controller's hands (`PushSession`): its plan, its receivers in rank order, and their
+outcomes, from the fan-out (one thread per receiver calls the injected `WeightNotifier`: in production
+`Rollout.UpdateWeights` through `push.fanout`) or, for an in-band push, from the acks the learner relays
+(`outcomes_from_acks`, each checked under the replica's push key). `push.coordinator` opens, reserves,
+commits and aborts them."""
 
 from __future__ import annotations
 
@@ -13,7 +13,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from asyncrl.core.auth import push_ack_mac, push_order_mac
-from asyncrl.core.weights.plan import PushPlan, TensorMeta
+from asyncrl.push.plan import PushOffer, PushPlan
+from asyncrl.push.protocol import Route
 
 WeightNotifier = Callable[[str, PushPlan, int, float, bytes], int]
 """(address, plan, rank, timeout_s) -> weight version the replica now holds; raises on failure (a
@@ -23,30 +24,6 @@ WeightNotifier = Callable[[str, PushPlan, int, float, bytes], int]
 class ReceiverUnreachable(RuntimeError):
     """A notifier's failure meaning the replica's process is gone (nothing listens at its address): the
     controller declares it dead at once instead of waiting for its heartbeat time-out."""
-
-
-@dataclass(frozen=True)
-class PushOffer:
-    """The sender's half of a plan, as the learner asks for it in BeginWeightPush; the controller adds the
-    push id, the version and the receivers."""
-
-    store_address: str
-    transport: str
-    tensors: tuple[TensorMeta, ...]
-    bucket_bytes: int
-    timeout_s: float = 0.0
-    """Data time-out; 0 = the controller's push_timeout_s."""
-    join_timeout_s: float = 0.0
-    """Group formation time-out after the join handshake; 0 = the data time-out."""
-    manifest_digest: str = ""
-    """Instead of `tensors`: the digest of the manifest the learner published in its store."""
-    delta_codec: str = ""
-    """The delta codec the learner encodes with ("" = whole pushes only); copied into every plan."""
-    delta_base_push_id: str = ""
-    """The push whose bytes the learner keeps as its group's base: the push becomes a delta against it when
-    the controller reuses that group and that push was its last, acknowledged by every member."""
-    in_band: bool = False
-    """The learner can deliver the order through its store and collect the acks (`weights.in_band`)."""
 
 
 @dataclass(frozen=True)
@@ -94,35 +71,35 @@ class Outcome:
 
 
 class PushSession:
-    def __init__(self, plan: PushPlan, mode: str, receivers: list[Receiver], begun_at: float,
-                 notify: WeightNotifier, call_timeout_s: float, after_push_id: str = "",
-                 offer: PushOffer | None = None, reserved: bool = False):  # fmt: skip
+    def __init__(self, *, plan: PushPlan, mode: str, receivers: list[Receiver], membership: Membership,
+                 begun_at: float, notify: WeightNotifier, call_timeout_s: float, offer: PushOffer,
+                 after_push_id: str = ""):  # fmt: skip
         self.plan, self.mode, self.receivers, self.begun_at = plan, mode, receivers, begun_at
+        self.membership = membership
+        """The broadcast group this push uses."""
         self.offer = offer
         """What the learner asked for in Begin (a reservation for the next push starts from it)."""
-        self.reserved = reserved
-        """Opened at the previous commit for its learner (`PushCoordinator.reserve`), which ordered it without a
-        Begin: `begun_at` is that commit until the commit naming it re-dates it by the learner's own measure."""
         self.after_push_id = after_push_id
-        """Non-empty: an in-band push, ordered through the learner's store after this push of the group (no
-        fan-out; the learner relays the acks)."""
+        """Non-empty: an in-band push, reserved at the previous commit for its learner, which orders it through
+        its store after this push of the group (no fan-out; the learner relays the acks). `begun_at` is that
+        commit until the commit naming it re-dates it by the learner's own measure."""
         self.order_macs = [push_order_mac(r.push_key, plan, r.rank) for r in receivers] if after_push_id else []
         """In-band: each rank's signed order, in rank order."""
         self._notify, self._call_timeout_s = notify, call_timeout_s
         self._done = threading.Condition()
         self._outcomes: dict[str, Outcome] = {}
-        self.commit_started = False
-        """Set (under the controller's lock) by the first CommitWeightPush, so a duplicate is refused."""
-        self.membership: Membership | None = None
-        """The broadcast group this push uses (set by the coordinator)."""
 
     @property
     def push_id(self) -> str:
         return self.plan.push_id
 
     @property
+    def route(self) -> Route:
+        return Route.IN_BAND if self.after_push_id else Route.ORDERED
+
+    @property
     def in_band(self) -> bool:
-        return bool(self.after_push_id)
+        return self.route is Route.IN_BAND
 
     def start(self) -> None:
         """Fan out: one daemon thread per receiver (every receiver must be in the collective at once; a hung

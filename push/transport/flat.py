@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import torch
 
-from asyncrl.core.weights.buckets import Bucket, plan_buckets
-from asyncrl.core.weights.plan import TensorMeta, tensor_metas
+from asyncrl.push.manifest import TensorMeta, tensor_metas
+from asyncrl.push.transport.buckets import Bucket, plan_buckets
 
 
 class FlatWeights:

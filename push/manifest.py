@@ -1,12 +1,16 @@
-"""The tensor manifest of a weight push: the one codec (proto <-> `TensorMeta`, `PushPlan`) and the one
+"""The tensor list of a weight push: `TensorMeta`, its wire form (`TensorSpec`, `TensorManifest`) and the one
 validator, used wherever a manifest enters a process (the controller's BeginWeightPush, a replica's
-UpdateWeights) and wherever one is held against a model (the torch engine's parameters, vLLM's checkpoint).
+UpdateWeights, a manifest read from the sender's store) and wherever one is held against a model (the torch
+engine's parameters, vLLM's checkpoint).
 
 Two kinds of check, each written once:
-- structural (`decode_tensors`, `decode_plan`): names present and unique, dims >= 0, dtypes that torch
-  knows, a transport that exists; failures are `InvalidArgument` naming the request field;
+- structural (`decode_tensors`, `parse_manifest`): names present and unique, dims >= 0, dtypes that torch
+  knows; failures are `InvalidArgument` naming the request field;
 - against a model (`match_model`): every tensor of the model exactly once, with its shape, floating dtypes;
   failures are `ValueError` naming the tensor.
+
+Torch-free on purpose: the controller decodes and checks every plan, and it never needs torch otherwise.
+Only `TensorMeta.torch_dtype` (the data plane's question) imports it.
 """
 
 from __future__ import annotations
@@ -14,26 +18,75 @@ from __future__ import annotations
 import hashlib
 import math
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from google.protobuf.message import DecodeError
 
-from asyncrl.core.validation import (
-    MAX_TIMEOUT_S,
-    InvalidArgument,
-    check_host_port,
-    check_name,
-    check_range,
-    require,
-    shown,
-)
-from asyncrl.core.weights.kinds import CODECS, TRANSPORTS
-from asyncrl.core.weights.plan import PushPlan, TensorMeta
+from asyncrl.core.validation import InvalidArgument, require, shown
 from asyncrl.v1 import weights_pb2
+
+if TYPE_CHECKING:
+    import torch
 
 MAX_TENSORS = 1 << 20
 MAX_TENSOR_NAME = 1024
 MAX_PUSH_BYTES = 1 << 46
 """64 TiB: far above any model, far below what would overflow a size computation."""
+
+DTYPE_BYTES: dict[str, int] = {
+    "bool": 1, "uint8": 1, "int8": 1, "int16": 2, "short": 2, "uint16": 2, "int32": 4, "int": 4, "uint32": 4,
+    "int64": 8, "long": 8, "uint64": 8,
+    "float16": 2, "half": 2, "bfloat16": 2, "float32": 4, "float": 4, "float64": 8, "double": 8,
+    "complex32": 4, "chalf": 4, "complex64": 8, "cfloat": 8, "complex128": 16, "cdouble": 16,
+    "float8_e4m3fn": 1, "float8_e4m3fnuz": 1, "float8_e5m2": 1, "float8_e5m2fnuz": 1, "float8_e8m0fnu": 1,
+    "float4_e2m1fn_x2": 1,
+    "qint8": 1, "quint8": 1, "qint32": 4, "quint4x2": 1, "quint2x4": 1,
+    "bits8": 1, "bits16": 2, "bits1x8": 1, "bits2x4": 1, "bits4x2": 1, "bit": 1,
+    **{f"int{b}": 1 for b in range(1, 8)}, **{f"uint{b}": 1 for b in range(1, 8)},
+}
+"""Every name of a torch dtype (`torch.<name>` is a `torch.dtype`, aliases included) and its element size in
+bytes, as torch reports them (a unit test compares this table with the installed torch)."""
+
+
+@dataclass(frozen=True)
+class TensorMeta:
+    name: str
+    shape: tuple[int, ...]
+    dtype: str  # torch dtype name without "torch.", e.g. "float32"
+
+    @property
+    def itemsize(self) -> int:
+        size = DTYPE_BYTES.get(self.dtype)
+        if size is None:
+            raise ValueError(f"tensor {self.name!r}: unknown dtype {self.dtype!r}")
+        return size
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        import torch
+
+        _ = self.itemsize  # the same refusal for a name that is not a torch dtype
+        return getattr(torch, self.dtype)
+
+    @property
+    def numel(self) -> int:
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n
+
+    @property
+    def nbytes(self) -> int:
+        return self.numel * self.itemsize
+
+    @classmethod
+    def of(cls, name: str, tensor: torch.Tensor) -> TensorMeta:
+        return cls(name, tuple(tensor.shape), str(tensor.dtype).removeprefix("torch."))
+
+
+def tensor_metas(named_tensors) -> tuple[TensorMeta, ...]:
+    return tuple(TensorMeta.of(name, t) for name, t in named_tensors)
 
 
 def encode_tensors(metas: Iterable[TensorMeta]) -> list[weights_pb2.TensorSpec]:
@@ -64,88 +117,6 @@ def decode_tensors(specs, field: str = "tensors") -> tuple[TensorMeta, ...]:
         require(total <= MAX_PUSH_BYTES, field, f"more than {MAX_PUSH_BYTES} elements in all")
         metas.append(meta)
     return tuple(metas)
-
-
-def check_address(value: str, field: str) -> None:
-    check_host_port(value, field)
-
-
-def check_transport(value: str, field: str) -> None:
-    require(value in TRANSPORTS, field, f"must be one of {TRANSPORTS}, got {shown(value)}")
-
-
-def check_optional_seconds(value: float, field: str) -> None:
-    """A time-out where 0 means "the default"."""
-    require(math.isfinite(value) and 0 <= value <= MAX_TIMEOUT_S, field,
-            f"must be in [0, {MAX_TIMEOUT_S}] (0 = the default), got {value}")
-
-
-def encode_plan(plan: PushPlan) -> weights_pb2.WeightPushPlan:
-    return weights_pb2.WeightPushPlan(
-        push_id=plan.push_id,
-        version=plan.version,
-        store_address=plan.store_address,
-        world_size=plan.world_size,
-        transport=plan.transport,
-        tensors=encode_tensors(plan.tensors),
-        bucket_bytes=plan.bucket_bytes,
-        timeout_s=plan.timeout_s,
-        join_timeout_s=plan.join_timeout_s,
-        group_id=plan.group_id,
-        new_group=plan.new_group,
-        manifest_digest=plan.manifest_digest,
-        delta_codec=plan.delta_codec,
-        delta_base_push_id=plan.delta_base_push_id,
-    )
-
-
-def decode_plan(msg, field: str = "plan") -> PushPlan:
-    """A `WeightPushPlan` message -> `PushPlan`, every field checked."""
-    check_name(msg.push_id, f"{field}.push_id")
-    require(msg.version >= 0, f"{field}.version", f"must be >= 0, got {msg.version}")
-    check_address(msg.store_address, f"{field}.store_address")
-    check_range(msg.world_size, 2, 1 << 20, f"{field}.world_size")
-    check_transport(msg.transport, f"{field}.transport")
-    check_range(msg.bucket_bytes, 1, MAX_PUSH_BYTES, f"{field}.bucket_bytes")
-    require(math.isfinite(msg.timeout_s) and 0 < msg.timeout_s <= MAX_TIMEOUT_S, f"{field}.timeout_s",
-            f"must be in (0, {MAX_TIMEOUT_S}], got {msg.timeout_s}")
-    check_optional_seconds(msg.join_timeout_s, f"{field}.join_timeout_s")
-    check_name(msg.group_id, f"{field}.group_id", optional=True)
-    require(msg.new_group or msg.group_id, f"{field}.new_group", "must be true for a plan without group_id")
-    check_digest(msg.manifest_digest, f"{field}.manifest_digest", optional=True)
-    if msg.manifest_digest:
-        require(not msg.tensors, f"{field}.tensors", "must be empty when manifest_digest is set")
-        require(msg.group_id, f"{field}.group_id", "is required with manifest_digest")
-    check_delta(msg.delta_codec, msg.delta_base_push_id, field)
-    if msg.delta_base_push_id:
-        require(msg.group_id and not msg.new_group, f"{field}.delta_base_push_id",
-                "needs a kept group (group_id set, new_group false): a new group has no base")
-    return PushPlan(
-        push_id=msg.push_id,
-        version=msg.version,
-        store_address=msg.store_address,
-        world_size=msg.world_size,
-        transport=msg.transport,
-        tensors=() if msg.manifest_digest else decode_tensors(msg.tensors, f"{field}.tensors"),
-        bucket_bytes=msg.bucket_bytes,
-        timeout_s=msg.timeout_s,
-        join_timeout_s=msg.join_timeout_s,
-        group_id=msg.group_id,
-        new_group=msg.new_group,
-        manifest_digest=msg.manifest_digest,
-        delta_codec=msg.delta_codec,
-        delta_base_push_id=msg.delta_base_push_id,
-    )
-
-
-def check_delta(codec: str, base_push_id: str, field: str = "") -> None:
-    """A delta codec ("" or one of `weights.delta.CODECS`) and the push a delta is taken against ("" or a
-    push id, which needs a codec)."""
-    prefix = f"{field}." if field else ""
-    require(not codec or codec in CODECS, f"{prefix}delta_codec",
-            f"must be empty or one of {CODECS}, got {shown(codec)}")
-    check_name(base_push_id, f"{prefix}delta_base_push_id", optional=True)
-    require(not base_push_id or codec, f"{prefix}delta_base_push_id", "needs delta_codec")
 
 
 def check_digest(value: str, field: str, *, optional: bool = False) -> None:

@@ -5,7 +5,7 @@ learner's rendezvous TCPStore (the group id the controller assigns, or a push's 
 join and leave between pushes (the controller picks the receivers of each push) and lets one process hold
 several groups, which a single default process group would not. `form_group` picks gloo (CPU tensors) or
 nccl (GPU tensors) by the plan's `transport` field; `make_group` forms one for a single push, and
-`weights.groups.BroadcastGroups` keeps one across pushes while the membership holds.
+`push.transport.groups.BroadcastGroups` keeps one across pushes while the membership holds.
 """
 
 from __future__ import annotations
@@ -20,13 +20,12 @@ import torch
 from torch.distributed import PrefixStore, TCPStore
 
 from asyncrl.core.grpc_util import address_refuses
-from asyncrl.core.weights.buckets import pack, plan_buckets, unpack
-from asyncrl.core.weights.delta import DeltaBase, max_payload_bytes
-from asyncrl.core.weights.flat import FlatWeights, adjacent_run
-from asyncrl.core.weights.manifest import TRANSPORTS
-from asyncrl.core.weights.plan import PushPlan, TensorMeta
-from asyncrl.core.weights.rendezvous import announce, mark_unreachable, receiver_join, sender_join
-from asyncrl.core.weights.staging import STAGING
+from asyncrl.push.manifest import TensorMeta
+from asyncrl.push.plan import TRANSPORTS, PushPlan
+from asyncrl.push.transport.buckets import pack, plan_buckets, unpack
+from asyncrl.push.transport.flat import FlatWeights, adjacent_run
+from asyncrl.push.transport.rendezvous import announce, mark_unreachable, receiver_join, sender_join
+from asyncrl.push.transport.staging import STAGING
 
 
 class BroadcastGroup(ABC):
@@ -36,8 +35,6 @@ class BroadcastGroup(ABC):
 
     def __init__(self, rank: int, world_size: int):
         self.rank, self.world_size = rank, world_size
-        self.delta: DeltaBase | None = None
-        """The bytes of the group's last push, kept when its plan names a delta codec (`weights.delta`)."""
 
     @abstractmethod
     def broadcast_async(self, tensor: torch.Tensor):
@@ -178,9 +175,9 @@ def make_group(
     plan: PushPlan, rank: int, store: TCPStore | None = None, join_timeout_s: float | None = None
 ) -> BroadcastGroup:
     """A group for this one push (the caller closes it), formed after the join handshake
-    (`weights.rendezvous`): rank 0 waits at most `join_timeout_s` (default: the plan's) for the
+    (`push.transport.rendezvous`): rank 0 waits at most `join_timeout_s` (default: the plan's) for the
     receivers and raises `ReceiversMissing` if some never come; receivers then raise `PushAborted`.
-    Groups kept across pushes: `weights.groups.BroadcastGroups`."""
+    Groups kept across pushes: `push.transport.groups.BroadcastGroups`."""
     check_transport_here(plan)
     if rank == 0 and store is None:
         raise ValueError("rank 0 (the sender) hosts the rendezvous store and must pass it")
@@ -191,7 +188,7 @@ def make_group(
 
 def join_push(plan: PushPlan, rank: int, root: TCPStore, join_timeout_s: float | None = None,
               has_group: bool = True, gone: Callable[[int], bool] | None = None) -> PrefixStore:
-    """The push's join handshake (`weights.rendezvous`) as `rank`; returns the push's store (its keys).
+    """The push's join handshake (`push.transport.rendezvous`) as `rank`; returns the push's store (its keys).
     `gone`: the sender's check of a receiver that does not join (`rendezvous.sender_join`)."""
     handshake = push_store(root, plan)
     if rank == 0:
@@ -222,27 +219,12 @@ def host_store(host: str, port: int, timeout_s: float) -> TCPStore:
 
 
 
-
-def _delta_of(group: BroadcastGroup, plan: PushPlan) -> DeltaBase | None:
-    """The base a push under `plan` reads (a delta) or rewrites (any push with a codec); None: no codec."""
-    if not plan.delta_codec:
-        return None
-    if plan.delta_base_push_id and (group.delta is None or not group.delta.holds(plan.delta_base_push_id)):
-        raise ValueError(f"push {plan.push_id}: this rank lacks the base {plan.delta_base_push_id!r} of the delta")
-    if group.delta is None or group.delta.codec != plan.delta_codec:
-        group.delta = DeltaBase(plan.delta_codec)
-    group.delta.push_id = ""  # half rewritten until the push completes (`weights.groups` names it then)
-    return group.delta
-
-
 def send_weights(group: BroadcastGroup, named_tensors: Iterable[tuple[str, torch.Tensor]], plan: PushPlan) -> int:
     """Rank 0: broadcast all tensors bucket by bucket, in plan order; packing bucket k+1 overlaps the
-    transfer of bucket k. A delta plan sends each bucket as its compressed length, then its compressed bytes.
-    Returns bytes sent."""
+    transfer of bucket k. Returns bytes sent."""
     tensors = [t for _, t in named_tensors]
     if len(tensors) != len(plan.tensors):
         raise ValueError(f"plan lists {len(plan.tensors)} tensors, got {len(tensors)}")
-    delta = _delta_of(group, plan)
     sent, in_flight = 0, []
     with STAGING.lease() as staging:
         for k, bucket in enumerate(plan_buckets(plan.tensors, plan.bucket_bytes)):
@@ -252,18 +234,11 @@ def send_weights(group: BroadcastGroup, named_tensors: Iterable[tuple[str, torch
             flat = adjacent_run([members[i] for i in bucket.members])
             if flat is None or flat.dtype != dtype:
                 flat = pack(bucket, members, out=staging.get(group.device, dtype, bucket.numel, k % 2))
-            if plan.delta_base_push_id:
-                payload = delta.encode(k, flat).to(group.device)
-                outgoing = [torch.tensor([payload.numel()], dtype=torch.int64, device=group.device), payload]
-            else:
-                if delta is not None:
-                    delta.keep(k, flat)
-                outgoing = [flat]
             for work, _ in in_flight:
                 work.wait()
             # Each tensor stays referenced here until its broadcast is waited for.
-            in_flight = [(group.broadcast_async(t), t) for t in outgoing]
-            sent += sum(t.numel() * t.element_size() for t in outgoing)
+            in_flight = [(group.broadcast_async(flat), flat)]
+            sent += flat.numel() * flat.element_size()
         for work, _ in in_flight:
             work.wait()
     return sent
@@ -277,14 +252,12 @@ def receive_weights(
 
     Without `into` the tensors are views into a reused staging buffer, valid until the next iteration (copy
     them out). With `into` (a `FlatWeights` with the plan's layout, on the group's device) every bucket lands
-    directly in its buffers and the views stay valid: no copy at all. A delta plan's buckets are decoded
-    against the group's base into the same places.
+    directly in its buffers and the views stay valid: no copy at all.
     """
     metas: tuple[TensorMeta, ...] = plan.tensors
     buckets = plan_buckets(metas, plan.bucket_bytes)
     if into is not None and not into.matches(metas, plan.bucket_bytes):
         raise ValueError(f"push {plan.push_id}: the receive buffers do not have the plan's layout")
-    delta = _delta_of(group, plan)
     with STAGING.lease() as staging:
 
         def target(k):
@@ -294,27 +267,12 @@ def receive_weights(
             return staging.get(group.device, metas[bucket.members[0]].torch_dtype, bucket.numel, k % 2)
 
         def start(k):
-            # A delta bucket starts with its length; a whole one lands in its place directly.
-            incoming = torch.empty(1, dtype=torch.int64, device=group.device) if plan.delta_base_push_id else target(k)
+            incoming = target(k)
             return incoming, group.broadcast_async(incoming)
 
         pending = start(0) if buckets else None
         for k, bucket in enumerate(buckets):
-            incoming, work = pending
+            flat, work = pending
             work.wait()
-            if plan.delta_base_push_id:
-                flat = target(k)
-                length, limit = int(incoming.item()), max_payload_bytes(flat.numel() * flat.element_size())
-                if not 0 < length <= limit:
-                    raise ValueError(f"push {plan.push_id}: bucket {k} announces {length} delta bytes "
-                                     f"(at most {limit} for its size)")
-                payload = torch.empty(length, dtype=torch.uint8, device=group.device)
-                group.broadcast(payload)
-                pending = start(k + 1) if k + 1 < len(buckets) else None
-                delta.decode(k, payload, flat)
-            else:
-                flat = incoming
-                pending = start(k + 1) if k + 1 < len(buckets) else None
-                if delta is not None:
-                    delta.keep(k, flat)
+            pending = start(k + 1) if k + 1 < len(buckets) else None
             yield unpack(bucket, flat, metas)

@@ -1,8 +1,7 @@
-"""The controller's gRPC client of the replicas: the production `WeightNotifier` (`asyncrl.controller.push_session`,
-`ReplicaChannels.update_weights`) that tells one replica to join a push (`Rollout.UpdateWeights`), and the liveness probes that ask the holder
-of a replica id, or of the learner's seat, to prove it is still there (`Rollout.GetStatus`, `Learner.GetStatus`
-with a challenge). The controller's logic takes the notifier as a parameter, so its unit tests run
-without a network; this is the gRPC client that `controller_service` hands it."""
+"""The controller's fan-out of a push it orders: one `Rollout.UpdateWeights(plan, rank, order_mac)` call per
+receiver (`ReplicaChannels.update_weights`, the production `WeightNotifier` of `push.session`), over a channel
+kept per replica address. The coordinator takes the notifier as a parameter, so its unit tests run without a
+network; the controller's service edge hands it this one."""
 
 from __future__ import annotations
 
@@ -12,16 +11,15 @@ import threading
 
 import grpc
 
-from asyncrl.controller.push_session import ReceiverUnreachable
 from asyncrl.core.auth import Auth
-from asyncrl.core.grpc_util import channel, dial
-from asyncrl.core.weights.manifest import encode_plan
-from asyncrl.core.weights.plan import PushPlan
-from asyncrl.v1 import learner_pb2, learner_pb2_grpc, rollout_pb2, rollout_pb2_grpc
+from asyncrl.core.grpc_util import channel
+from asyncrl.push.plan import PushPlan
+from asyncrl.push.session import ReceiverUnreachable
+from asyncrl.v1 import rollout_pb2, rollout_pb2_grpc
 
 log = logging.getLogger(__name__)
 
-STORE_CLIENT_MODULE = "asyncrl.core.weights.transport"
+STORE_CLIENT_MODULE = "asyncrl.push.transport.broadcast"
 """Where `report_unreachable` lives: torch.distributed's store client, which the controller needs for nothing
 else. Imported on a thread once the server is built (`preload_store_client`), not before it serves: loading
 torch held up a restarted controller's first answer by about a second."""
@@ -84,7 +82,7 @@ class ReplicaChannels:
         """The production `WeightNotifier`: `Rollout.UpdateWeights(plan, rank, order_mac)` on `address`;
         returns the weight version the replica reports."""
         stub = rollout_pb2_grpc.RolloutStub(self.get(address))
-        request = rollout_pb2.UpdateWeightsRequest(plan=encode_plan(plan), rank=rank, order_mac=order_mac)
+        request = rollout_pb2.UpdateWeightsRequest(plan=plan.to_proto(), rank=rank, order_mac=order_mac)
         try:
             response = stub.UpdateWeights(request, timeout=timeout_s)
         except grpc.RpcError as err:
@@ -96,35 +94,3 @@ class ReplicaChannels:
                 raise ReceiverUnreachable(message) from None
             raise UpdateWeightsFailed(message) from None
         return response.weight_version
-
-
-def grpc_liveness_answer(address: str, challenge: bytes, *, auth: Auth, timeout_s: float = 2.0) -> bytes:
-    """Ask the replica at `address` to answer `challenge` (`Rollout.GetStatus`); b"" when nothing answers in
-    time (the process is gone or hung) or it answers without a key."""
-    answer = _challenge(address, auth, lambda ch: rollout_pb2_grpc.RolloutStub(ch).GetStatus(
-        rollout_pb2.RolloutStatusRequest(challenge=challenge), timeout=timeout_s))
-    return answer or b""
-
-
-def grpc_learner_liveness_answer(address: str, challenge: bytes, *, auth: Auth,
-                                 timeout_s: float = 2.0) -> bytes | None:
-    """Ask the learner at `address` to answer `challenge` (`Learner.GetStatus`): its answer; b"" when it
-    answers without the seat's key or nothing listens there; None when no answer came (it may live, out of
-    the controller's reach)."""
-    return _challenge(address, auth, lambda ch: learner_pb2_grpc.LearnerStub(ch).GetStatus(
-        learner_pb2.LearnerStatusRequest(challenge=challenge), timeout=timeout_s))
-
-
-def _challenge(address: str, auth: Auth, ask) -> bytes | None:
-    # A plain TCP connection first, cheaper than a gRPC channel: a refused one means no process listens there
-    # any more (gone), one that times out says nothing about the holder (unknown). Then the call itself: a
-    # server that does not know it is not the holder; any other failure (a hung process, a failed TLS
-    # handshake) says nothing either.
-    reach = dial(address, timeout_s=1.0)
-    if reach is not True:
-        return b"" if reach is False else None
-    with channel(address, auth) as ch:
-        try:
-            return ask(ch).challenge_mac
-        except grpc.RpcError as err:
-            return b"" if err.code() == grpc.StatusCode.UNIMPLEMENTED else None

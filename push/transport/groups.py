@@ -3,16 +3,13 @@
 A group costs far more to form than a small push costs to send: gloo connects every pair of ranks through
 the store (tens of milliseconds), NCCL builds a communicator (hundreds of milliseconds to seconds on GPUs).
 So the controller gives each membership (the same receivers, ranks, sender store and transport) one group id
-and reuses it for every push until a replica joins, leaves or fails (`controller.push`); every member keeps
+and reuses it for every push until a replica joins, leaves or fails (`push.coordinator`); every member keeps
 the group it formed (`BroadcastGroups`, one per process side) and only forms a new one when a plan names
 another. The join handshake still runs before every push: it is what tells a dead or group-less receiver
 from a slow one, and it costs a few store round trips.
 
 The tensor manifest also travels once: the sender publishes it in its store (`publish_manifest`), plans
 name its digest, and each receiver reads it the first time it sees that digest (`ManifestCache`).
-
-A kept group also carries the delta base when pushes name a codec (`weights.delta`): a member that lacks
-the base a delta plan names answers the handshake as one without the group does.
 """
 
 from __future__ import annotations
@@ -24,11 +21,10 @@ from collections.abc import Callable, Iterator
 
 from torch.distributed import TCPStore
 
-from asyncrl.core.weights.in_band import forget_acks
-from asyncrl.core.weights.manifest import manifest_bytes, parse_manifest
-from asyncrl.core.weights.plan import PushPlan, TensorMeta
-from asyncrl.core.weights.rendezvous import forget
-from asyncrl.core.weights.transport import (
+from asyncrl.push.in_band import forget_acks
+from asyncrl.push.manifest import TensorMeta, manifest_bytes, parse_manifest
+from asyncrl.push.plan import PushPlan
+from asyncrl.push.transport.broadcast import (
     BroadcastGroup,
     check_transport_here,
     connect_store,
@@ -37,14 +33,15 @@ from asyncrl.core.weights.transport import (
     push_store,
     store_client,
 )
+from asyncrl.push.transport.rendezvous import forget
 
 MANIFEST_KEY = "manifest/{digest}"
 MANIFESTS_KEPT = 4
 
 
 class GroupLost(RuntimeError):
-    """The plan reuses a group this sender does not hold (it restarted on the same store address), or names a
-    delta base the sender does not hold: the push is called off so that the controller forms a new group."""
+    """The plan reuses a group this sender does not hold (it restarted on the same store address): the push is
+    called off so that the controller forms a new group."""
 
 
 class BroadcastGroups:
@@ -76,7 +73,7 @@ class BroadcastGroups:
         """Join `plan`'s push as `rank` (the handshake, then the held group or a newly formed one) and yield
         the group for the broadcast. A group of the push alone is closed afterwards; a failure drops the held
         group (it may be half-used), so the next plan must form a new one. `gone`: the sender's check of a
-        receiver that does not join (`rendezvous.sender_join`)."""
+        receiver that does not join (`push.transport.rendezvous.sender_join`)."""
         with self._lock:
             previous = self._finished_handshake
             try:
@@ -100,9 +97,6 @@ class BroadcastGroups:
             self.close()
         root = self._root(plan)
         holds_group = reuse or plan.new_group
-        # A delta needs the group's base as of the push it names (`weights.delta`).
-        holds_base = not plan.delta_base_push_id or (
-            reuse and self._group.delta is not None and self._group.delta.holds(plan.delta_base_push_id))
         if rank == 0:
             # A push's handshake keys are deleted during the next push, not when it ends: the sender's
             # broadcast can complete (its bytes in the socket buffers) before a slow receiver has read the
@@ -110,11 +104,10 @@ class BroadcastGroups:
             # The next push begins only after this one's receivers answered.
             handshake = push_store(root, plan)
             self._finished_handshake = (handshake, plan.world_size)
-            if not (holds_group and holds_base):
-                lacking = f"group {plan.group_id!r}" if not holds_group else f"the delta base {plan.delta_base_push_id!r}"
-                handshake.set("verdict", f"abort: the sender does not hold {lacking}")
-                raise GroupLost(f"push {plan.push_id}: the sender does not hold {lacking}")
-        join_push(plan, rank, root, join_timeout_s, has_group=holds_group and holds_base, gone=gone)
+            if not holds_group:
+                handshake.set("verdict", f"abort: the sender does not hold group {plan.group_id!r}")
+                raise GroupLost(f"push {plan.push_id}: the sender does not hold group {plan.group_id!r}")
+        join_push(plan, rank, root, join_timeout_s, has_group=holds_group, gone=gone)
         group = self._group if reuse else form_group(plan, rank, root)
         if not reuse:
             self.formed += 1
@@ -129,16 +122,6 @@ class BroadcastGroups:
             raise
         if not plan.group_id:
             group.close()
-        elif plan.delta_codec and group.delta is not None:
-            group.delta.push_id = plan.push_id  # every bucket of the base is now this push's
-        else:
-            group.delta = None
-
-    def delta_base(self) -> str:
-        """The push whose bytes the held group keeps as its delta base ("" when none)."""
-        with self._lock:
-            delta = self._group.delta if self._group is not None else None
-            return delta.push_id if delta is not None else ""
 
     def close(self) -> None:
         """Leave the held group (the other members notice at their next push's handshake or broadcast)."""

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from asyncrl.core.weights.plan import TensorMeta
+from asyncrl.push.manifest import TensorMeta
 
 
 @dataclass(frozen=True)

@@ -31,8 +31,7 @@ from google.protobuf.message import DecodeError
 from torch.distributed import DistStoreError
 
 from asyncrl.core.validation import InvalidArgument, require
-from asyncrl.core.weights.manifest import decode_plan, encode_plan
-from asyncrl.core.weights.plan import PushPlan
+from asyncrl.push.plan import PushPlan
 from asyncrl.v1 import weights_pb2
 
 ORDER_KEY = "order/{group_id}/after/{push_id}"
@@ -55,7 +54,7 @@ def publish_order(root, group_id: str, after_push_id: str, plan: PushPlan, order
     key (the sender deletes it when it writes the next one, or at the commit after a push the controller
     ordered)."""
     key = order_key(group_id, after_push_id)
-    root.set(key, weights_pb2.PushOrder(plan=encode_plan(plan), order_macs=order_macs).SerializeToString())
+    root.set(key, weights_pb2.PushOrder(plan=plan.to_proto(), order_macs=order_macs).SerializeToString())
     return key
 
 
@@ -93,7 +92,7 @@ def parse_order(data: bytes, rank: int) -> tuple[PushPlan, bytes]:
     except DecodeError as err:
         raise InvalidArgument("order", f"not a PushOrder: {err}") from None
     require(order.HasField("plan"), "order.plan", "is required")
-    plan = decode_plan(order.plan, "order.plan")
+    plan = PushPlan.from_proto(order.plan, "order.plan")
     require(1 <= rank < plan.world_size, "order.plan.world_size", f"has no rank {rank}")
     require(len(order.order_macs) == plan.world_size - 1, "order.order_macs",
             f"must hold one MAC per receiver ({plan.world_size - 1}), got {len(order.order_macs)}")

@@ -1,1 +1,0 @@
-"""Weight push data plane: plans, bucketing, and the gloo / nccl transports."""

@@ -1,0 +1,268 @@
+"""The learner's side of the weight push: a plan (BeginWeightPush, or the one the last commit reserved) ->
+broadcast as rank 0 -> CommitWeightPush (the controller waits for the receivers' answers, or checks the acks
+the learner relays, and commits the version).
+
+A reserved plan is in-band (`push.in_band`): the learner writes the signed order into its store, where the
+group's members wait, and after the broadcast collects their signed acks from the store and hands them to
+the commit. Every commit of a learner that offers in-band orders asks for the next push's plan; when the
+controller reserves one, the next push of that version starts from it without a Begin, and any other push
+names it unused in its Begin.
+
+Two ways to push:
+- `push(version)`: now, from the live weights, returning when committed (the first push, resyncs);
+- `start(version)` then `finish()`: the weights are copied into a snapshot (one memcpy of the bucket
+  buffers), and the push runs on a background thread from that snapshot while the next step trains and
+  updates the live weights in place. `finish` waits for it and returns its result. One push at a time: the
+  controller holds one push, and the snapshot is reused.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from dataclasses import dataclass
+
+import grpc
+import torch
+
+from asyncrl.core.grpc_util import address_refuses
+from asyncrl.core.modeling import named_weights
+from asyncrl.core.one_at_a_time import OneAtATime
+from asyncrl.core.ports import listening
+from asyncrl.push.in_band import collect_acks, order_key, publish_order
+from asyncrl.push.manifest import tensor_metas
+from asyncrl.push.plan import PushOffer, PushPlan
+from asyncrl.push.transport.broadcast import host_store, push_store, send_weights
+from asyncrl.push.transport.flat import FlatWeights, bind_parameters
+from asyncrl.push.transport.groups import BroadcastGroups, publish_manifest
+from asyncrl.push.transport.rendezvous import ReceiversMissing
+from asyncrl.v1 import controller_pb2
+
+log = logging.getLogger(__name__)
+GONE_DIAL_S = 0.5
+"""How long the learner tries to reach an in-band receiver that does not join before the answer counts as none."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class PushResult:
+    version: int
+    committed: bool
+    receivers: int
+    acked: list[str]
+    dropped: list[str]
+    bytes_sent: int
+    broadcast_s: float
+    """The join handshake, the broadcast and deleting the previous push's keys."""
+    total_s: float
+    attempts: int
+    new_group: bool = False
+    """This push formed a broadcast group (the first one, or after a membership change)."""
+    background: bool = False
+    """Sent from a snapshot on the background thread while the learner trained on."""
+    in_band: bool = False
+    """Ordered by the learner through its store, from the plan the previous commit reserved (no Begin)."""
+    begin_s: float = 0.0
+    """BeginWeightPush's round trip (of the last attempt, as the phases below; 0 for a reserved plan)."""
+    acks_s: float = 0.0
+    """In-band: waiting for the receivers' acks after the broadcast (they receive, load and answer)."""
+    commit_s: float = 0.0
+    """CommitWeightPush's round trip; controller-ordered, it includes waiting for the receivers' answers."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Sent:
+    """What the broadcast of one attempt did, as the commit reports it."""
+
+    ok: bool = True
+    error: str = ""
+    bytes_sent: int = 0
+    missing_ranks: list[int] = dataclasses.field(default_factory=list)
+    """Ranks that never joined: the controller holds them back, so the retry goes without them."""
+    acks: list = dataclasses.field(default_factory=list)
+    broadcast_s: float = 0.0
+    acks_s: float = 0.0
+
+
+class WeightPublisher:
+    def __init__(self, controller_stub, model, transport_cfg, push_timeout_s: float, max_attempts: int = 3):
+        self.stub = controller_stub
+        # The controller's commit waits up to push_timeout_s for the receivers: our deadline must be longer.
+        self.commit_deadline_s = push_timeout_s + 30
+        self.model = model
+        self.cfg = transport_cfg
+        self.max_attempts = max_attempts
+        with listening("learner.weight_transport.store_port", transport_cfg.host, transport_cfg.store_port):
+            self.store = host_store(transport_cfg.host, transport_cfg.store_port, transport_cfg.timeout_s)
+        self.store_address = f"{transport_cfg.host}:{self.store.port}"
+        # The model's weights move (once) into bucket-shaped storage: every later push broadcasts the
+        # buckets as they are, without packing (the optimizer updates them in place).
+        self.flat = bind_parameters(model, named_weights(model), int(transport_cfg.bucket_mb * 2**20))
+        # The manifest goes into our store once; plans name its digest and receivers read it once.
+        self.metas = tensor_metas(named_weights(model))
+        self.groups = BroadcastGroups(self.store)
+        self.offer = PushOffer(
+            store_address=self.store_address, transport=transport_cfg.type,
+            manifest_digest=publish_manifest(self.store, self.metas),
+            bucket_bytes=int(transport_cfg.bucket_mb * 2**20), timeout_s=transport_cfg.timeout_s,
+            join_timeout_s=transport_cfg.join_timeout_s, in_band=transport_cfg.in_band,
+        )  # fmt: skip
+        self._snapshot: FlatWeights | None = None
+        self._background = OneAtATime("push")
+        self._keys = OrderKeys(self.store)
+        self._reserved: controller_pb2.BeginWeightPushResponse | None = None
+        """The next push's plan, reserved by the controller at the last commit; unused until a push of its
+        version takes it (any other push's Begin names it unused)."""
+
+    @property
+    def manifest_digest(self) -> str:
+        return self.offer.manifest_digest
+
+    def push(self, version: int, last: bool = False) -> PushResult:
+        """Publish the live model as `version` (current+1) or resync it to out-of-date replicas (current).
+        `last`: no push follows (the run's last): none is reserved after it."""
+        if self._background.running:
+            raise RuntimeError("a background push is in flight: finish() it first")
+        return self._push(version, self.flat, False, last)
+
+    def start(self, version: int, last: bool = False) -> None:
+        """Snapshot the live weights and push them as `version` on the background thread (`last` as in `push`)."""
+        if self._background.running:
+            raise RuntimeError("a background push is in flight: finish() it first")
+        if self._snapshot is None:
+            self._snapshot = FlatWeights(self.flat.metas, self.flat.bucket_bytes, self.flat.buffers[0].device)
+        with torch.no_grad():
+            for live, copy in zip(self.flat.buffers, self._snapshot.buffers):
+                copy.copy_(live)
+        self._background.start(self._push, version, self._snapshot, True, last)
+
+    def finish(self) -> PushResult | None:
+        """Wait for the background push (None when there is none); raises what it raised."""
+        return self._background.wait()
+
+    def close(self) -> None:
+        """Wait for the background push and leave the group. A reservation still held stays with the controller
+        until the next Begin, a new learner's included, aborts it (its receivers then get a resync)."""
+        self._background.shutdown()
+        self.groups.close()
+
+    def _push(self, version: int, weights: FlatWeights, background: bool, last: bool) -> PushResult:
+        start = time.perf_counter()
+        for attempt in range(1, self.max_attempts + 1):
+            t_begin = time.perf_counter()
+            ticket = self._ticket(version)
+            begin_s = 0.0 if ticket.in_band else time.perf_counter() - t_begin
+            sent = self._send(ticket, weights) if ticket.plan.world_size > 1 else Sent()
+            t_commit = time.perf_counter()
+            commit = self._commit(ticket, sent, last, t_commit - start)
+            if commit is None or not commit.committed:
+                continue
+            now = time.perf_counter()
+            self._reserved = commit.next_push if commit.HasField("next_push") else None
+            if ticket.plan.world_size > 1:
+                self._keys.moved_on(ticket)
+            return PushResult(
+                version=version, committed=True, receivers=ticket.plan.world_size - 1, acked=list(commit.acked),
+                dropped=list(commit.dropped), bytes_sent=sent.bytes_sent, broadcast_s=sent.broadcast_s,
+                total_s=now - start, attempts=attempt, new_group=ticket.plan.new_group, background=background,
+                in_band=ticket.in_band, begin_s=begin_s, acks_s=sent.acks_s, commit_s=now - t_commit,
+            )  # fmt: skip
+        raise RuntimeError(f"weight push of version {version} not committed after {self.max_attempts} attempts")
+
+    def _ticket(self, version: int) -> controller_pb2.BeginWeightPushResponse:
+        """The plan of this attempt: the reserved one when it is for `version` (the learner orders it in-band),
+        else BeginWeightPush's answer, naming a reservation it leaves unused."""
+        held, self._reserved = self._reserved, None
+        if held is not None and held.plan.version == version and self.cfg.in_band:
+            return held
+        request = self.offer.to_proto(version=version, unused_push_id=held.plan.push_id if held is not None else "")
+        return self.stub.BeginWeightPush(request, timeout=self.cfg.timeout_s + 30)
+
+    def _send(self, ticket: controller_pb2.BeginWeightPushResponse, weights: FlatWeights) -> Sent:
+        """Order the push (in-band: into the store), broadcast it, and collect the in-band acks."""
+        plan = PushPlan.from_proto(ticket.plan)
+        if ticket.in_band:
+            self._keys.order(plan, ticket)
+        plan = dataclasses.replace(plan, tensors=self.metas)
+        t0 = time.perf_counter()
+        # In-band, no controller call fails for a receiver whose process is gone: we dial it ourselves.
+        gone = receiver_gone(list(ticket.receiver_addresses)) if ticket.in_band else None
+        try:
+            with self.groups.member(plan, 0, gone=gone) as group:
+                nbytes = send_weights(group, weights.named(), plan)
+        except Exception as err:  # noqa: BLE001 - reported to the controller, then retried
+            error = f"{type(err).__name__}: {err}"
+            log.warning("push %s (version %d) failed on the sender: %s", plan.push_id, plan.version, error)
+            # Ranks that joined without the reused group just need the new group the retry forms.
+            missing = list(err.ranks) if isinstance(err, ReceiversMissing) and err.absent else []
+            return Sent(ok=False, error=error, missing_ranks=missing, broadcast_s=time.perf_counter() - t0)
+        broadcast_s = time.perf_counter() - t0
+        if not ticket.in_band:
+            return Sent(bytes_sent=nbytes, broadcast_s=broadcast_s)
+        # Every receiver acks once its weights are in; a silent one is dropped by the controller.
+        acks = collect_acks(push_store(self.store, plan), plan.world_size, plan.timeout_s, gone)
+        return Sent(bytes_sent=nbytes, acks=acks, broadcast_s=broadcast_s,
+                    acks_s=time.perf_counter() - t0 - broadcast_s)  # fmt: skip
+
+    def _commit(self, ticket, sent: Sent, last: bool, learner_seconds: float):
+        """CommitWeightPush; None when the controller no longer knows the push (it restarted, or aborted it)."""
+        request = controller_pb2.CommitWeightPushRequest(
+            push_id=ticket.plan.push_id, sender_ok=sent.ok, error=sent.error, missing_ranks=sent.missing_ranks,
+            acks=sent.acks, reserve_next=self.cfg.in_band and not last, push_seconds=learner_seconds,
+        )  # fmt: skip
+        try:
+            return self.stub.CommitWeightPush(request, timeout=self.commit_deadline_s)
+        except grpc.RpcError as err:
+            if err.code() != grpc.StatusCode.FAILED_PRECONDITION:
+                raise
+            log.warning("push %s (version %d) not committed: %s", ticket.plan.push_id, ticket.plan.version,
+                        err.details())
+            return None
+
+
+class OrderKeys:
+    """The keys in-band orders leave in the learner's store, and when each goes.
+
+    The order of the next in-band push is written where the group's members wait (`push.in_band`); writing
+    the next one deletes it. After a push the controller ordered, the members wait on another key: the one they
+    left (a member may have woken its wait there, `in_band.WAKE`) and the last in-band order are read by nobody
+    again, and go at the next commit, when every such wake has landed (its thread writes it while the push
+    that moved it on is still being committed)."""
+
+    def __init__(self, store):
+        self._store = store
+        self._order_key = ""
+        self._wait_key = ""
+        """Where the members of the group of the last committed push wait for the next in-band order."""
+        self._stale: list[str] = []
+
+    def order(self, plan: PushPlan, ticket) -> None:
+        """Write an in-band push's order where the group's members wait for it (deleting the previous one)."""
+        if self._order_key:
+            self._store.delete_key(self._order_key)
+        self._order_key = publish_order(self._store, plan.group_id, ticket.after_push_id, plan,
+                                        list(ticket.order_macs))
+
+    def moved_on(self, ticket) -> None:
+        """A push reached the members (committed): the keys left stale at an earlier commit go, and after a
+        push the controller ordered, the wait key the members left and the last in-band order become stale."""
+        for key in self._stale:
+            try:
+                self._store.delete_key(key)
+            except Exception as err:  # noqa: BLE001 - a key left over must never fail a committed push
+                log.warning("could not delete %s from the learner's store: %s", key, err)
+        self._stale = []
+        wait_key = order_key(ticket.plan.group_id, ticket.plan.push_id) if ticket.plan.group_id else ""
+        if not ticket.in_band:
+            self._stale = [key for key in (self._wait_key, self._order_key) if key and key != wait_key]
+            self._order_key = ""
+        self._wait_key = wait_key
+
+
+def receiver_gone(addresses: list[str]):
+    """The sender's check of in-band receivers (rank r at `addresses[r - 1]`) that do not join: refused = gone."""
+
+    def gone(rank: int) -> bool:
+        return 1 <= rank <= len(addresses) and address_refuses(addresses[rank - 1], GONE_DIAL_S)
+
+    return gone
