@@ -1,0 +1,152 @@
+"""The learner, built from the config in one place: its ranks, the model (sharded or not), the trainer, the
+checkpoint it resumes from, and the loop with every collaborator the loop takes (buffer, controller seat,
+weight publisher, teacher, evaluations, checkpoints, metrics and their sinks). The learner service only
+serves what this builds.
+
+With `learner.world_size` > 1 every rank builds its part: rank 0 the whole loop (`Leader`), the others a
+`Follower` that runs the leader's steps and saves until told to stop (`learner.sharding`).
+"""
+
+from __future__ import annotations
+
+import functools
+import signal
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from asyncrl.core.auth import resolve_auth
+from asyncrl.core.buffer import make_buffer
+from asyncrl.core.config import dump_config
+from asyncrl.core.events import EventLog
+from asyncrl.core.grpc_util import channel as grpc_channel
+from asyncrl.core.grpc_util import wait_for_channel
+from asyncrl.core.modeling import load_causal_lm, pad_token_id
+from asyncrl.core.preflight import check_checkpoint
+from asyncrl.core.sampling import SamplingParams
+from asyncrl.core.tasks import task_for_run
+from asyncrl.core.trajectory_checks import checkpoint_limits
+from asyncrl.learner.checkpoint import Checkpointer, load_checkpoint, resume_path
+from asyncrl.learner.checkpoint_saver import FollowerSaves
+from asyncrl.learner.held_out import evaluate_held_out
+from asyncrl.learner.learner_metrics import LearnerMetrics
+from asyncrl.learner.loop import LearnerLoop, LearnerProgress
+from asyncrl.learner.replica_eval import BackgroundEvaluations, ReplicaEvaluator
+from asyncrl.learner.seat import SeatedController
+from asyncrl.learner.sharding import STOP, Mirror, Ranks, follow, init_ranks, leave, rank_device, shard
+from asyncrl.learner.tracking import MetricSinks
+from asyncrl.learner.trainer import Trainer
+from asyncrl.push.sender import WeightPublisher
+from asyncrl.v1 import controller_pb2_grpc, teacher_pb2_grpc
+
+
+@dataclass(frozen=True, kw_only=True)
+class Leader:
+    """Rank 0 (the only rank of an unsharded learner): the loop and what the service around it needs."""
+
+    loop: LearnerLoop
+    controller: SeatedController
+    """The controller, through the learner's seat (it answers the controller's liveness challenges)."""
+    metrics: LearnerMetrics
+    ranks: Ranks
+
+    def close(self) -> None:
+        """After the loop: the sinks flushed, a push still in flight let end (bounded by its time-outs)."""
+        self.loop.sinks.close()
+        self.loop.publisher.close()
+
+    def release_followers(self) -> None:
+        """Tell the other ranks to stop, after a loop that ended normally. A leader that failed mid-step leaves
+        them inside a collective, and its exit (torchrun then stops them) is what ends them."""
+        if self.ranks.sharded:
+            self.ranks.broadcast((STOP,))
+            leave(self.ranks)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Follower:
+    """A rank other than 0: it follows the leader's steps and saves."""
+
+    trainer: Trainer
+    ranks: Ranks
+    mirror: Mirror | None
+
+    def run(self) -> LearnerProgress:
+        """Until the leader says stop. Signals are the leader's to act on (it finishes its step, then stops
+        every rank); a follower leaving mid-collective would hang it."""
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, signal.SIG_IGN)
+        follow(self.trainer, self.ranks, self.mirror, FollowerSaves(self.trainer.model, self.trainer.optimizer,
+                                                                    self.ranks))
+        leave(self.ranks)
+        return LearnerProgress()
+
+
+def build_learner(config) -> Leader | Follower:
+    """This rank's part of the learner, its checkpoint (if any) resumed."""
+    ranks = init_ranks(config.learner.world_size, config.learner.device)
+    if config.learner.threads:
+        torch.set_num_threads(config.learner.threads)
+    torch.manual_seed(config.seed)
+    check_checkpoint(config.model.path, "model.path")
+    if ranks.leader:
+        # What this learner runs with, every default filled in (`up` writes the run's config too; in a
+        # container this is the run directory's record of the config).
+        Path(config.run_dir).mkdir(parents=True, exist_ok=True)
+        dump_config(config, Path(config.run_dir) / "config.learner.resolved.yaml")
+    model = load_causal_lm(config.model.path, config.model.dtype, rank_device(config.learner.device))
+    mirror = None
+    if ranks.sharded:
+        mirror = Mirror.before_sharding(model, ranks)
+        shard(model, config.learner.mixed_precision, config.learner.activation_checkpointing)
+    elif config.learner.activation_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    sampling = SamplingParams.from_config(config.sampling)
+    trainer = Trainer(model, config.learner, sampling, pad_token_id(model), ranks)
+    path = ranks.broadcast(resume_path(config))  # the leader's view of the run directory
+    meta = load_checkpoint(path, model, trainer.optimizer) if path else None
+    if mirror is not None:
+        mirror.refresh(model)
+    if not ranks.leader:
+        return Follower(trainer=trainer, ranks=ranks, mirror=mirror)
+    full_model = model if mirror is None else mirror.module
+    auth = resolve_auth(config.security)
+    controller = SeatedController(controller_pb2_grpc.ControllerStub(
+        wait_for_channel(config.controller.address, 120, auth, patient=True)))
+    teacher = None
+    if config.teacher.enabled and config.teacher.annotate:
+        teacher = teacher_pb2_grpc.TeacherStub(wait_for_channel(config.teacher.address, 300, auth))
+    task = task_for_run(config)
+    metrics = LearnerMetrics()
+    loop = LearnerLoop(
+        config=config,
+        trainer=trainer,
+        buffer=make_buffer(config.buffer, consumer="learner-0"),
+        controller_stub=controller,
+        publisher=WeightPublisher(controller, full_model, config.learner.weight_transport,
+                                  config.controller.push_timeout_s),
+        evaluate=functools.partial(evaluate_held_out, full_model, task, sampling, config.learner.eval_pass_k,
+                                   config.learner.eval_samples),
+        events=EventLog(config.run_dir, "learner"),
+        metrics=metrics,
+        limits=checkpoint_limits(config.model.path, config),
+        teacher_stub=teacher,
+        checkpointer=Checkpointer(config, task.tokenizer.hf, ranks, export_model=full_model),
+        sinks=MetricSinks(config),
+        ranks=ranks,
+        mirror=mirror,
+        replica_evals=_replica_evals(config, controller, task, sampling, auth),
+    )
+    if meta is not None:
+        loop.resume(meta, path)
+    return Leader(loop=loop, controller=controller, metrics=metrics, ranks=ranks)
+
+
+def _replica_evals(config, controller, task, sampling, auth) -> BackgroundEvaluations | None:
+    """Evaluations on a rollout replica (`learner.eval_by: replica`), else None (the learner evaluates)."""
+    if config.learner.eval_by != "replica":
+        return None
+    evaluator = ReplicaEvaluator(controller, functools.partial(grpc_channel, auth=auth), task, sampling.max_new_tokens,
+                                 config.rollout.engine.max_batch_size, config.learner.eval_timeout_s)
+    return BackgroundEvaluations(evaluator)
