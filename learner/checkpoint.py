@@ -24,6 +24,7 @@ its weights were.
 from __future__ import annotations
 
 import json
+import pickle
 import random
 import shutil
 from dataclasses import asdict, dataclass
@@ -207,8 +208,20 @@ def export_hf(model, tokenizer, directory: Path, state: dict | None = None) -> N
     a copy of the model's own now). The learner's parameters are views into shared bucket storage (for
     zero-copy pushes), which safetensors would take for tied weights: it saves copies."""
     state = _host_copy(model.state_dict()) if state is None else state
+    state = {name: value for name, value in state.items() if name not in tied_copies(model)}
     model.save_pretrained(str(directory), state_dict=state, safe_serialization=True)
     tokenizer.save_pretrained(str(directory))
+
+
+def tied_copies(model) -> set[str]:
+    """The state-dict names of the output embedding when the model ties it to the input one
+    (`tie_word_embeddings`): one tensor under two names, written once. The staged copies no longer share
+    storage, so without this `save_pretrained` writes both (0.5 GB more for Qwen2.5-0.5B)."""
+    inputs, outputs = model.get_input_embeddings(), model.get_output_embeddings()
+    if inputs is None or outputs is None or inputs.weight is not outputs.weight:
+        return set()
+    tied = {name for name, p in model.named_parameters(remove_duplicate=False) if p is outputs.weight}
+    return tied - {name for name, p in model.named_parameters() if p is inputs.weight}
 
 
 def save_shards(path: str, model, optimizer) -> None:
@@ -245,7 +258,7 @@ def load_shards(path: str, model, optimizer) -> None:
 def load_checkpoint(path: str | Path, model, optimizer) -> CheckpointMeta:
     """Restore model, optimizer and RNG states from `<path>/learner`; returns the saved progress."""
     load_shards(str(Path(path) / "learner"), model, optimizer)
-    set_rng_state(torch.load(Path(path) / "learner" / "rng.pt", weights_only=False))
+    set_rng_state(read_rng_state(Path(path) / "learner" / "rng.pt"))
     return read_meta(path)
 
 
@@ -254,14 +267,29 @@ def _no_dist() -> bool:
 
 
 def rng_state() -> dict:
+    """The RNG states as tensors and plain values only, so that reading them back needs no unpickling of
+    arbitrary objects (`read_rng_state`)."""
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
     return {
         "torch": torch.get_rng_state(),
-        "numpy": np.random.get_state(),
+        "numpy": (kind, torch.from_numpy(keys.astype(np.int64)), int(pos), int(has_gauss), float(cached)),
         "python": random.getstate(),
     }
 
 
+def read_rng_state(path: Path) -> dict:
+    """`rng.pt` read with the weights-only loader: a checkpoint directory is data, never code. A file holding
+    anything else (a pickled object that would run code, the numpy array an older asyncrl saved) is refused
+    with a ValueError naming it."""
+    try:
+        return torch.load(path, weights_only=True)
+    except pickle.UnpicklingError as err:
+        raise ValueError(f"{path}: not a plain RNG state (only tensors and plain values are loaded from a "
+                         f"checkpoint): {str(err).splitlines()[0]}") from None
+
+
 def set_rng_state(state: dict) -> None:
     torch.set_rng_state(state["torch"])
-    np.random.set_state(state["numpy"])
+    kind, keys, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
     random.setstate(state["python"])

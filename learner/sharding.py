@@ -15,7 +15,7 @@ for the leader's commands and take part in what needs every rank, in the same or
     STOP                  -> wait for that write, return
 
 The leader keeps one full, unsharded copy of the weights, the `Mirror`: bucket-shaped storage (what the push
-broadcasts without packing, `weights.flat`) bound to an unsharded module (what evaluation and the Hugging
+broadcasts without packing, `push.transport.flat`) bound to an unsharded module (what evaluation and the Hugging
 Face export read). After every step each rank gathers the full tensors one at a time in a fixed order
 (`DTensor.full_tensor`), and the leader copies each into its bucket: no rank ever holds the model twice.
 The replicas and the controller see one learner.
@@ -24,6 +24,7 @@ The replicas and the controller see one learner.
 from __future__ import annotations
 
 import copy
+import io
 import logging
 import os
 import types
@@ -33,6 +34,7 @@ import torch
 import torch.distributed as dist
 
 from asyncrl.core.modeling import named_weights
+from asyncrl.learner.batch import TrainBatch
 
 log = logging.getLogger("asyncrl.learner")
 
@@ -60,12 +62,26 @@ class Ranks:
         return self.world_size > 1
 
     def broadcast(self, obj=None):
-        """The leader's `obj` on every rank (pickled; commands and batches)."""
+        """The leader's `obj` on every rank (commands and batches): written with `torch.save` and read back
+        with the weights-only loader, which takes tensors, plain values and `TrainBatch` and nothing else, so
+        bytes that reach a rank over the group can never make it run code (`broadcast_object_list` would
+        unpickle anything)."""
         if not self.sharded:
             return obj
-        box = [obj]
-        dist.broadcast_object_list(box, src=0)
-        return box[0]
+        size = torch.zeros(1, dtype=torch.int64, device=self.device)
+        if self.leader:
+            buffer = io.BytesIO()
+            torch.save(obj, buffer)
+            data = torch.frombuffer(bytearray(buffer.getvalue()), dtype=torch.uint8).to(self.device)
+            size.fill_(data.numel())
+        dist.broadcast(size, src=0)
+        if not self.leader:
+            data = torch.empty(int(size.item()), dtype=torch.uint8, device=self.device)
+        dist.broadcast(data, src=0)
+        if self.leader:
+            return obj
+        with torch.serialization.safe_globals([TrainBatch]):
+            return torch.load(io.BytesIO(data.cpu().numpy().tobytes()), weights_only=True)
 
     def sum(self, value: torch.Tensor) -> torch.Tensor:
         """`value` summed over the ranks (a new tensor)."""

@@ -235,7 +235,8 @@ class _CodeRecorder:
     def outcome(self, failed: bool) -> grpc.StatusCode:
         return self.code or (grpc.StatusCode.UNKNOWN if failed else grpc.StatusCode.OK)
 
-    def abort(self, code, details):
+    def abort(self, code, details=""):
+        # The asyncio health servicer aborts with a code alone (NOT_FOUND for an unknown service).
         self.code = code
         return self._context.abort(code, details)
 

@@ -80,6 +80,19 @@ def test_health_answers_without_a_token(servers, service):
     assert reply.status == health_pb2.HealthCheckResponse.SERVING
 
 
+@pytest.mark.parametrize("service", sorted(SERVICES))
+@pytest.mark.parametrize("name", ["asyncrl.v1.NoSuchService", "x" * (1 << 20)])
+def test_health_of_an_unknown_service_is_not_found(servers, service, name):
+    """A name the server does not serve (an unknown one, a 1 MB one) is NOT_FOUND, with and without the token,
+    on the thread-pool servers and the controller's asyncio one alike (it used to be UNKNOWN there: the
+    health servicer's abort without details broke the guard's code recorder)."""
+    for metadata in ([], [("authorization", "Bearer " + TEST_AUTH.token)]):
+        with grpc.insecure_channel(f"127.0.0.1:{servers[service]}") as channel, pytest.raises(grpc.RpcError) as err:
+            health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=name),
+                                                      metadata=metadata, timeout=10)
+        assert err.value.code() == grpc.StatusCode.NOT_FOUND, (service, err.value.code(), err.value.details())
+
+
 def test_a_service_without_a_token_refuses_to_start(tiny_model_dir, monkeypatch):
     monkeypatch.delenv("ASYNCRL_TOKEN")
     config = local_config(tiny_model_dir)

@@ -207,3 +207,45 @@ def test_a_checkpoint_written_in_the_background_holds_its_step_while_the_next_tr
     load_shards(str(staged), model, trainer.optimizer)
     assert max_difference(full_state(model), after_two) < TOLERANCE
     assert max_difference(after_three, after_two) > 1e-4  # step 2 moved the weights: the copy predates it
+
+
+class _RunsCode:
+    """A value whose unpickling runs code (it would create `target`)."""
+
+    def __init__(self, target: str):
+        self.target = target
+
+    def __reduce__(self):
+        return (open, (self.target, "w"))
+
+
+def _broadcast_main(rank: int, port: int, out: str) -> None:
+    import torch.distributed as dist
+
+    from asyncrl.learner.sharding import Ranks
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    ranks = Ranks(rank=rank, world_size=2)
+    batch = make_batch(groups=1, group_size=2, width=3)
+    got = ranks.broadcast(("step", batch, 7) if rank == 0 else None)
+    outcome = {"command": got[0], "version": got[2], "sequences": got[1].sequences,
+               "same_logp": bool(torch.equal(got[1].logp_behav, batch.logp_behav))}
+    try:
+        ranks.broadcast(_RunsCode(str(Path(out) / "code-ran")) if rank == 0 else None)
+        outcome["hostile"] = "taken"
+    except Exception as err:  # noqa: BLE001 - the follower must refuse it
+        outcome["hostile"] = type(err).__name__
+    Path(out, f"rank{rank}.json").write_text(json.dumps(outcome))
+    dist.destroy_process_group()
+
+
+def test_what_the_leader_broadcasts_reaches_the_ranks_as_data_never_as_code(tmp_path):
+    """Commands and batches reach every rank intact; bytes that would run code when unpickled are refused
+    by the follower (the weights-only loader), and nothing runs."""
+    mp.spawn(_broadcast_main, args=(free_port("127.0.0.1"), str(tmp_path)), nprocs=2, join=True)
+    leader, follower = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1))
+    assert follower["command"] == "step" and follower["version"] == 7 and follower["same_logp"]
+    assert follower["sequences"] == leader["sequences"]
+    assert follower["hostile"] == "UnpicklingError" and leader["hostile"] == "taken"
+    assert not (tmp_path / "code-ran").exists()

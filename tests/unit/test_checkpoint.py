@@ -79,3 +79,60 @@ def test_keep_last_and_half_written_checkpoints(tiny_model_dir, tmp_path):
     (tmp_path / "run" / "checkpoints" / ".step-000040.tmp" / "learner").mkdir(parents=True)
     assert latest_checkpoint(config.run_dir).name == "step-000030"
 
+
+class _Payload:
+    """What a hostile checkpoint would hold: unpickling it runs code (here, it writes a file)."""
+
+    def __init__(self, target):
+        self.target = str(target)
+
+    def __reduce__(self):
+        return (open, (self.target, "w"))
+
+
+def test_a_checkpoint_directory_never_runs_code_it_holds(tiny_model_dir, tmp_path):
+    """Resuming reads every file of a checkpoint without unpickling arbitrary objects: a `rng.pt` replaced by
+    a pickle that would run code is refused with a message naming the file, and runs nothing."""
+    import pytest
+
+    config = tiny_model_dir.config.model_copy(deep=True)
+    config.run_dir = str(tmp_path / "run")
+    config.learner.checkpoint.export_hf = False
+    model, optimizer = learner_model(tiny_model_dir.policy)
+    path = Checkpointer(config, AutoTokenizer.from_pretrained(str(tiny_model_dir.policy))).save(
+        model, optimizer, CheckpointMeta(1, 1, 0, 0.0))
+    restored, restored_opt = learner_model(tiny_model_dir.policy)
+    load_checkpoint(path, restored, restored_opt)  # an honest one loads (RNG state included)
+    ran = tmp_path / "code-ran"
+    torch.save({"torch": torch.get_rng_state(), "numpy": _Payload(ran), "python": None}, path / "learner" / "rng.pt")
+    with pytest.raises(ValueError, match="rng.pt"):
+        load_checkpoint(path, restored, restored_opt)
+    assert not ran.exists()
+
+
+def test_the_export_of_a_model_with_tied_embeddings_holds_them_once(tmp_path):
+    """`tie_word_embeddings`: the export writes the embedding once (no `lm_head.weight`), and transformers
+    loads it tied, with the trained values."""
+    from safetensors import safe_open
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from asyncrl.learner.checkpoint import export_hf
+
+    config = Qwen2Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                         num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True)
+    model = Qwen2ForCausalLM(config)
+    bind_parameters(model, named_weights(model), 1 << 16)
+    with torch.no_grad():
+        model.get_input_embeddings().weight.add_(1.0)
+
+    class NoTokenizer:
+        def save_pretrained(self, directory):
+            pass
+
+    export_hf(model, NoTokenizer(), tmp_path / "hf")
+    with safe_open(str(tmp_path / "hf" / "model.safetensors"), "pt") as f:
+        keys = set(f.keys())
+    assert "lm_head.weight" not in keys and "model.embed_tokens.weight" in keys
+    loaded = AutoModelForCausalLM.from_pretrained(str(tmp_path / "hf"), dtype=torch.float32)
+    assert loaded.lm_head.weight.data_ptr() == loaded.model.embed_tokens.weight.data_ptr()
+    assert torch.equal(loaded.model.embed_tokens.weight, model.get_input_embeddings().weight)
