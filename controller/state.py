@@ -90,6 +90,10 @@ class ControllerState(Admission, LearnerSeating, ReplicaReachability, Liveness):
         self._leases = LeaseBook(config.lease_ttl_s, config.start_admitted, config.start_prompt_index,
                                  config.lease_max_s)
         self._current_version = config.start_version
+        self._reset_to: int | None = None
+        """The version the last timeline reset went back to (None: none since this controller started). A
+        replica registering with a version above it may hold the lost timeline's weights under a number the
+        new timeline reuses: it gets a resync."""
         self._pushes = PushCoordinator(timing=PushTiming(config.push_timeout_s, config.push_backoff_s),
                                        replicas=self._registry, notify=notify, events=self.events,
                                        metrics=self.metrics)
@@ -148,6 +152,7 @@ class ControllerState(Admission, LearnerSeating, ReplicaReachability, Liveness):
                 # A restarted replica lost whatever it was generating: its old leases return their quota.
                 self._log_expired(self._leases.expire_replica(replica_id, "reregistered"), "reregistered")
             replica = self._registry.register(address, replica_id, weight_version, engine, self._clock(), in_band)
+            replica.force_sync = self._reset_to is not None and weight_version > self._reset_to
             if reregistered:
                 self._pushes.replica_registered(replica.replica_id)
             self._check_reachability_of(replica)
@@ -256,6 +261,7 @@ class ControllerState(Admission, LearnerSeating, ReplicaReachability, Liveness):
             for replica in self._registry.all():
                 replica.force_sync = True
             self._current_version = version
+            self._reset_to = version
             self.events.write("timeline_reset", version=version, previous_version=previous, admitted=admitted,
                               prompt_index=cursor, leases_expired=len(expired))  # fmt: skip
             self._changed(replicas=True)

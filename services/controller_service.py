@@ -94,7 +94,9 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
         def run():
             check_host_port(request.address, "address")
             check_name(request.replica_id, "replica_id", optional=True)
-            self._require_version(request.weight_version, "weight_version")
+            # Any version: a replica may hold one ahead of the controller (a timeline reset by a learner that
+            # restarted from an older checkpoint); it then needs a resync, nothing more.
+            check_range(request.weight_version, 0, MAX_COUNT, "weight_version")
             check_name(request.engine, "engine", optional=True)
             require(len(request.push_key) <= 64, "push_key", f"at most 64 bytes, got {len(request.push_key)}")
             r = self.state.register(request.address, request.replica_id, request.weight_version, request.engine,
@@ -112,7 +114,7 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
     def Heartbeat(self, request, context):
         def run():
             check_name(request.replica_id, "replica_id")
-            self._require_version(request.weight_version, "weight_version")
+            check_range(request.weight_version, 0, MAX_COUNT, "weight_version")
             held = None
             if request.HasField("held_leases"):
                 held = list(request.held_leases.lease_ids)

@@ -19,7 +19,7 @@ import dataclasses
 import threading
 from collections.abc import Callable, Iterator
 
-from torch.distributed import TCPStore
+from torch.distributed import DistNetworkError, TCPStore
 
 from asyncrl.push.in_band import forget_acks
 from asyncrl.push.manifest import TensorMeta, manifest_bytes, parse_manifest
@@ -107,7 +107,16 @@ class BroadcastGroups:
             if not holds_group:
                 handshake.set("verdict", f"abort: the sender does not hold group {plan.group_id!r}")
                 raise GroupLost(f"push {plan.push_id}: the sender does not hold group {plan.group_id!r}")
-        join_push(plan, rank, root, join_timeout_s, has_group=holds_group, gone=gone)
+        try:
+            join_push(plan, rank, root, join_timeout_s, has_group=holds_group, gone=gone)
+        except DistNetworkError:
+            if rank == 0:
+                raise
+            # The connection to the sender's store is dead (a learner restarted at the same address, as a
+            # container runtime restarts it): once more over a new one.
+            self._client = None
+            root = self._root(plan)
+            join_push(plan, rank, root, join_timeout_s, has_group=holds_group, gone=gone)
         group = self._group if reuse else form_group(plan, rank, root)
         if not reuse:
             self.formed += 1

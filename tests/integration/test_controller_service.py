@@ -102,6 +102,17 @@ def test_health_is_serving(controller):
     assert answer.status == health_pb2.HealthCheckResponse.SERVING
 
 
+def test_a_replica_ahead_of_the_controller_is_taken_and_flagged_for_a_resync(controller):
+    """Replicas left holding the versions of a timeline the learner reset (it restarted from an older
+    checkpoint) register and heartbeat with them: answered, needing a resync, never refused (they used to be
+    refused once a second for as long as they lived, and the run sat still)."""
+    registration = controller.stub.RegisterReplica(pb.RegisterReplicaRequest(
+        address="127.0.0.1:9", weight_version=116, engine="torch"))
+    assert registration.needs_sync and registration.current_version == 0
+    pulse = controller.stub.Heartbeat(pb.HeartbeatRequest(replica_id=registration.replica_id, weight_version=116))
+    assert pulse.needs_sync and pulse.current_version == 0
+
+
 def test_reflection_lists_the_service(controller):
     stub = reflection_pb2_grpc.ServerReflectionStub(controller.channel)
     answers = stub.ServerReflectionInfo(iter([reflection_pb2.ServerReflectionRequest(list_services="")]))
@@ -196,7 +207,7 @@ def push_request(**fields):
 
 INVALID = [
     ("RegisterReplica", pb.RegisterReplicaRequest(address="no-port"), "address: must be host:port"),
-    ("RegisterReplica", pb.RegisterReplicaRequest(address="h:1", weight_version=-1), "weight_version: must be in [0, 1], got -1"),
+    ("RegisterReplica", pb.RegisterReplicaRequest(address="h:1", weight_version=-1), "weight_version: must be in [0, 9007199254740992], got -1"),
     ("RegisterReplica", pb.RegisterReplicaRequest(address="h:1", replica_id="a b"), "replica_id: must be empty or"),
     ("Heartbeat", pb.HeartbeatRequest(replica_id=""), "replica_id: must be a name"),
     ("AcquireLease", pb.AcquireLeaseRequest(replica_id=VALID, num_trajectories=0), "num_trajectories: must be in [1, 8], got 0"),

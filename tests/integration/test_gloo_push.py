@@ -284,3 +284,42 @@ def test_an_order_that_comes_late_gives_up_when_the_sender_moves_on():
     thread.join(10)
     assert "v1 is over: the sender has moved on to v3" in outcome["error"], outcome
     assert outcome["at"] - announced < 1.0 and outcome["waited"] < 3
+
+
+def test_a_receiver_follows_a_sender_restarted_at_the_same_address():
+    """A learner restarted as a container runtime restarts it: a new process at the same host and store port.
+    The receiver's connection to the old store is dead (a broken pipe on first use); the next push reconnects
+    and reaches it, instead of failing on the dead connection and leaving it out."""
+    import dataclasses
+    import gc
+
+    from asyncrl.push.transport.groups import BroadcastGroups, publish_manifest
+
+    metas = tensor_metas(weights(0))
+    ctx = mp.get_context("spawn")
+    results, inbox = ctx.Queue(), ctx.Queue()
+    proc = ctx.Process(target=kept_group_receiver, args=(1, inbox, results))
+    proc.start()
+
+    def push(store, sender, push_id, seed, group_id):
+        plan = PushPlan(push_id=push_id, version=seed, store_address=f"127.0.0.1:{store.port}", world_size=2,
+                        transport="gloo", bucket_bytes=512, timeout_s=30, group_id=group_id,
+                        manifest_digest=publish_manifest(store, metas))
+        inbox.put(plan)
+        named = weights(seed)
+        with sender.member(dataclasses.replace(plan, tensors=metas), 0) as group:
+            send_weights(group, named, dataclasses.replace(plan, tensors=metas))
+        _, _, received, _ = results.get(timeout=60)
+        assert not isinstance(received, str), received
+        assert all(torch.equal(torch.from_numpy(received[name]), tensor) for name, tensor in named)
+
+    first = host_store("127.0.0.1", 0, 30)
+    port, sender = first.port, BroadcastGroups(first)
+    push(first, sender, "p1", 1, "group-a")
+    sender.close()
+    del first, sender
+    gc.collect()  # the old learner is gone: its store stops listening
+    restarted = host_store("127.0.0.1", port, 30)
+    push(restarted, BroadcastGroups(restarted), "p2", 2, "group-b")
+    inbox.put(None)
+    proc.join(30)

@@ -107,3 +107,26 @@ def test_timeline_reset_goes_back_to_the_checkpoint():
     refused = state.acquire("replica-a", 2, 0)
     assert not refused.granted and "weight sync" in refused.reason
     assert state.learner_heartbeat(0, 1, 0).sync_requested
+
+
+def test_replicas_ahead_of_a_reset_timeline_are_taken_and_resynced():
+    """A learner restarted from an older checkpoint resets the timeline below what the replicas hold (version
+    3 here, back to 1). Their heartbeats and new registrations carry the lost timeline's versions: taken, each
+    replica flagged for a resync (it used to be refused, and the replicas never came back). One registering
+    with a version the new timeline reaches again (2) is resynced too: the number may name lost weights."""
+    from tests.unit.test_controller_leases import publish
+
+    state, _, _, _ = make_state(batch_size=4, eta=1)
+    state.register("127.0.0.1:7001", "replica-a", 0, "torch")
+    for version in (1, 2, 3):
+        assert publish(state, version).committed
+    state.reset_timeline(version=1, admitted=0, prompt_index=0)
+    assert state.heartbeat("replica-a", 3).needs_sync
+    ahead = state.register("127.0.0.1:7002", "replica-b", 3, "torch")
+    assert ahead.needs_sync and ahead.current_version == 1
+    assert publish(state, 2).committed  # reaches both: the new timeline's version 2
+    assert not state.heartbeat("replica-a", 2).needs_sync and not state.heartbeat("replica-b", 2).needs_sync
+    again = state.register("127.0.0.1:7003", "replica-c", 2, "torch")
+    assert again.needs_sync
+    granted = state.acquire("replica-a", 2, 0)
+    assert granted.granted
