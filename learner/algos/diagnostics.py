@@ -83,37 +83,45 @@ def perplexity_diagnostics(logp_target: Tensor, logp_behav: Tensor, mask: Tensor
     return out
 
 
-def rollout_diagnostics(log_ratio: Tensor, mask: Tensor, corr: Correction, cap: float) -> dict[str, Tensor]:
+def rollout_diagnostics(log_ratio: Tensor, mask: Tensor, corr: Correction, cap: float,
+                        clamp: float = 20.0) -> dict[str, Tensor]:  # fmt: skip
     """KL(behav || prox) K1/K3, PPL ratio, chi^2, ESS, delta stats, masked/truncated fractions, weights.
 
-    log_ratio is clamped per token and 0 on padding, so every derived per-token value is finite and a multiply
-    by the float mask is safe; the token means are computed in one stacked reduction. Sequence-level values
-    (PPL ratio, chi^2, ESS) work on the unclamped sequence sums, in log space where they exponentiate.
+    `log_ratio` is log rho_t, 0 on padding and not clamped. As the seed computes them: the KL estimators, the
+    PPL ratio and the delta statistics take it as it is (in float64, where the K3 term and the PPL ratio
+    exponentiate); every token ratio rho_t (chi^2_token, ESS, ratio extremes and percentiles) clamps its log to
+    +-`clamp`; chi^2_seq clamps each sequence's total, never its terms. `rc/chi2_seq_log` is
+    log E[(prod_t rho_t)^2] with no clamp at all, from log-sum-exps: finite however biased the batch, where
+    chi^2_seq itself saturates (exp(40)). ESS_seq and the sequence log-ratio statistics use the unclamped sums.
     `cap`: the IS cap C, for the ESS of the weights clipped to [1/C, C].
     """
     maskf = mask.to(log_ratio.dtype)
     has_tokens = mask.any(dim=-1)
-    rho = torch.exp(log_ratio)
-    abs_delta = log_ratio.abs()
-    per_token = torch.stack([-log_ratio, torch.expm1(log_ratio) - log_ratio, rho.square(), log_ratio, abs_delta])
-    kl_k1, kl_k3, rho_sq, delta_mean, delta_abs_mean = (per_token * maskf).sum(dim=(1, 2)) / maskf.sum().clamp_min(1)
+    token = log_ratio.clamp(-clamp, clamp)
+    rho = torch.exp(token)
+    wide, widef = log_ratio.double(), maskf.double()
+    exact = torch.stack([-wide, torch.expm1(wide) - wide, wide, wide.abs()])
+    kl_k1, kl_k3, delta_mean, delta_abs_mean = ((exact * widef).sum(dim=(1, 2)) / widef.sum().clamp_min(1)).float()
+    rho_sq = (rho.square() * maskf).sum() / maskf.sum().clamp_min(1)
     lengths = maskf.sum(dim=-1)
-    seq_log = log_ratio.sum(dim=-1)  # log prod_t rho_t, not clamped: a long sequence's sum can pass any clamp
+    seq_log = log_ratio.sum(dim=-1)  # log prod_t rho_t over the unclamped terms
     # PPL ratio exp(-(1/|T|) sum_t log rho_t), per sequence, averaged (the seed's definition).
-    ppl_ratio = masked_mean(torch.exp(-seq_log / lengths.clamp_min(1)), has_tokens)
-    # chi^2_seq = E[rho_seq^2] - 1 and ESS_seq = (sum w)^2 / (n sum w^2), both from log-sum-exps.
+    ppl_ratio = masked_mean(torch.exp(-seq_log.double() / lengths.clamp_min(1).double()), has_tokens).float()
+    # chi^2_seq = E[(prod_t rho_t)^2] - 1 on the clamped totals (the seed), and its exact log.
+    chi2_seq = masked_mean(torch.exp(2 * seq_log.clamp(-clamp, clamp)), has_tokens) - 1
     log_mean_rho = _seq_log_mean_exp(seq_log, has_tokens)
     log_mean_rho_sq = _seq_log_mean_exp(2 * seq_log, has_tokens)
     ess_seq = torch.exp(2 * log_mean_rho - log_mean_rho_sq)
     log_cap = torch.log(torch.tensor(cap, dtype=log_ratio.dtype, device=log_ratio.device))
-    clipped_rho = torch.exp(log_ratio.clamp(-log_cap, log_cap))
+    clipped_rho = torch.exp(token.clamp(-log_cap, log_cap))
     weight_mean = masked_mean(corr.weights, corr.mask)
     out = {
         "rc/kl_k1": kl_k1,
         "rc/kl_k3": kl_k3,
         "rc/ppl_ratio": ppl_ratio,
         "rc/chi2_token": rho_sq - 1,
-        "rc/chi2_seq": torch.expm1(log_mean_rho_sq),
+        "rc/chi2_seq": chi2_seq,
+        "rc/chi2_seq_log": torch.where(has_tokens.any(), log_mean_rho_sq, torch.zeros_like(log_mean_rho_sq)),
         "rc/ess_token": _ess(rho, maskf),
         "rc/ess_token_clipped": _ess(clipped_rho, maskf),
         "rc/ess_seq": torch.where(has_tokens.any(), ess_seq, torch.ones_like(ess_seq)),
@@ -123,7 +131,7 @@ def rollout_diagnostics(log_ratio: Tensor, mask: Tensor, corr: Correction, cap: 
         "rc/rejection_token_frac": 1 - _fraction(corr.rejection_keep & mask, mask),
         "rc/delta_mean": delta_mean,
         "rc/delta_abs_mean": delta_abs_mean,
-        "rc/delta_abs_max": masked_max(abs_delta, mask),
+        "rc/delta_abs_max": masked_max(log_ratio.abs(), mask),
         "rc/masked_token_frac": 1 - _fraction(corr.mask, mask),
         "rc/masked_seq_frac": _fraction(corr.rejected_sequences, has_tokens),
         "rc/veto_seq_frac": _fraction(corr.vetoed_sequences & has_tokens, has_tokens),

@@ -47,10 +47,14 @@ def masked_min(values: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
     return -masked_max(-values, mask, dim)
 
 
+def log_ratio(numerator: Tensor, denominator: Tensor, mask: Tensor) -> Tensor:
+    """log(num / den) = numerator - denominator (log-probs), 0 on padding, not clamped."""
+    return masked_fill_zero(numerator - denominator, mask)
+
+
 def clamped_log_ratio(numerator: Tensor, denominator: Tensor, mask: Tensor, clamp: float) -> Tensor:
-    """log(num / den) = numerator - denominator (log-probs), clamped to +-clamp, 0 on padding."""
-    diff = masked_fill_zero(numerator - denominator, mask)
-    return diff.clamp(-clamp, clamp)
+    """`log_ratio` clamped to +-clamp per token (what a per-token exponential takes)."""
+    return log_ratio(numerator, denominator, mask).clamp(-clamp, clamp)
 
 
 def check_token_tensor(name: str, tensor: Tensor | None, like: Tensor, hint: str = "") -> None:

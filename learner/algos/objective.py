@@ -23,9 +23,20 @@ from asyncrl.learner.algos.diagnostics import (
     to_floats,
 )
 from asyncrl.learner.algos.kl import importance_corrected_kl, kl_to_reference
-from asyncrl.learner.algos.masked import as_bool_mask, check_token_tensor, clamped_log_ratio, masked_mean
+from asyncrl.learner.algos.masked import (
+    as_bool_mask,
+    check_token_tensor,
+    clamped_log_ratio,
+    log_ratio,
+    masked_mean,
+)
 from asyncrl.learner.algos.opd import check_teacher_alignment, opd_k2_loss
-from asyncrl.learner.algos.policy_loss import gspo_surrogate, ppo_clip_surrogate, reinforce_surrogate
+from asyncrl.learner.algos.policy_loss import (
+    gspo_surrogate,
+    gspo_token_surrogate,
+    ppo_clip_surrogate,
+    reinforce_surrogate,
+)
 from asyncrl.learner.algos.rollout_correction import apply_rollout_correction
 
 
@@ -55,8 +66,8 @@ def policy_objective(logp: Tensor, logp_prox: Tensor, logp_behav: Tensor, advant
     advantages = advantages.detach().float()
 
     correction_numerator = logp.detach() if cfg.bypass else logp_prox
-    log_ratio = clamped_log_ratio(correction_numerator, logp_behav, mask, clamp)
-    corr = apply_rollout_correction(log_ratio, mask, rc)
+    correction_log_ratio = log_ratio(correction_numerator, logp_behav, mask)  # unclamped: rc clamps as the seed does
+    corr = apply_rollout_correction(correction_log_ratio, mask, rc)
     final = corr.mask
 
     if pl.type == "ppo_clip":
@@ -64,8 +75,9 @@ def policy_objective(logp: Tensor, logp_prox: Tensor, logp_behav: Tensor, advant
                                        pl.dual_clip_c, clamp)
         objective, ratio = surrogate.objective, surrogate.ratio
         clipped, dual_clipped = surrogate.clipped, surrogate.dual_clipped
-    elif pl.type == "gspo":
-        surrogate = gspo_surrogate(logp, logp_prox, advantages, final, pl.clip_eps_low, pl.clip_eps_high, clamp)
+    elif pl.type in ("gspo", "gspo_token"):
+        gspo = gspo_surrogate if pl.type == "gspo" else gspo_token_surrogate
+        surrogate = gspo(logp, logp_prox, advantages, final, pl.clip_eps_low, pl.clip_eps_high, clamp)
         objective, ratio = surrogate.objective, surrogate.ratio
         clipped, dual_clipped = surrogate.clipped, surrogate.dual_clipped
     else:
@@ -100,7 +112,7 @@ def policy_objective(logp: Tensor, logp_prox: Tensor, logp_behav: Tensor, advant
 
     with torch.no_grad():
         metrics = {name: aggregate_loss(part, final, pl.aggregation) for name, part in parts.items()}
-        metrics.update(rollout_diagnostics(log_ratio, mask, corr, rc.weight_cap))
+        metrics.update(rollout_diagnostics(correction_log_ratio, mask, corr, rc.weight_cap, clamp))
         metrics.update(perplexity_diagnostics(correction_numerator, logp_behav, mask))
         rollout_ratio = torch.exp(clamped_log_ratio(logp.detach(), logp_behav, mask, clamp))
         metrics.update(surrogate_diagnostics(ratio.detach(), rollout_ratio, advantages, final, clipped,
@@ -122,7 +134,6 @@ def objective_units(logp_prox: Tensor, logp_behav: Tensor, response_mask: Tensor
         raise ValueError("bypass objectives reject on the current policy: their loss denominator is only known "
                          "after the forward, so they cannot be trained in parts")
     mask = as_bool_mask(response_mask)
-    clamp = cfg.rollout_correction.log_ratio_clamp
-    log_ratio = clamped_log_ratio(logp_prox.detach().float(), logp_behav.detach().float(), mask, clamp)
-    return aggregation_units(apply_rollout_correction(log_ratio, mask, cfg.rollout_correction).mask,
+    correction_log_ratio = log_ratio(logp_prox.detach().float(), logp_behav.detach().float(), mask)
+    return aggregation_units(apply_rollout_correction(correction_log_ratio, mask, cfg.rollout_correction).mask,
                              cfg.policy_loss.aggregation)

@@ -13,6 +13,11 @@ GSPO (sequence-level, the off-policy blog's Source 4 alternative to routing repl
     o_i = min(s_i A_i, clip(s_i, 1 - eps_low, 1 + eps_high) A_i), A_i the sequence's advantage,
 broadcast to the sequence's tokens, so every aggregation averages it like a per-token objective.
 
+GSPO-token (the GSPO paper's token-level variant, for token-level advantages):
+    s_it = sg(s_i) * exp(logp_t - sg(logp_t))   (value s_i; gradient s_i * grad logp_t, token t's own)
+    o_it = min(s_it A_it, clip(s_it, 1 - eps_low, 1 + eps_high) A_it), A_it the token's advantage.
+With one advantage per sequence its gradient under seq-mean-token-mean equals GSPO's.
+
 REINFORCE with detached IS weights (verl seed, section "Policy Gradient Loss with Bypass Mode"):
     s_t = A_t * log pi_theta(a_t);  loss = -sg(w_t) s_t, so grad = -w_t A_t grad log pi_theta.
 """
@@ -72,6 +77,22 @@ def gspo_surrogate(logp: Tensor, logp_prox: Tensor, advantages: Tensor, mask: Te
     return Surrogate(objective=masked_fill_zero(objective.expand_as(log_ratio), mask),
                      ratio=torch.where(mask, ratio, torch.ones_like(ratio)), clipped=mask & clipped,
                      dual_clipped=torch.zeros_like(mask))  # fmt: skip
+
+
+def gspo_token_surrogate(logp: Tensor, logp_prox: Tensor, advantages: Tensor, mask: Tensor, eps_low: float,
+                         eps_high: float, clamp: float) -> Surrogate:  # fmt: skip
+    log_ratio = clamped_log_ratio(logp, logp_prox.detach(), mask, clamp)
+    maskf = mask.to(log_ratio.dtype)
+    lengths = maskf.sum(dim=-1, keepdim=True).clamp_min(1)
+    seq_ratio = torch.exp((log_ratio.detach() * maskf).sum(dim=-1, keepdim=True) / lengths)  # [N, 1], sg
+    logp_masked = masked_fill_zero(logp, mask)
+    ratio = seq_ratio * torch.exp(logp_masked - logp_masked.detach())  # value s_i, gradient per token
+    advantages = masked_fill_zero(advantages, mask)
+    objective = torch.minimum(ratio * advantages, ratio.clamp(1.0 - eps_low, 1.0 + eps_high) * advantages)
+    with torch.no_grad():
+        clipped = mask & (((ratio > 1.0 + eps_high) & (advantages > 0)) | ((ratio < 1.0 - eps_low) & (advantages < 0)))
+    return Surrogate(objective=masked_fill_zero(objective, mask), ratio=torch.where(mask, ratio, torch.ones_like(ratio)),
+                     clipped=clipped, dual_clipped=torch.zeros_like(mask))  # fmt: skip
 
 
 def reinforce_surrogate(logp: Tensor, advantages: Tensor, mask: Tensor) -> Tensor:

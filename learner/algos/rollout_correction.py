@@ -2,7 +2,9 @@
 seq_sum_k3 mode and the one-sided seq_sum_k1 come from the TIM paper's appendix A.4).
 
 Input is the per-token log-ratio log rho_t = log pi_prox - log pi_behav (decoupled) or
-log pi_theta (detached) - log pi_behav (bypass), clamped and 0 on padding. Output:
+log pi_theta (detached) - log pi_behav (bypass), 0 on padding and not clamped: as in the seed, a per-token
+quantity clamps each log rho_t to +-`log_ratio_clamp` (20) before it exponentiates, a sequence-level one sums
+(or averages) the unclamped values and clamps only that total. Output:
 - IS weights (detached): token w_t = min(rho_t, C); sequence w = min(prod_t rho_t, C); geometric
   w = min(exp(mean_t log rho_t), C); all computed in log space;
   optionally rescaled to mean 1 over the batch;
@@ -43,18 +45,27 @@ class Correction:
     """Scalar: the batch mean the weights were divided by (1 when not normalised)."""
 
 
-def truncated_is_weights(log_ratio: Tensor, mask: Tensor, level: str, cap: float) -> tuple[Tensor, Tensor]:
-    """(weights, truncated) for level token / sequence / none."""
+def sequence_log_ratio(log_ratio: Tensor, mask: Tensor, clamp: float, mean: bool = False) -> Tensor:
+    """[N]: log prod_t rho_t (or, with `mean`, its per-token mean) over the unclamped per-token values, then
+    clamped to +-clamp: the seed clamps the sequence total, never its terms."""
+    total = log_ratio.sum(dim=-1)  # padding holds 0, so this is the sum over valid tokens
+    if mean:
+        total = total / mask.sum(dim=-1).clamp_min(1)
+    return total.clamp(-clamp, clamp)
+
+
+def truncated_is_weights(log_ratio: Tensor, mask: Tensor, level: str, cap: float,
+                         clamp: float = 20.0) -> tuple[Tensor, Tensor]:  # fmt: skip
+    """(weights, truncated) for level token / sequence / geometric / none."""
     log_cap = math.log(cap)
     if level == "none":
         return torch.ones_like(log_ratio), torch.zeros_like(mask)
     if level == "token":
-        truncated = (log_ratio > log_cap) & mask
-        return torch.exp(log_ratio.clamp(max=log_cap)), truncated
+        token = log_ratio.clamp(-clamp, clamp)
+        truncated = (token > log_cap) & mask
+        return torch.exp(token.clamp(max=log_cap)), truncated
     if level in ("sequence", "geometric"):
-        seq_log = log_ratio.sum(dim=-1, keepdim=True)  # padding holds 0, so this is sum over valid tokens
-        if level == "geometric":
-            seq_log = seq_log / mask.sum(dim=-1, keepdim=True).clamp_min(1)
+        seq_log = sequence_log_ratio(log_ratio, mask, clamp, mean=level == "geometric").unsqueeze(-1)
         truncated = (seq_log > log_cap) & mask
         return torch.exp(seq_log.clamp(max=log_cap)).expand_as(log_ratio), truncated
     raise ValueError(f"unknown IS weight level {level!r}")
@@ -75,15 +86,14 @@ def rejection_keep(log_ratio: Tensor, mask: Tensor, mode: str, lower: float | No
     """[N, T] bool: True where the token survives the rejection mode (padding: True, masked elsewhere)."""
     if mode == "none":
         return torch.ones_like(mask)
+    token = log_ratio.clamp(-clamp, clamp)
     if mode == "token_k1":
-        return _bounds_keep(log_ratio, lower, upper)
-    if mode == "seq_sum_k1":
-        seq = log_ratio.sum(dim=-1).clamp(-clamp, clamp)
+        return _bounds_keep(token, lower, upper)
+    if mode in ("seq_sum_k1", "seq_mean_k1"):  # seq_mean_k1 is Geo-RS: the geometric mean ratio, length-invariant
+        seq = sequence_log_ratio(log_ratio, mask, clamp, mean=mode == "seq_mean_k1")
         return _bounds_keep(seq, lower, upper).unsqueeze(-1).expand_as(mask)
-    if mode == "seq_mean_k1":  # Geo-RS: the geometric mean ratio, length-invariant
-        return _bounds_keep(masked_mean(log_ratio, mask, dim=-1), lower, upper).unsqueeze(-1).expand_as(mask)
     scope, family = mode.split("_", 1)[0], mode.rsplit("_", 1)[-1]  # token|seq, k2|k3
-    per_token = kl_from_log_ratio(log_ratio, family)
+    per_token = kl_from_log_ratio(token, family)
     if scope == "token":
         return per_token <= upper
     if mode in ("seq_sum_k2", "seq_sum_k3"):
@@ -117,9 +127,10 @@ def normalize_weights(weights: Tensor, mask: Tensor, level: str) -> tuple[Tensor
 
 
 def apply_rollout_correction(log_ratio: Tensor, mask: Tensor, cfg: RolloutCorrectionConfig) -> Correction:
-    """IS weights, rejection mask and veto for one (mini-)batch; everything returned is detached."""
+    """IS weights, rejection mask and veto for one (mini-)batch (`log_ratio` unclamped, 0 on padding);
+    everything returned is detached."""
     log_ratio = log_ratio.detach()
-    weights, truncated = truncated_is_weights(log_ratio, mask, cfg.weights, cfg.weight_cap)
+    weights, truncated = truncated_is_weights(log_ratio, mask, cfg.weights, cfg.weight_cap, cfg.log_ratio_clamp)
     criteria = [
         (c.rejection, rejection_keep(log_ratio, mask, c.rejection, c.rejection_lower, c.rejection_upper,
                                      cfg.log_ratio_clamp))

@@ -31,10 +31,12 @@ def diagnostics(rows, **rc):
 
 def test_ppl_ratio_chi2_and_ess_on_long_sequences():
     # 400 tokens at delta 0.1 (sum 40, past the +-20 clamp) and 10 tokens at delta -0.2 (sum -2).
+    # The seed clamps each sequence's total (40 -> 20) for chi^2_seq; rc/chi2_seq_log keeps the exact value.
     out = diagnostics([[0.1] * 400, [-0.2] * 10], weights="none")
-    assert out["rc/ppl_ratio"].item() == pytest.approx((math.exp(-0.1) + math.exp(0.2)) / 2, rel=1e-9)
+    assert out["rc/ppl_ratio"].item() == pytest.approx((math.exp(-0.1) + math.exp(0.2)) / 2, rel=1e-7)
+    assert out["rc/chi2_seq"].item() == pytest.approx((math.exp(40) + math.exp(-4)) / 2 - 1, rel=1e-6)
     mean_sq = (math.exp(80) + math.exp(-4)) / 2
-    assert out["rc/chi2_seq"].item() == pytest.approx(mean_sq - 1, rel=1e-9)
+    assert out["rc/chi2_seq_log"].item() == pytest.approx(math.log(mean_sq), rel=1e-6)
     ess = (math.exp(40) + math.exp(-2)) ** 2 / (2 * (math.exp(80) + math.exp(-4)))
     assert out["rc/ess_seq"].item() == pytest.approx(ess, rel=1e-9)
     assert out["rc/seq_log_ratio_max"].item() == pytest.approx(40.0)

@@ -60,3 +60,57 @@ def test_gspo_through_the_objective():
     assert logp.grad[0, :2].tolist() == pytest.approx([-0.25, -0.25])  # -(1/2 seqs) * A * s / |y| = -0.5 * 0.5
     assert logp.grad[1, 0].item() == pytest.approx(0.5)
     assert metrics["loss/clip_frac"] == 0.0
+
+
+def test_gspo_token_clips_the_sequence_ratio_against_each_tokens_own_advantage():
+    """Token-level advantages (2, -1) on one sequence with delta (0.2, -0.1): s = exp(0.05) = 1.0513.
+    GSPO-token: o_t = s * A_t (inside the clip), d o_t / d logp_t = s * A_t, nothing to the other token.
+    GSPO averages the advantages away: o = s * 0.5 on both tokens, gradient s * 0.5 / 2 per token."""
+    from asyncrl.learner.algos.policy_loss import gspo_token_surrogate
+
+    s = math.exp(0.05)
+    logp = torch.tensor([[-1.0, -2.0]], dtype=torch.float64, requires_grad=True)
+    prox = torch.tensor([[-1.2, -1.9]], dtype=torch.float64)
+    mask = torch.ones_like(prox, dtype=torch.bool)
+    adv = torch.tensor([[2.0, -1.0]], dtype=torch.float64)
+    token = gspo_token_surrogate(logp, prox, adv, mask, 0.2, 0.2, 20.0)
+    assert token.ratio[0].tolist() == pytest.approx([s, s])
+    assert token.objective[0].tolist() == pytest.approx([2 * s, -s])
+    token.objective.sum().backward()
+    assert logp.grad[0].tolist() == pytest.approx([2 * s, -s])
+    assert not token.clipped.any()
+    logp.grad = None
+    sequence = gspo_surrogate(logp, prox, adv, mask, 0.2, 0.2, 20.0)
+    assert sequence.objective[0].tolist() == pytest.approx([0.5 * s, 0.5 * s])
+    sequence.objective.sum().backward()
+    assert logp.grad[0].tolist() == pytest.approx([0.5 * s, 0.5 * s])  # 2 tokens x 0.5 s x (1 / 2)
+
+
+def test_gspo_token_clips_per_token_by_the_sign_of_its_advantage():
+    """s = e^0.5 > 1.2: a token with A > 0 is clipped (no gradient), one with A < 0 is not."""
+    from asyncrl.learner.algos.policy_loss import gspo_token_surrogate
+
+    logp = torch.tensor([[-1.0, -1.0]], dtype=torch.float64, requires_grad=True)
+    prox = torch.tensor([[-1.5, -1.5]], dtype=torch.float64)
+    adv = torch.tensor([[1.0, -1.0]], dtype=torch.float64)
+    out = gspo_token_surrogate(logp, prox, adv, torch.ones_like(prox, dtype=torch.bool), 0.2, 0.2, 20.0)
+    assert out.objective[0].tolist() == pytest.approx([1.2, -math.exp(0.5)])
+    assert out.clipped[0].tolist() == [True, False]
+    out.objective.sum().backward()
+    assert logp.grad[0].tolist() == pytest.approx([0.0, -math.exp(0.5)])
+
+
+def test_gspo_token_through_the_objective_matches_gspo_with_one_advantage_per_sequence():
+    logp = torch.tensor([[-1.0, -2.0, 0.0], [-0.5, -0.7, 0.0]], requires_grad=True)
+    prox = torch.tensor([[-1.1, -1.9, 0.0], [-0.4, -0.8, 0.0]])
+    mask = torch.tensor([[True, True, False], [True, True, False]])
+    adv = torch.tensor([[1.0, 1.0, 0.0], [-0.5, -0.5, 0.0]])
+    grads = []
+    for kind in ("gspo", "gspo_token"):
+        cfg = AlgoConfig(policy_loss={"type": kind, "clip_eps_low": 0.5, "clip_eps_high": 0.5,
+                                      "aggregation": "seq-mean-token-mean"}, rollout_correction={"weights": "none"})
+        logp.grad = None
+        loss, _ = policy_objective(logp, prox, prox, adv, mask, cfg)
+        loss.backward()
+        grads.append(logp.grad.clone())
+    assert torch.allclose(grads[0], grads[1], atol=1e-6)

@@ -107,7 +107,7 @@ def test_huge_log_ratios_are_clamped_and_stay_finite():
         loss, metrics = policy_objective(logp, prox, behav, torch.ones(1, 3), torch.ones(1, 3),
                                          AlgoConfig(preset=preset))
         assert torch.isfinite(loss) and all(math.isfinite(v) for v in metrics.values()), preset
-        assert metrics["rc/delta_abs_max"] == pytest.approx(20.0)  # clamped to +-20
+        assert metrics["rc/delta_abs_max"] == pytest.approx(9999.0)  # the statistic is not clamped, the exps are
 
 
 def test_off_policy_diagnostics_by_hand():
@@ -152,3 +152,59 @@ def test_masked_quantiles_interpolate_linearly_per_row():
     # row 0 sorted valid values 1, 2, 3, 4: position q * 3 -> 1.5 -> 2.5; 2.7 -> 3.7; 0.03 -> 1.03
     assert table[0].tolist() == pytest.approx([2.5, 3.7, 1.03])
     assert table[1].tolist() == [0.0, 0.0, 0.0]  # nothing valid
+
+
+# A row whose token log-ratios pass the +-20 clamp both ways: (-24, +21, +0.3), sum -2.7.
+EXTREME = [-24.0, 21.0, 0.3]
+
+
+def _extreme_objective(**rc):
+    behav = torch.zeros(1, 3)
+    prox = torch.tensor([EXTREME])
+    cfg = AlgoConfig(rollout_correction=RolloutCorrectionConfig(**rc))
+    return policy_objective(prox.clone().requires_grad_(), prox, behav, torch.ones(1, 3), torch.ones(1, 3), cfg)
+
+
+def test_a_sequence_weight_clamps_the_sequence_total_not_its_tokens():
+    """The seed's sequence IS weight is exp(clamp(sum_t log rho_t, -20, 20)): exp(-2.7) = 0.0672 for this row.
+    Clamping each token first gave exp(-20 + 20 + 0.3) = 1.350. Geometric: exp(-2.7 / 3) = 0.4066."""
+    log_ratio, mask = torch.tensor([EXTREME]), torch.ones(1, 3, dtype=torch.bool)
+    seq = _correct(log_ratio, mask, weights="sequence", weight_cap=10.0)
+    assert seq.weights[0, 0].item() == pytest.approx(math.exp(-2.7), rel=1e-5)  # 0.0672
+    geo = _correct(log_ratio, mask, weights="geometric", weight_cap=10.0)
+    assert geo.weights[0, 0].item() == pytest.approx(math.exp(-0.9), rel=1e-5)
+    # Token weights clamp each token: exp(-20), min(exp(20), C), exp(0.3).
+    token = _correct(log_ratio, mask, weights="token", weight_cap=10.0)
+    assert token.weights[0].tolist() == pytest.approx([math.exp(-20), 10.0, math.exp(0.3)], rel=1e-5)
+    # Sequence rejection on the same total: rho_seq = 0.0672 is outside [0.5, 2].
+    rejected = _correct(log_ratio, mask, rejection="seq_sum_k1", rejection_lower=0.5, rejection_upper=2.0)
+    assert not rejected.mask.any()
+
+
+def test_the_diagnostics_sum_the_unclamped_token_log_ratios():
+    """PPL ratio, KL and chi^2_seq of the same row, as the seed defines them: ppl_ratio = exp(2.7 / 3) = 2.4596
+    (per-token clamping gave exp(-0.1) = 0.905), K1 = 0.9, chi^2_seq = exp(2 * -2.7) - 1."""
+    _, m = _extreme_objective(weights="sequence", weight_cap=10.0)
+    assert m["rc/ppl_ratio"] == pytest.approx(math.exp(0.9), rel=1e-5)
+    assert m["rc/kl_k1"] == pytest.approx(0.9, rel=1e-5)
+    assert m["rc/kl_k3"] == pytest.approx(sum(math.exp(d) - 1 - d for d in EXTREME) / 3, rel=1e-5)
+    assert m["rc/chi2_seq"] == pytest.approx(math.exp(-5.4) - 1, rel=1e-5)
+    assert m["rc/seq_log_ratio_mean"] == pytest.approx(-2.7, rel=1e-5)
+    assert m["rc/is_weight_mean"] == pytest.approx(math.exp(-2.7), rel=1e-5)
+
+
+def test_chi2_seq_of_a_long_biased_batch_is_reported_in_log_space():
+    """Two sequences, one of 400 tokens at log-ratio 0.81 (sum 324): E[rho_seq^2] = (e^648 + 1) / 2, about
+    1e281, far past float32. rc/chi2_seq_log = log of it = 648 - log 2, exactly; rc/chi2_seq (the seed's,
+    each total clamped to 20) stays finite: (e^40 + 1) / 2 - 1."""
+    behav = torch.zeros(2, 400)
+    prox = torch.zeros(2, 400)
+    prox[0] = 0.81
+    mask = torch.zeros(2, 400)
+    mask[0] = 1
+    mask[1, :3] = 1
+    cfg = AlgoConfig(rollout_correction=RolloutCorrectionConfig(weights="sequence", weight_cap=2.0))
+    _, m = policy_objective(prox.clone().requires_grad_(), prox, behav, torch.ones(2, 400), mask, cfg)
+    assert m["rc/chi2_seq_log"] == pytest.approx(648 - math.log(2), rel=1e-5)
+    assert m["rc/chi2_seq"] == pytest.approx((math.exp(40) + 1) / 2 - 1, rel=1e-5)
+    assert math.isfinite(m["rc/chi2_seq"]) and m["rc/chi2_seq"] < 3.4e38

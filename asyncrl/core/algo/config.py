@@ -91,7 +91,7 @@ class AlgoConfig(AlgoSection):
         if loss == "reinforce" and not self.bypass:
             raise ValueError("policy_loss.type='reinforce' needs bypass=true: its IS weight is "
                              "pi_theta / pi_behav, computed on the fly (verl: loss_type=reinforce needs bypass)")
-        if self.bypass and loss in ("ppo_clip", "gspo") and weights != "none":
+        if self.bypass and loss in ("ppo_clip", "gspo", "gspo_token") and weights != "none":
             raise ValueError(f"bypass with policy_loss.type={loss!r}: the ratio already is "
                              "pi_theta / pi_behav, IS weights would count the correction twice; "
                              "set rollout_correction.weights='none'")

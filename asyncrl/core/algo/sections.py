@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-LossType = Literal["ppo_clip", "reinforce", "gspo"]
+LossType = Literal["ppo_clip", "reinforce", "gspo", "gspo_token"]
 LossAggregation = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"]
 ISLevel = Literal["none", "token", "sequence", "geometric"]
 RejectionMode = Literal[
@@ -39,7 +39,10 @@ class PolicyLossConfig(AlgoSection):
     type: LossType = "ppo_clip"
     """"ppo_clip": (decoupled) PPO clipped surrogate; "reinforce": -sg(w) * A * log pi (needs bypass);
     "gspo": the clipped surrogate on the sequence-level geometric-mean ratio s = exp(mean_t (logp - logp_prox))
-    (GSPO; its paper clips s at about 3e-4 / 4e-4: set clip_eps_low / clip_eps_high accordingly)."""
+    and the sequence's mean advantage (GSPO; its paper clips s at about 3e-4 / 4e-4: set clip_eps_low /
+    clip_eps_high accordingly); "gspo_token": GSPO-token, the same sequence ratio clipped against each token's
+    own advantage (its value is s, its gradient flows through each token's log-prob): what token-level
+    advantages (OPD in advantage mode, process rewards) need, where "gspo" averages them away."""
     clip_eps_low: float = Field(0.2, gt=0, lt=1)
     """epsilon_low: the PPO ratio is clipped below at 1 - epsilon_low."""
     clip_eps_high: float = Field(0.2, gt=0)
