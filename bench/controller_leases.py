@@ -33,7 +33,8 @@ def scenario(replicas: int, eta, seconds: float, run_dir: str, **load) -> dict:
            "controller": {"port": 0, "status_port": 0, "eta": eta, "state_store": "none", "max_replicas": 4096}}
     with controller_process(raw) as port:
         result = asyncio.run(run_load(f"127.0.0.1:{port}", Auth(os.environ["ASYNCRL_TOKEN"]), replicas=replicas,
-                                      seconds=seconds, group_size=8, **load))
+                                      seconds=seconds, group_size=8,
+                                      learner_secret=os.environ["ASYNCRL_LEARNER_SECRET"].encode(), **load))
     summary = result.summary()
     summary["admission_exact"] = result.final_admitted == result.granted_trajectories
     return summary
@@ -45,6 +46,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=20.0)
     args = parser.parse_args()
     os.environ.setdefault("ASYNCRL_TOKEN", new_token())
+    os.environ.setdefault("ASYNCRL_LEARNER_SECRET", new_token())
     with tempfile.TemporaryDirectory() as tmp:
         baseline = scenario(args.replicas, 2, args.seconds, f"{tmp}/a", acquire=False, push_every_s=None)
         held = scenario(args.replicas, 2, args.seconds, f"{tmp}/b", push_every_s=1.0)

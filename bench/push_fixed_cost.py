@@ -140,6 +140,7 @@ def push_system(cfg, replicas: int) -> Iterator[tuple[object, Callable[[], None]
 
     # Every service requires a token; the processes spawned below inherit this one.
     os.environ.setdefault("ASYNCRL_TOKEN", new_token())
+    os.environ.setdefault("ASYNCRL_LEARNER_SECRET", new_token())
     ctx = mp.get_context("spawn")
     redis_procs = ProcessGroup(Path(cfg.run_dir) / "logs")
     stop, procs, ports, ready = ctx.Event(), [], ctx.Queue(), ctx.Queue()
@@ -166,7 +167,7 @@ def push_system(cfg, replicas: int) -> Iterator[tuple[object, Callable[[], None]
 
         for _ in range(replicas):
             add_replica()
-        stub = SeatedController(raw_stub)
+        stub = SeatedController(raw_stub, os.environ["ASYNCRL_LEARNER_SECRET"].encode())
         # No status service to challenge here, and nothing else claims the seat: no patience needed.
         stub.take_seat("127.0.0.1:1", patience_s=0.0)
         yield stub, add_replica

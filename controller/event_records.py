@@ -34,6 +34,8 @@ from them one can check that every admission satisfied the staleness bound and t
     much later than due); every replica's silence, lease age and the learner's silence were moved on by it.
 `replica_reachable`: replica_id, address, failed_checks: it answered the controller's challenge at its address
     under its registration's key (after failed_checks that did not); from now on it joins pushes.
+`learner_registered`: address, previous_address, current_version: the learner's seat changed hands.
+`learner_refused`: address, reason: a RegisterLearner without a valid proof of the learner secret.
 `replica_held_back`: replica_id, address, seconds, failures, problem: it sits out pushes for `seconds`
     (`controller.push_backoff_s`, doubling with `failures`) after it could not be reached, never joined a
     push, or never answered the controller's challenge at its address.

@@ -86,11 +86,17 @@ class LearnerSeat:
 
 
 class LearnerSeating:
-    def register_learner(self, address: str) -> LearnerRegistration:
-        """Give the learner's seat to the learner at `address` (`controller.learner_seat`): refused while its
-        holder still answers its challenge (the challenge runs outside the lock), and while it cannot be
-        challenged but still heartbeats."""
+    def register_learner(self, address: str, proof_unix_s: int = 0, seat_proof: bytes = b"",
+                         proof_nonce: bytes = b"") -> LearnerRegistration:  # fmt: skip
+        """Give the learner's seat to the learner at `address` (`controller.learner_seat`): refused without a
+        proof of the learner secret (`asyncrl.core.learner_secret`), while its holder still answers its
+        challenge (the challenge runs outside the lock), and while it cannot be challenged but still
+        heartbeats."""
         with self._cond:
+            refused = self._seat_proofs.check(address, proof_unix_s, seat_proof, proof_nonce)
+            if refused:
+                self.events.write("learner_refused", address=address, reason=refused)
+                raise NotTheLearner(refused)
             holder = self._seat.holder
         answer = self._seat.challenge(holder)
         if answer is Answer.ALIVE:

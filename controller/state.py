@@ -54,6 +54,7 @@ from asyncrl.controller.results import (
 from asyncrl.controller.views import learner_view, replica_view
 from asyncrl.core.config import ControllerConfig
 from asyncrl.core.events import EventSink, NoEvents
+from asyncrl.core.learner_secret import SeatProofs
 from asyncrl.push.coordinator import NEW, PushCoordinator, PushTiming
 from asyncrl.push.plan import PushOffer
 from asyncrl.push.session import PushSession, ReceiverAck, WeightNotifier
@@ -75,6 +76,7 @@ class ControllerState(Admission, LearnerSeating, ReplicaReachability, Liveness):
         notify: WeightNotifier,
         probe=None,
         learner_probe: Probe | None = None,
+        learner_secret: bytes | None = None,
         gone: Callable[[str], bool] | None = None,
         store: ControllerStore | None = None,
         run_id: str = "",
@@ -115,6 +117,9 @@ class ControllerState(Admission, LearnerSeating, ReplicaReachability, Liveness):
         """address -> True when a connection there is refused (the process is gone); None: never dial."""
         self._gone_checks = ReachabilityChecks(self.check_gone, _REACH_WORKERS) if gone is not None else None
         self._seat = LearnerSeat(learner_probe)
+        self._seat_proofs = SeatProofs(learner_secret, wall_clock)
+        """Registrations of a learner must prove the learner secret (`asyncrl.core.learner_secret`); None: any
+        token holder may register (unit tests, `security.insecure`)."""
         self._writer = StateWriter(store or NoStore())
         self.restored = self._restore(self._writer.store.load())
         self._publish_gauges()

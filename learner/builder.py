@@ -22,6 +22,7 @@ from asyncrl.core.config import dump_config
 from asyncrl.core.events import EventLog
 from asyncrl.core.grpc_util import channel as grpc_channel
 from asyncrl.core.grpc_util import wait_for_channel
+from asyncrl.core.learner_secret import resolve_learner_secret
 from asyncrl.core.modeling import load_causal_lm, pad_token_id
 from asyncrl.core.preflight import check_checkpoint
 from asyncrl.core.sampling import SamplingParams
@@ -85,6 +86,7 @@ class Follower:
 
 def build_learner(config) -> Leader | Follower:
     """This rank's part of the learner, its checkpoint (if any) resumed."""
+    learner_secret = resolve_learner_secret(config.security)  # refused before anything loads when missing
     ranks = init_ranks(config.learner.world_size, config.learner.device)
     if config.learner.threads:
         torch.set_num_threads(config.learner.threads)
@@ -113,7 +115,7 @@ def build_learner(config) -> Leader | Follower:
     full_model = model if mirror is None else mirror.module
     auth = resolve_auth(config.security)
     controller = SeatedController(controller_pb2_grpc.ControllerStub(
-        wait_for_channel(config.controller.address, 120, auth, patient=True)))
+        wait_for_channel(config.controller.address, 120, auth, patient=True)), learner_secret)
     teacher = None
     if config.teacher.enabled and config.teacher.annotate:
         teacher = teacher_pb2_grpc.TeacherStub(wait_for_channel(config.teacher.address, 300, auth))

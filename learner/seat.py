@@ -14,6 +14,7 @@ import time
 import grpc
 
 from asyncrl.core.auth import liveness_mac
+from asyncrl.core.learner_secret import new_nonce, seat_proof
 from asyncrl.v1 import controller_pb2
 
 log = logging.getLogger(__name__)
@@ -24,8 +25,10 @@ LEARNER_ONLY = ("BeginWeightPush", "CommitWeightPush", "LearnerHeartbeat", "Rese
 class SeatedController:
     """Wraps a `ControllerStub`: the learner-only calls get the seat's `learner_key`, the others pass through."""
 
-    def __init__(self, stub):
+    def __init__(self, stub, learner_secret: bytes | None = None):
         self._stub = stub
+        self._secret = learner_secret
+        """Proves this process is the run's learner at registration (`asyncrl.core.learner_secret`)."""
         self.key = b""
         """Empty until `take_seat`."""
 
@@ -35,10 +38,9 @@ class SeatedController:
         seat; UNAVAILABLE after `patience_s` of retries while the controller cannot challenge the holder, which
         still heartbeats (the seat passes once that has been silent for controller.heartbeat_timeout_s)."""
         deadline = time.monotonic() + patience_s
-        request = controller_pb2.RegisterLearnerRequest(address=address)
         while True:
             try:
-                reply = self._stub.RegisterLearner(request, timeout=timeout_s)
+                reply = self._stub.RegisterLearner(self._registration(address), timeout=timeout_s)
                 break
             except grpc.RpcError as err:
                 if err.code() != grpc.StatusCode.UNAVAILABLE or time.monotonic() >= deadline:
@@ -48,6 +50,14 @@ class SeatedController:
         self.key = reply.learner_key
         log.info("took the run's learner seat at %s (controller at version %d)", address, reply.current_version)
         return reply.current_version
+
+    def _registration(self, address: str) -> controller_pb2.RegisterLearnerRequest:
+        """A fresh proof for every attempt: the controller takes each one once."""
+        if self._secret is None:
+            return controller_pb2.RegisterLearnerRequest(address=address)
+        issued, nonce = int(time.time()), new_nonce()
+        return controller_pb2.RegisterLearnerRequest(address=address, proof_unix_s=issued, proof_nonce=nonce,
+                                                     seat_proof=seat_proof(self._secret, address, issued, nonce))
 
     def answer(self, challenge: bytes) -> bytes:
         """This learner's answer to a liveness challenge (empty before it holds the seat)."""

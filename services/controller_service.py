@@ -43,6 +43,7 @@ from asyncrl.core.config import AsyncRLConfig
 from asyncrl.core.events import EventLog
 from asyncrl.core.grpc_aio import Wakeup, build_aio_server
 from asyncrl.core.grpc_util import address_refuses, wait_until_stopped
+from asyncrl.core.learner_secret import resolve_learner_secret
 from asyncrl.core.ports import listening
 from asyncrl.core.validation import (
     MAX_COUNT,
@@ -223,7 +224,11 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
     def RegisterLearner(self, request, context):
         def run():
             check_host_port(request.address, "address")
-            seat = self.state.register_learner(request.address)
+            check_range(request.proof_unix_s, 0, MAX_COUNT, "proof_unix_s")
+            require(len(request.seat_proof) <= 64, "seat_proof", f"at most 64 bytes, got {len(request.seat_proof)}")
+            require(len(request.proof_nonce) <= 64, "proof_nonce", f"at most 64 bytes, got {len(request.proof_nonce)}")
+            seat = self.state.register_learner(request.address, request.proof_unix_s, request.seat_proof,
+                                               request.proof_nonce)
             return controller_pb2.RegisterLearnerResponse(learner_key=seat.learner_key,
                                                           current_version=seat.current_version)
 
@@ -315,6 +320,7 @@ def create_server(
         notify=notify or channels.update_weights,
         probe=functools.partial(grpc_liveness_answer, auth=auth) if check_replicas else None,
         learner_probe=functools.partial(grpc_learner_liveness_answer, auth=auth),
+        learner_secret=resolve_learner_secret(config.security),
         gone=address_refuses if check_replicas else None,
         store=make_store(config), run_id=str(run_dir),
     )

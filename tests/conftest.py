@@ -1,7 +1,8 @@
 """Shared fixtures. `tiny_model_dir`: a tiny policy + teacher checkpoint built once per test session.
 
 Every service requires a token on its gRPC calls: the test session sets one in the environment (what the
-services read by default) and `TEST_AUTH` is what in-process test clients send.
+services read by default) and `TEST_AUTH` is what in-process test clients send; likewise the learner secret
+(`TEST_LEARNER_SECRET`).
 
 The checkpoints have the demo's shapes (Qwen2, head size 64, the arith tokenizer) but only a handful of
 warm-start steps, so they build in seconds; tests needing a real checkpoint directory (engines, teacher,
@@ -24,6 +25,10 @@ torch.set_num_threads(1)
 
 os.environ["ASYNCRL_TOKEN"] = os.environ.get("ASYNCRL_TOKEN") or new_token()
 TEST_AUTH = Auth(os.environ["ASYNCRL_TOKEN"])
+# The learner's own secret (`asyncrl.core.learner_secret`): controllers built in tests seat only a learner that
+# proves it; test clients that play the learner pass it to `SeatedController`.
+os.environ["ASYNCRL_LEARNER_SECRET"] = os.environ.get("ASYNCRL_LEARNER_SECRET") or new_token()
+TEST_LEARNER_SECRET = os.environ["ASYNCRL_LEARNER_SECRET"].encode()
 
 TEST_WARMSTART_STEPS = 6
 TEST_TEACHER_STEPS = 12

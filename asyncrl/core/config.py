@@ -230,8 +230,16 @@ class SecurityConfig(Section):
     token_env: str = "ASYNCRL_TOKEN"
     """Environment variable holding the token when `token_file` is empty."""
     insecure: bool = False
-    """Accept and make calls without a token. Without a token and without this, every service refuses to
-    start (an open controller lets anyone on the network steer the run)."""
+    """Accept and make calls without a token (and seat a learner without the learner secret). Without a token
+    and without this, every service refuses to start (an open controller lets anyone on the network steer the
+    run)."""
+    learner_secret_file: str | None = None
+    """File holding the learner's own secret, which only the controller and the learner need: it proves a
+    learner's registration (`Controller.RegisterLearner`), so a process with the shared token alone (a
+    replica's pod, a leaked token) cannot take the run's learner seat when the learner is down. Empty: the
+    environment variable `learner_secret_env`. `asyncrl up` makes one per run."""
+    learner_secret_env: str = "ASYNCRL_LEARNER_SECRET"
+    """Environment variable holding the learner secret when `learner_secret_file` is empty."""
     tls_cert_file: str | None = None
     """PEM certificate every service presents (its name or IP must match the host others dial). With
     `tls_key_file` set, every gRPC server listens with TLS and every client verifies it against `tls_ca_file`.

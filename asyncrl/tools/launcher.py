@@ -28,7 +28,7 @@ from asyncrl.tools.port_plan import REPLICA_PORTS, check_ports, replica_port
 from asyncrl.tools.processes import ProcessGroup, free_port
 from asyncrl.tools.redis_local import start_local_redis
 from asyncrl.tools.run_end import close_learner_log
-from asyncrl.tools.run_secrets import local_redis_password, run_auth
+from asyncrl.tools.run_secrets import local_redis_password, run_auth, run_learner_secret
 from asyncrl.tools.supervisor import Restartable, Supervisor
 
 
@@ -200,6 +200,7 @@ def start_and_supervise(cfg: AsyncRLConfig, group: ProcessGroup) -> int:
     args = ["--config", str(resolved)]
     print(f"[up] run dir {run_dir}  (config: {resolved})", flush=True)
     auth = run_auth(cfg)
+    run_learner_secret(cfg)
     # Everything starts at once: the replicas and the learner wait for the controller themselves, and their
     # start-up (loading torch, transformers and a model) is most of a run's first seconds.
     argv = ["controller", *args]

@@ -22,6 +22,7 @@ import grpc
 
 from asyncrl.core.auth import METADATA_KEY, SCHEME, Auth
 from asyncrl.core.grpc_util import MESSAGE_OPTIONS
+from asyncrl.core.learner_secret import new_nonce, seat_proof
 from asyncrl.v1 import controller_pb2 as pb
 from asyncrl.v1 import controller_pb2_grpc, weights_pb2
 
@@ -67,7 +68,8 @@ class LoadResult:
 
 async def run_load(address: str, auth: Auth, *, replicas: int, seconds: float, group_size: int,
                    heartbeat_interval_s: float = 1.0, push_every_s: float | None = 1.0, work_s: float = 0.05,
-                   wait_s: float = 5.0, acquire: bool = True, leases_per_call: int = 1) -> LoadResult:  # fmt: skip
+                   wait_s: float = 5.0, acquire: bool = True, leases_per_call: int = 1,
+                   learner_secret: bytes | None = None) -> LoadResult:  # fmt: skip
     """Drive `replicas` simulated replicas for `seconds`; returns what was measured. `acquire` False: the
     replicas only heartbeat (a baseline)."""
     metadata = () if auth.token is None else ((METADATA_KEY, SCHEME + auth.token),)
@@ -83,7 +85,7 @@ async def run_load(address: str, auth: Auth, *, replicas: int, seconds: float, g
                                               wait_s, acquire, leases_per_call)) for rid in ids]  # fmt: skip
         tasks.append(asyncio.create_task(_watch_held(stub, result, stop)))
         if push_every_s:
-            tasks.append(asyncio.create_task(_learner(stub, result, stop, push_every_s, ids)))
+            tasks.append(asyncio.create_task(_learner(stub, result, stop, push_every_s, ids, learner_secret)))
         await asyncio.sleep(seconds)
         result.seconds = time.monotonic() - started
         stop.set()
@@ -161,10 +163,14 @@ async def _heartbeats(stub, rid: str, result: LoadResult, stop: asyncio.Event, i
             pass
 
 
-async def _learner(stub, result: LoadResult, stop: asyncio.Event, every_s: float, ids: list[str]) -> None:
+async def _learner(stub, result: LoadResult, stop: asyncio.Event, every_s: float, ids: list[str],
+                   learner_secret: bytes | None) -> None:  # fmt: skip
     spec = weights_pb2.TensorSpec(name="w", shape=[2, 2], dtype="float32")
     # Nothing answers liveness challenges at this address: a real learner can always take the seat back.
-    key = (await stub.RegisterLearner(pb.RegisterLearnerRequest(address="127.0.0.1:1"))).learner_key
+    address, issued, nonce = "127.0.0.1:1", int(time.time()), new_nonce()
+    proof = seat_proof(learner_secret, address, issued, nonce) if learner_secret else b""
+    key = (await stub.RegisterLearner(pb.RegisterLearnerRequest(address=address, proof_unix_s=issued,
+                                                                proof_nonce=nonce, seat_proof=proof))).learner_key
     while True:
         try:
             await asyncio.wait_for(stop.wait(), every_s)

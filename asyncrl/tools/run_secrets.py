@@ -1,5 +1,5 @@
-"""The secrets `asyncrl up` makes for a run when none are configured: the gRPC access token and the password
-of the redis-server it starts. Each is written owner-only into the run directory (so a user's own clients,
+"""The secrets `asyncrl up` makes for a run when none are configured: the gRPC access token, the learner secret
+(`asyncrl.core.learner_secret`) and the password of the redis-server it starts. Each is written owner-only into the run directory (so a user's own clients,
 and `up --resume`, find it) and put into the environment the run's processes inherit."""
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ from pathlib import Path
 from asyncrl.core.auth import Auth, MissingToken, new_token, resolve_auth
 from asyncrl.core.buffer.redis_connection import redis_password
 from asyncrl.core.config import AsyncRLConfig
+from asyncrl.core.learner_secret import MissingLearnerSecret, resolve_learner_secret
 
 
 def run_auth(cfg: AsyncRLConfig) -> Auth:
@@ -24,6 +25,17 @@ def run_auth(cfg: AsyncRLConfig) -> Auth:
         print(f"[up] {'generated the' if made else 'using the'} run's access token: {path} "
               f"(env {cfg.security.token_env})", flush=True)
         return resolve_auth(cfg.security)
+
+
+def run_learner_secret(cfg: AsyncRLConfig) -> None:
+    """With no learner secret configured (and not `security.insecure`) `up` makes one for this run:
+    `<run_dir>/learner-secret`, and the environment variable `security.learner_secret_env`. Its processes run as
+    one user, so every one of them could read it; across hosts only the controller and the learner get it
+    (deploy/)."""
+    try:
+        resolve_learner_secret(cfg.security)
+    except MissingLearnerSecret:
+        os.environ[cfg.security.learner_secret_env], _made = _secret(Path(cfg.run_dir) / "learner-secret")
 
 
 def local_redis_password(cfg: AsyncRLConfig) -> str:

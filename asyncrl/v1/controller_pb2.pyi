@@ -170,10 +170,16 @@ class CompleteLeasesResponse(_message.Message):
     def __init__(self, outcomes: _Optional[_Iterable[_Union[LeaseOutcome, _Mapping]]] = ...) -> None: ...
 
 class RegisterLearnerRequest(_message.Message):
-    __slots__ = ("address",)
+    __slots__ = ("address", "seat_proof", "proof_unix_s", "proof_nonce")
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    SEAT_PROOF_FIELD_NUMBER: _ClassVar[int]
+    PROOF_UNIX_S_FIELD_NUMBER: _ClassVar[int]
+    PROOF_NONCE_FIELD_NUMBER: _ClassVar[int]
     address: str
-    def __init__(self, address: _Optional[str] = ...) -> None: ...
+    seat_proof: bytes
+    proof_unix_s: int
+    proof_nonce: bytes
+    def __init__(self, address: _Optional[str] = ..., seat_proof: _Optional[bytes] = ..., proof_unix_s: _Optional[int] = ..., proof_nonce: _Optional[bytes] = ...) -> None: ...
 
 class RegisterLearnerResponse(_message.Message):
     __slots__ = ("learner_key", "current_version")

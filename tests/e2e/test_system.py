@@ -32,13 +32,14 @@ def asyncrl_up(run_dir: Path, *overrides: str, timeout_s: int, config: Path = DE
     exited 0)."""
     argv = [sys.executable, "-m", "asyncrl.tools.cli", "up", "--config", str(config),
             "--set", f"run_dir={run_dir}", *[a for o in overrides for a in ("--set", o)]]
-    # No token in the environment: `up` makes one for the run (local mode needs no set-up).
-    env = {k: v for k, v in os.environ.items() if k != "ASYNCRL_TOKEN"}
+    # No token and no learner secret in the environment: `up` makes them for the run (local mode needs no set-up).
+    env = {k: v for k, v in os.environ.items() if k not in ("ASYNCRL_TOKEN", "ASYNCRL_LEARNER_SECRET")}
     proc = subprocess.run(argv, check=False, cwd=REPO, capture_output=True, text=True, timeout=timeout_s,
                           env={**env, "PYTHONUNBUFFERED": "1"})
     assert proc.returncode == 0, f"asyncrl up failed ({proc.returncode}):\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
     token = run_dir / "token"
-    assert token.is_file() and token.stat().st_mode & 0o077 == 0 and len(token.read_text().strip()) >= 32
+    for secret in (token, run_dir / "learner-secret"):
+        assert secret.is_file() and secret.stat().st_mode & 0o077 == 0 and len(secret.read_text().strip()) >= 32
     assert "[up] audit OK" in proc.stdout, proc.stdout[-4000:]
     return json.loads((run_dir / "summary.json").read_text())
 

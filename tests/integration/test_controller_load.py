@@ -8,7 +8,7 @@ import asyncio
 from asyncrl.core.events import read_events
 from asyncrl.tools.audit import AuditReport, check_eta
 from asyncrl.tools.lease_load import controller_process, run_load
-from tests.conftest import TEST_AUTH
+from tests.conftest import TEST_AUTH, TEST_LEARNER_SECRET
 
 REPLICAS, SECONDS = 1000, 15.0
 
@@ -18,7 +18,7 @@ def test_a_thousand_held_replicas_leave_heartbeats_responsive_and_admission_exac
            "controller": {"port": 0, "status_port": 0, "eta": 2, "state_store": "none", "max_replicas": 2048}}
     with controller_process(raw) as port:
         result = asyncio.run(run_load(f"127.0.0.1:{port}", TEST_AUTH, replicas=REPLICAS, seconds=SECONDS,
-                                      group_size=8, push_every_s=1.0))
+                                      group_size=8, push_every_s=1.0, learner_secret=TEST_LEARNER_SECRET))
     summary = result.summary()
     print(summary)
     assert result.heartbeat_errors == 0 and result.acquire_errors == 0, summary
@@ -53,7 +53,8 @@ def test_replicas_asking_for_several_leases_per_call_keep_admission_exact(tmp_pa
            "controller": {"port": 0, "status_port": 0, "eta": 1, "state_store": "none"}}
     with controller_process(raw) as port:
         result = asyncio.run(run_load(f"127.0.0.1:{port}", TEST_AUTH, replicas=16, seconds=4.0, group_size=8,
-                                      push_every_s=0.5, wait_s=1.0, leases_per_call=4))
+                                      push_every_s=0.5, wait_s=1.0, leases_per_call=4,
+                                      learner_secret=TEST_LEARNER_SECRET))
     summary = result.summary()
     print(summary)
     assert result.heartbeat_errors == 0 and result.acquire_errors == 0, summary

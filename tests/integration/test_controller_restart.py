@@ -15,7 +15,7 @@ from asyncrl.learner.seat import SeatedController
 from asyncrl.services.controller_service import create_server
 from asyncrl.v1 import controller_pb2 as pb
 from asyncrl.v1 import controller_pb2_grpc, weights_pb2
-from tests.conftest import TEST_AUTH
+from tests.conftest import TEST_AUTH, TEST_LEARNER_SECRET
 from tests.integration.test_controller_service import make_config
 
 
@@ -86,7 +86,7 @@ def begin_request():
 def test_a_push_open_when_the_controller_died_is_refused_at_commit(clean_redis, tmp_path):
     server, port = start(redis_config(clean_redis, tmp_path))
     with grpc_channel(f"127.0.0.1:{port}", TEST_AUTH, patient=True) as ch:
-        stub = SeatedController(controller_pb2_grpc.ControllerStub(ch))
+        stub = SeatedController(controller_pb2_grpc.ControllerStub(ch), TEST_LEARNER_SECRET)
         stub.take_seat("127.0.0.1:1", patience_s=0)
         begun = stub.BeginWeightPush(begin_request())
         stop(server)

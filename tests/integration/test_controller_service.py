@@ -41,7 +41,7 @@ from asyncrl.push.transport.rendezvous import ReceiversMissing
 from asyncrl.services.controller_service import SERVICE_NAME, create_server
 from asyncrl.v1 import controller_pb2 as pb
 from asyncrl.v1 import controller_pb2_grpc, rollout_pb2, rollout_pb2_grpc, weights_pb2
-from tests.conftest import TEST_AUTH
+from tests.conftest import TEST_AUTH, TEST_LEARNER_SECRET
 
 pytestmark = pytest.mark.integration
 
@@ -72,7 +72,7 @@ def controller(tmp_path):
     server.start()
     address = f"127.0.0.1:{port}"
     with grpc_channel(address, TEST_AUTH) as channel:
-        stub = SeatedController(controller_pb2_grpc.ControllerStub(channel))
+        stub = SeatedController(controller_pb2_grpc.ControllerStub(channel), TEST_LEARNER_SECRET)
         # Nothing listens there, so nothing answers its challenges: any learner may take the seat over.
         stub.take_seat("127.0.0.1:1", patience_s=0)
         yield Controller(stub, channel, server.controller_state, address, tmp_path)
@@ -311,7 +311,7 @@ def test_the_seat_stays_with_a_live_learner_and_passes_on_when_it_is_gone(contro
     key; the holder that lost it is refused from its next call on."""
     from asyncrl.services.learner_service import create_server as learner_server
 
-    raw = lambda: SeatedController(controller_pb2_grpc.ControllerStub(controller.channel))
+    raw = lambda: SeatedController(controller_pb2_grpc.ControllerStub(controller.channel), TEST_LEARNER_SECRET)
     first = raw()
     server, port = learner_server(make_config(), seat=first)
     server.start()
@@ -348,7 +348,7 @@ def test_a_learner_out_of_the_controllers_reach_keeps_its_seat_while_it_heartbea
     hung_address = f"127.0.0.1:{hung.getsockname()[1]}"
     try:
         with grpc_channel(f"127.0.0.1:{port}", TEST_AUTH) as channel:
-            first, second = (SeatedController(controller_pb2_grpc.ControllerStub(channel)) for _ in range(2))
+            first, second = (SeatedController(controller_pb2_grpc.ControllerStub(channel), TEST_LEARNER_SECRET) for _ in range(2))
             first.take_seat(hung_address, patience_s=0)
             first.LearnerHeartbeat(pb.LearnerHeartbeatRequest(step=1))
             with pytest.raises(grpc.RpcError) as refused:

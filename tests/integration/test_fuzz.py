@@ -42,7 +42,7 @@ def controller_cases():
         cases.append(("RegisterReplica", c.RegisterReplicaRequest(address=address, engine="torch")))
     for replica_id in ["-x", "a" * 200, "bad id", "x\n", "é", BIG]:
         cases.append(("RegisterReplica", c.RegisterReplicaRequest(address="127.0.0.1:9", replica_id=replica_id)))
-    for version in [-1, I64, 1_000]:
+    for version in [-1, I64]:  # a version ahead of the controller is valid: a resync follows
         cases.append(("RegisterReplica", c.RegisterReplicaRequest(address="127.0.0.1:9", weight_version=version)))
     for engine in ["bad engine", "e" * 300, BIG]:
         cases.append(("RegisterReplica", c.RegisterReplicaRequest(address="127.0.0.1:9", engine=engine)))

@@ -100,3 +100,36 @@ def test_the_seat_survives_a_controller_restart():
     again.check_learner(key)
     with pytest.raises(NotTheLearner):
         again.check_learner(b"k" * 32)
+
+
+def test_the_seat_needs_the_learner_secret_fresh_and_once():
+    """With a learner secret the seat goes only to a registration that proves it: a fresh proof, made with the
+    secret, for that address, never used before. A token holder without the secret is refused even when the
+    seat is empty (a dead learner's), and nothing changes hands."""
+    from asyncrl.core.learner_secret import PROOF_WINDOW_S, seat_proof
+
+    n1, n2 = b"1" * 16, b"2" * 16
+
+    secret, wall = b"s" * 32, [1_800_000_000.0]
+    state = ControllerState(ControllerConfig(eta=0), 8, events=MemoryEvents(), notify=FakeNotifier(),
+                            clock=FakeClock(), learner_secret=secret, wall_clock=lambda: wall[0])
+    now = int(wall[0])
+    with pytest.raises(NotTheLearner, match="seat_proof: missing"):
+        state.register_learner("127.0.0.1:7100")
+    with pytest.raises(NotTheLearner, match="seat_proof: not made"):
+        state.register_learner("127.0.0.1:7100", now, seat_proof(b"x" * 32, "127.0.0.1:7100", now, n1), n1)
+    with pytest.raises(NotTheLearner, match="seat_proof: not made"):  # made for another address
+        state.register_learner("10.0.0.66:6666", now, seat_proof(secret, "127.0.0.1:7100", now, n1), n1)
+    stale = now - int(PROOF_WINDOW_S) - 1
+    with pytest.raises(NotTheLearner, match="proof_unix_s: .* from the controller's clock"):
+        state.register_learner("127.0.0.1:7100", stale, seat_proof(secret, "127.0.0.1:7100", stale, n1), n1)
+    proof = seat_proof(secret, "127.0.0.1:7100", now, n1)
+    with pytest.raises(NotTheLearner, match="seat_proof: not made"):  # the proof of another nonce
+        state.register_learner("127.0.0.1:7100", now, proof, n2)
+    seat = state.register_learner("127.0.0.1:7100", now, proof, n1)
+    state.check_learner(seat.learner_key)
+    with pytest.raises(NotTheLearner, match="seat_proof: already used"):  # a replay of what went by
+        state.register_learner("127.0.0.1:7100", now, proof, n1)
+    state.check_learner(seat.learner_key)  # the seat did not change hands
+    again = state.register_learner("127.0.0.1:7100", now, seat_proof(secret, "127.0.0.1:7100", now, n2), n2)
+    assert again.learner_key != seat.learner_key

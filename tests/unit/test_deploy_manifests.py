@@ -61,6 +61,11 @@ def test_compose_file_follows_the_compose_spec_and_its_commands_are_valid():
         # Secrets from the environment, refused when unset; hardened containers.
         assert "${ASYNCRL_TOKEN:?" in svc["environment"]["ASYNCRL_TOKEN"], name
         assert "${ASYNCRL_REDIS_PASSWORD:?" in svc["environment"]["ASYNCRL_REDIS_PASSWORD"], name
+        # The learner secret seats the learner: the controller and the learner hold it, nobody else.
+        holds = "ASYNCRL_LEARNER_SECRET" in svc["environment"]
+        assert holds == (name in ("controller", "learner")), name
+        if holds:
+            assert "${ASYNCRL_LEARNER_SECRET:?" in svc["environment"]["ASYNCRL_LEARNER_SECRET"], name
         assert svc["read_only"] is True and svc["cap_drop"] == ["ALL"], name
         assert svc["build"]["dockerfile"] == "deploy/docker/Dockerfile"
         assert not svc["image"].endswith(":latest")
@@ -99,9 +104,10 @@ def render_overlay(tmp_path: Path, overlay: str, components: tuple[str, ...] = (
     """The overlay rendered from a copy of deploy/k8s with a generated secrets.env (as make-secrets.sh
     writes it), plus extra components."""
     tree = tmp_path / "k8s"
-    shutil.copytree(DEPLOY / "k8s", tree, ignore=shutil.ignore_patterns("secrets.env"))
+    shutil.copytree(DEPLOY / "k8s", tree, ignore=shutil.ignore_patterns("secrets.env", "learner-secret.env"))
     subprocess.run([str(tree / "make-secrets.sh")], check=True, capture_output=True)
-    assert (tree / "base" / "secrets.env").stat().st_mode & 0o077 == 0  # readable by its owner only
+    for written in ("secrets.env", "learner-secret.env"):
+        assert (tree / "base" / written).stat().st_mode & 0o077 == 0  # readable by its owner only
     target = tree / "overlays" / overlay
     if components:
         kustomization = yaml.safe_load((target / "kustomization.yaml").read_text())
@@ -131,8 +137,9 @@ def test_overlay_renders_valid_hardened_resources(tmp_path, overlay):
     assert names["StatefulSet"] == {"asyncrl-redis"} and "asyncrl-learner" in names["Job"]
     assert {"asyncrl-models", "asyncrl-runs"} <= names["PersistentVolumeClaim"]
     [config_map] = by_kind["ConfigMap"]
-    [secret] = by_kind["Secret"]
-    assert set(secret["data"]) == {"ASYNCRL_TOKEN", "ASYNCRL_REDIS_PASSWORD"}
+    secrets = {s["metadata"]["name"].rsplit("-", 1)[0]: s for s in by_kind["Secret"]}
+    assert set(secrets["asyncrl-secrets"]["data"]) == {"ASYNCRL_TOKEN", "ASYNCRL_REDIS_PASSWORD"}
+    assert set(secrets["asyncrl-learner-secret"]["data"]) == {"ASYNCRL_LEARNER_SECRET"}
     config_file = tmp_path / "config.yaml"
     config_file.write_text(config_map["data"]["config.yaml"])
 
@@ -150,8 +157,11 @@ def test_overlay_renders_valid_hardened_resources(tmp_path, overlay):
             assert sc["allowPrivilegeEscalation"] is False and sc["readOnlyRootFilesystem"] is True, where
             assert sc["capabilities"] == {"drop": ["ALL"]}, where
             assert c["imagePullPolicy"] == "IfNotPresent" and not c["image"].endswith(":latest"), where
-            for ref in c.get("envFrom", []):
-                assert ref["secretRef"]["name"] == secret["metadata"]["name"], where
+            refs = [ref["secretRef"]["name"] for ref in c.get("envFrom", [])]
+            assert set(refs) <= {s["metadata"]["name"] for s in secrets.values()}, where
+            # The learner secret seats the learner: its Secret goes to the controller and the learner alone.
+            holds = secrets["asyncrl-learner-secret"]["metadata"]["name"] in refs
+            assert holds == (c["name"] in ("controller", "learner")), where
             if c in pod["containers"]:
                 assert "livenessProbe" in c and "readinessProbe" in c or c["name"] == "make-model", where
             if c["image"].startswith("asyncrl:") and c.get("args"):
@@ -220,7 +230,7 @@ def test_overlay_renders_valid_hardened_resources(tmp_path, overlay):
 @needs_kustomize
 def test_overlays_refuse_to_render_without_secrets(tmp_path):
     tree = tmp_path / "k8s"
-    shutil.copytree(DEPLOY / "k8s", tree, ignore=shutil.ignore_patterns("secrets.env"))
+    shutil.copytree(DEPLOY / "k8s", tree, ignore=shutil.ignore_patterns("secrets.env", "learner-secret.env"))
     result = subprocess.run([*_kustomize_command(), str(tree / "overlays" / "cpu")], capture_output=True, text=True,
                             check=False)
     assert result.returncode != 0 and "secrets.env" in result.stderr
