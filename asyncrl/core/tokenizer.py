@@ -11,6 +11,7 @@ few calls the project needs.
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
@@ -18,6 +19,7 @@ from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, proce
 PAD, BOS, EOS, UNK = "<pad>", "<bos>", "<eos>", "<unk>"
 SPECIAL_TOKENS = (PAD, BOS, EOS, UNK)
 ARITH_ALPHABET = "0123456789+="
+log = logging.getLogger(__name__)
 
 
 def build_char_tokenizer(alphabet: str = ARITH_ALPHABET) -> Tokenizer:
@@ -61,6 +63,66 @@ def save_tokenizer(tok: Tokenizer, directory: str | Path, model_max_length: int 
     return directory
 
 
+ROUND_TRIP_SAMPLES = (
+    "12+34=46", "Tom has 3 apples and buys 12 more. How many apples?", "  two leading spaces, a tab\tand a line\n",
+    "Hello, World! (parentheses), [brackets]; semi-colons: quotes \"like this\" and 'that'.",
+    "naïve café, Größe, 東京, 😀", "x = f(y) * 2 ** 10 // 3 - 0.5e-3",
+)
+"""Texts a checkpoint's tokenizer must encode exactly as its own tokenizer.json does."""
+
+
+def _raw_ids(raw, text: str) -> list[int]:
+    return raw.encode(text, add_special_tokens=False).ids
+
+
+def _mismatch(tokenizer, raw) -> str:
+    """The first sample `tokenizer` encodes otherwise than `raw` (its tokenizer.json), as a message; "" when none."""
+    for text in ROUND_TRIP_SAMPLES:
+        got, want = list(tokenizer(text, add_special_tokens=False)["input_ids"]), _raw_ids(raw, text)
+        if got != want:
+            return f"{text!r} -> {got[:12]} instead of {want[:12]}"
+    return ""
+
+
+def faithful_tokenizer(tokenizer, path: Path):
+    """`tokenizer` when it encodes as the checkpoint's own tokenizer.json does, else that file loaded as it was
+    written. transformers 5 picks a tokenizer class by model type (Qwen2Tokenizer for `model_type: qwen2`),
+    whose pre-tokenizer can differ from a custom tokenizer.json's: every prompt then gets other ids than the
+    tokenizer was trained on, and nothing fails. ValueError when even the file itself does not round-trip."""
+    from tokenizers import Tokenizer as RawTokenizer
+    from transformers import PreTrainedTokenizerFast
+
+    file = path / "tokenizer.json"
+    if not file.is_file():
+        return tokenizer  # a slow tokenizer's files only: nothing to hold it against
+    raw = RawTokenizer.from_file(str(file))
+    problem = _mismatch(tokenizer, raw)
+    if not problem:
+        return tokenizer
+    log.warning("model.path: %s loads as %s, which encodes otherwise than its tokenizer.json (%s): using the "
+                "tokenizer.json as written (PreTrainedTokenizerFast)", path, type(tokenizer).__name__, problem)
+    exact = PreTrainedTokenizerFast.from_pretrained(str(path))
+    problem = _mismatch(exact, raw)
+    if problem:
+        raise ValueError(f"model.path: the tokenizer of {str(path)!r} does not encode as its own tokenizer.json "
+                         f"({problem})")
+    return exact
+
+
+def check_fits_embedding(tokenizer, path: Path) -> None:
+    """ValueError when the tokenizer has more tokens than the model's embedding has rows (config.json's
+    `vocab_size`): an id past the last row would index outside it."""
+    config = path / "config.json"
+    if not config.is_file():
+        return
+    raw = json.loads(config.read_text())
+    vocab_size = raw.get("vocab_size") or raw.get("text_config", {}).get("vocab_size")
+    if vocab_size and len(tokenizer) > int(vocab_size):
+        raise ValueError(f"model.path: the tokenizer of {str(path)!r} holds {len(tokenizer)} tokens, more than the "
+                         f"model's {vocab_size} embedding rows (config.json vocab_size): ids from {vocab_size} up "
+                         "would index past the embedding")
+
+
 class ModelTokenizer:
     """The policy checkpoint's own tokenizer: its vocabulary, special tokens and chat template, used the same
     way by every process (rollout prompts and rewards, the learner's evaluation, the probe).
@@ -98,6 +160,8 @@ class ModelTokenizer:
             tokenizer = AutoTokenizer.from_pretrained(str(path))
         except (OSError, ValueError, KeyError) as err:
             raise ValueError(f"model.path: cannot load the tokenizer of {str(model_path)!r}: {err}") from None
+        tokenizer = faithful_tokenizer(tokenizer, path)
+        check_fits_embedding(tokenizer, path)
         eos: list[int] = []
         try:
             value = GenerationConfig.from_pretrained(str(path)).eos_token_id

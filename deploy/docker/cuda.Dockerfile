@@ -20,7 +20,7 @@ COPY examples /opt/asyncrl/examples
 # Keeps vLLM's torch (the base image's CUDA build satisfies torch>=2.4); the import check fails the build
 # if the install replaced or broke it.
 RUN python3 -m pip install --no-cache-dir . \
- && python3 -c "import torch, vllm, asyncrl.services.rollout_service, asyncrl.learner.loop; assert torch.version.cuda" \
+ && python3 -I -c "import torch, vllm, asyncrl.services.rollout_service, asyncrl.learner.loop; assert torch.version.cuda" \
  && rm -rf /src
 
 # /models and /runs exist and belong to the user, so a fresh named volume mounted there (compose) is
