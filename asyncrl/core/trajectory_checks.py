@@ -9,6 +9,7 @@ log-prob or a 3e38 reward turns the loss and then every parameter into NaN).
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,6 +19,21 @@ from asyncrl.core.modeling import checkpoint_config
 
 # A log-prob is <= 0; float rounding in another engine's log-softmax may leave a hair above.
 LOGP_TOLERANCE = 1e-4
+
+_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:@/-]{0,255}")
+"""Group, trajectory, replica and lease ids: what the replicas make, nothing a terminal or a page would render
+otherwise (no spaces, controls or unicode)."""
+MAX_PROMPT_INDEX = 1 << 53
+MAX_METADATA_ENTRIES = 64
+MAX_METADATA_KEY = 256
+MAX_METADATA_VALUE = 1 << 20
+MAX_METADATA_BYTES = 4 << 20
+"""The task metadata a group carries (prompt text, expected answer): 1 MiB a value, 4 MiB in all."""
+_HOSTILE_TEXT = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+"""C0/C1 controls but tab and newlines, and the bidi embeddings, overrides and isolates that make text display
+as something else than it is (right-to-left marks, used by real text, stay allowed)."""
+_COMBINING_RUN = re.compile(r"[\u0300-\u036f\u1ab0-\u1aff\u1dc0-\u1dff\u20d0-\u20ff\ufe20-\ufe2f]{33,}")
+"""More than 32 combining marks in a row: no script needs it, text built to overflow a renderer does."""
 
 
 class BadGroup(ValueError):
@@ -64,10 +80,51 @@ def _floats(values, field: str, trajectory: str, upper: float | None) -> None:
         raise BadGroup(f"trajectory {trajectory!r}: {field} holds {array.max():g} > 0 (log-probs are <= 0)")
 
 
+def check_group_fields(group) -> None:
+    """BadGroup naming the first field of `group` outside what a replica writes: ids, the prompt index, the
+    trajectories' group, the metadata's size and text."""
+    if not _ID.fullmatch(group.group_id):
+        raise BadGroup(f"group_id: must be an id of letters, digits and _.:@/- (at most 256), got {_shown(group.group_id)}")
+    for field in ("replica_id", "lease_id"):
+        value = getattr(group, field)
+        if value and not _ID.fullmatch(value):
+            raise BadGroup(f"{field}: must be empty or an id of letters, digits and _.:@/-, got {_shown(value)}")
+    if not 0 <= group.prompt_index <= MAX_PROMPT_INDEX:
+        raise BadGroup(f"prompt_index: must be in [0, {MAX_PROMPT_INDEX}], got {group.prompt_index}")
+    if not math.isfinite(group.created_unix_s) or group.created_unix_s < 0:
+        raise BadGroup(f"created_unix_s: must be a finite time, got {group.created_unix_s}")
+    for t in group.trajectories:
+        if t.group_id != group.group_id or not _ID.fullmatch(t.trajectory_id):
+            raise BadGroup(f"trajectories: {_shown(t.trajectory_id)} is not a trajectory of group {group.group_id!r}")
+    metadata = group.metadata
+    if len(metadata) > MAX_METADATA_ENTRIES:
+        raise BadGroup(f"metadata: at most {MAX_METADATA_ENTRIES} entries, got {len(metadata)}")
+    total = 0
+    for key, value in metadata.items():
+        if not 0 < len(key) <= MAX_METADATA_KEY:
+            raise BadGroup(f"metadata: a key of 1 to {MAX_METADATA_KEY} characters, got {_shown(key)}")
+        if len(value) > MAX_METADATA_VALUE:
+            raise BadGroup(f"metadata[{_shown(key)}]: at most {MAX_METADATA_VALUE} characters, got {len(value)}")
+        total += len(key) + len(value)
+        if total > MAX_METADATA_BYTES:
+            raise BadGroup(f"metadata: more than {MAX_METADATA_BYTES} characters in all")
+        for text, where in ((key, "metadata key"), (value, f"metadata[{_shown(key)}]")):
+            if (found := _HOSTILE_TEXT.search(text)) is not None:
+                raise BadGroup(f"{where}: holds a control or bidi-override character (U+{ord(found.group()):04X})")
+            if _COMBINING_RUN.search(text) is not None:
+                raise BadGroup(f"{where}: holds more than 32 combining marks in a row")
+
+
+def _shown(value: str) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else f"{text[:60]}... ({len(value)} characters)"
+
+
 def check_trajectory_group(group, limits: TrajectoryLimits) -> int:
     """BadGroup naming the first problem of `group` (a TrajectoryGroup) against `limits`; else the newest
     weight version among its tokens (a reader that checks before it knows its current version compares it
     later)."""
+    check_group_fields(group)
     n = len(group.trajectories)
     if n != limits.group_size:
         raise BadGroup(f"trajectories: {n} in the group, expected sampling.group_size = {limits.group_size}")

@@ -63,7 +63,27 @@ POISON = {
     "teacher length": (damage("logp_teacher", [-1.0]), "logp_teacher"),
     "oversized group": (lambda g: g.trajectories.append(g.trajectories[0]), "expected sampling.group_size"),
     "empty group": (lambda g: g.ClearField("trajectories"), "0 in the group"),
+    # What a token holder wrote into a live stream and saw trained (issue: input that is still believed).
+    "most negative prompt index": (lambda g: setattr(g, "prompt_index", -(2**63)), "prompt_index: must be in"),
+    "right-to-left override": (lambda g: g.metadata.update(answer="12\u202e34"), r"metadata\['answer'\]: .*U\+202E"),
+    "NUL in metadata": (lambda g: g.metadata.update(answer="12\x0034"), r"U\+0000"),
+    "2000 combining marks": (lambda g: g.metadata.update(answer="e" + "\u0301" * 2000), "combining marks"),
+    "52 MB of metadata": (lambda g: g.metadata.update({f"k{i}": "x" * (1 << 20) for i in range(52)}),
+                          "metadata: at most 64 entries|more than 4194304 characters"),
+    "one huge metadata value": (lambda g: g.metadata.update(big="x" * ((1 << 20) + 1)), "at most 1048576"),
+    "group id with a newline": (lambda g: setattr(g, "group_id", "g\nforged line"), "group_id: must be an id"),
+    "trajectory of another group": (damage("group_id", "other"), "is not a trajectory of group"),
+    "lease id with spaces": (lambda g: setattr(g, "lease_id", "lease one"), "lease_id: must be empty or an id"),
 }
+
+
+def test_real_text_in_metadata_passes():
+    """Right-to-left marks, combining accents, CJK, emoji, tabs and newlines are text, not attacks."""
+    group = good_group()
+    group.metadata.update(question="مرحبا\u200f بالعالم; Tiê\u0301ng Viê\u0323t; 東京; 😀\tline\nnext",
+                          answer="42", prompt_index_note="x" * 10_000)
+    group.prompt_index, group.replica_id, group.lease_id = 12345, "replica-1", "lease-ab12:3"
+    assert check_trajectory_group(group, LIMITS) == 7
 
 
 @pytest.fixture(params=["lists", "numpy"])
