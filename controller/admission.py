@@ -9,12 +9,15 @@ with `add_waker` fires. Every change that can make a held request admissible wak
 
 from __future__ import annotations
 
+import logging
 import time
 
 from asyncrl.controller import staleness
 from asyncrl.controller.errors import InvalidRequest, PreconditionFailed
 from asyncrl.controller.registry import Replica
 from asyncrl.controller.results import LeaseBatch, LeaseDecision
+
+log = logging.getLogger(__name__)
 
 HOLD_POLL_S = 0.25
 """A held request re-checks at least this often, so an expiry found by lazy reaping (no reaper thread in unit
@@ -87,18 +90,40 @@ class Admission:
 
     def complete(self, replica_id: str, lease_id: str, num_written: int) -> int:
         """Close a lease; the unwritten part of its quota returns. Returns the quota returned."""
+        counted = self._written([lease_id])  # a Redis read: outside the lock
         with self._cond:
             replica = self._registry.get(replica_id)
             self._reap_locked()  # first: a lease past its expiry is expired, whatever the reaper's timing
             self._touch(replica)
-            returned = self._complete_locked(replica_id, lease_id, num_written)
+            returned = self._complete_locked(replica_id, lease_id, num_written, counted.get(lease_id))
             self._changed(wake=returned > 0)
-            return returned
+        self._forget_written([lease_id])
+        return returned
+
+    def _written(self, lease_ids: list[str]) -> dict[str, int]:
+        """Trajectories that reached the buffer under each lease (`asyncrl.core.buffer.lease_writes`); empty when
+        not known (no Redis buffer, Redis unreachable): then the completion's claim stands."""
+        if self._lease_writes is None:
+            return {}
+        try:
+            return dict(zip(lease_ids, self._lease_writes.counts(lease_ids)))
+        except Exception as err:  # noqa: BLE001 - a completion must not fail for a check it cannot make
+            log.warning("could not read what reached the buffer under %d lease(s): %s", len(lease_ids), err)
+            return {}
+
+    def _forget_written(self, lease_ids: list[str]) -> None:
+        if self._lease_writes is None:
+            return
+        try:
+            self._lease_writes.forget(lease_ids)
+        except Exception as err:  # noqa: BLE001 - the counters expire by themselves
+            log.warning("could not drop the write counters of %d lease(s): %s", len(lease_ids), err)
 
     def complete_many(self, replica_id: str, completions: list[tuple[str, int]]) -> list[str]:
         """Close several leases (lease id, num_written), each on its own: per lease "" when it completed, or
         why not (expired, unknown). A malformed completion (another replica's lease, more written than
         leased) raises InvalidRequest naming `completions[i].<field>` before any is applied. One write."""
+        counted = self._written([lease_id for lease_id, _ in completions])  # outside the lock
         with self._cond:
             replica = self._registry.get(replica_id)
             self._reap_locked()
@@ -108,20 +133,26 @@ class Admission:
             outcomes, returned = [], 0
             for i, (lease_id, num_written) in enumerate(completions):
                 try:
-                    returned += self._complete_locked(replica_id, lease_id, num_written)
+                    returned += self._complete_locked(replica_id, lease_id, num_written, counted.get(lease_id))
                     outcomes.append("")
                 except PreconditionFailed as err:
                     outcomes.append(f"completions[{i}].{err}")
             self._changed(wake=returned > 0)
-            return outcomes
+        self._forget_written([lease_id for (lease_id, _), outcome in zip(completions, outcomes) if not outcome])
+        return outcomes
 
     # ---- internals (call with the lock held) ------------------------------------------------------------
 
-    def _complete_locked(self, replica_id: str, lease_id: str, num_written: int) -> int:
+    def _complete_locked(self, replica_id: str, lease_id: str, num_written: int, counted: int | None) -> int:
+        """`counted`: what reached the buffer under the lease (None: not known); the lease counts at most that."""
+        claimed = num_written
+        if counted is not None:
+            num_written = min(num_written, counted)
         lease, returned = self._leases.complete(replica_id, lease_id, num_written)
         self.events.write(
             "lease_completed", lease_id=lease_id, replica_id=replica_id, n=lease.num_trajectories,
             num_written=num_written, returned=returned, admitted_after=self._leases.admitted,
+            **({"claimed": claimed} if claimed != num_written else {}),
         )  # fmt: skip
         return returned
 

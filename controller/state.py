@@ -52,6 +52,7 @@ from asyncrl.controller.results import (
     TimelineReset,
 )
 from asyncrl.controller.views import learner_view, replica_view
+from asyncrl.core.buffer.lease_writes import LeaseWriteCounts
 from asyncrl.core.config import ControllerConfig
 from asyncrl.core.events import EventSink, NoEvents
 from asyncrl.core.learner_secret import SeatProofs
@@ -77,6 +78,7 @@ class ControllerState(Admission, LearnerSeating, ReplicaReachability, Liveness):
         probe=None,
         learner_probe: Probe | None = None,
         learner_secret: bytes | None = None,
+        lease_writes: LeaseWriteCounts | None = None,
         gone: Callable[[str], bool] | None = None,
         store: ControllerStore | None = None,
         run_id: str = "",
@@ -118,6 +120,9 @@ class ControllerState(Admission, LearnerSeating, ReplicaReachability, Liveness):
         self._gone_checks = ReachabilityChecks(self.check_gone, _REACH_WORKERS) if gone is not None else None
         self._seat = LearnerSeat(learner_probe)
         self._seat_proofs = SeatProofs(learner_secret, wall_clock)
+        self._lease_writes = lease_writes
+        """What reached the buffer under each lease: a completion counts at most that (`Admission.complete`);
+        None: the completion's claim stands (unit tests, an in-memory buffer, simulated replicas)."""
         """Registrations of a learner must prove the learner secret (`asyncrl.core.learner_secret`); None: any
         token holder may register (unit tests, `security.insecure`)."""
         self._writer = StateWriter(store or NoStore())

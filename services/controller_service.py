@@ -39,6 +39,8 @@ from asyncrl.controller.persistence import make_store
 from asyncrl.controller.state import ControllerState
 from asyncrl.controller.status_page import StatusPage
 from asyncrl.core.auth import resolve_auth
+from asyncrl.core.buffer.lease_writes import LeaseWriteCounts
+from asyncrl.core.buffer.redis_connection import redis_client
 from asyncrl.core.config import AsyncRLConfig
 from asyncrl.core.events import EventLog
 from asyncrl.core.grpc_aio import Wakeup, build_aio_server
@@ -321,6 +323,7 @@ def create_server(
         probe=functools.partial(grpc_liveness_answer, auth=auth) if check_replicas else None,
         learner_probe=functools.partial(grpc_learner_liveness_answer, auth=auth),
         learner_secret=resolve_learner_secret(config.security),
+        lease_writes=_lease_writes(config) if check_replicas else None,
         gone=address_refuses if check_replicas else None,
         store=make_store(config), run_id=str(run_dir),
     )
@@ -368,6 +371,14 @@ def serve(config: AsyncRLConfig) -> None:
     wait_until_stopped(server, on_stop=lambda: (server.release_held(), page.stop()))
     state.close()
     server.replica_channels.close()
+
+
+def _lease_writes(config: AsyncRLConfig) -> LeaseWriteCounts | None:
+    """The counter of what reached the Redis buffer under each lease, read through the controller's own Redis
+    (None without it: `controller.state_store: none`, or another buffer)."""
+    if config.buffer.type != "redis" or config.controller.state_store != "redis":
+        return None
+    return LeaseWriteCounts(redis_client(config.buffer), config.buffer.stream)
 
 
 def begin_response(session: PushSession) -> controller_pb2.BeginWeightPushResponse:

@@ -8,13 +8,16 @@ import time
 
 import grpc
 import pytest
+import redis
 
 from asyncrl.controller.persistence import StateOfAnotherRun
+from asyncrl.core.buffer.redis_buffer import RedisBuffer
+from asyncrl.core.events import read_events
 from asyncrl.core.grpc_util import channel as grpc_channel
 from asyncrl.learner.seat import SeatedController
 from asyncrl.services.controller_service import create_server
 from asyncrl.v1 import controller_pb2 as pb
-from asyncrl.v1 import controller_pb2_grpc, weights_pb2
+from asyncrl.v1 import controller_pb2_grpc, trajectory_pb2, weights_pb2
 from tests.conftest import TEST_AUTH, TEST_LEARNER_SECRET
 from tests.integration.test_controller_service import make_config
 
@@ -24,6 +27,15 @@ def redis_config(redis_url, run_dir, port=0):
     config.buffer.redis_url = redis_url
     config.run_dir = str(run_dir)
     return config
+
+
+def write_group(redis_url, lease_id: str, n: int = 4) -> None:
+    """What a replica does before completing a lease as written: its group into the buffer (counted under the
+    lease, `asyncrl.core.buffer.lease_writes`)."""
+    buffer = RedisBuffer(redis.Redis.from_url(redis_url), "asyncrl:trajectories", "learner", "test")
+    group_id = f"replica-{lease_id}"
+    buffer.put(trajectory_pb2.TrajectoryGroup(group_id=group_id, lease_id=lease_id, trajectories=[
+        trajectory_pb2.Trajectory(trajectory_id=f"{group_id}/{j}", group_id=group_id) for j in range(n)]))
 
 
 def start(config):
@@ -45,6 +57,7 @@ def test_restarted_controller_continues_and_patient_clients_wait_for_it(clean_re
     leases = [stub.AcquireLease(pb.AcquireLeaseRequest(replica_id=rid, num_trajectories=4, wait_s=0))
               for _ in range(3)]
     assert all(x.granted for x in leases)
+    write_group(clean_redis, leases[0].lease_id)
     stub.CompleteLease(pb.CompleteLeaseRequest(replica_id=rid, lease_id=leases[0].lease_id, num_written=4))
     before = stub.GetStatus(pb.GetStatusRequest())
     stop(server)  # what it told its clients is in Redis already; nothing is flushed on the way out
@@ -66,6 +79,7 @@ def test_restarted_controller_continues_and_patient_clients_wait_for_it(clean_re
         assert (after.current_version, after.admitted) == (before.current_version, before.admitted) == (0, 12)
         assert [r.replica_id for r in after.replicas] == [rid] and after.replicas[0].active_leases == 2
         # The leases granted before the restart complete normally; η still counts them: (0 + 1 + 1) * 8 = 16.
+        write_group(clean_redis, leases[1].lease_id)
         stub.CompleteLease(pb.CompleteLeaseRequest(replica_id=rid, lease_id=leases[1].lease_id, num_written=4))
         assert stub.AcquireLease(pb.AcquireLeaseRequest(replica_id=rid, num_trajectories=4, wait_s=0)).granted
         refused = stub.AcquireLease(pb.AcquireLeaseRequest(replica_id=rid, num_trajectories=4, wait_s=0))
@@ -114,3 +128,36 @@ def test_a_controller_of_another_run_refuses_the_saved_state(clean_redis, tmp_pa
     stop(server)
     with pytest.raises(StateOfAnotherRun, match="controller.state_key"):
         create_server(redis_config(clean_redis, tmp_path / "b"))
+
+
+def test_a_lease_completed_as_written_counts_only_what_reached_the_buffer(clean_redis, tmp_path):
+    """A token holder takes all of η = 1's quota and completes every lease as written without writing: the
+    controller reads the buffer's counters, the quota returns and leases are granted again (before, 24 such
+    calls stalled a run for good). A lease whose group did reach the buffer counts as written."""
+    server, port = start(redis_config(clean_redis, tmp_path))
+    try:
+        with grpc_channel(f"127.0.0.1:{port}", TEST_AUTH) as ch:
+            stub = controller_pb2_grpc.ControllerStub(ch)
+            rid = stub.RegisterReplica(pb.RegisterReplicaRequest(address="127.0.0.1:9", engine="torch")).replica_id
+
+            def take_all():
+                leases = []
+                while (lease := stub.AcquireLease(pb.AcquireLeaseRequest(replica_id=rid, num_trajectories=4,
+                                                                          wait_s=0))).granted:
+                    leases.append(lease)
+                return leases
+
+            stolen = take_all()
+            assert len(stolen) == 4  # (0 + 1 + 1) * 8 / 4
+            stub.CompleteLeases(pb.CompleteLeasesRequest(replica_id=rid, completions=[
+                pb.LeaseCompletion(lease_id=lease.lease_id, num_written=4) for lease in stolen]))
+            assert stub.GetStatus(pb.GetStatusRequest()).admitted == 0  # every claim was empty: all returned
+            honest = take_all()
+            assert len(honest) == 4  # admission went on
+            write_group(clean_redis, honest[0].lease_id)
+            stub.CompleteLease(pb.CompleteLeaseRequest(replica_id=rid, lease_id=honest[0].lease_id, num_written=4))
+            assert stub.GetStatus(pb.GetStatusRequest()).admitted == 16  # its 4 stay counted
+    finally:
+        stop(server)
+    completed = [e for e in read_events(tmp_path, "controller") if e["kind"] == "lease_completed"]
+    assert [(e["num_written"], e.get("claimed")) for e in completed] == [(0, 4)] * 4 + [(4, None)]

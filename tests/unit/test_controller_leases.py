@@ -354,3 +354,45 @@ def test_complete_many_refuses_a_malformed_completion_before_applying_any():
         state.complete_many(a, [(theirs.lease_id, 4), (mine.lease_id, 4)])
     assert events.of_kind("lease_completed") == []  # nothing applied
     assert state.complete_many(a, [(mine.lease_id, 4)]) == [""]
+
+
+class CountedWrites:
+    """What a Redis buffer's counters would hold (`asyncrl.core.buffer.lease_writes`), in memory."""
+
+    def __init__(self):
+        self.written: dict[str, int] = {}
+        self.forgotten: list[str] = []
+
+    def counts(self, lease_ids):
+        return [self.written.get(i, 0) for i in lease_ids]
+
+    def forget(self, lease_ids):
+        self.forgotten += lease_ids
+        for i in lease_ids:
+            self.written.pop(i, None)
+
+
+def test_a_completion_counts_at_most_what_reached_the_buffer():
+    """A token holder completes η = 0's whole quota as written without writing anything: with the counters the
+    controller takes what reached the buffer (nothing), the quota returns and admission goes on; an honest
+    replica's completion is taken as it is, and a claim above the count is cut to it."""
+    from asyncrl.controller.state import ControllerState
+    from asyncrl.core.config import ControllerConfig
+    from tests.fakes import FakeClock, FakeNotifier, MemoryEvents
+
+    writes, events = CountedWrites(), MemoryEvents()
+    state = ControllerState(ControllerConfig(eta=0), 8, events=events, notify=FakeNotifier(), clock=FakeClock(),
+                            lease_writes=writes)
+    rid = state.register("127.0.0.1:7001", "", 0, "torch").replica_id
+    stolen = [state.acquire(rid, 4, 0) for _ in range(2)]
+    assert all(lease.granted for lease in stolen) and not state.acquire(rid, 4, 0).granted
+    for lease in stolen:
+        assert state.complete(rid, lease.lease_id, 4) == 4  # nothing was written: all of it returns
+    assert state.admitted == 0 and state.acquire(rid, 4, 0).granted  # admission goes on
+    completed = events.of_kind("lease_completed")
+    assert [(e["num_written"], e["claimed"], e["returned"]) for e in completed] == [(0, 4, 4)] * 2
+    honest = state.acquire(rid, 4, 0)
+    writes.written[honest.lease_id] = 4
+    assert state.complete(rid, honest.lease_id, 4) == 0 and "claimed" not in events.of_kind("lease_completed")[-1]
+    assert not state.acquire(rid, 4, 0).granted  # 8 admitted: the batch is full at η = 0
+    assert writes.forgotten == [stolen[0].lease_id, stolen[1].lease_id, honest.lease_id]

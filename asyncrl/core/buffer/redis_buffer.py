@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import redis
 
+from asyncrl.core.buffer import lease_writes
 from asyncrl.core.buffer.base import BufferEntry, DeadLetter, TrajectoryBuffer, decode_entry
 from asyncrl.v1 import trajectory_pb2
 
@@ -42,17 +43,25 @@ class RedisBuffer(TrajectoryBuffer):
                 raise
 
     def put(self, group: trajectory_pb2.TrajectoryGroup) -> str:
-        return self._r.xadd(self.stream, _fields(group)).decode()
+        reply = self.put_many([group])[0]
+        if isinstance(reply, Exception):
+            raise reply
+        return reply
 
     def put_many(self, groups: list[trajectory_pb2.TrajectoryGroup]) -> list[str | Exception]:
-        """One pipelined round trip (not a transaction: each XADD stands on its own)."""
+        """One round trip, one transaction: each group's XADD with the count of its trajectories under its
+        lease (`lease_writes`, what the controller checks a completion against). A failed XADD does not undo
+        the others: each group's reply stands on its own."""
         if not groups:
             return []
-        pipe = self._r.pipeline(transaction=False)
+        pipe = self._r.pipeline(transaction=True)
+        positions = []
         for group in groups:
+            positions.append(len(pipe.command_stack))
             pipe.xadd(self.stream, _fields(group))
+            lease_writes.count_in(pipe, self.stream, group)
         replies = pipe.execute(raise_on_error=False)
-        return [reply if isinstance(reply, Exception) else reply.decode() for reply in replies]
+        return [replies[i] if isinstance(replies[i], Exception) else replies[i].decode() for i in positions]
 
     def get(self, max_groups: int, timeout_s: float) -> list[BufferEntry]:
         if max_groups < 1:  # XREADGROUP refuses a COUNT below 1
