@@ -3,7 +3,7 @@
 Rank 0 (the learner side) and `--receivers` receiver processes form ONE group. Per trial:
   raw      : broadcast one flat buffer holding all the model's bytes (the best this group can do);
   push     : asyncrl's path as the learner and the torch engine run it -- the sender's weights live in
-             bucket-shaped storage (`weights.flat.bind_parameters`), so send_weights broadcasts each bucket as
+             bucket-shaped storage (`push.transport.flat.bind_parameters`), so send_weights broadcasts each bucket as
              it is; receivers land every bucket straight in their spare buffers (`receive_weights(into=...)`),
              which an engine then swaps in by pointer;
   push_copy: the path with copies on both ends -- weights in ordinary tensors packed into staging buffers,

@@ -48,7 +48,7 @@ class Replica:
     dead_reason: str = ""
     """Why it was declared dead (the status page shows it); "" while it lives."""
     in_band: bool = False
-    """It follows the broadcast groups it joins (`weights.in_band`): a push that reuses one may reach it
+    """It follows the broadcast groups it joins (`push.in_band`): a push that reuses one may reach it
     through the learner's store instead of an UpdateWeights call."""
 
     def needs_sync(self, current_version: int) -> bool:

@@ -3,9 +3,10 @@ through the controller.
 
 Beyond its bytes, a push costs the hops around them. Ordered by the controller, a push is four gRPC hops
 (Begin; `Rollout.UpdateWeights` to every receiver, answered once its weights are in; Commit, which waits for
-those answers) and a thread per receiver in the controller. Ordered in-band, it is two:
+those answers) and a thread per receiver in the controller. Ordered in-band, it is one:
 
-    learner     BeginWeightPush(in_band) -> controller: the plan, each rank's order MAC, the group's last push
+    learner     (with the previous push's CommitWeightPush(reserve_next)) <- controller: the plan, each rank's
+                order MAC, the group's last push
     learner     order/<group>/after/<last push> := PushOrder           (in its own store)
     member      (waiting on that key since it took the last push) checks its rank's MAC, joins the push: the
                 usual join handshake, so a dead or paused member is still found before the broadcast
@@ -14,11 +15,11 @@ those answers) and a thread per receiver in the controller. Ordered in-band, it 
                 push/<push id>//ack/<rank> of the root), signed under its push key
     learner     waits (bounded) for every rank's ack, CommitWeightPush(acks) -> controller checks each signature
 
-The controller decides per push (`controller.push`): in-band only when the learner offers it, the plan reuses
-a group every member acknowledged and every member registered as following groups. Forming a group, a
-membership change, a resync and any failure take the controller's path. The messages are `PushOrder` and
+The controller decides per push (`push.coordinator`): in-band only for the push it reserves at a commit, for a
+learner that offers it, on a group every member acknowledged and every member registered as following.
+Forming a group, a membership change, a resync and any failure take the controller's path. The messages are `PushOrder` and
 `PushAck` in `weights.proto`. No controller call fails for a member whose process is gone, so the learner
-dials the members that do not join or do not ack (`rendezvous.sender_join`, `collect_acks`: `gone`).
+dials the members that do not join or do not ack (`push.transport.rendezvous.sender_join`, `collect_acks`: `gone`).
 """
 
 from __future__ import annotations

@@ -93,7 +93,7 @@ def push_order_mac(key: bytes, plan, rank: int) -> bytes:
 
 
 def push_ack_mac(key: bytes, push_id: str, rank: int, weight_version: int) -> bytes:
-    """A replica's signature on its acknowledgement of an in-band push (`weights.in_band`; HMAC-SHA256 under its
+    """A replica's signature on its acknowledgement of an in-band push (`push.in_band`; HMAC-SHA256 under its
     push key): the learner relays it, and the controller counts only what the replica itself signed."""
     fields = ("ack", push_id, rank, weight_version)
     return hmac.new(key, "\n".join(map(str, fields)).encode(), "sha256").digest()

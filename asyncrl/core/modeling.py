@@ -207,7 +207,7 @@ def check_weight_metas(model, metas: Iterable[TensorMeta]) -> dict[str, torch.Te
 @torch.no_grad()
 def copy_weights_(targets: dict[str, torch.Tensor], named_tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
     """Copy received tensors into the model tensors `targets` (by name: `check_weight_metas`,
-    `weights.flat.weight_slots`); returns bytes."""
+    `push.transport.flat.weight_slots`); returns bytes."""
     copied = 0
     for name, tensor in named_tensors:
         targets[name].copy_(tensor)

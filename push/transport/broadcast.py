@@ -189,7 +189,7 @@ def make_group(
 def join_push(plan: PushPlan, rank: int, root: TCPStore, join_timeout_s: float | None = None,
               has_group: bool = True, gone: Callable[[int], bool] | None = None) -> PrefixStore:
     """The push's join handshake (`push.transport.rendezvous`) as `rank`; returns the push's store (its keys).
-    `gone`: the sender's check of a receiver that does not join (`rendezvous.sender_join`)."""
+    `gone`: the sender's check of a receiver that does not join (`push.transport.rendezvous.sender_join`)."""
     handshake = push_store(root, plan)
     if rank == 0:
         announce(root, plan.push_id)

@@ -156,7 +156,7 @@ def receiver_join(store, push_id: str, rank: int, timeout_s: float, has_group: b
 
 def forget(store, world_size: int) -> None:
     """Delete a push's handshake keys, so the learner's store does not grow with every push. Only once every
-    receiver answered (`weights.groups` does it once the next push's broadcast is over): the sender's broadcast
+    receiver answered (`push.transport.groups` does it once the next push's broadcast is over): the sender's broadcast
     can end before a slow receiver has read the verdict."""
     for key in [*_ready_keys(world_size), "verdict"]:
         store.delete_key(key)

@@ -1,5 +1,5 @@
 """Staging buffers for packing (sender) and unpacking (receiver) buckets that are not laid out in place:
-reused across pushes, leased per transfer (`weights.transport`)."""
+reused across pushes, leased per transfer (`push.transport.broadcast`)."""
 
 from __future__ import annotations
 

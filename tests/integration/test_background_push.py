@@ -2,7 +2,7 @@
 engines on the tiny model, the learner's `WeightPublisher`. Pushes to unchanged members reuse one broadcast
 group on every rank, the manifest travels once (plans carry its digest), and a background push sends the
 snapshot taken when it started, whatever the next step does to the live weights meanwhile. Every test runs
-twice: with replicas that follow their group (pushes after the first go in-band, `weights.in_band`) and with
+twice: with replicas that follow their group (pushes after the first go in-band, `push.in_band`) and with
 replicas that do not (the controller orders every push)."""
 
 from __future__ import annotations

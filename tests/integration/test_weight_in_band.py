@@ -1,4 +1,4 @@
-"""The in-band order and ack keys (`weights.in_band`) on a real TCPStore in this process."""
+"""The in-band order and ack keys (`push.in_band`) on a real TCPStore in this process."""
 
 import threading
 import time

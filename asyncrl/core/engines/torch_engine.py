@@ -1,7 +1,7 @@
 """The project's own generation engine: an HF causal LM decoded in torch, with in-flight weight updates.
 
 Generation holds the weight lock only for each forward pass (see `torch_decode.StepGuard`). `update_weights`
-runs in another thread: the broadcast lands in a spare set of bucket-shaped buffers (`weights.flat`) while
+runs in another thread: the broadcast lands in a spare set of bucket-shaped buffers (`push.transport.flat`) while
 generation goes on with the live set, then it takes the lock between two decode steps and points the
 parameters at the new buffers -- a pointer swap, so generation pauses for microseconds. (A push whose dtypes
 differ from the model's is staged and copied, casting, instead.) Tokens sampled from a forward after the

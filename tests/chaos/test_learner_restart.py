@@ -1,0 +1,53 @@
+"""A learner restarted the way docker compose and Kubernetes restart it: the same config with a fixed rendezvous
+store port (so the restarted process listens where the dead one did), a fresh process, the replicas left as
+they were, holding weights newer than the checkpoint it resumes from.
+
+Under compose this used to stall a run for good: the first push after the restart failed on the replicas (their
+connection to the store still pointed at the dead process: a broken pipe), and their registrations and
+heartbeats, carrying versions above the reset timeline, were refused once a second for as long as they lived.
+`asyncrl up` restarts a learner on a fresh store port by default, which hid both."""
+
+from __future__ import annotations
+
+import pytest
+
+from asyncrl.core.events import read_events
+from asyncrl.tools.audit import surviving
+from asyncrl.tools.processes import free_port
+from tests.chaos.test_kill import kill
+from tests.run_helpers import demo_args, running_up, wait_for
+
+pytestmark = pytest.mark.chaos
+
+STEPS, SAVE_EVERY = 60, 10
+
+
+def surviving_steps(run_dir) -> int:
+    return sum(e["kind"] == "step" for e in surviving(read_events(run_dir, "learner")))
+
+
+def saved(run_dir, step: int) -> bool:
+    return any(e["kind"] == "checkpoint_saved" and e["step"] == step for e in read_events(run_dir, "learner"))
+
+
+def test_a_learner_restarted_on_its_own_port_behind_the_replicas_finishes_the_run(tmp_path):
+    run_dir = tmp_path / "run"
+    args = demo_args(run_dir, STEPS, "learner.eval_every=0", f"learner.checkpoint.save_every={SAVE_EVERY}",
+                     f"learner.weight_transport.store_port={free_port()}")
+    with running_up(*args) as proc:
+        # Killed well past its checkpoint of step 10: the replicas hold version 15 or so, the checkpoint 10.
+        wait_for(lambda: saved(run_dir, SAVE_EVERY) and surviving_steps(run_dir) >= SAVE_EVERY + 5, 300,
+                 "the checkpoint of step 10 and five steps more")
+        kill(run_dir, "learner")
+        wait_for(lambda: any(e["kind"] == "resumed" for e in read_events(run_dir, "learner")), 300, "the restart")
+        out, _ = proc.communicate(timeout=600)
+    assert proc.returncode == 0, out[-5000:]
+    assert "[up] audit OK" in out, out[-3000:]
+    controller = read_events(run_dir, "controller")
+    (reset,) = [e for e in controller if e["kind"] == "timeline_reset"]
+    assert reset["version"] == SAVE_EVERY and reset["previous_version"] > SAVE_EVERY, reset
+    steps = [e["step"] for e in surviving(read_events(run_dir, "learner")) if e["kind"] == "step"]
+    assert steps == list(range(1, STEPS + 1))
+    # Both replicas took pushes of the new timeline: every push after the reset reached them.
+    after = [e for e in controller[controller.index(reset):] if e["kind"] == "push_committed"]
+    assert after and all(len(e["acked"]) == 2 and not e["dropped"] for e in after[-5:]), after[-5:]
