@@ -41,6 +41,9 @@ def asyncrl_up(run_dir: Path, *overrides: str, timeout_s: int, config: Path = DE
     for secret in (token, run_dir / "learner-secret"):
         assert secret.is_file() and secret.stat().st_mode & 0o077 == 0 and len(secret.read_text().strip()) >= 32
     assert "[up] audit OK" in proc.stdout, proc.stdout[-4000:]
+    # A run that ends, the learner's store with it, leaves no C++ stack trace in any process's log.
+    traced = [log.name for log in (run_dir / "logs").glob("*.log") if "frame #0" in log.read_text(errors="replace")]
+    assert not traced, traced
     return json.loads((run_dir / "summary.json").read_text())
 
 
