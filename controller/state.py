@@ -120,11 +120,11 @@ class ControllerState(Admission, LearnerSeating, ReplicaReachability, Liveness):
         self._gone_checks = ReachabilityChecks(self.check_gone, _REACH_WORKERS) if gone is not None else None
         self._seat = LearnerSeat(learner_probe)
         self._seat_proofs = SeatProofs(learner_secret, wall_clock)
+        """Registrations of a learner must prove the learner secret (`asyncrl.core.learner_secret`); None: any
+        token holder may register (unit tests, `security.insecure`)."""
         self._lease_writes = lease_writes
         """What reached the buffer under each lease: a completion counts at most that (`Admission.complete`);
         None: the completion's claim stands (unit tests, an in-memory buffer, simulated replicas)."""
-        """Registrations of a learner must prove the learner secret (`asyncrl.core.learner_secret`); None: any
-        token holder may register (unit tests, `security.insecure`)."""
         self._writer = StateWriter(store or NoStore())
         self.restored = self._restore(self._writer.store.load())
         self._publish_gauges()
