@@ -152,6 +152,8 @@ class MemoryStore(ControllerStore):
 class RedisStore(ControllerStore):
     def __init__(self, client, key: str):
         self._r, self.key = client, key
+        self.client = client
+        """The Redis connection, for other readers of the buffer's Redis (the lease-write counters)."""
         self._meta, self._leases, self._replicas = f"{key}:meta", f"{key}:leases", f"{key}:replicas"
 
     def load(self) -> SavedState | None:

@@ -35,12 +35,11 @@ import time
 import grpc
 
 from asyncrl.controller.admission import HOLD_POLL_S
-from asyncrl.controller.persistence import make_store
+from asyncrl.controller.persistence import RedisStore, make_store
 from asyncrl.controller.state import ControllerState
 from asyncrl.controller.status_page import StatusPage
 from asyncrl.core.auth import resolve_auth
 from asyncrl.core.buffer.lease_writes import LeaseWriteCounts
-from asyncrl.core.buffer.redis_connection import redis_client
 from asyncrl.core.config import AsyncRLConfig
 from asyncrl.core.events import EventLog
 from asyncrl.core.grpc_aio import Wakeup, build_aio_server
@@ -317,15 +316,16 @@ def create_server(
     run_dir = run_dir or config.run_dir
     events = EventLog(run_dir, "controller")
     channels = ReplicaChannels(auth)
+    store = make_store(config)
     state = ControllerState(
         config.controller, config.learner.batch_size, events=events,
         notify=notify or channels.update_weights,
         probe=functools.partial(grpc_liveness_answer, auth=auth) if check_replicas else None,
         learner_probe=functools.partial(grpc_learner_liveness_answer, auth=auth),
         learner_secret=resolve_learner_secret(config.security),
-        lease_writes=_lease_writes(config) if check_replicas else None,
+        lease_writes=_lease_writes(config, store) if check_replicas else None,
         gone=address_refuses if check_replicas else None,
-        store=make_store(config), run_id=str(run_dir),
+        store=store, run_id=str(run_dir),
     )
     servicer = ControllerServicer(state)
     with listening("controller.port", config.controller.host, config.controller.port):
@@ -373,12 +373,12 @@ def serve(config: AsyncRLConfig) -> None:
     server.replica_channels.close()
 
 
-def _lease_writes(config: AsyncRLConfig) -> LeaseWriteCounts | None:
-    """The counter of what reached the Redis buffer under each lease, read through the controller's own Redis
-    (None without it: `controller.state_store: none`, or another buffer)."""
-    if config.buffer.type != "redis" or config.controller.state_store != "redis":
+def _lease_writes(config: AsyncRLConfig, store) -> LeaseWriteCounts | None:
+    """The counter of what reached the Redis buffer under each lease, read over the controller's own Redis
+    connection (its state store's); None without one (`controller.state_store: none`) or for another buffer."""
+    if config.buffer.type != "redis" or not isinstance(store, RedisStore):
         return None
-    return LeaseWriteCounts(redis_client(config.buffer), config.buffer.stream)
+    return LeaseWriteCounts(store.client, config.buffer.stream)
 
 
 def begin_response(session: PushSession) -> controller_pb2.BeginWeightPushResponse:

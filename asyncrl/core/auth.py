@@ -140,24 +140,31 @@ def _tls(security) -> Tls | None:
     return Tls(pem("tls_cert_file"), pem("tls_key_file"), ca, security.tls_client_auth, security.tls_server_name)
 
 
-def _token(security) -> str | None:
-    if security.token_file:
-        path = Path(security.token_file)
+def read_secret(security, name: str, missing: type[ConfigError], hint: str) -> str | None:
+    """The secret `security.<name>_file` holds, else the environment variable `security.<name>_env` names; None
+    only with `security.insecure`. `missing` (naming the keys, then `hint`) when neither is set, or the file is
+    absent or empty."""
+    file = getattr(security, f"{name}_file")
+    if file:
+        path = Path(file)
         if not path.is_file():
-            raise MissingToken(f"security.token_file: {path} does not exist")
-        token = path.read_text().strip()
-        if not token:
-            raise MissingToken(f"security.token_file: {path} is empty")
-        return token
-    token = os.environ.get(security.token_env, "").strip()
-    if token:
-        return token
+            raise missing(f"security.{name}_file: {path} does not exist")
+        secret = path.read_text().strip()
+        if not secret:
+            raise missing(f"security.{name}_file: {path} is empty")
+        return secret
+    env = getattr(security, f"{name}_env")
+    secret = os.environ.get(env, "").strip()
+    if secret:
+        return secret
     if security.insecure:
         return None
-    raise MissingToken(
-        f"no token: set security.token_file or the environment variable {security.token_env} (asyncrl up "
-        "generates one per run), or security.insecure: true to accept unauthenticated calls"
-    )
+    raise missing(f"no {name.replace('_', ' ')}: set security.{name}_file or the environment variable {env} {hint}")
+
+
+def _token(security) -> str | None:
+    return read_secret(security, "token", MissingToken,
+                       "(asyncrl up generates one per run), or security.insecure: true to accept unauthenticated calls")
 
 
 def _abort(code: grpc.StatusCode, message: str):

@@ -13,11 +13,10 @@ on the wire cannot be replayed.
 from __future__ import annotations
 
 import hmac
-import os
 import secrets
 import time
-from pathlib import Path
 
+from asyncrl.core.auth import read_secret
 from asyncrl.core.preflight import ConfigError
 
 PROOF_WINDOW_S = 120.0
@@ -31,24 +30,10 @@ class MissingLearnerSecret(ConfigError):
 def resolve_learner_secret(security) -> bytes | None:
     """The learner secret of `security` (a SecurityConfig): the file, else the environment variable; None only
     with `security.insecure` (then any token holder may take the seat, as before the secret existed)."""
-    if security.learner_secret_file:
-        path = Path(security.learner_secret_file)
-        if not path.is_file():
-            raise MissingLearnerSecret(f"security.learner_secret_file: {path} does not exist")
-        secret = path.read_text().strip()
-        if not secret:
-            raise MissingLearnerSecret(f"security.learner_secret_file: {path} is empty")
-        return secret.encode()
-    secret = os.environ.get(security.learner_secret_env, "").strip()
-    if secret:
-        return secret.encode()
-    if security.insecure:
-        return None
-    raise MissingLearnerSecret(
-        f"no learner secret: set security.learner_secret_file or the environment variable "
-        f"{security.learner_secret_env} on the controller and the learner (asyncrl up makes one per run; "
-        "deploy/ gives it to those two only), or security.insecure: true"
-    )
+    secret = read_secret(security, "learner_secret", MissingLearnerSecret,
+                         "on the controller and the learner (asyncrl up makes one per run; deploy/ gives it to "
+                         "those two only), or security.insecure: true")
+    return None if secret is None else secret.encode()
 
 
 def seat_proof(secret: bytes, address: str, issued_unix_s: int, nonce: bytes) -> bytes:

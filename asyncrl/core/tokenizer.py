@@ -71,14 +71,10 @@ ROUND_TRIP_SAMPLES = (
 """Texts a checkpoint's tokenizer must encode exactly as its own tokenizer.json does."""
 
 
-def _raw_ids(raw, text: str) -> list[int]:
-    return raw.encode(text, add_special_tokens=False).ids
-
-
 def _mismatch(tokenizer, raw) -> str:
     """The first sample `tokenizer` encodes otherwise than `raw` (its tokenizer.json), as a message; "" when none."""
     for text in ROUND_TRIP_SAMPLES:
-        got, want = list(tokenizer(text, add_special_tokens=False)["input_ids"]), _raw_ids(raw, text)
+        got, want = list(tokenizer(text, add_special_tokens=False)["input_ids"]), raw.encode(text, add_special_tokens=False).ids
         if got != want:
             return f"{text!r} -> {got[:12]} instead of {want[:12]}"
     return ""
@@ -112,11 +108,9 @@ def faithful_tokenizer(tokenizer, path: Path):
 def check_fits_embedding(tokenizer, path: Path) -> None:
     """ValueError when the tokenizer has more tokens than the model's embedding has rows (config.json's
     `vocab_size`): an id past the last row would index outside it."""
-    config = path / "config.json"
-    if not config.is_file():
-        return
-    raw = json.loads(config.read_text())
-    vocab_size = raw.get("vocab_size") or raw.get("text_config", {}).get("vocab_size")
+    from asyncrl.core.modeling import checkpoint_config
+
+    vocab_size = checkpoint_config(path).get("vocab_size")
     if vocab_size and len(tokenizer) > int(vocab_size):
         raise ValueError(f"model.path: the tokenizer of {str(path)!r} holds {len(tokenizer)} tokens, more than the "
                          f"model's {vocab_size} embedding rows (config.json vocab_size): ids from {vocab_size} up "

@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from asyncrl.core.modeling import checkpoint_config
+from asyncrl.core.validation import shown
 
 # A log-prob is <= 0; float rounding in another engine's log-softmax may leave a hair above.
 LOGP_TOLERANCE = 1e-4
@@ -84,40 +85,35 @@ def check_group_fields(group) -> None:
     """BadGroup naming the first field of `group` outside what a replica writes: ids, the prompt index, the
     trajectories' group, the metadata's size and text."""
     if not _ID.fullmatch(group.group_id):
-        raise BadGroup(f"group_id: must be an id of letters, digits and _.:@/- (at most 256), got {_shown(group.group_id)}")
+        raise BadGroup(f"group_id: must be an id of letters, digits and _.:@/- (at most 256), got {shown(group.group_id)}")
     for field in ("replica_id", "lease_id"):
         value = getattr(group, field)
         if value and not _ID.fullmatch(value):
-            raise BadGroup(f"{field}: must be empty or an id of letters, digits and _.:@/-, got {_shown(value)}")
+            raise BadGroup(f"{field}: must be empty or an id of letters, digits and _.:@/-, got {shown(value)}")
     if not 0 <= group.prompt_index <= MAX_PROMPT_INDEX:
         raise BadGroup(f"prompt_index: must be in [0, {MAX_PROMPT_INDEX}], got {group.prompt_index}")
     if not math.isfinite(group.created_unix_s) or group.created_unix_s < 0:
         raise BadGroup(f"created_unix_s: must be a finite time, got {group.created_unix_s}")
     for t in group.trajectories:
         if t.group_id != group.group_id or not _ID.fullmatch(t.trajectory_id):
-            raise BadGroup(f"trajectories: {_shown(t.trajectory_id)} is not a trajectory of group {group.group_id!r}")
+            raise BadGroup(f"trajectories: {shown(t.trajectory_id)} is not a trajectory of group {group.group_id!r}")
     metadata = group.metadata
     if len(metadata) > MAX_METADATA_ENTRIES:
         raise BadGroup(f"metadata: at most {MAX_METADATA_ENTRIES} entries, got {len(metadata)}")
     total = 0
     for key, value in metadata.items():
         if not 0 < len(key) <= MAX_METADATA_KEY:
-            raise BadGroup(f"metadata: a key of 1 to {MAX_METADATA_KEY} characters, got {_shown(key)}")
+            raise BadGroup(f"metadata: a key of 1 to {MAX_METADATA_KEY} characters, got {shown(key)}")
         if len(value) > MAX_METADATA_VALUE:
-            raise BadGroup(f"metadata[{_shown(key)}]: at most {MAX_METADATA_VALUE} characters, got {len(value)}")
+            raise BadGroup(f"metadata[{shown(key)}]: at most {MAX_METADATA_VALUE} characters, got {len(value)}")
         total += len(key) + len(value)
         if total > MAX_METADATA_BYTES:
             raise BadGroup(f"metadata: more than {MAX_METADATA_BYTES} characters in all")
-        for text, where in ((key, "metadata key"), (value, f"metadata[{_shown(key)}]")):
+        for text, where in ((key, "metadata key"), (value, f"metadata[{shown(key)}]")):
             if (found := _HOSTILE_TEXT.search(text)) is not None:
                 raise BadGroup(f"{where}: holds a control or bidi-override character (U+{ord(found.group()):04X})")
             if _COMBINING_RUN.search(text) is not None:
                 raise BadGroup(f"{where}: holds more than 32 combining marks in a row")
-
-
-def _shown(value: str) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else f"{text[:60]}... ({len(value)} characters)"
 
 
 def check_trajectory_group(group, limits: TrajectoryLimits) -> int:

@@ -213,6 +213,10 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     os.environ[LOG_LEVEL_ENV] = args.log_level  # the processes `up` starts inherit it
+    # torch.distributed's C++ warnings (a socket poll that timed out, a peer's store gone at the end of a run)
+    # come with a stack trace of twenty frames each: errors only, unless set. Read when torch loads, which no
+    # command has done yet; every service, local or in a container, starts here.
+    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
         return int(args.fn(args) or 0)

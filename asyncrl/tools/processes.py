@@ -69,10 +69,7 @@ class ProcessGroup:
 
     def start(self, name: str, argv: list[str], env: dict | None = None) -> Child:
         log_path = self.log_dir / f"{name}.log"
-        # TORCH_CPP_LOG_LEVEL=ERROR unless set: torch.distributed's C++ warnings (a socket poll that timed out, a
-        # peer's store gone at the end of a run) come with a stack trace of twenty frames each, in every log.
-        full_env = {**os.environ, "PYTHONUNBUFFERED": "1",
-                    "TORCH_CPP_LOG_LEVEL": os.environ.get("TORCH_CPP_LOG_LEVEL", "ERROR"), **(env or {})}
+        full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
         # The child keeps its own copy of the log descriptor; ours closes right away.
         with open(log_path, "ab") as log_file:
             # Own session: Ctrl-C in the terminal reaches the launcher only, which stops children in order.

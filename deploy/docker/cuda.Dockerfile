@@ -29,8 +29,7 @@ RUN useradd --uid 10001 --user-group --create-home --home-dir /home/asyncrl asyn
  && mkdir -p /models /runs && chown asyncrl:asyncrl /models /runs
 USER 10001:10001
 WORKDIR /home/asyncrl
-# torch.distributed's C++ warnings carry a stack trace each (a store gone at the end of a run): errors only.
-ENV HOME=/home/asyncrl MPLCONFIGDIR=/tmp/matplotlib TORCH_CPP_LOG_LEVEL=ERROR
+ENV HOME=/home/asyncrl MPLCONFIGDIR=/tmp/matplotlib
 
 HEALTHCHECK --interval=15s --timeout=10s --start-period=300s --retries=3 CMD ["asyncrl", "health"]
 ENTRYPOINT ["asyncrl"]

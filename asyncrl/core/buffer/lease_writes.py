@@ -17,14 +17,12 @@ def key(stream: str, lease_id: str) -> str:
     return f"{stream}:written:{lease_id}"
 
 
-def count_in(pipe, stream: str, group) -> int:
-    """Queue, on the transaction `pipe` holding the group's XADD, the count of its trajectories under its lease;
-    returns how many commands were queued (0 for a group without a lease)."""
-    if not group.lease_id:
-        return 0
-    pipe.incrby(key(stream, group.lease_id), len(group.trajectories))
-    pipe.expire(key(stream, group.lease_id), TTL_S)
-    return 2
+def count_in(pipe, stream: str, group) -> None:
+    """Queue, on the transaction `pipe` holding the group's XADD, the count of its trajectories under its lease
+    (nothing for a group without a lease)."""
+    if group.lease_id:
+        pipe.incrby(key(stream, group.lease_id), len(group.trajectories))
+        pipe.expire(key(stream, group.lease_id), TTL_S)
 
 
 class LeaseWriteCounts:
