@@ -1,10 +1,9 @@
-"""Admission: the part of `ControllerState` that grants leases under the staleness bound, holds requests that
-must wait, and takes leases back (a mixin: it shares the state's lock, books and clock).
+"""Admission: the part of `ControllerState` that grants leases under the staleness bound, counts the requests
+held for one, and takes leases back. It works on the state's books (`controller.books`).
 
-A request the η rule (or a replica's missing weights) forbids is held: a thread in `acquire` waits on the
-state's condition; the gRPC edge holds without a thread, calling `try_acquire` whenever a waker registered
-with `add_waker` fires. Every change that can make a held request admissible wakes both (see
-`ControllerState._changed`).
+A request the η rule (or a replica's missing weights) forbids is held without a thread: a coroutine
+(`controller.held_request.hold`) calls `try_acquire` again whenever a waker registered with `add_waker` fires.
+Every change that can make a held request admissible wakes the wakers (`StateBooks.changed`).
 """
 
 from __future__ import annotations
@@ -13,42 +12,23 @@ import logging
 import time
 
 from asyncrl.controller import staleness
+from asyncrl.controller.books import StateBooks
 from asyncrl.controller.errors import InvalidRequest, PreconditionFailed
+from asyncrl.controller.liveness import Liveness
 from asyncrl.controller.registry import Replica
 from asyncrl.controller.results import LeaseBatch, LeaseDecision
+from asyncrl.core.buffer.lease_writes import LeaseWriteCounts
 
 log = logging.getLogger(__name__)
 
-HOLD_POLL_S = 0.25
-"""A held request re-checks at least this often, so an expiry found by lazy reaping (no reaper thread in unit
-tests) still releases it."""
-
 
 class Admission:
-    def acquire(self, replica_id: str, num_trajectories: int, wait_s: float) -> LeaseDecision:
-        """Grant a lease now, or hold (this thread) up to min(wait_s, max_hold_s) until it becomes admissible.
-        The gRPC edge holds without a thread: `try_acquire` on every wake-up (`add_waker`)."""
-        started = time.monotonic()
-        deadline = started + self.hold_limit(wait_s)
-        held = False
-        with self._cond:
-            replica = self._registry.get(replica_id)
-            try:
-                self._reap_locked()
-                self._touch(replica)
-                while True:
-                    decision = self._decide(replica, num_trajectories, started, time.monotonic() >= deadline)
-                    if decision is not None:
-                        return decision
-                    if not held:
-                        held = True
-                        self._count_held(+1)
-                    self._cond.wait(min(deadline - time.monotonic(), HOLD_POLL_S))
-                    self._reap_locked()
-            finally:
-                if held:
-                    self._count_held(-1)
-                self.metrics.lease_hold_seconds.observe(time.monotonic() - started)
+    def __init__(self, books: StateBooks, liveness: Liveness, lease_writes: LeaseWriteCounts | None):
+        self._books = books
+        self._liveness = liveness
+        self._lease_writes = lease_writes
+        """What reached the buffer under each lease: a completion counts at most that (`complete`); None: the
+        completion's claim stands (unit tests, an in-memory buffer, simulated replicas)."""
 
     def try_acquire(self, replica_id: str, num_trajectories: int, started: float, final: bool,
                     first: bool = True) -> LeaseDecision | None:
@@ -62,41 +42,50 @@ class Admission:
         """`try_acquire` for up to `max_leases` leases: the first decided as `try_acquire` decides it, more only
         while each is admissible at once (the η rule is checked lease by lease). A refusal (no lease, its
         reason) only when `final`; else None while the first must wait."""
-        with self._cond:
-            replica = self._registry.get(replica_id)
-            self._reap_locked()
+        with self._books.cond:
+            replica = self._books.registry.get(replica_id)
+            self._liveness.reap_locked()
             if first:
                 # Its arrival is a sign of life; looking at it again later is not (the replica may have hung
                 # since: it heartbeats on a thread of its own meanwhile, or not at all).
-                self._touch(replica)
+                self._liveness.touch(replica)
             return self._decide_many(replica, num_trajectories, max_leases, started, final)
 
     def hold_limit(self, wait_s: float) -> float:
         """How long a request asking to wait `wait_s` is held at most."""
-        return min(max(wait_s, 0.0), self.config.max_hold_s)
+        return min(max(wait_s, 0.0), self._books.config.max_hold_s)
 
-    def holding(self, started: float | None) -> None:
-        """Count a request the caller starts holding (`started` None) or stopped holding (when it arrived)."""
-        with self._cond:
-            self._count_held(+1 if started is None else -1)
-        if started is not None:
-            self.metrics.lease_hold_seconds.observe(time.monotonic() - started)
+    def holding(self, delta: int) -> None:
+        """Count a request the caller starts (+1) or stops (-1) holding."""
+        books = self._books
+        with books.cond:
+            books.held += delta
+            books.metrics.held_requests.set(books.held)
+
+    def answered(self, started: float) -> None:
+        """A lease request that arrived at `started` (time.monotonic) got its answer, held or not."""
+        self._books.metrics.lease_hold_seconds.observe(time.monotonic() - started)
 
     def add_waker(self, wake) -> None:
         """Call `wake()` (from any thread, under the lock: it must only schedule) whenever a held request may
         have become admissible."""
-        with self._cond:
-            self._wakers.append(wake)
+        with self._books.cond:
+            self._books.wakers.append(wake)
+
+    def remove_waker(self, wake) -> None:
+        with self._books.cond:
+            self._books.wakers.remove(wake)
 
     def complete(self, replica_id: str, lease_id: str, num_written: int) -> int:
         """Close a lease; the unwritten part of its quota returns. Returns the quota returned."""
+        books = self._books
         counted = self._written([lease_id])  # a Redis read: outside the lock
-        with self._cond:
-            replica = self._registry.get(replica_id)
-            self._reap_locked()  # first: a lease past its expiry is expired, whatever the reaper's timing
-            self._touch(replica)
+        with books.cond:
+            replica = books.registry.get(replica_id)
+            self._liveness.reap_locked()  # first: a lease past its expiry is expired, whatever the reaper's timing
+            self._liveness.touch(replica)
             returned = self._complete_locked(replica_id, lease_id, num_written, counted.get(lease_id))
-            self._changed(wake=returned > 0)
+            books.changed(wake=returned > 0)
         self._forget_written([lease_id])
         return returned
 
@@ -123,13 +112,14 @@ class Admission:
         """Close several leases (lease id, num_written), each on its own: per lease "" when it completed, or
         why not (expired, unknown). A malformed completion (another replica's lease, more written than
         leased) raises InvalidRequest naming `completions[i].<field>` before any is applied. One write."""
+        books = self._books
         counted = self._written([lease_id for lease_id, _ in completions])  # outside the lock
-        with self._cond:
-            replica = self._registry.get(replica_id)
-            self._reap_locked()
-            self._touch(replica)
+        with books.cond:
+            replica = books.registry.get(replica_id)
+            self._liveness.reap_locked()
+            self._liveness.touch(replica)
             for i, (lease_id, num_written) in enumerate(completions):
-                self._leases.check_completion(replica_id, lease_id, num_written, prefix=f"completions[{i}].")
+                books.leases.check_completion(replica_id, lease_id, num_written, prefix=f"completions[{i}].")
             outcomes, returned = [], 0
             for i, (lease_id, num_written) in enumerate(completions):
                 try:
@@ -137,7 +127,7 @@ class Admission:
                     outcomes.append("")
                 except PreconditionFailed as err:
                     outcomes.append(f"completions[{i}].{err}")
-            self._changed(wake=returned > 0)
+            books.changed(wake=returned > 0)
         self._forget_written([lease_id for (lease_id, _), outcome in zip(completions, outcomes) if not outcome])
         return outcomes
 
@@ -145,49 +135,45 @@ class Admission:
 
     def _complete_locked(self, replica_id: str, lease_id: str, num_written: int, counted: int | None) -> int:
         """`counted`: what reached the buffer under the lease (None: not known); the lease counts at most that."""
+        books = self._books
         claimed = num_written
         if counted is not None:
             num_written = min(num_written, counted)
-        lease, returned = self._leases.complete(replica_id, lease_id, num_written)
-        self.events.write(
+        lease, returned = books.leases.complete(replica_id, lease_id, num_written)
+        books.events.write(
             "lease_completed", lease_id=lease_id, replica_id=replica_id, n=lease.num_trajectories,
-            num_written=num_written, returned=returned, admitted_after=self._leases.admitted,
+            num_written=num_written, returned=returned, admitted_after=books.leases.admitted,
             **({"claimed": claimed} if claimed != num_written else {}),
         )  # fmt: skip
         return returned
 
-    def _decide(self, replica: Replica, n: int, started: float, final: bool) -> LeaseDecision | None:
-        return _one(self._decide_many(replica, n, 1, started, final))
-
     def _decide_many(self, replica: Replica, n: int, max_leases: int, started: float,
                      final: bool) -> LeaseBatch | None:
-        if n > self.batch_size:
+        books = self._books
+        if n > books.batch_size:
             # Larger than B could starve forever under η = 0; one lease is one group and G divides B.
-            raise InvalidRequest("num_trajectories", f"must be <= batch_size ({self.batch_size}), got {n}")
+            raise InvalidRequest("num_trajectories", f"must be <= batch_size ({books.batch_size}), got {n}")
         reason = self._refusal(replica, n)
         held_s = time.monotonic() - started
         if reason is not None:
-            return LeaseBatch([], reason, self._current_version, held_s) if final else None
-        now = self._clock()
+            return LeaseBatch([], reason, books.current_version, held_s) if final else None
+        now = books.clock()
         granted = []  # (lease, N_r right after it): what the η rule admitted it against
         while reason is None:
-            lease = self._leases.grant(replica.replica_id, n, self._current_version, now)
-            granted.append((lease, self._leases.admitted))
+            lease = books.leases.grant(replica.replica_id, n, books.current_version, now)
+            granted.append((lease, books.leases.admitted))
             if len(granted) == max_leases:
                 break  # all asked for: no reason to give, and no rule to check for a lease nobody wants
             reason = self._refusal(replica, n)
         # One write for all of them, before the answer and the events: a restart knows every lease it granted.
-        self._persist()
+        books.persist()
         decisions = [self._announce(replica, lease, admitted, now, held_s) for lease, admitted in granted]
-        return LeaseBatch(decisions, reason or "", self._current_version, held_s)
-
-    def _count_held(self, delta: int) -> None:
-        self._held += delta
-        self.metrics.held_requests.set(self._held)
+        return LeaseBatch(decisions, reason or "", books.current_version, held_s)
 
     def _refusal(self, replica: Replica, n: int) -> str | None:
         """Why a lease of n for this replica cannot be granted now (None = it can)."""
-        current = self._current_version
+        books = self._books
+        current = books.current_version
         if not replica.alive:
             return f"replica {replica.replica_id!r} was declared dead; register again"
         if replica.needs_sync(current):
@@ -195,26 +181,27 @@ class Admission:
                 "its last push failed" if replica.force_sync else f"it holds version {replica.weight_version}"
             )
             return f"replica needs a weight sync to version {current} ({why})"
-        if not staleness.admissible(self._leases.admitted, n, self.batch_size, current, self.eta):
-            limit = staleness.max_admissible(current, self.batch_size, self.eta)
+        if not staleness.admissible(books.leases.admitted, n, books.batch_size, current, books.eta):
+            limit = staleness.max_admissible(current, books.batch_size, books.eta)
             return (
-                f"staleness bound: N_r would reach {self._leases.admitted + n} > (i+eta+1)*B = {limit} "
-                f"(i={current}, eta={self.eta}, B={self.batch_size}); waiting for version {current + 1}"
+                f"staleness bound: N_r would reach {books.leases.admitted + n} > (i+eta+1)*B = {limit} "
+                f"(i={current}, eta={books.eta}, B={books.batch_size}); waiting for version {current + 1}"
             )
         return None
 
     def _announce(self, replica: Replica, lease, admitted_after: int, now: float, held_s: float) -> LeaseDecision:
         """The event, metrics and answer of a lease granted (and persisted) at `now`, which brought N_r to
         `admitted_after`."""
+        books = self._books
         n = lease.num_trajectories
-        self.events.write(
+        books.events.write(
             "lease_granted", lease_id=lease.lease_id, replica_id=replica.replica_id, n=n,
-            admitted_after=admitted_after, version=lease.version, eta=self.eta,
-            batch_size=self.batch_size, prompt_index=lease.prompt_index, held_s=held_s,
+            admitted_after=admitted_after, version=lease.version, eta=books.eta,
+            batch_size=books.batch_size, prompt_index=lease.prompt_index, held_s=held_s,
         )  # fmt: skip
-        self.metrics.leases_granted.inc()
-        self._publish_gauges()
-        expires_unix_s = self._wall() + (lease.expires_at - now)
+        books.metrics.leases_granted.inc()
+        books.publish_gauges()
+        expires_unix_s = books.wall() + (lease.expires_at - now)
         return LeaseDecision(
             True, lease.version, lease.lease_id, lease.prompt_index, expires_unix_s, "", held_s
         )

@@ -3,7 +3,7 @@
 Kept free of grpc so the logic stays testable without a server: `InvalidRequest` becomes INVALID_ARGUMENT
 (the request itself is wrong: more written than leased), `UnknownReplica` NOT_FOUND, `RegistryFull`
 RESOURCE_EXHAUSTED, `ReplicaIdInUse` and `LearnerSeatTaken` ALREADY_EXISTS, `LearnerSeatUnconfirmed` UNAVAILABLE
-(retry later), `NotTheLearner` PERMISSION_DENIED,
+(retry later), `NotTheLearner` PERMISSION_DENIED, `ControllerStopping` UNAVAILABLE (ask the next controller),
 `PreconditionFailed` becomes FAILED_PRECONDITION (the request is well formed but the controller's state forbids it: an expired
 lease, a push already open, a version that is neither current nor current+1).
 """
@@ -50,3 +50,7 @@ class LearnerSeatUnconfirmed(ControllerError):
 
 class NotTheLearner(ControllerError):
     """A learner-only call without the seated learner's key (PERMISSION_DENIED)."""
+
+
+class ControllerStopping(ControllerError):
+    """The controller is shutting down while a request was held (UNAVAILABLE: ask again)."""

@@ -14,8 +14,8 @@ address) the seat does not fall open: it stays with a holder that sent its `Lear
 heartbeating, so its successor gets the seat at most that long after the crash; one that comes back where
 the controller reaches it gets the seat at once (the old key no longer answers there).
 
-`LearnerSeat` is the seat itself (pure, its probe injected); `LearnerSeating` is the part of `ControllerState`
-that gives and checks it (a mixin, like `admission.Admission`: it shares the state's lock, events and store).
+`LearnerSeat` is the seat itself (pure, its probe injected); `controller.seating.LearnerSeating` is the part of
+`ControllerState` that gives and checks it.
 """
 
 from __future__ import annotations
@@ -25,8 +25,7 @@ import hmac
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from asyncrl.controller.errors import LearnerSeatTaken, LearnerSeatUnconfirmed, NotTheLearner
-from asyncrl.controller.results import LearnerRegistration
+from asyncrl.controller.errors import NotTheLearner
 from asyncrl.core.auth import answers_challenge, new_push_key
 
 Probe = Callable[[str, bytes], "bytes | None"]
@@ -83,45 +82,3 @@ class LearnerSeat:
         if not hmac.compare_digest(key, self.holder.key):
             raise NotTheLearner(f"learner_key: not the key of the learner holding the run's seat (now the learner "
                                 f"at {self.holder.address}); another learner took the seat over")
-
-
-class LearnerSeating:
-    def register_learner(self, address: str, proof_unix_s: int = 0, seat_proof: bytes = b"",
-                         proof_nonce: bytes = b"") -> LearnerRegistration:  # fmt: skip
-        """Give the learner's seat to the learner at `address` (`controller.learner_seat`): refused without a
-        proof of the learner secret (`asyncrl.core.learner_secret`), while its holder still answers its
-        challenge (the challenge runs outside the lock), and while it cannot be challenged but still
-        heartbeats."""
-        with self._cond:
-            refused = self._seat_proofs.check(address, proof_unix_s, seat_proof, proof_nonce)
-            if refused:
-                self.events.write("learner_refused", address=address, reason=refused)
-                raise NotTheLearner(refused)
-            holder = self._seat.holder
-        answer = self._seat.challenge(holder)
-        if answer is Answer.ALIVE:
-            raise LearnerSeatTaken(f"address: the learner at {holder.address} holds this run's seat and still "
-                                   "answers; one learner trains a run (stop that one first)")
-        with self._cond:
-            if self._seat.holder != holder:  # another learner registered while we challenged
-                raise LearnerSeatTaken(f"address: the learner at {self._seat.holder.address} took this run's seat "
-                                       "just now; one learner trains a run")
-            # Its last sign of life: its last heartbeat, or taking the seat (a heartbeat from before is another's).
-            now = self._clock()
-            silent_s = now - max(holder.since, self._learner.at if self._learner is not None else float("-inf"))
-            if answer is Answer.UNKNOWN and silent_s < self.config.heartbeat_timeout_s:
-                raise LearnerSeatUnconfirmed(
-                    f"address: the controller could not challenge the learner at {holder.address}, which holds "
-                    f"this run's seat and was last heard from {silent_s:.1f} s ago; the seat passes once it has "
-                    f"been silent for controller.heartbeat_timeout_s ({self.config.heartbeat_timeout_s:g} s): "
-                    "retry then")
-            key = self._seat.give_to(address, now)
-            self.events.write("learner_registered", address=address, previous_address=holder.address or None,
-                              current_version=self._current_version)  # fmt: skip
-            self._changed(wake=False)
-            return LearnerRegistration(key, self._current_version)
-
-    def check_learner(self, key: bytes) -> None:
-        """Raise `NotTheLearner` unless `key` is the seated learner's (every learner-only call)."""
-        with self._cond:
-            self._seat.check(key)

@@ -5,7 +5,7 @@ weight push waits (`join_timeout_s`) for every receiver it picked, so a receiver
 the learner, and three such pushes in a row used to end its run: one wrong `rollout.advertise_host`, or a
 token holder registering a fresh unreachable address every few seconds, was enough. So a replica joins
 pushes only after the controller has challenged it at its address (`Rollout.GetStatus`) and it answered
-under its registration's key (`ControllerState.check_reachable`). Leases do not wait for this: a replica
+under its registration's key (`ReplicaReachability.check_reachable`). Leases do not wait for this: a replica
 that registered with the current weights generates at once.
 
 `ReplicaReachability` is the part of the state that checks (`check_reachable`); `ReachabilityChecks` runs
@@ -25,6 +25,8 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
+from asyncrl.controller.books import StateBooks
+from asyncrl.controller.learner_seat import Probe
 from asyncrl.controller.registry import Replica
 from asyncrl.core.auth import answers_challenge
 
@@ -90,16 +92,28 @@ FIRST_CHECK_S = 0.05
 
 
 class ReplicaReachability:
-    """The part of `ControllerState` that challenges new registrations (a mixin, like `admission.Admission`:
-    it shares the state's lock, registry, events and probe)."""
+    """The part of `ControllerState` that challenges new registrations; it works on the state's books
+    (`controller.books`)."""
 
-    def _answers(self, address: str, key: bytes) -> bool:
+    def __init__(self, books: StateBooks, probe: Probe | None, workers: int):
+        self._books = books
+        self._probe = probe
+        """(address, challenge) -> the replica's answer (b"" when none); None: ids and addresses are never
+        checked, every registration counts as reachable."""
+        self._reach = ReachabilityChecks(self.check_reachable, workers) if probe is not None else None
+
+    def close(self) -> None:
+        if self._reach is not None:
+            self._reach.close()
+
+    def answers(self, address: str, key: bytes) -> bool:
         """Whether the process at `address` answers a fresh challenge under `key` (a network call: outside any
-        lock)."""
-        return bool(answers_challenge(self._probe, address, key))
+        lock); never without a probe."""
+        return self._probe is not None and bool(answers_challenge(self._probe, address, key))
 
-    def _check_reachability_of(self, replica: Replica) -> None:
-        """A new registration: challenge it soon (without a probe, as in unit tests, it counts as reachable)."""
+    def check_soon(self, replica: Replica) -> None:
+        """A new registration: challenge it soon (without a probe, as in unit tests, it counts as reachable).
+        Call with the lock held."""
         if self._reach is None:
             replica.reachable = True
         else:
@@ -110,39 +124,40 @@ class ReplicaReachability:
         (it answered: it may join pushes; or the registration is gone or replaced), else the seconds until
         the next check: after `QUICK_RETRIES_S`, it is held back (`controller.push_backoff_s`, doubling, as
         after failed pushes; its heartbeats tell it why) and checked again when that ends."""
-        with self._cond:
+        books = self._books
+        with books.cond:
             replica = self._unproven(replica_id, key)
             if replica is None:
                 return None
             address = replica.address
-        answered = self._answers(address, key)
-        with self._cond:
+        answered = self.answers(address, key)
+        with books.cond:
             replica = self._unproven(replica_id, key)
             if replica is None:
                 return None
             if answered:
                 replica.reachable = True
                 replica.clear_push_failures()
-                self.events.write("replica_reachable", replica_id=replica_id, address=address,
+                books.events.write("replica_reachable", replica_id=replica_id, address=address,
                                   failed_checks=replica.reach_failures)  # fmt: skip
-                self._changed(replicas=True)
+                books.changed(replicas=True)
                 return None
             replica.reach_failures += 1
             if replica.reach_failures <= len(QUICK_RETRIES_S):
                 return QUICK_RETRIES_S[replica.reach_failures - 1]
             problem = (f"unreachable at {address}: nothing there answered the controller's challenge under this "
                        "registration's key (Rollout.GetStatus)")
-            seconds = replica.hold_back(self._clock(), self.config.push_backoff_s, problem)
-            self.events.write("replica_held_back", replica_id=replica_id, address=address, seconds=seconds,
+            seconds = replica.hold_back(books.clock(), books.config.push_backoff_s, problem)
+            books.events.write("replica_held_back", replica_id=replica_id, address=address, seconds=seconds,
                               failures=replica.push_failures, problem=problem)  # fmt: skip
-            self._changed(wake=False, replicas=True)
+            books.changed(wake=False, replicas=True)
             return seconds
 
     def _unproven(self, replica_id: str, key: bytes) -> Replica | None:
         """The replica registered under `key` and not yet proven reachable (call with the lock held)."""
-        if not self._registry.known(replica_id):
+        if not self._books.registry.known(replica_id):
             return None
-        replica = self._registry.get(replica_id)
+        replica = self._books.registry.get(replica_id)
         if replica.reachable or not hmac.compare_digest(replica.push_key, key):
             return None
         return replica

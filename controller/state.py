@@ -1,47 +1,50 @@
 """`ControllerState`: the controller's thread-safe state and operations (no gRPC in here).
 
-One lock, one condition variable (`_cond`) over it. Every operation takes the lock, lazily reaps what is
-due (dead replicas, expired leases) so correctness never depends on the reaper thread's timing, mutates,
-writes its event records, saves what changed to its store (`controller.persistence`: a restarted controller
-continues from it) and updates the gauges. Leases are granted, held and taken back by the `Admission` part
-(`controller.admission`); everything that can make a held request admissible wakes the held ones: returned
-quota (partial completion, expiry), a committed version, a replica becoming synced. Pushes are opened, settled and aborted by the
-`PushCoordinator` (`asyncrl.push.coordinator`) under this lock; its fan-out runs on its own threads and the commit
-waits for the acks *outside* the lock. The policy version is this object's: a push only reports it. The
-learner's seat is given and checked by the `LearnerSeating` part (`controller.learner_seat`), new registrations
-are challenged by the `ReplicaReachability` part (`controller.reachability`), and silent replicas and due leases
-are reaped by the `Liveness` part (`controller.liveness`).
+Its parts are explicit collaborators around one set of books (`controller.books.StateBooks`: the lock and its
+condition, the clocks, the registry, the lease book, the push coordinator, the policy version, the learner's
+seat, events, metrics, the store):
+
+- `admission` (`controller.admission.Admission`) grants leases under the η rule, counts held requests, takes
+  leases back;
+- `seating` (`controller.seating.LearnerSeating`) gives and checks the learner's seat;
+- `reachability` (`controller.reachability.ReplicaReachability`) challenges new registrations;
+- `liveness` (`controller.liveness.Liveness`) reaps silent replicas and due leases, and forgives the
+  controller's own stalls.
+
+This class keeps the operations that span them: replicas registering and heartbeating, pushes (opened, settled
+and aborted by the `PushCoordinator`, `asyncrl.push.coordinator`, under the lock; its fan-out runs on its own
+threads and the commit waits for the acks *outside* the lock), timeline resets, the learner's heartbeat and
+the snapshot. Every operation takes the lock, lazily reaps what is due (so correctness never depends on the
+reaper thread's timing), mutates, writes its event records and ends with `StateBooks.changed`: the store (a
+restarted controller continues from it), the gauges, and a wake-up of the held lease requests.
 
 Clocks: `clock` (monotonic seconds, injectable) drives liveness: heartbeats, lease TTLs, push ages. Holding
-uses real time (`time.monotonic`) because it is a real wait on a condition variable.
+uses real time (`time.monotonic`) because it is a real wait.
 """
 
 from __future__ import annotations
 
 import hmac
-import threading
 import time
 from collections import deque
 from collections.abc import Callable
 
 from asyncrl.controller import staleness
 from asyncrl.controller.admission import Admission
+from asyncrl.controller.books import StateBooks
 from asyncrl.controller.controller_metrics import ControllerMetrics
 from asyncrl.controller.errors import PreconditionFailed, ReplicaIdInUse
-from asyncrl.controller.learner_seat import LearnerSeat, LearnerSeating, Probe
-from asyncrl.controller.leases import LeaseBook
+from asyncrl.controller.learner_seat import Probe
 from asyncrl.controller.liveness import Liveness
 from asyncrl.controller.persistence import (
     ControllerStore,
     NoStore,
     SavedState,
     StateOfAnotherRun,
-    StateWriter,
     restore_books,
 )
-from asyncrl.controller.reachability import ReachabilityChecks, ReplicaReachability
-from asyncrl.controller.reaper import Reaper, StallDetector
-from asyncrl.controller.registry import Replica, ReplicaRegistry
+from asyncrl.controller.reachability import ReplicaReachability
+from asyncrl.controller.registry import Replica
 from asyncrl.controller.results import (
     CommitResult,
     LearnerFigures,
@@ -51,22 +54,23 @@ from asyncrl.controller.results import (
     ReplicaPulse,
     TimelineReset,
 )
+from asyncrl.controller.seating import LearnerSeating
 from asyncrl.controller.views import learner_view, replica_view
 from asyncrl.core.buffer.lease_writes import LeaseWriteCounts
 from asyncrl.core.config import ControllerConfig
 from asyncrl.core.events import EventSink, NoEvents
 from asyncrl.core.learner_secret import SeatProofs
-from asyncrl.push.coordinator import NEW, PushCoordinator, PushTiming
+from asyncrl.push.coordinator import NEW
 from asyncrl.push.plan import PushOffer
 from asyncrl.push.session import PushSession, ReceiverAck, WeightNotifier
 
 _HISTORY = 1000
 """Learner steps the status page's charts keep."""
-_REACH_WORKERS = 4
-"""Reachability checks in flight at once (one that times out takes the probe's 2 s)."""
+_CHECK_WORKERS = 4
+"""Reachability checks (and dials of silent replicas) in flight at once (one that times out takes 2 s)."""
 
 
-class ControllerState(Admission, LearnerSeating, ReplicaReachability, Liveness):
+class ControllerState:
     def __init__(
         self,
         config: ControllerConfig,
@@ -75,7 +79,7 @@ class ControllerState(Admission, LearnerSeating, ReplicaReachability, Liveness):
         events: EventSink | None = None,
         metrics: ControllerMetrics | None = None,
         notify: WeightNotifier,
-        probe=None,
+        probe: Probe | None = None,
         learner_probe: Probe | None = None,
         learner_secret: bytes | None = None,
         lease_writes: LeaseWriteCounts | None = None,
@@ -85,61 +89,32 @@ class ControllerState(Admission, LearnerSeating, ReplicaReachability, Liveness):
         clock=time.monotonic,
         wall_clock=time.time,
     ):
+        """`probe`: (address, challenge) -> a replica's answer (None: ids and addresses are never checked);
+        `learner_probe`: the same for the seated learner; `learner_secret`: registrations of a learner must
+        prove it (None: any token holder may, as in unit tests and under `security.insecure`);
+        `lease_writes`: what reached the buffer under each lease (None: a completion's claim stands); `gone`:
+        address -> True when a connection there is refused (None: never dial)."""
+        self.books = StateBooks(config, batch_size, events=events or NoEvents(), metrics=metrics or ControllerMetrics(),
+                                notify=notify, store=store or NoStore(), run_id=run_id, learner_probe=learner_probe,
+                                clock=clock, wall_clock=wall_clock)  # fmt: skip
         self.config, self.batch_size, self.eta = config, batch_size, config.eta
-        self.events = events or NoEvents()
-        self.metrics = metrics or ControllerMetrics()
-        self._clock, self._wall = clock, wall_clock
-        self._cond = threading.Condition()
-        self._registry = ReplicaRegistry(config.heartbeat_timeout_s, config.max_replicas, config.forget_dead_after_s)
-        self._leases = LeaseBook(config.lease_ttl_s, config.start_admitted, config.start_prompt_index,
-                                 config.lease_max_s)
-        self._current_version = config.start_version
-        self._reset_to: int | None = None
-        """The version the last timeline reset went back to (None: none since this controller started). A
-        replica registering with a version above it may hold the lost timeline's weights under a number the
-        new timeline reuses: it gets a resync."""
-        self._pushes = PushCoordinator(timing=PushTiming(config.push_timeout_s, config.push_backoff_s),
-                                       replicas=self._registry, notify=notify, events=self.events,
-                                       metrics=self.metrics)
-        self._held = 0
-        self._last_replica_scan = float("-inf")
-        self._wakers: list = []
-        self._learner: LearnerReport | None = None
+        self.events, self.metrics = self.books.events, self.books.metrics
+        self.liveness = Liveness(self.books, gone, _CHECK_WORKERS)
+        self.reachability = ReplicaReachability(self.books, probe, _CHECK_WORKERS)
+        self.admission = Admission(self.books, self.liveness, lease_writes)
+        self.seating = LearnerSeating(self.books, SeatProofs(learner_secret, wall_clock))
         self._history: deque[dict] = deque(maxlen=_HISTORY)
         """The learner's figures per step (the status page's charts), the last _HISTORY steps."""
-        self._reaper: Reaper | None = None
-        self._stall: StallDetector | None = None
-        """With the reaper running: notices that the controller itself stood still."""
-        self._run_id = run_id
-        self._probe = probe
-        """(address, challenge) -> the replica's answer (b"" when none); None: ids and addresses are never
-        checked."""
-        self._reach = ReachabilityChecks(self.check_reachable, _REACH_WORKERS) if probe is not None else None
-        self._gone = gone
-        """address -> True when a connection there is refused (the process is gone); None: never dial."""
-        self._gone_checks = ReachabilityChecks(self.check_gone, _REACH_WORKERS) if gone is not None else None
-        self._seat = LearnerSeat(learner_probe)
-        self._seat_proofs = SeatProofs(learner_secret, wall_clock)
-        """Registrations of a learner must prove the learner secret (`asyncrl.core.learner_secret`); None: any
-        token holder may register (unit tests, `security.insecure`)."""
-        self._lease_writes = lease_writes
-        """What reached the buffer under each lease: a completion counts at most that (`Admission.complete`);
-        None: the completion's claim stands (unit tests, an in-memory buffer, simulated replicas)."""
-        self._writer = StateWriter(store or NoStore())
-        self.restored = self._restore(self._writer.store.load())
-        self._publish_gauges()
+        self.restored = self._restore(self.books.writer.store.load())
+        self.books.publish_gauges()
         self.metrics.follow(self.snapshot)
 
     def close(self) -> None:
-        """Stop the reaper, close the event log and the store (idempotent)."""
-        if self._reaper is not None:
-            self._reaper.stop()
-            self._reaper = None
-        for checks in (self._reach, self._gone_checks):
-            if checks is not None:
-                checks.close()
+        """Stop the reaper and the checks, close the event log and the store (idempotent)."""
+        self.liveness.close()
+        self.reachability.close()
         self.events.close()
-        self._writer.store.close()
+        self.books.writer.store.close()
 
     # ---- replicas -------------------------------------------------------------------------------------
 
@@ -149,61 +124,64 @@ class ControllerState(Admission, LearnerSeating, ReplicaReachability, Liveness):
         new process taking the id over from a holder that is gone (a restart). An id whose holder still proves
         itself alive (`probe`, outside the lock) is refused: one caller cannot redirect another replica's
         pushes to itself."""
+        books = self.books
         holder = self._live_holder(replica_id)
         if holder is not None and push_key and hmac.compare_digest(push_key, holder.push_key):
             holder = None  # the holder itself
-        if holder is not None and self._probe is not None and self._answers(holder.address, holder.push_key):
+        if holder is not None and self.reachability.answers(holder.address, holder.push_key):
             raise ReplicaIdInUse(f"replica_id: {replica_id!r} is registered by a live replica at "
                                  f"{holder.address}; choose another id")
-        with self._cond:
-            self._reap_locked()
-            reregistered = bool(replica_id) and self._registry.known(replica_id)
+        with books.cond:
+            self.liveness.reap_locked()
+            reregistered = bool(replica_id) and books.registry.known(replica_id)
             if reregistered:
                 # A restarted replica lost whatever it was generating: its old leases return their quota.
-                self._log_expired(self._leases.expire_replica(replica_id, "reregistered"), "reregistered")
-            replica = self._registry.register(address, replica_id, weight_version, engine, self._clock(), in_band)
-            replica.force_sync = self._reset_to is not None and weight_version > self._reset_to
+                self.liveness.log_expired(books.leases.expire_replica(replica_id, "reregistered"), "reregistered")
+            replica = books.registry.register(address, replica_id, weight_version, engine, books.clock(), in_band)
+            replica.force_sync = books.reset_to is not None and weight_version > books.reset_to
             if reregistered:
-                self._pushes.replica_registered(replica.replica_id)
-            self._check_reachability_of(replica)
-            needs_sync = replica.needs_sync(self._current_version)
+                books.pushes.replica_registered(replica.replica_id)
+            self.reachability.check_soon(replica)
+            needs_sync = replica.needs_sync(books.current_version)
             self.events.write(
                 "replica_registered", replica_id=replica.replica_id, address=address,
                 weight_version=weight_version, engine=engine, needs_sync=needs_sync,
-                current_version=self._current_version, reregistered=reregistered,
+                current_version=books.current_version, reregistered=reregistered,
             )  # fmt: skip
-            self._changed(replicas=True)
-            return Registration(replica.replica_id, self._current_version, needs_sync,
+            books.changed(replicas=True)
+            return Registration(replica.replica_id, books.current_version, needs_sync,
                                 self.config.heartbeat_interval_s, replica.push_key)
 
     def _live_holder(self, replica_id: str) -> Replica | None:
-        with self._cond:
-            self._reap_locked()
-            if not replica_id or not self._registry.known(replica_id):
+        books = self.books
+        with books.cond:
+            self.liveness.reap_locked()
+            if not replica_id or not books.registry.known(replica_id):
                 return None
-            replica = self._registry.get(replica_id)
+            replica = books.registry.get(replica_id)
             return replica if replica.alive else None
 
     def heartbeat(self, replica_id: str, weight_version: int, held_leases: list[str] | None = None) -> ReplicaPulse:
         """A replica's sign of life; `held_leases` (when reported) are the leases it still works on."""
-        with self._cond:
-            replica = self._registry.get(replica_id)
-            lagged = replica.needs_sync(self._current_version)
+        books = self.books
+        with books.cond:
+            replica = books.registry.get(replica_id)
+            lagged = replica.needs_sync(books.current_version)
             # Touch before reaping: a replica that speaks is alive, whatever its silence before.
-            revived = self._touch(replica)
-            self._reap_locked()
+            revived = self.liveness.touch(replica)
+            self.liveness.reap_locked()
             reported = replica.weight_version
-            self._registry.report_version(replica, weight_version)
+            books.registry.report_version(replica, weight_version)
             held = None if held_leases is None else set(held_leases)
-            abandoned = self._leases.extend(replica_id, self._clock(), held, self.config.lease_report_grace_s)
+            abandoned = books.leases.extend(replica_id, books.clock(), held, self.config.lease_report_grace_s)
             if abandoned:
-                self._log_expired(abandoned, "abandoned")
-                self._changed()
-            needs_sync = replica.needs_sync(self._current_version)
+                self.liveness.log_expired(abandoned, "abandoned")
+                books.changed()
+            needs_sync = replica.needs_sync(books.current_version)
             # Wake held requests only when this replica's own eligibility may have changed.
-            self._changed(wake=revived or lagged != needs_sync, replicas=replica.weight_version != reported)
-            held_back_s = max(0.0, replica.held_back_until - self._clock())
-            return ReplicaPulse(self._current_version, needs_sync, held_back_s,
+            books.changed(wake=revived or lagged != needs_sync, replicas=replica.weight_version != reported)
+            held_back_s = max(0.0, replica.held_back_until - books.clock())
+            return ReplicaPulse(books.current_version, needs_sync, held_back_s,
                                 replica.push_problem if held_back_s else "")
 
     # ---- weight pushes --------------------------------------------------------------------------------
@@ -212,10 +190,11 @@ class ControllerState(Admission, LearnerSeating, ReplicaReachability, Liveness):
         """Open a push of `version` (current+1: new policy; current: resync) and start its fan-out. A push
         reserved at the last commit is closed (`PushCoordinator.close_reserved`: quietly when `unused_push_id`
         names it)."""
-        with self._cond:
-            self._reap_locked()
-            session = self._pushes.begin(version, self._current_version, offer, self._clock(), unused_push_id)
-            self._changed(replicas=True)  # an aborted predecessor flagged its receivers
+        books = self.books
+        with books.cond:
+            self.liveness.reap_locked()
+            session = books.pushes.begin(version, books.current_version, offer, books.clock(), unused_push_id)
+            books.changed(replicas=True)  # an aborted predecessor flagged its receivers
             return session
 
     def commit_push(self, push_id: str, sender_ok: bool, error: str = "", missing_ranks: tuple[int, ...] = (),
@@ -228,154 +207,132 @@ class ControllerState(Admission, LearnerSeating, ReplicaReachability, Liveness):
         next push is reserved for the learner when it can go in-band (`CommitResult.next_push`). A reserved
         push is timed from `learner_seconds` (the learner's own measure up to this call): the controller did
         not see it begin."""
-        with self._cond:
-            session, wait_s = self._pushes.start_commit(push_id, self._clock(), bool(acks), learner_seconds)
+        books = self.books
+        with books.cond:
+            session, wait_s = books.pushes.start_commit(push_id, books.clock(), bool(acks), learner_seconds)
             if not sender_ok:
                 so_far = session.outcomes_so_far()
-                self._pushes.hold_back_failed(session, so_far, self._clock(), missing_ranks, error)
-                self._bury_unreachable(so_far)
-                self._pushes.abort(session, f"sender failed: {error or 'no detail'}")
-                self._changed(replicas=True)
-                return CommitResult(False, self._current_version, [], [r.replica_id for r in session.receivers])
+                books.pushes.hold_back_failed(session, so_far, books.clock(), missing_ranks, error)
+                self.liveness.bury_unreachable(so_far)
+                books.pushes.abort(session, f"sender failed: {error or 'no detail'}")
+                books.changed(replicas=True)
+                return CommitResult(False, books.current_version, [], [r.replica_id for r in session.receivers])
         if session.in_band:
-            outcomes = session.outcomes_from_acks(list(acks), self._clock() - session.begun_at)
+            outcomes = session.outcomes_from_acks(list(acks), books.clock() - session.begun_at)
         else:
             outcomes = session.wait(wait_s)  # outside the lock: leases keep flowing meanwhile
-        with self._cond:
-            acked, dropped = self._pushes.settle(session, outcomes)
-            self._pushes.hold_back_failed(session, outcomes, self._clock())
-            self._bury_unreachable(outcomes)
+        with books.cond:
+            acked, dropped = books.pushes.settle(session, outcomes)
+            books.pushes.hold_back_failed(session, outcomes, books.clock())
+            self.liveness.bury_unreachable(outcomes)
             if session.mode == NEW:
-                self._current_version = max(self._current_version, session.plan.version)  # versions only grow
-            self._pushes.record_commit(session, self._current_version, acked, dropped,
-                                       self._clock() - session.begun_at)  # fmt: skip
-            reserved = self._pushes.reserve(session, self._current_version, self._clock()) if reserve_next else None
-            self._changed(replicas=True)
-            return CommitResult(True, self._current_version, acked, dropped, reserved)
+                books.current_version = max(books.current_version, session.plan.version)  # versions only grow
+            books.pushes.record_commit(session, books.current_version, acked, dropped,
+                                       books.clock() - session.begun_at)  # fmt: skip
+            reserved = books.pushes.reserve(session, books.current_version, books.clock()) if reserve_next else None
+            books.changed(replicas=True)
+            return CommitResult(True, books.current_version, acked, dropped, reserved)
 
     def reset_timeline(self, version: int, admitted: int, prompt_index: int) -> TimelineReset:
         """The learner continues from a checkpoint at `version`, behind the controller (it restarted alone):
         every active lease (admitted on the lost timeline) expires, an open push is aborted, every replica
         needs a resync (its weights may be the lost timeline's), and the version, N_r and the prompt cursor
         (never moved back) start the new timeline."""
-        with self._cond:
-            self._reap_locked()
-            previous = self._current_version
+        books = self.books
+        with books.cond:
+            self.liveness.reap_locked()
+            previous = books.current_version
             if version > previous:
                 raise PreconditionFailed(f"version: {version} is ahead of the controller's {previous}; a learner "
                                          "ahead of its controller pushes its weights instead")
-            self._pushes.abort_held("timeline reset by the learner")
-            expired = self._leases.expire_all("timeline_reset")
-            self._log_expired(expired, "timeline_reset")
-            cursor = self._leases.restart_counts(admitted, prompt_index)
-            for replica in self._registry.all():
+            books.pushes.abort_held("timeline reset by the learner")
+            expired = books.leases.expire_all("timeline_reset")
+            self.liveness.log_expired(expired, "timeline_reset")
+            cursor = books.leases.restart_counts(admitted, prompt_index)
+            for replica in books.registry.all():
                 replica.force_sync = True
-            self._current_version = version
-            self._reset_to = version
+            books.current_version = version
+            books.reset_to = version
             self.events.write("timeline_reset", version=version, previous_version=previous, admitted=admitted,
                               prompt_index=cursor, leases_expired=len(expired))  # fmt: skip
-            self._changed(replicas=True)
+            books.changed(replicas=True)
             return TimelineReset(version, len(expired), cursor)
 
     def learner_heartbeat(self, step: int, version: int, consumed: int,
                           figures: LearnerFigures | None = None) -> LearnerPulse:
         """Record the learner's progress (and, after a step, its figures: the status page's history); ask for
         a resync push when a live replica needs one."""
-        with self._cond:
-            self._reap_locked()
-            now = self._clock()
+        books = self.books
+        with books.cond:
+            self.liveness.reap_locked()
+            now = books.clock()
             # A heartbeat while waiting for data carries no figures: the last step's stay on show.
-            shown = figures or (self._learner.progress if self._learner is not None else None)
-            self._learner = LearnerReport(step, version, consumed, now, shown)
+            shown = figures or (books.learner.progress if books.learner is not None else None)
+            books.learner = LearnerReport(step, version, consumed, now, shown)
             if figures is not None and figures.reward_mean is not None and (
                     not self._history or self._history[-1]["step"] != step):
-                self._history.append({"step": step, "t": self._wall(), "reward": figures.reward_mean,
+                self._history.append({"step": step, "t": books.wall(), "reward": figures.reward_mean,
                                       "accuracy": figures.eval_accuracy, "staleness": figures.staleness_mean,
                                       "step_s": figures.step_seconds})
-            lagging = any(r.needs_sync(self._current_version) for r in self._registry.live() if r.pushable(now))
-            return LearnerPulse(lagging and not self._pushes.is_fresh(now), self._current_version)
+            lagging = any(r.needs_sync(books.current_version) for r in books.registry.live() if r.pushable(now))
+            return LearnerPulse(lagging and not books.pushes.is_fresh(now), books.current_version)
 
     # ---- housekeeping and views -----------------------------------------------------------------------
 
     @property
     def current_version(self) -> int:
-        with self._cond:
-            return self._current_version
+        with self.books.cond:
+            return self.books.current_version
 
     @property
     def admitted(self) -> int:
-        with self._cond:
-            return self._leases.admitted
+        with self.books.cond:
+            return self.books.leases.admitted
 
     def snapshot(self) -> dict:
         """Everything the status page, /status and GetStatus show, as plain JSON-able data."""
-        with self._cond:
-            self._reap_locked()
-            now, current = self._clock(), self._current_version
+        books = self.books
+        with books.cond:
+            self.liveness.reap_locked()
+            now, current = books.clock(), books.current_version
             return {
                 "current_version": current,
-                "admitted": self._leases.admitted,
+                "admitted": books.leases.admitted,
                 "batch_size": self.batch_size,
                 "eta": self.eta,
                 "max_admissible": staleness.max_admissible(current, self.batch_size, self.eta),
-                "held_requests": self._held,
-                "next_prompt_index": self._leases.next_prompt_index,
-                "active_leases": len(self._leases.active()),
-                "leases_granted": self._leases.granted_total,
-                "leases_expired": self._leases.expired_total,
-                "pushes_committed": self._pushes.committed,
-                "open_push": self._pushes.view(now),
-                "reserved_push": self._pushes.view(now, reserved=True),
-                "learner": None if self._learner is None else learner_view(self._learner, now, self.batch_size,
-                                                                            self._seat.holder.address),
+                "held_requests": books.held,
+                "next_prompt_index": books.leases.next_prompt_index,
+                "active_leases": len(books.leases.active()),
+                "leases_granted": books.leases.granted_total,
+                "leases_expired": books.leases.expired_total,
+                "pushes_committed": books.pushes.committed,
+                "open_push": books.pushes.view(now),
+                "reserved_push": books.pushes.view(now, reserved=True),
+                "learner": None if books.learner is None else learner_view(books.learner, now, self.batch_size,
+                                                                            books.seat.holder.address),
                 "history": list(self._history),
-                "replicas": [replica_view(r, now, current, len(self._leases.of_replica(r.replica_id)))
-                             for r in self._registry.all()],
+                "replicas": [replica_view(r, now, current, len(books.leases.of_replica(r.replica_id)))
+                             for r in books.registry.all()],
             }  # fmt: skip
 
-    # ---- internals (call with the lock held) ------------------------------------------------------------
-
-    def _changed(self, wake: bool = True, replicas: bool = False) -> None:
-        self._persist(replicas)
-        self._publish_gauges()
-        if wake:
-            self._cond.notify_all()
-            for wake_up in self._wakers:
-                wake_up()
-
-    # ---- persistence (call with the lock held) -----------------------------------------------------------
-
-    def _persist(self, replicas_changed: bool = False) -> None:
-        """Write what changed to the store (one transaction; nothing when unchanged). Replicas are compared
-        only when `replicas_changed` says an operation may have changed one (a scan of all of them)."""
-        meta = {
-            "run_dir": self._run_id, "current_version": self._current_version, "admitted": self._leases.admitted,
-            "next_prompt_index": self._leases.next_prompt_index, "granted_total": self._leases.granted_total,
-            "expired_total": self._leases.expired_total, "pushes_committed": self._pushes.committed,
-            "learner_key": self._seat.holder.key.hex(), "learner_address": self._seat.holder.address,
-        }  # fmt: skip
-        self._writer.write(meta, self._leases.active_by_id(), self._registry.all() if replicas_changed else None)
+    # ---- restart ----------------------------------------------------------------------------------------
 
     def _restore(self, saved: SavedState | None) -> dict | None:
         """Continue from a saved state (a controller restart); returns what was restored, for the event log."""
+        books = self.books
         if saved is not None:
-            if saved.run_dir != self._run_id:
+            if saved.run_dir != books.run_id:
                 raise StateOfAnotherRun(
                     f"controller.state_key: the store holds the controller state of run {saved.run_dir!r}, not "
-                    f"{self._run_id!r}; use another controller.state_key, or delete it to start this run afresh"
+                    f"{books.run_id!r}; use another controller.state_key, or delete it to start this run afresh"
                 )
-            self._current_version = saved.current_version
-            self._pushes.committed = saved.pushes_committed
-            self._seat.restore(saved.learner_key, saved.learner_address)
-            restore_books(saved, self._leases, self._registry, self._clock())
-            for replica in self._registry.all():
+            books.current_version = saved.current_version
+            books.pushes.committed = saved.pushes_committed
+            books.seat.restore(saved.learner_key, saved.learner_address)
+            restore_books(saved, books.leases, books.registry, books.clock())
+            for replica in books.registry.all():
                 if not replica.reachable:  # its check died with the previous controller
-                    self._check_reachability_of(replica)
-        self._persist(replicas_changed=True)  # the baseline of later diffs
+                    self.reachability.check_soon(replica)
+        books.persist(replicas_changed=True)  # the baseline of later diffs
         return None if saved is None else saved.summary()
-
-    def _publish_gauges(self) -> None:
-        self.metrics.current_version.set(self._current_version)
-        self.metrics.admitted_trajectories.set(self._leases.admitted)
-        self.metrics.held_requests.set(self._held)
-        self.metrics.live_replicas.set(len(self._registry.live()))

@@ -8,6 +8,7 @@ from __future__ import annotations
 import grpc
 
 from asyncrl.controller.errors import (
+    ControllerStopping,
     InvalidRequest,
     LearnerSeatTaken,
     LearnerSeatUnconfirmed,
@@ -79,7 +80,7 @@ def _push_status(view: dict | None) -> controller_pb2.PushStatus | None:
 
 
 ERRORS = (UnknownReplica, InvalidArgument, InvalidRequest, RegistryFull, PreconditionFailed, PushRefused,
-          ReplicaIdInUse, LearnerSeatTaken, LearnerSeatUnconfirmed, NotTheLearner)
+          ReplicaIdInUse, LearnerSeatTaken, LearnerSeatUnconfirmed, NotTheLearner, ControllerStopping)
 
 
 def status_of(err: Exception) -> tuple[grpc.StatusCode, str]:
@@ -92,7 +93,7 @@ def status_of(err: Exception) -> tuple[grpc.StatusCode, str]:
         return grpc.StatusCode.RESOURCE_EXHAUSTED, str(err)
     if isinstance(err, (ReplicaIdInUse, LearnerSeatTaken)):
         return grpc.StatusCode.ALREADY_EXISTS, str(err)
-    if isinstance(err, LearnerSeatUnconfirmed):
+    if isinstance(err, (LearnerSeatUnconfirmed, ControllerStopping)):
         return grpc.StatusCode.UNAVAILABLE, str(err)
     if isinstance(err, NotTheLearner):
         return grpc.StatusCode.PERMISSION_DENIED, str(err)

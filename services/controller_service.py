@@ -30,11 +30,10 @@ from __future__ import annotations
 import functools
 import gc
 import logging
-import time
 
 import grpc
 
-from asyncrl.controller.admission import HOLD_POLL_S
+from asyncrl.controller.held_request import hold
 from asyncrl.controller.persistence import RedisStore, make_store
 from asyncrl.controller.state import ControllerState
 from asyncrl.controller.status_page import StatusPage
@@ -137,7 +136,7 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
             self._check_lease_request(request)
 
         def look(started: float, final: bool, first: bool):
-            d = self.state.try_acquire(request.replica_id, request.num_trajectories, started, final, first)
+            d = self.state.admission.try_acquire(request.replica_id, request.num_trajectories, started, final, first)
             return None if d is None else controller_pb2.AcquireLeaseResponse(
                 granted=d.granted, lease_id=d.lease_id, prompt_index=d.prompt_index, version=d.version,
                 reason=d.reason, expires_unix_s=d.expires_unix_s,
@@ -150,7 +149,7 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
             check_name(request.replica_id, "replica_id")
             check_name(request.lease_id, "lease_id")
             check_range(request.num_written, 0, self.state.batch_size, "num_written")
-            self.state.complete(request.replica_id, request.lease_id, request.num_written)
+            self.state.admission.complete(request.replica_id, request.lease_id, request.num_written)
             return controller_pb2.CompleteLeaseResponse()
 
         return answer(context, run)
@@ -161,7 +160,7 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
             check_range(request.max_leases, 1, self.state.batch_size, "max_leases")
 
         def look(started: float, final: bool, first: bool):
-            batch = self.state.try_acquire_many(request.replica_id, request.num_trajectories, request.max_leases,
+            batch = self.state.admission.try_acquire_many(request.replica_id, request.num_trajectories, request.max_leases,
                                                 started, final, first)
             return None if batch is None else controller_pb2.AcquireLeasesResponse(
                 leases=[controller_pb2.Lease(lease_id=d.lease_id, prompt_index=d.prompt_index, version=d.version,
@@ -178,29 +177,13 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
         check_range(request.wait_s, 0.0, MAX_TIMEOUT_S, "wait_s")
 
     async def _held(self, context, wait_s: float, check, look):
-        """Answer a lease request with `look(started, final, first)`'s first answer (None: not yet), held without a
-        thread: a coroutine on the server's loop that looks again whenever the state says a held request may
-        have become admissible (or every HOLD_POLL_S, for expiries found by reaping); `final` once `wait_s`
-        (capped by max_hold_s) is up. `check` validates the request first."""
-        started, held = time.monotonic(), False
+        """Answer a lease request with `look(started, final, first)`'s first answer, held without a thread
+        (`controller.held_request.hold`); `check` validates the request first."""
         try:
             check()
-            deadline = started + self.state.hold_limit(wait_s)
-            while True:
-                if self.stopping:
-                    await context.abort(grpc.StatusCode.UNAVAILABLE, "the controller is stopping; ask again")
-                answer = look(started, time.monotonic() >= deadline, not held)
-                if answer is not None:
-                    return answer
-                if not held:
-                    held = True
-                    self.state.holding(None)
-                await self.wakeup.wait(max(0.0, min(deadline - time.monotonic(), HOLD_POLL_S)))
+            return await hold(self.state.admission, self.wakeup, wait_s, look, lambda: self.stopping)
         except ERRORS as err:
             await context.abort(*status_of(err))
-        finally:
-            if held:
-                self.state.holding(started)
 
     def CompleteLeases(self, request, context):
         def run():
@@ -213,7 +196,7 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
                 require(c.lease_id not in seen, f"completions[{i}].lease_id", "the same lease twice in one call")
                 seen.add(c.lease_id)
                 check_range(c.num_written, 0, self.state.batch_size, f"completions[{i}].num_written")
-            errors = self.state.complete_many(request.replica_id, [(c.lease_id, c.num_written)
+            errors = self.state.admission.complete_many(request.replica_id, [(c.lease_id, c.num_written)
                                                                    for c in request.completions])
             return controller_pb2.CompleteLeasesResponse(outcomes=[
                 controller_pb2.LeaseOutcome(lease_id=c.lease_id, completed=not error, error=error)
@@ -228,7 +211,7 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
             check_range(request.proof_unix_s, 0, MAX_COUNT, "proof_unix_s")
             require(len(request.seat_proof) <= 64, "seat_proof", f"at most 64 bytes, got {len(request.seat_proof)}")
             require(len(request.proof_nonce) <= 64, "proof_nonce", f"at most 64 bytes, got {len(request.proof_nonce)}")
-            seat = self.state.register_learner(request.address, request.proof_unix_s, request.seat_proof,
+            seat = self.state.seating.register_learner(request.address, request.proof_unix_s, request.seat_proof,
                                                request.proof_nonce)
             return controller_pb2.RegisterLearnerResponse(learner_key=seat.learner_key,
                                                           current_version=seat.current_version)
@@ -237,7 +220,7 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
 
     def BeginWeightPush(self, request, context):
         def run():
-            self.state.check_learner(request.learner_key)
+            self.state.seating.check_learner(request.learner_key)
             # The state answers a version other than current or current + 1 (FAILED_PRECONDITION).
             check_range(request.version, 0, MAX_COUNT, "version")
             offer = PushOffer.from_proto(request)
@@ -248,7 +231,7 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
 
     def CommitWeightPush(self, request, context):
         def run():
-            self.state.check_learner(request.learner_key)
+            self.state.seating.check_learner(request.learner_key)
             check_name(request.push_id, "push_id")
             require(len(request.error) <= MAX_ERROR, "error", f"at most {MAX_ERROR} characters, got {len(request.error)}")
             require(len(request.missing_ranks) <= MAX_HELD_LEASES, "missing_ranks",
@@ -271,7 +254,7 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
 
     def LearnerHeartbeat(self, request, context):
         def run():
-            self.state.check_learner(request.learner_key)
+            self.state.seating.check_learner(request.learner_key)
             check_range(request.step, 0, MAX_COUNT, "step")
             check_range(request.consumed, 0, MAX_COUNT, "consumed")
             self._require_version(request.version, "version")
@@ -286,7 +269,7 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
 
     def ResetTimeline(self, request, context):
         def run():
-            self.state.check_learner(request.learner_key)
+            self.state.seating.check_learner(request.learner_key)
             check_range(request.version, 0, MAX_COUNT, "version")
             check_range(request.admitted, 0, MAX_COUNT, "admitted")
             check_range(request.prompt_index, 0, MAX_COUNT, "prompt_index")
@@ -339,9 +322,9 @@ def create_server(
             registry=state.metrics.registry,
         )
     servicer.wakeup = Wakeup(server.loop)
-    state.add_waker(servicer.wakeup.notify)
+    state.admission.add_waker(servicer.wakeup.notify)
     server.release_held = servicer.release_held
-    state.start_reaper()
+    state.liveness.start_reaper()
     server.controller_state = state
     server.replica_channels = channels
     # The objects of start-up (modules, config, schemas) live as long as the process: out of the collector's

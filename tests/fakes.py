@@ -3,11 +3,15 @@ integration tests build a `ControllerState` without a network."""
 
 from __future__ import annotations
 
+import asyncio
 import threading
 
+from asyncrl.controller.held_request import hold
+from asyncrl.controller.results import LeaseDecision
 from asyncrl.controller.state import ControllerState
 from asyncrl.core.config import ControllerConfig
 from asyncrl.core.events import MemoryEvents
+from asyncrl.core.grpc_aio import Wakeup
 from asyncrl.push.manifest import TensorMeta
 from asyncrl.push.plan import PushPlan
 from asyncrl.push.session import ReceiverUnreachable
@@ -74,3 +78,20 @@ def make_state(
 
 TINY_TENSORS = (TensorMeta("w", (2, 2), "float32"),)
 """A one-tensor plan for pushes whose data plane a test does not exercise."""
+
+
+def acquire(state: ControllerState, replica_id: str, num_trajectories: int, wait_s: float) -> LeaseDecision:
+    """One lease request held the way the gRPC edge holds it (`controller.held_request.hold`, woken through
+    `Admission.add_waker`), on an event loop of this thread's own."""
+    admission = state.admission
+
+    async def held() -> LeaseDecision:
+        wakeup = Wakeup(asyncio.get_running_loop())
+        admission.add_waker(wakeup.notify)
+        try:
+            return await hold(admission, wakeup, wait_s, lambda started, final, first: admission.try_acquire(
+                replica_id, num_trajectories, started, final, first))
+        finally:
+            admission.remove_waker(wakeup.notify)
+
+    return asyncio.run(held())

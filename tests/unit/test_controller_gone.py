@@ -44,22 +44,21 @@ def fleet(**fields):
     config = ControllerConfig(eta=0, heartbeat_interval_s=1.0, heartbeat_timeout_s=10.0, **fields)
     state = ControllerState(config, 8, events=events, notify=FakeNotifier(), clock=clock, gone=dialer,
                             probe=lambda address, challenge: liveness_mac(keys[address], challenge))
-    state._reach.close()
-    state._gone_checks.close()
-    state._gone_checks = queued = Queued()
+    state.reachability.close()
+    state.liveness.queue_dials_on(queued := Queued())
     keys = {}
     for rid, address in (("r-a", "127.0.0.1:7001"), ("r-b", "127.0.0.1:7002")):
         keys[address] = state.register(address, rid, 0, "torch").push_key
-        assert state.check_reachable(rid, keys[address]) is None
-    assert state.try_acquire("r-a", 8, time.monotonic(), final=True).granted
-    assert not state.try_acquire("r-b", 8, time.monotonic(), final=True).granted  # the quota is r-a's
+        assert state.reachability.check_reachable(rid, keys[address]) is None
+    assert state.admission.try_acquire("r-a", 8, time.monotonic(), final=True).granted
+    assert not state.admission.try_acquire("r-b", 8, time.monotonic(), final=True).granted  # the quota is r-a's
     return state, clock, events, dialer, queued
 
 
 def run_due(state, queued):
     due, queued.due = queued.due, []
     for replica_id, key in due:
-        state.check_gone(replica_id, key)
+        state.liveness.check_gone(replica_id, key)
     return [replica_id for replica_id, _ in due]
 
 
@@ -68,11 +67,11 @@ def test_a_silent_lease_holder_whose_address_refuses_is_dead_at_once_and_its_quo
     dialer.refusing.add("127.0.0.1:7001")  # r-a's process is killed
     clock.advance(1.0)
     state.heartbeat("r-b", 0)
-    state.reap()
+    state.liveness.reap()
     assert run_due(state, queued) == []  # silent for 1 s: not yet
     clock.advance(0.6)
     state.heartbeat("r-b", 0)
-    state.reap()
+    state.liveness.reap()
     assert run_due(state, queued) == ["r-a"]  # only the lease holder, only the silent one
     assert dialer.dialled == ["127.0.0.1:7001"]
     dead = events.of_kind("replica_dead")
@@ -80,19 +79,19 @@ def test_a_silent_lease_holder_whose_address_refuses_is_dead_at_once_and_its_quo
     assert [e["reason"] for e in events.of_kind("lease_expired")] == ["gone"]
     view = next(r for r in state.snapshot()["replicas"] if r["replica_id"] == "r-a")
     assert view["dead_reason"] == "its process is gone: the controller's dial of 127.0.0.1:7001 was refused"
-    assert state.try_acquire("r-b", 8, time.monotonic(), final=True).granted  # 1.6 s after, not 10 s
+    assert state.admission.try_acquire("r-b", 8, time.monotonic(), final=True).granted  # 1.6 s after, not 10 s
 
 
 def test_a_silent_holder_that_still_accepts_connections_is_left_alone_and_dialled_again_later():
     state, clock, events, dialer, queued = fleet()
     clock.advance(1.6)  # r-a paused: silent, but its port still accepts connections
-    state.reap()
+    state.liveness.reap()
     assert run_due(state, queued) == ["r-a"] and not events.of_kind("replica_dead")
     clock.advance(1.0)
-    state.reap()
+    state.liveness.reap()
     assert run_due(state, queued) == []  # at most once per dial_silent_after_s
     clock.advance(0.5)
-    state.reap()
+    state.liveness.reap()
     assert run_due(state, queued) == ["r-a"] and len(dialer.dialled) == 2
     assert state.snapshot()["replicas"][0]["alive"]
 
@@ -101,7 +100,7 @@ def test_a_heartbeat_between_the_queueing_and_the_dial_wins():
     state, clock, events, dialer, queued = fleet()
     dialer.refusing.add("127.0.0.1:7001")
     clock.advance(2.0)
-    state.reap()
+    state.liveness.reap()
     state.heartbeat("r-a", 0)  # it spoke after all (its address refuses: a wrong advertised host, say)
     assert run_due(state, queued) == ["r-a"]
     assert dialer.dialled == [] and not events.of_kind("replica_dead")
@@ -111,14 +110,14 @@ def test_no_dial_for_a_replica_without_leases_one_never_reached_or_with_dialling
     state, clock, _, _, queued = fleet()
     clock.advance(5.0)
     state.heartbeat("r-a", 0)
-    state.reap()  # r-b is silent but holds no lease: a push finds out about it if need be
+    state.liveness.reap()  # r-b is silent but holds no lease: a push finds out about it if need be
     assert run_due(state, queued) == []
     state, clock, _, _, queued = fleet(dial_silent_after_s=0)
     clock.advance(5.0)
-    state.reap()
+    state.liveness.reap()
     assert run_due(state, queued) == []
     state, clock, _, dialer, queued = fleet()
-    state._registry.get("r-a").reachable = False  # its address never answered: a refusal there says nothing
+    state.books.registry.get("r-a").reachable = False  # its address never answered: a refusal there says nothing
     clock.advance(5.0)
-    state.reap()
+    state.liveness.reap()
     assert run_due(state, queued) == [] and dialer.dialled == []

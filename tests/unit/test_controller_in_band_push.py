@@ -133,4 +133,4 @@ def test_following_is_kept_across_a_controller_restart():
     state, _, _, _ = make_state(store=store)
     following(state, 7001)
     restarted, _, _, _ = make_state(store=store)
-    assert [r.in_band for r in restarted._registry.all()] == [True]
+    assert [r.in_band for r in restarted.books.registry.all()] == [True]

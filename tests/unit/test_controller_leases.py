@@ -11,7 +11,7 @@ from asyncrl.controller.persistence import MemoryStore
 from asyncrl.controller.reaper import StallDetector
 from asyncrl.controller.staleness import admissible
 from asyncrl.push.coordinator import PushOffer
-from tests.fakes import TINY_TENSORS, make_state
+from tests.fakes import TINY_TENSORS, acquire, make_state
 
 
 def wait_until(predicate, timeout_s=5.0):
@@ -36,10 +36,10 @@ def pool():
 def test_eta0_grants_one_batch_then_refuses_with_a_reason():
     state, _, _, _ = make_state(batch_size=8, eta=0)
     rid = state.register("127.0.0.1:7001", "", 0, "torch").replica_id
-    first, second = state.acquire(rid, 4, 0), state.acquire(rid, 4, 0)
+    first, second = acquire(state, rid, 4, 0), acquire(state, rid, 4, 0)
     assert first.granted and second.granted
     assert (first.prompt_index, second.prompt_index) == (0, 1)  # the training stream, in order
-    refused = state.acquire(rid, 4, 0)
+    refused = acquire(state, rid, 4, 0)
     assert not refused.granted
     assert "staleness bound" in refused.reason and refused.version == 0
     assert state.admitted == 8
@@ -49,7 +49,7 @@ def test_eta2_allows_three_batches_ahead():
     state, _, _, _ = make_state(batch_size=4, eta=2)
     rid = state.register("127.0.0.1:7001", "", 0, "torch").replica_id
     granted = 0
-    while state.acquire(rid, 2, 0).granted:
+    while acquire(state, rid, 2, 0).granted:
         granted += 2
     assert granted == 12  # (i + η + 1) * B = 3 * 4
 
@@ -57,14 +57,14 @@ def test_eta2_allows_three_batches_ahead():
 def test_unbounded_eta_never_refuses():
     state, _, _, _ = make_state(batch_size=4, eta=None)
     rid = state.register("127.0.0.1:7001", "", 0, "torch").replica_id
-    assert all(state.acquire(rid, 4, 0).granted for _ in range(50))
+    assert all(acquire(state, rid, 4, 0).granted for _ in range(50))
 
 
 def test_held_request_is_released_by_the_commit_of_the_next_version(pool):
     state, _, _, _ = make_state(batch_size=4, eta=0)
     rid = state.register("127.0.0.1:7001", "", 0, "torch").replica_id
-    assert state.acquire(rid, 4, 0).granted
-    held = pool.submit(state.acquire, rid, 4, 5.0)
+    assert acquire(state, rid, 4, 0).granted
+    held = pool.submit(acquire, state, rid, 4, 5.0)
     wait_until(lambda: state.snapshot()["held_requests"] == 1)
     assert not held.done()
     assert publish(state, 1).committed
@@ -76,9 +76,9 @@ def test_held_request_is_released_by_the_commit_of_the_next_version(pool):
 def test_hold_ends_with_a_refusal_after_wait_s():
     state, _, _, _ = make_state(batch_size=4, eta=0)
     rid = state.register("127.0.0.1:7001", "", 0, "torch").replica_id
-    state.acquire(rid, 4, 0)
+    acquire(state, rid, 4, 0)
     start = time.monotonic()
-    decision = state.acquire(rid, 1, 0.2)
+    decision = acquire(state, rid, 1, 0.2)
     assert not decision.granted and 0.15 <= time.monotonic() - start < 2
     assert "staleness bound" in decision.reason
 
@@ -86,19 +86,19 @@ def test_hold_ends_with_a_refusal_after_wait_s():
 def test_hold_is_capped_by_max_hold_s():
     state, _, _, _ = make_state(batch_size=4, eta=0, max_hold_s=0.1)
     rid = state.register("127.0.0.1:7001", "", 0, "torch").replica_id
-    state.acquire(rid, 4, 0)
+    acquire(state, rid, 4, 0)
     start = time.monotonic()
-    assert not state.acquire(rid, 1, 60.0).granted
+    assert not acquire(state, rid, 1, 60.0).granted
     assert time.monotonic() - start < 2
 
 
 def test_partial_completion_returns_quota_and_wakes_a_holder(pool):
     state, _, _, events = make_state(batch_size=4, eta=0)
     rid = state.register("127.0.0.1:7001", "", 0, "torch").replica_id
-    lease = state.acquire(rid, 4, 0)
-    held = pool.submit(state.acquire, rid, 2, 5.0)
+    lease = acquire(state, rid, 4, 0)
+    held = pool.submit(acquire, state, rid, 2, 5.0)
     wait_until(lambda: state.snapshot()["held_requests"] == 1)
-    assert state.complete(rid, lease.lease_id, num_written=2) == 2
+    assert state.admission.complete(rid, lease.lease_id, num_written=2) == 2
     assert held.result(timeout=5).granted
     assert state.admitted == 4  # 4 granted - 2 returned + 2 granted
     (done,) = events.of_kind("lease_completed")
@@ -109,8 +109,8 @@ def test_expired_lease_returns_its_quota_and_wakes_a_holder(pool):
     state, clock, _, events = make_state(batch_size=4, eta=0, lease_ttl_s=5.0, heartbeat_timeout_s=100.0)
     a = state.register("127.0.0.1:7001", "", 0, "torch").replica_id
     b = state.register("127.0.0.1:7002", "", 0, "torch").replica_id
-    state.acquire(a, 4, 0)
-    held = pool.submit(state.acquire, b, 4, 5.0)
+    acquire(state, a, 4, 0)
+    held = pool.submit(acquire, state, b, 4, 5.0)
     wait_until(lambda: state.snapshot()["held_requests"] == 1)
     clock.advance(6.0)  # past the TTL; the holder's own polling reaps it (no reaper thread here)
     assert held.result(timeout=5).granted
@@ -122,8 +122,8 @@ def test_dead_replica_returns_quota_to_a_waiting_live_one(pool):
     state, clock, _, events = make_state(batch_size=4, eta=0, heartbeat_timeout_s=3.0)
     a = state.register("127.0.0.1:7001", "", 0, "torch").replica_id
     b = state.register("127.0.0.1:7002", "", 0, "torch").replica_id
-    state.acquire(a, 4, 0)
-    held = pool.submit(state.acquire, b, 4, 5.0)
+    acquire(state, a, 4, 0)
+    held = pool.submit(acquire, state, b, 4, 5.0)
     wait_until(lambda: state.snapshot()["held_requests"] == 1)
     clock.advance(2.0)
     state.heartbeat(b, 0)  # b heartbeats while it waits (its request itself counts only when it arrives)
@@ -136,11 +136,11 @@ def test_dead_replica_returns_quota_to_a_waiting_live_one(pool):
 def test_heartbeats_keep_leases_alive():
     state, clock, _, _ = make_state(batch_size=4, eta=0, lease_ttl_s=5.0, heartbeat_timeout_s=100.0)
     rid = state.register("127.0.0.1:7001", "", 0, "torch").replica_id
-    lease = state.acquire(rid, 4, 0)
+    lease = acquire(state, rid, 4, 0)
     for _ in range(3):
         clock.advance(4.0)
         state.heartbeat(rid, 0)
-    assert state.complete(rid, lease.lease_id, 4) == 0
+    assert state.admission.complete(rid, lease.lease_id, 4) == 0
 
 
 def test_heartbeats_do_not_keep_a_lease_past_lease_max_s():
@@ -151,81 +151,81 @@ def test_heartbeats_do_not_keep_a_lease_past_lease_max_s():
                                          heartbeat_timeout_s=100.0)
     hoarder = state.register("127.0.0.1:7001", "", 0, "torch").replica_id
     other = state.register("127.0.0.1:7002", "", 0, "torch").replica_id
-    lease = state.acquire(hoarder, 4, 0)
+    lease = acquire(state, hoarder, 4, 0)
     for _ in range(5):  # t = 2, 4, ..., 10: the TTL alone would keep it forever
         clock.advance(2.0)
         state.heartbeat(hoarder, 0, held_leases=[lease.lease_id])
         state.heartbeat(other, 0)
-    assert not state.acquire(other, 4, 0).granted  # t = 10: still held, the quota with it
+    assert not acquire(state, other, 4, 0).granted  # t = 10: still held, the quota with it
     clock.advance(1.9)
     state.heartbeat(hoarder, 0, held_leases=[lease.lease_id])  # t = 11.9: renewed up to t = 12 only
     assert not events.of_kind("lease_expired")
     clock.advance(0.1)  # t = 12 = granted + lease_max_s
-    assert state.acquire(other, 4, 0).granted
+    assert acquire(state, other, 4, 0).granted
     (expired,) = events.of_kind("lease_expired")
     assert expired == {**expired, "lease_id": lease.lease_id, "reason": "max_age", "returned": 4, "admitted_after": 0}
     with pytest.raises(PreconditionFailed, match="^lease_id: lease .* is expired: max_age"):
-        state.complete(hoarder, lease.lease_id, 4)
+        state.admission.complete(hoarder, lease.lease_id, 4)
 
 
 def test_lease_max_s_is_moved_on_by_a_controller_stall_and_0_means_no_limit():
     state, clock, _, events = make_state(batch_size=4, eta=None, lease_ttl_s=5.0, lease_max_s=12.0,
                                          heartbeat_timeout_s=100.0)
-    state._stall = StallDetector(1.0, 2.0, clock=clock)  # what start_reaper sets, on the test's clock
+    state.liveness.watch_stalls(StallDetector(1.0, 2.0, clock=clock))  # what start_reaper sets, on the test's clock
     rid = state.register("127.0.0.1:7001", "", 0, "torch").replica_id
-    lease = state.acquire(rid, 4, 0)
+    lease = acquire(state, rid, 4, 0)
     clock.advance(6.0)  # the controller stood still: 5 s beyond the reaper's interval, which do not count
     state.heartbeat(rid, 0, held_leases=[lease.lease_id])
     assert events.of_kind("controller_stalled")[0]["seconds"] == 5.0
     for _ in range(5):  # t = 8, ..., 16: past granted + 12 s, not past it + 5 s of stall
         clock.advance(2.0)
         state.heartbeat(rid, 0, held_leases=[lease.lease_id])
-    assert state.complete(rid, lease.lease_id, 4) == 0 and not events.of_kind("lease_expired")
+    assert state.admission.complete(rid, lease.lease_id, 4) == 0 and not events.of_kind("lease_expired")
     unlimited, clock, _, events = make_state(batch_size=4, eta=None, lease_ttl_s=5.0, lease_max_s=0.0,
                                              heartbeat_timeout_s=10_000.0)
     rid = unlimited.register("127.0.0.1:7001", "", 0, "torch").replica_id
-    lease = unlimited.acquire(rid, 4, 0)
+    lease = acquire(unlimited, rid, 4, 0)
     for _ in range(1000):  # over an hour of heartbeats
         clock.advance(4.0)
         unlimited.heartbeat(rid, 0, held_leases=[lease.lease_id])
-    assert unlimited.complete(rid, lease.lease_id, 4) == 0 and not events.of_kind("lease_expired")
+    assert unlimited.admission.complete(rid, lease.lease_id, 4) == 0 and not events.of_kind("lease_expired")
 
 
 def test_complete_errors():
     state, clock, _, _ = make_state(batch_size=4, eta=0, lease_ttl_s=5.0, heartbeat_timeout_s=100.0)
     a = state.register("127.0.0.1:7001", "", 0, "torch").replica_id
     b = state.register("127.0.0.1:7002", "", 0, "torch").replica_id
-    lease = state.acquire(a, 2, 0)
+    lease = acquire(state, a, 2, 0)
     with pytest.raises(InvalidRequest, match="^num_written: must be <= the lease's 2"):
-        state.complete(a, lease.lease_id, 3)
+        state.admission.complete(a, lease.lease_id, 3)
     with pytest.raises(InvalidRequest, match="^lease_id: .* belongs to replica"):
-        state.complete(b, lease.lease_id, 2)
+        state.admission.complete(b, lease.lease_id, 2)
     with pytest.raises(PreconditionFailed, match="unknown lease"):
-        state.complete(a, "lease-nope", 0)
-    state.complete(a, lease.lease_id, 2)
+        state.admission.complete(a, "lease-nope", 0)
+    state.admission.complete(a, lease.lease_id, 2)
     with pytest.raises(PreconditionFailed, match="is completed"):
-        state.complete(a, lease.lease_id, 2)
-    late = state.acquire(a, 2, 0)
+        state.admission.complete(a, lease.lease_id, 2)
+    late = acquire(state, a, 2, 0)
     clock.advance(6.0)
     with pytest.raises(PreconditionFailed, match="is expired: ttl"):
-        state.complete(a, late.lease_id, 2)
+        state.admission.complete(a, late.lease_id, 2)
 
 
 def test_argument_errors_name_the_field():
     state, _, _, _ = make_state(batch_size=4, eta=0)
     with pytest.raises(InvalidRequest, match="^replica_id: unknown replica 'ghost'"):
-        state.acquire("ghost", 1, 0)
+        acquire(state, "ghost", 1, 0)
     rid = state.register("127.0.0.1:7001", "", 0, "torch").replica_id
     with pytest.raises(InvalidRequest, match="^num_trajectories: must be <= batch_size"):
-        state.acquire(rid, 5, 0)
+        acquire(state, rid, 5, 0)
 
 
 def test_prompt_indices_are_not_reissued_after_a_returned_quota():
     state, _, _, _ = make_state(batch_size=4, eta=0)
     rid = state.register("127.0.0.1:7001", "", 0, "torch").replica_id
-    first = state.acquire(rid, 4, 0)
-    state.complete(rid, first.lease_id, 0)
-    assert state.acquire(rid, 4, 0).prompt_index == 1
+    first = acquire(state, rid, 4, 0)
+    state.admission.complete(rid, first.lease_id, 0)
+    assert acquire(state, rid, 4, 0).prompt_index == 1
 
 
 def test_every_admission_in_a_concurrent_run_satisfies_the_rule(pool):
@@ -236,9 +236,9 @@ def test_every_admission_in_a_concurrent_run_satisfies_the_rule(pool):
 
     def worker(rid):
         while not stop.is_set():
-            d = state.acquire(rid, 2, 0.2)
+            d = acquire(state, rid, 2, 0.2)
             if d.granted:
-                state.complete(rid, d.lease_id, 2 if d.prompt_index % 3 else 1)
+                state.admission.complete(rid, d.lease_id, 2 if d.prompt_index % 3 else 1)
 
     futures = [pool.submit(worker, rid) for rid in ids]
     for version in range(1, 6):
@@ -260,7 +260,7 @@ def test_heartbeats_keep_only_the_leases_a_replica_still_holds():
     than the grace it expires as abandoned and returns its quota, instead of being kept alive forever."""
     state, clock, _, events = make_state(batch_size=8, eta=None, lease_report_grace_s=2.0, lease_ttl_s=60.0)
     rid = state.register("127.0.0.1:7001", "", 0, "torch").replica_id
-    kept, lost = state.acquire(rid, 4, 0), state.acquire(rid, 4, 0)
+    kept, lost = acquire(state, rid, 4, 0), acquire(state, rid, 4, 0)
     assert state.admitted == 8
     state.heartbeat(rid, 0, held_leases=[kept.lease_id])  # inside the grace: nothing expires yet
     assert state.admitted == 8
@@ -273,12 +273,12 @@ def test_heartbeats_keep_only_the_leases_a_replica_still_holds():
     for _ in range(30):
         clock.advance(3.0)
         state.heartbeat(rid, 0, held_leases=[kept.lease_id])
-    assert state.complete(rid, kept.lease_id, 4) == 0
+    assert state.admission.complete(rid, kept.lease_id, 4) == 0
     # ...and a heartbeat without a report (an older client) keeps every lease alive, as before.
-    third = state.acquire(rid, 4, 0)
+    third = acquire(state, rid, 4, 0)
     clock.advance(10.0)
     state.heartbeat(rid, 0)
-    assert state.complete(rid, third.lease_id, 4) == 0
+    assert state.admission.complete(rid, third.lease_id, 4) == 0
 
 
 # ---- several leases per call (AcquireLeases / CompleteLeases) -------------------------------------------------
@@ -288,7 +288,7 @@ def test_acquire_many_grants_while_admissible_then_says_why_not():
     state, _, _, events = make_state(batch_size=8, eta=1)
     rid = state.register("127.0.0.1:7001", "", 0, "torch").replica_id
     # N_r <= (0 + 1 + 1) * 8 = 16 at version 0: four leases of 4 fit, and a fifth is refused.
-    batch = state.try_acquire_many(rid, 4, 5, time.monotonic(), final=True)
+    batch = state.admission.try_acquire_many(rid, 4, 5, time.monotonic(), final=True)
     assert [d.prompt_index for d in batch.leases] == [0, 1, 2, 3]
     assert all(d.granted and d.version == 0 for d in batch.leases)
     assert batch.reason.startswith("staleness bound: N_r would reach 20 > (i+eta+1)*B = 16")
@@ -298,22 +298,22 @@ def test_acquire_many_grants_while_admissible_then_says_why_not():
     for g in grants:
         assert admissible(g["admitted_after"] - g["n"], g["n"], g["batch_size"], g["version"], g["eta"]), g
     # Nothing admissible and not final: held (None); final: no lease, the reason.
-    assert state.try_acquire_many(rid, 4, 2, time.monotonic(), final=False) is None
-    refused = state.try_acquire_many(rid, 4, 2, time.monotonic(), final=True)
+    assert state.admission.try_acquire_many(rid, 4, 2, time.monotonic(), final=False) is None
+    refused = state.admission.try_acquire_many(rid, 4, 2, time.monotonic(), final=True)
     assert refused.leases == [] and "staleness bound" in refused.reason
 
 
 def test_acquire_many_that_gets_all_it_asked_for_gives_no_reason_even_at_the_bound():
     state, _, _, _ = make_state(batch_size=8, eta=0)
     rid = state.register("127.0.0.1:7001", "", 0, "torch").replica_id
-    batch = state.try_acquire_many(rid, 4, 2, time.monotonic(), final=True)  # N_r reaches B exactly
+    batch = state.admission.try_acquire_many(rid, 4, 2, time.monotonic(), final=True)  # N_r reaches B exactly
     assert len(batch.leases) == 2 and batch.reason == ""
 
 
 def test_acquire_many_stops_at_max_leases_with_no_reason():
     state, _, _, _ = make_state(batch_size=8, eta=None)
     rid = state.register("127.0.0.1:7001", "", 0, "torch").replica_id
-    batch = state.try_acquire_many(rid, 8, 3, time.monotonic(), final=True)
+    batch = state.admission.try_acquire_many(rid, 8, 3, time.monotonic(), final=True)
     assert len(batch.leases) == 3 and batch.reason == ""
     assert len({d.lease_id for d in batch.leases}) == 3
 
@@ -323,7 +323,7 @@ def test_acquire_many_is_persisted_once_before_the_answer():
     state, _, _, _ = make_state(batch_size=8, eta=None, store=store)
     rid = state.register("127.0.0.1:7001", "", 0, "torch").replica_id
     saves = store.saves
-    batch = state.try_acquire_many(rid, 2, 4, time.monotonic(), final=True)
+    batch = state.admission.try_acquire_many(rid, 2, 4, time.monotonic(), final=True)
     assert store.saves == saves + 1
     assert set(store.leases) == {d.lease_id for d in batch.leases}
 
@@ -331,15 +331,15 @@ def test_acquire_many_is_persisted_once_before_the_answer():
 def test_complete_many_settles_each_lease_on_its_own():
     state, _, _, events = make_state(batch_size=8, eta=0)
     rid = state.register("127.0.0.1:7001", "", 0, "torch").replica_id
-    a, b = state.try_acquire_many(rid, 4, 2, time.monotonic(), final=True).leases
-    assert not state.acquire(rid, 4, 0).granted  # B = 8 admitted at eta = 0
-    outcomes = state.complete_many(rid, [(a.lease_id, 4), ("lease-nope", 0), (b.lease_id, 1)])
+    a, b = state.admission.try_acquire_many(rid, 4, 2, time.monotonic(), final=True).leases
+    assert not acquire(state, rid, 4, 0).granted  # B = 8 admitted at eta = 0
+    outcomes = state.admission.complete_many(rid, [(a.lease_id, 4), ("lease-nope", 0), (b.lease_id, 1)])
     assert outcomes[0] == "" and outcomes[2] == ""
     assert outcomes[1].startswith("completions[1].lease_id: unknown lease 'lease-nope'")
     assert [e["num_written"] for e in events.of_kind("lease_completed")] == [4, 1]
     # b's unwritten 3 came back: a lease of 3 fits again, one of 4 does not.
-    assert state.acquire(rid, 3, 0).granted and not state.acquire(rid, 1, 0).granted
-    late = state.try_acquire_many(rid, 1, 1, time.monotonic(), final=True)
+    assert acquire(state, rid, 3, 0).granted and not acquire(state, rid, 1, 0).granted
+    late = state.admission.try_acquire_many(rid, 1, 1, time.monotonic(), final=True)
     assert late.leases == []
 
 
@@ -347,13 +347,13 @@ def test_complete_many_refuses_a_malformed_completion_before_applying_any():
     state, _, _, events = make_state(batch_size=8, eta=None)
     a = state.register("127.0.0.1:7001", "", 0, "torch").replica_id
     b = state.register("127.0.0.1:7002", "", 0, "torch").replica_id
-    mine, theirs = state.acquire(a, 4, 0), state.acquire(b, 4, 0)
+    mine, theirs = acquire(state, a, 4, 0), acquire(state, b, 4, 0)
     with pytest.raises(InvalidRequest, match=r"^completions\[1\]\.num_written: must be <= the lease's 4"):
-        state.complete_many(a, [("lease-gone", 0), (mine.lease_id, 5)])
+        state.admission.complete_many(a, [("lease-gone", 0), (mine.lease_id, 5)])
     with pytest.raises(InvalidRequest, match=r"^completions\[0\]\.lease_id: .* belongs to replica"):
-        state.complete_many(a, [(theirs.lease_id, 4), (mine.lease_id, 4)])
+        state.admission.complete_many(a, [(theirs.lease_id, 4), (mine.lease_id, 4)])
     assert events.of_kind("lease_completed") == []  # nothing applied
-    assert state.complete_many(a, [(mine.lease_id, 4)]) == [""]
+    assert state.admission.complete_many(a, [(mine.lease_id, 4)]) == [""]
 
 
 class CountedWrites:
@@ -384,15 +384,15 @@ def test_a_completion_counts_at_most_what_reached_the_buffer():
     state = ControllerState(ControllerConfig(eta=0), 8, events=events, notify=FakeNotifier(), clock=FakeClock(),
                             lease_writes=writes)
     rid = state.register("127.0.0.1:7001", "", 0, "torch").replica_id
-    stolen = [state.acquire(rid, 4, 0) for _ in range(2)]
-    assert all(lease.granted for lease in stolen) and not state.acquire(rid, 4, 0).granted
+    stolen = [acquire(state, rid, 4, 0) for _ in range(2)]
+    assert all(lease.granted for lease in stolen) and not acquire(state, rid, 4, 0).granted
     for lease in stolen:
-        assert state.complete(rid, lease.lease_id, 4) == 4  # nothing was written: all of it returns
-    assert state.admitted == 0 and state.acquire(rid, 4, 0).granted  # admission goes on
+        assert state.admission.complete(rid, lease.lease_id, 4) == 4  # nothing was written: all of it returns
+    assert state.admitted == 0 and acquire(state, rid, 4, 0).granted  # admission goes on
     completed = events.of_kind("lease_completed")
     assert [(e["num_written"], e["claimed"], e["returned"]) for e in completed] == [(0, 4, 4)] * 2
-    honest = state.acquire(rid, 4, 0)
+    honest = acquire(state, rid, 4, 0)
     writes.written[honest.lease_id] = 4
-    assert state.complete(rid, honest.lease_id, 4) == 0 and "claimed" not in events.of_kind("lease_completed")[-1]
-    assert not state.acquire(rid, 4, 0).granted  # 8 admitted: the batch is full at η = 0
+    assert state.admission.complete(rid, honest.lease_id, 4) == 0 and "claimed" not in events.of_kind("lease_completed")[-1]
+    assert not acquire(state, rid, 4, 0).granted  # 8 admitted: the batch is full at η = 0
     assert writes.forgotten == [stolen[0].lease_id, stolen[1].lease_id, honest.lease_id]

@@ -4,7 +4,7 @@ import pytest
 
 from asyncrl.controller.errors import PreconditionFailed
 from asyncrl.controller.persistence import MemoryStore, StateOfAnotherRun
-from tests.fakes import make_state
+from tests.fakes import acquire, make_state
 from tests.unit.test_controller_leases import publish
 
 
@@ -14,9 +14,9 @@ def test_restart_continues_with_exact_accounting():
     a = state.register("127.0.0.1:7001", "replica-a", 0, "torch")
     b = state.register("127.0.0.1:7002", "replica-b", 0, "torch")
     assert publish(state, 1).committed
-    leases = [state.acquire("replica-a", 2, 0) for _ in range(3)]
+    leases = [acquire(state, "replica-a", 2, 0) for _ in range(3)]
     assert all(x.granted for x in leases)
-    state.complete("replica-a", leases[0].lease_id, 1)  # one trajectory's quota returns
+    state.admission.complete("replica-a", leases[0].lease_id, 1)  # one trajectory's quota returns
     before = state.snapshot()
 
     again, _, _, _ = make_state(batch_size=4, eta=1, store=store)  # the process died; a new one starts
@@ -29,15 +29,15 @@ def test_restart_continues_with_exact_accounting():
     assert [r["replica_id"] for r in after["replicas"]] == ["replica-a", "replica-b"]
     pulse = again.heartbeat("replica-b", 1, [])
     assert not pulse.needs_sync and pulse.current_version == 1
-    assert again._registry.get("replica-a").push_key == a.push_key
-    assert again._registry.get("replica-b").push_key == b.push_key
+    assert again.books.registry.get("replica-a").push_key == a.push_key
+    assert again.books.registry.get("replica-b").push_key == b.push_key
     # The restored leases can be completed by their holder; an ended one stays ended.
-    assert again.complete("replica-a", leases[1].lease_id, 2) == 0
+    assert again.admission.complete("replica-a", leases[1].lease_id, 2) == 0
     with pytest.raises(PreconditionFailed):
-        again.complete("replica-a", leases[0].lease_id, 2)
+        again.admission.complete("replica-a", leases[0].lease_id, 2)
     # η accounting continues exactly: (i + η + 1) * B = 12 at version 1; 5 admitted: 3 more leases of 2 fit.
     granted = 0
-    while again.acquire("replica-b", 2, 0).granted:
+    while acquire(again, "replica-b", 2, 0).granted:
         granted += 2
     assert again.admitted == 11 and granted == 6
 
@@ -50,7 +50,7 @@ def test_a_heartbeat_that_changes_nothing_writes_nothing():
     for _ in range(5):
         state.heartbeat("replica-a", 0, [])
     assert store.saves == saves
-    state.acquire("replica-a", 4, 0)
+    acquire(state, "replica-a", 4, 0)
     assert store.saves == saves + 1  # a grant is one write, before the answer
 
 
@@ -58,12 +58,12 @@ def test_restored_lease_of_a_replica_that_never_returns_expires_and_returns_its_
     store = MemoryStore()
     state, _, _, _ = make_state(batch_size=4, eta=0, store=store, lease_ttl_s=30.0, heartbeat_timeout_s=10.0)
     state.register("127.0.0.1:7001", "replica-a", 0, "torch")
-    assert state.acquire("replica-a", 4, 0).granted
+    assert acquire(state, "replica-a", 4, 0).granted
     again, clock, _, events = make_state(batch_size=4, eta=0, store=store, lease_ttl_s=30.0,
                                          heartbeat_timeout_s=10.0)
     assert again.admitted == 4
     clock.advance(11.0)  # silent past the heartbeat time-out: declared dead, its lease returns its quota
-    again.reap()
+    again.liveness.reap()
     assert again.admitted == 0
     assert [e["reason"] for e in events.of_kind("lease_expired")] == ["replica_dead"]
 
@@ -92,7 +92,7 @@ def test_timeline_reset_goes_back_to_the_checkpoint():
     state.register("127.0.0.1:7001", "replica-a", 0, "torch")
     for version in (1, 2, 3):
         assert publish(state, version).committed
-    leases = [state.acquire("replica-a", 2, 0) for _ in range(2)]
+    leases = [acquire(state, "replica-a", 2, 0) for _ in range(2)]
     assert all(x.granted for x in leases)
     cursor_before = state.snapshot()["next_prompt_index"]
     with pytest.raises(PreconditionFailed, match="version: 4 is ahead"):
@@ -104,7 +104,7 @@ def test_timeline_reset_goes_back_to_the_checkpoint():
     assert (state.current_version, state.admitted) == (1, 6)
     assert [e["reason"] for e in events.of_kind("lease_expired")] == ["timeline_reset"] * 2
     # Every replica may hold weights of the lost timeline: no lease until a push reaches it.
-    refused = state.acquire("replica-a", 2, 0)
+    refused = acquire(state, "replica-a", 2, 0)
     assert not refused.granted and "weight sync" in refused.reason
     assert state.learner_heartbeat(0, 1, 0).sync_requested
 
@@ -128,5 +128,5 @@ def test_replicas_ahead_of_a_reset_timeline_are_taken_and_resynced():
     assert not state.heartbeat("replica-a", 2).needs_sync and not state.heartbeat("replica-b", 2).needs_sync
     again = state.register("127.0.0.1:7003", "replica-c", 2, "torch")
     assert again.needs_sync
-    granted = state.acquire("replica-a", 2, 0)
+    granted = acquire(state, "replica-a", 2, 0)
     assert granted.granted

@@ -6,7 +6,7 @@ import pytest
 
 from asyncrl.push.plan import PushOffer
 from asyncrl.push.protocol import Phase, PushRefused
-from tests.fakes import TINY_TENSORS, make_state
+from tests.fakes import TINY_TENSORS, acquire, make_state
 
 
 def begin(state, version, timeout_s=5.0):
@@ -58,7 +58,7 @@ def test_failed_receiver_is_dropped_and_flagged_the_rest_commit():
     assert result.acked == [a] and result.dropped == [b]
     assert state.heartbeat(b, 0).needs_sync
     assert not state.heartbeat(a, 1).needs_sync
-    assert "needs a weight sync" in state.acquire(b, 1, 0).reason
+    assert "needs a weight sync" in acquire(state, b, 1, 0).reason
     (dropped,) = events.of_kind("replica_dropped")
     assert dropped["replica_id"] == b and "failed to load" in dropped["error"]
     assert state.metrics.registry.get_sample_value("asyncrl_controller_replicas_dropped_total") == 1
@@ -72,7 +72,7 @@ def test_late_joiner_needs_sync_and_a_resync_push_reaches_only_it():
     registration = state.register("127.0.0.1:7002", "", 0, "torch")
     late = registration.replica_id
     assert registration.needs_sync and registration.current_version == 1
-    assert not state.acquire(late, 1, 0).granted
+    assert not acquire(state, late, 1, 0).granted
     assert state.learner_heartbeat(step=1, version=1, consumed=8).sync_requested is True
     resync = begin(state, 1)
     assert [(r.replica_id, r.rank) for r in resync.receivers] == [(late, 1)]
@@ -81,7 +81,7 @@ def test_late_joiner_needs_sync_and_a_resync_push_reaches_only_it():
     assert state.learner_heartbeat(step=1, version=1, consumed=8).sync_requested is False
     result = state.commit_push(resync.push_id, sender_ok=True)
     assert result.committed and result.current_version == 1 and result.acked == [late]
-    assert state.acquire(late, 1, 0).granted
+    assert acquire(state, late, 1, 0).granted
     assert events.of_kind("push_committed")[-1]["mode"] == "resync"
     assert a != late
 
@@ -91,7 +91,7 @@ def test_resync_releases_a_held_request():
     state.commit_push(begin(state, 1).push_id, sender_ok=True)
     late = register(state, 7002, version=0)
     answer = {}
-    holder = threading.Thread(target=lambda: answer.update(d=state.acquire(late, 1, 5.0)))
+    holder = threading.Thread(target=lambda: answer.update(d=acquire(state, late, 1, 5.0)))
     holder.start()
     while state.snapshot()["held_requests"] == 0:
         threading.Event().wait(0.01)
@@ -195,7 +195,7 @@ def commit_waiting(state, session) -> tuple[threading.Thread, dict]:
     answer = {}
     committer = threading.Thread(target=lambda: answer.update(r=state.commit_push(session.push_id, True)))
     committer.start()
-    while state._pushes.slot.phase is not Phase.COMMITTING:
+    while state.books.pushes.slot.phase is not Phase.COMMITTING:
         threading.Event().wait(0.01)
     return committer, answer
 
@@ -225,7 +225,7 @@ def test_the_commit_stops_waiting_for_a_receiver_declared_dead():
     clock.advance(2.0)
     state.heartbeat(a, 0)
     clock.advance(2.0)  # b silent for 4 s
-    state.reap()
+    state.liveness.reap()
     committer.join(timeout=5)
     assert not committer.is_alive(), "the commit still waits for the dead receiver"
     notifier.release.set()
@@ -241,7 +241,7 @@ def test_an_unreachable_receiver_is_dead_at_once_and_the_retry_skips_it():
     retry goes to the others only. A later registration brings it back, needing a sync."""
     state, _, notifier, events = make_state(eta=None)
     a, b = register(state, 7001), register(state, 7002)
-    lease = state.acquire(b, 2, 0)
+    lease = acquire(state, b, 2, 0)
     assert lease.granted
     notifier.gone.add("127.0.0.1:7002")
     first = begin(state, 1)
@@ -356,7 +356,7 @@ def test_receivers_that_never_joined_sit_out_the_retry_and_come_back_after_their
     retry = begin(state, 1)
     assert [r.replica_id for r in retry.receivers] == [a]
     assert state.commit_push(retry.push_id, sender_ok=True).committed
-    assert not state.acquire(b, 4, 0).granted  # needs the resync it is held back from
+    assert not acquire(state, b, 4, 0).granted  # needs the resync it is held back from
     assert not state.learner_heartbeat(1, 1, 0).sync_requested  # the learner is not asked to resync it yet
     clock.advance(10.0)
     state.heartbeat(b, 0)
@@ -381,7 +381,7 @@ def test_a_push_a_held_back_replica_acknowledges_clears_it():
     assert events.of_kind("replica_held_back")[0]["problem"].startswith("ReceiverUnreachable: 127.0.0.1:7002")
     state.heartbeat(b, 0)  # revived, still held back
     assert [r.replica_id for r in begin(state, 2).receivers] == [a]
-    state.commit_push(state._pushes.open.push_id, sender_ok=True)
+    state.commit_push(state.books.pushes.open.push_id, sender_ok=True)
     notifier.gone.clear()
     clock.advance(5.0)
     state.heartbeat(b, 0)
@@ -390,7 +390,7 @@ def test_a_push_a_held_back_replica_acknowledges_clears_it():
     assert state.commit_push(session.push_id, sender_ok=True).acked == [a, b]
     view = {r["replica_id"]: r for r in state.snapshot()["replicas"]}[b]
     assert view["held_back_s"] == 0 and view["push_problem"] == ""
-    assert state._registry.get(b).push_failures == 0
+    assert state.books.registry.get(b).push_failures == 0
 
 
 def test_receivers_failing_only_because_the_sender_called_the_push_off_are_not_held_back():

@@ -31,7 +31,7 @@ def state_with(addresses: Addresses, **fields):
     clock, events = FakeClock(), MemoryEvents()
     state = ControllerState(ControllerConfig(eta=None, push_backoff_s=10.0, **fields), 8, events=events,
                             notify=FakeNotifier(), probe=addresses, clock=clock)
-    state._reach.close()  # the tests below run the checks themselves, one at a time
+    state.reachability.close()  # the tests below run the checks themselves, one at a time
     return state, clock, events
 
 
@@ -48,28 +48,28 @@ def test_a_replica_that_answers_under_its_key_joins_pushes():
     assert session.receivers == []  # not reached yet: left out
     assert state.commit_push(session.push_id, sender_ok=True).committed
     addresses.keys["127.0.0.1:7001"] = reg.push_key
-    assert state.check_reachable("r-1", reg.push_key) is None  # settled
+    assert state.reachability.check_reachable("r-1", reg.push_key) is None  # settled
     assert replica(state, "r-1")["reachable"] and addresses.asked == ["127.0.0.1:7001"]
     assert events.of_kind("replica_reachable")[0]["failed_checks"] == 0
-    assert state.check_reachable("r-1", reg.push_key) is None and addresses.asked == ["127.0.0.1:7001"]
+    assert state.reachability.check_reachable("r-1", reg.push_key) is None and addresses.asked == ["127.0.0.1:7001"]
 
 
 def test_one_that_does_not_answer_is_retried_quickly_then_held_back_and_told_why():
     addresses = Addresses()
     state, clock, events = state_with(addresses)
     reg = state.register("10.0.0.9:7001", "stray", 0, "torch")
-    delays = [state.check_reachable("stray", reg.push_key) for _ in range(len(QUICK_RETRIES_S) + 2)]
+    delays = [state.reachability.check_reachable("stray", reg.push_key) for _ in range(len(QUICK_RETRIES_S) + 2)]
     assert delays == [*QUICK_RETRIES_S, 10.0, 20.0]  # then the push back-off, doubling
     held = events.of_kind("replica_held_back")
     assert [e["seconds"] for e in held] == [10.0, 20.0] and held[0]["address"] == "10.0.0.9:7001"
     pulse = state.heartbeat("stray", 0)
     assert pulse.held_back_s == 20.0 and pulse.push_problem.startswith("unreachable at 10.0.0.9:7001")
     # Leases do not wait for it (it registered with the current weights).
-    assert state.try_acquire("stray", 8, time.monotonic(), final=True).granted
+    assert state.admission.try_acquire("stray", 8, time.monotonic(), final=True).granted
     # It answers at last (its address fixed by a restart, say): the hold ends, it joins pushes.
     clock.advance(20.0)
     addresses.keys["10.0.0.9:7001"] = reg.push_key
-    assert state.check_reachable("stray", reg.push_key) is None
+    assert state.reachability.check_reachable("stray", reg.push_key) is None
     view = replica(state, "stray")
     assert view["reachable"] and view["held_back_s"] == 0 and view["push_problem"] == ""
 
@@ -79,15 +79,15 @@ def test_a_new_registration_needs_its_own_answer_and_stale_checks_stop():
     state, _, _ = state_with(addresses)
     first = state.register("127.0.0.1:7001", "r-1", 0, "torch")
     addresses.keys["127.0.0.1:7001"] = first.push_key
-    assert state.check_reachable("r-1", first.push_key) is None
+    assert state.reachability.check_reachable("r-1", first.push_key) is None
     # It registers again from another address: a new key, unproven until the process there answers under it.
     second = state.register("127.0.0.1:7002", "r-1", 0, "torch", push_key=first.push_key)
     assert not replica(state, "r-1")["reachable"]
-    assert state.check_reachable("r-1", first.push_key) is None  # the old registration's check: nothing to do
-    assert state.check_reachable("r-1", second.push_key) == QUICK_RETRIES_S[0]
+    assert state.reachability.check_reachable("r-1", first.push_key) is None  # the old registration's check: nothing to do
+    assert state.reachability.check_reachable("r-1", second.push_key) == QUICK_RETRIES_S[0]
     addresses.keys["127.0.0.1:7002"] = second.push_key
-    assert state.check_reachable("r-1", second.push_key) is None and replica(state, "r-1")["reachable"]
-    assert state.check_reachable("gone", b"k" * 32) is None  # never registered (or forgotten)
+    assert state.reachability.check_reachable("r-1", second.push_key) is None and replica(state, "r-1")["reachable"]
+    assert state.reachability.check_reachable("gone", b"k" * 32) is None  # never registered (or forgotten)
 
 
 def test_without_a_probe_every_registration_counts_as_reachable():
@@ -123,11 +123,11 @@ def test_a_restarted_controller_keeps_who_was_reached_and_checks_the_others_agai
     addresses, store = Addresses(), MemoryStore()
     state = ControllerState(ControllerConfig(eta=None), 8, notify=FakeNotifier(), probe=addresses,
                             clock=FakeClock(), store=store)
-    state._reach.close()
+    state.reachability.close()
     reached = state.register("127.0.0.1:7001", "reached", 0, "torch")
     state.register("10.0.0.9:7001", "stray", 0, "torch")
     addresses.keys["127.0.0.1:7001"] = reached.push_key
-    assert state.check_reachable("reached", reached.push_key) is None
+    assert state.reachability.check_reachable("reached", reached.push_key) is None
     again = ControllerState(ControllerConfig(eta=None), 8, notify=FakeNotifier(), probe=addresses,
                             clock=FakeClock(), store=store)  # the controller died; a new one starts on its state
     try:

@@ -4,7 +4,7 @@ import pytest
 
 from asyncrl.controller.errors import InvalidRequest
 from asyncrl.controller.status_page import render_html
-from tests.fakes import make_state
+from tests.fakes import acquire, make_state
 
 
 def test_ids_are_assigned_and_chosen_ids_are_kept():
@@ -31,7 +31,7 @@ def test_registration_answers_the_heartbeat_interval():
 def test_restart_under_the_same_id_expires_old_leases():
     state, _, _, events = make_state(batch_size=4, eta=0)
     rid = state.register("127.0.0.1:7001", "", 0, "torch").replica_id
-    state.acquire(rid, 4, 0)
+    acquire(state, rid, 4, 0)
     assert state.admitted == 4
     state.register("127.0.0.1:7999", rid, 0, "torch")
     assert state.admitted == 0
@@ -44,10 +44,10 @@ def test_silent_replica_dies_and_a_heartbeat_revives_it():
     state, clock, _, events = make_state(heartbeat_timeout_s=3.0)
     rid = state.register("127.0.0.1:7001", "", 0, "torch").replica_id
     clock.advance(2.0)
-    state.reap()
+    state.liveness.reap()
     assert state.snapshot()["replicas"][0]["alive"]
     clock.advance(2.0)
-    state.reap()
+    state.liveness.reap()
     (dead,) = events.of_kind("replica_dead")
     assert dead["replica_id"] == rid and dead["silent_s"] == pytest.approx(4.0)
     view = state.snapshot()["replicas"][0]
@@ -76,7 +76,7 @@ def test_heartbeat_of_an_unknown_replica_names_the_field():
 def test_snapshot_lists_what_the_status_page_shows():
     state, clock, _, _ = make_state(batch_size=8, eta=2)
     rid = state.register("127.0.0.1:7001", "", 0, "torch").replica_id
-    state.acquire(rid, 4, 0)
+    acquire(state, rid, 4, 0)
     clock.advance(1.5)
     state.learner_heartbeat(step=3, version=0, consumed=24)
     snap = state.snapshot()
@@ -100,11 +100,11 @@ def test_dead_replicas_are_forgotten_and_the_registry_is_bounded():
     state.register("127.0.0.1:7009", "a", 0, "torch")  # an existing id may register again (a restart)
     clock.advance(5.0)
     state.heartbeat("b", 0)
-    state.reap()  # "a" is dead now, not yet forgotten
+    state.liveness.reap()  # "a" is dead now, not yet forgotten
     assert {r["replica_id"] for r in state.snapshot()["replicas"]} == {"a", "b"}
     clock.advance(11.0)
     state.heartbeat("b", 0)
-    state.reap()
+    state.liveness.reap()
     assert [r["replica_id"] for r in state.snapshot()["replicas"]] == ["b"]
     assert events.of_kind("replica_forgotten")[0]["replica_id"] == "a"
     with pytest.raises(UnknownReplica):

@@ -42,7 +42,7 @@ def test_a_reserved_push_is_committed_without_a_begin():
     assert reserved.order_macs == [push_order_mac(keys[r.replica_id], reserved.plan, r.rank)
                                    for r in reserved.receivers]
     # Reserved, not open: a resync request is not held back by it, and no time-out runs on it.
-    assert state._pushes.open is None and not state._pushes.is_fresh(state._clock() + 1e6)
+    assert state.books.pushes.open is None and not state.books.pushes.is_fresh(state.books.clock() + 1e6)
     calls = len(notifier.calls)
     clock.advance(40.0)  # the learner's step: the reservation waits, with no time-out
     result = state.commit_push(reserved.push_id, True, acks=signed_acks(reserved, keys), reserve_next=True,
@@ -70,7 +70,7 @@ def test_nothing_is_reserved_when_the_next_push_cannot_go_in_band(case):
     if case == "a new replica":
         following(state, 7003)  # after the Begin: the next push would form a group with it
     result = state.commit_push(session.push_id, case != "sender failed", reserve_next=case != "not asked")
-    assert result.next_push is None and state._pushes.reserved is None
+    assert result.next_push is None and state.books.pushes.reserved is None
     assert not [e for e in events.of_kind("push_begun") if e["reserved"]]
 
 
@@ -118,7 +118,7 @@ def test_a_receiver_registering_again_voids_the_reservation():
     assert session.plan.new_group and not session.in_band
     other = state.commit_push(session.push_id, True, reserve_next=True).next_push
     following(state, 7009)
-    assert other is not None and state._pushes.reserved is other
+    assert other is not None and state.books.pushes.reserved is other
 
 
 def test_a_receiver_declared_dead_is_dropped_from_the_reserved_push():
@@ -129,7 +129,7 @@ def test_a_receiver_declared_dead_is_dropped_from_the_reserved_push():
     clock.advance(2.0)
     state.heartbeat(alive.replica_id, 2)
     clock.advance(2.0)  # `dead` silent for 4 s
-    state.reap()
+    state.liveness.reap()
     result = state.commit_push(reserved.push_id, True, acks=signed_acks(reserved, keys), reserve_next=True)
     assert result.committed and result.acked == [alive.replica_id] and result.dropped == [dead.replica_id]
     assert result.next_push is None  # the group is gone with the drop: the next push forms one
@@ -141,7 +141,7 @@ def test_a_timeline_reset_aborts_the_reservation():
     reserved = reserving_commit(state, keys, 2)
     state.reset_timeline(1, 0, 0)
     assert events.of_kind("push_aborted")[0]["push_id"] == reserved.push_id
-    assert state._pushes.reserved is None
+    assert state.books.pushes.reserved is None
 
 
 def test_a_resync_to_nobody_keeps_the_group_and_reserves_the_next_push():
@@ -155,4 +155,4 @@ def test_a_resync_to_nobody_keeps_the_group_and_reserves_the_next_push():
     after = state.commit_push(resync.push_id, True, reserve_next=True).next_push
     assert after is not None and after.in_band and after.plan.version == 3
     assert after.plan.group_id == reserved.plan.group_id and after.after_push_id == reserved.after_push_id
-    assert state._pushes.groups_formed == 1
+    assert state.books.pushes.groups_formed == 1

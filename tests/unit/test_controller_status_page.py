@@ -3,13 +3,13 @@
 from fastapi.testclient import TestClient
 
 from asyncrl.controller.status_page import make_app, render_html
-from tests.fakes import make_state
+from tests.fakes import acquire, make_state
 
 
 def test_routes():
     state, _, _, _ = make_state(batch_size=8, eta=None)
     rid = state.register("127.0.0.1:7001", "", 0, "vllm").replica_id
-    state.acquire(rid, 8, 0)
+    acquire(state, rid, 8, 0)
     client = TestClient(make_app(state))
     page = client.get("/")
     assert page.status_code == 200 and 'http-equiv="refresh"' in page.text

@@ -53,7 +53,7 @@ def offer(in_band=True):
 
 
 def phases(state):
-    return state._pushes.slot.phase
+    return state.books.pushes.slot.phase
 
 
 def test_the_coordinator_walks_the_slot_through_an_ordered_push_then_a_reserved_one():
@@ -62,12 +62,12 @@ def test_the_coordinator_walks_the_slot_through_an_ordered_push_then_a_reserved_
         state.register(f"127.0.0.1:{port}", "", 0, "torch", in_band=True)
     assert phases(state) is I
     first = state.begin_push(1, offer())
-    assert phases(state) is O and state._pushes.open is first
+    assert phases(state) is O and state.books.pushes.open is first
     reserved = state.commit_push(first.push_id, True, reserve_next=True).next_push
-    assert phases(state) is R and state._pushes.reserved is reserved and state._pushes.open is None
+    assert phases(state) is R and state.books.pushes.reserved is reserved and state.books.pushes.open is None
     assert reserved.route.value == "in_band" and first.route.value == "ordered"
     # The learner drops it unused (a Begin naming it): withdrawn, then the Begin opens an ordered push.
     second = state.begin_push(2, offer(), unused_push_id=reserved.push_id)
-    assert phases(state) is O and state._pushes.open is second and not second.in_band
+    assert phases(state) is O and state.books.pushes.open is second and not second.in_band
     state.reset_timeline(1, 0, 0)  # aborts it
-    assert phases(state) is I and state._pushes.open is None
+    assert phases(state) is I and state.books.pushes.open is None
