@@ -35,7 +35,7 @@ back), `held_request` (a request held as a coroutine, woken through `Admission.a
 `seating` (the learner's seat), `reachability` (new registrations challenged at their addresses before they
 join pushes), `liveness` (reaping: dead replicas, due leases, the controller's own stalls forgiven);
 `persistence` (the state kept in Redis across a controller restart), `reaper` (the timer thread,
-the stall detector), `controller_metrics`, `event_records` (record fields), `views` and `status_page`. The
+the stall detector), `controller_metrics`, `views` and `status_page`. The
 gRPC notifier that tells a replica to join a push is the push's own (`asyncrl.push.fanout`); the liveness
 probes of a registered replica and of the seated learner are the service edge's
 (`asyncrl.services.liveness_calls`); test fakes are in `tests/fakes.py`.

@@ -18,6 +18,7 @@ from asyncrl.controller.liveness import Liveness
 from asyncrl.controller.registry import Replica
 from asyncrl.controller.results import LeaseBatch, LeaseDecision
 from asyncrl.core.buffer.lease_writes import LeaseWriteCounts
+from asyncrl.core.records.controller import LeaseCompleted, LeaseGranted
 
 log = logging.getLogger(__name__)
 
@@ -140,11 +141,11 @@ class Admission:
         if counted is not None:
             num_written = min(num_written, counted)
         lease, returned = books.leases.complete(replica_id, lease_id, num_written)
-        books.events.write(
-            "lease_completed", lease_id=lease_id, replica_id=replica_id, n=lease.num_trajectories,
-            num_written=num_written, returned=returned, admitted_after=books.leases.admitted,
-            **({"claimed": claimed} if claimed != num_written else {}),
-        )  # fmt: skip
+        books.events.write(LeaseCompleted(
+            lease_id=lease_id, replica_id=replica_id, n=lease.num_trajectories, num_written=num_written,
+            returned=returned, admitted_after=books.leases.admitted,
+            claimed=claimed if claimed != num_written else None,
+        ))  # fmt: skip
         return returned
 
     def _decide_many(self, replica: Replica, n: int, max_leases: int, started: float,
@@ -194,11 +195,11 @@ class Admission:
         `admitted_after`."""
         books = self._books
         n = lease.num_trajectories
-        books.events.write(
-            "lease_granted", lease_id=lease.lease_id, replica_id=replica.replica_id, n=n,
-            admitted_after=admitted_after, version=lease.version, eta=books.eta,
-            batch_size=books.batch_size, prompt_index=lease.prompt_index, held_s=held_s,
-        )  # fmt: skip
+        books.events.write(LeaseGranted(
+            lease_id=lease.lease_id, replica_id=replica.replica_id, n=n, admitted_after=admitted_after,
+            version=lease.version, eta=books.eta, batch_size=books.batch_size, prompt_index=lease.prompt_index,
+            held_s=held_s,
+        ))  # fmt: skip
         books.metrics.leases_granted.inc()
         books.publish_gauges()
         expires_unix_s = books.wall() + (lease.expires_at - now)

@@ -25,6 +25,13 @@ from asyncrl.controller.leases import Lease
 from asyncrl.controller.reachability import ReachabilityChecks
 from asyncrl.controller.reaper import Reaper, StallDetector
 from asyncrl.controller.registry import Replica
+from asyncrl.core.records.controller import (
+    ControllerStalled,
+    LeaseExpired,
+    ReplicaDead,
+    ReplicaForgotten,
+    ReplicaRevived,
+)
 from asyncrl.push.session import Outcome
 
 log = logging.getLogger(__name__)
@@ -83,7 +90,7 @@ class Liveness:
         books = self._books
         revived = books.registry.touch(replica, books.clock())
         if revived:
-            books.events.write("replica_revived", replica_id=replica.replica_id)
+            books.events.write(ReplicaRevived(replica_id=replica.replica_id))
         return revived
 
     def reap_locked(self, full: bool = False) -> None:
@@ -100,10 +107,8 @@ class Liveness:
             self._last_replica_scan = now
         for replica in books.registry.reap(now) if scan else ():
             leases = books.leases.expire_replica(replica.replica_id, "replica_dead")
-            books.events.write(
-                "replica_dead", replica_id=replica.replica_id, silent_s=replica.heartbeat_age(now),
-                leases_expired=len(leases),
-            )  # fmt: skip
+            books.events.write(ReplicaDead(replica_id=replica.replica_id, silent_s=replica.heartbeat_age(now),
+                                           leases_expired=len(leases)))  # fmt: skip
             self.log_expired(leases, "replica_dead")
             # A receiver of the open push that falls silent (a hung process) will not acknowledge it: the
             # commit stops waiting for it instead of waiting out push_timeout_s.
@@ -111,7 +116,7 @@ class Liveness:
                                                            f"{replica.heartbeat_age(now):.1f} s")
             changed = True
         for replica in books.registry.forget(now) if scan else ():
-            books.events.write("replica_forgotten", replica_id=replica.replica_id, silent_s=replica.heartbeat_age(now))
+            books.events.write(ReplicaForgotten(replica_id=replica.replica_id, silent_s=replica.heartbeat_age(now)))
             changed = True
         if scan:
             self._dial_silent_lease_holders(now)
@@ -137,8 +142,8 @@ class Liveness:
         books.leases.postpone_all(seconds)
         if books.learner is not None:
             books.learner = replace(books.learner, at=min(now, books.learner.at + seconds))
-        books.events.write("controller_stalled", seconds=seconds, replicas=len(books.registry.all()),
-                          leases=len(books.leases.active()))  # fmt: skip
+        books.events.write(ControllerStalled(seconds=seconds, replicas=len(books.registry.all()),
+                                             leases=len(books.leases.active())))  # fmt: skip
 
     def _dial_silent_lease_holders(self, now: float) -> None:
         """Queue a dial of every lease holder silent for `dial_silent_after_s` that answered at its address
@@ -190,10 +195,8 @@ class Liveness:
         books = self._books
         replica.alive, replica.dead_reason = False, problem
         leases = books.leases.expire_replica(replica.replica_id, reason)
-        books.events.write(
-            "replica_dead", replica_id=replica.replica_id, silent_s=replica.heartbeat_age(books.clock()),
-            leases_expired=len(leases), reason=reason,
-        )  # fmt: skip
+        books.events.write(ReplicaDead(replica_id=replica.replica_id, silent_s=replica.heartbeat_age(books.clock()),
+                                       leases_expired=len(leases), reason=reason))  # fmt: skip
         self.log_expired(leases, reason)
         books.pushes.receiver_died(replica.replica_id, problem)
 
@@ -213,8 +216,8 @@ class Liveness:
         after = books.leases.admitted + sum(lease.num_trajectories for lease in leases)
         for lease in leases:
             after -= lease.num_trajectories
-            books.events.write(
-                "lease_expired", lease_id=lease.lease_id, replica_id=lease.replica_id, n=lease.num_trajectories,
+            books.events.write(LeaseExpired(
+                lease_id=lease.lease_id, replica_id=lease.replica_id, n=lease.num_trajectories,
                 returned=lease.num_trajectories, admitted_after=after, reason=reason,
-            )  # fmt: skip
+            ))  # fmt: skip
         books.metrics.leases_expired.inc(len(leases))

@@ -29,6 +29,7 @@ from asyncrl.controller.books import StateBooks
 from asyncrl.controller.learner_seat import Probe
 from asyncrl.controller.registry import Replica
 from asyncrl.core.auth import answers_challenge
+from asyncrl.core.records.controller import ReplicaHeldBack, ReplicaReachable
 
 log = logging.getLogger(__name__)
 
@@ -138,8 +139,8 @@ class ReplicaReachability:
             if answered:
                 replica.reachable = True
                 replica.clear_push_failures()
-                books.events.write("replica_reachable", replica_id=replica_id, address=address,
-                                  failed_checks=replica.reach_failures)  # fmt: skip
+                books.events.write(ReplicaReachable(replica_id=replica_id, address=address,
+                                                    failed_checks=replica.reach_failures))  # fmt: skip
                 books.changed(replicas=True)
                 return None
             replica.reach_failures += 1
@@ -148,8 +149,8 @@ class ReplicaReachability:
             problem = (f"unreachable at {address}: nothing there answered the controller's challenge under this "
                        "registration's key (Rollout.GetStatus)")
             seconds = replica.hold_back(books.clock(), books.config.push_backoff_s, problem)
-            books.events.write("replica_held_back", replica_id=replica_id, address=address, seconds=seconds,
-                              failures=replica.push_failures, problem=problem)  # fmt: skip
+            books.events.write(ReplicaHeldBack(replica_id=replica_id, address=address, seconds=seconds,
+                                               failures=replica.push_failures, problem=problem))  # fmt: skip
             books.changed(wake=False, replicas=True)
             return seconds
 

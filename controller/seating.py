@@ -10,6 +10,7 @@ from asyncrl.controller.errors import LearnerSeatTaken, LearnerSeatUnconfirmed, 
 from asyncrl.controller.learner_seat import Answer
 from asyncrl.controller.results import LearnerRegistration
 from asyncrl.core.learner_secret import SeatProofs
+from asyncrl.core.records.controller import LearnerRefused, LearnerRegistered
 
 
 class LearnerSeating:
@@ -29,7 +30,7 @@ class LearnerSeating:
         with books.cond:
             refused = self._proofs.check(address, proof_unix_s, seat_proof, proof_nonce)
             if refused:
-                books.events.write("learner_refused", address=address, reason=refused)
+                books.events.write(LearnerRefused(address=address, reason=refused))
                 raise NotTheLearner(refused)
             holder = books.seat.holder
         answer = books.seat.challenge(holder)
@@ -50,8 +51,8 @@ class LearnerSeating:
                     f"been silent for controller.heartbeat_timeout_s ({books.config.heartbeat_timeout_s:g} s): "
                     "retry then")
             key = books.seat.give_to(address, now)
-            books.events.write("learner_registered", address=address, previous_address=holder.address or None,
-                              current_version=books.current_version)  # fmt: skip
+            books.events.write(LearnerRegistered(address=address, previous_address=holder.address or None,
+                                                 current_version=books.current_version))  # fmt: skip
             books.changed(wake=False)
             return LearnerRegistration(key, books.current_version)
 

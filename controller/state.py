@@ -60,6 +60,7 @@ from asyncrl.core.buffer.lease_writes import LeaseWriteCounts
 from asyncrl.core.config import ControllerConfig
 from asyncrl.core.events import EventSink, NoEvents
 from asyncrl.core.learner_secret import SeatProofs
+from asyncrl.core.records import controller as records
 from asyncrl.push.coordinator import NEW
 from asyncrl.push.plan import PushOffer
 from asyncrl.push.session import PushSession, ReceiverAck, WeightNotifier
@@ -143,11 +144,10 @@ class ControllerState:
                 books.pushes.replica_registered(replica.replica_id)
             self.reachability.check_soon(replica)
             needs_sync = replica.needs_sync(books.current_version)
-            self.events.write(
-                "replica_registered", replica_id=replica.replica_id, address=address,
-                weight_version=weight_version, engine=engine, needs_sync=needs_sync,
-                current_version=books.current_version, reregistered=reregistered,
-            )  # fmt: skip
+            self.events.write(records.ReplicaRegistered(
+                replica_id=replica.replica_id, address=address, weight_version=weight_version, engine=engine,
+                needs_sync=needs_sync, current_version=books.current_version, reregistered=reregistered,
+            ))  # fmt: skip
             books.changed(replicas=True)
             return Registration(replica.replica_id, books.current_version, needs_sync,
                                 self.config.heartbeat_interval_s, replica.push_key)
@@ -253,8 +253,8 @@ class ControllerState:
                 replica.force_sync = True
             books.current_version = version
             books.reset_to = version
-            self.events.write("timeline_reset", version=version, previous_version=previous, admitted=admitted,
-                              prompt_index=cursor, leases_expired=len(expired))  # fmt: skip
+            self.events.write(records.TimelineReset(version=version, previous_version=previous, admitted=admitted,
+                                                    prompt_index=cursor, leases_expired=len(expired)))  # fmt: skip
             books.changed(replicas=True)
             return TimelineReset(version, len(expired), cursor)
 

@@ -31,6 +31,7 @@ from asyncrl.core.trajectory_checks import checkpoint_limits
 from asyncrl.learner.checkpoint import Checkpointer, load_checkpoint, resume_path
 from asyncrl.learner.checkpoint_saver import FollowerSaves
 from asyncrl.learner.held_out import evaluate_held_out
+from asyncrl.learner.intake import lookahead_groups
 from asyncrl.learner.learner_metrics import LearnerMetrics
 from asyncrl.learner.loop import LearnerLoop, LearnerProgress
 from asyncrl.learner.replica_eval import BackgroundEvaluations, ReplicaEvaluator
@@ -121,8 +122,12 @@ def build_learner(config) -> Leader | Follower:
         teacher = teacher_pb2_grpc.TeacherStub(wait_for_channel(config.teacher.address, 300, auth))
     task = task_for_run(config)
     metrics = LearnerMetrics()
+    groups_per_step = config.learner.batch_size // config.sampling.group_size
     loop = LearnerLoop(
-        config=config,
+        learner=config.learner,
+        groups_per_step=groups_per_step,
+        lookahead=lookahead_groups(config.learner.oldest_first, config.controller.eta, groups_per_step),
+        model_path=config.model.path,
         trainer=trainer,
         buffer=make_buffer(config.buffer, consumer="learner-0"),
         controller_stub=controller,
@@ -132,8 +137,9 @@ def build_learner(config) -> Leader | Follower:
                                    config.learner.eval_samples),
         events=EventLog(config.run_dir, "learner"),
         metrics=metrics,
-        limits=checkpoint_limits(config.model.path, config),
+        limits=checkpoint_limits(config.model.path, config.sampling, config.reward),
         teacher_stub=teacher,
+        teacher=config.teacher,
         checkpointer=Checkpointer(config, task.tokenizer.hf, ranks, export_model=full_model),
         sinks=MetricSinks(config),
         ranks=ranks,

@@ -36,6 +36,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from asyncrl.core.config import dump_config
+from asyncrl.core.records.learner import CoveredAcked
 from asyncrl.learner.sharding import SAVE, SINGLE, STAGE, Ranks
 
 PREFIX = "step-"
@@ -187,7 +188,7 @@ def ack_covered(buffer, path: str | Path, events) -> Covered:
     covered = read_covered(path)
     acked = buffer.ack(list(covered.entry_ids)) if covered.entry_ids else 0
     if acked:
-        events.write("covered_acked", path=str(path), acked=acked, covered=len(covered.entry_ids))
+        events.write(CoveredAcked(path=str(path), acked=acked, covered=len(covered.entry_ids)))
     return covered
 
 

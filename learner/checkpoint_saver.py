@@ -20,6 +20,7 @@ from __future__ import annotations
 import time
 
 from asyncrl.core.one_at_a_time import OneAtATime
+from asyncrl.core.records.learner import CheckpointSaved
 from asyncrl.learner.checkpoint import CheckpointMeta, Covered, save_shards, stage_shards, write_shards
 
 
@@ -64,8 +65,8 @@ class CheckpointSaver:
                 background: bool) -> None:
         self.buffer.ack(covered)
         self.metrics.checkpoint_stall_seconds.observe(stall_s)
-        self.events.write("checkpoint_saved", step=meta.step, version=meta.version, path=str(path),
-                          acked=len(covered), seconds=seconds, stall_s=stall_s, background=background)
+        self.events.write(CheckpointSaved(step=meta.step, version=meta.version, path=str(path), acked=len(covered),
+                                          seconds=seconds, stall_s=stall_s, background=background))
 
 
 class FollowerSaves:

@@ -21,6 +21,7 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
+from asyncrl.core.records.rollout import GroupRejected
 from asyncrl.core.trajectory_checks import BadGroup, TrajectoryLimits, check_trajectory_group
 from asyncrl.learner.batch import MalformedGroup, TrainBatch, assemble, check_group
 from asyncrl.learner.timeline import TimelineFilter
@@ -124,7 +125,7 @@ class BatchIntake:
         self._inspections.pop(entry.entry_id, None)
         log.error("dead-lettering %s (group %r): %s", entry.entry_id, entry.group.group_id, reason)
         self.buffer.dead_letter(entry.entry_id, reason)
-        self.events.write("group_rejected", entry_id=entry.entry_id, group_id=entry.group.group_id, reason=reason)
+        self.events.write(GroupRejected(entry_id=entry.entry_id, group_id=entry.group.group_id, reason=reason))
         self.metrics.dead_letters.inc()
         return False
 
@@ -226,10 +227,9 @@ def age(entry) -> tuple[int, int]:
     return min(t.weight_version[0] for t in entry.group.trajectories), entry.group.prompt_index
 
 
-def lookahead_groups(config, groups_per_step: int) -> int:
+def lookahead_groups(oldest_first: bool, eta: int | None, groups_per_step: int) -> int:
     """How many groups the learner holds to choose each batch from: with `learner.oldest_first` and a bounded
     η > 0, all that admission lets exist ahead of it ((η + 1) · B trajectories); else one batch."""
-    eta = config.controller.eta
-    if config.learner.oldest_first and eta:
+    if oldest_first and eta:
         return (eta + 1) * groups_per_step
     return groups_per_step

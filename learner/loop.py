@@ -14,12 +14,26 @@ from dataclasses import dataclass
 
 import torch
 
+from asyncrl.core.config import LearnerConfig, TeacherConfig
+from asyncrl.core.records.learner import (
+    Eval,
+    EvalFallback,
+    EvalSkipped,
+    FinalBuffer,
+    RecoveredPending,
+    Resumed,
+    Resync,
+    Step,
+    TeacherUnavailable,
+    Trained,
+    WeightsPushed,
+)
 from asyncrl.core.teacher_client import score, score_request
 from asyncrl.core.trajectory_checks import TrajectoryLimits
 from asyncrl.learner.busy import BusyMeter
 from asyncrl.learner.checkpoint import CheckpointMeta, ack_covered
 from asyncrl.learner.checkpoint_saver import CheckpointSaver
-from asyncrl.learner.intake import BatchIntake, lookahead_groups
+from asyncrl.learner.intake import BatchIntake
 from asyncrl.learner.replica_eval import BackgroundEvaluations
 from asyncrl.learner.sharding import SINGLE, STEP, Mirror, Ranks, train_step
 from asyncrl.learner.status_report import StatusReporter
@@ -47,10 +61,17 @@ class LearnerProgress:
 
 
 class LearnerLoop:
-    def __init__(self, *, config, trainer, buffer, controller_stub, publisher, evaluate, events, metrics,
-                 limits: TrajectoryLimits, teacher_stub=None, checkpointer=None, sinks=None, ranks: Ranks = SINGLE,
-                 mirror: Mirror | None = None, replica_evals: BackgroundEvaluations | None = None):
-        self.config = config
+    def __init__(self, *, learner: LearnerConfig, groups_per_step: int, lookahead: int, trainer, buffer,
+                 controller_stub, publisher, evaluate, events, metrics, limits: TrajectoryLimits, model_path: str = "",
+                 teacher_stub=None, teacher: TeacherConfig | None = None, checkpointer=None, sinks=None,
+                 ranks: Ranks = SINGLE, mirror: Mirror | None = None,
+                 replica_evals: BackgroundEvaluations | None = None):  # fmt: skip
+        """`groups_per_step`: B / G; `lookahead`: the groups held to choose each batch from (`lookahead_groups`);
+        `model_path`: what a fresh start trains from (its `resumed` record); `teacher`: how `teacher_stub` is
+        called (retries, time-outs)."""
+        self.config = learner
+        self.teacher_config = teacher or TeacherConfig()
+        self.model_path = model_path
         self.trainer = trainer
         self.buffer = buffer
         self.stub = controller_stub
@@ -60,7 +81,7 @@ class LearnerLoop:
         self.metrics = metrics
         self.teacher = teacher_stub
         self.saver = None if checkpointer is None else CheckpointSaver(checkpointer, buffer, events, metrics,
-                                                                        config.learner.checkpoint.background)
+                                                                        learner.checkpoint.background)
         """Writes checkpoints with the `checkpointer` (`learner.checkpoint`) and acknowledges the entries each
         covers once it is on disk (`learner.checkpoint_saver`); None: never saves, acknowledges every step."""
         self.sinks = sinks
@@ -74,7 +95,7 @@ class LearnerLoop:
         """Set by `resume`: the checkpoint this learner continues from."""
         self.resumed_path: str | None = None
         """Where that checkpoint is (its covered entries are acknowledged before anything is read)."""
-        self.groups_per_step = config.learner.batch_size // config.sampling.group_size
+        self.groups_per_step = groups_per_step
         self.progress = LearnerProgress()
         self._last_step_end: float | None = None
         self.busy = BusyMeter()
@@ -82,13 +103,13 @@ class LearnerLoop:
         """The learner's ranks: this loop runs on the leader and tells the others each step."""
         self.intake = BatchIntake(
             buffer=buffer, events=events, metrics=metrics, limits=limits, groups_per_step=self.groups_per_step,
-            batch_timeout_s=config.learner.batch_timeout_s, prefetch=config.learner.prefetch,
+            batch_timeout_s=learner.batch_timeout_s, prefetch=learner.prefetch,
             routing_shape=lambda: self.trainer.replay.shape, version=lambda: self.progress.version,
-            heartbeat=self._heartbeat, lookahead=lookahead_groups(config, self.groups_per_step),
+            heartbeat=self._heartbeat, lookahead=lookahead,
         )  # fmt: skip
         """The entries each batch is made of, admitted (or dead-lettered) and prefetched."""
-        self.status = StatusReporter(controller_stub, config.learner.total_steps, self._observe_gauges,
-                                     config.learner.status_interval_s)
+        self.status = StatusReporter(controller_stub, learner.total_steps, self._observe_gauges,
+                                     learner.status_interval_s)
         """The heartbeats with the learner's progress (`learner.status_report`)."""
         self.mirror = mirror
         """The leader's full copy of a sharded policy (None with one rank)."""
@@ -105,8 +126,8 @@ class LearnerLoop:
     def _resync(self) -> None:
         self.finish_push()  # one push at a time; a resync re-sends the committed version
         result = self.publisher.push(self.progress.version)
-        self.events.write("resync", version=result.version, acked=result.acked, dropped=result.dropped,
-                          seconds=result.total_s)
+        self.events.write(Resync(version=result.version, acked=result.acked, dropped=result.dropped,
+                                 seconds=result.total_s))
 
     def _observe_gauges(self) -> None:
         self.metrics.observe_buffer(self.buffer.backlog(), self.buffer.pending())
@@ -114,11 +135,11 @@ class LearnerLoop:
     def annotate(self, batch) -> None:
         """Fill batch.logp_teacher from the teacher's Score RPC, retrying with backoff; a teacher that stays
         unreachable leaves it None (the step trains without the distillation term) and is recorded."""
-        reply, error = score(self.teacher, score_request(batch.sequences, batch.response_starts), self.config.teacher)
+        reply, error = score(self.teacher, score_request(batch.sequences, batch.response_starts), self.teacher_config)
         if reply is None:
             batch.logp_teacher = None
             self.metrics.teacher_failures.inc()
-            self.events.write("teacher_unavailable", step=self.progress.step, error=error)
+            self.events.write(TeacherUnavailable(step=self.progress.step, error=error))
             return
         width = batch.response_mask.shape[1]
         logp_teacher = torch.zeros_like(batch.logp_behav)
@@ -142,8 +163,8 @@ class LearnerLoop:
             return
         self.take_replica_eval()  # one that finished during this step is taken, not mistaken for one still running
         if not self.replica_evals.start(self.progress.step, self.progress.version):
-            self.events.write("eval_skipped", step=self.progress.step,
-                              reason="the previous evaluation on a replica is still running")
+            self.events.write(EvalSkipped(step=self.progress.step,
+                                          reason="the previous evaluation on a replica is still running"))
 
     def take_replica_eval(self, wait: bool = False) -> None:
         """Record an evaluation a replica has finished (with `wait`, the one still running); one that could not
@@ -154,7 +175,7 @@ class LearnerLoop:
         if done is None:
             return
         if done.result is None:
-            self.events.write("eval_fallback", step=done.step, error=done.error)
+            self.events.write(EvalFallback(step=done.step, error=done.error))
             log.warning("evaluation of step %d on a replica did not run (%s): evaluating on the learner", done.step,
                         done.error)
             self.run_eval()
@@ -167,7 +188,8 @@ class LearnerLoop:
         accuracy = result["accuracy"]
         self.progress.last_eval_accuracy = accuracy
         self.metrics.eval_accuracy.set(accuracy)
-        self.events.write("eval", step=step, version=version, **result, seconds=seconds, **where)
+        scores = {k: v for k, v in result.items() if k != "accuracy"}
+        self.events.write(Eval(step=step, version=version, accuracy=accuracy, seconds=seconds, scores=scores, **where))
         if self.sinks is not None:
             self.sinks.log(step, {f"eval/{k}": v for k, v in result.items()})
         log.info("eval step %d: %s", step, result)
@@ -192,10 +214,10 @@ class LearnerLoop:
         self.progress.step, self.progress.version = meta.step, meta.version
         self.progress.data_position = meta.data_position
         self._saved_step = meta.step
-        self.events.write("resumed", from_step=meta.step, version=meta.version, path=path)
+        self.events.write(Resumed(from_step=meta.step, version=meta.version, path=path))
 
     def run(self, stop) -> LearnerProgress:
-        cfg = self.config.learner
+        cfg = self.config
         hb = self.stub.LearnerHeartbeat(controller_pb2.LearnerHeartbeatRequest(), timeout=30)
         if self.resumed is not None and hb.current_version < self.resumed.version:
             raise RuntimeError(
@@ -213,15 +235,15 @@ class LearnerLoop:
             # Restarted alone: the run went on after our checkpoint (or, with none, after the base model);
             # take it back there instead of training older weights under newer version numbers.
             if self.resumed is None:
-                self.events.write("resumed", from_step=0, version=0, path=self.config.model.path)
+                self.events.write(Resumed(from_step=0, version=0, path=self.model_path))
             self.intake.timeline = rejoin(self.buffer, self.stub, start_step, start_version,
-                                          self.config.learner.batch_size, self.events)
+                                          self.config.batch_size, self.events)
         self.progress.version = start_version
         # Entries delivered to us before a restart and never acked come first (all of them, in order):
         # trained after the last checkpoint or not at all, they are trained again from it.
         carry = self.buffer.all_pending()
         if carry:
-            self.events.write("recovered_pending", entries=[e.entry_id for e in carry])
+            self.events.write(RecoveredPending(entries=[e.entry_id for e in carry]))
         self.run_eval()
         while self.progress.step < cfg.total_steps and not stop.is_set():
             t0 = time.perf_counter()
@@ -253,7 +275,7 @@ class LearnerLoop:
         # What is still in the buffer at the end: the audit's proof that unconsumed data was not lost. A group
         # written after `snapshot_t` may be missing from the list; the audit counts it as written after the end.
         snapshot_t = time.time()
-        self.events.write("final_buffer", entry_ids=self.buffer.entry_ids(), snapshot_t=snapshot_t)
+        self.events.write(FinalBuffer(entry_ids=self.buffer.entry_ids(), snapshot_t=snapshot_t))
         return self.progress
 
     def publish(self, version: int, last: bool = False) -> float:
@@ -262,7 +284,7 @@ class LearnerLoop:
         Returns the seconds this cost the learner's critical path."""
         t0 = time.perf_counter()
         self.finish_push()
-        if self.config.learner.push_in_background:
+        if self.config.push_in_background:
             self.publisher.start(version, last)
         else:
             self._record_push(self.publisher.push(version, last))
@@ -278,11 +300,12 @@ class LearnerLoop:
         self.metrics.observe_push(push)
         if self.sinks is not None:
             self.sinks.log(push.version, {"push/seconds": push.total_s, "push/bytes": push.bytes_sent})
-        self.events.write("push", version=push.version, push_s=push.total_s, broadcast_s=push.broadcast_s,
-                          push_bytes=push.bytes_sent, receivers=push.receivers, acked=push.acked,
-                          dropped=push.dropped, attempts=push.attempts, new_group=push.new_group,
-                          background=push.background, in_band=push.in_band, begin_s=push.begin_s,
-                          acks_s=push.acks_s, commit_s=push.commit_s)
+        self.events.write(WeightsPushed(
+            version=push.version, push_s=push.total_s, broadcast_s=push.broadcast_s, push_bytes=push.bytes_sent,
+            receivers=push.receivers, acked=push.acked, dropped=push.dropped, attempts=push.attempts,
+            new_group=push.new_group, background=push.background, in_band=push.in_band, begin_s=push.begin_s,
+            acks_s=push.acks_s, commit_s=push.commit_s,
+        ))
 
     def train_on(self, entries: list, collect_s: float = 0.0) -> None:
         """One step on `entries` (read in `collect_s` seconds), its push and its records."""
@@ -310,9 +333,9 @@ class LearnerLoop:
             self._unacked.extend(batch.entry_ids)
             self._unacked_groups.extend(dict.fromkeys(batch.group_ids))
         self.intake.mark_trained(batch.group_ids, batch.entry_ids)
-        self.events.write("trained", step=self.progress.step, version=version, entry_ids=batch.entry_ids,
-                          group_ids=sorted(set(batch.group_ids)), trajectories=len(batch))
-        push_wait_s = self.publish(version + 1, last=self.progress.step + 1 >= self.config.learner.total_steps)
+        self.events.write(Trained(step=self.progress.step, version=version, entry_ids=batch.entry_ids,
+                                  group_ids=sorted(set(batch.group_ids)), trajectories=len(batch)))
+        push_wait_s = self.publish(version + 1, last=self.progress.step + 1 >= self.config.total_steps)
         self.progress.step += 1
         self.progress.version = version + 1
         self.progress.consumed += len(batch)
@@ -330,7 +353,7 @@ class LearnerLoop:
         self.metrics.observe_step(metrics, version + 1, push_wait_s, [entry.group.created_unix_s for entry in entries])
         if self.sinks is not None:
             self.sinks.log(self.progress.step, {**metrics, "push_wait_s": push_wait_s})
-        self.events.write("step", step=self.progress.step, version=version + 1, push_wait_s=push_wait_s, **metrics)
+        self.events.write(Step(step=self.progress.step, version=version + 1, push_wait_s=push_wait_s, metrics=metrics))
         self.status.after_step(self.progress)  # at most every learner.status_interval_s
         if self.status.take_sync_request():
             self._resync()

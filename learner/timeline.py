@@ -16,6 +16,8 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
+from asyncrl.core.records.controller import TimelineReset
+from asyncrl.core.records.rollout import GroupRejected
 from asyncrl.v1 import controller_pb2
 
 log = logging.getLogger(__name__)
@@ -34,7 +36,7 @@ def drop_dead_timeline(buffer, entries: list, checkpoint_version: int, events) -
         reason = entry.problem or (f"generated with weight version {newest}, newer than the checkpoint's "
                                    f"{checkpoint_version}: the policy that made it did not survive the crash")
         buffer.dead_letter(entry.entry_id, reason)
-        events.write("group_rejected", entry_id=entry.entry_id, group_id=entry.group.group_id, reason=reason)
+        events.write(GroupRejected(entry_id=entry.entry_id, group_id=entry.group.group_id, reason=reason))
     return survivors
 
 
@@ -61,8 +63,8 @@ def rejoin(buffer, controller_stub, step: int, version: int, batch_size: int, ev
     cursor = max([e.group.prompt_index + 1 for e in survivors], default=0)
     reply = controller_stub.ResetTimeline(
         controller_pb2.ResetTimelineRequest(version=version, admitted=admitted, prompt_index=cursor), timeout=30)
-    events.write("timeline_reset", version=version, admitted=admitted, prompt_index=reply.prompt_index,
-                 survivors=len(survivors), leases_expired=reply.leases_expired)
+    events.write(TimelineReset(version=version, admitted=admitted, prompt_index=reply.prompt_index,
+                               survivors=len(survivors), leases_expired=reply.leases_expired))
     log.info("reset the run to version %d (N_r %d, %d groups survive, prompt cursor %d)", version, admitted,
              len(survivors), reply.prompt_index)
     return TimelineFilter(reply.prompt_index, frozenset(e.entry_id for e in survivors))

@@ -30,6 +30,14 @@ import uuid
 from typing import Protocol
 
 from asyncrl.core.events import EventSink
+from asyncrl.core.records.controller import (
+    PushAborted,
+    PushBegun,
+    PushCommitted,
+    PushWithdrawn,
+    ReplicaDropped,
+    ReplicaHeldBack,
+)
 from asyncrl.push.plan import PushOffer, PushPlan
 from asyncrl.push.protocol import Event, Phase, PushRefused, PushSlot
 from asyncrl.push.session import Membership, Outcome, PushSession, Receiver, WeightNotifier
@@ -161,8 +169,8 @@ class PushCoordinator:
             return
         if unused_push_id == session.push_id and store_address == session.plan.store_address:
             self.slot.fire(Event.WITHDRAW)
-            self._events.write("push_withdrawn", push_id=session.push_id, version=session.plan.version,
-                               reason="the learner began another push instead")  # fmt: skip
+            self._events.write(PushWithdrawn(push_id=session.push_id, version=session.plan.version,
+                                             reason="the learner began another push instead"))  # fmt: skip
             return
         self.abort(session, reason or "reserved, then superseded by another push's Begin")
 
@@ -198,12 +206,12 @@ class PushCoordinator:
 
     def _record_begun(self, session: PushSession, current: int, aborted_previous: str | None) -> None:
         plan = session.plan
-        self._events.write(
-            "push_begun", push_id=plan.push_id, version=plan.version, mode=session.mode,
+        self._events.write(PushBegun(
+            push_id=plan.push_id, version=plan.version, mode=session.mode,
             receivers=[r.replica_id for r in session.receivers], world_size=plan.world_size,
             current_version=current, aborted_previous=aborted_previous, group_id=plan.group_id,
             new_group=plan.new_group, in_band=session.in_band, reserved=session.in_band,
-        )  # fmt: skip
+        ))  # fmt: skip
 
     # ---- committing -----------------------------------------------------------------------------------
 
@@ -243,10 +251,8 @@ class PushCoordinator:
             replica.clear_push_failures()
         for replica_id in dropped:
             self._replicas.get(replica_id).force_sync = True
-            self._events.write(
-                "replica_dropped", push_id=session.push_id, replica_id=replica_id, version=session.plan.version,
-                error=outcomes[replica_id].error,
-            )  # fmt: skip
+            self._events.write(ReplicaDropped(push_id=session.push_id, replica_id=replica_id,
+                                              version=session.plan.version, error=outcomes[replica_id].error))
         return acked, dropped
 
     def record_commit(self, session: PushSession, version_after: int, acked: list[str], dropped: list[str],
@@ -257,10 +263,8 @@ class PushCoordinator:
             self._metrics.pushes_in_band.inc()
         self._metrics.replicas_dropped.inc(len(dropped))
         self._metrics.push_seconds.observe(max(0.0, seconds))
-        self._events.write(
-            "push_committed", push_id=session.push_id, version=version_after, mode=session.mode,
-            acked=acked, dropped=dropped, seconds=seconds, in_band=session.in_band,
-        )  # fmt: skip
+        self._events.write(PushCommitted(push_id=session.push_id, version=version_after, mode=session.mode,
+                                         acked=acked, dropped=dropped, seconds=seconds, in_band=session.in_band))
 
     def hold_back_failed(self, session: PushSession, outcomes: dict[str, Outcome], now: float,
                          missing_ranks=(), error: str = "") -> None:  # fmt: skip
@@ -276,8 +280,8 @@ class PushCoordinator:
         for replica_id, problem in problems.items():
             replica = self._replicas.get(replica_id)
             seconds = replica.hold_back(now, self._timing.push_backoff_s, problem)
-            self._events.write("replica_held_back", replica_id=replica_id, address=replica.address,
-                               seconds=seconds, failures=replica.push_failures, problem=problem)  # fmt: skip
+            self._events.write(ReplicaHeldBack(replica_id=replica_id, address=replica.address, seconds=seconds,
+                                               failures=replica.push_failures, problem=problem))  # fmt: skip
 
     # ---- calling off ----------------------------------------------------------------------------------
 
@@ -288,10 +292,8 @@ class PushCoordinator:
         if self.slot.session is session:
             self.slot.fire(Event.ABORT)
         self.group = None
-        self._events.write(
-            "push_aborted", push_id=session.push_id, version=session.plan.version, mode=session.mode,
-            reason=reason,
-        )  # fmt: skip
+        self._events.write(PushAborted(push_id=session.push_id, version=session.plan.version, mode=session.mode,
+                                       reason=reason))
 
     def abort_held(self, reason: str) -> None:
         """Call off whatever push the slot holds (the timeline was reset)."""

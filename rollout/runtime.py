@@ -94,10 +94,11 @@ class ReplicaRuntime:
             teacher_channel = channel(cfg.teacher.address, resolve_auth(cfg.security), patient=True)
             annotator = TeacherAnnotator(TeacherStub(teacher_channel), cfg.teacher, self.metrics, teacher_channel)
         worker = RolloutWorker(
-            config=cfg, engine=self.engine, engine_lock=self.engine_lock, buffer=make_buffer(cfg.buffer),
+            sampling=cfg.sampling, leases_per_batch=cfg.rollout.leases_per_batch, hold_s=cfg.controller.max_hold_s,
+            engine=self.engine, engine_lock=self.engine_lock, buffer=make_buffer(cfg.buffer),
             controller_stub=controller_stub, session=self.session, task=task, rewards=self.rewards,
             events=EventLog(cfg.run_dir, f"rollout-{self.session.replica_id}"), metrics=self.metrics,
-            limits=checkpoint_limits(cfg.model.path, cfg), annotator=annotator,
+            limits=checkpoint_limits(cfg.model.path, cfg.sampling, cfg.reward), annotator=annotator,
         )  # fmt: skip
         self._threads = [
             threading.Thread(target=self._exit_on_failure, args=(self.session.heartbeat_forever, "heartbeats"),

@@ -18,6 +18,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 
+from asyncrl.core.config import SamplingConfig
+from asyncrl.core.records.rollout import GroupRejected, GroupWritten
 from asyncrl.core.sampling import SamplingParams
 from asyncrl.core.trajectory_checks import BadGroup, TrajectoryLimits, check_trajectory_group
 from asyncrl.rollout.reward_pool import RewardWorkersHung
@@ -43,9 +45,13 @@ def answer_unless_stopped(stop: threading.Event, call):
 
 
 class RolloutWorker:
-    def __init__(self, *, config, engine, engine_lock, buffer, controller_stub, session, task, rewards,
-                 events, metrics, limits: TrajectoryLimits, annotator=None):
-        self.config = config
+    def __init__(self, *, sampling: SamplingConfig, leases_per_batch: int, hold_s: float, engine, engine_lock,
+                 buffer, controller_stub, session, task, rewards, events, metrics, limits: TrajectoryLimits,
+                 annotator=None):  # fmt: skip
+        """`leases_per_batch`: leases asked for at once (`rollout.leases_per_batch`); `hold_s`: how long a lease
+        request may be held for admission (`controller.max_hold_s`)."""
+        self.leases_per_batch = leases_per_batch
+        self.hold_s = hold_s
         self.annotator = annotator
         """Fills each group's logp_teacher before it is written (`teacher.annotate_by: rollout`); None: not here."""
         self.engine = engine
@@ -60,8 +66,8 @@ class RolloutWorker:
         self.metrics = metrics
         self.limits = limits
         """What a group must satisfy to be written (the rest goes to the dead-letter stream)."""
-        self.params = SamplingParams.from_config(config.sampling)
-        self.group_size = config.sampling.group_size
+        self.params = SamplingParams.from_config(sampling)
+        self.group_size = sampling.group_size
 
     def run(self, stop: threading.Event) -> None:
         self._stop = stop
@@ -89,10 +95,10 @@ class RolloutWorker:
     def run_once(self) -> int:
         """One batch of leases; returns the number of groups written."""
         started = time.perf_counter()
-        wait_s = self.config.controller.max_hold_s
+        wait_s = self.hold_s
         answer = answer_unless_stopped(self._stop, self.stub.AcquireLeases.future(controller_pb2.AcquireLeasesRequest(
             replica_id=self.session.replica_id, num_trajectories=self.group_size, wait_s=wait_s,
-            max_leases=self.config.rollout.leases_per_batch,
+            max_leases=self.leases_per_batch,
         ), timeout=wait_s + 30))  # fmt: skip
         if answer is None:
             return 0
@@ -192,7 +198,7 @@ class RolloutWorker:
         except BadGroup as err:
             # Never into the training stream; kept with its reason, and the lease's quota goes back.
             log.error("group %s refused: %s", group.group_id, err)
-            self.events.write("group_rejected", group_id=group.group_id, lease_id=lease.lease_id, reason=str(err))
+            self.events.write(GroupRejected(group_id=group.group_id, lease_id=lease.lease_id, reason=str(err)))
             self.metrics.groups_rejected.inc()
             self.buffer.put_dead_letter(group.SerializeToString(), str(err))
             return None
@@ -208,17 +214,12 @@ class RolloutWorker:
         # between leaves either a record or an expiring lease for the audit, never a completed lease alone.
         if entry_id is not None:
             versions = [v for g in gens for v in g.weight_version]
-            self.events.write(
-                "group_written",
-                group_id=group.group_id,
-                entry_id=entry_id,
-                lease_id=lease.lease_id,
-                prompt_index=lease.prompt_index,
-                lease_version=lease.version,
-                min_version=min(versions) if versions else -1,
-                max_version=max(versions) if versions else -1,
+            self.events.write(GroupWritten(
+                group_id=group.group_id, entry_id=entry_id, lease_id=lease.lease_id,
+                prompt_index=lease.prompt_index, lease_version=lease.version,
+                min_version=min(versions) if versions else -1, max_version=max(versions) if versions else -1,
                 reward_mean=sum(rewards) / len(rewards),
-            )
+            ))
             self.metrics.groups_written.inc()
             self.metrics.reward_mean.set(sum(rewards) / len(rewards))
         # Completing after the write: a lease completed as written is data the learner will find.

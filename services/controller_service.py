@@ -45,6 +45,7 @@ from asyncrl.core.grpc_aio import Wakeup, build_aio_server
 from asyncrl.core.grpc_util import address_refuses, wait_until_stopped
 from asyncrl.core.learner_secret import resolve_learner_secret
 from asyncrl.core.ports import listening
+from asyncrl.core.records.controller import ControllerStarted
 from asyncrl.core.validation import (
     MAX_COUNT,
     MAX_TIMEOUT_S,
@@ -346,10 +347,11 @@ def serve(config: AsyncRLConfig) -> None:
     http_port = page.start()
     server.start()
     cc = config.controller
-    state.events.write("controller_started", grpc=f"{host}:{port}", http=f"{host}:{http_port}",
-                       eta=state.eta, batch_size=state.batch_size, start_version=cc.start_version,
-                       start_admitted=cc.start_admitted, start_prompt_index=cc.start_prompt_index,
-                       state_store=cc.state_store, restored=state.restored)  # fmt: skip
+    state.events.write(ControllerStarted(
+        grpc=f"{host}:{port}", http=f"{host}:{http_port}", eta=state.eta, batch_size=state.batch_size,
+        start_version=cc.start_version, start_admitted=cc.start_admitted, start_prompt_index=cc.start_prompt_index,
+        state_store=cc.state_store, restored=state.restored,
+    ))  # fmt: skip
     print(f"asyncrl-controller listening grpc={host}:{port} http={host}:{http_port}", flush=True)
     wait_until_stopped(server, on_stop=lambda: (server.release_held(), page.stop()))
     state.close()

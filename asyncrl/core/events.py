@@ -1,5 +1,7 @@
 """Append-only JSONL event logs under <run_dir>/events/: the audit trail of a run (admissions, writes,
-consumption, versions) and the source of the progress view and plots."""
+consumption, versions) and the source of the progress view and plots. Every line is a typed record
+(`asyncrl.core.records`): writers write records, readers get them back typed (`read_records`, `EventTail`);
+`read_events` gives the raw JSON objects (outside readers, tests of the format)."""
 
 from __future__ import annotations
 
@@ -10,6 +12,8 @@ import time
 from pathlib import Path
 from typing import Protocol
 
+from asyncrl.core.records import Record, parse
+
 
 class EventLog:
     def __init__(self, run_dir: str | os.PathLike, name: str):
@@ -18,9 +22,8 @@ class EventLog:
         self._lock = threading.Lock()
         self._file = open(self.path, "a", buffering=1)  # noqa: SIM115 - lives as long as the log
 
-    def write(self, kind: str, **fields) -> None:
-        record = {"t": time.time(), "kind": kind, **fields}
-        line = json.dumps(record, separators=(",", ":"))
+    def write(self, record: Record) -> None:
+        line = json.dumps({"t": time.time(), "kind": record.KIND, **record.fields()}, separators=(",", ":"))
         with self._lock:
             self._file.write(line + "\n")
 
@@ -30,7 +33,12 @@ class EventLog:
 
 
 def read_events(run_dir: str | os.PathLike, name: str) -> list[dict]:
-    """Every complete record of one log (a line still being written is left out)."""
+    """Every complete line of one log as its raw JSON object (a line still being written is left out)."""
+    return EventTail(run_dir, name).poll_raw()
+
+
+def read_records(run_dir: str | os.PathLike, name: str) -> list[Record]:
+    """Every complete record of one log, typed."""
     return EventTail(run_dir, name).poll()
 
 
@@ -43,7 +51,12 @@ class EventTail:
         # from_end: only what is written from now on (a resumed run appends to its old log).
         self._offset = self.path.stat().st_size if from_end and self.path.exists() else 0
 
-    def poll(self) -> list[dict]:
+    def poll(self) -> list[Record]:
+        """The records completed since the last poll, typed."""
+        return [parse(raw) for raw in self.poll_raw()]
+
+    def poll_raw(self) -> list[dict]:
+        """The lines completed since the last poll, as raw JSON objects."""
         if not self.path.exists():
             return []
         with self.path.open("rb") as f:
@@ -55,7 +68,7 @@ class EventTail:
 
 
 class EventSink(Protocol):
-    def write(self, kind: str, **fields) -> None: ...
+    def write(self, record: Record) -> None: ...
 
     def close(self) -> None: ...
 
@@ -63,7 +76,7 @@ class EventSink(Protocol):
 class NoEvents:
     """An event sink that keeps nothing (unit tests that do not look at the audit trail)."""
 
-    def write(self, kind: str, **fields) -> None:
+    def write(self, record: Record) -> None:
         pass
 
     def close(self) -> None:
@@ -71,13 +84,16 @@ class NoEvents:
 
 
 class MemoryEvents:
-    """An event sink that keeps records in a list (unit tests that check the audit trail)."""
+    """An event sink that keeps records in a list (unit tests that check the audit trail, benchmarks)."""
 
     def __init__(self):
+        self.typed: list[Record] = []
         self.records: list[dict] = []
+        """The same records as the lines a log would hold (without `t`)."""
 
-    def write(self, kind: str, **fields) -> None:
-        self.records.append({"kind": kind, **fields})
+    def write(self, record: Record) -> None:
+        self.typed.append(record)
+        self.records.append({"kind": record.KIND, **record.fields()})
 
     def of_kind(self, kind: str) -> list[dict]:
         return [r for r in self.records if r["kind"] == kind]

@@ -61,15 +61,16 @@ class TrajectoryLimits:
                                 self.group_size, self.max_abs_reward, version)
 
 
-def checkpoint_limits(model_path: str | Path, config) -> TrajectoryLimits:
-    """Limits from a checkpoint's config.json (vocabulary, context) and the run config (sampling, reward)."""
+def checkpoint_limits(model_path: str | Path, sampling, reward) -> TrajectoryLimits:
+    """Limits from a checkpoint's config.json (vocabulary, context) and the run's `sampling` and `reward`
+    sections."""
     raw = checkpoint_config(model_path)
     return TrajectoryLimits(
         vocab_size=int(raw["vocab_size"]),
         max_sequence_tokens=int(raw.get("max_position_embeddings") or 1 << 31),
-        max_response_tokens=config.sampling.max_new_tokens,
-        group_size=config.sampling.group_size,
-        max_abs_reward=config.reward.max_abs,
+        max_response_tokens=sampling.max_new_tokens,
+        group_size=sampling.group_size,
+        max_abs_reward=reward.max_abs,
     )
 
 

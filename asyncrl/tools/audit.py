@@ -17,7 +17,18 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from asyncrl.core.events import read_events
+from asyncrl.core.events import read_records
+from asyncrl.core.records import Record
+from asyncrl.core.records.controller import (
+    ControllerStarted,
+    LeaseCompleted,
+    LeaseExpired,
+    LeaseGranted,
+    PushCommitted,
+    TimelineReset,
+)
+from asyncrl.core.records.learner import Eval, FinalBuffer, LearnerLost, Resumed, Step, Trained
+from asyncrl.core.records.rollout import GroupRejected, GroupWritten
 
 
 @dataclass
@@ -69,143 +80,139 @@ class AuditReport:
                 "stolen_leases": self.stolen_leases[:20], "open_leases": self.open_leases}
 
 
-def check_eta(report: AuditReport, controller: list[dict]) -> None:
+def check_eta(report: AuditReport, controller: list[Record]) -> None:
     for ev in controller:
-        if ev["kind"] != "lease_granted":
+        if not isinstance(ev, LeaseGranted):
             continue
         report.leases_granted += 1
-        if ev.get("eta") is None:
+        if ev.eta is None:
             continue
         # The rule for the last trajectory admitted by this lease: floor((N_r - 1) / B) <= i + η.
-        if (ev["admitted_after"] - 1) // ev["batch_size"] > ev["version"] + ev["eta"]:
-            report.eta_violations.append({k: ev[k] for k in ("lease_id", "admitted_after", "version", "eta")})
+        if (ev.admitted_after - 1) // ev.batch_size > ev.version + ev.eta:
+            report.eta_violations.append({"lease_id": ev.lease_id, "admitted_after": ev.admitted_after,
+                                          "version": ev.version, "eta": ev.eta})
 
 
-def check_leases(report: AuditReport, controller: list[dict]) -> None:
+def check_leases(report: AuditReport, controller: list[Record]) -> None:
     """Every completion came from the lease's holder; count leases still open at the end of the log."""
-    holder = {ev["lease_id"]: ev.get("replica_id") for ev in controller if ev["kind"] == "lease_granted"}
+    holder = {ev.lease_id: ev.replica_id for ev in controller if isinstance(ev, LeaseGranted)}
     ended = set()
     for ev in controller:
-        if ev["kind"] in ("lease_completed", "lease_expired"):
-            ended.add(ev["lease_id"])
-            by = ev.get("replica_id")
-            if ev["kind"] == "lease_completed" and holder.get(ev["lease_id"], by) not in (by, None):
-                report.stolen_leases.append({"lease_id": ev["lease_id"], "holder": holder[ev["lease_id"]],
-                                             "completed_by": ev["replica_id"]})
+        if isinstance(ev, (LeaseCompleted, LeaseExpired)):
+            ended.add(ev.lease_id)
+            if isinstance(ev, LeaseCompleted) and holder.get(ev.lease_id, ev.replica_id) != ev.replica_id:
+                report.stolen_leases.append({"lease_id": ev.lease_id, "holder": holder[ev.lease_id],
+                                             "completed_by": ev.replica_id})
     report.open_leases = len(set(holder) - ended)
 
 
-RESTARTS = ("resumed", "learner_lost")
+RESTARTS = (Resumed, LearnerLost)
 """Learner records that take the run back to a checkpoint's step: a learner process starting from it, and
 `up` recording that the last learner process ended without its closing records (`asyncrl.tools.run_end`)."""
 
 
-def check_fall_back(report: AuditReport, learner: list[dict]) -> None:
+def check_fall_back(report: AuditReport, learner: list[Record]) -> None:
     """The learner's step numbers only go on by one, except right after a `RESTARTS` record (from its step)."""
     last = 0
     for ev in learner:
-        if ev["kind"] in RESTARTS:
-            last = ev["from_step"]
-        elif ev["kind"] == "step" and "step" in ev:
-            if ev["step"] != last + 1:
-                report.fell_back.append(f"step {ev['step']} (version {ev['version']}) after step {last} "
-                                        "without resuming")
-            last = ev["step"]
+        if isinstance(ev, RESTARTS):
+            last = ev.from_step
+        elif isinstance(ev, Step):
+            if ev.step != last + 1:
+                report.fell_back.append(f"step {ev.step} (version {ev.version}) after step {last} without resuming")
+            last = ev.step
 
 
-def surviving(learner: list[dict]) -> list[dict]:
+def surviving(learner: list[Record]) -> list[Record]:
     """The learner's records of the surviving timeline: a `resumed` or `learner_lost` record (from step s) voids
     the earlier `trained` records of steps >= s and `step`/`eval` records of steps > s."""
-    kept: list[dict] = []
+    kept: list[Record] = []
     for ev in learner:
-        if ev["kind"] in RESTARTS:
-            s = ev["from_step"]
+        if isinstance(ev, RESTARTS):
+            s = ev.from_step
             kept = [e for e in kept if not (
-                (e["kind"] == "trained" and e["step"] >= s) or (e["kind"] in ("step", "eval") and e["step"] > s)
+                (isinstance(e, Trained) and e.step >= s) or (isinstance(e, (Step, Eval)) and e.step > s)
             )]  # fmt: skip
         kept.append(ev)
     return kept
 
 
-def _epochs(events: list[dict], starts: list[float]) -> list[list[dict]]:
-    """Split time-ordered events at the controller's start times."""
-    out: list[list[dict]] = [[] for _ in range(len(starts) + 1)]
+def _epochs(events: list, starts: list[float]) -> list[list]:
+    """Split time-ordered records at the controller's start times."""
+    out: list[list] = [[] for _ in range(len(starts) + 1)]
     for ev in events:
-        out[sum(ev["t"] >= s for s in starts)].append(ev)
+        out[sum(ev.t >= s for s in starts)].append(ev)
     return out
 
 
-def _check_versions(report: AuditReport, controller: list[dict], learner: list[dict], rollouts: list[dict]):
+def _check_versions(report: AuditReport, controller: list[Record], learner: list[Record],
+                    rollouts: list[tuple[str, GroupWritten]]):  # fmt: skip
     # Resync pushes re-commit the current version; a new version is always exactly the previous + 1.
     # A new epoch of version ordering: a controller started afresh (not restored), or the learner resetting the
     # run to its checkpoint (versions start again from it).
-    fresh = [ev["t"] for ev in controller if ev["kind"] == "controller_started" and not ev.get("restored")]
-    starts = sorted(fresh[1:] + [ev["t"] for ev in controller if ev["kind"] == "timeline_reset"])
-    report.versions_committed = sorted({ev["version"] for ev in controller if ev["kind"] == "push_committed"})
-    for epoch in _epochs([ev for ev in controller if ev["kind"] == "push_committed"], starts):
-        for a, b in itertools.pairwise(ev["version"] for ev in epoch):
+    fresh = [ev.t for ev in controller if isinstance(ev, ControllerStarted) and not ev.restored]
+    starts = sorted(fresh[1:] + [ev.t for ev in controller if isinstance(ev, TimelineReset)])
+    commits = [ev for ev in controller if isinstance(ev, PushCommitted)]
+    report.versions_committed = sorted({ev.version for ev in commits})
+    for epoch in _epochs(commits, starts):
+        for a, b in itertools.pairwise(ev.version for ev in epoch):
             if not a <= b <= a + 1:
                 report.version_errors.append(f"controller committed {a} then {b}")
-    steps = [ev["version"] for ev in learner if ev["kind"] == "step"]
+    steps = [ev.version for ev in learner if isinstance(ev, Step)]
     for a, b in itertools.pairwise(steps):
         if b <= a:
             report.version_errors.append(f"learner published {a} then {b}")
-    by_replica: dict[tuple, list[dict]] = {}
-    for epoch, evs in enumerate(_epochs(rollouts, starts)):
-        for ev in evs:
-            by_replica.setdefault((ev["_source"], epoch), []).append(ev)
-    for (source, _epoch), evs in by_replica.items():
-        for a, b in itertools.pairwise(evs):
-            if b["lease_version"] < a["lease_version"]:
-                report.version_errors.append(f"{source}: lease version went {a['lease_version']} -> "
-                                             f"{b['lease_version']}")
+    for source in sorted({src for src, _ in rollouts}):
+        for epoch in _epochs([ev for src, ev in rollouts if src == source], starts):
+            for a, b in itertools.pairwise(epoch):
+                if b.lease_version < a.lease_version:
+                    report.version_errors.append(f"{source}: lease version went {a.lease_version} -> "
+                                                 f"{b.lease_version}")
 
 
 def audit_run(run_dir: str | Path) -> AuditReport:
     report = AuditReport()
-    controller = read_events(run_dir, "controller")
-    learner = surviving(read_events(run_dir, "learner"))
-    rollouts = []
-    for path in sorted(Path(run_dir, "events").glob("rollout-*.jsonl")):
-        for ev in read_events(run_dir, path.stem):
-            if ev["kind"] == "group_written":
-                rollouts.append({**ev, "_source": path.stem})
+    controller = read_records(run_dir, "controller")
+    learner_log = read_records(run_dir, "learner")
+    learner = surviving(learner_log)
+    rollouts = [(path.stem, ev) for path in sorted(Path(run_dir, "events").glob("rollout-*.jsonl"))
+                for ev in read_records(run_dir, path.stem) if isinstance(ev, GroupWritten)]
     check_eta(report, controller)
     _check_versions(report, controller, learner, rollouts)
     check_leases(report, controller)
-    check_fall_back(report, read_events(run_dir, "learner"))
+    check_fall_back(report, learner_log)
 
-    written = {ev["group_id"]: ev for ev in rollouts}
+    written = {ev.group_id: ev for _source, ev in rollouts}
     report.groups_written = len(written)
-    trained = Counter(g for ev in learner if ev["kind"] == "trained" for g in ev["group_ids"])
-    rejected = {ev["group_id"] for ev in learner if ev["kind"] == "group_rejected"}
+    trained = Counter(g for ev in learner if isinstance(ev, Trained) for g in ev.group_ids)
+    rejected = {ev.group_id for ev in learner if isinstance(ev, GroupRejected)}
     report.rejected = len(rejected)
     report.groups_trained = len(trained)
     report.trained_twice = sorted(g for g, n in trained.items() if n > 1)
     # A replica killed after writing a group but before logging it: the group was trained (exactly once,
     # checked above) and either its lease expired, or (logs from before the worker logged first) the lease
     # completed as written, which tells the same. Not an error, but listed.
-    accounted = {f"{ev['replica_id']}-{ev['lease_id']}" for ev in controller if ev["kind"] == "lease_expired"}
-    accounted |= {f"{ev['replica_id']}-{ev['lease_id']}" for ev in controller
-                  if ev["kind"] == "lease_completed" and ev.get("num_written", 0) > 0}  # fmt: skip
+    accounted = {f"{ev.replica_id}-{ev.lease_id}" for ev in controller if isinstance(ev, LeaseExpired)}
+    accounted |= {f"{ev.replica_id}-{ev.lease_id}" for ev in controller
+                  if isinstance(ev, LeaseCompleted) and ev.num_written > 0}  # fmt: skip
     unlogged = sorted(g for g in trained if g not in written)
     report.written_by_dead_replica = [g for g in unlogged if g in accounted]
     report.trained_unwritten = [g for g in unlogged if g not in accounted]
-    final = [ev for ev in learner if ev["kind"] == "final_buffer"]
-    remaining = set(final[-1]["entry_ids"]) if final else set()
-    end_t = final[-1].get("snapshot_t", final[-1]["t"]) if final else float("inf")
+    final = [ev for ev in learner if isinstance(ev, FinalBuffer)]
+    remaining = set(final[-1].entry_ids) if final else set()
+    end_t = (final[-1].snapshot_t or final[-1].t) if final else float("inf")
     for group_id, ev in written.items():
         if group_id in trained or group_id in rejected:
             continue
-        if ev["entry_id"] in remaining:
+        if ev.entry_id in remaining:
             report.left_in_buffer += 1
-        elif ev["t"] >= end_t:
+        elif ev.t >= end_t:
             report.written_after_end += 1
         else:
             report.lost.append(group_id)
     hist: Counter = Counter()
     for ev in learner:
-        if ev["kind"] == "step":
-            hist.update({int(k): v for k, v in ev.get("staleness/hist", {}).items()})
+        if isinstance(ev, Step):
+            hist.update({int(k): v for k, v in ev.metrics.get("staleness/hist", {}).items()})
     report.staleness_hist = {str(k): hist[k] for k in sorted(hist)}
     return report

@@ -19,9 +19,11 @@ from pathlib import Path
 from asyncrl.controller.persistence import make_store
 from asyncrl.core.buffer import make_buffer
 from asyncrl.core.config import AsyncRLConfig, dump_config, load_config
-from asyncrl.core.events import EventLog, read_events
+from asyncrl.core.events import EventLog, read_records
 from asyncrl.core.grpc_util import wait_for_channel
 from asyncrl.core.preflight import ConfigError, preflight
+from asyncrl.core.records import Record
+from asyncrl.core.records.learner import Eval, Step
 from asyncrl.learner.checkpoint import ack_covered, latest_checkpoint, read_meta
 from asyncrl.learner.timeline import drop_dead_timeline
 from asyncrl.tools.port_plan import REPLICA_PORTS, check_ports, replica_port
@@ -240,7 +242,7 @@ def finish(cfg: AsyncRLConfig) -> None:
     from asyncrl.tools.audit import audit_run, surviving
     from asyncrl.tools.plots import plot_run
 
-    events = surviving(read_events(cfg.run_dir, "learner"))
+    events = surviving(read_records(cfg.run_dir, "learner"))
     report = audit_run(cfg.run_dir)
     accuracy, line = accuracy_summary(events)
     summary = {"run_dir": cfg.run_dir, **accuracy, "audit": report.as_dict()}
@@ -256,24 +258,24 @@ def finish(cfg: AsyncRLConfig) -> None:
         print(f"[up] plot {summary['plot']}", flush=True)
 
 
-def accuracy_summary(events: list[dict]) -> tuple[dict, str | None]:
+def accuracy_summary(events: list[Record]) -> tuple[dict, str | None]:
     """The held-out accuracy of a run from its learner events: (summary fields, console line or None without
     any evaluation). The line names the steps it compares, and says so when the run trained past its last
     evaluation (a run stopped before its last step: `up` interrupted, or a learner out of restarts), so a first
     evaluation is never shown as the result of the training after it."""
-    evals = [e for e in events if e["kind"] == "eval"]
-    last_step = max((e["step"] for e in events if e["kind"] == "step"), default=0)
-    fields = {"eval_first": evals[0]["accuracy"] if evals else None,
-              "eval_last": evals[-1]["accuracy"] if evals else None,
-              "eval_first_step": evals[0]["step"] if evals else None,
-              "eval_last_step": evals[-1]["step"] if evals else None, "last_step": last_step}
+    evals = [e for e in events if isinstance(e, Eval)]
+    last_step = max((e.step for e in events if isinstance(e, Step)), default=0)
+    fields = {"eval_first": evals[0].accuracy if evals else None,
+              "eval_last": evals[-1].accuracy if evals else None,
+              "eval_first_step": evals[0].step if evals else None,
+              "eval_last_step": evals[-1].step if evals else None, "last_step": last_step}
     if not evals:
         return fields, None
     first, last = evals[0], evals[-1]
-    line = f"greedy accuracy {first['accuracy']:.3f} at step {first['step']}"
+    line = f"greedy accuracy {first.accuracy:.3f} at step {first.step}"
     if last is not first:
-        gain = (last["accuracy"] - first["accuracy"]) * 100
-        line += f" -> {last['accuracy']:.3f} at step {last['step']} ({gain:+.1f} points)"
-    if last_step > last["step"]:
+        gain = (last.accuracy - first.accuracy) * 100
+        line += f" -> {last.accuracy:.3f} at step {last.step} ({gain:+.1f} points)"
+    if last_step > last.step:
         line += f"; trained to step {last_step}, not evaluated there"
     return fields, line

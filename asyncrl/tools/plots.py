@@ -11,24 +11,25 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
-from asyncrl.core.events import read_events
+from asyncrl.core.events import read_records
+from asyncrl.core.records.learner import Eval, Step, WeightsPushed
 from asyncrl.tools.audit import surviving
 
 
 def plot_run(run_dir: str | Path) -> Path:
-    learner = surviving(read_events(run_dir, "learner"))
-    steps = [e for e in learner if e["kind"] == "step"]
-    evals = [e for e in learner if e["kind"] == "eval"]
+    learner = surviving(read_records(run_dir, "learner"))
+    steps = [e for e in learner if isinstance(e, Step)]
+    evals = [e for e in learner if isinstance(e, Eval)]
     if not steps and not evals:
         raise ValueError(f"{run_dir}: no learner steps or evals to plot")
     fig, axes = plt.subplots(2, 2, figsize=(11, 7.5))
-    x = [e["step"] for e in steps]
+    x = [e.step for e in steps]
 
     ax = axes[0][0]
-    ax.plot(x, [e["reward/mean"] for e in steps], label="train reward (batch mean)", color="tab:blue")
-    ax.plot([e["step"] for e in evals], [e["accuracy"] for e in evals], "o-", label="greedy held-out accuracy",
+    ax.plot(x, [e.metrics["reward/mean"] for e in steps], label="train reward (batch mean)", color="tab:blue")
+    ax.plot([e.step for e in evals], [e.accuracy for e in evals], "o-", label="greedy held-out accuracy",
             color="tab:green")
-    busy = [(e["step"], e["time/busy"]) for e in steps if e.get("time/busy") is not None]  # older logs: none
+    busy = [(e.step, e.metrics["time/busy"]) for e in steps if e.metrics.get("time/busy") is not None]  # older logs
     if busy:
         ax.plot(*zip(*busy), label="learner busy (share of wall time training)", color="tab:gray", alpha=0.7)
     ax.set_xlabel("learner step")
@@ -37,8 +38,8 @@ def plot_run(run_dir: str | Path) -> Path:
     ax.legend(loc="lower right")
 
     ax = axes[0][1]
-    ax.plot(x, [e["staleness/mean"] for e in steps], label="mean", color="tab:orange")
-    ax.plot(x, [e["staleness/max"] for e in steps], label="max", color="tab:red", linestyle="--")
+    ax.plot(x, [e.metrics["staleness/mean"] for e in steps], label="mean", color="tab:orange")
+    ax.plot(x, [e.metrics["staleness/max"] for e in steps], label="max", color="tab:red", linestyle="--")
     ax.set_xlabel("learner step")
     ax.set_ylabel("version - oldest token version")
     ax.set_title("staleness of consumed trajectories")
@@ -47,7 +48,7 @@ def plot_run(run_dir: str | Path) -> Path:
     ax = axes[1][0]
     hist: dict[int, int] = {}
     for e in steps:
-        for k, v in e.get("staleness/hist", {}).items():
+        for k, v in e.metrics.get("staleness/hist", {}).items():
             hist[int(k)] = hist.get(int(k), 0) + v
     if hist:
         ax.bar(list(hist), list(hist.values()), color="tab:orange")
@@ -56,17 +57,17 @@ def plot_run(run_dir: str | Path) -> Path:
     ax.set_title("staleness histogram")
 
     ax = axes[1][1]
-    kl_key = next((k for k in ("rc/kl_k3", "rc/kl_k1") if steps and k in steps[0]), None)
+    kl_key = next((k for k in ("rc/kl_k3", "rc/kl_k1") if steps and k in steps[0].metrics), None)
     if kl_key:
-        ax.plot(x, [e[kl_key] for e in steps], label=f"KL(behav||prox) {kl_key}", color="tab:purple")
+        ax.plot(x, [e.metrics[kl_key] for e in steps], label=f"KL(behav||prox) {kl_key}", color="tab:purple")
         ax.set_ylabel("KL")
     ax2 = ax.twinx()
     # A push carries the version a step produced; step k produces version k on one timeline.
-    step_of = {e["version"]: e["step"] for e in steps}
-    pushes = [e for e in learner if e["kind"] == "push" and e["version"] in step_of]
-    ax2.plot([step_of[e["version"]] for e in pushes], [e["push_s"] for e in pushes], label="weight push s",
+    step_of = {e.version: e.step for e in steps}
+    pushes = [e for e in learner if isinstance(e, WeightsPushed) and e.version in step_of]
+    ax2.plot([step_of[e.version] for e in pushes], [e.push_s for e in pushes], label="weight push s",
              color="tab:gray", alpha=0.6)
-    ax2.plot(x, [e.get("push_wait_s", 0.0) for e in steps], label="push on the learner's path s",
+    ax2.plot(x, [e.push_wait_s for e in steps], label="push on the learner's path s",
              color="black", alpha=0.6, linestyle=":")
     ax2.set_ylabel("push seconds")
     ax.set_xlabel("learner step")

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from asyncrl.core.buffer import make_buffer
 from asyncrl.core.events import EventLog
+from asyncrl.core.records.learner import FinalBuffer, LearnerLost
 from asyncrl.learner.checkpoint import latest_checkpoint, read_meta
 
 log = logging.getLogger(__name__)
@@ -57,9 +58,8 @@ def close_learner_log(cfg) -> str | None:
         return f"the learner ended without its last records and the buffer could not be read ({err})"
     events_log = EventLog(cfg.run_dir, "learner")
     try:
-        events_log.write("learner_lost", from_step=from_step,
-                         checkpoint=str(checkpoint) if checkpoint is not None else None)
-        events_log.write("final_buffer", entry_ids=entry_ids, snapshot_t=snapshot_t, written_by="up")
+        events_log.write(LearnerLost(from_step=from_step, checkpoint=str(checkpoint) if checkpoint is not None else None))
+        events_log.write(FinalBuffer(entry_ids=entry_ids, snapshot_t=snapshot_t, written_by="up"))
     finally:
         events_log.close()
     return (f"the learner ended without its last records: the run continues from step {from_step} "

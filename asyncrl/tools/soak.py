@@ -27,7 +27,8 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from asyncrl.core.config import load_config
-from asyncrl.core.events import read_events
+from asyncrl.core.events import read_records
+from asyncrl.core.records.learner import Step
 from asyncrl.tools.audit import surviving
 
 PROGRESS_STEPS = 3
@@ -106,7 +107,7 @@ def surviving_step(run_dir: Path) -> int:
     """The last learner step of the surviving timeline (a killed learner's steps after its checkpoint are not)."""
     if not (run_dir / "events" / "learner.jsonl").exists():
         return 0
-    return max((e["step"] for e in surviving(read_events(run_dir, "learner")) if e["kind"] == "step"), default=0)
+    return max((e.step for e in surviving(read_records(run_dir, "learner")) if isinstance(e, Step)), default=0)
 
 
 def signal_role(pattern: str, sig: int, parent: int) -> list[int]:

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from asyncrl.core.config import AsyncRLConfig
 from asyncrl.core.events import EventTail
+from asyncrl.core.records.learner import Eval, Step
 from asyncrl.learner.checkpoint import latest_checkpoint
 from asyncrl.tools.processes import Child, ProcessGroup
 from asyncrl.tools.redis_local import start_local_redis
@@ -102,10 +103,10 @@ def restart_local_redis(group: ProcessGroup, cfg: AsyncRLConfig) -> None:
                       password=local_redis_password(cfg))
 
 
-def _busy(ev: dict) -> str:
+def _busy(ev: Step) -> str:
     """The learner's share of the wall time in train steps over its last steps, as " (91% of the time)";
     nothing for an older event log."""
-    busy = ev.get("time/busy")
+    busy = ev.metrics.get("time/busy")
     return "" if busy is None else f" ({busy:.0%} of the time)"
 
 
@@ -129,17 +130,18 @@ class Progress:
                   f"batch of {self.cfg.learner.batch_size} trajectories)", flush=True)
         for ev in self.tail.poll():
             elapsed = time.time() - self.start
-            if ev["kind"] == "step":
+            if isinstance(ev, Step):
                 self.steps_seen += 1
-                print(f"[{elapsed:6.0f}s] step {ev['step']:3d}/{self.cfg.learner.total_steps} "
-                      f"v{ev['version']:<3d} reward {ev['reward/mean']:.3f} "
-                      f"staleness mean {ev['staleness/mean']:.2f} max {ev['staleness/max']} "
-                      f"train {1e3 * ev['time/step_s']:.0f} ms{_busy(ev)}, push wait {1e3 * ev['push_wait_s']:.0f} ms",
+                m = ev.metrics
+                print(f"[{elapsed:6.0f}s] step {ev.step:3d}/{self.cfg.learner.total_steps} "
+                      f"v{ev.version:<3d} reward {m['reward/mean']:.3f} "
+                      f"staleness mean {m['staleness/mean']:.2f} max {m['staleness/max']} "
+                      f"train {1e3 * m['time/step_s']:.0f} ms{_busy(ev)}, push wait {1e3 * ev.push_wait_s:.0f} ms",
                       flush=True)
-            elif ev["kind"] == "eval":
+            elif isinstance(ev, Eval):
                 if self.first_eval is None:
-                    self.first_eval = ev["accuracy"]
-                print(f"[{elapsed:6.0f}s] eval  step {ev['step']:3d}: greedy accuracy {ev['accuracy']:.3f} "
+                    self.first_eval = ev.accuracy
+                print(f"[{elapsed:6.0f}s] eval  step {ev.step:3d}: greedy accuracy {ev.accuracy:.3f} "
                       f"(start {self.first_eval:.3f})", flush=True)
 
 

@@ -10,6 +10,7 @@ import pytest
 from asyncrl.core.buffer import make_buffer
 from asyncrl.core.config import AsyncRLConfig
 from asyncrl.core.events import EventLog, read_events
+from asyncrl.core.records.learner import FinalBuffer, Resumed, Step
 from asyncrl.tools.run_end import close_learner_log
 from asyncrl.v1 import trajectory_pb2
 
@@ -30,8 +31,8 @@ def test_up_records_the_buffer_and_the_checkpoint_for_a_learner_that_died(tmp_pa
     meta.mkdir(parents=True)
     (meta / "meta.json").write_text(json.dumps({"step": 4, "version": 4, "data_position": 0, "saved_unix_s": 1.0}))
     log = EventLog(tmp_path, "learner")
-    log.write("resumed", from_step=0, version=0)
-    log.write("step", step=5, version=5)
+    log.write(Resumed(from_step=0, version=0, path="model"))
+    log.write(Step(step=5, version=5))
     log.close()
 
     line = close_learner_log(cfg)
@@ -46,8 +47,8 @@ def test_up_records_the_buffer_and_the_checkpoint_for_a_learner_that_died(tmp_pa
 def test_a_learner_that_closed_its_log_is_left_alone(tmp_path, clean_redis):
     cfg = config(tmp_path, clean_redis)
     log = EventLog(tmp_path, "learner")
-    log.write("resumed", from_step=0, version=0)
-    log.write("final_buffer", entry_ids=[], snapshot_t=1.0)
+    log.write(Resumed(from_step=0, version=0, path="model"))
+    log.write(FinalBuffer(entry_ids=[], snapshot_t=1.0))
     log.close()
     assert close_learner_log(cfg) is None
     assert len(read_events(tmp_path, "learner")) == 2

@@ -1,37 +1,77 @@
-"""The audit on hand-written event logs: it must catch each kind of violation."""
+"""The audit on hand-written event logs (the records the services write, `asyncrl.core.records`): it must catch
+each kind of violation."""
 
 import json
 
+from asyncrl.core.records.controller import (
+    ControllerStarted,
+    LeaseCompleted,
+    LeaseExpired,
+    LeaseGranted,
+    PushCommitted,
+)
+from asyncrl.core.records.learner import CheckpointSaved, FinalBuffer, LearnerLost, Resumed, Step, Trained
+from asyncrl.core.records.rollout import GroupWritten
 from asyncrl.tools.audit import audit_run
 
 
-def write(run_dir, name, events):
+def write(run_dir, name, records):
     path = run_dir / "events" / f"{name}.jsonl"
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("".join(json.dumps(e) + "\n" for e in events))
+    path.write_text("".join(json.dumps(r.line()) + "\n" for r in records))
+
+
+def append(run_dir, name, record):
+    with (run_dir / "events" / f"{name}.jsonl").open("a") as f:
+        f.write(json.dumps(record.line()) + "\n")
 
 
 def lease(lid, admitted_after, version, eta=1, b=4):
-    return {"t": 1, "kind": "lease_granted", "lease_id": lid, "replica_id": "r0", "admitted_after": admitted_after,
-            "version": version, "eta": eta, "batch_size": b}
+    return LeaseGranted(t=1, lease_id=lid, replica_id="r0", n=4, admitted_after=admitted_after, version=version,
+                        eta=eta, batch_size=b, prompt_index=0, held_s=0.0)
 
 
 def written(gid, eid, t=1.0, v=0):
-    return {"t": t, "kind": "group_written", "group_id": gid, "entry_id": eid, "lease_version": v}
+    return GroupWritten(t=t, group_id=gid, entry_id=eid, lease_id="l", prompt_index=0, lease_version=v,
+                        min_version=v, max_version=v, reward_mean=0.0)
+
+
+def commit(t, version):
+    return PushCommitted(t=t, push_id=f"p{t}", version=version, mode="new", acked=[], dropped=[], seconds=0.1,
+                         in_band=False)
+
+
+def trained(t, group_ids, step=0):
+    return Trained(t=t, step=step, version=step, entry_ids=[], group_ids=group_ids, trajectories=len(group_ids))
+
+
+def step(t, number, version, hist=None):
+    return Step(t=t, step=number, version=version, metrics={"staleness/hist": hist} if hist else {})
+
+
+def started(t, start_version=0):
+    return ControllerStarted(t=t, grpc="h:1", http="h:2", eta=1, batch_size=4, start_version=start_version,
+                             start_admitted=0, start_prompt_index=0, state_store="none")
+
+
+def completed(replica_id, lease_id, n):
+    return LeaseCompleted(t=2, lease_id=lease_id, replica_id=replica_id, n=n, num_written=n, returned=0,
+                          admitted_after=0)
+
+
+def checkpoint(t, number):
+    return CheckpointSaved(t=t, step=number, version=number, path=f"step-{number}", acked=0, seconds=0.1,
+                           stall_s=0.0, background=False)
 
 
 def good_run(tmp_path):
     # B=4, η=1: at version 0, N_r up to 8 is admissible (floor(7/4)=1 <= 0+1).
-    write(tmp_path, "controller", [lease("l1", 4, 0), lease("l2", 8, 0), {"t": 2, "kind": "push_committed", "version": 1},
-                                   lease("l3", 12, 1), {"t": 3, "kind": "push_committed", "version": 1},
-                                   {"t": 4, "kind": "push_committed", "version": 2}])
+    write(tmp_path, "controller", [lease("l1", 4, 0), lease("l2", 8, 0), commit(2, 1), lease("l3", 12, 1),
+                                   commit(3, 1), commit(4, 2)])
     write(tmp_path, "rollout-r0", [written("g1", "1-0"), written("g2", "2-0"), written("g3", "3-0", v=1),
                                    written("g4", "4-0", t=99.0, v=1)])
-    write(tmp_path, "learner", [{"t": 2, "kind": "trained", "group_ids": ["g1"]},
-                                {"t": 2, "kind": "step", "version": 1, "staleness/hist": {"0": 4}},
-                                {"t": 3, "kind": "trained", "group_ids": ["g2"]},
-                                {"t": 3, "kind": "step", "version": 2, "staleness/hist": {"1": 4}},
-                                {"t": 5, "kind": "final_buffer", "entry_ids": ["3-0"]}])
+    write(tmp_path, "learner", [trained(2, ["g1"]), step(2, 1, 1, hist={"0": 4}), trained(3, ["g2"], step=1),
+                                step(3, 2, 2, hist={"1": 4}), FinalBuffer(t=5, entry_ids=["3-0"])])
 
 
 def test_clean_run_passes(tmp_path):
@@ -51,8 +91,7 @@ def test_eta_violation_is_caught(tmp_path):
 
 def test_double_training_and_loss_are_caught(tmp_path):
     good_run(tmp_path)
-    write(tmp_path, "learner", [{"t": 2, "kind": "trained", "group_ids": ["g1", "g1"]},
-                                {"t": 5, "kind": "final_buffer", "entry_ids": []}])
+    write(tmp_path, "learner", [trained(2, ["g1", "g1"]), FinalBuffer(t=5, entry_ids=[])])
     report = audit_run(tmp_path)
     assert report.trained_twice == ["g1"]
     assert report.lost == ["g2", "g3"]  # neither trained nor in the buffer at the end
@@ -61,8 +100,7 @@ def test_double_training_and_loss_are_caught(tmp_path):
 
 def test_version_going_back_is_caught(tmp_path):
     good_run(tmp_path)
-    write(tmp_path, "controller", [{"t": 1, "kind": "push_committed", "version": 2},
-                                   {"t": 2, "kind": "push_committed", "version": 1}])
+    write(tmp_path, "controller", [commit(1, 2), commit(2, 1)])
     assert audit_run(tmp_path).version_errors == ["controller committed 2 then 1"]
 
 
@@ -70,15 +108,12 @@ def test_group_of_a_killed_replica_is_told_apart_from_an_unknown_one(tmp_path):
     """A replica killed between writing a group and logging it: its lease expired, the group was trained once.
     That is listed, not an error; a trained group nobody wrote or leased is an error."""
     good_run(tmp_path)
-    with (tmp_path / "events" / "controller.jsonl").open("a") as f:
-        f.write(json.dumps({"t": 2, "kind": "lease_expired", "lease_id": "l9", "replica_id": "r0",
-                            "reason": "reregistered"}) + "\n")
-    with (tmp_path / "events" / "learner.jsonl").open("a") as f:
-        f.write(json.dumps({"t": 4, "kind": "trained", "group_ids": ["r0-l9"]}) + "\n")
+    append(tmp_path, "controller", LeaseExpired(t=2, lease_id="l9", replica_id="r0", n=4, returned=4,
+                                                admitted_after=0, reason="reregistered"))
+    append(tmp_path, "learner", trained(4, ["r0-l9"], step=2))
     report = audit_run(tmp_path)
     assert report.ok and report.written_by_dead_replica == ["r0-l9"] and report.trained_unwritten == []
-    with (tmp_path / "events" / "learner.jsonl").open("a") as f:
-        f.write(json.dumps({"t": 4, "kind": "trained", "group_ids": ["r0-l10"]}) + "\n")
+    append(tmp_path, "learner", trained(4, ["r0-l10"], step=2))
     report = audit_run(tmp_path)
     assert not report.ok and report.trained_unwritten == ["r0-l10"]
 
@@ -87,25 +122,15 @@ def resumed_run(tmp_path, with_resume_record=True):
     """Checkpoint at step 1; the dead learner trained g2 in step 1 (after the checkpoint) and died; the resumed
     one (controller restarted at version 1) trains g2 again, then g3."""
     write(tmp_path, "controller", [
-        {"t": 0, "kind": "controller_started"}, lease("l1", 4, 0), lease("l2", 8, 0),
-        {"t": 2, "kind": "push_committed", "version": 1}, lease("l3", 12, 1),
-        {"t": 3, "kind": "push_committed", "version": 2},
-        {"t": 10, "kind": "controller_started", "start_version": 1},
-        {"t": 12, "kind": "push_committed", "version": 2}, {"t": 13, "kind": "push_committed", "version": 3},
-    ])  # fmt: skip
+        started(0), lease("l1", 4, 0), lease("l2", 8, 0), commit(2, 1), lease("l3", 12, 1), commit(3, 2),
+        started(10, start_version=1), commit(12, 2), commit(13, 3),
+    ])
     write(tmp_path, "rollout-r0", [written("g1", "1-0"), written("g2", "2-0"), written("g3", "3-0", t=2.5, v=1)])
-    learner = [
-        {"t": 2, "kind": "trained", "step": 0, "group_ids": ["g1"]}, {"t": 2, "kind": "step", "step": 1, "version": 1},
-        {"t": 2.1, "kind": "checkpoint_saved", "step": 1},
-        {"t": 3, "kind": "trained", "step": 1, "group_ids": ["g2"]}, {"t": 3, "kind": "step", "step": 2, "version": 2},
-    ]  # fmt: skip
+    learner = [trained(2, ["g1"], step=0), step(2, 1, 1), checkpoint(2.1, 1), trained(3, ["g2"], step=1), step(3, 2, 2)]
     if with_resume_record:
-        learner.append({"t": 11, "kind": "resumed", "from_step": 1, "version": 1})
-    learner += [
-        {"t": 12, "kind": "trained", "step": 1, "group_ids": ["g2"]}, {"t": 12, "kind": "step", "step": 2, "version": 2},
-        {"t": 13, "kind": "trained", "step": 2, "group_ids": ["g3"]}, {"t": 13, "kind": "step", "step": 3, "version": 3},
-        {"t": 14, "kind": "final_buffer", "entry_ids": []},
-    ]  # fmt: skip
+        learner.append(Resumed(t=11, from_step=1, version=1, path="checkpoints/step-000001"))
+    learner += [trained(12, ["g2"], step=1), step(12, 2, 2), trained(13, ["g3"], step=2), step(13, 3, 3),
+                FinalBuffer(t=14, entry_ids=[])]
     write(tmp_path, "learner", learner)
 
 
@@ -125,15 +150,10 @@ def test_without_the_resume_record_the_retrained_group_counts_twice(tmp_path):
 
 def test_a_group_whose_lease_completed_as_written_is_accounted_for(tmp_path):
     good_run(tmp_path)
-    write(tmp_path, "learner", [{"t": 2, "kind": "trained", "group_ids": ["g1", "r1-l9"]},
-                                {"t": 2, "kind": "step", "version": 1},
-                                {"t": 3, "kind": "trained", "group_ids": ["g2"]},
-                                {"t": 3, "kind": "step", "version": 2},
-                                {"t": 5, "kind": "final_buffer", "entry_ids": ["3-0"]}])  # fmt: skip
+    write(tmp_path, "learner", [trained(2, ["g1", "r1-l9"]), step(2, 1, 1), trained(3, ["g2"], step=1), step(3, 2, 2),
+                                FinalBuffer(t=5, entry_ids=["3-0"])])
     assert audit_run(tmp_path).trained_unwritten == ["r1-l9"]
-    with (tmp_path / "events" / "controller.jsonl").open("a") as f:
-        f.write(json.dumps({"t": 2, "kind": "lease_completed", "replica_id": "r1", "lease_id": "l9", "n": 8,
-                            "num_written": 8}) + "\n")  # fmt: skip
+    append(tmp_path, "controller", completed("r1", "l9", 8))
     report = audit_run(tmp_path)
     assert report.trained_unwritten == [] and report.written_by_dead_replica == ["r1-l9"] and report.ok
 
@@ -151,9 +171,7 @@ def test_a_learner_starting_over_without_resuming_is_a_fall_back(tmp_path):
 def test_a_lease_completed_by_another_replica_is_stolen_and_open_leases_are_counted(tmp_path):
     good_run(tmp_path)
     assert audit_run(tmp_path).open_leases == 3
-    with (tmp_path / "events" / "controller.jsonl").open("a") as f:
-        f.write(json.dumps({"t": 2, "kind": "lease_completed", "replica_id": "intruder", "lease_id": "l1", "n": 4,
-                            "num_written": 4}) + "\n")  # fmt: skip
+    append(tmp_path, "controller", completed("intruder", "l1", 4))
     report = audit_run(tmp_path)
     assert report.stolen_leases == [{"lease_id": "l1", "holder": "r0", "completed_by": "intruder"}]
     assert report.open_leases == 2 and not report.ok
@@ -162,18 +180,15 @@ def test_a_lease_completed_by_another_replica_is_stolen_and_open_leases_are_coun
 def killed_learner_run(tmp_path, closed_by_up: bool):
     """Checkpoint at step 1; the learner trained g2 in step 2 and was killed; the run was stopped before another
     learner started. g2 and g3 are still in the buffer (g2 pending: acked only once a checkpoint covers it)."""
-    write(tmp_path, "controller", [lease("l1", 4, 0), lease("l2", 8, 0), lease("l3", 12, 1),
-                                   {"t": 2, "kind": "push_committed", "version": 1},
-                                   {"t": 3, "kind": "push_committed", "version": 2}])
+    write(tmp_path, "controller", [lease("l1", 4, 0), lease("l2", 8, 0), lease("l3", 12, 1), commit(2, 1),
+                                   commit(3, 2)])
     write(tmp_path, "rollout-r0", [written("g1", "1-0"), written("g2", "2-0"), written("g3", "3-0")])
-    learner = [{"t": 1, "kind": "resumed", "from_step": 0, "version": 0},
-               {"t": 2, "kind": "trained", "step": 0, "group_ids": ["g1"]}, {"t": 2, "kind": "step", "step": 1, "version": 1},
-               {"t": 2.1, "kind": "checkpoint_saved", "step": 1},
-               {"t": 3, "kind": "trained", "step": 1, "group_ids": ["g2"]}, {"t": 3, "kind": "step", "step": 2, "version": 2}]
+    learner = [Resumed(t=1, from_step=0, version=0, path="model"), trained(2, ["g1"], step=0), step(2, 1, 1),
+               checkpoint(2.1, 1), trained(3, ["g2"], step=1), step(3, 2, 2)]
     if closed_by_up:
-        learner += [{"t": 9, "kind": "learner_lost", "from_step": 1, "checkpoint": "checkpoints/step-000001"},
-                    {"t": 9, "kind": "final_buffer", "entry_ids": ["2-0", "3-0"], "snapshot_t": 9, "written_by": "up"}]
-    write(tmp_path, "learner", learner)  # fmt: skip
+        learner += [LearnerLost(t=9, from_step=1, checkpoint="checkpoints/step-000001"),
+                    FinalBuffer(t=9, entry_ids=["2-0", "3-0"], snapshot_t=9, written_by="up")]
+    write(tmp_path, "learner", learner)
 
 
 def test_a_learner_killed_at_the_end_counts_from_its_checkpoint(tmp_path):

@@ -11,6 +11,7 @@ import pytest
 from asyncrl.core.config import AsyncRLConfig
 from asyncrl.core.events import MemoryEvents
 from asyncrl.learner.checkpoint_saver import CheckpointSaver
+from asyncrl.learner.intake import lookahead_groups
 from asyncrl.learner.learner_metrics import LearnerMetrics
 from asyncrl.learner.loop import LearnerLoop
 from asyncrl.v1 import teacher_pb2
@@ -48,8 +49,9 @@ class Teacher:
 def loop_with(teacher) -> tuple[LearnerLoop, MemoryEvents, LearnerMetrics]:
     config = AsyncRLConfig.model_validate({"teacher": {"score_attempts": 3, "retry_backoff_s": 0.0}})
     events, metrics = MemoryEvents(), LearnerMetrics()
-    loop = LearnerLoop(config=config, trainer=None, buffer=None, controller_stub=None, publisher=None,
-                       evaluate=None, events=events, metrics=metrics, limits=None, teacher_stub=teacher)
+    loop = LearnerLoop(learner=config.learner, groups_per_step=8, lookahead=8, trainer=None, buffer=None,
+                       controller_stub=None, publisher=None, evaluate=None, events=events, metrics=metrics, limits=None,
+                       teacher_stub=teacher, teacher=config.teacher)
     return loop, events, metrics
 
 
@@ -87,7 +89,9 @@ def prefetching_loop(oldest_first: bool = False, controller_stub=None):
     config = AsyncRLConfig.model_validate({"sampling": {"group_size": 2}, "controller": {"eta": 2},
                                            "learner": {"batch_size": 4, "oldest_first": oldest_first}})
     events, metrics = MemoryEvents(), LearnerMetrics()
-    loop = LearnerLoop(config=config, trainer=SimpleNamespace(replay=SimpleNamespace(shape=None)),
+    loop = LearnerLoop(learner=config.learner, groups_per_step=2,
+                       lookahead=lookahead_groups(config.learner.oldest_first, config.controller.eta, 2),
+                       trainer=SimpleNamespace(replay=SimpleNamespace(shape=None)),
                        buffer=MemoryBuffer(), controller_stub=controller_stub, publisher=None, evaluate=None, events=events,
                        metrics=metrics, limits=TrajectoryLimits(20, 16, 5, 2, 10.0))
     loop.progress.version = 3
@@ -249,7 +253,7 @@ def test_background_pushes_are_finished_before_the_next_push_and_before_a_checkp
     assert all(e["background"] for e in events.of_kind("push"))
     assert metrics.push_seconds._sum.get() > 0
 
-    loop.config.learner.push_in_background = False
+    loop.config.push_in_background = False
     calls.clear()
     loop.publish(3)
     assert calls == [("push", 3)] and events.of_kind("push")[-1]["background"] is False
@@ -410,10 +414,10 @@ def test_oldest_first_reads_what_was_written_since_the_prefetch_and_keeps_copies
 @pytest.mark.parametrize("eta, oldest_first, expected", [(4, True, 40), (2, True, 24), (0, True, 8),
                                                          (None, True, 8), (4, False, 8)])
 def test_the_learner_holds_all_that_admission_lets_ahead_only_with_a_bound(eta, oldest_first, expected):
-    from asyncrl.learner.intake import lookahead_groups
+
 
     config = AsyncRLConfig.model_validate({"controller": {"eta": eta}, "learner": {"oldest_first": oldest_first}})
-    assert lookahead_groups(config, 8) == expected
+    assert lookahead_groups(config.learner.oldest_first, config.controller.eta, 8) == expected
 
 
 def test_holding_a_full_lookahead_the_learner_reads_nothing_more():
@@ -522,7 +526,7 @@ def test_a_resumed_learner_acknowledges_what_its_checkpoint_holds_before_taking_
     delivered = [e.entry_id for e in loop.buffer.get(5, timeout_s=1.0)]
     (tmp_path / COVERED).write_text(json.dumps({"entry_ids": delivered[:3], "group_ids": ["g0", "g1", "g2"]}))
     loop.resume(CheckpointMeta(step=4, version=4, data_position=5, saved_unix_s=0.0), str(tmp_path))
-    loop.config.learner.total_steps = 4  # nothing left to train: the start alone is under test
+    loop.config.total_steps = 4  # nothing left to train: the start alone is under test
     loop.evaluate = lambda: {"accuracy": 0.5}
     loop.publisher = SimpleNamespace(finish=lambda: None)  # no push in flight
     loop.run(stop=SimpleNamespace(is_set=lambda: False))

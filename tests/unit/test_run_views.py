@@ -6,6 +6,7 @@ import pytest
 
 from asyncrl.core.config import AsyncRLConfig
 from asyncrl.core.events import EventLog
+from asyncrl.core.records.learner import Eval, Step
 from asyncrl.tools import plots
 from asyncrl.tools.supervisor import Progress
 
@@ -13,12 +14,12 @@ from asyncrl.tools.supervisor import Progress
 def write_steps(run_dir, busy: bool) -> None:
     log = EventLog(run_dir, "learner")
     for step in (1, 2):
-        fields = {"reward/mean": 0.25, "staleness/mean": 1.0, "staleness/max": 2, "staleness/hist": {"1": 64},
-                  "time/step_s": 0.0234, "push_wait_s": 0.0012}
+        metrics = {"reward/mean": 0.25, "staleness/mean": 1.0, "staleness/max": 2, "staleness/hist": {"1": 64},
+                   "time/step_s": 0.0234}
         if busy:
-            fields["time/busy"] = 0.5 + 0.25 * step
-        log.write("step", step=step, version=step, **fields)
-    log.write("eval", step=2, accuracy=0.5)
+            metrics["time/busy"] = 0.5 + 0.25 * step
+        log.write(Step(step=step, version=step, push_wait_s=0.0012, metrics=metrics))
+    log.write(Eval(step=2, version=2, accuracy=0.5, seconds=1.0, by="learner"))
     log.close()
 
 
@@ -48,14 +49,17 @@ def test_the_run_plot_draws_the_busy_share_where_the_log_has_it(tmp_path, monkey
 def test_the_final_accuracy_line_names_its_steps_and_a_run_that_trained_past_its_last_evaluation():
     from asyncrl.tools.launcher import accuracy_summary
 
-    steps = [{"kind": "step", "step": s} for s in range(1, 5)]
-    evaluated = [{"kind": "eval", "step": 0, "accuracy": 0.385}, *steps, {"kind": "eval", "step": 4, "accuracy": 0.5}]
+    def evaluation(step, accuracy):
+        return Eval(step=step, version=step, accuracy=accuracy, seconds=1.0, by="learner")
+
+    steps = [Step(step=s, version=s) for s in range(1, 5)]
+    evaluated = [evaluation(0, 0.385), *steps, evaluation(4, 0.5)]
     fields, line = accuracy_summary(evaluated)
     assert line == "greedy accuracy 0.385 at step 0 -> 0.500 at step 4 (+11.5 points)"
     assert fields == {"eval_first": 0.385, "eval_last": 0.5, "eval_first_step": 0, "eval_last_step": 4,
                       "last_step": 4}
     # Interrupted before its final evaluation: the first one is not shown as the result of the training.
-    fields, line = accuracy_summary([{"kind": "eval", "step": 0, "accuracy": 0.385}, *steps])
+    fields, line = accuracy_summary([evaluation(0, 0.385), *steps])
     assert line == "greedy accuracy 0.385 at step 0; trained to step 4, not evaluated there"
     assert fields["eval_last_step"] == 0 and fields["last_step"] == 4
     fields, line = accuracy_summary(steps)

@@ -1,0 +1,37 @@
+"""A rollout replica's records, in `<run_dir>/events/rollout-<replica id>.jsonl`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from asyncrl.core.records.base import Record
+
+
+@dataclass(frozen=True, kw_only=True)
+class GroupWritten(Record):
+    """Written right after the group reached the buffer and before its lease completes, so a replica killed in
+    between leaves a record or an expiring lease for the audit, never a completed lease alone."""
+
+    KIND = "group_written"
+    group_id: str
+    entry_id: str
+    lease_id: str
+    prompt_index: int
+    lease_version: int
+    min_version: int
+    """The oldest weight version among its tokens (-1: no tokens)."""
+    max_version: int
+    reward_mean: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class GroupRejected(Record):
+    """A group kept out of training, dead-lettered with its reason: by a replica (with its `lease_id`: it failed
+    the checks before the write) or by the learner (with its `entry_id`: it failed the checks on intake, or
+    belongs to a lost timeline)."""
+
+    KIND = "group_rejected"
+    group_id: str
+    reason: str
+    entry_id: str | None = None
+    lease_id: str | None = None
