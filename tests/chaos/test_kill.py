@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from asyncrl.core.events import read_events
+from asyncrl.core.events import read_events, read_records
+from asyncrl.core.records.learner import Eval, Step
 from asyncrl.tools.audit import surviving
 from tests.run_helpers import demo_args, running_up, steps_done, wait_for
 
@@ -43,7 +44,7 @@ def kill_redis(run_dir: Path) -> None:
 
 
 def surviving_steps(run_dir: Path) -> int:
-    return sum(e["kind"] == "step" for e in surviving(read_events(run_dir, "learner")))
+    return sum(isinstance(e, Step) for e in surviving(read_records(run_dir, "learner")))
 
 
 def checkpoint_of_step(run_dir: Path, step: int) -> bool:
@@ -93,13 +94,13 @@ def test_killed_services_are_restarted_and_the_run_completes(tmp_path):
     assert second["version"] == SAVE_EVERY and second["previous_version"] > SAVE_EVERY, second
     learner = read_events(run_dir, "learner")
     assert [e["from_step"] for e in learner if e["kind"] == "resumed"] == [0, SAVE_EVERY]
-    timeline = surviving(learner)
-    assert [e["step"] for e in timeline if e["kind"] == "step"] == list(range(1, STEPS + 1))
+    timeline = surviving(read_records(run_dir, "learner"))
+    assert [e.step for e in timeline if isinstance(e, Step)] == list(range(1, STEPS + 1))
     # Accuracy after the restart continues from the checkpoint (the same greedy evaluation of the same weights).
     evals = [e for e in learner if e["kind"] == "eval"]
     at_checkpoint = [e for e in evals if e["step"] == SAVE_EVERY]
     assert at_checkpoint[0]["accuracy"] == at_checkpoint[-1]["accuracy"], at_checkpoint
-    final = [e for e in timeline if e["kind"] == "eval"][-1]["accuracy"]
+    final = [e for e in timeline if isinstance(e, Eval)][-1].accuracy
     assert final > evals[0]["accuracy"], (evals[0], final)
     audit = next(line for line in out.splitlines() if "[up] audit" in line)
     print(f"accuracy {evals[0]['accuracy']:.3f} -> checkpoint {at_checkpoint[0]['accuracy']:.3f} -> final "

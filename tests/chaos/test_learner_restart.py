@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import pytest
 
-from asyncrl.core.events import read_events
+from asyncrl.core.events import read_events, read_records
+from asyncrl.core.records.learner import Step
 from asyncrl.tools.audit import surviving
 from asyncrl.tools.processes import free_port
 from tests.chaos.test_kill import kill
@@ -23,7 +24,7 @@ STEPS, SAVE_EVERY = 60, 10
 
 
 def surviving_steps(run_dir) -> int:
-    return sum(e["kind"] == "step" for e in surviving(read_events(run_dir, "learner")))
+    return sum(isinstance(e, Step) for e in surviving(read_records(run_dir, "learner")))
 
 
 def saved(run_dir, step: int) -> bool:
@@ -46,7 +47,7 @@ def test_a_learner_restarted_on_its_own_port_behind_the_replicas_finishes_the_ru
     controller = read_events(run_dir, "controller")
     (reset,) = [e for e in controller if e["kind"] == "timeline_reset"]
     assert reset["version"] == SAVE_EVERY and reset["previous_version"] > SAVE_EVERY, reset
-    steps = [e["step"] for e in surviving(read_events(run_dir, "learner")) if e["kind"] == "step"]
+    steps = [e.step for e in surviving(read_records(run_dir, "learner")) if isinstance(e, Step)]
     assert steps == list(range(1, STEPS + 1))
     # Both replicas took pushes of the new timeline: every push after the reset reached them.
     after = [e for e in controller[controller.index(reset):] if e["kind"] == "push_committed"]

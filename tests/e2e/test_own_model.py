@@ -20,7 +20,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from asyncrl.core.events import read_events
+from asyncrl.core.events import read_events, read_records
+from asyncrl.core.records.learner import Eval, Step
 from asyncrl.tools.audit import surviving
 from tests.run_helpers import steps_done, wait_for
 
@@ -77,13 +78,13 @@ def test_the_run_learns_resumes_and_audits_clean(resumed_run):
     base = next(e for e in learner if e["kind"] == "eval")["accuracy"]
     assert after[0]["step"] == checkpoint_step and after[0]["accuracy"] == before[0]["accuracy"]
     # Step and version numbering continue to the end of the run.
-    timeline = surviving(learner)
-    assert [e["version"] for e in timeline if e["kind"] == "step"] == list(range(1, STEPS + 1))
+    timeline = surviving(read_records(run_dir, "learner"))
+    assert [e.version for e in timeline if isinstance(e, Step)] == list(range(1, STEPS + 1))
     summary = json.loads((run_dir / "summary.json").read_text())
     audit = summary["audit"]
     assert audit["ok"] and audit["lost"] == [] and audit["trained_twice"] == [], audit
     assert audit["groups_trained"] == STEPS * 8
-    final = [e for e in timeline if e["kind"] == "eval"][-1]["accuracy"]
+    final = [e for e in timeline if isinstance(e, Eval)][-1].accuracy
     print(f"held-out score {base:.3f} -> {final:.3f} ({(final - base) * 100:+.1f} points), resumed at step "
           f"{checkpoint_step}")
     assert final > base

@@ -12,7 +12,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from asyncrl.core.events import read_events
+from asyncrl.core.events import read_events, read_records
+from asyncrl.core.records.learner import Eval, Step
 from asyncrl.tools.audit import surviving
 from tests.chaos.test_kill import checkpoint_of_step, kill, surviving_steps
 from tests.gpu.test_system_gpu import ON_GPU
@@ -41,11 +42,11 @@ def test_a_cuda_learner_and_a_cuda_replica_killed_mid_run_come_back_on_the_gpu(t
         assert restart in out, (restart, out[-3000:])
     learner = read_events(run_dir, "learner")
     assert [e["from_step"] for e in learner if e["kind"] == "resumed"] == [SAVE_EVERY]
-    timeline = surviving(learner)
-    assert [e["step"] for e in timeline if e["kind"] == "step"] == list(range(1, STEPS + 1))
+    timeline = surviving(read_records(run_dir, "learner"))
+    assert [e.step for e in timeline if isinstance(e, Step)] == list(range(1, STEPS + 1))
     evals = [e for e in learner if e["kind"] == "eval"]
     at_checkpoint = [e["accuracy"] for e in evals if e["step"] == SAVE_EVERY]
     assert len(at_checkpoint) == 2 and at_checkpoint[0] == at_checkpoint[1], at_checkpoint
-    final = [e for e in timeline if e["kind"] == "eval"][-1]["accuracy"]
+    final = [e for e in timeline if isinstance(e, Eval)][-1].accuracy
     print(f"gpu restarts: accuracy {evals[0]['accuracy']:.3f} -> checkpoint {at_checkpoint[0]:.3f} -> final "
           f"{final:.3f}; {next(line for line in out.splitlines() if '[up] audit' in line)}")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
-from asyncrl.core.events import read_events
+from asyncrl.core.events import read_records
 from asyncrl.tools.audit import AuditReport, check_eta
 from asyncrl.tools.lease_load import controller_process, run_load
 from tests.conftest import TEST_AUTH, TEST_LEARNER_SECRET
@@ -42,7 +42,7 @@ def test_a_thousand_held_replicas_leave_heartbeats_responsive_and_admission_exac
     # with and without the status fields of that day's change (and 4 once in a full suite).
     assert result.versions_committed >= 3 and result.grants > 0, summary
     report = AuditReport()
-    check_eta(report, read_events(tmp_path, "controller"))
+    check_eta(report, read_records(tmp_path, "controller"))
     assert report.leases_granted == result.grants and not report.eta_violations
 
 
@@ -61,5 +61,5 @@ def test_replicas_asking_for_several_leases_per_call_keep_admission_exact(tmp_pa
     assert result.grants > len(result.grant_latencies_s), summary  # several leases per granted call
     assert result.final_admitted == result.granted_trajectories, summary
     report = AuditReport()
-    check_eta(report, read_events(tmp_path, "controller"))
+    check_eta(report, read_records(tmp_path, "controller"))
     assert report.leases_granted == result.grants and not report.eta_violations
