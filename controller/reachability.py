@@ -137,8 +137,7 @@ class ReplicaReachability:
             if replica is None:
                 return None
             if answered:
-                replica.reachable = True
-                replica.clear_push_failures()
+                replica.proven()
                 books.events.write(ReplicaReachable(replica_id=replica_id, address=address,
                                                     failed_checks=replica.reach_failures))  # fmt: skip
                 books.changed(replicas=True)
@@ -148,9 +147,10 @@ class ReplicaReachability:
                 return QUICK_RETRIES_S[replica.reach_failures - 1]
             problem = (f"unreachable at {address}: nothing there answered the controller's challenge under this "
                        "registration's key (Rollout.GetStatus)")
-            seconds = replica.hold_back(books.clock(), books.config.push_backoff_s, problem)
+            failures = replica.reach_failures - len(QUICK_RETRIES_S)
+            seconds = replica.hold_back_unproven(books.clock(), books.config.push_backoff_s, failures - 1, problem)
             books.events.write(ReplicaHeldBack(replica_id=replica_id, address=address, seconds=seconds,
-                                               failures=replica.push_failures, problem=problem))  # fmt: skip
+                                               failures=failures, problem=problem))  # fmt: skip
             books.changed(wake=False, replicas=True)
             return seconds
 

@@ -7,6 +7,13 @@ A replica joins pushes only once it is *reachable*: it answered the controller's
 registered, under its registration's key (`controller/reachability.py`). An address nobody answers at (a wrong
 `rollout.advertise_host`, or a registration from a process that is not a replica there) costs no push.
 
+A replica that fails pushes (it never joins them, or nothing answers at its address) sits out the next ones for
+`controller.push_backoff_s`, doubling with each failure (`hold_back`). Only a push it acknowledges clears that:
+registering again does not (a token holder's fake replica that answers challenges but never joins a push
+used to re-register after each failure and cost every other push the join time-out), and a new registration
+at a host whose replicas are held back starts held back as long (`HostPenalties`: fresh ids from the same
+place get no fresh chance either).
+
 A replica *needs sync* when the weights it holds are not the current version (a late join, a restart, a
 push it missed or failed) or when a failed/aborted push may have left its weights half-overwritten
 (`force_sync`). A replica that needs sync gets no leases until a push reaches it.
@@ -59,17 +66,66 @@ class Replica:
         return self.alive and self.reachable and now >= self.held_back_until
 
     def hold_back(self, now: float, backoff_s: float, problem: str) -> float:
-        """Leave this replica out of pushes for backoff_s * 2^(failures so far), at most 32x; returns how long."""
+        """A failed push: leave this replica out of pushes for backoff_s * 2^(failures so far), at most 32x;
+        returns how long."""
         seconds = backoff_s * 2 ** min(self.push_failures, 5)
         self.push_failures += 1
         self.held_back_until, self.push_problem = now + seconds, problem
         return seconds
 
+    def hold_back_unproven(self, now: float, backoff_s: float, failures: int, problem: str) -> float:
+        """Not yet reachable after `failures` challenges: left out (it is anyway, unreachable) and told why until
+        the next check, backoff_s * 2^failures at most 32x; its push failures are not touched."""
+        seconds = backoff_s * 2 ** min(failures, 5)
+        self.held_back_until, self.push_problem = max(self.held_back_until, now + seconds), problem
+        return seconds
+
+    def proven(self) -> None:
+        """It answered its challenge: what held it back for that ends; a hold-back for failed pushes stays."""
+        self.reachable = True
+        if not self.push_failures:
+            self.held_back_until, self.push_problem = 0.0, ""
+
     def clear_push_failures(self) -> None:
+        """It acknowledged a push."""
         self.push_failures, self.held_back_until, self.push_problem = 0, 0.0, ""
 
     def heartbeat_age(self, now: float) -> float:
         return max(0.0, now - self.last_heartbeat)
+
+
+class HostPenalties:
+    """The longest push hold-back of a replica at each host (the address without its port), so that a new
+    registration there starts held back as long, with as many failures: a token holder's fake replica cannot
+    shed its hold-back by registering under a fresh id. Only new registrations are affected; a penalty ends
+    when its time does."""
+
+    def __init__(self):
+        self._by_host: dict[str, tuple[float, int, str]] = {}  # host -> (until, failures, problem)
+
+    def note(self, replica: Replica) -> None:
+        """`replica` was just held back after a failed push."""
+        host = host_of(replica.address)
+        until, failures, _ = self._by_host.get(host, (0.0, 0, ""))
+        if replica.held_back_until >= until:
+            self._by_host[host] = (replica.held_back_until, max(failures, replica.push_failures), replica.push_problem)
+
+    def apply(self, replica: Replica, now: float) -> None:
+        """A registration at a host under a penalty starts held back to its end, with its failure count."""
+        host = host_of(replica.address)
+        until, failures, problem = self._by_host.get(host, (0.0, 0, ""))
+        if until <= now:
+            self._by_host.pop(host, None)
+            return
+        if until > replica.held_back_until:
+            replica.held_back_until = until
+            replica.push_problem = f"held back: a replica at {host} failed a push ({problem})"
+        replica.push_failures = max(replica.push_failures, failures)
+
+
+def host_of(address: str) -> str:
+    """"host" of "host:port" ("[::1]:7000" -> "[::1]")."""
+    return address.rsplit(":", 1)[0]
 
 
 class ReplicaRegistry:
@@ -78,6 +134,7 @@ class ReplicaRegistry:
         self.max_replicas = max_replicas
         self.forget_dead_after_s = forget_dead_after_s
         self._replicas: dict[str, Replica] = {}  # insertion order = registration order = rank order
+        self.penalties = HostPenalties()
         self._next_number = 1
 
     def register(
@@ -91,14 +148,15 @@ class ReplicaRegistry:
             existing.in_band = in_band
             existing.last_heartbeat, existing.alive, existing.force_sync = now, True, False
             existing.dead_reason = ""
-            existing.clear_push_failures()  # a new process (perhaps with its address fixed) gets a fresh chance
-            existing.push_key = new_push_key()
+            existing.push_key = new_push_key()  # its push failures and hold-back stay: a push it acks clears them
             existing.reachable, existing.reach_failures = False, 0  # a new key and perhaps a new address
+            self.penalties.apply(existing, now)
             return existing
         if len(self._replicas) >= self.max_replicas:
             raise RegistryFull(f"{len(self._replicas)} replicas registered (controller.max_replicas)")
         replica = Replica(replica_id, address, weight_version, engine, registered_at=now, last_heartbeat=now,
                           push_key=new_push_key(), in_band=in_band)
+        self.penalties.apply(replica, now)
         self._replicas[replica_id] = replica
         return replica
 

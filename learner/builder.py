@@ -10,6 +10,8 @@ With `learner.world_size` > 1 every rank builds its part: rank 0 the whole loop 
 from __future__ import annotations
 
 import functools
+import itertools
+import logging
 import signal
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,7 +26,8 @@ from asyncrl.core.grpc_util import channel as grpc_channel
 from asyncrl.core.grpc_util import wait_for_channel
 from asyncrl.core.learner_secret import resolve_learner_secret
 from asyncrl.core.modeling import load_causal_lm, pad_token_id
-from asyncrl.core.preflight import check_checkpoint
+from asyncrl.core.preflight import ConfigError, check_checkpoint
+from asyncrl.core.records.learner import MemoryPlanned
 from asyncrl.core.sampling import SamplingParams
 from asyncrl.core.tasks import task_for_run
 from asyncrl.core.trajectory_checks import checkpoint_limits
@@ -34,6 +37,7 @@ from asyncrl.learner.held_out import evaluate_held_out
 from asyncrl.learner.intake import lookahead_groups
 from asyncrl.learner.learner_metrics import LearnerMetrics
 from asyncrl.learner.loop import LearnerLoop, LearnerProgress
+from asyncrl.learner.memory_plan import GIB, MemoryWatch, available_bytes, fit, plan_memory
 from asyncrl.learner.replica_eval import BackgroundEvaluations, ReplicaEvaluator
 from asyncrl.learner.seat import SeatedController
 from asyncrl.learner.sharding import STOP, Mirror, Ranks, follow, init_ranks, leave, rank_device, shard
@@ -41,6 +45,8 @@ from asyncrl.learner.tracking import MetricSinks
 from asyncrl.learner.trainer import Trainer
 from asyncrl.push.sender import WeightPublisher
 from asyncrl.v1 import controller_pb2_grpc, teacher_pb2_grpc
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -93,12 +99,13 @@ def build_learner(config) -> Leader | Follower:
         torch.set_num_threads(config.learner.threads)
     torch.manual_seed(config.seed)
     check_checkpoint(config.model.path, "model.path")
+    model = load_causal_lm(config.model.path, config.model.dtype, rank_device(config.learner.device))
+    config, memory = fit_in_memory(config, model)  # before the reference copy and the optimizer exist
     if ranks.leader:
         # What this learner runs with, every default filled in (`up` writes the run's config too; in a
         # container this is the run directory's record of the config).
         Path(config.run_dir).mkdir(parents=True, exist_ok=True)
         dump_config(config, Path(config.run_dir) / "config.learner.resolved.yaml")
-    model = load_causal_lm(config.model.path, config.model.dtype, rank_device(config.learner.device))
     mirror = None
     if ranks.sharded:
         mirror = Mirror.before_sharding(model, ranks)
@@ -145,10 +152,42 @@ def build_learner(config) -> Leader | Follower:
         ranks=ranks,
         mirror=mirror,
         replica_evals=_replica_evals(config, controller, task, sampling, auth),
+        memory_watch=None if memory is None else MemoryWatch(memory.plan),
     )
+    if memory is not None:
+        loop.events.write(MemoryPlanned(parts=memory.plan.parts(), needed=memory.plan.needed,
+                                        available=memory.available, given_up=list(memory.given_up)))
     if meta is not None:
         loop.resume(meta, path)
     return Leader(loop=loop, controller=controller, metrics=metrics, ranks=ranks)
+
+
+def fit_in_memory(config, model) -> tuple:
+    """The config the learner can run in this machine's memory, and the verdict (`learner.memory_plan`); None
+    when not checked (`learner.memory_check: false`, a GPU or sharded learner: its host memory holds other
+    parts). Raises ConfigError when even without the background checkpoint and push it does not fit."""
+    learner = config.learner
+    if not learner.memory_check or learner.world_size > 1 or not learner.device.startswith("cpu"):
+        return config, None
+    weight_bytes = sum(t.numel() * t.element_size() for t in itertools.chain(model.parameters(), model.buffers()))
+    plan = plan_memory(
+        weight_bytes=weight_bytes,
+        trainable_bytes=sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad),
+        kl_reference=learner.algo.kl.mode != "none", push_in_background=learner.push_in_background,
+        checkpoint_background=learner.checkpoint.background,
+    )  # fmt: skip
+    verdict = fit(plan, available_bytes(held=weight_bytes))
+    if not verdict.fits:
+        raise ConfigError(verdict.refusal())
+    if verdict.given_up:
+        log.warning("the learner's memory plan (%s) does not fit in the %.2f GiB available: turning %s off",
+                    verdict.plan.describe(), verdict.available / GIB, " and ".join(verdict.given_up))
+        config = config.model_copy(deep=True)
+        if "learner.checkpoint.background" in verdict.given_up:
+            config.learner.checkpoint.background = False
+        if "learner.push_in_background" in verdict.given_up:
+            config.learner.push_in_background = False
+    return config, verdict
 
 
 def _replica_evals(config, controller, task, sampling, auth) -> BackgroundEvaluations | None:

@@ -192,15 +192,21 @@ def ack_covered(buffer, path: str | Path, events) -> Covered:
     return covered
 
 
-def _host_copy(value):
+def _host_copy(value, copies: dict | None = None):
     """`value` with every tensor in it copied to host memory, contiguous (containers rebuilt, other leaves
-    shared: they are immutable)."""
+    shared: they are immutable). A tensor named twice (a tied embedding is both `model.embed_tokens.weight` and
+    `lm_head.weight` in the state dict) is copied once and stays one tensor under both names: a 0.5B model's
+    staged checkpoint was 0.5 GiB larger for it (bench/learner_memory.py)."""
+    copies = {} if copies is None else copies
     if isinstance(value, torch.Tensor):
-        return value.detach().to("cpu", copy=True).contiguous()
+        key = (value.device, value.data_ptr(), value.dtype, tuple(value.shape), value.stride())
+        if key not in copies:
+            copies[key] = value.detach().to("cpu", copy=True).contiguous()
+        return copies[key]
     if isinstance(value, dict):
-        return type(value)((key, _host_copy(item)) for key, item in value.items())
+        return type(value)((key, _host_copy(item, copies)) for key, item in value.items())
     if isinstance(value, (list, tuple)):
-        return type(value)(_host_copy(item) for item in value)
+        return type(value)(_host_copy(item, copies) for item in value)
     return value
 
 

@@ -46,6 +46,11 @@ class CheckpointSaver:
         self._writes.start(self._write, staged, covered, stall_s)
         return stall_s
 
+    def in_line(self) -> None:
+        """From now on save in line (the learner gave up the background copy to fit in memory)."""
+        self.wait()
+        self._writes = None
+
     def poll(self) -> None:
         """Raise the error of a background write that failed (once it is over; never waits)."""
         if self._writes is not None:

@@ -20,6 +20,7 @@ from asyncrl.core.records.learner import (
     EvalFallback,
     EvalSkipped,
     FinalBuffer,
+    MemoryMeasured,
     RecoveredPending,
     Resumed,
     Resync,
@@ -34,6 +35,7 @@ from asyncrl.learner.busy import BusyMeter
 from asyncrl.learner.checkpoint import CheckpointMeta, ack_covered
 from asyncrl.learner.checkpoint_saver import CheckpointSaver
 from asyncrl.learner.intake import BatchIntake
+from asyncrl.learner.memory_plan import MemoryWatch
 from asyncrl.learner.replica_eval import BackgroundEvaluations
 from asyncrl.learner.sharding import SINGLE, STEP, Mirror, Ranks, train_step
 from asyncrl.learner.status_report import StatusReporter
@@ -65,11 +67,14 @@ class LearnerLoop:
                  controller_stub, publisher, evaluate, events, metrics, limits: TrajectoryLimits, model_path: str = "",
                  teacher_stub=None, teacher: TeacherConfig | None = None, checkpointer=None, sinks=None,
                  ranks: Ranks = SINGLE, mirror: Mirror | None = None,
-                 replica_evals: BackgroundEvaluations | None = None):  # fmt: skip
+                 replica_evals: BackgroundEvaluations | None = None,
+                 memory_watch: MemoryWatch | None = None):  # fmt: skip
         """`groups_per_step`: B / G; `lookahead`: the groups held to choose each batch from (`lookahead_groups`);
         `model_path`: what a fresh start trains from (its `resumed` record); `teacher`: how `teacher_stub` is
         called (retries, time-outs)."""
         self.config = learner
+        self.memory_watch = memory_watch
+        """The memory check after the first step (`learner.memory_plan`); None: not checked, or done."""
         self.teacher_config = teacher or TeacherConfig()
         self.model_path = model_path
         self.trainer = trainer
@@ -278,6 +283,24 @@ class LearnerLoop:
         self.events.write(FinalBuffer(entry_ids=self.buffer.entry_ids(), snapshot_t=snapshot_t))
         return self.progress
 
+    def _refit_memory(self) -> None:
+        """Once: the first step's measured peak plus the snapshots to come, against what the process can reach;
+        the background checkpoint, then the background push, given up where they do not fit."""
+        watch, self.memory_watch = self.memory_watch, None
+        fit = watch.after_first_step()
+        self.events.write(MemoryMeasured(peak=fit.peak, reachable=fit.reachable, predicted=fit.predicted,
+                                         given_up=list(fit.given_up)))
+        if not fit.given_up:
+            return
+        log.warning("the first step peaked at %.2f GiB; with the background snapshots the learner would need "
+                    "more than the %.2f GiB it can reach: turning %s off", fit.peak / 2**30, fit.reachable / 2**30,
+                    " and ".join(fit.given_up))
+        if "learner.checkpoint.background" in fit.given_up and self.saver is not None:
+            self.saver.in_line()
+        if "learner.push_in_background" in fit.given_up:
+            self.finish_push()
+            self.config.push_in_background = False
+
     def publish(self, version: int, last: bool = False) -> float:
         """Push the new weights as `version`: started in the background (`learner.push_in_background`) after the
         previous push is finished, or pushed now; `last`: the run's last step (no push is reserved after it).
@@ -319,6 +342,8 @@ class LearnerLoop:
         if self.ranks.sharded:
             self.ranks.broadcast((STEP, batch, version))
         metrics = train_step(self.trainer, batch, version, self.mirror)
+        if self.memory_watch is not None:
+            self._refit_memory()  # before the first push's snapshot and the first checkpoint's copy exist
         metrics["teacher/learner_asked"] = float(learner_asked)
         # Where the rest of the wall time goes (bench/async_speedup.py): reading and checking the batch
         # (waiting for data included), assembling it (and the teacher, when the learner asks it).

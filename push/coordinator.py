@@ -55,6 +55,9 @@ class ReplicaBook(Protocol):
 
     def get(self, replica_id: str): ...
 
+    penalties: object
+    """Notes each hold-back, so fresh registrations from the same host inherit it (`note(replica)`)."""
+
 
 class PushMetrics(Protocol):
     """The push's Prometheus series, as the controller registers them (`controller.controller_metrics`)."""
@@ -280,6 +283,7 @@ class PushCoordinator:
         for replica_id, problem in problems.items():
             replica = self._replicas.get(replica_id)
             seconds = replica.hold_back(now, self._timing.push_backoff_s, problem)
+            self._replicas.penalties.note(replica)
             self._events.write(ReplicaHeldBack(replica_id=replica_id, address=replica.address, seconds=seconds,
                                                failures=replica.push_failures, problem=problem))  # fmt: skip
 

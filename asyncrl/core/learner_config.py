@@ -172,6 +172,12 @@ class LearnerConfig(PinnedSection):
     """Push each step's weights from a snapshot on a background thread while the next step trains (the push
     leaves the learner's critical path; the next push, a checkpoint and the end of the run wait for it).
     false: every step waits for its push to commit."""
+    memory_check: bool = True
+    """Before training, add up the host memory the settings will hold (weights, gradients, AdamW, the KL
+    reference, the background push's snapshot, the background checkpoint's copy) and compare it with what the
+    machine or container has left: where it does not fit, give up the background checkpoint, then the
+    background push (each named in a warning), else refuse to start naming the figures (a CPU learner on one
+    rank; docs/architecture.md "Memory"). false: start whatever the plan says."""
     batch_timeout_s: float = Field(600.0, gt=0)
     """Give up (error) when no full batch arrives within this time."""
     status_interval_s: float = Field(0.25, ge=0, le=60)

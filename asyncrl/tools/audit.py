@@ -27,7 +27,7 @@ from asyncrl.core.records.controller import (
     PushCommitted,
     TimelineReset,
 )
-from asyncrl.core.records.learner import Eval, FinalBuffer, LearnerLost, Resumed, Step, Trained
+from asyncrl.core.records.learner import Eval, FinalBuffer, LearnerDied, LearnerLost, Resumed, Step, Trained
 from asyncrl.core.records.rollout import GroupRejected, GroupWritten
 
 
@@ -54,11 +54,29 @@ class AuditReport:
     """Leases completed by a replica other than the one they were granted to."""
     open_leases: int = 0
     """Leases neither completed nor expired in the log (in flight when the run stopped)."""
+    learner_deaths: list = field(default_factory=list)
+    """Each learner death `up` recorded (`learner_died`): its exit status, cause and what `up` did."""
 
     @property
     def ok(self) -> bool:
-        return not (self.eta_violations or self.version_errors or self.trained_twice or self.trained_unwritten
-                    or self.lost or self.fell_back or self.stolen_leases) and self.groups_trained > 0
+        return not self.failures()
+
+    def failures(self) -> list[str]:
+        """Why the audit fails, one line per reason (empty: it passes); a learner death that ended the run is
+        named with its cause."""
+        checks = [(self.eta_violations, "admissions broke the η rule"), (self.version_errors, "versions went back"),
+                  (self.trained_twice, "groups trained twice"),
+                  (self.trained_unwritten, "groups trained that no one wrote"), (self.lost, "groups lost"),
+                  (self.fell_back, "learner steps fell back without resuming"),
+                  (self.stolen_leases, "leases completed by another replica")]  # fmt: skip
+        out = [f"{len(found)} {what}" for found, what in checks if found]
+        if self.groups_trained == 0:
+            out.append("no group was trained")
+        final = [d for d in self.learner_deaths if d["action"].startswith("not restarted")]
+        if out and final:
+            out.append(f"the learner died (exit {final[-1]['exit_code']}, {final[-1]['cause']}), "
+                       f"{final[-1]['action']}")
+        return out
 
     def headline(self) -> str:
         return (f"{self.leases_granted} leases, {len(self.eta_violations)} η violations; "
@@ -77,7 +95,8 @@ class AuditReport:
                 "written_by_dead_replica": self.written_by_dead_replica[:20], "lost": self.lost[:20],
                 "left_in_buffer": self.left_in_buffer, "written_after_end": self.written_after_end,
                 "rejected": self.rejected, "staleness_hist": self.staleness_hist, "fell_back": self.fell_back[:20],
-                "stolen_leases": self.stolen_leases[:20], "open_leases": self.open_leases}
+                "stolen_leases": self.stolen_leases[:20], "open_leases": self.open_leases,
+                "learner_deaths": self.learner_deaths, "failures": self.failures()}
 
 
 def check_eta(report: AuditReport, controller: list[Record]) -> None:
@@ -181,6 +200,8 @@ def audit_run(run_dir: str | Path) -> AuditReport:
     _check_versions(report, controller, learner, rollouts)
     check_leases(report, controller)
     check_fall_back(report, learner_log)
+    report.learner_deaths = [{"exit_code": ev.exit_code, "cause": ev.cause, "action": ev.action}
+                             for ev in learner_log if isinstance(ev, LearnerDied)]
 
     written = {ev.group_id: ev for _source, ev in rollouts}
     report.groups_written = len(written)

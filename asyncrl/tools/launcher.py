@@ -254,6 +254,8 @@ def finish(cfg: AsyncRLConfig) -> None:
     if line:
         print(f"[up] {line}", flush=True)
     print(f"[up] audit {'OK' if report.ok else 'FAILED'}: {report.headline()}", flush=True)
+    for reason in report.failures():
+        print(f"[up]   failed: {reason}", flush=True)
     if "plot" in summary:
         print(f"[up] plot {summary['plot']}", flush=True)
 

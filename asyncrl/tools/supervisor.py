@@ -6,7 +6,8 @@ What dies is started again, each at most its `max_restarts` times:
   calls wait for it and retry);
 - the local redis-server, on its port and append-only file (`buffer.local_max_restarts`; clients reconnect);
 - the learner, from its latest checkpoint (`learner.max_restarts`), or the base model when it has none yet: it
-  takes the run back there (`Controller.ResetTimeline`) and trains on.
+  takes the run back there (`Controller.ResetTimeline`) and trains on; never into the cause of its last death
+  unchanged (`asyncrl.tools.learner_deaths`), each death recorded in its log (`learner_died`).
 Anything else that dies, or a process out of restarts, ends the run (exit code 1).
 """
 
@@ -17,9 +18,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from asyncrl.core.config import AsyncRLConfig
-from asyncrl.core.events import EventTail
-from asyncrl.core.records.learner import Eval, Step
+from asyncrl.core.events import EventLog, EventTail
+from asyncrl.core.records.learner import Eval, LearnerDied, Step
 from asyncrl.learner.checkpoint import latest_checkpoint
+from asyncrl.tools.learner_deaths import MEMORY_SETTINGS, judge, oom_kills
 from asyncrl.tools.processes import Child, ProcessGroup
 from asyncrl.tools.redis_local import start_local_redis
 from asyncrl.tools.run_secrets import local_redis_password
@@ -44,10 +46,15 @@ class Restartable:
 
 class Supervisor:
     def __init__(self, cfg: AsyncRLConfig, group: ProcessGroup, learner: Restartable,
-                 restartable: dict[str, Restartable]):  # fmt: skip
+                 restartable: dict[str, Restartable], vmstat: str = "/proc/vmstat"):  # fmt: skip
         self.cfg, self.group, self.learner, self.restartable = cfg, group, learner, restartable
         self.progress = Progress(cfg)
         self.redis_restarts = 0
+        self.vmstat = vmstat
+        """Where the kernel counts its out-of-memory kills."""
+        self.oom_kills = oom_kills(vmstat)
+        self.turned_off: set[str] = set()
+        """Memory settings a restart of the learner turned off (`learner_deaths.MEMORY_SETTINGS`)."""
 
     def run(self) -> int:
         """Supervise until the learner finishes; returns the run's exit code."""
@@ -67,15 +74,40 @@ class Supervisor:
             self.group.wait_for_an_exit(1.0)
 
     def _restart_learner(self, code: int) -> bool:
-        if self.learner.restarts >= self.learner.max_restarts:
-            print(f"[up] learner failed ({code}); out of restarts:\n{self.learner.child.tail()}", flush=True)
+        now = oom_kills(self.vmstat)
+        rose = None not in (now, self.oom_kills) and now > self.oom_kills
+        self.oom_kills = now
+        verdict = judge(code, rose, tuple(s for s in MEMORY_SETTINGS if self._on(s) and s not in self.turned_off))
+        out_of_restarts = verdict.restart and self.learner.restarts >= self.learner.max_restarts
+        action = f"not restarted: out of restarts ({self.learner.max_restarts})" if out_of_restarts else verdict.why
+        self._record(LearnerDied(exit_code=code, cause=verdict.cause, action=action))
+        if out_of_restarts or not verdict.restart:
+            print(f"[up] learner failed (exit {code}), {action}:\n{self.learner.child.tail()}", flush=True)
             return False
+        for setting in verdict.turn_off:
+            self.learner.argv += ["--set", f"{setting}=false"]
+            self.turned_off.add(setting)
         ckpt = latest_checkpoint(self.cfg.run_dir)
         start = f"its checkpoint {ckpt.name}" if ckpt is not None else "the base model (no checkpoint yet)"
-        print(f"[up] learner exited with {code}; restarting it from {start} "
+        print(f"[up] learner exited with {code}, {action}; restarting it from {start} "
               f"({self.learner.restarts + 1}/{self.learner.max_restarts})", flush=True)
         self.learner.restart(self.group)
         return True
+
+    def _on(self, setting: str) -> bool:
+        """Whether one of `MEMORY_SETTINGS` is on in the run's config."""
+        learner = self.cfg.learner
+        if setting == "learner.checkpoint.background":
+            return learner.checkpoint.background
+        return learner.push_in_background
+
+    def _record(self, record) -> None:
+        """Into the learner's event log (its writer is dead; a restarted one appends after)."""
+        log = EventLog(self.cfg.run_dir, "learner")
+        try:
+            log.write(record)
+        finally:
+            log.close()
 
     def _restart(self, child: Child) -> bool:
         if child.name == "redis" and self.redis_restarts < self.cfg.buffer.local_max_restarts:

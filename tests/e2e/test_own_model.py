@@ -67,6 +67,9 @@ def test_the_run_learns_resumes_and_audits_clean(resumed_run):
     run_dir, _first_out, second_out = resumed_run
     assert f"resuming {run_dir} from step-0000" in second_out
     learner = read_events(run_dir, "learner")
+    # Each learner start planned its memory and, on this machine, kept the background checkpoint and push.
+    plans = [e for e in learner if e["kind"] == "memory_plan"]
+    assert len(plans) == 2 and all(p["given_up"] == [] and p["needed"] < p["available"] for p in plans), plans
     [resumed] = [e for e in learner if e["kind"] == "resumed"]
     checkpoint_step = resumed["from_step"]
     assert checkpoint_step >= KILL_AFTER - SAVE_EVERY and checkpoint_step % SAVE_EVERY == 0

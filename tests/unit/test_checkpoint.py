@@ -136,3 +136,17 @@ def test_the_export_of_a_model_with_tied_embeddings_holds_them_once(tmp_path):
     loaded = AutoModelForCausalLM.from_pretrained(str(tmp_path / "hf"), dtype=torch.float32)
     assert loaded.lm_head.weight.data_ptr() == loaded.model.embed_tokens.weight.data_ptr()
     assert torch.equal(loaded.model.embed_tokens.weight, model.get_input_embeddings().weight)
+
+
+def test_a_tensor_named_twice_is_staged_once_and_stays_one_tensor():
+    """A tied embedding is two keys of the state dict: its host copy is made once (not twice the memory)."""
+    import torch
+
+    from asyncrl.learner.checkpoint import _host_copy
+
+    shared, other = torch.ones(4, 3), torch.zeros(2)
+    copied = _host_copy({"model": {"embed": shared, "lm_head": shared, "b": other}, "optim": [shared[1]]})
+    model = copied["model"]
+    assert model["embed"] is model["lm_head"] and model["embed"] is not shared
+    assert torch.equal(model["embed"], shared) and model["b"] is not other
+    assert copied["optim"][0] is not model["embed"] and torch.equal(copied["optim"][0], shared[1])  # a view: its own

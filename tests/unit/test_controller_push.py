@@ -402,3 +402,47 @@ def test_receivers_failing_only_because_the_sender_called_the_push_off_are_not_h
     state.commit_push(session.push_id, sender_ok=False, error="ReceiversMissing: rank [2]", missing_ranks=(2,))
     assert [e["replica_id"] for e in events.of_kind("replica_held_back")] == [b]
     assert [r.replica_id for r in begin(state, 1).receivers] == [a]
+
+
+def test_a_replica_that_never_joins_cannot_shed_its_hold_back_by_registering_again():
+    """The attack of a token holder: a fake replica answers its challenges and heartbeats but never joins a
+    broadcast, so each push it is in waits out the join time-out. Registering again after each failure (same
+    id, or a fresh one from the same host) used to give it a fresh chance at every other push; now its hold-back
+    and failure count stay until a push it acknowledges, and a fresh id at its host starts held back as long.
+    Replicas elsewhere are not touched."""
+    state, clock, _, events = make_state(push_backoff_s=10.0)
+    honest = register(state, 7001)
+    fake = state.register("10.9.9.9:7002", "fake", 0, "torch")
+    failed = begin(state, 1)
+    state.commit_push(failed.push_id, sender_ok=False, error="ReceiversMissing: rank [2]", missing_ranks=(2,))
+    clock.advance(1.0)
+    again = state.register("10.9.9.9:7002", "fake", 0, "torch", push_key=fake.push_key)  # itself, again
+    fresh = state.register("10.9.9.9:7003", "", 0, "torch")  # a new id from the same host
+    elsewhere = state.register("10.1.1.1:7004", "", 0, "torch")
+    retry = begin(state, 1)
+    assert [r.replica_id for r in retry.receivers] == [honest, elsewhere.replica_id]
+    state.commit_push(retry.push_id, sender_ok=True)
+    for replica in (again, fresh):
+        pulse = state.heartbeat(replica.replica_id, 1)
+        assert pulse.held_back_s == pytest.approx(9.0), pulse
+    assert "held back: a replica at 10.9.9.9 failed a push" in state.heartbeat(fresh.replica_id, 1).push_problem
+    clock.advance(9.0)  # the back-off is over: both are receivers again, and fail again
+    state.heartbeat(honest, 1)
+    state.heartbeat(elsewhere.replica_id, 1)
+    session = begin(state, 2)
+    ranks = {r.replica_id: r.rank for r in session.receivers}
+    assert set(ranks) == {honest, "fake", fresh.replica_id, elsewhere.replica_id}
+    state.commit_push(session.push_id, sender_ok=False, error="ReceiversMissing",
+                      missing_ranks=(ranks["fake"], ranks[fresh.replica_id]))
+    seconds = {e["replica_id"]: e["seconds"] for e in events.of_kind("replica_held_back")[-2:]}
+    assert seconds == {"fake": 20.0, fresh.replica_id: 20.0}  # doubled across the registrations
+    state.register("10.9.9.9:7002", "fake", 0, "torch", push_key=again.push_key)
+    assert state.heartbeat("fake", 1).held_back_s == pytest.approx(20.0)
+    # A push it acknowledges clears it.
+    clock.advance(20.0)
+    for rid in (honest, elsewhere.replica_id, fresh.replica_id, "fake"):
+        state.heartbeat(rid, 1)
+    joined = begin(state, 2)
+    assert "fake" in [r.replica_id for r in joined.receivers]
+    assert state.commit_push(joined.push_id, sender_ok=True).committed
+    assert state.books.registry.get("fake").push_failures == 0

@@ -170,3 +170,43 @@ class CoveredAcked(Record):
     path: str
     acked: int
     covered: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class MemoryPlanned(Record):
+    """The learner's host-memory plan at start (`learner.memory_plan`), in bytes, and what it gave up to fit."""
+
+    KIND = "memory_plan"
+    parts: dict[str, int]
+    """Bytes per part kept: weights, gradients, optimizer, reference, push_snapshot, checkpoint_snapshot."""
+    needed: int
+    """Their total with the headroom."""
+    available: int
+    given_up: list[str]
+    """Settings turned off to fit (learner.checkpoint.background, learner.push_in_background)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class MemoryMeasured(Record):
+    """The check after the first step (`learner.memory_plan.MemoryWatch`): its measured peak plus the snapshots
+    kept against what the process can reach, in bytes."""
+
+    KIND = "memory_measured"
+    peak: int
+    reachable: int
+    predicted: int
+    given_up: list[str]
+
+
+@dataclass(frozen=True, kw_only=True)
+class LearnerDied(Record):
+    """Written by `up`: a learner process ended with an error, and what `up` did about it."""
+
+    KIND = "learner_died"
+    exit_code: int
+    """The process's exit status (negative: the signal that ended it, as -9 for SIGKILL)."""
+    cause: str
+    """What `up` makes of it: "out_of_memory" (SIGKILL while the kernel's OOM kill count rose), "killed",
+    "config_error" (exit 2: the learner refused its settings), or "error"."""
+    action: str
+    """"restarted", "restarted with <settings>" or "not restarted: <why>"."""
