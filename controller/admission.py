@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import OrderedDict
 
 from asyncrl.controller import staleness
 from asyncrl.controller.books import StateBooks
@@ -18,9 +19,11 @@ from asyncrl.controller.liveness import Liveness
 from asyncrl.controller.registry import Replica
 from asyncrl.controller.results import LeaseBatch, LeaseDecision
 from asyncrl.core.buffer.lease_writes import LeaseWriteCounts
-from asyncrl.core.records.controller import LeaseCompleted, LeaseGranted
+from asyncrl.core.records.controller import LeaseCompleted, LeaseGranted, QuotaReturned
 
 log = logging.getLogger(__name__)
+
+RETURNS_REMEMBERED = 100_000
 
 
 class Admission:
@@ -30,6 +33,8 @@ class Admission:
         self._lease_writes = lease_writes
         """What reached the buffer under each lease: a completion counts at most that (`complete`); None: the
         completion's claim stands (unit tests, an in-memory buffer, simulated replicas)."""
+        self._returned: OrderedDict[str, None] = OrderedDict()
+        """Entries whose quota the learner returned (the last RETURNS_REMEMBERED): a retried call returns none."""
 
     def try_acquire(self, replica_id: str, num_trajectories: int, started: float, final: bool,
                     first: bool = True) -> LeaseDecision | None:
@@ -76,6 +81,24 @@ class Admission:
     def remove_waker(self, wake) -> None:
         with self._books.cond:
             self._books.wakers.remove(wake)
+
+    def return_quota(self, entry_id: str, trajectories: int, reason: str) -> tuple[int, int]:
+        """The learner will not train the group of buffer entry `entry_id` (it is older than η at the version that
+        would train it): its `trajectories` leave N_r, so fresh ones are admitted in their place; the held
+        requests are woken. Once per entry (a retried call returns nothing). Returns (returned, N_r after)."""
+        books = self._books
+        with books.cond:
+            if entry_id in self._returned:
+                return 0, books.leases.admitted
+            self._returned[entry_id] = None
+            while len(self._returned) > RETURNS_REMEMBERED:
+                self._returned.popitem(last=False)
+            returned = min(trajectories, books.leases.admitted)
+            books.leases.admitted -= returned
+            books.events.write(QuotaReturned(entry_id=entry_id, returned=returned,
+                                             admitted_after=books.leases.admitted, reason=reason))
+            books.changed(wake=returned > 0)
+            return returned, books.leases.admitted
 
     def complete(self, replica_id: str, lease_id: str, num_written: int) -> int:
         """Close a lease; the unwritten part of its quota returns. Returns the quota returned."""

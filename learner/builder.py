@@ -153,6 +153,7 @@ def build_learner(config) -> Leader | Follower:
         mirror=mirror,
         replica_evals=_replica_evals(config, controller, task, sampling, auth),
         memory_watch=None if memory is None else MemoryWatch(memory.plan),
+        eta=config.controller.eta,
     )
     if memory is not None:
         loop.events.write(MemoryPlanned(parts=memory.plan.parts(), needed=memory.plan.needed,

@@ -7,9 +7,17 @@ first, by the version of their oldest token, so a group written late is not queu
 stays within η at training. Otherwise, and at η 0, the order they were written.
 
 Admission is decided on the loop's thread, with everything that depends on the learner's state (its current
-version against the group's newest token, the groups it trained, a reset timeline); the prefetch thread only
+version against the group's newest and oldest tokens, the groups it trained, a reset timeline); the prefetch
+thread only
 runs what needs nothing but the entry, and has no side effects. A bad entry is dead-lettered with its reason
 and acked: never trained on, and never a crash (it would stay pending and crash every restart again).
+
+η at read: admission keeps N_r within (i + η + 1) · B, which bounds staleness only for groups trained in the
+order they were admitted. A group written late (its replica slow, a tool call long) can reach the learner more
+than η versions after its oldest token. With `learner.stale_groups: drop` such a group is dead-lettered with
+that reason and its quota given back (`return_quota`: the controller's `ReturnQuota`, before the dead letter,
+so a crash in between repeats the return, which the controller takes once), so fresh trajectories are
+admitted in its place: nothing trained is older than η.
 """
 
 from __future__ import annotations
@@ -50,7 +58,8 @@ class ReadAhead:
 class BatchIntake:
     def __init__(self, *, buffer, events, metrics, limits: TrajectoryLimits, groups_per_step: int,
                  batch_timeout_s: float, prefetch: bool, routing_shape: Callable, version: Callable[[], int],
-                 heartbeat: Callable[[], None], lookahead: int):
+                 heartbeat: Callable[[], None], lookahead: int, max_staleness: int | None = None,
+                 return_quota: Callable[[str, int, str], None] | None = None, train_stale: bool = False):
         self.buffer = buffer
         self.events = events
         self.metrics = metrics
@@ -81,6 +90,12 @@ class BatchIntake:
         """Inspections the prefetch thread made, until their entry is admitted or refused."""
         self._ready: TrainBatch | None = None
         """The batch the prefetch thread assembled; used when the loop collects exactly its entries."""
+        self.max_staleness = max_staleness
+        """η: a group whose oldest token is more versions behind is stale (None: no bound)."""
+        self._return_quota = return_quota
+        """(entry id, trajectories, reason) -> the quota of a stale group dropped goes back to the controller."""
+        self.train_stale = train_stale
+        """`learner.stale_groups: train`: a stale group is counted, then trained."""
 
     def _inspect(self, entry) -> Inspection:
         """The checks that need nothing but the entry (pure, so the prefetch thread runs them too)."""
@@ -121,13 +136,33 @@ class BatchIntake:
             problem, newest = inspection
             reason = problem or self._from_the_future(entry, newest)
             if reason is None:
-                return True
+                return not self._drops_as_stale(entry)
         self._inspections.pop(entry.entry_id, None)
         log.error("dead-lettering %s (group %r): %s", entry.entry_id, entry.group.group_id, reason)
         self.buffer.dead_letter(entry.entry_id, reason)
         self.events.write(GroupRejected(entry_id=entry.entry_id, group_id=entry.group.group_id, reason=reason))
         self.metrics.dead_letters.inc()
         return False
+
+    def _drops_as_stale(self, entry) -> bool:
+        """Whether `entry` is older than η at the version that would train it now and is dropped for it (its
+        quota returned, then dead-lettered); a stale group kept (`train_stale`) is only counted."""
+        version, oldest = self._version(), age(entry)[0]
+        if self.max_staleness is None or version - oldest <= self.max_staleness:
+            return False
+        self.metrics.stale_groups.inc()
+        if self.train_stale:
+            return False
+        reason = (f"staleness: its oldest token is from version {oldest}, {version - oldest} behind the learner's "
+                  f"{version} (controller.eta {self.max_staleness}; learner.stale_groups: drop)")
+        if self._return_quota is not None:
+            self._return_quota(entry.entry_id, len(entry.group.trajectories), reason)
+        self._inspections.pop(entry.entry_id, None)
+        log.warning("dropping %s (group %r): %s", entry.entry_id, entry.group.group_id, reason)
+        self.buffer.dead_letter(entry.entry_id, reason)
+        self.events.write(GroupRejected(entry_id=entry.entry_id, group_id=entry.group.group_id, reason=reason))
+        self.metrics.dead_letters.inc()
+        return True
 
     def collect(self, carry: list, stop=None) -> list:
         """The admitted entries in hand, the next batch's first (`groups_per_step` of them; the rest is carried

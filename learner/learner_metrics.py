@@ -60,6 +60,9 @@ class LearnerMetrics:
                                   registry=r)
         self.dead_letters = Counter("asyncrl_learner_dead_letters", "Buffer entries refused and dead-lettered",
                                     registry=r)
+        self.stale_groups = Counter("asyncrl_learner_stale_groups",
+                                    "Groups read older than controller.eta at the version that would train them "
+                                    "(learner.stale_groups: dropped, their quota returned; or trained)", registry=r)
         self.skipped_updates = Counter("asyncrl_learner_skipped_updates",
                                        "Mini-batch updates skipped for a non-finite loss or gradient", registry=r)
         self.teacher_failures = Counter("asyncrl_learner_teacher_failures",

@@ -12,6 +12,7 @@ import logging
 import time
 from dataclasses import dataclass
 
+import grpc
 import torch
 
 from asyncrl.core.config import LearnerConfig, TeacherConfig
@@ -44,6 +45,10 @@ from asyncrl.v1 import controller_pb2
 
 log = logging.getLogger("asyncrl.learner")
 
+RETURN_QUOTA_PATIENCE_S = 120.0
+"""How long a stale group's quota return is retried while the controller is unreachable (it restarts in less)."""
+RETRIED = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+
 
 @dataclass
 class LearnerProgress:
@@ -68,10 +73,10 @@ class LearnerLoop:
                  teacher_stub=None, teacher: TeacherConfig | None = None, checkpointer=None, sinks=None,
                  ranks: Ranks = SINGLE, mirror: Mirror | None = None,
                  replica_evals: BackgroundEvaluations | None = None,
-                 memory_watch: MemoryWatch | None = None):  # fmt: skip
+                 memory_watch: MemoryWatch | None = None, eta: int | None = None):  # fmt: skip
         """`groups_per_step`: B / G; `lookahead`: the groups held to choose each batch from (`lookahead_groups`);
         `model_path`: what a fresh start trains from (its `resumed` record); `teacher`: how `teacher_stub` is
-        called (retries, time-outs)."""
+        called (retries, time-outs); `eta`: the run's staleness bound, held at read too (`learner.stale_groups`)."""
         self.config = learner
         self.memory_watch = memory_watch
         """The memory check after the first step (`learner.memory_plan`); None: not checked, or done."""
@@ -110,7 +115,8 @@ class LearnerLoop:
             buffer=buffer, events=events, metrics=metrics, limits=limits, groups_per_step=self.groups_per_step,
             batch_timeout_s=learner.batch_timeout_s, prefetch=learner.prefetch,
             routing_shape=lambda: self.trainer.replay.shape, version=lambda: self.progress.version,
-            heartbeat=self._heartbeat, lookahead=lookahead,
+            heartbeat=self._heartbeat, lookahead=lookahead, max_staleness=eta, return_quota=self._return_quota,
+            train_stale=learner.stale_groups == "train",
         )  # fmt: skip
         """The entries each batch is made of, admitted (or dead-lettered) and prefetched."""
         self.status = StatusReporter(controller_stub, learner.total_steps, self._observe_gauges,
@@ -282,6 +288,23 @@ class LearnerLoop:
         snapshot_t = time.time()
         self.events.write(FinalBuffer(entry_ids=self.buffer.entry_ids(), snapshot_t=snapshot_t))
         return self.progress
+
+    def _return_quota(self, entry_id: str, trajectories: int, reason: str) -> None:
+        """Give a dropped group's quota back to the controller (`ReturnQuota`, taken once per entry): retried
+        while the controller is unreachable, for up to RETURN_QUOTA_PATIENCE_S, then the error stands (the
+        entry stays pending and is dropped again after the restart)."""
+        request = controller_pb2.ReturnQuotaRequest(entry_id=entry_id, trajectories=trajectories,
+                                                    reason=reason[:1000])
+        deadline = time.monotonic() + RETURN_QUOTA_PATIENCE_S
+        while True:
+            try:
+                self.stub.ReturnQuota(request, timeout=30)
+                return
+            except grpc.RpcError as err:
+                if err.code() not in RETRIED or time.monotonic() >= deadline:
+                    raise
+                log.warning("returning the quota of %s failed (%s), retrying", entry_id, err.code().name)
+                time.sleep(1.0)
 
     def _refit_memory(self) -> None:
         """Once: the first step's measured peak plus the snapshots to come, against what the process can reach;

@@ -19,7 +19,7 @@ from asyncrl.v1 import controller_pb2
 
 log = logging.getLogger(__name__)
 
-LEARNER_ONLY = ("BeginWeightPush", "CommitWeightPush", "LearnerHeartbeat", "ResetTimeline")
+LEARNER_ONLY = ("BeginWeightPush", "CommitWeightPush", "LearnerHeartbeat", "ResetTimeline", "ReturnQuota")
 
 
 class SeatedController:

@@ -281,6 +281,19 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
 
         return answer(context, run)
 
+    def ReturnQuota(self, request, context):
+        def run():
+            self.state.seating.check_learner(request.learner_key)
+            check_name(request.entry_id, "entry_id")
+            check_range(request.trajectories, 1, self.state.batch_size, "trajectories")
+            require(len(request.reason) <= MAX_ERROR, "reason", f"at most {MAX_ERROR} characters, got "
+                                                                 f"{len(request.reason)}")
+            returned, admitted = self.state.admission.return_quota(request.entry_id, request.trajectories,
+                                                                   request.reason)
+            return controller_pb2.ReturnQuotaResponse(returned=returned, admitted=admitted)
+
+        return answer(context, run)
+
     def GetStatus(self, request, context):
         return answer(context, lambda: status_message(self.state.snapshot()))
 

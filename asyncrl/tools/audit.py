@@ -1,4 +1,5 @@
-"""Audit of a run from its event logs: the η rule held at every admission, versions only grew, every
+"""Audit of a run from its event logs: the η rule held at every admission and at every training (no group trained
+more than η versions after its oldest token), versions only grew, every
 trajectory group written was trained exactly once (or is still in the buffer, or dead-lettered with its
 reason: none lost, none twice), every lease was completed by its holder, and the policy never fell back (a
 learner starting over without resuming from a checkpoint).
@@ -54,6 +55,8 @@ class AuditReport:
     """Leases completed by a replica other than the one they were granted to."""
     open_leases: int = 0
     """Leases neither completed nor expired in the log (in flight when the run stopped)."""
+    trained_beyond_eta: list = field(default_factory=list)
+    """Groups trained more than η versions after their oldest token: {group_id, version, oldest}."""
     learner_deaths: list = field(default_factory=list)
     """Each learner death `up` recorded (`learner_died`): its exit status, cause and what `up` did."""
 
@@ -68,7 +71,9 @@ class AuditReport:
                   (self.trained_twice, "groups trained twice"),
                   (self.trained_unwritten, "groups trained that no one wrote"), (self.lost, "groups lost"),
                   (self.fell_back, "learner steps fell back without resuming"),
-                  (self.stolen_leases, "leases completed by another replica")]  # fmt: skip
+                  (self.stolen_leases, "leases completed by another replica"),
+                  (self.trained_beyond_eta, "groups trained more than η versions after their oldest token"),
+                  ]  # fmt: skip
         out = [f"{len(found)} {what}" for found, what in checks if found]
         if self.groups_trained == 0:
             out.append("no group was trained")
@@ -84,7 +89,7 @@ class AuditReport:
                 f"{self.groups_written} groups written, {self.groups_trained} trained, "
                 f"{len(self.trained_twice)} twice, {len(self.lost)} lost, {self.rejected} dead-lettered, "
                 f"{self.left_in_buffer} left in buffer; {len(self.fell_back)} fall-backs, "
-                f"{len(self.stolen_leases)} stolen leases")
+                f"{len(self.stolen_leases)} stolen leases, {len(self.trained_beyond_eta)} trained beyond η")
 
     def as_dict(self) -> dict:
         return {"ok": self.ok, "headline": self.headline(), "leases_granted": self.leases_granted,
@@ -96,7 +101,8 @@ class AuditReport:
                 "left_in_buffer": self.left_in_buffer, "written_after_end": self.written_after_end,
                 "rejected": self.rejected, "staleness_hist": self.staleness_hist, "fell_back": self.fell_back[:20],
                 "stolen_leases": self.stolen_leases[:20], "open_leases": self.open_leases,
-                "learner_deaths": self.learner_deaths, "failures": self.failures()}
+                "trained_beyond_eta": self.trained_beyond_eta[:20], "learner_deaths": self.learner_deaths,
+                "failures": self.failures()}
 
 
 def check_eta(report: AuditReport, controller: list[Record]) -> None:
@@ -123,6 +129,24 @@ def check_leases(report: AuditReport, controller: list[Record]) -> None:
                 report.stolen_leases.append({"lease_id": ev.lease_id, "holder": holder[ev.lease_id],
                                              "completed_by": ev.replica_id})
     report.open_leases = len(set(holder) - ended)
+
+
+def check_eta_at_training(report: AuditReport, controller: list[Record], learner: list[Record],
+                          written: dict[str, GroupWritten]) -> None:
+    """No group was trained more than η versions after its oldest token (the η of the run's last controller
+    start; none: no bound)."""
+    starts = [ev for ev in controller if isinstance(ev, ControllerStarted)]
+    eta = starts[-1].eta if starts else None
+    if eta is None:
+        return
+    for ev in learner:
+        if not isinstance(ev, Trained):
+            continue
+        for group_id in ev.group_ids:
+            group = written.get(group_id)
+            if group is not None and group.min_version >= 0 and ev.version - group.min_version > eta:
+                report.trained_beyond_eta.append({"group_id": group_id, "version": ev.version,
+                                                  "oldest": group.min_version})
 
 
 RESTARTS = (Resumed, LearnerLost)
@@ -231,6 +255,7 @@ def audit_run(run_dir: str | Path) -> AuditReport:
             report.written_after_end += 1
         else:
             report.lost.append(group_id)
+    check_eta_at_training(report, controller, learner, written)
     hist: Counter = Counter()
     for ev in learner:
         if isinstance(ev, Step):

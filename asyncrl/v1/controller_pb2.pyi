@@ -319,6 +319,26 @@ class ResetTimelineResponse(_message.Message):
     prompt_index: int
     def __init__(self, current_version: _Optional[int] = ..., leases_expired: _Optional[int] = ..., prompt_index: _Optional[int] = ...) -> None: ...
 
+class ReturnQuotaRequest(_message.Message):
+    __slots__ = ("entry_id", "trajectories", "reason", "learner_key")
+    ENTRY_ID_FIELD_NUMBER: _ClassVar[int]
+    TRAJECTORIES_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    LEARNER_KEY_FIELD_NUMBER: _ClassVar[int]
+    entry_id: str
+    trajectories: int
+    reason: str
+    learner_key: bytes
+    def __init__(self, entry_id: _Optional[str] = ..., trajectories: _Optional[int] = ..., reason: _Optional[str] = ..., learner_key: _Optional[bytes] = ...) -> None: ...
+
+class ReturnQuotaResponse(_message.Message):
+    __slots__ = ("returned", "admitted")
+    RETURNED_FIELD_NUMBER: _ClassVar[int]
+    ADMITTED_FIELD_NUMBER: _ClassVar[int]
+    returned: int
+    admitted: int
+    def __init__(self, returned: _Optional[int] = ..., admitted: _Optional[int] = ...) -> None: ...
+
 class GetStatusRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...

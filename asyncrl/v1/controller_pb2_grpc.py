@@ -94,6 +94,11 @@ class ControllerStub:
                 request_serializer=asyncrl_dot_v1_dot_controller__pb2.ResetTimelineRequest.SerializeToString,
                 response_deserializer=asyncrl_dot_v1_dot_controller__pb2.ResetTimelineResponse.FromString,
                 _registered_method=True)
+        self.ReturnQuota = channel.unary_unary(
+                '/asyncrl.v1.Controller/ReturnQuota',
+                request_serializer=asyncrl_dot_v1_dot_controller__pb2.ReturnQuotaRequest.SerializeToString,
+                response_deserializer=asyncrl_dot_v1_dot_controller__pb2.ReturnQuotaResponse.FromString,
+                _registered_method=True)
 
 
 class ControllerServicer:
@@ -196,6 +201,15 @@ class ControllerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ReturnQuota(self, request, context):
+        """Learner: a group it read but will not train (older than η at the version that would train it,
+        `learner.stale_groups: drop`) gives its trajectories' quota back, so N_r admits fresh ones in their place.
+        Once per entry: the same entry_id again returns nothing.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ControllerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -258,6 +272,11 @@ def add_ControllerServicer_to_server(servicer, server):
                     servicer.ResetTimeline,
                     request_deserializer=asyncrl_dot_v1_dot_controller__pb2.ResetTimelineRequest.FromString,
                     response_serializer=asyncrl_dot_v1_dot_controller__pb2.ResetTimelineResponse.SerializeToString,
+            ),
+            'ReturnQuota': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReturnQuota,
+                    request_deserializer=asyncrl_dot_v1_dot_controller__pb2.ReturnQuotaRequest.FromString,
+                    response_serializer=asyncrl_dot_v1_dot_controller__pb2.ReturnQuotaResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -584,6 +603,33 @@ class Controller:
             '/asyncrl.v1.Controller/ResetTimeline',
             asyncrl_dot_v1_dot_controller__pb2.ResetTimelineRequest.SerializeToString,
             asyncrl_dot_v1_dot_controller__pb2.ResetTimelineResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReturnQuota(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/asyncrl.v1.Controller/ReturnQuota',
+            asyncrl_dot_v1_dot_controller__pb2.ReturnQuotaRequest.SerializeToString,
+            asyncrl_dot_v1_dot_controller__pb2.ReturnQuotaResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -288,7 +288,8 @@ def test_state_conflicts_are_failed_precondition(controller):
 
 LEARNER_ONLY = [("ResetTimeline", pb.ResetTimelineRequest()), ("BeginWeightPush", push_request(version=1)),
                 ("CommitWeightPush", pb.CommitWeightPushRequest(push_id="push-1", sender_ok=True)),
-                ("LearnerHeartbeat", pb.LearnerHeartbeatRequest(step=1, version=0, consumed=8))]
+                ("LearnerHeartbeat", pb.LearnerHeartbeatRequest(step=1, version=0, consumed=8)),
+                ("ReturnQuota", pb.ReturnQuotaRequest(entry_id="1-0", trajectories=4, reason="stale"))]
 
 
 @pytest.mark.parametrize("method,request_", LEARNER_ONLY, ids=[m for m, _ in LEARNER_ONLY])
@@ -779,3 +780,23 @@ def test_serve_prints_ports_and_stops_on_sigterm(tmp_path):
             proc.kill()
             proc.wait()
     assert read_events(tmp_path, "controller")[0]["kind"] == "controller_started"
+
+
+def test_the_learner_returns_a_dropped_groups_quota_once_and_its_fields_are_checked(controller):
+    """`ReturnQuota` (the learner's, with its key): N_r goes down by the trajectories once per entry; a bad field
+    is INVALID_ARGUMENT naming it and changes nothing."""
+    stub = controller.stub
+    rid = stub.RegisterReplica(pb.RegisterReplicaRequest(address="127.0.0.1:7001", engine="torch")).replica_id
+    granted = stub.AcquireLease(pb.AcquireLeaseRequest(replica_id=rid, num_trajectories=4))
+    assert granted.granted
+    for request, field in [(pb.ReturnQuotaRequest(entry_id="", trajectories=1), "entry_id"),
+                           (pb.ReturnQuotaRequest(entry_id="1-0", trajectories=0), "trajectories"),
+                           (pb.ReturnQuotaRequest(entry_id="1-0", trajectories=10**6), "trajectories"),
+                           (pb.ReturnQuotaRequest(entry_id="1-0", trajectories=1, reason="x" * 10**5), "reason")]:
+        err = rpc_error(stub.ReturnQuota, request)
+        assert err.code() == grpc.StatusCode.INVALID_ARGUMENT and err.details().startswith(field), err.details()
+    assert controller.state.admitted == 4
+    reply = stub.ReturnQuota(pb.ReturnQuotaRequest(entry_id="1-0", trajectories=4, reason="staleness"))
+    assert (reply.returned, reply.admitted) == (4, 0)
+    again = stub.ReturnQuota(pb.ReturnQuotaRequest(entry_id="1-0", trajectories=4, reason="staleness"))
+    assert (again.returned, again.admitted) == (0, 0)

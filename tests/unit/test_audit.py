@@ -200,3 +200,17 @@ def test_a_learner_killed_at_the_end_counts_from_its_checkpoint(tmp_path):
     assert report.ok, report.as_dict()
     # g2's step died with the learner: it counts as in the buffer (pending, trained again later), not trained.
     assert report.groups_trained == 1 and report.left_in_buffer == 2 and report.lost == []
+
+
+def test_a_group_trained_more_than_eta_versions_after_its_oldest_token_is_caught(tmp_path):
+    """η at training: with η = 1 (the last controller start's), g3 written with tokens of version 0 and
+    trained at version 2 is 2 versions old: a failure; at version 1 it is within η."""
+    good_run(tmp_path)
+    with (tmp_path / "events" / "controller.jsonl").open("a") as f:
+        f.write(json.dumps(started(0).line() | {"eta": 1}) + "\n")
+    assert audit_run(tmp_path).trained_beyond_eta == []
+    append(tmp_path, "rollout-r0", written("g5", "5-0", v=0))
+    append(tmp_path, "learner", trained(6, ["g5"], step=2))
+    report = audit_run(tmp_path)
+    assert report.trained_beyond_eta == [{"group_id": "g5", "version": 2, "oldest": 0}] and not report.ok
+    assert "1 groups trained more than η versions after their oldest token" in report.failures()

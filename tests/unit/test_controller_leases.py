@@ -397,3 +397,19 @@ def test_a_completion_counts_at_most_what_reached_the_buffer():
     assert events.of_kind("lease_completed")[-1]["claimed"] is None
     assert not acquire(state, rid, 4, 0).granted  # 8 admitted: the batch is full at η = 0
     assert writes.forgotten == [stolen[0].lease_id, stolen[1].lease_id, honest.lease_id]
+
+
+def test_the_quota_of_a_group_the_learner_drops_returns_once_and_wakes_a_holder(pool):
+    """`learner.stale_groups: drop`: a group read too old to train gives its trajectories back to N_r, so a
+    request held at the bound is granted; the same entry again returns nothing (a retried call)."""
+    state, _, _, events = make_state(batch_size=4, eta=0)
+    rid = state.register("127.0.0.1:7001", "", 0, "torch").replica_id
+    assert acquire(state, rid, 4, 0).granted  # N_r = 4 = (0 + 0 + 1) x 4: the bound
+    held = pool.submit(acquire, state, rid, 2, 5.0)
+    wait_until(lambda: state.snapshot()["held_requests"] == 1)
+    assert state.admission.return_quota("1-0", 2, "staleness: ...") == (2, 2)
+    assert held.result(timeout=5).granted
+    assert state.admission.return_quota("1-0", 2, "again") == (0, 4)
+    (record,) = events.of_kind("quota_returned")
+    assert record == {"kind": "quota_returned", "entry_id": "1-0", "returned": 2, "admitted_after": 2,
+                      "reason": "staleness: ..."}

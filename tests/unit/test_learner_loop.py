@@ -77,7 +77,7 @@ def test_annotation_retries_then_goes_on_without_the_teacher(script, calls, anno
         assert (b.logp_teacher[b.response_mask > 0] == -0.5).all()
 
 
-def prefetching_loop(oldest_first: bool = False, controller_stub=None):
+def prefetching_loop(oldest_first: bool = False, controller_stub=None, eta=None, stale_groups="drop"):
     """A loop of 2 groups of 2 per step over an in-memory buffer, at version 3, with the checks of a 20-token
     vocabulary (no trainer: a dense policy's routing shape is None); batches in written order, or with
     `oldest_first` the oldest of up to (η + 1) x 2 = 6 groups held (η = 2)."""
@@ -87,13 +87,14 @@ def prefetching_loop(oldest_first: bool = False, controller_stub=None):
     from asyncrl.core.trajectory_checks import TrajectoryLimits
 
     config = AsyncRLConfig.model_validate({"sampling": {"group_size": 2}, "controller": {"eta": 2},
-                                           "learner": {"batch_size": 4, "oldest_first": oldest_first}})
+                                           "learner": {"batch_size": 4, "oldest_first": oldest_first,
+                                                       "stale_groups": stale_groups}})
     events, metrics = MemoryEvents(), LearnerMetrics()
     loop = LearnerLoop(learner=config.learner, groups_per_step=2,
                        lookahead=lookahead_groups(config.learner.oldest_first, config.controller.eta, 2),
                        trainer=SimpleNamespace(replay=SimpleNamespace(shape=None)),
                        buffer=MemoryBuffer(), controller_stub=controller_stub, publisher=None, evaluate=None, events=events,
-                       metrics=metrics, limits=TrajectoryLimits(20, 16, 5, 2, 10.0))
+                       metrics=metrics, limits=TrajectoryLimits(20, 16, 5, 2, 10.0), eta=eta)
     loop.progress.version = 3
     return loop, events, metrics
 
@@ -539,3 +540,31 @@ def test_a_resumed_learner_acknowledges_what_its_checkpoint_holds_before_taking_
     [entry] = loop.buffer.get(1, timeout_s=1.0)
     assert entry.entry_id == duplicate and not loop.intake.admit(entry)
     assert "already trained" in loop.buffer.dead_letters()[-1].reason
+
+
+@pytest.mark.parametrize("policy", ["drop", "train"])
+def test_a_group_older_than_eta_at_the_version_that_would_train_it_is_dropped_and_its_quota_returned(policy):
+    """η at read (`learner.stale_groups`): at learner version 3 with η = 2, a group whose oldest token is from
+    version 0 (staleness 3) is dead-lettered with its reason and its 2 trajectories' quota returned before the
+    dead letter; one from version 1 (staleness 2, its last admissible step) is trained. `train` counts it and
+    trains it."""
+    loop, events, metrics = prefetching_loop(eta=2, stale_groups=policy)
+    returned = []
+    loop.intake._return_quota = lambda entry_id, n, reason: returned.append((entry_id, n, reason,
+                                                                             len(loop.buffer.dead_letters())))
+    stale = loop.buffer.put(group("stale", version=0, prompt_index=0))
+    edge = loop.buffer.put(group("edge", version=1, prompt_index=1))
+    fresh = loop.buffer.put(group("fresh", version=3, prompt_index=2))
+    loop.intake._heartbeat = lambda: None  # a batch short of the dropped group reads on: no controller here
+    entries = loop.intake.collect([])
+    assert metrics.stale_groups._value.get() == 1
+    if policy == "train":
+        assert [e.entry_id for e in entries] == [stale, edge] and returned == []
+        return
+    assert [e.entry_id for e in entries] == [edge, fresh]
+    reason = "staleness: its oldest token is from version 0, 3 behind the learner's 3 (controller.eta 2"
+    assert returned == [(stale, 2, returned[0][2], 0)] and returned[0][2].startswith(reason)  # before the dead letter
+    (dead,) = loop.buffer.dead_letters()
+    assert dead.entry_id == stale and dead.reason.startswith(reason)
+    (rejected,) = events.of_kind("group_rejected")
+    assert rejected["group_id"] == "stale" and rejected["reason"].startswith(reason)

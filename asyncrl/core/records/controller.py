@@ -251,3 +251,15 @@ class TimelineReset(Record):
     """The controller's version before the reset (the controller's record)."""
     survivors: int | None = None
     """Buffered groups that belong to the new timeline (the learner's record)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class QuotaReturned(Record):
+    """The learner dropped a group it read (older than η at the version that would train it) and gave its
+    trajectories' quota back (`Controller.ReturnQuota`); N_r went down by `returned`."""
+
+    KIND = "quota_returned"
+    entry_id: str
+    returned: int
+    admitted_after: int
+    reason: str
