@@ -199,7 +199,10 @@ def _host_copy(value, copies: dict | None = None):
     staged checkpoint was 0.5 GiB larger for it (bench/learner_memory.py)."""
     copies = {} if copies is None else copies
     if isinstance(value, torch.Tensor):
-        key = (value.device, value.data_ptr(), value.dtype, tuple(value.shape), value.stride())
+        # A plain tensor is known by its memory; a tensor subclass (a sharded learner's DTensor, whose
+        # data_ptr is not its shard's) only by itself.
+        plain = type(value) in (torch.Tensor, torch.nn.Parameter)
+        key = (value.device, value.data_ptr(), value.dtype, tuple(value.shape), value.stride()) if plain else id(value)
         if key not in copies:
             copies[key] = value.detach().to("cpu", copy=True).contiguous()
         return copies[key]

@@ -150,3 +150,20 @@ def test_a_tensor_named_twice_is_staged_once_and_stays_one_tensor():
     assert model["embed"] is model["lm_head"] and model["embed"] is not shared
     assert torch.equal(model["embed"], shared) and model["b"] is not other
     assert copied["optim"][0] is not model["embed"] and torch.equal(copied["optim"][0], shared[1])  # a view: its own
+
+
+def test_tensor_subclasses_are_staged_one_by_one():
+    """A sharded learner's state is DTensors, whose data_ptr does not tell their shards apart: a tensor subclass
+    is known by itself, so two of the same shape stay two copies (tests/integration/test_sharded_learner.py
+    catches the DTensor case itself) and one named twice stays one."""
+    import torch
+
+    from asyncrl.learner.checkpoint import _host_copy
+
+    class Wrapped(torch.Tensor):
+        pass
+
+    a, b = torch.ones(3).as_subclass(Wrapped), torch.zeros(3).as_subclass(Wrapped)
+    copied = _host_copy({"a": a, "b": b, "a_again": a})
+    assert torch.equal(copied["a"], torch.ones(3)) and torch.equal(copied["b"], torch.zeros(3))
+    assert copied["a"] is copied["a_again"] and copied["a"] is not copied["b"]

@@ -285,3 +285,29 @@ def test_grafana_is_provisioned_with_the_generated_dashboard():
     # Jobs the dashboard queries by are the ones the scrape config defines.
     jobs = {j["job_name"] for j in yaml.safe_load((DEPLOY / "prometheus" / "prometheus.yml").read_text())["scrape_configs"]}
     assert ROLES <= jobs
+
+
+def test_the_compose_secrets_are_made_once_into_the_env_file_every_compose_command_reads(tmp_path):
+    """Issue: every compose command (`ps`, `logs`, `down`, `run ... audit`) failed unless each secret was exported
+    in that shell. `deploy/make-compose-env.sh` writes them once into deploy/.env, which compose reads from the
+    compose file's folder: it must hold every variable the compose file requires, owner-only, and a second run
+    keeps it."""
+    import re
+    import shutil
+    import stat
+    import subprocess
+
+    script = tmp_path / "make-compose-env.sh"
+    shutil.copy(DEPLOY / "make-compose-env.sh", script)
+    subprocess.run(["bash", str(script)], check=True, capture_output=True)
+    env_file = tmp_path / ".env"
+    values = dict(line.split("=", 1) for line in env_file.read_text().splitlines() if not line.startswith("#"))
+    required = set(re.findall(r"\$\{(\w+):\?", (DEPLOY / "compose.yaml").read_text()))
+    assert required == set(values) == {"ASYNCRL_TOKEN", "ASYNCRL_REDIS_PASSWORD", "ASYNCRL_LEARNER_SECRET",
+                                       "GRAFANA_ADMIN_PASSWORD"}
+    assert all(len(v) >= 32 for v in values.values()) and len(set(values.values())) == 4
+    assert stat.S_IMODE(env_file.stat().st_mode) == 0o600
+    before = env_file.read_text()
+    kept = subprocess.run(["bash", str(script)], check=True, capture_output=True, text=True)
+    assert env_file.read_text() == before and "keeping it" in kept.stderr
+    assert "deploy/.env" in (DEPLOY.parent / ".gitignore").read_text().splitlines()
