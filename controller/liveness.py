@@ -5,7 +5,7 @@ that does not count the controller's own stall as anybody's silence. It works on
 held.
 
 A replica is declared dead when it is silent past `heartbeat_timeout_s`, or sooner when its process is
-shown gone: a push's order found nothing listening at its address (`_bury_unreachable`), or, for a silent
+shown gone: a push's order found nothing listening at its address (`bury_unreachable`), or, for a silent
 lease holder, a dial of its address was refused (`check_gone`; `controller.dial_silent_after_s`). The
 leases of a dead replica expire and return their quota; with a small η the other replicas are waiting for
 exactly that quota, so the earlier it returns the shorter the learner's stall. Heartbeats keep a live
