@@ -39,6 +39,9 @@ TRAINED_GROUPS_REMEMBERED = 1_000_000
 PREFETCH_WAIT_S = 0.005
 """How long the prefetch's read waits for entries not yet written (the loop's own read waits longer)."""
 
+STALE = "staleness: "
+"""How the reason of a group dropped for its age begins."""
+
 Inspection = tuple[str | None, int]
 """What the checks that need nothing but the entry say of it: (its problem or None, its newest token version)."""
 
@@ -134,35 +137,31 @@ class BatchIntake:
             if inspection is None:
                 inspection = self._inspections[entry.entry_id] = self._inspect(entry)
             problem, newest = inspection
-            reason = problem or self._from_the_future(entry, newest)
+            reason = problem or self._from_the_future(entry, newest) or self._too_old(entry)
             if reason is None:
-                return not self._drops_as_stale(entry)
+                return True
         self._inspections.pop(entry.entry_id, None)
-        log.error("dead-lettering %s (group %r): %s", entry.entry_id, entry.group.group_id, reason)
+        log.log(logging.WARNING if reason.startswith(STALE) else logging.ERROR, "dead-lettering %s (group %r): %s",
+                entry.entry_id, entry.group.group_id, reason)
         self.buffer.dead_letter(entry.entry_id, reason)
         self.events.write(GroupRejected(entry_id=entry.entry_id, group_id=entry.group.group_id, reason=reason))
         self.metrics.dead_letters.inc()
         return False
 
-    def _drops_as_stale(self, entry) -> bool:
-        """Whether `entry` is older than η at the version that would train it now and is dropped for it (its
-        quota returned, then dead-lettered); a stale group kept (`train_stale`) is only counted."""
+    def _too_old(self, entry) -> str | None:
+        """Why `entry` is dropped for being older than η at the version that would train it now, its quota
+        returned first; None when it is not (a stale group kept under `train_stale` is only counted)."""
         version, oldest = self._version(), age(entry)[0]
         if self.max_staleness is None or version - oldest <= self.max_staleness:
-            return False
+            return None
         self.metrics.stale_groups.inc()
         if self.train_stale:
-            return False
-        reason = (f"staleness: its oldest token is from version {oldest}, {version - oldest} behind the learner's "
+            return None
+        reason = (f"{STALE}its oldest token is from version {oldest}, {version - oldest} behind the learner's "
                   f"{version} (controller.eta {self.max_staleness}; learner.stale_groups: drop)")
         if self._return_quota is not None:
             self._return_quota(entry.entry_id, len(entry.group.trajectories), reason)
-        self._inspections.pop(entry.entry_id, None)
-        log.warning("dropping %s (group %r): %s", entry.entry_id, entry.group.group_id, reason)
-        self.buffer.dead_letter(entry.entry_id, reason)
-        self.events.write(GroupRejected(entry_id=entry.entry_id, group_id=entry.group.group_id, reason=reason))
-        self.metrics.dead_letters.inc()
-        return True
+        return reason
 
     def collect(self, carry: list, stop=None) -> list:
         """The admitted entries in hand, the next batch's first (`groups_per_step` of them; the rest is carried
