@@ -40,10 +40,21 @@ def resolve(config: AsyncRLConfig) -> AsyncRLConfig:
     one on fixed ports; a port set in the config or with --set is kept)."""
     cfg = config.model_copy(deep=True)
     cfg.run_dir = claim_run_dir(cfg.run_dir)
+    chosen: set[int] = set()
     for section, field in ((cfg.controller, "port"), (cfg.controller, "status_port"), (cfg.teacher, "port")):
         if field not in section.model_fields_set:  # a port the user chose is kept
-            setattr(section, field, free_port(section.host))
+            setattr(section, field, distinct_free_port(section.host, chosen))
     return cfg
+
+
+def distinct_free_port(host: str, chosen: set[int]) -> int:
+    """A free port not among `chosen` (added to it): the kernel may hand the port it just freed out again, and
+    a run whose teacher got its controller's port refused to start."""
+    port = free_port(host)
+    while port in chosen:
+        port = free_port(host)
+    chosen.add(port)
+    return port
 
 
 def claim_run_dir(template: str) -> str:
@@ -141,8 +152,9 @@ def from_checkpoint(cfg: AsyncRLConfig, ckpt: Path) -> AsyncRLConfig:
     with N_r and the prompt cursor past everything trained or still in the buffer (after the lost timeline
     is dead-lettered), the learner loading the checkpoint."""
     cfg = cfg.model_copy(deep=True)
+    chosen: set[int] = set()
     for section, field in ((cfg.controller, "port"), (cfg.controller, "status_port"), (cfg.teacher, "port")):
-        setattr(section, field, free_port(section.host))
+        setattr(section, field, distinct_free_port(section.host, chosen))
     run_dir = cfg.run_dir
     meta = read_meta(ckpt)
     buffer = make_buffer(cfg.buffer, consumer="learner-0")

@@ -20,7 +20,7 @@ from tests.run_helpers import demo_args, running_up, wait_for
 
 pytestmark = pytest.mark.chaos
 
-STEPS, SAVE_EVERY = 60, 10
+STEPS, SAVE_EVERY = 60, 20  # killed at step 25 or so: 15 steps before the next checkpoint could land
 
 
 def surviving_steps(run_dir) -> int:
@@ -36,9 +36,9 @@ def test_a_learner_restarted_on_its_own_port_behind_the_replicas_finishes_the_ru
     args = demo_args(run_dir, STEPS, "learner.eval_every=0", f"learner.checkpoint.save_every={SAVE_EVERY}",
                      f"learner.weight_transport.store_port={free_port()}")
     with running_up(*args) as proc:
-        # Killed well past its checkpoint of step 10: the replicas hold version 15 or so, the checkpoint 10.
+        # Killed well past its checkpoint of step 20: the replicas hold version 25 or so, the checkpoint 20.
         wait_for(lambda: saved(run_dir, SAVE_EVERY) and surviving_steps(run_dir) >= SAVE_EVERY + 5, 300,
-                 "the checkpoint of step 10 and five steps more")
+                 f"the checkpoint of step {SAVE_EVERY} and five steps more")
         kill(run_dir, "learner")
         wait_for(lambda: any(e["kind"] == "resumed" for e in read_events(run_dir, "learner")), 300, "the restart")
         out, _ = proc.communicate(timeout=600)
