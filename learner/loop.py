@@ -8,11 +8,11 @@ or restarted, so they can get leases (and produce the data the learner waits for
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from dataclasses import dataclass
 
-import grpc
 import torch
 
 from asyncrl.core.config import LearnerConfig, TeacherConfig
@@ -37,6 +37,7 @@ from asyncrl.learner.checkpoint import CheckpointMeta, ack_covered
 from asyncrl.learner.checkpoint_saver import CheckpointSaver
 from asyncrl.learner.intake import BatchIntake
 from asyncrl.learner.memory_plan import MemoryWatch
+from asyncrl.learner.quota_return import return_quota
 from asyncrl.learner.replica_eval import BackgroundEvaluations
 from asyncrl.learner.sharding import SINGLE, STEP, Mirror, Ranks, train_step
 from asyncrl.learner.status_report import StatusReporter
@@ -44,10 +45,6 @@ from asyncrl.learner.timeline import rejoin
 from asyncrl.v1 import controller_pb2
 
 log = logging.getLogger("asyncrl.learner")
-
-RETURN_QUOTA_PATIENCE_S = 120.0
-"""How long a stale group's quota return is retried while the controller is unreachable (it restarts in less)."""
-RETRIED = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
 
 
 @dataclass
@@ -115,7 +112,8 @@ class LearnerLoop:
             buffer=buffer, events=events, metrics=metrics, limits=limits, groups_per_step=self.groups_per_step,
             batch_timeout_s=learner.batch_timeout_s, prefetch=learner.prefetch,
             routing_shape=lambda: self.trainer.replay.shape, version=lambda: self.progress.version,
-            heartbeat=self._heartbeat, lookahead=lookahead, max_staleness=eta, return_quota=self._return_quota,
+            heartbeat=self._heartbeat, lookahead=lookahead, max_staleness=eta,
+            return_quota=functools.partial(return_quota, controller_stub),
             train_stale=learner.stale_groups == "train",
         )  # fmt: skip
         """The entries each batch is made of, admitted (or dead-lettered) and prefetched."""
@@ -288,23 +286,6 @@ class LearnerLoop:
         snapshot_t = time.time()
         self.events.write(FinalBuffer(entry_ids=self.buffer.entry_ids(), snapshot_t=snapshot_t))
         return self.progress
-
-    def _return_quota(self, entry_id: str, trajectories: int, reason: str) -> None:
-        """Give a dropped group's quota back to the controller (`ReturnQuota`, taken once per entry): retried
-        while the controller is unreachable, for up to RETURN_QUOTA_PATIENCE_S, then the error stands (the
-        entry stays pending and is dropped again after the restart)."""
-        request = controller_pb2.ReturnQuotaRequest(entry_id=entry_id, trajectories=trajectories,
-                                                    reason=reason[:1000])
-        deadline = time.monotonic() + RETURN_QUOTA_PATIENCE_S
-        while True:
-            try:
-                self.stub.ReturnQuota(request, timeout=30)
-                return
-            except grpc.RpcError as err:
-                if err.code() not in RETRIED or time.monotonic() >= deadline:
-                    raise
-                log.warning("returning the quota of %s failed (%s), retrying", entry_id, err.code().name)
-                time.sleep(1.0)
 
     def _refit_memory(self) -> None:
         """Once: the first step's measured peak plus the snapshots to come, against what the process can reach;
