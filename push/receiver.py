@@ -30,7 +30,7 @@ from asyncrl.core.engines.base import WeightUpdateStats
 from asyncrl.core.validation import InvalidArgument
 from asyncrl.push.in_band import order_key, parse_order, wait_for_order, wake_waiters, write_ack
 from asyncrl.push.plan import PushPlan
-from asyncrl.push.transport.broadcast import push_store, store_client
+from asyncrl.push.transport.broadcast import SenderGone, push_store, sender_store_client, store_client
 from asyncrl.push.transport.groups import ManifestCache
 from asyncrl.push.transport.rendezvous import POLL_S, PushAborted
 
@@ -125,7 +125,7 @@ class PushListener:
                         self._waiting_on = None
                 if data is not None and self.followed == target:  # not if it moved on (or closed) meanwhile
                     self._answer(target, root, data)
-            except DistError as err:  # the learner's store went away (a new learner forms a new group)
+            except (DistError, SenderGone) as err:  # the learner's store went away (a new learner forms a new group)
                 log.info("stopped following group %s: its store is gone (%s)", target.group_id, err)
                 self._store = None
                 self._forget_if(target)
@@ -136,7 +136,8 @@ class PushListener:
 
     def _root(self, target: Followed) -> TCPStore:
         if self._store is None or self._store[0] != target.store_address:
-            self._store = (target.store_address, store_client(target.store_address, min(target.timeout_s, 30.0)))
+            client = sender_store_client(target.store_address, min(target.timeout_s, 30.0))
+            self._store = (target.store_address, client)
         return self._store[1]
 
     @staticmethod

@@ -52,11 +52,22 @@ def steps_done(run_dir: Path) -> int:
     return sum(e["kind"] == "step" for e in read_events(run_dir, "learner")) if (run_dir / "events").exists() else 0
 
 
-def wait_for(predicate, timeout_s: float, what: str, poll_s: float = 0.3) -> None:
+def wait_for(predicate, timeout_s: float, what: str, poll_s: float = 0.3, run_dir: Path | None = None) -> None:
+    """Poll `predicate` until it holds; on a time-out the assertion carries the tails of `run_dir`'s service
+    logs (what a CI failure needs to be understood without the run directory)."""
     deadline = time.time() + timeout_s
     while not predicate():
-        assert time.time() < deadline, f"timed out waiting for {what}"
+        assert time.time() < deadline, f"timed out waiting for {what}" + ("" if run_dir is None else log_tails(run_dir))
         time.sleep(poll_s)
+
+
+def log_tails(run_dir: Path, lines: int = 12, width: int = 240) -> str:
+    """The last `lines` lines of each service log of a run (each cut to `width` characters)."""
+    out = []
+    for log in sorted((run_dir / "logs").glob("*.log")):
+        tail = log.read_text(errors="replace").splitlines()[-lines:]
+        out.append(f"\n--- {log.name} ---\n" + "\n".join(line[:width] for line in tail))
+    return "".join(out)
 
 
 def process_tree(pid: int) -> list[int]:

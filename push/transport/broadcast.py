@@ -54,9 +54,27 @@ def store_client(address: str, timeout_s: float) -> TCPStore:
     return TCPStore(host.strip("[]"), int(port), is_master=False, timeout=datetime.timedelta(seconds=timeout_s))
 
 
+class SenderGone(ConnectionRefusedError):
+    """Nothing listens at the sender's store any more: its process is gone, and so is every push it ordered."""
+
+
+REFUSAL_CHECK_S = 0.5
+"""How long a receiver waits to learn whether the sender's store refuses connections."""
+
+
+def sender_store_client(address: str, timeout_s: float) -> TCPStore:
+    """A receiver's client connection to a sender's store. A store that refuses the connection raises
+    `SenderGone` at once: the store client would keep trying for the whole time-out, and then once more, while
+    the receiver holds its one push at a time and the pushes of a new sender (a learner restarted elsewhere)
+    time out behind it."""
+    if address_refuses(address, min(REFUSAL_CHECK_S, timeout_s)):
+        raise SenderGone(f"nothing listens at the sender's store {address}")
+    return store_client(address, timeout_s)
+
+
 def connect_store(plan: PushPlan, timeout_s: float | None = None) -> TCPStore:
-    """A client connection to the sender's rendezvous store (a receiver's: within the plan's time-out)."""
-    return store_client(plan.store_address, plan.timeout_s if timeout_s is None else timeout_s)
+    """A receiver's client connection to the sender's rendezvous store, within the plan's time-out."""
+    return sender_store_client(plan.store_address, plan.timeout_s if timeout_s is None else timeout_s)
 
 
 def push_store(root: TCPStore, plan: PushPlan) -> PrefixStore:
@@ -67,9 +85,7 @@ def push_store(root: TCPStore, plan: PushPlan) -> PrefixStore:
 def report_unreachable(plan: PushPlan, rank: int, timeout_s: float) -> None:
     """The controller, for a receiver of `plan` whose process is gone: tell the sender through its store, so
     its join wait ends now (`rendezvous.mark_unreachable`). A store that refuses the connection (the sender is
-    gone too) raises at once: the store client would keep trying for all of `timeout_s`, and then once more."""
-    if address_refuses(plan.store_address, min(timeout_s, 0.5)):
-        raise ConnectionRefusedError(f"nothing listens at the sender's store {plan.store_address}")
+    gone too) raises `SenderGone` at once."""
     mark_unreachable(push_store(connect_store(plan, timeout_s), plan), rank)
 
 

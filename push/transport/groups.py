@@ -31,7 +31,6 @@ from asyncrl.push.transport.broadcast import (
     form_group,
     join_push,
     push_store,
-    store_client,
 )
 from asyncrl.push.transport.rendezvous import forget
 
@@ -160,7 +159,7 @@ class ManifestCache:
         with self._lock:
             metas = self._known.get(plan.manifest_digest)
             if metas is None:
-                store = store_client(plan.store_address, min(plan.timeout_s, 30.0))
+                store = connect_store(plan, min(plan.timeout_s, 30.0))
                 metas = parse_manifest(store.get(MANIFEST_KEY.format(digest=plan.manifest_digest)),
                                        plan.manifest_digest)
                 while len(self._known) >= MANIFESTS_KEPT:

@@ -58,22 +58,23 @@ def test_killed_services_are_restarted_and_the_run_completes(tmp_path):
     run_dir = tmp_path / "run"
     args = demo_args(run_dir, STEPS, f"learner.eval_every={SAVE_EVERY}", f"learner.checkpoint.save_every={SAVE_EVERY}")
     with running_up(*args) as proc:
-        wait_for(lambda: steps_done(run_dir) >= 6, 300, "6 learner steps")
+        wait_for(lambda: steps_done(run_dir) >= 6, 300, "6 learner steps", run_dir=run_dir)
         kill(run_dir, "learner")  # no checkpoint yet: it comes back from the base model, the run back to version 0
-        wait_for(lambda: any(e["kind"] == "resumed" for e in read_events(run_dir, "learner")), 300, "the restart")
+        wait_for(lambda: any(e["kind"] == "resumed" for e in read_events(run_dir, "learner")), 300, "the restart",
+                 run_dir=run_dir)
         # Counted on the surviving timeline: the learner may train a few more steps before the kill lands.
-        wait_for(lambda: surviving_steps(run_dir) >= 12, 300, "12 steps on the surviving timeline")
+        wait_for(lambda: surviving_steps(run_dir) >= 12, 300, "12 steps on the surviving timeline", run_dir=run_dir)
         kill(run_dir, "teacher")
-        wait_for(lambda: surviving_steps(run_dir) >= 16, 300, "16 steps on the surviving timeline")
+        wait_for(lambda: surviving_steps(run_dir) >= 16, 300, "16 steps on the surviving timeline", run_dir=run_dir)
         kill(run_dir, "controller")
-        wait_for(lambda: surviving_steps(run_dir) >= 20, 300, "20 steps on the surviving timeline")
+        wait_for(lambda: surviving_steps(run_dir) >= 20, 300, "20 steps on the surviving timeline", run_dir=run_dir)
         kill_redis(run_dir)
         wait_for(lambda: surviving_steps(run_dir) >= 30 and checkpoint_of_step(run_dir, SAVE_EVERY), 300,
-                 "30 steps on the surviving timeline and the checkpoint of step 20")
+                 "30 steps on the surviving timeline and the checkpoint of step 20", run_dir=run_dir)
         kill(run_dir, "learner")  # its checkpoint is step 20: ten steps or more are lost and trained again
         wait_for(lambda: sum(e["kind"] == "resumed" for e in read_events(run_dir, "learner")) == 2, 300,
-                 "the second restart")
-        wait_for(lambda: surviving_steps(run_dir) >= 45, 300, "45 steps on the surviving timeline")
+                 "the second restart", run_dir=run_dir)
+        wait_for(lambda: surviving_steps(run_dir) >= 45, 300, "45 steps on the surviving timeline", run_dir=run_dir)
         kill(run_dir, "rollout")
         out, _ = proc.communicate(timeout=900)
     assert proc.returncode == 0, out[-5000:]

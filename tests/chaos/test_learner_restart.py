@@ -38,9 +38,10 @@ def test_a_learner_restarted_on_its_own_port_behind_the_replicas_finishes_the_ru
     with running_up(*args) as proc:
         # Killed well past its checkpoint of step 20: the replicas hold version 25 or so, the checkpoint 20.
         wait_for(lambda: saved(run_dir, SAVE_EVERY) and surviving_steps(run_dir) >= SAVE_EVERY + 5, 300,
-                 f"the checkpoint of step {SAVE_EVERY} and five steps more")
+                 f"the checkpoint of step {SAVE_EVERY} and five steps more", run_dir=run_dir)
         kill(run_dir, "learner")
-        wait_for(lambda: any(e["kind"] == "resumed" for e in read_events(run_dir, "learner")), 300, "the restart")
+        wait_for(lambda: any(e["kind"] == "resumed" for e in read_events(run_dir, "learner")), 300, "the restart",
+                 run_dir=run_dir)
         out, _ = proc.communicate(timeout=600)
     assert proc.returncode == 0, out[-5000:]
     assert "[up] audit OK" in out, out[-3000:]

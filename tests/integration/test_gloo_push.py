@@ -323,3 +323,61 @@ def test_a_receiver_follows_a_sender_restarted_at_the_same_address():
     push(restarted, BroadcastGroups(restarted), "p2", 2, "group-b")
     inbox.put(None)
     proc.join(30)
+
+
+def test_a_receiver_whose_sender_dies_mid_push_lets_go_at_once():
+    """A learner killed while its replicas wait in its store for a push (the in-band follower waits there all
+    the time). The wait breaks; the receiver used to reconnect to the dead store for the push's data time-out,
+    and then once more, holding its one push at a time: the new learner's pushes found it busy for minutes and
+    left it out again and again. Now it sees the store refuse, gives the dead push up at once, and takes the
+    next sender's push."""
+    import gc
+    import threading
+    import time
+
+    from asyncrl.push.transport.broadcast import SenderGone
+    from asyncrl.push.transport.groups import BroadcastGroups
+
+    named = weights(0)
+    metas = tensor_metas(named)
+    dead = host_store("127.0.0.1", 0, 60)
+    dead_address = f"127.0.0.1:{dead.port}"
+    receiver_side = BroadcastGroups()
+    outcome = {}
+
+    def wait_in_dead_push():
+        plan = PushPlan(push_id="old", version=1, store_address=dead_address, world_size=2,
+                        transport="gloo", tensors=metas, bucket_bytes=1 << 20, timeout_s=60)
+        try:
+            with receiver_side.member(plan, 1):
+                pass
+        except Exception as err:  # noqa: BLE001 - the test looks at which
+            outcome.update(error=err, at=time.monotonic())
+
+    thread = threading.Thread(target=wait_in_dead_push)
+    thread.start()
+    time.sleep(1.0)
+    assert thread.is_alive()  # joined, waiting for the sender's verdict
+    died = time.monotonic()
+    del dead
+    gc.collect()  # the learner is gone: its store stops listening
+    thread.join(20)
+    assert isinstance(outcome.get("error"), SenderGone), outcome
+    assert outcome["at"] - died < 5, outcome["at"] - died
+
+    new = host_store("127.0.0.1", 0, 60)
+    plan = PushPlan(push_id="new", version=2, store_address=f"127.0.0.1:{new.port}", world_size=2,
+                    transport="gloo", tensors=metas, bucket_bytes=1 << 20, timeout_s=60)
+    got = {}
+
+    def take_new_push():
+        with receiver_side.member(plan, 1) as group:
+            for bucket in receive_weights(group, plan):
+                got.update({name: t.clone() for name, t in bucket})
+
+    thread = threading.Thread(target=take_new_push)
+    thread.start()
+    with BroadcastGroups(new).member(plan, 0, join_timeout_s=10) as group:
+        send_weights(group, named, plan)
+    thread.join(30)
+    assert all(torch.equal(got[name], tensor) for name, tensor in named)
