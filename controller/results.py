@@ -94,6 +94,9 @@ class LearnerFigures:
     staleness_mean: float | None = None
     step_seconds: float | None = None
     busy_fraction: float | None = None
+    length_correct_mean: float | None = None
+    length_incorrect_mean: float | None = None
+    truncated_fraction: float | None = None
 
 
 @dataclass(frozen=True)

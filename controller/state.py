@@ -273,7 +273,9 @@ class ControllerState:
                     not self._history or self._history[-1]["step"] != step):
                 self._history.append({"step": step, "t": books.wall(), "reward": figures.reward_mean,
                                       "accuracy": figures.eval_accuracy, "staleness": figures.staleness_mean,
-                                      "step_s": figures.step_seconds})
+                                      "step_s": figures.step_seconds, "length_correct": figures.length_correct_mean,
+                                      "length_incorrect": figures.length_incorrect_mean,
+                                      "truncated": figures.truncated_fraction})
             lagging = any(r.needs_sync(books.current_version) for r in books.registry.live() if r.pushable(now))
             return LearnerPulse(lagging and not books.pushes.is_fresh(now), books.current_version)
 

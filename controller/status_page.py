@@ -76,7 +76,10 @@ def render_html(snap: dict) -> str:
     charts = "".join(
         chart(f"{label} by step", [(h["step"], h[key]) for h in history if h.get(key) is not None])
         for key, label in (("reward", "reward (mean)"), ("accuracy", "held-out greedy accuracy"),
-                           ("staleness", "staleness (mean versions)"), ("step_s", "seconds per step"))
+                           ("staleness", "staleness (mean versions)"), ("step_s", "seconds per step"),
+                           ("length_correct", "length of correct responses (tokens)"),
+                           ("length_incorrect", "length of incorrect responses (tokens)"),
+                           ("truncated", "share cut at max_new_tokens"))
     )
     return f"""<!doctype html>
 <html><head><meta charset="utf-8"><meta http-equiv="refresh" content="{_REFRESH_S}">
@@ -116,6 +119,9 @@ def learner_summary(learner: dict) -> str:
     for key, label, fmt in (("reward_mean", "reward", "{:.3f}"), ("eval_accuracy", "held-out accuracy", "{:.3f}"),
                             ("staleness_mean", "staleness", "{:.2f}"), ("step_seconds", "step", "{:.2f} s"),
                             ("busy_fraction", "training", "{:.0%} of the time"),
+                            ("length_correct_mean", "correct length", "{:.0f} tokens"),
+                            ("length_incorrect_mean", "incorrect length", "{:.0f} tokens"),
+                            ("truncated_fraction", "truncated", "{:.0%}"),
                             ("trajectories_per_s", "throughput", "{:.0f} trajectories/s")):
         if learner.get(key) is not None:
             parts.append(f"{label} <b>{fmt.format(learner[key])}</b>")

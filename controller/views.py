@@ -36,7 +36,10 @@ def learner_view(report: LearnerReport, now: float, batch_size: int, address: st
     if figures is not None:
         view.update(total_steps=figures.total_steps, reward_mean=figures.reward_mean,
                     eval_accuracy=figures.eval_accuracy, staleness_mean=figures.staleness_mean,
-                    step_seconds=figures.step_seconds, busy_fraction=figures.busy_fraction)
+                    step_seconds=figures.step_seconds, busy_fraction=figures.busy_fraction,
+                    length_correct_mean=figures.length_correct_mean,
+                    length_incorrect_mean=figures.length_incorrect_mean,
+                    truncated_fraction=figures.truncated_fraction)
         if figures.step_seconds:
             view["trajectories_per_s"] = batch_size / figures.step_seconds
             if figures.total_steps > report.step:

@@ -39,6 +39,8 @@ class TrainBatch:
     """[N, S] bool: positions whose routing the rollout captured."""
     routing_bytes: int = 0
     """Wire bytes of the routing data in this batch."""
+    finished: torch.Tensor | None = None
+    """[N] bool: the response ended with EOS (False: cut at max_new_tokens)."""
 
     def __len__(self) -> int:
         return len(self.sequences)
@@ -49,7 +51,8 @@ class TrainBatch:
         return replace(self, logp_behav=move(self.logp_behav), token_versions=move(self.token_versions),
                        response_mask=move(self.response_mask), rewards=move(self.rewards),
                        group_index=move(self.group_index), logp_teacher=move(self.logp_teacher),
-                       routing=move(self.routing), routing_mask=move(self.routing_mask))
+                       routing=move(self.routing), routing_mask=move(self.routing_mask),
+                       finished=move(self.finished))
 
     def rows(self, index: list[int]) -> TrainBatch:
         """The sub-batch of the given rows, trimmed to its own longest response."""
@@ -70,6 +73,7 @@ class TrainBatch:
             logp_teacher=pick(self.logp_teacher),
             routing=None if self.routing is None else self.routing[idx, : self._seq_width(index)],
             routing_mask=None if self.routing_mask is None else self.routing_mask[idx, : self._seq_width(index)],
+            finished=None if self.finished is None else self.finished[idx],
         )
 
     def _seq_width(self, index: list[int]) -> int:
@@ -180,6 +184,7 @@ def assemble(entries: list[BufferEntry], routing_shape: RoutingShape | None = No
         routing=routing,
         routing_mask=routing_mask,
         routing_bytes=routing_bytes,
+        finished=torch.tensor([t.finished for _, t in trajs], dtype=torch.bool),
     )
 
 

@@ -36,8 +36,9 @@ from asyncrl.learner.checkpoint_saver import FollowerSaves
 from asyncrl.learner.held_out import evaluate_held_out
 from asyncrl.learner.intake import lookahead_groups
 from asyncrl.learner.learner_metrics import LearnerMetrics
-from asyncrl.learner.loop import LearnerLoop, LearnerProgress
+from asyncrl.learner.loop import LearnerLoop
 from asyncrl.learner.memory_plan import GIB, MemoryWatch, available_bytes, fit, plan_memory
+from asyncrl.learner.progress import LearnerProgress
 from asyncrl.learner.replica_eval import BackgroundEvaluations, ReplicaEvaluator
 from asyncrl.learner.seat import SeatedController
 from asyncrl.learner.sharding import STOP, Mirror, Ranks, follow, init_ranks, leave, rank_device, shard

@@ -14,8 +14,9 @@ _STALENESS_BUCKETS = (0, 1, 2, 3, 4, 6, 8, 12, 16, 32, 64)
 # From a group trained right after it was written (sub-second) to one that waited out a long learner stall.
 _AGE_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0)
 # Step metrics exported as `asyncrl_learner_diagnostic{name}`: the rollout-correction (IS) and mismatch
-# diagnostics, the PPO clipping figures, the optimiser's gradient norm, distillation and routing replay.
-_DIAGNOSTIC_PREFIXES = ("rc/", "loss/", "opd/", "routing/", "opt/grad_norm", "response/")
+# diagnostics, the PPO clipping figures, the optimiser's gradient norm, distillation, routing replay and the
+# length dynamics.
+_DIAGNOSTIC_PREFIXES = ("rc/", "loss/", "opd/", "routing/", "opt/grad_norm", "response/", "length/")
 
 
 class LearnerMetrics:
@@ -71,7 +72,8 @@ class LearnerMetrics:
         self.diagnostic = Gauge("asyncrl_learner_diagnostic",
                                 "The last step's diagnostics by name: rollout-correction IS weights and "
                                 "training-inference mismatch (rc/*), PPO clipping (loss/*), grad norm, distillation "
-                                "(opd/*), routing replay (routing/*).", ["name"], registry=r)
+                                "(opd/*), routing replay (routing/*), length dynamics (length/*).", ["name"],
+                                registry=r)
 
     def observe_push(self, push) -> None:
         self.push_seconds.observe(push.total_s)

@@ -11,7 +11,6 @@ from __future__ import annotations
 import functools
 import logging
 import time
-from dataclasses import dataclass
 
 import torch
 
@@ -37,6 +36,7 @@ from asyncrl.learner.checkpoint import CheckpointMeta, ack_covered
 from asyncrl.learner.checkpoint_saver import CheckpointSaver
 from asyncrl.learner.intake import BatchIntake
 from asyncrl.learner.memory_plan import MemoryWatch
+from asyncrl.learner.progress import LearnerProgress
 from asyncrl.learner.quota_return import return_quota
 from asyncrl.learner.replica_eval import BackgroundEvaluations
 from asyncrl.learner.sharding import SINGLE, STEP, Mirror, Ranks, train_step
@@ -45,23 +45,6 @@ from asyncrl.learner.timeline import rejoin
 from asyncrl.v1 import controller_pb2
 
 log = logging.getLogger("asyncrl.learner")
-
-
-@dataclass
-class LearnerProgress:
-    step: int = 0
-    version: int = 0
-    consumed: int = 0
-    last_reward_mean: float = 0.0
-    last_eval_accuracy: float = -1.0
-    last_step_s: float = 0.0
-    last_staleness_mean: float = 0.0
-    last_wall_s: float = 0.0
-    """Wall time from the end of the previous step to the end of this one (waiting for data included)."""
-    busy_fraction: float | None = None
-    """Train time / wall time over the last `learner.busy.WINDOW_STEPS` steps (None before the first)."""
-    data_position: int = 0
-    """One past the highest prompt index trained on."""
 
 
 class LearnerLoop:
@@ -368,9 +351,7 @@ class LearnerLoop:
         self.progress.step += 1
         self.progress.version = version + 1
         self.progress.consumed += len(batch)
-        self.progress.last_reward_mean = metrics["reward/mean"]
-        self.progress.last_step_s = metrics["time/step_s"]
-        self.progress.last_staleness_mean = metrics.get("staleness/mean", 0.0)
+        self.progress.take_figures(metrics)
         now = time.time()
         self.progress.last_wall_s = now - self._last_step_end if self._last_step_end else metrics["time/step_s"]
         self._last_step_end = now

@@ -180,7 +180,8 @@ class Trainer:
         if algo.opd.enabled and batch.logp_teacher is None:
             algo = self.algo_without_teacher
         adv = build_advantages(batch.rewards, batch.group_index, batch.response_mask, algo,
-                               logp_prox=logp_prox, logp_teacher=batch.logp_teacher, logp_ref=logp_ref)
+                               logp_prox=logp_prox, logp_teacher=batch.logp_teacher, logp_ref=logp_ref,
+                               finished=batch.finished)
         metrics: dict[str, float] = dict(adv.metrics)
         metrics.update(to_floats(routing_metrics))
         sums: dict[str, float] = defaultdict(float)

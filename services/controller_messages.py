@@ -48,7 +48,9 @@ def receiver_acks(acks) -> tuple[ReceiverAck, ...]:
 def learner_figures(request) -> LearnerFigures | None:
     """The optional progress figures of a LearnerHeartbeatRequest, checked (finite, in range)."""
     bounds = {"reward_mean": (-1e6, 1e6), "eval_accuracy": (0.0, 1.0), "staleness_mean": (0.0, 1e9),
-              "step_seconds": (0.0, MAX_TIMEOUT_S), "busy_fraction": (0.0, 1.0)}
+              "step_seconds": (0.0, MAX_TIMEOUT_S), "busy_fraction": (0.0, 1.0),
+              "length_correct_mean": (0.0, MAX_COUNT), "length_incorrect_mean": (0.0, MAX_COUNT),
+              "truncated_fraction": (0.0, 1.0)}
     values = {}
     for field, (low, high) in bounds.items():
         if request.HasField(field):

@@ -15,7 +15,7 @@ from asyncrl.core.grpc_util import build_server
 from asyncrl.core.metrics import serve_metrics
 from asyncrl.core.ports import listening
 from asyncrl.learner.builder import Follower, build_learner
-from asyncrl.learner.loop import LearnerProgress
+from asyncrl.learner.progress import LearnerProgress
 from asyncrl.learner.seat import SeatedController
 from asyncrl.v1 import learner_pb2, learner_pb2_grpc
 

@@ -54,6 +54,12 @@ PANELS: list[tuple[str, list[tuple[str, str, list[tuple[str, str]]]]]] = [
             ("asyncrl_learner_kl_behav_prox", "KL(behav||prox) k3"),
             ('asyncrl_learner_diagnostic{name=~"rc/ratio_max|rc/ess_token|rc/masked_token_frac|rc/delta_abs_mean"}',
              "{{name}}")]),
+        ("Response length: correct, incorrect, easy and hard prompts", "none", [
+            ('asyncrl_learner_diagnostic{name=~"length/correct_mean|length/incorrect_mean|length/easy_mean|length/hard_mean"}',
+             "{{name}}")]),
+        ("Truncation and how the loss weighs long responses", "none", [
+            ('asyncrl_learner_diagnostic{name=~"length/truncated_frac|length/token_weight_long_vs_short|length/token_weight_incorrect_vs_correct"}',
+             "{{name}}")]),
         ("PPO clipping and gradient", "none", [
             ('asyncrl_learner_diagnostic{name=~"loss/clip_frac|loss/ratio_max|opt/grad_norm"}', "{{name}}")]),
         ("Refused and skipped", "short", [

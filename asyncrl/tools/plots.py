@@ -1,6 +1,7 @@
 """PNG plots of a run from its event logs: reward and held-out accuracy with the share of the time the
-learner trains, staleness over steps and its histogram, and the behaviour/proximal mismatch with the push
-time."""
+learner trains, staleness over steps and its histogram, the behaviour/proximal mismatch with the push time,
+and the length dynamics (length of correct and incorrect responses, of easy and hard prompts, the truncated
+share; how the loss aggregation weighs the tokens of long and incorrect responses)."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ def plot_run(run_dir: str | Path) -> Path:
     evals = [e for e in learner if isinstance(e, Eval)]
     if not steps and not evals:
         raise ValueError(f"{run_dir}: no learner steps or evals to plot")
-    fig, axes = plt.subplots(2, 2, figsize=(11, 7.5))
+    fig, axes = plt.subplots(2, 3, figsize=(16, 7.5))
     x = [e.step for e in steps]
 
     ax = axes[0][0]
@@ -75,6 +76,8 @@ def plot_run(run_dir: str | Path) -> Path:
     lines = ax.get_lines() + ax2.get_lines()
     ax.legend(lines, [ln.get_label() for ln in lines], loc="upper right")
 
+    _plot_lengths(axes[0][2], steps)
+    _plot_token_weights(axes[1][2], steps)
     fig.suptitle(f"asyncrl run {Path(run_dir).name}")
     fig.tight_layout()
     out = Path(run_dir) / "plots" / "run.png"
@@ -82,3 +85,36 @@ def plot_run(run_dir: str | Path) -> Path:
     fig.savefig(out, dpi=90)
     plt.close(fig)
     return out
+
+
+def _series(steps: list[Step], key: str) -> tuple[list[int], list[float]]:
+    """(steps, values) of the steps that report `key` (a batch without correct answers has no correct length)."""
+    points = [(e.step, e.metrics[key]) for e in steps if e.metrics.get(key) is not None]
+    return [s for s, _ in points], [v for _, v in points]
+
+
+def _plot_lengths(ax, steps: list[Step]) -> None:
+    for key, label, style in (("length/correct_mean", "correct", "-"), ("length/incorrect_mean", "incorrect", "-"),
+                              ("length/easy_mean", "easy prompts (group passes > 90%)", "--"),
+                              ("length/hard_mean", "hard prompts (group passes < 10%)", "--")):
+        ax.plot(*_series(steps, key), style, label=label)
+    ax.set_xlabel("learner step")
+    ax.set_ylabel("response tokens (batch mean)")
+    ax2 = ax.twinx()
+    ax2.plot(*_series(steps, "length/truncated_frac"), ":", color="black", alpha=0.6,
+             label="share cut at max_new_tokens")
+    ax2.set_ylim(-0.02, 1.02)
+    ax2.set_ylabel("truncated share")
+    ax.set_title("response length")
+    lines = ax.get_lines() + ax2.get_lines()
+    ax.legend(lines, [ln.get_label() for ln in lines], loc="best", fontsize="small")
+
+
+def _plot_token_weights(ax, steps: list[Step]) -> None:
+    ax.plot(*_series(steps, "length/token_weight_long_vs_short"), label="long vs short responses")
+    ax.plot(*_series(steps, "length/token_weight_incorrect_vs_correct"), label="incorrect vs correct responses")
+    ax.axhline(1.0, color="gray", linewidth=0.8)
+    ax.set_xlabel("learner step")
+    ax.set_ylabel("mean weight of a token, ratio")
+    ax.set_title("how the loss aggregation weighs tokens (1: alike)")
+    ax.legend(loc="lower right", fontsize="small")

@@ -266,7 +266,7 @@ class CommitWeightPushResponse(_message.Message):
     def __init__(self, committed: _Optional[bool] = ..., current_version: _Optional[int] = ..., acked: _Optional[_Iterable[str]] = ..., dropped: _Optional[_Iterable[str]] = ..., next_push: _Optional[_Union[BeginWeightPushResponse, _Mapping]] = ...) -> None: ...
 
 class LearnerHeartbeatRequest(_message.Message):
-    __slots__ = ("step", "version", "consumed", "total_steps", "reward_mean", "eval_accuracy", "staleness_mean", "step_seconds", "busy_fraction", "learner_key")
+    __slots__ = ("step", "version", "consumed", "total_steps", "reward_mean", "eval_accuracy", "staleness_mean", "step_seconds", "busy_fraction", "learner_key", "length_correct_mean", "length_incorrect_mean", "truncated_fraction")
     STEP_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     CONSUMED_FIELD_NUMBER: _ClassVar[int]
@@ -277,6 +277,9 @@ class LearnerHeartbeatRequest(_message.Message):
     STEP_SECONDS_FIELD_NUMBER: _ClassVar[int]
     BUSY_FRACTION_FIELD_NUMBER: _ClassVar[int]
     LEARNER_KEY_FIELD_NUMBER: _ClassVar[int]
+    LENGTH_CORRECT_MEAN_FIELD_NUMBER: _ClassVar[int]
+    LENGTH_INCORRECT_MEAN_FIELD_NUMBER: _ClassVar[int]
+    TRUNCATED_FRACTION_FIELD_NUMBER: _ClassVar[int]
     step: int
     version: int
     consumed: int
@@ -287,7 +290,10 @@ class LearnerHeartbeatRequest(_message.Message):
     step_seconds: float
     busy_fraction: float
     learner_key: bytes
-    def __init__(self, step: _Optional[int] = ..., version: _Optional[int] = ..., consumed: _Optional[int] = ..., total_steps: _Optional[int] = ..., reward_mean: _Optional[float] = ..., eval_accuracy: _Optional[float] = ..., staleness_mean: _Optional[float] = ..., step_seconds: _Optional[float] = ..., busy_fraction: _Optional[float] = ..., learner_key: _Optional[bytes] = ...) -> None: ...
+    length_correct_mean: float
+    length_incorrect_mean: float
+    truncated_fraction: float
+    def __init__(self, step: _Optional[int] = ..., version: _Optional[int] = ..., consumed: _Optional[int] = ..., total_steps: _Optional[int] = ..., reward_mean: _Optional[float] = ..., eval_accuracy: _Optional[float] = ..., staleness_mean: _Optional[float] = ..., step_seconds: _Optional[float] = ..., busy_fraction: _Optional[float] = ..., learner_key: _Optional[bytes] = ..., length_correct_mean: _Optional[float] = ..., length_incorrect_mean: _Optional[float] = ..., truncated_fraction: _Optional[float] = ...) -> None: ...
 
 class LearnerHeartbeatResponse(_message.Message):
     __slots__ = ("sync_requested", "current_version")

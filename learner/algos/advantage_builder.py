@@ -18,6 +18,7 @@ from asyncrl.learner.algos.advantages import dash_keep, outcome_advantages, proc
 from asyncrl.learner.algos.diagnostics import batch_diagnostics, to_floats
 from asyncrl.learner.algos.groups import Groups
 from asyncrl.learner.algos.kl import kl_to_reference
+from asyncrl.learner.algos.length_dynamics import length_dynamics
 from asyncrl.learner.algos.masked import (
     as_bool_mask,
     check_sequence_tensor,
@@ -88,12 +89,13 @@ def _apply_opd(cfg: AlgoConfig, advantages: Tensor, mask: Tensor, correct: Tenso
 def build_advantages(rewards: Tensor, group_index: Tensor, response_mask: Tensor, cfg: AlgoConfig,
                      logp_prox: Tensor | None = None, logp_teacher: Tensor | None = None, *,
                      logp_ref: Tensor | None = None, token_rewards: Tensor | None = None,
-                     anchor_lengths: Tensor | None = None) -> AdvantageResult:
+                     anchor_lengths: Tensor | None = None, finished: Tensor | None = None) -> AdvantageResult:
     """Token-level advantages [N, T], the DASH keep mask [N] and batch metrics.
 
     rewards [N] (one scalar per sequence), group_index [N] (same value = same prompt), response_mask [N, T].
     Optional: logp_prox [N, T] (OPD advantage mode, KL-in-reward), logp_teacher [N, T] (OPD), logp_ref [N, T]
-    (KL-in-reward), token_rewards [N, T] (extra per-token rewards), anchor_lengths [N] (anchor penalty).
+    (KL-in-reward), token_rewards [N, T] (extra per-token rewards), anchor_lengths [N] (anchor penalty),
+    finished [N] bool (ended with EOS: the truncation figure of the length dynamics).
     """
     mask = as_bool_mask(response_mask)
     n = mask.shape[0]
@@ -133,5 +135,7 @@ def build_advantages(rewards: Tensor, group_index: Tensor, response_mask: Tensor
     keep = dash_keep(advantages, mask, cfg.advantage.dash_threshold)
     advantages = masked_fill_zero(advantages, keep.unsqueeze(-1).expand(mask.shape))
     metrics.update(batch_diagnostics(rewards, shaped, lengths, correct, advantages, mask, keep))
+    metrics.update(length_dynamics(lengths, correct, groups, cfg.policy_loss.aggregation, finished=finished,
+                                   trained=keep))
     return AdvantageResult(advantages=advantages, keep=keep, metrics=to_floats(metrics), opd_mask=opd_mask,
                            shaped_rewards=shaped)

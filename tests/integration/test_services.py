@@ -19,7 +19,7 @@ from asyncrl.core.grpc_util import channel as grpc_channel
 from asyncrl.core.metrics import serve_metrics
 from asyncrl.core.modeling import load_causal_lm, named_weights, sequence_logprobs
 from asyncrl.learner.learner_metrics import LearnerMetrics
-from asyncrl.learner.loop import LearnerProgress
+from asyncrl.learner.progress import LearnerProgress
 from asyncrl.push.manifest import tensor_metas
 from asyncrl.push.plan import PushPlan
 from asyncrl.push.transport.broadcast import host_store, make_group, send_weights

@@ -67,3 +67,20 @@ def test_the_page_shows_the_push_reserved_for_the_learner():
     assert snap["reserved_push"]["version"] == 3 and len(snap["reserved_push"]["receivers"]) == 2
     page = render_html(snap)
     assert "open push: none open &middot; next reserved: " + reserved.push_id + " (version 3, 2 receivers" in page
+
+
+def test_the_page_shows_the_length_dynamics_of_the_last_batch():
+    from asyncrl.controller.results import LearnerFigures
+
+    state, _, _, _ = make_state()
+    for step in (1, 2):
+        state.learner_heartbeat(step, step, step * 8, LearnerFigures(
+            total_steps=10, reward_mean=0.5, length_correct_mean=10.0 + step, length_incorrect_mean=40.0 + step,
+            truncated_fraction=0.125 * step))
+    snap = state.snapshot()
+    assert [h["length_incorrect"] for h in snap["history"]] == [41.0, 42.0]
+    page = render_html(snap)
+    assert "correct length <b>12 tokens</b>" in page and "incorrect length <b>42 tokens</b>" in page
+    assert "truncated <b>25%</b>" in page
+    assert "length of correct responses (tokens) by step: 12" in page
+    assert "share cut at max_new_tokens by step: 0.25" in page

@@ -62,3 +62,20 @@ def test_malformed_groups_name_the_problem(bad, message):
     with pytest.raises(MalformedGroup, match=message) as info:
         assemble([entry("9-0", "x", [bad])])
     assert info.value.group_id == "x"
+
+
+def test_the_batch_knows_which_responses_were_cut_and_the_advantages_report_the_truncated_share():
+    from asyncrl.core.algo.config import AlgoConfig
+    from asyncrl.learner.algos.advantage_builder import build_advantages
+
+    entries = sample_entries()
+    entries[1].group.trajectories[1].finished = True  # the others were cut at max_new_tokens (finished unset)
+    entries[0].group.trajectories[0].finished = True
+    batch = assemble(entries)
+    assert batch.finished.tolist() == [True, False, False, True]
+    assert batch.rows([1, 3]).finished.tolist() == [False, True]
+    result = build_advantages(batch.rewards, batch.group_index, batch.response_mask, AlgoConfig(),
+                              finished=batch.finished)
+    assert result.metrics["length/truncated_frac"] == 0.5
+    # Rewards above success_reward (0 by default) count as correct: the 3- and 2-token responses; 1 and 4 not.
+    assert result.metrics["length/correct_mean"] == 2.5 and result.metrics["length/incorrect_mean"] == 2.5

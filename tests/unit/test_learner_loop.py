@@ -268,7 +268,7 @@ def test_status_reports_go_in_the_background_and_their_failures_surface_at_the_n
     best effort."""
     import threading
 
-    from asyncrl.learner.loop import LearnerProgress
+    from asyncrl.learner.progress import LearnerProgress
     from asyncrl.learner.status_report import StatusReporter
     from asyncrl.v1 import controller_pb2
 
@@ -286,13 +286,17 @@ def test_status_reports_go_in_the_background_and_their_failures_surface_at_the_n
 
     controller, gauges = Controller(), []
     reporter = StatusReporter(controller, total_steps=10, observe_gauges=lambda: gauges.append(1), interval_s=0)
-    progress = LearnerProgress(step=3, version=3, consumed=192, last_reward_mean=0.5, busy_fraction=0.75)
+    progress = LearnerProgress(step=3, version=3, consumed=192, last_reward_mean=0.5, busy_fraction=0.75,
+                               length_correct_mean=11.0, truncated_fraction=0.25)
     controller.sync = True
     reporter.after_step(progress)
     assert controller.sent.wait(10)
     reporter._sent.result()
     assert controller.requests[-1].step == 3 and controller.requests[-1].HasField("reward_mean") and gauges
     assert controller.requests[-1].busy_fraction == 0.75
+    # The length figures the step had go out; one it lacked (no incorrect response) stays unset.
+    assert controller.requests[-1].length_correct_mean == 11.0 and controller.requests[-1].truncated_fraction == 0.25
+    assert not controller.requests[-1].HasField("length_incorrect_mean")
     assert reporter.take_sync_request() and not reporter.take_sync_request()
 
     controller.fail = Failure(grpc.StatusCode.UNAVAILABLE)
@@ -312,7 +316,7 @@ def test_status_reports_go_at_most_once_per_interval_with_the_newest_figures_and
     import threading
     import time
 
-    from asyncrl.learner.loop import LearnerProgress
+    from asyncrl.learner.progress import LearnerProgress
     from asyncrl.learner.status_report import StatusReporter
     from asyncrl.v1 import controller_pb2
 

@@ -64,3 +64,27 @@ def test_the_final_accuracy_line_names_its_steps_and_a_run_that_trained_past_its
     assert fields["eval_last_step"] == 0 and fields["last_step"] == 4
     fields, line = accuracy_summary(steps)
     assert line is None and fields["eval_first"] is None and fields["last_step"] == 4
+
+
+def test_the_run_plot_draws_the_length_dynamics_and_leaves_gaps_where_a_batch_had_none(tmp_path, monkeypatch):
+    log = EventLog(tmp_path, "learner")
+    for step, correct in ((1, 12.0), (2, None), (3, 18.0)):  # step 2's batch had no correct response
+        metrics = {"reward/mean": 0.25, "staleness/mean": 1.0, "staleness/max": 2, "time/step_s": 0.02,
+                   "length/incorrect_mean": 30.0 + step, "length/truncated_frac": 0.1 * step,
+                   "length/token_weight_incorrect_vs_correct": 0.5}
+        if correct is not None:
+            metrics["length/correct_mean"] = correct
+        log.write(Step(step=step, version=step, push_wait_s=0.0, metrics=metrics))
+    log.close()
+    figures = []
+    monkeypatch.setattr(plots.plt, "close", figures.append)
+    plots.plot_run(tmp_path)
+    axes = figures[0].axes
+    length_panel = next(ax for ax in axes if ax.get_title() == "response length")
+    curves = {line.get_label(): (list(line.get_xdata()), list(line.get_ydata())) for line in length_panel.get_lines()}
+    assert curves["correct"] == ([1, 3], [12.0, 18.0]) and curves["incorrect"] == ([1, 2, 3], [31.0, 32.0, 33.0])
+    truncated = next(line for ax in axes for line in ax.get_lines() if line.get_label() == "share cut at max_new_tokens")
+    assert list(truncated.get_ydata()) == pytest.approx([0.1, 0.2, 0.3])
+    weights = next(ax for ax in axes if ax.get_title().startswith("how the loss aggregation weighs"))
+    ratios = {line.get_label(): list(line.get_ydata()) for line in weights.get_lines()}
+    assert ratios["incorrect vs correct responses"] == [0.5, 0.5, 0.5]
