@@ -19,11 +19,12 @@ from concurrent.futures import ThreadPoolExecutor
 import grpc
 
 from asyncrl.core.config import SamplingConfig
-from asyncrl.core.records.rollout import GroupRejected, GroupWritten
+from asyncrl.core.records.rollout import GroupRejected, GroupSkipped, GroupWritten
 from asyncrl.core.sampling import SamplingParams
 from asyncrl.core.trajectory_checks import BadGroup, TrajectoryLimits, check_trajectory_group
 from asyncrl.rollout.reward_pool import RewardWorkersHung
 from asyncrl.rollout.trajectories import build_group
+from asyncrl.rollout.uniform_groups import is_uniform
 from asyncrl.v1 import controller_pb2
 
 log = logging.getLogger(__name__)
@@ -68,6 +69,8 @@ class RolloutWorker:
         """What a group must satisfy to be written (the rest goes to the dead-letter stream)."""
         self.params = SamplingParams.from_config(sampling)
         self.group_size = sampling.group_size
+        self.drop_uniform = sampling.drop_uniform_groups
+        """Groups whose rewards are all equal are not written (their quota returns)."""
 
     def run(self, stop: threading.Event) -> None:
         self._stop = stop
@@ -125,9 +128,10 @@ class RolloutWorker:
         return 0 if pending is None else pending.result()
 
     def _finish(self, leases, prompts, groups) -> int:
-        """Score and build every group of the batch, have the teacher annotate them in one call, check them,
-        write the valid ones to the buffer in one round trip, record each write, then complete the leases in
-        one call. Each lease settles on its own: one failure must not strand the others."""
+        """Score and build every group of the batch, set those with uniform rewards aside (when they are dropped),
+        have the teacher annotate the rest in one call, check them, write the valid ones to the buffer in one
+        round trip, record each write, then complete the leases in one call. Each lease settles on its own: one
+        failure must not strand the others."""
         built = []
         for lease, prompt, gens in zip(leases, prompts, groups):
             try:
@@ -136,6 +140,10 @@ class RolloutWorker:
                 raise  # no reward can be computed any more: the loop dies, the replica is restarted
             except Exception as err:  # noqa: BLE001 - logged; the lease is given up (it expires, its quota returns)
                 self._give_up(lease, err)
+        uniform = []
+        if self.drop_uniform:  # not written, not annotated: their leases complete with nothing written
+            uniform = [b for b in built if is_uniform(b[3])]
+            built = [b for b in built if not is_uniform(b[3])]
         if self.annotator is not None:
             # Unannotated when the teacher does not answer: the learner asks for them itself.
             try:
@@ -154,7 +162,7 @@ class RolloutWorker:
         except Exception as err:  # noqa: BLE001 - none known written: their quota goes back below
             log.error("writing %d groups failed: %s", len(valid), err)
             results = iter([err] * len(valid))
-        completions = []
+        completions = [self._skip(*b) for b in uniform]
         for lease, gens, group, rewards in prepared:
             outcome = next(results) if group is not None else None
             try:
@@ -168,9 +176,17 @@ class RolloutWorker:
         finally:
             # Completed, or given up: either way no longer held, so if the controller never heard of a
             # completion it expires that lease as abandoned at the next heartbeat (its quota comes back).
-            for lease, *_ in prepared:
+            for lease, *_ in prepared + uniform:
                 self.session.held.discard(lease.lease_id)
         return sum(1 for c in completions if c.num_written)
+
+    def _skip(self, lease, gens, group, rewards) -> controller_pb2.LeaseCompletion:
+        """A group with uniform rewards, not written: recorded, counted, and its lease's completion with nothing
+        written (the quota returns)."""
+        self.events.write(GroupSkipped(group_id=group.group_id, lease_id=lease.lease_id,
+                                       prompt_index=lease.prompt_index, reward=rewards[0]))
+        self.metrics.groups_uniform.inc()
+        return controller_pb2.LeaseCompletion(lease_id=lease.lease_id, num_written=0)
 
     def _give_up(self, lease, err: Exception) -> None:
         log.warning("lease %s: %s: %s", lease.lease_id, type(err).__name__, err)

@@ -87,6 +87,14 @@ class SamplingConfig(Section):
     """Keep only the k most likely tokens (0 = off)."""
     top_p: float = Field(1.0, gt=0, le=1)
     """Nucleus sampling mass (1 = off)."""
+    drop_uniform_groups: bool = False
+    """DAPO's dynamic sampling: a group whose rewards are all equal (every sample right, or every one wrong)
+    has zero advantage under group normalisation and teaches nothing. The replica does not write it: its
+    lease completes with nothing written, so its quota returns, the controller admits another prompt in its
+    place and η stays exact; it is counted (`asyncrl_rollout_groups_uniform_total`, a `group_skipped`
+    record). Every batch then holds only groups that teach, at the price of the generation spent on the
+    dropped ones: on prompts the policy always or never solves, most of it. Needs group_size >= 2 and an
+    objective whose signal comes from the rewards alone (no OPD, length penalty or KL-in-reward)."""
 
 
 class EngineConfig(Section):
@@ -287,11 +295,26 @@ class AsyncRLConfig(Section):
     security: SecurityConfig = SecurityConfig()
     """Authentication of every gRPC call."""
 
+    def _check_uniform_groups_teach_nothing(self) -> None:
+        """sampling.drop_uniform_groups drops what has no signal only when the rewards are the whole signal."""
+        algo = self.learner.algo
+        if self.sampling.group_size < 2:
+            raise ValueError("sampling.drop_uniform_groups needs sampling.group_size >= 2: a group of one sample "
+                             "always has uniform rewards")
+        for on, key in ((algo.opd.enabled, "learner.algo.opd.enabled"),
+                        (algo.length_penalty.type != "none", "learner.algo.length_penalty.type"),
+                        (algo.kl.mode == "reward", "learner.algo.kl.mode: reward")):
+            if on:
+                raise ValueError(f"sampling.drop_uniform_groups with {key}: a group with uniform rewards still has "
+                                 "a per-token or shaped signal there, and dropping it would lose it")
+
     @model_validator(mode="after")
     def _check_cross_field(self) -> AsyncRLConfig:
         g, b = self.sampling.group_size, self.learner.batch_size
         if b % g:
             raise ValueError(f"learner.batch_size ({b}) must be a multiple of sampling.group_size ({g})")
+        if self.sampling.drop_uniform_groups:
+            self._check_uniform_groups_teach_nothing()
         if (b // g) % self.learner.minibatches:
             raise ValueError(
                 f"learner.minibatches ({self.learner.minibatches}) must divide the groups per batch ({b // g})"

@@ -29,7 +29,7 @@ from asyncrl.core.records.controller import (
     TimelineReset,
 )
 from asyncrl.core.records.learner import Eval, FinalBuffer, LearnerDied, LearnerLost, Resumed, Step, Trained
-from asyncrl.core.records.rollout import GroupRejected, GroupWritten
+from asyncrl.core.records.rollout import GroupRejected, GroupSkipped, GroupWritten
 
 
 @dataclass
@@ -47,6 +47,8 @@ class AuditReport:
     left_in_buffer: int = 0
     written_after_end: int = 0
     rejected: int = 0
+    skipped_uniform: int = 0
+    """Groups a replica did not write because their rewards were all equal (`sampling.drop_uniform_groups`)."""
     staleness_hist: dict = field(default_factory=dict)
     fell_back: list = field(default_factory=list)
     """Learner steps that start over (a step number not one past the last) without a `resumed` record: older
@@ -89,7 +91,8 @@ class AuditReport:
                 f"{self.groups_written} groups written, {self.groups_trained} trained, "
                 f"{len(self.trained_twice)} twice, {len(self.lost)} lost, {self.rejected} dead-lettered, "
                 f"{self.left_in_buffer} left in buffer; {len(self.fell_back)} fall-backs, "
-                f"{len(self.stolen_leases)} stolen leases, {len(self.trained_beyond_eta)} trained beyond η")
+                f"{len(self.stolen_leases)} stolen leases, {len(self.trained_beyond_eta)} trained beyond η"
+                + (f"; {self.skipped_uniform} groups with uniform rewards not written" if self.skipped_uniform else ""))
 
     def as_dict(self) -> dict:
         return {"ok": self.ok, "headline": self.headline(), "leases_granted": self.leases_granted,
@@ -99,7 +102,7 @@ class AuditReport:
                 "trained_unwritten": self.trained_unwritten[:20],
                 "written_by_dead_replica": self.written_by_dead_replica[:20], "lost": self.lost[:20],
                 "left_in_buffer": self.left_in_buffer, "written_after_end": self.written_after_end,
-                "rejected": self.rejected, "staleness_hist": self.staleness_hist, "fell_back": self.fell_back[:20],
+                "rejected": self.rejected, "skipped_uniform": self.skipped_uniform, "staleness_hist": self.staleness_hist, "fell_back": self.fell_back[:20],
                 "stolen_leases": self.stolen_leases[:20], "open_leases": self.open_leases,
                 "trained_beyond_eta": self.trained_beyond_eta[:20], "learner_deaths": self.learner_deaths,
                 "failures": self.failures()}
@@ -218,8 +221,10 @@ def audit_run(run_dir: str | Path) -> AuditReport:
     controller = read_records(run_dir, "controller")
     learner_log = read_records(run_dir, "learner")
     learner = surviving(learner_log)
-    rollouts = [(path.stem, ev) for path in sorted(Path(run_dir, "events").glob("rollout-*.jsonl"))
-                for ev in read_records(run_dir, path.stem) if isinstance(ev, GroupWritten)]
+    rollout_logs = [(path.stem, read_records(run_dir, path.stem))
+                    for path in sorted(Path(run_dir, "events").glob("rollout-*.jsonl"))]
+    rollouts = [(stem, ev) for stem, log in rollout_logs for ev in log if isinstance(ev, GroupWritten)]
+    report.skipped_uniform = sum(isinstance(ev, GroupSkipped) for _, log in rollout_logs for ev in log)
     check_eta(report, controller)
     _check_versions(report, controller, learner, rollouts)
     check_leases(report, controller)

@@ -25,6 +25,19 @@ class GroupWritten(Record):
 
 
 @dataclass(frozen=True, kw_only=True)
+class GroupSkipped(Record):
+    """A group not written because its rewards were all equal (`sampling.drop_uniform_groups`): its lease
+    completed with nothing written, its quota returned."""
+
+    KIND = "group_skipped"
+    group_id: str
+    lease_id: str
+    prompt_index: int
+    reward: float
+    """The one reward every sample got."""
+
+
+@dataclass(frozen=True, kw_only=True)
 class GroupRejected(Record):
     """A group kept out of training, dead-lettered with its reason: by a replica (with its `lease_id`: it failed
     the checks before the write) or by the learner (with its `entry_id`: it failed the checks on intake, or
