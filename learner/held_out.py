@@ -1,6 +1,6 @@
 """Held-out evaluation of the learner's own model with the task's reward: greedy accuracy (the mean greedy
-reward; the fraction solved for 0/1 rewards) and, when configured, the unbiased pass@k estimate from
-`eval_samples` samples per prompt (a sample counts as solved when its reward is >= 1)."""
+reward; the fraction solved for 0/1 rewards) and, when configured, pass@k from `eval_samples` samples per
+prompt, more for the prompts none of them solved (a sample counts as solved when its reward is >= 1)."""
 
 from __future__ import annotations
 
@@ -12,23 +12,42 @@ from asyncrl.core.engines.torch_decode import generate_with_model
 from asyncrl.core.modeling import eos_token_ids, pad_token_id
 from asyncrl.core.sampling import SamplingParams
 from asyncrl.core.tasks.evaluate import greedy_accuracy
-from asyncrl.learner.algos import pass_at_k
+from asyncrl.learner.algos.evaluation import pass_at_k_scores
 
 SOLVED = 1.0
 
 
-def evaluate_held_out(model, task, sampling: SamplingParams, pass_k: int = 0, samples: int = 1) -> dict[str, float]:
-    """{"accuracy": ...} plus {"pass@k": ...} when pass_k > 0 (generate_with_model puts the model in eval mode
-    and back)."""
+def evaluate_held_out(model, task, sampling: SamplingParams, pass_k: int = 0, samples: int = 1,
+                      samples_max: int = 0, large_k: int = 0) -> dict[str, float]:
+    """{"accuracy": ...} plus, when pass_k > 0, the pass@k figures (`pass_at_k_scores`) and "eval/samples"
+    (samples drawn). Dynamic N: a prompt not solved by its first `samples` gets `samples` more at a time, up
+    to `samples_max` (0: no more), so the hard tail that decides pass@k at large k is measured where it is.
+    (generate_with_model puts the model in eval mode and back.)"""
     generate = functools.partial(generate_with_model, model, eos_ids=eos_token_ids(model), pad_id=pad_token_id(model))
     with torch.no_grad():
         result = {"accuracy": greedy_accuracy(generate, task, max_new_tokens=sampling.max_new_tokens)}
         if pass_k:
             prompts = task.eval_prompts()
-            groups = generate([p.token_ids for p in prompts], sampling, samples)
-            estimates = []
-            for prompt, group in zip(prompts, groups):
-                solved = sum(task.reward(task.decode_response(g.token_ids), prompt.metadata) >= SOLVED for g in group)
-                estimates.append(pass_at_k(samples, solved, pass_k))
-            result[f"pass@{pass_k}"] = sum(estimates) / len(estimates)
+
+            def draw(indices: list[int]) -> list[int]:
+                groups = generate([prompts[i].token_ids for i in indices], sampling, samples)
+                return [sum(task.reward(task.decode_response(g.token_ids), prompts[i].metadata) >= SOLVED
+                            for g in group) for i, group in zip(indices, groups)]
+
+            solved, drawn = draw_until_solved(draw, len(prompts), samples, samples_max)
+            result.update(pass_at_k_scores(solved, drawn, pass_k, large_k))
+            result["eval/samples"] = float(sum(drawn))
     return result
+
+
+def draw_until_solved(draw, prompts: int, samples: int, samples_max: int) -> tuple[list[int], list[int]]:
+    """(solved, drawn) per prompt: `samples` each, then `samples` more at a time for those none solved yet while
+    they stay within `samples_max`. `draw(indices)` samples `samples` for each index and returns how many solved."""
+    solved, drawn = [0] * prompts, [0] * prompts
+    todo = list(range(prompts))
+    while todo:
+        for i, count in zip(todo, draw(todo)):
+            drawn[i] += samples
+            solved[i] += count
+        todo = [i for i in todo if solved[i] == 0 and drawn[i] + samples <= samples_max]
+    return solved, drawn

@@ -315,6 +315,10 @@ class AsyncRLConfig(Section):
             raise ValueError(f"learner.batch_size ({b}) must be a multiple of sampling.group_size ({g})")
         if self.sampling.drop_uniform_groups:
             self._check_uniform_groups_teach_nothing()
+        k = self.learner.algo.advantage.pass_at_k
+        if k is not None and (g % k or g // k < 2):
+            raise ValueError(f"learner.algo.advantage.pass_at_k ({k}) must split sampling.group_size ({g}) into "
+                             "two or more subgroups of k")
         if (b // g) % self.learner.minibatches:
             raise ValueError(
                 f"learner.minibatches ({self.learner.minibatches}) must divide the groups per batch ({b // g})"
@@ -329,6 +333,11 @@ class AsyncRLConfig(Section):
                 f"learner.eval_pass_k ({self.learner.eval_pass_k}) must be <= learner.eval_samples "
                 f"({self.learner.eval_samples})"
             )
+        if 0 < self.learner.eval_samples_max < self.learner.eval_samples:
+            raise ValueError(f"learner.eval_samples_max ({self.learner.eval_samples_max}) must be 0 or at least "
+                             f"learner.eval_samples ({self.learner.eval_samples})")
+        if self.learner.eval_pass_k_large and not self.learner.eval_pass_k:
+            raise ValueError("learner.eval_pass_k_large extrapolates the pass@k estimate: it needs learner.eval_pass_k")
         replay = self.learner.routing_replay.mode
         if replay == "r3" and not self.rollout.engine.capture_routing:
             raise ValueError("learner.routing_replay.mode r3 needs rollout.engine.capture_routing: true")

@@ -139,6 +139,15 @@ class LearnerConfig(PinnedSection):
     """Also estimate pass@k on the held-out set with `eval_samples` samples per prompt (0 = off)."""
     eval_samples: int = Field(8, ge=1)
     """Samples per held-out prompt for pass@k (n >= k)."""
+    eval_samples_max: int = Field(0, ge=0)
+    """Dynamic N for pass@k: a held-out prompt none of whose `eval_samples` samples solved it gets
+    `eval_samples` more at a time, up to this many in all (0 = off). The hard prompts decide pass@k at large k;
+    the easy ones are settled by a few samples. Read the Beta-binomial figure then: its likelihood is the same
+    whatever rule decided how many samples a prompt got, while the per-prompt "unbiased" estimate is unbiased
+    for a fixed N only (sampling on after a miss raises it)."""
+    eval_pass_k_large: int = Field(0, ge=0)
+    """Also extrapolate pass@k to this larger k (checkpoint selection), with the Bernoulli formula 1 - (1 - c/n)^k
+    per prompt and with a Beta-binomial fit of the pass rates across prompts (0 = off; needs `eval_pass_k`)."""
     eval_by: Literal["learner", "replica"] = "learner"
     """Who runs the evaluations every `eval_every` steps. "learner": its own model, in line (training waits).
     "replica": a live rollout replica holding the newest weights, through its Generate RPC, while training

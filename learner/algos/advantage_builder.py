@@ -33,6 +33,7 @@ from asyncrl.learner.algos.opd import (
     horizon_mask,
     opd_advantages,
 )
+from asyncrl.learner.algos.pass_at_k_reward import pass_at_k_rewards
 from asyncrl.learner.algos.shaping import shape_rewards
 
 
@@ -109,7 +110,8 @@ def build_advantages(rewards: Tensor, group_index: Tensor, response_mask: Tensor
     lengths = mask.sum(dim=-1).float()
     correct = rewards > cfg.success_reward
     groups = Groups.of(group_index)
-    shaped = shape_rewards(rewards, lengths, correct, groups, cfg.length_penalty, anchor_lengths)
+    outcome = rewards if cfg.advantage.pass_at_k is None else pass_at_k_rewards(rewards, groups, cfg.advantage.pass_at_k)
+    shaped = shape_rewards(outcome, lengths, correct, groups, cfg.length_penalty, anchor_lengths)
     metrics: dict[str, Tensor] = {}
 
     process = None if token_rewards is None else masked_fill_zero(token_rewards.detach().float(), mask)

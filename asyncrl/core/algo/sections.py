@@ -136,6 +136,10 @@ class AdvantageConfig(AlgoSection):
     dash_threshold: float | None = Field(None, ge=0)
     """DASH gradient filtering: drop sequences whose max_t |A_t| is below this before the backward pass
     (their advantages become 0 and `keep` is False). null = off; the DASH paper uses 0.1."""
+    pass_at_k: int | None = Field(None, ge=1)
+    """The pass@k reward: each group's samples are split, in order, into subgroups of k, and each sample's
+    reward becomes its subgroup's best before the advantages (learner/algos/pass_at_k_reward.py has the
+    caveats). The group size must be a multiple of k, with two subgroups at least. null = off (pass@1)."""
 
 
 class KLConfig(AlgoSection):
