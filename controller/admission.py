@@ -132,41 +132,47 @@ class Admission:
         except Exception as err:  # noqa: BLE001 - the counters expire by themselves
             log.warning("could not drop the write counters of %d lease(s): %s", len(lease_ids), err)
 
-    def complete_many(self, replica_id: str, completions: list[tuple[str, int]]) -> list[str]:
-        """Close several leases (lease id, num_written), each on its own: per lease "" when it completed, or
-        why not (expired, unknown). A malformed completion (another replica's lease, more written than
-        leased) raises InvalidRequest naming `completions[i].<field>` before any is applied. One write."""
+    def complete_many(self, replica_id: str, completions: list[tuple[str, int, float | None]]) -> list[str]:
+        """Close several leases (lease id, num_written, the mean reward of its samples or None), each on its
+        own: per lease "" when it completed, or why not (expired, unknown). A malformed completion (another
+        replica's lease, more written than leased) raises InvalidRequest naming `completions[i].<field>` before
+        any is applied. One write."""
         books = self._books
-        counted = self._written([lease_id for lease_id, _ in completions])  # outside the lock
+        counted = self._written([lease_id for lease_id, *_ in completions])  # outside the lock
         with books.cond:
             replica = books.registry.get(replica_id)
             self._liveness.reap_locked()
             self._liveness.touch(replica)
-            for i, (lease_id, num_written) in enumerate(completions):
+            for i, (lease_id, num_written, _) in enumerate(completions):
                 books.leases.check_completion(replica_id, lease_id, num_written, prefix=f"completions[{i}].")
             outcomes, returned = [], 0
-            for i, (lease_id, num_written) in enumerate(completions):
+            for i, (lease_id, num_written, reward_mean) in enumerate(completions):
                 try:
-                    returned += self._complete_locked(replica_id, lease_id, num_written, counted.get(lease_id))
+                    returned += self._complete_locked(replica_id, lease_id, num_written, counted.get(lease_id),
+                                                      reward_mean)
                     outcomes.append("")
                 except PreconditionFailed as err:
                     outcomes.append(f"completions[{i}].{err}")
             books.changed(wake=returned > 0)
-        self._forget_written([lease_id for (lease_id, _), outcome in zip(completions, outcomes) if not outcome])
+        self._forget_written([c[0] for c, outcome in zip(completions, outcomes) if not outcome])
         return outcomes
 
     # ---- internals (call with the lock held) ------------------------------------------------------------
 
-    def _complete_locked(self, replica_id: str, lease_id: str, num_written: int, counted: int | None) -> int:
-        """`counted`: what reached the buffer under the lease (None: not known); the lease counts at most that."""
+    def _complete_locked(self, replica_id: str, lease_id: str, num_written: int, counted: int | None,
+                         reward_mean: float | None = None) -> int:
+        """`counted`: what reached the buffer under the lease (None: not known); the lease counts at most that.
+        `reward_mean`: its samples' mean reward, for the difficulty estimate of the prompt they were for."""
         books = self._books
         claimed = num_written
         if counted is not None:
             num_written = min(num_written, counted)
         lease, returned = books.leases.complete(replica_id, lease_id, num_written)
+        if reward_mean is not None:
+            books.difficulty.observe(lease.sampled_prompt, lease.num_trajectories, reward_mean)
         books.events.write(LeaseCompleted(
             lease_id=lease_id, replica_id=replica_id, n=lease.num_trajectories, num_written=num_written,
-            returned=returned, admitted_after=books.leases.admitted,
+            returned=returned, admitted_after=books.leases.admitted, reward_mean=reward_mean,
             claimed=claimed if claimed != num_written else None,
         ))  # fmt: skip
         return returned
@@ -185,6 +191,7 @@ class Admission:
         granted = []  # (lease, N_r right after it): what the η rule admitted it against
         while reason is None:
             lease = books.leases.grant(replica.replica_id, n, books.current_version, now)
+            lease.sample_index = books.difficulty.choose()
             granted.append((lease, books.leases.admitted))
             if len(granted) == max_leases:
                 break  # all asked for: no reason to give, and no rule to check for a lease nobody wants
@@ -221,13 +228,14 @@ class Admission:
         books.events.write(LeaseGranted(
             lease_id=lease.lease_id, replica_id=replica.replica_id, n=n, admitted_after=admitted_after,
             version=lease.version, eta=books.eta, batch_size=books.batch_size, prompt_index=lease.prompt_index,
-            held_s=held_s,
+            held_s=held_s, sample_index=lease.sample_index,
         ))  # fmt: skip
         books.metrics.leases_granted.inc()
+        books.metrics.hard_prompt_replays.inc(int(lease.sample_index is not None))
         books.publish_gauges()
         expires_unix_s = books.wall() + (lease.expires_at - now)
         return LeaseDecision(
-            True, lease.version, lease.lease_id, lease.prompt_index, expires_unix_s, "", held_s
+            True, lease.version, lease.lease_id, lease.prompt_index, expires_unix_s, "", held_s, lease.sample_index
         )
 
 

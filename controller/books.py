@@ -16,6 +16,7 @@ import threading
 from collections.abc import Callable
 
 from asyncrl.controller.controller_metrics import ControllerMetrics
+from asyncrl.controller.difficulty import DifficultyBook
 from asyncrl.controller.learner_seat import LearnerSeat, Probe
 from asyncrl.controller.leases import LeaseBook
 from asyncrl.controller.persistence import ControllerStore, StateWriter
@@ -59,6 +60,8 @@ class StateBooks:
         """Called (under the lock: they only schedule) whenever a held request may have become admissible."""
         self.run_id = run_id
         self.writer = StateWriter(store)
+        self.difficulty = DifficultyBook(config.difficulty)
+        """Pass-rate estimates per prompt, and the hard prompts a lease may sample again."""
 
     def changed(self, wake: bool = True, replicas: bool = False) -> None:
         """After a mutation (lock held): save, update the gauges and, with `wake`, wake the held requests.
@@ -79,10 +82,13 @@ class StateBooks:
             "expired_total": self.leases.expired_total, "pushes_committed": self.pushes.committed,
             "learner_key": self.seat.holder.key.hex(), "learner_address": self.seat.holder.address,
         }  # fmt: skip
-        self.writer.write(meta, self.leases.active_by_id(), self.registry.all() if replicas_changed else None)
+        self.writer.write(meta, self.leases.active_by_id(), self.registry.all() if replicas_changed else None,
+                          self.difficulty.changes())
 
     def publish_gauges(self) -> None:
         self.metrics.current_version.set(self.current_version)
         self.metrics.admitted_trajectories.set(self.leases.admitted)
         self.metrics.held_requests.set(self.held)
         self.metrics.live_replicas.set(len(self.registry.live()))
+        self.metrics.hard_prompts.set(self.difficulty.hard)
+        self.metrics.tracked_prompts.set(self.difficulty.tracked)

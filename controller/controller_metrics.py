@@ -41,6 +41,12 @@ class ControllerMetrics:
             PREFIX + "live_replicas", "Rollout replicas with a recent heartbeat.", registry=r
         )
         self.leases_granted = Counter(PREFIX + "leases_granted", "Leases granted.", registry=r)
+        self.hard_prompt_replays = Counter(PREFIX + "hard_prompt_replays",
+                                           "Leases granted for a hard prompt sampled again (controller.difficulty).",
+                                           registry=r)
+        self.hard_prompts = Gauge(PREFIX + "hard_prompts", "Prompts below controller.difficulty.hard_below that may "
+                                  "still be sampled again.", registry=r)
+        self.tracked_prompts = Gauge(PREFIX + "tracked_prompts", "Prompts with a pass-rate estimate.", registry=r)
         self.leases_expired = Counter(
             PREFIX + "leases_expired",
             "Leases expired (dead replica or TTL); each returned its quota.",

@@ -35,6 +35,13 @@ class Lease:
     """When the reaper expires it, unless completed: moved on by heartbeats, never past `ends_by`."""
     ends_by: float = float("inf")
     """`granted_at + controller.lease_max_s`: heartbeats do not keep the lease alive past this."""
+    sample_index: int | None = None
+    """A hard prompt this lease samples again instead of its own `prompt_index` (`controller.difficulty`)."""
+
+    @property
+    def sampled_prompt(self) -> int:
+        """The stream prompt the lease's samples are generated for."""
+        return self.prompt_index if self.sample_index is None else self.sample_index
 
     @property
     def at_max_age(self) -> bool:

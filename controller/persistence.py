@@ -38,6 +38,7 @@ class SavedLease:
     num_trajectories: int
     prompt_index: int
     version: int
+    sample_index: int | None = None
 
 
 @dataclass
@@ -72,6 +73,8 @@ class SavedState:
     learner_address: str = ""
     leases: list[SavedLease] = field(default_factory=list)
     replicas: list[SavedReplica] = field(default_factory=list)
+    prompts: dict[int, str] = field(default_factory=dict)
+    """Difficulty records by prompt index (`DifficultyBook.restore`)."""
 
 
     def summary(self) -> dict:
@@ -89,6 +92,8 @@ class Changes:
     ended_leases: list[str] = field(default_factory=list)
     replicas: list[SavedReplica] = field(default_factory=list)
     forgotten_replicas: list[str] = field(default_factory=list)
+    prompts: dict[int, str] = field(default_factory=dict)
+    forgotten_prompts: list[int] = field(default_factory=list)
 
 
 class ControllerStore(ABC):
@@ -128,12 +133,13 @@ class MemoryStore(ControllerStore):
         self.meta: dict = {}
         self.leases: dict[str, SavedLease] = {}
         self.replicas: dict[str, SavedReplica] = {}
+        self.prompts: dict[int, str] = {}
         self.saves = 0
 
     def load(self) -> SavedState | None:
         if not self.meta:
             return None
-        return _state(dict(self.meta), list(self.leases.values()), list(self.replicas.values()))
+        return _state(dict(self.meta), list(self.leases.values()), list(self.replicas.values()), dict(self.prompts))
 
     def save(self, changes: Changes) -> None:
         self.saves += 1
@@ -144,9 +150,12 @@ class MemoryStore(ControllerStore):
         self.replicas.update({r.replica_id: r for r in changes.replicas})
         for replica_id in changes.forgotten_replicas:
             self.replicas.pop(replica_id, None)
+        self.prompts.update(changes.prompts)
+        for prompt in changes.forgotten_prompts:
+            self.prompts.pop(prompt, None)
 
     def clear(self) -> None:
-        self.meta, self.leases, self.replicas = {}, {}, {}
+        self.meta, self.leases, self.replicas, self.prompts = {}, {}, {}, {}
 
 
 class RedisStore(ControllerStore):
@@ -155,6 +164,7 @@ class RedisStore(ControllerStore):
         self.client = client
         """The Redis connection, for other readers of the buffer's Redis (the lease-write counters)."""
         self._meta, self._leases, self._replicas = f"{key}:meta", f"{key}:leases", f"{key}:replicas"
+        self._prompts = f"{key}:prompts"
 
     def load(self) -> SavedState | None:
         meta = {k.decode(): v.decode() for k, v in self._r.hgetall(self._meta).items()}
@@ -165,7 +175,8 @@ class RedisStore(ControllerStore):
         for v in self._r.hvals(self._replicas):
             raw = json.loads(v)
             replicas.append(SavedReplica(**{**raw, "push_key": bytes.fromhex(raw["push_key"])}))
-        return _state(meta, leases, replicas)
+        prompts = {int(k): v.decode() for k, v in self._r.hgetall(self._prompts).items()}
+        return _state(meta, leases, replicas, prompts)
 
     def save(self, changes: Changes) -> None:
         pipe = self._r.pipeline(transaction=True)
@@ -180,10 +191,14 @@ class RedisStore(ControllerStore):
             })  # fmt: skip
         if changes.forgotten_replicas:
             pipe.hdel(self._replicas, *changes.forgotten_replicas)
+        if changes.prompts:
+            pipe.hset(self._prompts, mapping=changes.prompts)
+        if changes.forgotten_prompts:
+            pipe.hdel(self._prompts, *changes.forgotten_prompts)
         pipe.execute()
 
     def clear(self) -> None:
-        self._r.delete(self._meta, self._leases, self._replicas)
+        self._r.delete(self._meta, self._leases, self._replicas, self._prompts)
 
     def close(self) -> None:
         self._r.close()
@@ -199,9 +214,12 @@ class StateWriter:
         self._leases: set[str] = set()
         self._replicas: dict[str, SavedReplica] = {}
 
-    def write(self, meta: dict, active_leases: dict, replicas: list | None) -> None:
+    def write(self, meta: dict, active_leases: dict, replicas: list | None,
+              prompts: tuple[dict[int, str], list[int]] = ({}, [])) -> None:
         """`active_leases`: lease id -> `Lease`; `replicas`: every `Replica` in registration order, or None
-        when no replica can have changed."""
+        when no replica can have changed; `prompts`: the difficulty records changed and forgotten since the
+        last write (`DifficultyBook.changes`)."""
+        changed_prompts, forgotten_prompts = prompts
         new = [lease for lease_id, lease in active_leases.items() if lease_id not in self._leases]
         ended = [lease_id for lease_id in self._leases if lease_id not in active_leases]
         changed, forgotten, saved = [], [], self._replicas
@@ -210,11 +228,13 @@ class StateWriter:
                                                 r.force_sync, seq, r.reachable, r.in_band) for seq, r in enumerate(replicas)}  # fmt: skip
             changed = [r for rid, r in saved.items() if self._replicas.get(rid) != r]
             forgotten = [rid for rid in self._replicas if rid not in saved]
-        if meta == self._meta and not (new or ended or changed or forgotten):
+        if meta == self._meta and not (new or ended or changed or forgotten or changed_prompts or forgotten_prompts):
             return
         self.store.save(Changes(
             meta=meta, ended_leases=ended, replicas=changed, forgotten_replicas=forgotten,
-            leases=[SavedLease(x.lease_id, x.replica_id, x.num_trajectories, x.prompt_index, x.version) for x in new],
+            leases=[SavedLease(x.lease_id, x.replica_id, x.num_trajectories, x.prompt_index, x.version,
+                               x.sample_index) for x in new],
+            prompts=changed_prompts, forgotten_prompts=forgotten_prompts,
         ))  # fmt: skip
         self._meta, self._leases, self._replicas = dict(meta), set(active_leases), saved
 
@@ -225,19 +245,21 @@ def restore_books(saved: SavedState, leases, registry, now: float) -> None:
     expires_at, ends_by = leases.fresh_clock(now)
     leases.restore(saved.admitted, saved.next_prompt_index, saved.granted_total, saved.expired_total,
                    [Lease(x.lease_id, x.replica_id, x.num_trajectories, x.prompt_index, x.version, granted_at=now,
-                          expires_at=expires_at, ends_by=ends_by) for x in saved.leases])  # fmt: skip
+                          expires_at=expires_at, ends_by=ends_by, sample_index=x.sample_index)
+                    for x in saved.leases])  # fmt: skip
     for r in saved.replicas:
         registry.restore(Replica(r.replica_id, r.address, r.weight_version, r.engine, registered_at=now,
                                  last_heartbeat=now, push_key=r.push_key, force_sync=r.force_sync,
                                  reachable=r.reachable, in_band=r.in_band))
 
 
-def _state(meta: dict, leases: list[SavedLease], replicas: list[SavedReplica]) -> SavedState:
+def _state(meta: dict, leases: list[SavedLease], replicas: list[SavedReplica],
+           prompts: dict[int, str]) -> SavedState:
     ints = ("current_version", "admitted", "next_prompt_index", "granted_total", "expired_total", "pushes_committed")
     return SavedState(run_dir=meta.get("run_dir", ""), **{k: int(meta.get(k, 0)) for k in ints},
                       learner_key=bytes.fromhex(meta.get("learner_key", "")),
                       learner_address=meta.get("learner_address", ""),
-                      leases=leases, replicas=sorted(replicas, key=lambda r: r.seq))
+                      leases=leases, replicas=sorted(replicas, key=lambda r: r.seq), prompts=prompts)
 
 
 def make_store(config) -> ControllerStore:

@@ -39,6 +39,8 @@ class LeaseDecision:
     expires_unix_s: float = 0.0
     reason: str = ""
     held_s: float = 0.0
+    sample_index: int | None = None
+    """A hard prompt to sample again instead of `prompt_index` (None: `prompt_index`)."""
 
 
 @dataclass(frozen=True)

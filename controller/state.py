@@ -309,6 +309,9 @@ class ControllerState:
                 "leases_granted": books.leases.granted_total,
                 "leases_expired": books.leases.expired_total,
                 "pushes_committed": books.pushes.committed,
+                "difficulty": {"tracked": books.difficulty.tracked, "hard": books.difficulty.hard,
+                               "replays": books.difficulty.replays_total,
+                               "replay_share": books.difficulty.cfg.replay_share},
                 "open_push": books.pushes.view(now),
                 "reserved_push": books.pushes.view(now, reserved=True),
                 "learner": None if books.learner is None else learner_view(books.learner, now, self.batch_size,
@@ -333,6 +336,7 @@ class ControllerState:
             books.pushes.committed = saved.pushes_committed
             books.seat.restore(saved.learner_key, saved.learner_address)
             restore_books(saved, books.leases, books.registry, books.clock())
+            books.difficulty.restore(saved.prompts)
             for replica in books.registry.all():
                 if not replica.reachable:  # its check died with the previous controller
                     self.reachability.check_soon(replica)

@@ -93,12 +93,22 @@ of at most {limit} &middot; held requests <b>{snap["held_requests"]}</b> &middot
 <p>leases: {snap["active_leases"]} active, {snap["leases_granted"]} granted, {snap["leases_expired"]} expired
 &middot; next prompt index {snap["next_prompt_index"]}</p>
 <p>pushes committed: {snap["pushes_committed"]} &middot; open push: {push_line}</p>
+{_difficulty_line(snap.get("difficulty"))}
 <p>learner: {learner_line}</p>
 <div>{charts}</div>
 <table><tr><th>replica</th><th>address</th><th>engine</th><th>version</th><th>alive</th><th>needs sync</th>
 <th>leases</th><th>heartbeat age</th><th>pushes</th></tr>{rows}</table>
 <p><a href="/status">/status</a> &middot; <a href="/metrics">/metrics</a></p>
 </body></html>"""
+
+
+def _difficulty_line(difficulty: dict | None) -> str:
+    """Pass-rate estimates and hard prompts sampled again (controller.difficulty); empty before any."""
+    if not difficulty or not difficulty["tracked"]:
+        return ""
+    return (f"<p>prompts with a pass rate: {difficulty['tracked']} &middot; hard, may be sampled again: "
+            f"{difficulty['hard']} &middot; sampled again: {difficulty['replays']} "
+            f"({difficulty['replay_share']:.0%} of the leases at most)</p>")
 
 
 def _held_back(replica: dict) -> str:

@@ -111,7 +111,9 @@ class RolloutWorker:
             return 0
         for lease in leases:
             self.session.held.add(lease.lease_id)
-        prompts = [self.task.train_prompt(lease.prompt_index) for lease in leases]
+        # A lease may sample a hard prompt again (controller.difficulty) instead of its own.
+        prompts = [self.task.train_prompt(lease.sample_index if lease.HasField("sample_index") else lease.prompt_index)
+                   for lease in leases]
         gen_start = time.perf_counter()
         with self.engine_lock:
             groups = self.engine.generate([p.token_ids for p in prompts], self.params, n=self.group_size)
@@ -186,7 +188,8 @@ class RolloutWorker:
         self.events.write(GroupSkipped(group_id=group.group_id, lease_id=lease.lease_id,
                                        prompt_index=lease.prompt_index, reward=rewards[0]))
         self.metrics.groups_uniform.inc()
-        return controller_pb2.LeaseCompletion(lease_id=lease.lease_id, num_written=0)
+        return controller_pb2.LeaseCompletion(lease_id=lease.lease_id, num_written=0,
+                                              reward_mean=sum(rewards) / len(rewards))
 
     def _give_up(self, lease, err: Exception) -> None:
         log.warning("lease %s: %s: %s", lease.lease_id, type(err).__name__, err)
@@ -240,7 +243,8 @@ class RolloutWorker:
             self.metrics.reward_mean.set(sum(rewards) / len(rewards))
         # Completing after the write: a lease completed as written is data the learner will find.
         return controller_pb2.LeaseCompletion(lease_id=lease.lease_id,
-                                              num_written=len(gens) if entry_id is not None else 0)
+                                              num_written=len(gens) if entry_id is not None else 0,
+                                              reward_mean=sum(rewards) / len(rewards))
 
     def _complete(self, completions: list) -> None:
         """CompleteLeases, retried with backoff while the controller is unreachable or slow (a transient error

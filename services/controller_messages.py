@@ -19,7 +19,14 @@ from asyncrl.controller.errors import (
     UnknownReplica,
 )
 from asyncrl.controller.results import LearnerFigures
-from asyncrl.core.validation import MAX_COUNT, MAX_TIMEOUT_S, InvalidArgument, check_range, require
+from asyncrl.core.validation import (
+    MAX_COUNT,
+    MAX_REWARD,
+    MAX_TIMEOUT_S,
+    InvalidArgument,
+    check_range,
+    require,
+)
 from asyncrl.push.protocol import PushRefused
 from asyncrl.push.session import ReceiverAck
 from asyncrl.v1 import controller_pb2
@@ -47,7 +54,7 @@ def receiver_acks(acks) -> tuple[ReceiverAck, ...]:
 
 def learner_figures(request) -> LearnerFigures | None:
     """The optional progress figures of a LearnerHeartbeatRequest, checked (finite, in range)."""
-    bounds = {"reward_mean": (-1e6, 1e6), "eval_accuracy": (0.0, 1.0), "staleness_mean": (0.0, 1e9),
+    bounds = {"reward_mean": (-MAX_REWARD, MAX_REWARD), "eval_accuracy": (0.0, 1.0), "staleness_mean": (0.0, 1e9),
               "step_seconds": (0.0, MAX_TIMEOUT_S), "busy_fraction": (0.0, 1.0),
               "length_correct_mean": (0.0, MAX_COUNT), "length_incorrect_mean": (0.0, MAX_COUNT),
               "truncated_fraction": (0.0, 1.0)}

@@ -48,6 +48,7 @@ from asyncrl.core.ports import listening
 from asyncrl.core.records.controller import ControllerStarted
 from asyncrl.core.validation import (
     MAX_COUNT,
+    MAX_REWARD,
     MAX_TIMEOUT_S,
     check_host_port,
     check_name,
@@ -140,7 +141,7 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
             d = self.state.admission.try_acquire(request.replica_id, request.num_trajectories, started, final, first)
             return None if d is None else controller_pb2.AcquireLeaseResponse(
                 granted=d.granted, lease_id=d.lease_id, prompt_index=d.prompt_index, version=d.version,
-                reason=d.reason, expires_unix_s=d.expires_unix_s,
+                reason=d.reason, expires_unix_s=d.expires_unix_s, sample_index=d.sample_index,
             )  # fmt: skip
 
         return await self._held(context, request.wait_s, check, look)
@@ -165,7 +166,8 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
                                                 started, final, first)
             return None if batch is None else controller_pb2.AcquireLeasesResponse(
                 leases=[controller_pb2.Lease(lease_id=d.lease_id, prompt_index=d.prompt_index, version=d.version,
-                                             expires_unix_s=d.expires_unix_s) for d in batch.leases],
+                                             expires_unix_s=d.expires_unix_s, sample_index=d.sample_index)
+                        for d in batch.leases],
                 reason=batch.reason,
             )  # fmt: skip
 
@@ -197,8 +199,11 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
                 require(c.lease_id not in seen, f"completions[{i}].lease_id", "the same lease twice in one call")
                 seen.add(c.lease_id)
                 check_range(c.num_written, 0, self.state.batch_size, f"completions[{i}].num_written")
-            errors = self.state.admission.complete_many(request.replica_id, [(c.lease_id, c.num_written)
-                                                                   for c in request.completions])
+                if c.HasField("reward_mean"):
+                    check_range(c.reward_mean, -MAX_REWARD, MAX_REWARD, f"completions[{i}].reward_mean")
+            errors = self.state.admission.complete_many(request.replica_id, [
+                (c.lease_id, c.num_written, c.reward_mean if c.HasField("reward_mean") else None)
+                for c in request.completions])
             return controller_pb2.CompleteLeasesResponse(outcomes=[
                 controller_pb2.LeaseOutcome(lease_id=c.lease_id, completed=not error, error=error)
                 for c, error in zip(request.completions, errors)

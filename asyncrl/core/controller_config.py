@@ -8,7 +8,23 @@ from typing import Literal
 
 from pydantic import Field
 
-from asyncrl.core.config_base import PinnedSection
+from asyncrl.core.config_base import PinnedSection, Section
+
+
+class DifficultyConfig(Section):
+    """Difficulty-aware sampling: the controller's pass-rate estimate of each prompt (from the rewards the
+    replicas report with each lease completion) and hard prompts sampled again."""
+
+    replay_share: float = Field(0.0, ge=0, le=0.9)
+    """Share of the leases that sample a hard prompt again instead of the next one of the stream (0 = off).
+    The lease still takes the next stream position (so every lease keeps its own prompt index); that
+    position's own prompt is not sampled."""
+    hard_below: float = Field(0.25, ge=0, le=1)
+    """A prompt whose mean reward so far is below this is hard (with 0/1 rewards: its pass rate)."""
+    max_replays: int = Field(2, ge=1)
+    """Times one prompt is sampled again at most: a prompt nobody solves in that many groups is left alone."""
+    max_prompts: int = Field(100_000, ge=1)
+    """Prompts whose estimate is kept (and persisted); beyond, the oldest are forgotten."""
 
 
 class ControllerConfig(PinnedSection):
@@ -77,6 +93,8 @@ class ControllerConfig(PinnedSection):
     state_key: str = "asyncrl:controller"
     """Redis key prefix of the controller's state. A saved state wins over the start_* fields; one saved by
     another run_dir is refused (use another key, or `up --resume`, which starts a new controller timeline)."""
+    difficulty: DifficultyConfig = DifficultyConfig()
+    """Per-prompt pass rates and hard prompts sampled again."""
     max_restarts: int = Field(3, ge=0)
     """`asyncrl up` restarts a controller that dies (same ports; it restores its state from the store), at
     most this many times."""

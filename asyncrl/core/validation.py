@@ -12,6 +12,8 @@ MAX_NAME = 128
 MAX_COUNT = 1 << 53
 """Counters (steps, trajectories) above this are not real."""
 MAX_TIMEOUT_S = 7 * 24 * 3600.0
+MAX_REWARD = 1e6
+"""Largest reward magnitude a report may carry (a mean reward in a completion, the learner's heartbeat)."""
 _HOST = re.compile(r"(?:[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,61}[A-Za-z0-9])?)(?:\.[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,61}"
                    r"[A-Za-z0-9])?)*|\[[0-9A-Fa-f:.]{2,45}\]")
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:@-]{0,127}")

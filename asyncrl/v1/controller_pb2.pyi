@@ -76,20 +76,22 @@ class AcquireLeaseRequest(_message.Message):
     def __init__(self, replica_id: _Optional[str] = ..., num_trajectories: _Optional[int] = ..., wait_s: _Optional[float] = ...) -> None: ...
 
 class AcquireLeaseResponse(_message.Message):
-    __slots__ = ("granted", "lease_id", "prompt_index", "version", "reason", "expires_unix_s")
+    __slots__ = ("granted", "lease_id", "prompt_index", "version", "reason", "expires_unix_s", "sample_index")
     GRANTED_FIELD_NUMBER: _ClassVar[int]
     LEASE_ID_FIELD_NUMBER: _ClassVar[int]
     PROMPT_INDEX_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
     EXPIRES_UNIX_S_FIELD_NUMBER: _ClassVar[int]
+    SAMPLE_INDEX_FIELD_NUMBER: _ClassVar[int]
     granted: bool
     lease_id: str
     prompt_index: int
     version: int
     reason: str
     expires_unix_s: float
-    def __init__(self, granted: _Optional[bool] = ..., lease_id: _Optional[str] = ..., prompt_index: _Optional[int] = ..., version: _Optional[int] = ..., reason: _Optional[str] = ..., expires_unix_s: _Optional[float] = ...) -> None: ...
+    sample_index: int
+    def __init__(self, granted: _Optional[bool] = ..., lease_id: _Optional[str] = ..., prompt_index: _Optional[int] = ..., version: _Optional[int] = ..., reason: _Optional[str] = ..., expires_unix_s: _Optional[float] = ..., sample_index: _Optional[int] = ...) -> None: ...
 
 class CompleteLeaseRequest(_message.Message):
     __slots__ = ("replica_id", "lease_id", "num_written")
@@ -118,16 +120,18 @@ class AcquireLeasesRequest(_message.Message):
     def __init__(self, replica_id: _Optional[str] = ..., num_trajectories: _Optional[int] = ..., wait_s: _Optional[float] = ..., max_leases: _Optional[int] = ...) -> None: ...
 
 class Lease(_message.Message):
-    __slots__ = ("lease_id", "prompt_index", "version", "expires_unix_s")
+    __slots__ = ("lease_id", "prompt_index", "version", "expires_unix_s", "sample_index")
     LEASE_ID_FIELD_NUMBER: _ClassVar[int]
     PROMPT_INDEX_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     EXPIRES_UNIX_S_FIELD_NUMBER: _ClassVar[int]
+    SAMPLE_INDEX_FIELD_NUMBER: _ClassVar[int]
     lease_id: str
     prompt_index: int
     version: int
     expires_unix_s: float
-    def __init__(self, lease_id: _Optional[str] = ..., prompt_index: _Optional[int] = ..., version: _Optional[int] = ..., expires_unix_s: _Optional[float] = ...) -> None: ...
+    sample_index: int
+    def __init__(self, lease_id: _Optional[str] = ..., prompt_index: _Optional[int] = ..., version: _Optional[int] = ..., expires_unix_s: _Optional[float] = ..., sample_index: _Optional[int] = ...) -> None: ...
 
 class AcquireLeasesResponse(_message.Message):
     __slots__ = ("leases", "reason")
@@ -138,12 +142,14 @@ class AcquireLeasesResponse(_message.Message):
     def __init__(self, leases: _Optional[_Iterable[_Union[Lease, _Mapping]]] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class LeaseCompletion(_message.Message):
-    __slots__ = ("lease_id", "num_written")
+    __slots__ = ("lease_id", "num_written", "reward_mean")
     LEASE_ID_FIELD_NUMBER: _ClassVar[int]
     NUM_WRITTEN_FIELD_NUMBER: _ClassVar[int]
+    REWARD_MEAN_FIELD_NUMBER: _ClassVar[int]
     lease_id: str
     num_written: int
-    def __init__(self, lease_id: _Optional[str] = ..., num_written: _Optional[int] = ...) -> None: ...
+    reward_mean: float
+    def __init__(self, lease_id: _Optional[str] = ..., num_written: _Optional[int] = ..., reward_mean: _Optional[float] = ...) -> None: ...
 
 class CompleteLeasesRequest(_message.Message):
     __slots__ = ("replica_id", "completions")

@@ -123,6 +123,31 @@ def test_reflection_lists_the_service(controller):
 # ---- every RPC, happy path --------------------------------------------------------------------------------
 
 
+def test_a_lease_names_the_hard_prompt_it_samples_again_over_the_wire(tmp_path):
+    """controller.difficulty over gRPC: a completion's mean reward makes its prompt hard, and the next leases
+    carry it as sample_index (absent on a lease for the stream's own next prompt)."""
+    config = make_config(eta=None, difficulty={"replay_share": 0.9, "max_replays": 50})
+    server, port = create_server(config, run_dir=str(tmp_path))
+    server.start()
+    try:
+        with grpc_channel(f"127.0.0.1:{port}", TEST_AUTH) as channel:
+            stub = controller_pb2_grpc.ControllerStub(channel)
+            rid = register(stub)
+            first = stub.AcquireLeases(pb.AcquireLeasesRequest(replica_id=rid, num_trajectories=4, max_leases=1,
+                                                               wait_s=0)).leases[0]
+            assert not first.HasField("sample_index")
+            stub.CompleteLeases(pb.CompleteLeasesRequest(replica_id=rid, completions=[
+                pb.LeaseCompletion(lease_id=first.lease_id, num_written=4, reward_mean=0.0)]))
+            leases = stub.AcquireLeases(pb.AcquireLeasesRequest(replica_id=rid, num_trajectories=4, max_leases=8,
+                                                                wait_s=0)).leases
+            replays = [lease for lease in leases if lease.HasField("sample_index")]
+            assert replays and all(lease.sample_index == first.prompt_index for lease in replays)
+            assert all(not lease.HasField("sample_index") for lease in leases if lease not in replays)
+    finally:
+        server.stop(0).wait()
+        server.controller_state.close()
+
+
 def test_replica_rpcs_and_lease_lifecycle(controller):
     stub = controller.stub
     registration = stub.RegisterReplica(pb.RegisterReplicaRequest(address="127.0.0.1:9", engine="torch"))
@@ -222,6 +247,8 @@ INVALID = [
     ("CompleteLeases", pb.CompleteLeasesRequest(replica_id=VALID), "completions: 1 to 4096 entries, got 0"),
     ("CompleteLeases", pb.CompleteLeasesRequest(replica_id=VALID, completions=[pb.LeaseCompletion(lease_id="l"), pb.LeaseCompletion(lease_id="a b")]), "completions[1].lease_id: must be a name"),
     ("CompleteLeases", pb.CompleteLeasesRequest(replica_id=VALID, completions=[pb.LeaseCompletion(lease_id="l"), pb.LeaseCompletion(lease_id="l")]), "completions[1].lease_id: the same lease twice"),
+    ("CompleteLeases", pb.CompleteLeasesRequest(replica_id=VALID, completions=[pb.LeaseCompletion(lease_id="l", reward_mean=float("inf"))]), "completions[0].reward_mean: must be in"),
+    ("CompleteLeases", pb.CompleteLeasesRequest(replica_id=VALID, completions=[pb.LeaseCompletion(lease_id="l", reward_mean=-2e6)]), "completions[0].reward_mean: must be in"),
     ("CompleteLeases", pb.CompleteLeasesRequest(replica_id=VALID, completions=[pb.LeaseCompletion(lease_id="l", num_written=9)]), "completions[0].num_written: must be in [0, 8], got 9"),
     ("BeginWeightPush", push_request(store_address="nowhere"), "store_address: must be host:port"),
     ("BeginWeightPush", push_request(transport="tcp"), "transport: must be one of"),

@@ -333,7 +333,8 @@ def test_complete_many_settles_each_lease_on_its_own():
     rid = state.register("127.0.0.1:7001", "", 0, "torch").replica_id
     a, b = state.admission.try_acquire_many(rid, 4, 2, time.monotonic(), final=True).leases
     assert not acquire(state, rid, 4, 0).granted  # B = 8 admitted at eta = 0
-    outcomes = state.admission.complete_many(rid, [(a.lease_id, 4), ("lease-nope", 0), (b.lease_id, 1)])
+    outcomes = state.admission.complete_many(rid, [(a.lease_id, 4, None), ("lease-nope", 0, None),
+                                                   (b.lease_id, 1, None)])
     assert outcomes[0] == "" and outcomes[2] == ""
     assert outcomes[1].startswith("completions[1].lease_id: unknown lease 'lease-nope'")
     assert [e["num_written"] for e in events.of_kind("lease_completed")] == [4, 1]
@@ -349,11 +350,11 @@ def test_complete_many_refuses_a_malformed_completion_before_applying_any():
     b = state.register("127.0.0.1:7002", "", 0, "torch").replica_id
     mine, theirs = acquire(state, a, 4, 0), acquire(state, b, 4, 0)
     with pytest.raises(InvalidRequest, match=r"^completions\[1\]\.num_written: must be <= the lease's 4"):
-        state.admission.complete_many(a, [("lease-gone", 0), (mine.lease_id, 5)])
+        state.admission.complete_many(a, [("lease-gone", 0, None), (mine.lease_id, 5, None)])
     with pytest.raises(InvalidRequest, match=r"^completions\[0\]\.lease_id: .* belongs to replica"):
-        state.admission.complete_many(a, [(theirs.lease_id, 4), (mine.lease_id, 4)])
+        state.admission.complete_many(a, [(theirs.lease_id, 4, None), (mine.lease_id, 4, None)])
     assert events.of_kind("lease_completed") == []  # nothing applied
-    assert state.admission.complete_many(a, [(mine.lease_id, 4)]) == [""]
+    assert state.admission.complete_many(a, [(mine.lease_id, 4, None)]) == [""]
 
 
 class CountedWrites:

@@ -84,6 +84,8 @@ class LeaseGranted(Record):
     batch_size: int
     prompt_index: int
     held_s: float
+    sample_index: int | None = None
+    """The hard prompt sampled again under this lease (None: its own `prompt_index`)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -96,6 +98,8 @@ class LeaseCompleted(Record):
     returned: int
     """n - num_written: the quota that returns."""
     admitted_after: int
+    reward_mean: float | None = None
+    """Mean reward of the lease's samples, as its replica reported it (None: not reported)."""
     claimed: int | None = None
     """What the replica claimed it wrote, when more than reached the buffer under the lease (None: as counted)."""
 
