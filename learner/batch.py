@@ -41,6 +41,11 @@ class TrainBatch:
     """Wire bytes of the routing data in this batch."""
     finished: torch.Tensor | None = None
     """[N] bool: the response ended with EOS (False: cut at max_new_tokens)."""
+    process_rewards: torch.Tensor | None = None
+    """[N, T] float32: training-free process rewards on their episodes' last tokens, 0 elsewhere (None: no
+    trajectory of the batch carries any)."""
+    process_mask: torch.Tensor | None = None
+    """[N, T] bool: where `process_rewards` has a value."""
 
     def __len__(self) -> int:
         return len(self.sequences)
@@ -52,7 +57,8 @@ class TrainBatch:
                        response_mask=move(self.response_mask), rewards=move(self.rewards),
                        group_index=move(self.group_index), logp_teacher=move(self.logp_teacher),
                        routing=move(self.routing), routing_mask=move(self.routing_mask),
-                       finished=move(self.finished))
+                       finished=move(self.finished), process_rewards=move(self.process_rewards),
+                       process_mask=move(self.process_mask))
 
     def rows(self, index: list[int]) -> TrainBatch:
         """The sub-batch of the given rows, trimmed to its own longest response."""
@@ -74,6 +80,8 @@ class TrainBatch:
             routing=None if self.routing is None else self.routing[idx, : self._seq_width(index)],
             routing_mask=None if self.routing_mask is None else self.routing_mask[idx, : self._seq_width(index)],
             finished=None if self.finished is None else self.finished[idx],
+            process_rewards=pick(self.process_rewards),
+            process_mask=pick(self.process_mask),
         )
 
     def _seq_width(self, index: list[int]) -> int:
@@ -165,6 +173,13 @@ def assemble(entries: list[BufferEntry], routing_shape: RoutingShape | None = No
         teacher = np.zeros((n, width), dtype=np.float32)
         for row, (_, t) in enumerate(trajs):
             teacher[row, : len(t.logp_teacher)] = t.logp_teacher
+    process = process_mask = None
+    if any(len(t.process_positions) for _, t in trajs):
+        process = np.zeros((n, width), dtype=np.float32)
+        process_mask = np.zeros((n, width), dtype=bool)
+        for row, (_, t) in enumerate(trajs):
+            process[row, list(t.process_positions)] = t.process_rewards
+            process_mask[row, list(t.process_positions)] = True
     routing = routing_mask = None
     routing_bytes = 0
     if routing_shape is not None and any(t.HasField("routed_experts") for _, t in trajs):
@@ -185,6 +200,8 @@ def assemble(entries: list[BufferEntry], routing_shape: RoutingShape | None = No
         routing_mask=routing_mask,
         routing_bytes=routing_bytes,
         finished=torch.tensor([t.finished for _, t in trajs], dtype=torch.bool),
+        process_rewards=None if process is None else torch.from_numpy(process),
+        process_mask=None if process_mask is None else torch.from_numpy(process_mask),
     )
 
 

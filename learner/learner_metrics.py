@@ -16,7 +16,7 @@ _AGE_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3
 # Step metrics exported as `asyncrl_learner_diagnostic{name}`: the rollout-correction (IS) and mismatch
 # diagnostics, the PPO clipping figures, the optimiser's gradient norm, distillation, routing replay and the
 # length dynamics.
-_DIAGNOSTIC_PREFIXES = ("rc/", "loss/", "opd/", "routing/", "opt/grad_norm", "response/", "length/")
+_DIAGNOSTIC_PREFIXES = ("rc/", "loss/", "opd/", "routing/", "opt/grad_norm", "response/", "length/", "process/")
 
 
 class LearnerMetrics:

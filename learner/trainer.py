@@ -181,7 +181,8 @@ class Trainer:
             algo = self.algo_without_teacher
         adv = build_advantages(batch.rewards, batch.group_index, batch.response_mask, algo,
                                logp_prox=logp_prox, logp_teacher=batch.logp_teacher, logp_ref=logp_ref,
-                               finished=batch.finished)
+                               finished=batch.finished, process_rewards=batch.process_rewards,
+                               process_mask=batch.process_mask)
         metrics: dict[str, float] = dict(adv.metrics)
         metrics.update(to_floats(routing_metrics))
         sums: dict[str, float] = defaultdict(float)

@@ -32,6 +32,9 @@ class RolloutMetrics:
             "groups_uniform": Counter("asyncrl_rollout_groups_uniform",
                                       "Groups not written because their rewards were all equal "
                                       "(sampling.drop_uniform_groups): their quota returned", _LABEL, registry=r),
+            "process_reward_seconds": Histogram("asyncrl_rollout_process_reward_seconds",
+                                                "Scoring one batch's process rewards (rollout.process_rewards)",
+                                                _LABEL, registry=r),
             "tokens_generated": Counter("asyncrl_rollout_tokens_generated", "Response tokens generated", _LABEL,
                                         registry=r),
             "generation_seconds": Histogram("asyncrl_rollout_generation_seconds", "Engine generate() time",

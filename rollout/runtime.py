@@ -26,6 +26,7 @@ from asyncrl.core.preflight import check_checkpoint
 from asyncrl.core.tasks import task_for_run
 from asyncrl.core.trajectory_checks import checkpoint_limits
 from asyncrl.rollout.annotation import TeacherAnnotator
+from asyncrl.rollout.process_scorer import ProcessRewardScorer
 from asyncrl.rollout.replica import ReplicaSession
 from asyncrl.rollout.reward_pool import RewardPool
 from asyncrl.rollout.rollout_metrics import RolloutMetrics
@@ -99,6 +100,8 @@ class ReplicaRuntime:
             controller_stub=controller_stub, session=self.session, task=task, rewards=self.rewards,
             events=EventLog(cfg.run_dir, f"rollout-{self.session.replica_id}"), metrics=self.metrics,
             limits=checkpoint_limits(cfg.model.path, cfg.sampling, cfg.reward), annotator=annotator,
+            process_scorer=(ProcessRewardScorer(cfg.rollout.process_rewards, self.engine, self.engine_lock,
+                                                task.tokenizer) if cfg.rollout.process_rewards.enabled else None),
         )  # fmt: skip
         self._threads = [
             threading.Thread(target=self._exit_on_failure, args=(self.session.heartbeat_forever, "heartbeats"),

@@ -19,7 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 import grpc
 
 from asyncrl.core.config import SamplingConfig
-from asyncrl.core.records.rollout import GroupRejected, GroupSkipped, GroupWritten
+from asyncrl.core.records.rollout import GroupRejected, GroupSkipped, GroupWritten, ProcessRewardsScored
 from asyncrl.core.sampling import SamplingParams
 from asyncrl.core.trajectory_checks import BadGroup, TrajectoryLimits, check_trajectory_group
 from asyncrl.rollout.reward_pool import RewardWorkersHung
@@ -48,13 +48,15 @@ def answer_unless_stopped(stop: threading.Event, call):
 class RolloutWorker:
     def __init__(self, *, sampling: SamplingConfig, leases_per_batch: int, hold_s: float, engine, engine_lock,
                  buffer, controller_stub, session, task, rewards, events, metrics, limits: TrajectoryLimits,
-                 annotator=None):  # fmt: skip
+                 annotator=None, process_scorer=None):  # fmt: skip
         """`leases_per_batch`: leases asked for at once (`rollout.leases_per_batch`); `hold_s`: how long a lease
         request may be held for admission (`controller.max_hold_s`)."""
         self.leases_per_batch = leases_per_batch
         self.hold_s = hold_s
         self.annotator = annotator
         """Fills each group's logp_teacher before it is written (`teacher.annotate_by: rollout`); None: not here."""
+        self.process_scorer = process_scorer
+        """Scores each response's process rewards before it is written (`rollout.process_rewards`); None: off."""
         self.engine = engine
         self.engine_lock = engine_lock
         self.buffer = buffer
@@ -146,6 +148,8 @@ class RolloutWorker:
         if self.drop_uniform:  # not written, not annotated: their leases complete with nothing written
             uniform = [b for b in built if is_uniform(b[3])]
             built = [b for b in built if not is_uniform(b[3])]
+        if self.process_scorer is not None and built:
+            self._score_process(built, prompts, leases)
         if self.annotator is not None:
             # Unannotated when the teacher does not answer: the learner asks for them itself.
             try:
@@ -181,6 +185,20 @@ class RolloutWorker:
             for lease, *_ in prepared + uniform:
                 self.session.held.discard(lease.lease_id)
         return sum(1 for c in completions if c.num_written)
+
+    def _score_process(self, built: list, prompts: list, leases: list) -> None:
+        """Process rewards of the built groups (their prompts found through their leases); a failure leaves the
+        groups without them, logged: the outcome reward still trains."""
+        prompt_of = {lease.lease_id: prompt for lease, prompt in zip(leases, prompts)}
+        try:
+            done = self.process_scorer.score([group for _, _, group, _ in built],
+                                             [prompt_of[lease.lease_id] for lease, *_ in built])
+        except Exception as err:  # noqa: BLE001 - the groups go on without process rewards
+            log.warning("process rewards: %s: %s", type(err).__name__, err)
+            return
+        self.metrics.process_reward_seconds.observe(done.seconds)
+        self.events.write(ProcessRewardsScored(groups=len(built), responses=done.responses, episodes=done.episodes,
+                                               seconds=done.seconds, version=done.version))
 
     def _skip(self, lease, gens, group, rewards) -> controller_pb2.LeaseCompletion:
         """A group with uniform rewards, not written: recorded, counted, and its lease's completion with nothing

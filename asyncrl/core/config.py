@@ -94,7 +94,8 @@ class SamplingConfig(Section):
     place and η stays exact; it is counted (`asyncrl_rollout_groups_uniform_total`, a `group_skipped`
     record). Every batch then holds only groups that teach, at the price of the generation spent on the
     dropped ones: on prompts the policy always or never solves, most of it. Needs group_size >= 2 and an
-    objective whose signal comes from the rewards alone (no OPD, length penalty or KL-in-reward)."""
+    objective whose signal comes from the rewards alone (no OPD, length penalty, KL-in-reward or process
+    rewards)."""
 
 
 class EngineConfig(Section):
@@ -152,6 +153,29 @@ class BufferConfig(Section):
     """Private key of `tls_cert_file`."""
 
 
+class ProcessRewardConfig(Section):
+    """Training-free process rewards (docs/algorithms.md "Process rewards"): each response is cut into
+    episodes, the replica scores V(prefix) at each episode end with the policy that generated it, and the
+    learner gets each episode's marginal utility U_k = V_k - V_(k-1) on the episode's last token."""
+
+    enabled: bool = False
+    """Score process rewards on the replicas (the learner uses them whenever a group carries them)."""
+    markers: list[str] = Field(default_factory=lambda: ["Wait,", "Alternatively,", "Actually,", "Hmm,", "Let me ",
+                                                        "I need to ", "So ", "But "])
+    """Discourse markers: an episode ends right before the token where one begins."""
+    max_episode_tokens: int = Field(256, ge=1)
+    """An episode longer than this is cut after its last sentence end within the limit (or at the limit)."""
+    force_answer: str = "\nThe answer is "
+    """Appended after a prefix before the ground-truth answer is scored ("if the model had to answer now").
+    Must suit the model's chat template and training format, e.g. "</think>\n\nThe answer is " for a
+    thinking model."""
+    answer_key: str = "answer"
+    """The prompt metadata field holding the ground-truth answer (the arith task's and a dataset's
+    `answer_field`)."""
+    max_episodes: int = Field(16, ge=1)
+    """Episodes scored per response at most (the first ones): each costs a forward of the prefix."""
+
+
 class RolloutConfig(PinnedSection):
     replicas: int = Field(2, ge=1)
     """Replicas `up` starts (each a separate process)."""
@@ -178,6 +202,8 @@ class RolloutConfig(PinnedSection):
     stuck (an engine or a call that never returns) while its heartbeats keep that lease, and its quota, alive:
     the replica exits (code 1) to be restarted, and the lease's quota returns. Set it above the longest batch
     you expect (the largest model, the longest responses). 0 = never."""
+    process_rewards: ProcessRewardConfig = ProcessRewardConfig()
+    """Training-free process rewards computed on the replica, off the learner's path."""
     leases_per_batch: int = Field(8, ge=1)
     """Groups generated together in one engine call: one held lease plus up to this many-1 more that are
     admissible at once (same staleness rule). Bigger engine batches spread each forward's fixed cost over more
@@ -303,7 +329,8 @@ class AsyncRLConfig(Section):
                              "always has uniform rewards")
         for on, key in ((algo.opd.enabled, "learner.algo.opd.enabled"),
                         (algo.length_penalty.type != "none", "learner.algo.length_penalty.type"),
-                        (algo.kl.mode == "reward", "learner.algo.kl.mode: reward")):
+                        (algo.kl.mode == "reward", "learner.algo.kl.mode: reward"),
+                        (self.rollout.process_rewards.enabled, "rollout.process_rewards.enabled")):
             if on:
                 raise ValueError(f"sampling.drop_uniform_groups with {key}: a group with uniform rewards still has "
                                  "a per-token or shaped signal there, and dropping it would lose it")

@@ -8,6 +8,7 @@ log-prob or a 3e38 reward turns the loss and then every parameter into NaN).
 
 from __future__ import annotations
 
+import itertools
 import math
 import re
 from dataclasses import dataclass
@@ -117,6 +118,11 @@ def check_group_fields(group) -> None:
                 raise BadGroup(f"{where}: holds more than 32 combining marks in a row")
 
 
+MAX_PROCESS_REWARD = 1e4
+"""Largest |U_k| a process reward may carry: a difference of two mean log-probs, far below this unless an
+answer token is all but impossible after one prefix and certain after the next."""
+
+
 def check_trajectory_group(group, limits: TrajectoryLimits) -> int:
     """BadGroup naming the first problem of `group` (a TrajectoryGroup) against `limits`; else the newest
     weight version among its tokens (a reader that checks before it knows its current version compares it
@@ -165,8 +171,9 @@ def _surely_passes(trajectories, limits: TrajectoryLimits) -> int | None:
         if not (prompt and 0 < response <= limits.max_response_tokens
                 and prompt + response <= limits.max_sequence_tokens
                 and len(t.logp_behav) == response == len(t.weight_version)
-                and len(t.logp_teacher) in (0, response)):
-            return None
+                and len(t.logp_teacher) in (0, response) and not len(t.process_positions)
+                and not len(t.process_rewards)):
+            return None  # process rewards, when there are any, are checked on the walk
     ids_min, ids_max, _ = _summary(trajectories, ("prompt_token_ids", "response_token_ids"))
     _, logp_max, logp_finite = _summary(trajectories, ("logp_behav", "logp_teacher"))
     version_min, version_max, _ = _summary(trajectories, ("weight_version",))
@@ -202,6 +209,7 @@ def _check_trajectory(t, limits: TrajectoryLimits) -> None:
         if len(t.logp_teacher) != response.size:
             raise BadGroup(f"trajectory {name!r}: {len(t.logp_teacher)} logp_teacher for {response.size} tokens")
         _floats(t.logp_teacher, "logp_teacher", name, LOGP_TOLERANCE)
+    _process_rewards(t, response.size, name)
     versions = np.asarray(t.weight_version)
     if versions.min() < 0:
         raise BadGroup(f"trajectory {name!r}: weight_version {versions.min()} < 0")
@@ -211,3 +219,19 @@ def _check_trajectory(t, limits: TrajectoryLimits) -> None:
     if not math.isfinite(t.reward) or abs(t.reward) > limits.max_abs_reward:
         raise BadGroup(f"trajectory {name!r}: reward {t.reward:g} is not finite or |reward| > reward.max_abs "
                        f"({limits.max_abs_reward:g})")
+
+
+def _process_rewards(t, response: int, name: str) -> None:
+    """BadGroup unless the process rewards sit on strictly increasing response positions, one finite value of
+    at most MAX_PROCESS_REWARD each, scored by a version at least 0."""
+    positions, values = list(t.process_positions), list(t.process_rewards)
+    if len(positions) != len(values):
+        raise BadGroup(f"trajectory {name!r}: {len(positions)} process_positions but {len(values)} process_rewards")
+    if not positions:
+        return
+    if positions[0] < 0 or positions[-1] >= response or any(b <= a for a, b in itertools.pairwise(positions)):
+        raise BadGroup(f"trajectory {name!r}: process_positions must increase strictly within [0, {response})")
+    if not all(math.isfinite(v) and abs(v) <= MAX_PROCESS_REWARD for v in values):
+        raise BadGroup(f"trajectory {name!r}: process_rewards must be finite, |value| <= {MAX_PROCESS_REWARD:g}")
+    if t.process_version < 0:
+        raise BadGroup(f"trajectory {name!r}: process_version {t.process_version} < 0")

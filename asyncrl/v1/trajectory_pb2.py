@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1b\x61syncrl/v1/trajectory.proto\x12\nasyncrl.v1\"u\n\rRoutedExperts\x12\x12\n\nnum_tokens\x18\x01 \x01(\x05\x12\x12\n\nnum_layers\x18\x02 \x01(\x05\x12\r\n\x05top_k\x18\x03 \x01(\x05\x12\x12\n\nexpert_ids\x18\x05 \x01(\x0c\x12\x13\n\x0bnum_experts\x18\x06 \x01(\x05J\x04\x08\x04\x10\x05\"\x82\x02\n\nTrajectory\x12\x15\n\rtrajectory_id\x18\x01 \x01(\t\x12\x10\n\x08group_id\x18\x02 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x03 \x03(\x05\x12\x1a\n\x12response_token_ids\x18\x04 \x03(\x05\x12\x12\n\nlogp_behav\x18\x05 \x03(\x02\x12\x16\n\x0eweight_version\x18\x06 \x03(\x03\x12\x0e\n\x06reward\x18\x07 \x01(\x02\x12\x10\n\x08\x66inished\x18\x08 \x01(\x08\x12\x31\n\x0erouted_experts\x18\t \x01(\x0b\x32\x19.asyncrl.v1.RoutedExperts\x12\x14\n\x0clogp_teacher\x18\n \x03(\x02\"\x93\x02\n\x0fTrajectoryGroup\x12\x10\n\x08group_id\x18\x01 \x01(\t\x12\x14\n\x0cprompt_index\x18\x02 \x01(\x03\x12\x12\n\nreplica_id\x18\x03 \x01(\t\x12\x10\n\x08lease_id\x18\x04 \x01(\t\x12,\n\x0ctrajectories\x18\x05 \x03(\x0b\x32\x16.asyncrl.v1.Trajectory\x12;\n\x08metadata\x18\x06 \x03(\x0b\x32).asyncrl.v1.TrajectoryGroup.MetadataEntry\x12\x16\n\x0e\x63reated_unix_s\x18\x07 \x01(\x01\x1a/\n\rMetadataEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1b\x61syncrl/v1/trajectory.proto\x12\nasyncrl.v1\"u\n\rRoutedExperts\x12\x12\n\nnum_tokens\x18\x01 \x01(\x05\x12\x12\n\nnum_layers\x18\x02 \x01(\x05\x12\r\n\x05top_k\x18\x03 \x01(\x05\x12\x12\n\nexpert_ids\x18\x05 \x01(\x0c\x12\x13\n\x0bnum_experts\x18\x06 \x01(\x05J\x04\x08\x04\x10\x05\"\xcf\x02\n\nTrajectory\x12\x15\n\rtrajectory_id\x18\x01 \x01(\t\x12\x10\n\x08group_id\x18\x02 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x03 \x03(\x05\x12\x1a\n\x12response_token_ids\x18\x04 \x03(\x05\x12\x12\n\nlogp_behav\x18\x05 \x03(\x02\x12\x16\n\x0eweight_version\x18\x06 \x03(\x03\x12\x0e\n\x06reward\x18\x07 \x01(\x02\x12\x10\n\x08\x66inished\x18\x08 \x01(\x08\x12\x31\n\x0erouted_experts\x18\t \x01(\x0b\x32\x19.asyncrl.v1.RoutedExperts\x12\x14\n\x0clogp_teacher\x18\n \x03(\x02\x12\x19\n\x11process_positions\x18\x0b \x03(\x05\x12\x17\n\x0fprocess_rewards\x18\x0c \x03(\x02\x12\x17\n\x0fprocess_version\x18\r \x01(\x03\"\x93\x02\n\x0fTrajectoryGroup\x12\x10\n\x08group_id\x18\x01 \x01(\t\x12\x14\n\x0cprompt_index\x18\x02 \x01(\x03\x12\x12\n\nreplica_id\x18\x03 \x01(\t\x12\x10\n\x08lease_id\x18\x04 \x01(\t\x12,\n\x0ctrajectories\x18\x05 \x03(\x0b\x32\x16.asyncrl.v1.Trajectory\x12;\n\x08metadata\x18\x06 \x03(\x0b\x32).asyncrl.v1.TrajectoryGroup.MetadataEntry\x12\x16\n\x0e\x63reated_unix_s\x18\x07 \x01(\x01\x1a/\n\rMetadataEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -36,9 +36,9 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_ROUTEDEXPERTS']._serialized_start=43
   _globals['_ROUTEDEXPERTS']._serialized_end=160
   _globals['_TRAJECTORY']._serialized_start=163
-  _globals['_TRAJECTORY']._serialized_end=421
-  _globals['_TRAJECTORYGROUP']._serialized_start=424
-  _globals['_TRAJECTORYGROUP']._serialized_end=699
-  _globals['_TRAJECTORYGROUP_METADATAENTRY']._serialized_start=652
-  _globals['_TRAJECTORYGROUP_METADATAENTRY']._serialized_end=699
+  _globals['_TRAJECTORY']._serialized_end=498
+  _globals['_TRAJECTORYGROUP']._serialized_start=501
+  _globals['_TRAJECTORYGROUP']._serialized_end=776
+  _globals['_TRAJECTORYGROUP_METADATAENTRY']._serialized_start=729
+  _globals['_TRAJECTORYGROUP_METADATAENTRY']._serialized_end=776
 # @@protoc_insertion_point(module_scope)

@@ -90,13 +90,16 @@ def _apply_opd(cfg: AlgoConfig, advantages: Tensor, mask: Tensor, correct: Tenso
 def build_advantages(rewards: Tensor, group_index: Tensor, response_mask: Tensor, cfg: AlgoConfig,
                      logp_prox: Tensor | None = None, logp_teacher: Tensor | None = None, *,
                      logp_ref: Tensor | None = None, token_rewards: Tensor | None = None,
-                     anchor_lengths: Tensor | None = None, finished: Tensor | None = None) -> AdvantageResult:
+                     anchor_lengths: Tensor | None = None, finished: Tensor | None = None,
+                     process_rewards: Tensor | None = None, process_mask: Tensor | None = None) -> AdvantageResult:
     """Token-level advantages [N, T], the DASH keep mask [N] and batch metrics.
 
     rewards [N] (one scalar per sequence), group_index [N] (same value = same prompt), response_mask [N, T].
     Optional: logp_prox [N, T] (OPD advantage mode, KL-in-reward), logp_teacher [N, T] (OPD), logp_ref [N, T]
     (KL-in-reward), token_rewards [N, T] (extra per-token rewards), anchor_lengths [N] (anchor penalty),
-    finished [N] bool (ended with EOS: the truncation figure of the length dynamics).
+    finished [N] bool (ended with EOS: the truncation figure of the length dynamics), process_rewards [N, T] with
+    process_mask [N, T] (training-free process rewards at episode ends: always token-level, normalised over
+    their positions alone, separately from the outcome and from any other per-token reward).
     """
     mask = as_bool_mask(response_mask)
     n = mask.shape[0]
@@ -126,6 +129,12 @@ def build_advantages(rewards: Tensor, group_index: Tensor, response_mask: Tensor
     advantages = outcome_advantages(scalar, groups, estimator, eps).unsqueeze(-1).expand(mask.shape)
     if process is not None and cfg.advantage.token_level:
         advantages = advantages + process_advantages(process, mask, groups, estimator, eps)
+    if process_rewards is not None and process_mask is not None:
+        check_token_tensor("process_rewards", process_rewards, mask)
+        episodes = process_mask.bool() & mask
+        advantages = advantages + process_advantages(process_rewards.detach().float(), mask, groups, estimator, eps,
+                                                     where=episodes)
+        metrics.update(process_metrics(process_rewards.float(), episodes))
     advantages = masked_fill_zero(advantages, mask)
 
     opd_mask = None
@@ -141,3 +150,16 @@ def build_advantages(rewards: Tensor, group_index: Tensor, response_mask: Tensor
                                    trained=keep))
     return AdvantageResult(advantages=advantages, keep=keep, metrics=to_floats(metrics), opd_mask=opd_mask,
                            shaped_rewards=shaped)
+
+
+def process_metrics(process_rewards: Tensor, episodes: Tensor) -> dict[str, Tensor]:
+    """The process rewards a batch carried: episode ends per sequence, the mean and mean |U| over them, the
+    share of sequences with any."""
+    count = episodes.sum()
+    values = process_rewards[episodes]
+    return {
+        "process/episodes_per_seq": count.float() / max(1, episodes.shape[0]),
+        "process/utility_mean": values.mean() if values.numel() else torch.zeros(()),
+        "process/utility_abs_mean": values.abs().mean() if values.numel() else torch.zeros(()),
+        "process/seq_frac": episodes.any(dim=-1).float().mean(),
+    }

@@ -23,7 +23,7 @@ import torch
 from torch import Tensor
 
 from asyncrl.learner.algos.groups import Groups
-from asyncrl.learner.algos.masked import masked_fill_zero, masked_max
+from asyncrl.learner.algos.masked import as_bool_mask, masked_fill_zero, masked_max
 
 
 def _finish_stats(mean: Tensor, square_deviation_sums: Tensor, counts: Tensor) -> tuple[Tensor, Tensor]:
@@ -60,10 +60,14 @@ def outcome_advantages(rewards: Tensor, groups: Groups, estimator: str, eps: flo
 
 
 def process_advantages(token_rewards: Tensor, mask: Tensor, groups: Groups, estimator: str,
-                       eps: float) -> Tensor:
-    """[N, T] reward-to-go of per-token rewards standardised over their scope's valid tokens."""
+                       eps: float, where: Tensor | None = None) -> Tensor:
+    """[N, T] reward-to-go of per-token rewards standardised over their scope's valid tokens; with `where`
+    ([N, T] bool), over those positions alone, every other token's reward staying 0 (process rewards at episode
+    ends, normalised on their own as the seed prescribes)."""
     if token_rewards.numel() == 0:
         return token_rewards
+    if where is not None:
+        mask = as_bool_mask(mask) & where.bool()
     scope = _scope(groups, estimator, token_rewards.shape[0], token_rewards.device)
     inverse = scope.inverse
     values = masked_fill_zero(token_rewards, mask)

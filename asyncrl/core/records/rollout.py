@@ -38,6 +38,22 @@ class GroupSkipped(Record):
 
 
 @dataclass(frozen=True, kw_only=True)
+class ProcessRewardsScored(Record):
+    """One batch's process rewards scored on the replica (`rollout.process_rewards`)."""
+
+    KIND = "process_rewards_scored"
+    groups: int
+    responses: int
+    """Responses with at least one episode end (the others carry none)."""
+    episodes: int
+    """Episode ends scored: prefix forwards beyond the empty prefix of each response."""
+    seconds: float
+    """The replica's time for it (segmentation and the scoring call)."""
+    version: int
+    """The weight version that scored them."""
+
+
+@dataclass(frozen=True, kw_only=True)
 class GroupRejected(Record):
     """A group kept out of training, dead-lettered with its reason: by a replica (with its `lease_id`: it failed
     the checks before the write) or by the learner (with its `entry_id`: it failed the checks on intake, or
