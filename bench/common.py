@@ -1,13 +1,16 @@
-"""Shared bench plumbing: a random Qwen2-shaped checkpoint of a chosen size, an in-process weight push, and
-writing each result as JSON (stdout and docs/results/<name>.json, with the command and the machine) plus a
-PNG bar chart. docs/results.md is generated from those files (`asyncrl bench --report`)."""
+"""Shared bench plumbing: a random Qwen2-shaped checkpoint of a chosen size, an in-process weight push, a demo
+run with its CPU use, accuracy curves read at a common budget, and writing each result as JSON (stdout and
+docs/results/<name>.json, with the command and the machine) plus a PNG bar chart. docs/results.md is generated
+from those files (`asyncrl bench --report`)."""
 
 from __future__ import annotations
 
 import datetime
+import itertools
 import json
 import os
 import platform
+import statistics
 import sys
 import tempfile
 import threading
@@ -199,3 +202,17 @@ def _commit() -> str:
 
 STARTED_AT = _commit()
 """The commit the bench started at (edits made while it runs do not change what it ran)."""
+
+
+def accuracy_at(curve: list[dict], key: str, x: float) -> float:
+    """Accuracy at `x` of `key` (samples or wall_s), interpolated linearly between evaluations."""
+    points = [(p[key], p["accuracy"]) for p in curve]
+    for (x0, y0), (x1, y1) in itertools.pairwise(points):
+        if x0 <= x <= x1:
+            return y0 if x1 == x0 else y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+    return points[-1][1] if x > points[-1][0] else points[0][1]
+
+
+def mean_sd(values: list[float]) -> tuple[float, float]:
+    """(mean, sample standard deviation; 0 for one value)."""
+    return statistics.mean(values), statistics.stdev(values) if len(values) > 1 else 0.0

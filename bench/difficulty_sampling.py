@@ -23,14 +23,13 @@ fair comparisons when an arm spends more generation per step. Curves: difficulty
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import statistics
 import sys
 import tempfile
 from pathlib import Path
 
-from common import RESULTS, emit, run_demo
+from common import RESULTS, accuracy_at, emit, mean_sd, run_demo
 
 GROUP = 8
 """The demo's group size (sampling.group_size)."""
@@ -62,19 +61,6 @@ def run(arm: str, seed: int, steps: int, every: int, run_dir: Path) -> dict:
     replays = sum(e["kind"] == "lease_granted" and e.get("sample_index") is not None for e in controller)
     return {"curve": curve, "final_accuracy": curve[-1]["accuracy"], "samples": curve[-1]["samples"],
             "wall_s": curve[-1]["wall_s"], "groups_skipped": skipped, "hard_replays": replays}
-
-
-def at(curve: list[dict], key: str, x: float) -> float:
-    """Accuracy at `x` of `key` (samples or wall_s), interpolated linearly between evaluations."""
-    points = [(p[key], p["accuracy"]) for p in curve]
-    for (x0, y0), (x1, y1) in itertools.pairwise(points):
-        if x0 <= x <= x1:
-            return y0 if x1 == x0 else y0 + (y1 - y0) * (x - x0) / (x1 - x0)
-    return points[-1][1] if x > points[-1][0] else points[0][1]
-
-
-def mean_sd(values: list[float]) -> tuple[float, float]:
-    return statistics.mean(values), statistics.stdev(values) if len(values) > 1 else 0.0
 
 
 def plot(runs: dict[str, list[dict]], path: Path) -> None:
@@ -120,8 +106,8 @@ def main() -> None:
     arms = {}
     for arm, results in runs.items():
         final, final_sd = mean_sd([r["final_accuracy"] for r in results])
-        at_samples, at_samples_sd = mean_sd([at(r["curve"], "samples", budget) for r in results])
-        at_wall, at_wall_sd = mean_sd([at(r["curve"], "wall_s", horizon) for r in results])
+        at_samples, at_samples_sd = mean_sd([accuracy_at(r["curve"], "samples", budget) for r in results])
+        at_wall, at_wall_sd = mean_sd([accuracy_at(r["curve"], "wall_s", horizon) for r in results])
         arms[arm] = {
             "overrides": ARMS[arm],
             "final_accuracy_mean": final, "final_accuracy_stdev": final_sd,
