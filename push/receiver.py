@@ -64,8 +64,8 @@ class PushListener:
         self._cond = threading.Condition()
         self._closed = False
         self._thread: threading.Thread | None = None
-        self._store: tuple[str, TCPStore] | None = None
-        """(address, client) of the learner's store: this thread's own connection."""
+        self._store: tuple[str, TCPStore, str] | None = None
+        """(address, client, the group it was made for) of the learner's store: this thread's own connection."""
         self._refused: tuple[Followed, bytes] | None = None
         """The last order refused, and where: not looked at again until something replaces it."""
         self._waiting_on: Followed | None = None
@@ -126,8 +126,14 @@ class PushListener:
                 if data is not None and self.followed == target:  # not if it moved on (or closed) meanwhile
                     self._answer(target, root, data)
             except (DistError, SenderGone) as err:  # the learner's store went away (a new learner forms a new group)
-                log.info("stopped following group %s: its store is gone (%s)", target.group_id, err)
+                stale = self._store is not None and self._store[2] != target.group_id
                 self._store = None
+                if stale and not isinstance(err, SenderGone):
+                    # A connection kept from an earlier group, to a learner since restarted at the same address:
+                    # this group's learner is the new one. Once more, over a connection of its own.
+                    log.info("reconnecting to %s for group %s (%s)", target.store_address, target.group_id, err)
+                    continue
+                log.info("stopped following group %s: its store is gone (%s)", target.group_id, err)
                 self._forget_if(target)
             except Exception:  # this thread must outlive any one order: it serves every later push
                 log.exception("stopped following group %s", target.group_id)
@@ -135,9 +141,10 @@ class PushListener:
                 self._forget_if(target)
 
     def _root(self, target: Followed) -> TCPStore:
+        """The connection to `target`'s store: the one kept, when it goes to the same address."""
         if self._store is None or self._store[0] != target.store_address:
             client = sender_store_client(target.store_address, min(target.timeout_s, 30.0))
-            self._store = (target.store_address, client)
+            self._store = (target.store_address, client, target.group_id)
         return self._store[1]
 
     @staticmethod

@@ -32,7 +32,7 @@ from asyncrl.push.transport.broadcast import (
     join_push,
     push_store,
 )
-from asyncrl.push.transport.rendezvous import forget
+from asyncrl.push.transport.rendezvous import SenderLost, forget
 
 MANIFEST_KEY = "manifest/{digest}"
 MANIFESTS_KEPT = 4
@@ -108,10 +108,13 @@ class BroadcastGroups:
                 raise GroupLost(f"push {plan.push_id}: the sender does not hold group {plan.group_id!r}")
         try:
             join_push(plan, rank, root, join_timeout_s, has_group=holds_group, gone=gone)
+        except SenderLost:
+            self._client = None  # its sender is gone: a new one (even at this address) needs a new connection
+            raise
         except DistNetworkError:
             if rank == 0:
                 raise
-            # The connection to the sender's store is dead (a learner restarted at the same address, as a
+            # The connection kept from an earlier push is dead (a learner restarted at the same address, as a
             # container runtime restarts it): once more over a new one.
             self._client = None
             root = self._root(plan)

@@ -35,7 +35,7 @@ import datetime
 import time
 from collections.abc import Callable
 
-from torch.distributed import DistStoreError
+from torch.distributed import DistNetworkError, DistStoreError
 
 READY, NO_GROUP, UNREACHABLE = b"ok", b"no-group", b"unreachable"
 CURRENT_PUSH = "current_push"
@@ -47,6 +47,11 @@ GONE_AFTER_S = 0.25
 
 class PushAborted(RuntimeError):
     """The sender called the push off before the broadcast (some receiver never showed up)."""
+
+
+class SenderLost(PushAborted):
+    """The sender's store went away while a receiver waited for this push's verdict: the sender process is gone,
+    and its push with it (a restarted sender, even at the same address, never runs it)."""
 
 
 class ReceiversMissing(RuntimeError):
@@ -139,10 +144,16 @@ def receiver_join(store, push_id: str, rank: int, timeout_s: float, has_group: b
         try:
             store.wait(["verdict"], datetime.timedelta(seconds=min(poll_s, remaining)))
             break
+        except DistNetworkError as err:
+            raise SenderLost(f"push {push_id}: the sender's store went away while waiting for its verdict "
+                             f"({err})") from None
         except DistStoreError:
             if root is None:
                 continue  # the deadline has passed: raised above
-            now = current_push(root)
+            try:
+                now = current_push(root)
+            except DistNetworkError as err:
+                raise SenderLost(f"push {push_id}: the sender's store went away ({err})") from None
             # Before the sender reaches this push, it may announce it (seen -> push_id); any other move means
             # this push is over. A late order finds another push announced and waits for the next move.
             if now != seen and now != push_id:
