@@ -94,7 +94,9 @@ class DifficultyBook:
     def changes(self) -> tuple[dict[int, str], list[int]]:
         """(encoded records changed, prompts forgotten) since the last call."""
         changed = {prompt: self._records[prompt].encode() for prompt in self._dirty}
-        forgotten, self._dirty, self._forgotten = self._forgotten, set(), []
+        # A prompt forgotten and then heard of again (a late completion) is kept: the store deletes after it writes.
+        forgotten = [prompt for prompt in dict.fromkeys(self._forgotten) if prompt not in self._records]
+        self._dirty, self._forgotten = set(), []
         return changed, forgotten
 
     def restore(self, saved: dict[int, str]) -> None:

@@ -61,6 +61,9 @@ def test_only_the_newest_prompts_are_kept_and_the_forgotten_leave_the_pool():
     changed, forgotten = b.changes()
     assert set(changed) == {2, 3} and forgotten == [1]
     assert b.changes() == ({}, [])  # reported once
+    b.observe(1, 8, 0.0)  # a late completion for a forgotten prompt: kept, and 2 forgotten in its place
+    changed, forgotten = b.changes()
+    assert set(changed) == {1} and forgotten == [2]
 
 
 def test_what_is_persisted_restores_the_same_book():
