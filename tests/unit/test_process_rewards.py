@@ -8,7 +8,7 @@ import threading
 import pytest
 import torch
 
-from asyncrl.core.config import ProcessRewardConfig
+from asyncrl.core.rollout_config import ProcessRewardConfig
 from asyncrl.core.tasks.base import Prompt
 from asyncrl.core.trajectory_checks import BadGroup, check_trajectory_group
 from asyncrl.learner.algos import AlgoConfig, build_advantages
