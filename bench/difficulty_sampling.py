@@ -23,17 +23,24 @@ fair comparisons when an arm spends more generation per step. Curves: difficulty
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import tempfile
 from pathlib import Path
 
-from common import RESULTS, accuracy_at, emit, mean_sd, run_demo
+from common import (
+    RESULTS,
+    WITHOUT_TEACHER,
+    accuracy_at,
+    accuracy_curve,
+    emit,
+    mean_sd,
+    rollout_events,
+    run_demo,
+)
 
-GROUP = 8
-"""The demo's group size (sampling.group_size)."""
-COMMON = ["learner.algo.opd.enabled=false", "teacher.enabled=false"]
+from asyncrl.core.events import read_events
+
 ARMS = {
     "baseline": [],
     "dynamic": ["sampling.drop_uniform_groups=true"],
@@ -42,23 +49,13 @@ ARMS = {
 }
 
 
-def read(run_dir: Path, role: str) -> list[dict]:
-    return [json.loads(line) for line in (run_dir / "events" / f"{role}.jsonl").read_text().splitlines()]
-
-
 def run(arm: str, seed: int, steps: int, every: int, run_dir: Path) -> dict:
-    learner = run_demo(run_dir, [*COMMON, f"learner.total_steps={steps}", f"learner.eval_every={every}",
+    learner = run_demo(run_dir, [*WITHOUT_TEACHER, f"learner.total_steps={steps}", f"learner.eval_every={every}",
                                  f"seed={seed}", *ARMS[arm]])
-    controller = read(run_dir, "controller")
-    scored = sorted(e["t"] for path in sorted((run_dir / "events").glob("rollout-*.jsonl"))
-                    for e in read(run_dir, path.stem) if e["kind"] in ("group_written", "group_skipped"))
-    start = min(e["t"] for e in controller if e["kind"] == "lease_granted")
-    evals = [e for e in learner if e["kind"] == "eval"]
-    curve = [{"step": e["step"], "accuracy": e["accuracy"], "wall_s": e["t"] - start,
-              "samples": GROUP * sum(t <= e["t"] for t in scored)} for e in evals]
-    skipped = sum(e["kind"] == "group_skipped" for path in sorted((run_dir / "events").glob("rollout-*.jsonl"))
-                  for e in read(run_dir, path.stem))
-    replays = sum(e["kind"] == "lease_granted" and e.get("sample_index") is not None for e in controller)
+    curve = accuracy_curve(run_dir, learner, ("group_written", "group_skipped"))
+    skipped = sum(e["kind"] == "group_skipped" for e in rollout_events(run_dir))
+    replays = sum(e["kind"] == "lease_granted" and e.get("sample_index") is not None
+                  for e in read_events(run_dir, "controller"))
     return {"curve": curve, "final_accuracy": curve[-1]["accuracy"], "samples": curve[-1]["samples"],
             "wall_s": curve[-1]["wall_s"], "groups_skipped": skipped, "hard_replays": replays}
 

@@ -20,16 +20,13 @@ Accuracy: held-out greedy accuracy at the end, and at the sample budget and wall
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import tempfile
 from pathlib import Path
 
-from common import accuracy_at, emit, mean_sd, run_demo
+from common import WITHOUT_TEACHER, accuracy_at, accuracy_curve, emit, mean_sd, rollout_events, run_demo
 
-GROUP = 8
-COMMON = ["learner.algo.opd.enabled=false", "teacher.enabled=false"]
 ARMS = {
     "outcome_only": [],
     "process_rewards": ["rollout.process_rewards.enabled=true", "rollout.process_rewards.max_episode_tokens=2",
@@ -37,19 +34,11 @@ ARMS = {
 }
 
 
-def read(run_dir: Path, name: str) -> list[dict]:
-    return [json.loads(line) for line in (run_dir / "events" / f"{name}.jsonl").read_text().splitlines()]
-
-
 def run(arm: str, seed: int, steps: int, every: int, run_dir: Path) -> dict:
-    learner = run_demo(run_dir, [*COMMON, f"learner.total_steps={steps}", f"learner.eval_every={every}",
+    learner = run_demo(run_dir, [*WITHOUT_TEACHER, f"learner.total_steps={steps}", f"learner.eval_every={every}",
                                  f"seed={seed}", *ARMS[arm]])
-    rollout = [e for path in sorted((run_dir / "events").glob("rollout-*.jsonl")) for e in read(run_dir, path.stem)]
-    start = min(e["t"] for e in read(run_dir, "controller") if e["kind"] == "lease_granted")
-    written = sorted(e["t"] for e in rollout if e["kind"] == "group_written")
-    curve = [{"step": e["step"], "accuracy": e["accuracy"], "wall_s": e["t"] - start,
-              "samples": GROUP * sum(t <= e["t"] for t in written)} for e in learner if e["kind"] == "eval"]
-    scored = [e for e in rollout if e["kind"] == "process_rewards_scored"]
+    curve = accuracy_curve(run_dir, learner, ("group_written",))
+    scored = [e for e in rollout_events(run_dir) if e["kind"] == "process_rewards_scored"]
     steps_ev = [e for e in learner if e["kind"] == "step"]
     return {
         "curve": curve, "final_accuracy": curve[-1]["accuracy"], "wall_s": curve[-1]["wall_s"],
