@@ -27,12 +27,11 @@ def episode_ends(pieces: Sequence[str], markers: Sequence[str], max_tokens: int)
     for piece in pieces:
         starts.append(len(text))
         text += piece
-    token_at = _token_index(starts)
     cuts: set[int] = set()
     for marker in markers:
         at = text.find(marker)
         while at != -1:
-            token = token_at(at)
+            token = bisect_right(starts, at) - 1  # the token whose text holds offset `at`
             if 0 < token < len(pieces):
                 cuts.add(token)
             at = text.find(marker, at + 1)
@@ -46,11 +45,6 @@ def episode_ends(pieces: Sequence[str], markers: Sequence[str], max_tokens: int)
             ends.append(cut)
             last = cut
     return ends
-
-
-def _token_index(starts: list[int]):
-    """char offset -> the token whose text holds it (binary search over the tokens' start offsets)."""
-    return lambda offset: bisect_right(starts, offset) - 1
 
 
 def _fallback_cut(pieces: Sequence[str], start: int, max_tokens: int) -> int:

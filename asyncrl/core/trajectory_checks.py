@@ -137,6 +137,8 @@ def check_trajectory_group(group, limits: TrajectoryLimits) -> int:
     # responses, 120 -> 107 us with 256-token ones).
     newest = _surely_passes(group.trajectories, limits)
     if newest is not None:
+        for t in group.trajectories:  # a few positions each, when there are any: checked on the quick path too
+            _process_rewards(t, len(t.response_token_ids), t.trajectory_id)
         return newest
     for t in group.trajectories:
         _check_trajectory(t, limits)
@@ -171,9 +173,8 @@ def _surely_passes(trajectories, limits: TrajectoryLimits) -> int | None:
         if not (prompt and 0 < response <= limits.max_response_tokens
                 and prompt + response <= limits.max_sequence_tokens
                 and len(t.logp_behav) == response == len(t.weight_version)
-                and len(t.logp_teacher) in (0, response) and not len(t.process_positions)
-                and not len(t.process_rewards)):
-            return None  # process rewards, when there are any, are checked on the walk
+                and len(t.logp_teacher) in (0, response)):
+            return None
     ids_min, ids_max, _ = _summary(trajectories, ("prompt_token_ids", "response_token_ids"))
     _, logp_max, logp_finite = _summary(trajectories, ("logp_behav", "logp_teacher"))
     version_min, version_max, _ = _summary(trajectories, ("weight_version",))
