@@ -98,14 +98,20 @@ class FleetCollector(Collector):
         version = GaugeMetricFamily(PREFIX + "replica_weight_version", "Weight version the replica runs.",
                                     labels=["replica"])
         leases = GaugeMetricFamily(PREFIX + "replica_active_leases", "Leases the replica holds.", labels=["replica"])
+        adapter = GaugeMetricFamily(PREFIX + "replica_adapter_verified",
+                                    "LoRA runs: 1 when the adapter the replica reports serving is the one the learner "
+                                    "pushed for its version, 0 when not.", labels=["replica"])
         for replica in snap["replicas"]:
             if replica["alive"]:
                 lag.add_metric([replica["replica_id"]], current - replica["weight_version"])
                 version.add_metric([replica["replica_id"]], replica["weight_version"])
                 leases.add_metric([replica["replica_id"]], replica["active_leases"])
+                if replica.get("adapter_checksum"):
+                    adapter.add_metric([replica["replica_id"]], float(replica["adapter_verified"]))
         yield lag
         yield version
         yield leases
+        yield adapter
         yield GaugeMetricFamily(PREFIX + "active_leases", "Leases granted and not yet completed or expired.",
                                 value=snap["active_leases"])
         if snap["max_admissible"] is not None:  # None: eta unbounded

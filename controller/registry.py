@@ -54,6 +54,8 @@ class Replica:
     """When the controller last dialled this silent lease holder's address (`Liveness`: gone or not)."""
     dead_reason: str = ""
     """Why it was declared dead (the status page shows it); "" while it lives."""
+    adapter_checksum: str = ""
+    """The checksum of the LoRA adapter it last reported serving (an ack, a heartbeat); "" for full weights."""
     in_band: bool = False
     """It follows the broadcast groups it joins (`push.in_band`): a push that reuses one may reach it
     through the learner's store instead of an UpdateWeights call."""

@@ -63,7 +63,7 @@ from asyncrl.core.learner_secret import SeatProofs
 from asyncrl.core.records import controller as records
 from asyncrl.push.coordinator import NEW
 from asyncrl.push.plan import PushOffer
-from asyncrl.push.session import PushSession, ReceiverAck, WeightNotifier
+from asyncrl.push.session import PushSession, ReceiverAck, WeightNotifier, judge_adapter
 
 _HISTORY = 1000
 """Learner steps the status page's charts keep."""
@@ -161,8 +161,10 @@ class ControllerState:
             replica = books.registry.get(replica_id)
             return replica if replica.alive else None
 
-    def heartbeat(self, replica_id: str, weight_version: int, held_leases: list[str] | None = None) -> ReplicaPulse:
-        """A replica's sign of life; `held_leases` (when reported) are the leases it still works on."""
+    def heartbeat(self, replica_id: str, weight_version: int, held_leases: list[str] | None = None,
+                  adapter_checksum: str = "") -> ReplicaPulse:  # fmt: skip
+        """A replica's sign of life; `held_leases` (when reported) are the leases it still works on;
+        `adapter_checksum`: the adapter its engine serves (the status page holds it against the pushed one)."""
         books = self.books
         with books.cond:
             replica = books.registry.get(replica_id)
@@ -172,6 +174,8 @@ class ControllerState:
             self.liveness.reap_locked()
             reported = replica.weight_version
             books.registry.report_version(replica, weight_version)
+            if weight_version >= reported:  # not a heartbeat sent before the push its ack already reported
+                replica.adapter_checksum = adapter_checksum
             held = None if held_leases is None else set(held_leases)
             abandoned = books.leases.extend(replica_id, books.clock(), held, self.config.lease_report_grace_s)
             if abandoned:
@@ -199,14 +203,15 @@ class ControllerState:
 
     def commit_push(self, push_id: str, sender_ok: bool, error: str = "", missing_ranks: tuple[int, ...] = (),
                     acks: tuple[ReceiverAck, ...] = (), reserve_next: bool = False,
-                    learner_seconds: float = 0.0) -> CommitResult:  # fmt: skip
+                    learner_seconds: float = 0.0, adapter_checksum: str = "") -> CommitResult:  # fmt: skip
         """Wait (bounded) for the receivers' acks, drop the failed ones, commit the version. A push the sender
         failed is aborted; its receivers that never joined (`missing_ranks`) or could not be reached are held
         back from the next pushes (`Replica.hold_back`), so the retry goes without them. An in-band push's acks
         come with the commit (`acks`, relayed by the learner): nothing to wait for. With `reserve_next`, the
         next push is reserved for the learner when it can go in-band (`CommitResult.next_push`). A reserved
         push is timed from `learner_seconds` (the learner's own measure up to this call): the controller did
-        not see it begin."""
+        not see it begin. An adapter push names the checksum of the adapter sent (`adapter_checksum`): a receiver
+        that does not serve that adapter failed the push (`session.judge_adapter`)."""
         books = self.books
         with books.cond:
             session, wait_s = books.pushes.start_commit(push_id, books.clock(), bool(acks), learner_seconds)
@@ -221,8 +226,9 @@ class ControllerState:
             outcomes = session.outcomes_from_acks(list(acks), books.clock() - session.begun_at)
         else:
             outcomes = session.wait(wait_s)  # outside the lock: leases keep flowing meanwhile
+        outcomes = {rid: judge_adapter(outcome, adapter_checksum) for rid, outcome in outcomes.items()}
         with books.cond:
-            acked, dropped = books.pushes.settle(session, outcomes)
+            acked, dropped = books.pushes.settle(session, outcomes, adapter_checksum)
             books.pushes.hold_back_failed(session, outcomes, books.clock())
             self.liveness.bury_unreachable(outcomes)
             if session.mode == NEW:
@@ -317,7 +323,8 @@ class ControllerState:
                 "learner": None if books.learner is None else learner_view(books.learner, now, self.batch_size,
                                                                             books.seat.holder.address),
                 "history": list(self._history),
-                "replicas": [replica_view(r, now, current, len(books.leases.of_replica(r.replica_id)))
+                "replicas": [replica_view(r, now, current, len(books.leases.of_replica(r.replica_id)),
+                                          books.pushes.adapter_checksums.get(r.weight_version, ""))
                              for r in books.registry.all()],
             }  # fmt: skip
 

@@ -43,6 +43,15 @@ def make_app(state: ControllerState) -> FastAPI:
     return app
 
 
+def _adapter(replica: dict) -> str:
+    """An adapter-serving replica's version cell: the checksum it reports, and whether it is the one pushed."""
+    served = replica.get("adapter_checksum", "")
+    if not served:
+        return ""
+    verdict = "verified" if replica.get("adapter_verified") else "NOT the pushed adapter"
+    return f" <small>adapter {html.escape(served[:12])} ({verdict})</small>"
+
+
 def render_html(snap: dict) -> str:
     """A small self-refreshing page: the learner's progress (step of total, reward, held-out accuracy,
     staleness, step time, throughput, ETA) with charts of the last steps, the admission numbers, the push in flight, the
@@ -53,7 +62,8 @@ def render_html(snap: dict) -> str:
     rows = "".join(
         "<tr>"
         f"<td>{esc(r['replica_id'])}</td><td>{esc(r['address'])}</td><td>{esc(r['engine'])}</td>"
-        f"<td>{r['weight_version']}</td><td>{'yes' if r['alive'] else 'dead: ' + esc(r['dead_reason'])}</td>"
+        f"<td>{r['weight_version']}{_adapter(r)}</td>"
+        f"<td>{'yes' if r['alive'] else 'dead: ' + esc(r['dead_reason'])}</td>"
         f"<td>{'yes' if r['needs_sync'] else ''}</td><td>{r['active_leases']}</td>"
         f"<td>{r['last_heartbeat_age_s']:.1f} s</td>"
         f"<td>{_held_back(r)}</td>"

@@ -6,10 +6,11 @@ from asyncrl.controller.registry import Replica
 from asyncrl.controller.results import LearnerReport
 
 
-def replica_view(replica: Replica, now: float, current: int, active_leases: int) -> dict:
+def replica_view(replica: Replica, now: float, current: int, active_leases: int, pushed_adapter: str = "") -> dict:
     """`held_back_s`: how much longer it sits out pushes after failing some, or failing to answer at its
     address (`push_problem`: why); `reachable`: it answered there (until then it joins no push);
-    `dead_reason`: why it was declared dead ("" while alive)."""
+    `dead_reason`: why it was declared dead ("" while alive); `adapter_checksum`: the adapter it reports
+    serving, `adapter_verified`: it is the one the learner pushed for its version (`pushed_adapter`)."""
     return {
         "replica_id": replica.replica_id,
         "address": replica.address,
@@ -23,6 +24,8 @@ def replica_view(replica: Replica, now: float, current: int, active_leases: int)
         "held_back_s": max(0.0, replica.held_back_until - now),
         "push_problem": replica.push_problem,
         "reachable": replica.reachable,
+        "adapter_checksum": replica.adapter_checksum,
+        "adapter_verified": bool(pushed_adapter) and replica.adapter_checksum == pushed_adapter,
     }
 
 

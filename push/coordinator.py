@@ -86,6 +86,10 @@ class PushTiming:
     push_backoff_s: float
 
 
+ADAPTER_VERSIONS_KEPT = 64
+"""Versions whose pushed adapter checksum the coordinator remembers (a replica this far behind needs a resync)."""
+
+
 class PushCoordinator:
     """Opens, commits and aborts pushes, one at a time. Every method runs under the controller's lock."""
 
@@ -98,6 +102,9 @@ class PushCoordinator:
         """None: the next push forms a group. Any drop or abort forgets it: a member may have left it half-used."""
         self.committed = 0
         self.groups_formed = 0
+        self.adapter_checksums: dict[int, str] = {}
+        """The checksum of the adapter the learner pushed for each recent version (adapter pushes only): what a
+        replica serving that version must report."""
 
     @property
     def open(self) -> PushSession | None:
@@ -238,9 +245,11 @@ class PushCoordinator:
         self.slot.fire(Event.COMMIT)
         return session, self._timing.push_timeout_s - (now - session.begun_at)
 
-    def settle(self, session: PushSession, outcomes: dict[str, Outcome]) -> tuple[list[str], list[str]]:
-        """Close a push whose answers are in: acked receivers hold its version, the others need a resync.
-        Returns (acked, dropped) replica ids."""
+    def settle(self, session: PushSession, outcomes: dict[str, Outcome],
+               adapter_checksum: str = "") -> tuple[list[str], list[str]]:  # fmt: skip
+        """Close a push whose answers are in: acked receivers hold its version (and, for an adapter push whose
+        checksum the learner sent, serve that adapter: `outcomes` judged by `session.judge_adapter`), the others
+        need a resync. Returns (acked, dropped) replica ids."""
         if self.slot.holds(Phase.COMMITTING) is not session:
             raise PushRefused(f"push_id: push {session.push_id!r} was aborted while waiting for its receivers")
         self.slot.fire(Event.SETTLE)
@@ -248,9 +257,14 @@ class PushCoordinator:
         dropped = [r.replica_id for r in session.receivers if not outcomes[r.replica_id].ok]
         if session.receivers:  # a push to nobody broadcast nothing: every member still holds what it held
             self.group = None if dropped else KeptGroup(session.membership, session.push_id)
+        if adapter_checksum:
+            self.adapter_checksums[session.plan.version] = adapter_checksum
+            for old in sorted(self.adapter_checksums)[:-ADAPTER_VERSIONS_KEPT]:
+                del self.adapter_checksums[old]
         for replica_id in acked:
             replica = self._replicas.get(replica_id)
             replica.weight_version, replica.force_sync = session.plan.version, False
+            replica.adapter_checksum = outcomes[replica_id].adapter_checksum
             replica.clear_push_failures()
         for replica_id in dropped:
             self._replicas.get(replica_id).force_sync = True

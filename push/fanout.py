@@ -78,9 +78,10 @@ class ReplicaChannels:
         except Exception as err:  # noqa: BLE001 - e.g. the learner's store is not reachable from here
             log.warning("push %s: could not tell the sender that rank %d is gone: %s", plan.push_id, rank, err)
 
-    def update_weights(self, address: str, plan: PushPlan, rank: int, timeout_s: float, order_mac: bytes) -> int:
+    def update_weights(self, address: str, plan: PushPlan, rank: int, timeout_s: float,
+                       order_mac: bytes) -> tuple[int, str]:  # fmt: skip
         """The production `WeightNotifier`: `Rollout.UpdateWeights(plan, rank, order_mac)` on `address`;
-        returns the weight version the replica reports."""
+        returns the weight version the replica reports and the checksum of the adapter it serves."""
         stub = rollout_pb2_grpc.RolloutStub(self.get(address))
         request = rollout_pb2.UpdateWeightsRequest(plan=plan.to_proto(), rank=rank, order_mac=order_mac)
         try:
@@ -93,4 +94,4 @@ class ReplicaChannels:
                 self._tell_sender(plan, rank, min(timeout_s, TELL_SENDER_TIMEOUT_S))
                 raise ReceiverUnreachable(message) from None
             raise UpdateWeightsFailed(message) from None
-        return response.weight_version
+        return response.weight_version, response.adapter_checksum

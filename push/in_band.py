@@ -100,9 +100,12 @@ def parse_order(data: bytes, rank: int) -> tuple[PushPlan, bytes]:
     return plan, order.order_macs[rank - 1]
 
 
-def write_ack(handshake, rank: int, weight_version: int, ack_mac: bytes = b"", error: str = "") -> None:
-    """Member: its answer to the push whose store is `handshake`."""
-    ack = weights_pb2.PushAck(rank=rank, weight_version=weight_version, ack_mac=ack_mac, error=error)
+def write_ack(handshake, rank: int, weight_version: int, ack_mac: bytes = b"", error: str = "",
+              adapter_checksum: str = "") -> None:  # fmt: skip
+    """Member: its answer to the push whose store is `handshake` (with the adapter it serves, after an adapter
+    push)."""
+    ack = weights_pb2.PushAck(rank=rank, weight_version=weight_version, ack_mac=ack_mac, error=error,
+                              adapter_checksum=adapter_checksum)
     handshake.set(ACK_KEY.format(rank=rank), ack.SerializeToString())
 
 

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 
 from google.protobuf.message import DecodeError
 
+from asyncrl.core.lora.spec import AdapterSpec
 from asyncrl.core.validation import InvalidArgument, require, shown
 from asyncrl.v1 import weights_pb2
 
@@ -126,21 +127,25 @@ def check_digest(value: str, field: str, *, optional: bool = False) -> None:
             f"must be a SHA-256 digest in lower-case hex (64 characters), got {shown(value)}")
 
 
-def manifest_bytes(metas: Iterable[TensorMeta]) -> tuple[bytes, str]:
-    """The serialized `TensorManifest` of `metas` and its SHA-256 digest (hex)."""
-    data = weights_pb2.TensorManifest(tensors=encode_tensors(metas)).SerializeToString()
+def manifest_bytes(metas: Iterable[TensorMeta], adapter: AdapterSpec | None = None) -> tuple[bytes, str]:
+    """The serialized `TensorManifest` of `metas` (an adapter's, with `adapter`) and its SHA-256 digest (hex)."""
+    msg = weights_pb2.TensorManifest(tensors=encode_tensors(metas))
+    if adapter is not None:
+        msg.adapter.CopyFrom(adapter.to_proto())
+    data = msg.SerializeToString()
     return data, hashlib.sha256(data).hexdigest()
 
 
-def parse_manifest(data: bytes, digest: str) -> tuple[TensorMeta, ...]:
-    """A manifest read from a sender's store, checked against the digest its plan names, then structurally."""
+def parse_manifest(data: bytes, digest: str) -> tuple[tuple[TensorMeta, ...], AdapterSpec | None]:
+    """A manifest read from a sender's store, checked against the digest its plan names, then structurally:
+    its tensors and, for an adapter push, the adapter's shape."""
     require(hashlib.sha256(data).hexdigest() == digest, "plan.manifest_digest",
             f"the sender's manifest does not have digest {digest}")
     try:
         msg = weights_pb2.TensorManifest.FromString(data)
     except DecodeError:
         raise InvalidArgument("plan.manifest_digest", "the sender's manifest is not a TensorManifest") from None
-    return decode_tensors(msg.tensors, "manifest.tensors")
+    return decode_tensors(msg.tensors, "manifest.tensors"), AdapterSpec.from_proto(msg.adapter, "manifest.adapter")
 
 
 def match_model(

@@ -13,6 +13,7 @@ import math
 from dataclasses import dataclass
 from typing import Literal, get_args
 
+from asyncrl.core.lora.spec import AdapterSpec
 from asyncrl.core.validation import MAX_TIMEOUT_S, check_host_port, check_name, check_range, require, shown
 from asyncrl.push.manifest import MAX_PUSH_BYTES, TensorMeta, check_digest, decode_tensors, encode_tensors
 from asyncrl.v1 import controller_pb2, weights_pb2
@@ -51,13 +52,16 @@ class PushOffer:
     in_band: bool = False
     """The learner can order the next push through its store and relay the acks (`push.in_band`), when the
     controller reserves it at a commit."""
+    adapter: AdapterSpec | None = None
+    """The tensors are a LoRA adapter of this shape (with `tensors`; a manifest says so itself)."""
 
     def to_proto(self, **request) -> controller_pb2.BeginWeightPushRequest:
         """The BeginWeightPush request carrying this offer; `request`: its other fields (version, ...)."""
         return controller_pb2.BeginWeightPushRequest(
             store_address=self.store_address, transport=self.transport, tensors=encode_tensors(self.tensors),
             bucket_bytes=self.bucket_bytes, timeout_s=self.timeout_s, join_timeout_s=self.join_timeout_s,
-            manifest_digest=self.manifest_digest, in_band=self.in_band, **request,
+            manifest_digest=self.manifest_digest, in_band=self.in_band,
+            adapter=None if self.adapter is None else self.adapter.to_proto(), **request,
         )  # fmt: skip
 
     @classmethod
@@ -71,11 +75,14 @@ class PushOffer:
         check_range(msg.bucket_bytes, 1, MAX_PUSH_BYTES, "bucket_bytes")
         check_optional_seconds(msg.timeout_s, "timeout_s")
         check_optional_seconds(msg.join_timeout_s, "join_timeout_s")
+        adapter = AdapterSpec.from_proto(msg.adapter, "adapter")
+        require(adapter is None or not msg.manifest_digest, "adapter",
+                "must be unset when manifest_digest is set (the manifest names its adapter)")
         return cls(
             store_address=msg.store_address, transport=msg.transport,
             tensors=() if msg.manifest_digest else decode_tensors(msg.tensors, "tensors"),
             bucket_bytes=msg.bucket_bytes, timeout_s=msg.timeout_s, join_timeout_s=msg.join_timeout_s,
-            manifest_digest=msg.manifest_digest, in_band=msg.in_band,
+            manifest_digest=msg.manifest_digest, in_band=msg.in_band, adapter=adapter,
         )  # fmt: skip
 
 
@@ -102,6 +109,9 @@ class PushPlan:
     manifest_digest: str = ""
     """SHA-256 (hex) of the tensor manifest when `tensors` is not in the plan: the receivers read it once from
     the sender's store (`push.transport.groups.ManifestCache`) instead of with every push."""
+    adapter: AdapterSpec | None = None
+    """The tensors are a LoRA adapter of this shape, applied to the base model the receiver loaded (from the
+    plan, or from the manifest once resolved); None: the model's own weights."""
 
     @classmethod
     def from_offer(cls, offer: PushOffer, *, default_timeout_s: float, **assigned) -> PushPlan:
@@ -138,6 +148,7 @@ class PushPlan:
             world_size=self.world_size, transport=self.transport, tensors=encode_tensors(self.tensors),
             bucket_bytes=self.bucket_bytes, timeout_s=self.timeout_s, join_timeout_s=self.join_timeout_s,
             group_id=self.group_id, new_group=self.new_group, manifest_digest=self.manifest_digest,
+            adapter=None if self.adapter is None or self.manifest_digest else self.adapter.to_proto(),
         )  # fmt: skip
 
     @classmethod
@@ -158,10 +169,13 @@ class PushPlan:
         if msg.manifest_digest:
             require(not msg.tensors, f"{field}.tensors", "must be empty when manifest_digest is set")
             require(msg.group_id, f"{field}.group_id", "is required with manifest_digest")
+        adapter = AdapterSpec.from_proto(msg.adapter, f"{field}.adapter")
+        require(adapter is None or not msg.manifest_digest, f"{field}.adapter",
+                "must be unset when manifest_digest is set (the manifest names its adapter)")
         return cls(
             push_id=msg.push_id, version=msg.version, store_address=msg.store_address,
             world_size=msg.world_size, transport=msg.transport,
             tensors=() if msg.manifest_digest else decode_tensors(msg.tensors, f"{field}.tensors"),
             bucket_bytes=msg.bucket_bytes, timeout_s=msg.timeout_s, join_timeout_s=msg.join_timeout_s,
-            group_id=msg.group_id, new_group=msg.new_group, manifest_digest=msg.manifest_digest,
+            group_id=msg.group_id, new_group=msg.new_group, manifest_digest=msg.manifest_digest, adapter=adapter,
         )  # fmt: skip

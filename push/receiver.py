@@ -185,7 +185,9 @@ class PushListener:
             log.exception("in-band push %s failed", plan.push_id)
             write_ack(handshake, rank, 0, error=f"{type(err).__name__}: {err}"[:1000])
             return self._forget_if(target)
-        write_ack(handshake, rank, stats.version, push_ack_mac(key, plan.push_id, rank, stats.version))
+        checksum = stats.adapter_checksum
+        write_ack(handshake, rank, stats.version, push_ack_mac(key, plan.push_id, rank, stats.version, checksum),
+                  adapter_checksum=checksum)
         self.taken += 1
         with self._cond:
             if self._followed == target:

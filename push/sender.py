@@ -27,6 +27,8 @@ import grpc
 import torch
 
 from asyncrl.core.grpc_util import address_refuses
+from asyncrl.core.lora.checksum import adapter_checksum
+from asyncrl.core.lora.spec import AdapterSpec
 from asyncrl.core.modeling import named_weights
 from asyncrl.core.one_at_a_time import OneAtATime
 from asyncrl.core.ports import listening
@@ -85,7 +87,12 @@ class Sent:
 
 
 class WeightPublisher:
-    def __init__(self, controller_stub, model, transport_cfg, push_timeout_s: float, max_attempts: int = 3):
+    """`named`/`adapter`: a LoRA learner's adapter parameters (peft's saved names) and the adapter's shape: only
+    those travel, and every commit names their checksum (a receiver serving another adapter failed the push).
+    Default: every weight of `model` (`modeling.named_weights`)."""
+
+    def __init__(self, controller_stub, model, transport_cfg, push_timeout_s: float, max_attempts: int = 3,
+                 named: list | None = None, adapter: AdapterSpec | None = None):  # fmt: skip
         self.stub = controller_stub
         # The controller's commit waits up to push_timeout_s for the receivers: our deadline must be longer.
         self.commit_deadline_s = push_timeout_s + 30
@@ -97,13 +104,16 @@ class WeightPublisher:
         self.store_address = f"{transport_cfg.host}:{self.store.port}"
         # The model's weights move (once) into bucket-shaped storage: every later push broadcasts the
         # buckets as they are, without packing (the optimizer updates them in place).
-        self.flat = bind_parameters(model, named_weights(model), int(transport_cfg.bucket_mb * 2**20))
+        named = named_weights(model) if named is None else named
+        self.adapter = adapter
+        self.flat = bind_parameters(model, named, int(transport_cfg.bucket_mb * 2**20),
+                                    slots=None if adapter is None else dict(named))
         # The manifest goes into our store once; plans name its digest and receivers read it once.
-        self.metas = tensor_metas(named_weights(model))
+        self.metas = tensor_metas(named)
         self.groups = BroadcastGroups(self.store)
         self.offer = PushOffer(
             store_address=self.store_address, transport=transport_cfg.type,
-            manifest_digest=publish_manifest(self.store, self.metas),
+            manifest_digest=publish_manifest(self.store, self.metas, adapter),
             bucket_bytes=int(transport_cfg.bucket_mb * 2**20), timeout_s=transport_cfg.timeout_s,
             join_timeout_s=transport_cfg.join_timeout_s, in_band=transport_cfg.in_band,
         )  # fmt: skip
@@ -148,13 +158,15 @@ class WeightPublisher:
 
     def _push(self, version: int, weights: FlatWeights, background: bool, last: bool) -> PushResult:
         start = time.perf_counter()
+        # What every receiver must end up serving (an adapter push; the weights sent do not change meanwhile).
+        checksum = adapter_checksum(weights.named()) if self.adapter is not None else ""
         for attempt in range(1, self.max_attempts + 1):
             t_begin = time.perf_counter()
             ticket = self._ticket(version)
             begin_s = 0.0 if ticket.in_band else time.perf_counter() - t_begin
             sent = self._send(ticket, weights) if ticket.plan.world_size > 1 else Sent()
             t_commit = time.perf_counter()
-            commit = self._commit(ticket, sent, last, t_commit - start)
+            commit = self._commit(ticket, sent, last, t_commit - start, checksum)
             if commit is None or not commit.committed:
                 continue
             now = time.perf_counter()
@@ -204,11 +216,12 @@ class WeightPublisher:
         return Sent(bytes_sent=nbytes, acks=acks, broadcast_s=broadcast_s,
                     acks_s=time.perf_counter() - t0 - broadcast_s)  # fmt: skip
 
-    def _commit(self, ticket, sent: Sent, last: bool, learner_seconds: float):
+    def _commit(self, ticket, sent: Sent, last: bool, learner_seconds: float, checksum: str = ""):
         """CommitWeightPush; None when the controller no longer knows the push (it restarted, or aborted it)."""
         request = controller_pb2.CommitWeightPushRequest(
             push_id=ticket.plan.push_id, sender_ok=sent.ok, error=sent.error, missing_ranks=sent.missing_ranks,
             acks=sent.acks, reserve_next=self.cfg.in_band and not last, push_seconds=learner_seconds,
+            adapter_checksum=checksum,
         )  # fmt: skip
         try:
             return self.stub.CommitWeightPush(request, timeout=self.commit_deadline_s)

@@ -6,6 +6,7 @@ commits and aborts them."""
 
 from __future__ import annotations
 
+import dataclasses
 import hmac
 import threading
 import time
@@ -16,9 +17,10 @@ from asyncrl.core.auth import push_ack_mac, push_order_mac
 from asyncrl.push.plan import PushOffer, PushPlan
 from asyncrl.push.protocol import Route
 
-WeightNotifier = Callable[[str, PushPlan, int, float, bytes], int]
-"""(address, plan, rank, timeout_s) -> weight version the replica now holds; raises on failure (a
-`ReceiverUnreachable` when nothing listens at the address any more)."""
+WeightNotifier = Callable[[str, PushPlan, int, float, bytes], "int | tuple[int, str]"]
+"""(address, plan, rank, timeout_s) -> weight version the replica now holds, or (that version, the checksum of
+the adapter it serves); raises on failure (a `ReceiverUnreachable` when nothing listens at the address any
+more)."""
 
 
 class ReceiverUnreachable(RuntimeError):
@@ -59,6 +61,8 @@ class ReceiverAck:
     weight_version: int
     ack_mac: bytes
     error: str = ""
+    adapter_checksum: str = ""
+    """An adapter push: the checksum of the adapter the receiver serves (signed with the rest)."""
 
 
 @dataclass(frozen=True)
@@ -68,6 +72,18 @@ class Outcome:
     seconds: float
     unreachable: bool = False
     """The replica could not be reached at all (its process is gone): treat it as dead right away."""
+    adapter_checksum: str = ""
+    """The checksum of the adapter the receiver says it serves ("" for full weights)."""
+
+
+def judge_adapter(outcome: Outcome, pushed: str) -> Outcome:
+    """An adapter push took effect only where the receiver serves the adapter the learner sent (`pushed`, its
+    checksum): a receiver that answers with another checksum, or none, failed the push."""
+    if not pushed or not outcome.ok or outcome.adapter_checksum == pushed:
+        return outcome
+    served = outcome.adapter_checksum[:12] or "none"
+    return dataclasses.replace(outcome, ok=False, error=f"serves adapter checksum {served}, the learner pushed "
+                                                        f"{pushed[:12]}: the adapter did not take effect")
 
 
 class PushSession:
@@ -156,13 +172,14 @@ class PushSession:
                 outcome = Outcome(False, "no acknowledgement among those the learner collected", seconds)
             elif ack.error:
                 outcome = Outcome(False, ack.error, seconds)
-            elif not hmac.compare_digest(ack.ack_mac, push_ack_mac(r.push_key, self.push_id, r.rank, ack.weight_version)):
+            elif not hmac.compare_digest(ack.ack_mac, push_ack_mac(r.push_key, self.push_id, r.rank, ack.weight_version,
+                                                                   ack.adapter_checksum)):
                 outcome = Outcome(False, "its acknowledgement is not signed under its push key", seconds)
             elif ack.weight_version != self.plan.version:
                 outcome = Outcome(False, f"replica reports version {ack.weight_version} after a push of "
                                          f"{self.plan.version}", seconds)
             else:
-                outcome = Outcome(True, "", seconds)
+                outcome = Outcome(True, "", seconds, adapter_checksum=ack.adapter_checksum)
             outcomes[r.replica_id] = outcome
         return outcomes
 
@@ -172,12 +189,14 @@ class PushSession:
         try:
             plan = self.plan
             order = push_order_mac(receiver.push_key, plan, receiver.rank)
-            version = self._notify(receiver.address, plan, receiver.rank, self._call_timeout_s, order)
+            answer = self._notify(receiver.address, plan, receiver.rank, self._call_timeout_s, order)
+            version, checksum = answer if isinstance(answer, tuple) else (answer, "")
             ok = version == self.plan.version
             error = "" if ok else f"replica reports version {version} after a push of {self.plan.version}"
         except Exception as err:  # noqa: BLE001 - any failure of one receiver drops just that receiver
-            ok, error = False, f"{type(err).__name__}: {err}"
+            ok, error, checksum = False, f"{type(err).__name__}: {err}", ""
             unreachable = isinstance(err, ReceiverUnreachable)
         with self._done:
-            self._outcomes.setdefault(receiver.replica_id, Outcome(ok, error, time.monotonic() - start, unreachable))
+            self._outcomes.setdefault(receiver.replica_id, Outcome(ok, error, time.monotonic() - start, unreachable,
+                                                                   adapter_checksum=checksum))
             self._done.notify_all()

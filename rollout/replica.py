@@ -95,6 +95,7 @@ class ReplicaSession:
             request = controller_pb2.HeartbeatRequest(
                 replica_id=self.replica_id, weight_version=self._engine.weight_version,
                 held_leases=controller_pb2.HeldLeases(lease_ids=self.held.snapshot()),
+                adapter_checksum=self._engine.adapter_checksum,
             )
             resp = self._stub.Heartbeat(request, timeout=max(5.0, self.heartbeat_interval_s * 3))
             self.needs_sync = resp.needs_sync

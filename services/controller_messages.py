@@ -27,6 +27,7 @@ from asyncrl.core.validation import (
     check_range,
     require,
 )
+from asyncrl.push.manifest import check_digest
 from asyncrl.push.protocol import PushRefused
 from asyncrl.push.session import ReceiverAck
 from asyncrl.v1 import controller_pb2
@@ -49,7 +50,8 @@ def receiver_acks(acks) -> tuple[ReceiverAck, ...]:
         require(len(ack.ack_mac) <= 64, f"acks[{i}].ack_mac", f"at most 64 bytes, got {len(ack.ack_mac)}")
         require(len(ack.error) <= MAX_ERROR, f"acks[{i}].error",
                 f"at most {MAX_ERROR} characters, got {len(ack.error)}")
-    return tuple(ReceiverAck(a.rank, a.weight_version, a.ack_mac, a.error) for a in acks)
+        check_digest(ack.adapter_checksum, f"acks[{i}].adapter_checksum", optional=True)
+    return tuple(ReceiverAck(a.rank, a.weight_version, a.ack_mac, a.error, a.adapter_checksum) for a in acks)
 
 
 def learner_figures(request) -> LearnerFigures | None:

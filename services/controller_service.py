@@ -56,6 +56,7 @@ from asyncrl.core.validation import (
     require,
 )
 from asyncrl.push.fanout import ReplicaChannels, preload_store_client
+from asyncrl.push.manifest import check_digest
 from asyncrl.push.plan import PushOffer
 from asyncrl.push.session import PushSession, WeightNotifier
 from asyncrl.services.controller_messages import (
@@ -125,7 +126,8 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
                         f"at most {MAX_HELD_LEASES}, got {len(held)}")
                 for i, lease_id in enumerate(held):
                     check_name(lease_id, f"held_leases.lease_ids[{i}]")
-            pulse = self.state.heartbeat(request.replica_id, request.weight_version, held)
+            check_digest(request.adapter_checksum, "adapter_checksum", optional=True)
+            pulse = self.state.heartbeat(request.replica_id, request.weight_version, held, request.adapter_checksum)
             return controller_pb2.HeartbeatResponse(
                 current_version=pulse.current_version, needs_sync=pulse.needs_sync,
                 held_back_s=pulse.held_back_s, push_problem=pulse.push_problem,
@@ -245,9 +247,11 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
             for i, rank in enumerate(request.missing_ranks):
                 check_range(rank, 1, MAX_COUNT, f"missing_ranks[{i}]")
             check_range(request.push_seconds, 0.0, MAX_TIMEOUT_S, "push_seconds")
+            check_digest(request.adapter_checksum, "adapter_checksum", optional=True)
             result = self.state.commit_push(request.push_id, request.sender_ok, request.error,
                                             tuple(request.missing_ranks), receiver_acks(request.acks),
-                                            request.reserve_next, request.push_seconds)  # fmt: skip
+                                            request.reserve_next, request.push_seconds,
+                                            request.adapter_checksum)  # fmt: skip
             return controller_pb2.CommitWeightPushResponse(
                 committed=result.committed,
                 current_version=result.current_version,

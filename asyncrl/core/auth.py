@@ -89,13 +89,16 @@ def push_order_mac(key: bytes, plan, rank: int) -> bytes:
     manifest to load."""
     fields = ("order", plan.push_id, plan.version, rank, plan.world_size, plan.store_address, plan.transport,
               plan.group_id, int(plan.new_group), plan.manifest_digest)
+    if plan.adapter is not None:  # an adapter push signs its shape too (a plan naming a manifest has none here)
+        fields += (plan.adapter.rank, plan.adapter.alpha, ",".join(plan.adapter.target_modules))
     return hmac.new(key, "\n".join(map(str, fields)).encode(), "sha256").digest()
 
 
-def push_ack_mac(key: bytes, push_id: str, rank: int, weight_version: int) -> bytes:
+def push_ack_mac(key: bytes, push_id: str, rank: int, weight_version: int, adapter_checksum: str = "") -> bytes:
     """A replica's signature on its acknowledgement of an in-band push (`push.in_band`; HMAC-SHA256 under its
-    push key): the learner relays it, and the controller counts only what the replica itself signed."""
-    fields = ("ack", push_id, rank, weight_version)
+    push key): the learner relays it, and the controller counts only what the replica itself signed. An adapter
+    push's ack also signs the checksum of the adapter the replica serves (a fifth line)."""
+    fields = ("ack", push_id, rank, weight_version) + ((adapter_checksum,) if adapter_checksum else ())
     return hmac.new(key, "\n".join(map(str, fields)).encode(), "sha256").digest()
 
 

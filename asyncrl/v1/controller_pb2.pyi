@@ -38,14 +38,16 @@ class RegisterReplicaResponse(_message.Message):
     def __init__(self, replica_id: _Optional[str] = ..., current_version: _Optional[int] = ..., needs_sync: _Optional[bool] = ..., heartbeat_interval_s: _Optional[float] = ..., push_key: _Optional[bytes] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
-    __slots__ = ("replica_id", "weight_version", "held_leases")
+    __slots__ = ("replica_id", "weight_version", "held_leases", "adapter_checksum")
     REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
     WEIGHT_VERSION_FIELD_NUMBER: _ClassVar[int]
     HELD_LEASES_FIELD_NUMBER: _ClassVar[int]
+    ADAPTER_CHECKSUM_FIELD_NUMBER: _ClassVar[int]
     replica_id: str
     weight_version: int
     held_leases: HeldLeases
-    def __init__(self, replica_id: _Optional[str] = ..., weight_version: _Optional[int] = ..., held_leases: _Optional[_Union[HeldLeases, _Mapping]] = ...) -> None: ...
+    adapter_checksum: str
+    def __init__(self, replica_id: _Optional[str] = ..., weight_version: _Optional[int] = ..., held_leases: _Optional[_Union[HeldLeases, _Mapping]] = ..., adapter_checksum: _Optional[str] = ...) -> None: ...
 
 class HeldLeases(_message.Message):
     __slots__ = ("lease_ids",)
@@ -196,7 +198,7 @@ class RegisterLearnerResponse(_message.Message):
     def __init__(self, learner_key: _Optional[bytes] = ..., current_version: _Optional[int] = ...) -> None: ...
 
 class BeginWeightPushRequest(_message.Message):
-    __slots__ = ("version", "store_address", "transport", "tensors", "bucket_bytes", "timeout_s", "join_timeout_s", "manifest_digest", "learner_key", "in_band", "unused_push_id")
+    __slots__ = ("version", "store_address", "transport", "tensors", "bucket_bytes", "timeout_s", "join_timeout_s", "manifest_digest", "learner_key", "in_band", "unused_push_id", "adapter")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     STORE_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     TRANSPORT_FIELD_NUMBER: _ClassVar[int]
@@ -208,6 +210,7 @@ class BeginWeightPushRequest(_message.Message):
     LEARNER_KEY_FIELD_NUMBER: _ClassVar[int]
     IN_BAND_FIELD_NUMBER: _ClassVar[int]
     UNUSED_PUSH_ID_FIELD_NUMBER: _ClassVar[int]
+    ADAPTER_FIELD_NUMBER: _ClassVar[int]
     version: int
     store_address: str
     transport: str
@@ -219,7 +222,8 @@ class BeginWeightPushRequest(_message.Message):
     learner_key: bytes
     in_band: bool
     unused_push_id: str
-    def __init__(self, version: _Optional[int] = ..., store_address: _Optional[str] = ..., transport: _Optional[str] = ..., tensors: _Optional[_Iterable[_Union[_weights_pb2.TensorSpec, _Mapping]]] = ..., bucket_bytes: _Optional[int] = ..., timeout_s: _Optional[float] = ..., join_timeout_s: _Optional[float] = ..., manifest_digest: _Optional[str] = ..., learner_key: _Optional[bytes] = ..., in_band: _Optional[bool] = ..., unused_push_id: _Optional[str] = ...) -> None: ...
+    adapter: _weights_pb2.AdapterSpec
+    def __init__(self, version: _Optional[int] = ..., store_address: _Optional[str] = ..., transport: _Optional[str] = ..., tensors: _Optional[_Iterable[_Union[_weights_pb2.TensorSpec, _Mapping]]] = ..., bucket_bytes: _Optional[int] = ..., timeout_s: _Optional[float] = ..., join_timeout_s: _Optional[float] = ..., manifest_digest: _Optional[str] = ..., learner_key: _Optional[bytes] = ..., in_band: _Optional[bool] = ..., unused_push_id: _Optional[str] = ..., adapter: _Optional[_Union[_weights_pb2.AdapterSpec, _Mapping]] = ...) -> None: ...
 
 class BeginWeightPushResponse(_message.Message):
     __slots__ = ("plan", "receivers", "in_band", "order_macs", "after_push_id", "receiver_addresses")
@@ -238,7 +242,7 @@ class BeginWeightPushResponse(_message.Message):
     def __init__(self, plan: _Optional[_Union[_weights_pb2.WeightPushPlan, _Mapping]] = ..., receivers: _Optional[_Iterable[str]] = ..., in_band: _Optional[bool] = ..., order_macs: _Optional[_Iterable[bytes]] = ..., after_push_id: _Optional[str] = ..., receiver_addresses: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class CommitWeightPushRequest(_message.Message):
-    __slots__ = ("push_id", "sender_ok", "error", "learner_key", "missing_ranks", "acks", "reserve_next", "push_seconds")
+    __slots__ = ("push_id", "sender_ok", "error", "learner_key", "missing_ranks", "acks", "reserve_next", "push_seconds", "adapter_checksum")
     PUSH_ID_FIELD_NUMBER: _ClassVar[int]
     SENDER_OK_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
@@ -247,6 +251,7 @@ class CommitWeightPushRequest(_message.Message):
     ACKS_FIELD_NUMBER: _ClassVar[int]
     RESERVE_NEXT_FIELD_NUMBER: _ClassVar[int]
     PUSH_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    ADAPTER_CHECKSUM_FIELD_NUMBER: _ClassVar[int]
     push_id: str
     sender_ok: bool
     error: str
@@ -255,7 +260,8 @@ class CommitWeightPushRequest(_message.Message):
     acks: _containers.RepeatedCompositeFieldContainer[_weights_pb2.PushAck]
     reserve_next: bool
     push_seconds: float
-    def __init__(self, push_id: _Optional[str] = ..., sender_ok: _Optional[bool] = ..., error: _Optional[str] = ..., learner_key: _Optional[bytes] = ..., missing_ranks: _Optional[_Iterable[int]] = ..., acks: _Optional[_Iterable[_Union[_weights_pb2.PushAck, _Mapping]]] = ..., reserve_next: _Optional[bool] = ..., push_seconds: _Optional[float] = ...) -> None: ...
+    adapter_checksum: str
+    def __init__(self, push_id: _Optional[str] = ..., sender_ok: _Optional[bool] = ..., error: _Optional[str] = ..., learner_key: _Optional[bytes] = ..., missing_ranks: _Optional[_Iterable[int]] = ..., acks: _Optional[_Iterable[_Union[_weights_pb2.PushAck, _Mapping]]] = ..., reserve_next: _Optional[bool] = ..., push_seconds: _Optional[float] = ..., adapter_checksum: _Optional[str] = ...) -> None: ...
 
 class CommitWeightPushResponse(_message.Message):
     __slots__ = ("committed", "current_version", "acked", "dropped", "next_push")
@@ -356,7 +362,7 @@ class GetStatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ReplicaStatus(_message.Message):
-    __slots__ = ("replica_id", "address", "weight_version", "alive", "needs_sync", "active_leases", "last_heartbeat_age_s", "engine", "held_back_s", "push_problem", "reachable", "dead_reason")
+    __slots__ = ("replica_id", "address", "weight_version", "alive", "needs_sync", "active_leases", "last_heartbeat_age_s", "engine", "held_back_s", "push_problem", "reachable", "dead_reason", "adapter_checksum", "adapter_verified")
     REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     WEIGHT_VERSION_FIELD_NUMBER: _ClassVar[int]
@@ -369,6 +375,8 @@ class ReplicaStatus(_message.Message):
     PUSH_PROBLEM_FIELD_NUMBER: _ClassVar[int]
     REACHABLE_FIELD_NUMBER: _ClassVar[int]
     DEAD_REASON_FIELD_NUMBER: _ClassVar[int]
+    ADAPTER_CHECKSUM_FIELD_NUMBER: _ClassVar[int]
+    ADAPTER_VERIFIED_FIELD_NUMBER: _ClassVar[int]
     replica_id: str
     address: str
     weight_version: int
@@ -381,7 +389,9 @@ class ReplicaStatus(_message.Message):
     push_problem: str
     reachable: bool
     dead_reason: str
-    def __init__(self, replica_id: _Optional[str] = ..., address: _Optional[str] = ..., weight_version: _Optional[int] = ..., alive: _Optional[bool] = ..., needs_sync: _Optional[bool] = ..., active_leases: _Optional[int] = ..., last_heartbeat_age_s: _Optional[float] = ..., engine: _Optional[str] = ..., held_back_s: _Optional[float] = ..., push_problem: _Optional[str] = ..., reachable: _Optional[bool] = ..., dead_reason: _Optional[str] = ...) -> None: ...
+    adapter_checksum: str
+    adapter_verified: bool
+    def __init__(self, replica_id: _Optional[str] = ..., address: _Optional[str] = ..., weight_version: _Optional[int] = ..., alive: _Optional[bool] = ..., needs_sync: _Optional[bool] = ..., active_leases: _Optional[int] = ..., last_heartbeat_age_s: _Optional[float] = ..., engine: _Optional[str] = ..., held_back_s: _Optional[float] = ..., push_problem: _Optional[str] = ..., reachable: _Optional[bool] = ..., dead_reason: _Optional[str] = ..., adapter_checksum: _Optional[str] = ..., adapter_verified: _Optional[bool] = ...) -> None: ...
 
 class ControllerStatus(_message.Message):
     __slots__ = ("current_version", "admitted", "batch_size", "eta", "held_requests", "replicas", "pushes_committed", "leases_expired", "open_push", "reserved_push")

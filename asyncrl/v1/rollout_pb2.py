@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from asyncrl.v1 import weights_pb2 as asyncrl_dot_v1_dot_weights__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18\x61syncrl/v1/rollout.proto\x12\nasyncrl.v1\x1a\x18\x61syncrl/v1/weights.proto\"a\n\x14UpdateWeightsRequest\x12(\n\x04plan\x18\x01 \x01(\x0b\x32\x1a.asyncrl.v1.WeightPushPlan\x12\x0c\n\x04rank\x18\x02 \x01(\x05\x12\x11\n\torder_mac\x18\x03 \x01(\x0c\"P\n\x15UpdateWeightsResponse\x12\x16\n\x0eweight_version\x18\x01 \x01(\x03\x12\x0e\n\x06load_s\x18\x02 \x01(\x01\x12\x0f\n\x07pause_s\x18\x03 \x01(\x01\"i\n\x0fGenerateRequest\x12)\n\x07prompts\x18\x01 \x03(\x0b\x32\x18.asyncrl.v1.PromptTokens\x12\x16\n\x0emax_new_tokens\x18\x02 \x01(\x05\x12\x13\n\x0btemperature\x18\x03 \x01(\x02\"!\n\x0cPromptTokens\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\"d\n\x11GeneratedSequence\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\x12\x12\n\nlogp_behav\x18\x02 \x03(\x02\x12\x16\n\x0eweight_version\x18\x03 \x03(\x03\x12\x10\n\x08\x66inished\x18\x04 \x01(\x08\"D\n\x10GenerateResponse\x12\x30\n\tsequences\x18\x01 \x03(\x0b\x32\x1d.asyncrl.v1.GeneratedSequence\")\n\x14RolloutStatusRequest\x12\x11\n\tchallenge\x18\x01 \x01(\x0c\"\x94\x01\n\rRolloutStatus\x12\x12\n\nreplica_id\x18\x01 \x01(\t\x12\x16\n\x0eweight_version\x18\x02 \x01(\x03\x12\x0e\n\x06\x65ngine\x18\x03 \x01(\t\x12\x16\n\x0egroups_written\x18\x04 \x01(\x03\x12\x18\n\x10tokens_generated\x18\x05 \x01(\x03\x12\x15\n\rchallenge_mac\x18\x06 \x01(\x0c\x32\xf0\x01\n\x07Rollout\x12T\n\rUpdateWeights\x12 .asyncrl.v1.UpdateWeightsRequest\x1a!.asyncrl.v1.UpdateWeightsResponse\x12\x45\n\x08Generate\x12\x1b.asyncrl.v1.GenerateRequest\x1a\x1c.asyncrl.v1.GenerateResponse\x12H\n\tGetStatus\x12 .asyncrl.v1.RolloutStatusRequest\x1a\x19.asyncrl.v1.RolloutStatusb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18\x61syncrl/v1/rollout.proto\x12\nasyncrl.v1\x1a\x18\x61syncrl/v1/weights.proto\"a\n\x14UpdateWeightsRequest\x12(\n\x04plan\x18\x01 \x01(\x0b\x32\x1a.asyncrl.v1.WeightPushPlan\x12\x0c\n\x04rank\x18\x02 \x01(\x05\x12\x11\n\torder_mac\x18\x03 \x01(\x0c\"j\n\x15UpdateWeightsResponse\x12\x16\n\x0eweight_version\x18\x01 \x01(\x03\x12\x0e\n\x06load_s\x18\x02 \x01(\x01\x12\x0f\n\x07pause_s\x18\x03 \x01(\x01\x12\x18\n\x10\x61\x64\x61pter_checksum\x18\x04 \x01(\t\"i\n\x0fGenerateRequest\x12)\n\x07prompts\x18\x01 \x03(\x0b\x32\x18.asyncrl.v1.PromptTokens\x12\x16\n\x0emax_new_tokens\x18\x02 \x01(\x05\x12\x13\n\x0btemperature\x18\x03 \x01(\x02\"!\n\x0cPromptTokens\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\"d\n\x11GeneratedSequence\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\x12\x12\n\nlogp_behav\x18\x02 \x03(\x02\x12\x16\n\x0eweight_version\x18\x03 \x03(\x03\x12\x10\n\x08\x66inished\x18\x04 \x01(\x08\"D\n\x10GenerateResponse\x12\x30\n\tsequences\x18\x01 \x03(\x0b\x32\x1d.asyncrl.v1.GeneratedSequence\")\n\x14RolloutStatusRequest\x12\x11\n\tchallenge\x18\x01 \x01(\x0c\"\xae\x01\n\rRolloutStatus\x12\x12\n\nreplica_id\x18\x01 \x01(\t\x12\x16\n\x0eweight_version\x18\x02 \x01(\x03\x12\x0e\n\x06\x65ngine\x18\x03 \x01(\t\x12\x16\n\x0egroups_written\x18\x04 \x01(\x03\x12\x18\n\x10tokens_generated\x18\x05 \x01(\x03\x12\x15\n\rchallenge_mac\x18\x06 \x01(\x0c\x12\x18\n\x10\x61\x64\x61pter_checksum\x18\x07 \x01(\t2\xf0\x01\n\x07Rollout\x12T\n\rUpdateWeights\x12 .asyncrl.v1.UpdateWeightsRequest\x1a!.asyncrl.v1.UpdateWeightsResponse\x12\x45\n\x08Generate\x12\x1b.asyncrl.v1.GenerateRequest\x1a\x1c.asyncrl.v1.GenerateResponse\x12H\n\tGetStatus\x12 .asyncrl.v1.RolloutStatusRequest\x1a\x19.asyncrl.v1.RolloutStatusb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,19 +35,19 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_UPDATEWEIGHTSREQUEST']._serialized_start=66
   _globals['_UPDATEWEIGHTSREQUEST']._serialized_end=163
   _globals['_UPDATEWEIGHTSRESPONSE']._serialized_start=165
-  _globals['_UPDATEWEIGHTSRESPONSE']._serialized_end=245
-  _globals['_GENERATEREQUEST']._serialized_start=247
-  _globals['_GENERATEREQUEST']._serialized_end=352
-  _globals['_PROMPTTOKENS']._serialized_start=354
-  _globals['_PROMPTTOKENS']._serialized_end=387
-  _globals['_GENERATEDSEQUENCE']._serialized_start=389
-  _globals['_GENERATEDSEQUENCE']._serialized_end=489
-  _globals['_GENERATERESPONSE']._serialized_start=491
-  _globals['_GENERATERESPONSE']._serialized_end=559
-  _globals['_ROLLOUTSTATUSREQUEST']._serialized_start=561
-  _globals['_ROLLOUTSTATUSREQUEST']._serialized_end=602
-  _globals['_ROLLOUTSTATUS']._serialized_start=605
-  _globals['_ROLLOUTSTATUS']._serialized_end=753
-  _globals['_ROLLOUT']._serialized_start=756
-  _globals['_ROLLOUT']._serialized_end=996
+  _globals['_UPDATEWEIGHTSRESPONSE']._serialized_end=271
+  _globals['_GENERATEREQUEST']._serialized_start=273
+  _globals['_GENERATEREQUEST']._serialized_end=378
+  _globals['_PROMPTTOKENS']._serialized_start=380
+  _globals['_PROMPTTOKENS']._serialized_end=413
+  _globals['_GENERATEDSEQUENCE']._serialized_start=415
+  _globals['_GENERATEDSEQUENCE']._serialized_end=515
+  _globals['_GENERATERESPONSE']._serialized_start=517
+  _globals['_GENERATERESPONSE']._serialized_end=585
+  _globals['_ROLLOUTSTATUSREQUEST']._serialized_start=587
+  _globals['_ROLLOUTSTATUSREQUEST']._serialized_end=628
+  _globals['_ROLLOUTSTATUS']._serialized_start=631
+  _globals['_ROLLOUTSTATUS']._serialized_end=805
+  _globals['_ROLLOUT']._serialized_start=808
+  _globals['_ROLLOUT']._serialized_end=1048
 # @@protoc_insertion_point(module_scope)

@@ -18,14 +18,16 @@ class UpdateWeightsRequest(_message.Message):
     def __init__(self, plan: _Optional[_Union[_weights_pb2.WeightPushPlan, _Mapping]] = ..., rank: _Optional[int] = ..., order_mac: _Optional[bytes] = ...) -> None: ...
 
 class UpdateWeightsResponse(_message.Message):
-    __slots__ = ("weight_version", "load_s", "pause_s")
+    __slots__ = ("weight_version", "load_s", "pause_s", "adapter_checksum")
     WEIGHT_VERSION_FIELD_NUMBER: _ClassVar[int]
     LOAD_S_FIELD_NUMBER: _ClassVar[int]
     PAUSE_S_FIELD_NUMBER: _ClassVar[int]
+    ADAPTER_CHECKSUM_FIELD_NUMBER: _ClassVar[int]
     weight_version: int
     load_s: float
     pause_s: float
-    def __init__(self, weight_version: _Optional[int] = ..., load_s: _Optional[float] = ..., pause_s: _Optional[float] = ...) -> None: ...
+    adapter_checksum: str
+    def __init__(self, weight_version: _Optional[int] = ..., load_s: _Optional[float] = ..., pause_s: _Optional[float] = ..., adapter_checksum: _Optional[str] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
     __slots__ = ("prompts", "max_new_tokens", "temperature")
@@ -68,17 +70,19 @@ class RolloutStatusRequest(_message.Message):
     def __init__(self, challenge: _Optional[bytes] = ...) -> None: ...
 
 class RolloutStatus(_message.Message):
-    __slots__ = ("replica_id", "weight_version", "engine", "groups_written", "tokens_generated", "challenge_mac")
+    __slots__ = ("replica_id", "weight_version", "engine", "groups_written", "tokens_generated", "challenge_mac", "adapter_checksum")
     REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
     WEIGHT_VERSION_FIELD_NUMBER: _ClassVar[int]
     ENGINE_FIELD_NUMBER: _ClassVar[int]
     GROUPS_WRITTEN_FIELD_NUMBER: _ClassVar[int]
     TOKENS_GENERATED_FIELD_NUMBER: _ClassVar[int]
     CHALLENGE_MAC_FIELD_NUMBER: _ClassVar[int]
+    ADAPTER_CHECKSUM_FIELD_NUMBER: _ClassVar[int]
     replica_id: str
     weight_version: int
     engine: str
     groups_written: int
     tokens_generated: int
     challenge_mac: bytes
-    def __init__(self, replica_id: _Optional[str] = ..., weight_version: _Optional[int] = ..., engine: _Optional[str] = ..., groups_written: _Optional[int] = ..., tokens_generated: _Optional[int] = ..., challenge_mac: _Optional[bytes] = ...) -> None: ...
+    adapter_checksum: str
+    def __init__(self, replica_id: _Optional[str] = ..., weight_version: _Optional[int] = ..., engine: _Optional[str] = ..., groups_written: _Optional[int] = ..., tokens_generated: _Optional[int] = ..., challenge_mac: _Optional[bytes] = ..., adapter_checksum: _Optional[str] = ...) -> None: ...

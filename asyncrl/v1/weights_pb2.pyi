@@ -17,7 +17,7 @@ class TensorSpec(_message.Message):
     def __init__(self, name: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., dtype: _Optional[str] = ...) -> None: ...
 
 class WeightPushPlan(_message.Message):
-    __slots__ = ("push_id", "version", "store_address", "world_size", "transport", "tensors", "bucket_bytes", "timeout_s", "join_timeout_s", "group_id", "new_group", "manifest_digest")
+    __slots__ = ("push_id", "version", "store_address", "world_size", "transport", "tensors", "bucket_bytes", "timeout_s", "join_timeout_s", "group_id", "new_group", "manifest_digest", "adapter")
     PUSH_ID_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     STORE_ADDRESS_FIELD_NUMBER: _ClassVar[int]
@@ -30,6 +30,7 @@ class WeightPushPlan(_message.Message):
     GROUP_ID_FIELD_NUMBER: _ClassVar[int]
     NEW_GROUP_FIELD_NUMBER: _ClassVar[int]
     MANIFEST_DIGEST_FIELD_NUMBER: _ClassVar[int]
+    ADAPTER_FIELD_NUMBER: _ClassVar[int]
     push_id: str
     version: int
     store_address: str
@@ -42,13 +43,26 @@ class WeightPushPlan(_message.Message):
     group_id: str
     new_group: bool
     manifest_digest: str
-    def __init__(self, push_id: _Optional[str] = ..., version: _Optional[int] = ..., store_address: _Optional[str] = ..., world_size: _Optional[int] = ..., transport: _Optional[str] = ..., tensors: _Optional[_Iterable[_Union[TensorSpec, _Mapping]]] = ..., bucket_bytes: _Optional[int] = ..., timeout_s: _Optional[float] = ..., join_timeout_s: _Optional[float] = ..., group_id: _Optional[str] = ..., new_group: _Optional[bool] = ..., manifest_digest: _Optional[str] = ...) -> None: ...
+    adapter: AdapterSpec
+    def __init__(self, push_id: _Optional[str] = ..., version: _Optional[int] = ..., store_address: _Optional[str] = ..., world_size: _Optional[int] = ..., transport: _Optional[str] = ..., tensors: _Optional[_Iterable[_Union[TensorSpec, _Mapping]]] = ..., bucket_bytes: _Optional[int] = ..., timeout_s: _Optional[float] = ..., join_timeout_s: _Optional[float] = ..., group_id: _Optional[str] = ..., new_group: _Optional[bool] = ..., manifest_digest: _Optional[str] = ..., adapter: _Optional[_Union[AdapterSpec, _Mapping]] = ...) -> None: ...
+
+class AdapterSpec(_message.Message):
+    __slots__ = ("rank", "alpha", "target_modules")
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    ALPHA_FIELD_NUMBER: _ClassVar[int]
+    TARGET_MODULES_FIELD_NUMBER: _ClassVar[int]
+    rank: int
+    alpha: float
+    target_modules: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, rank: _Optional[int] = ..., alpha: _Optional[float] = ..., target_modules: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class TensorManifest(_message.Message):
-    __slots__ = ("tensors",)
+    __slots__ = ("tensors", "adapter")
     TENSORS_FIELD_NUMBER: _ClassVar[int]
+    ADAPTER_FIELD_NUMBER: _ClassVar[int]
     tensors: _containers.RepeatedCompositeFieldContainer[TensorSpec]
-    def __init__(self, tensors: _Optional[_Iterable[_Union[TensorSpec, _Mapping]]] = ...) -> None: ...
+    adapter: AdapterSpec
+    def __init__(self, tensors: _Optional[_Iterable[_Union[TensorSpec, _Mapping]]] = ..., adapter: _Optional[_Union[AdapterSpec, _Mapping]] = ...) -> None: ...
 
 class PushOrder(_message.Message):
     __slots__ = ("plan", "order_macs")
@@ -59,13 +73,15 @@ class PushOrder(_message.Message):
     def __init__(self, plan: _Optional[_Union[WeightPushPlan, _Mapping]] = ..., order_macs: _Optional[_Iterable[bytes]] = ...) -> None: ...
 
 class PushAck(_message.Message):
-    __slots__ = ("rank", "weight_version", "ack_mac", "error")
+    __slots__ = ("rank", "weight_version", "ack_mac", "error", "adapter_checksum")
     RANK_FIELD_NUMBER: _ClassVar[int]
     WEIGHT_VERSION_FIELD_NUMBER: _ClassVar[int]
     ACK_MAC_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
+    ADAPTER_CHECKSUM_FIELD_NUMBER: _ClassVar[int]
     rank: int
     weight_version: int
     ack_mac: bytes
     error: str
-    def __init__(self, rank: _Optional[int] = ..., weight_version: _Optional[int] = ..., ack_mac: _Optional[bytes] = ..., error: _Optional[str] = ...) -> None: ...
+    adapter_checksum: str
+    def __init__(self, rank: _Optional[int] = ..., weight_version: _Optional[int] = ..., ack_mac: _Optional[bytes] = ..., error: _Optional[str] = ..., adapter_checksum: _Optional[str] = ...) -> None: ...

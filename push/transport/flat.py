@@ -69,13 +69,16 @@ def rebind_parameters(model: torch.nn.Module, flat: FlatWeights, slots: dict[str
 
 
 @torch.no_grad()
-def bind_parameters(model: torch.nn.Module, named: list[tuple[str, torch.Tensor]], bucket_bytes: int) -> FlatWeights:
-    """Move `named` (e.g. `modeling.named_weights(model)`) into bucket-shaped storage: copy once, rebind."""
+def bind_parameters(model: torch.nn.Module, named: list[tuple[str, torch.Tensor]], bucket_bytes: int,
+                    slots: dict[str, torch.Tensor] | None = None) -> FlatWeights:  # fmt: skip
+    """Move `named` (e.g. `modeling.named_weights(model)`) into bucket-shaped storage: copy once, rebind.
+    `slots`: the weight objects by the names in `named`, when those are not the model's state-dict names (a
+    LoRA adapter's parameters under peft's saved names)."""
     device = named[0][1].device if named else "cpu"
     flat = FlatWeights(tensor_metas(named), bucket_bytes, device)
     for name, tensor in named:
         flat.views[name].copy_(tensor)
-    rebind_parameters(model, flat)
+    rebind_parameters(model, flat, slots)
     return flat
 
 

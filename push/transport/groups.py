@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterator
 
 from torch.distributed import DistNetworkError, TCPStore
 
+from asyncrl.core.lora.spec import AdapterSpec
 from asyncrl.push.in_band import forget_acks
 from asyncrl.push.manifest import TensorMeta, manifest_bytes, parse_manifest
 from asyncrl.push.plan import PushPlan
@@ -141,9 +142,10 @@ class BroadcastGroups:
         self._key, self._group = None, None
 
 
-def publish_manifest(store: TCPStore, metas: tuple[TensorMeta, ...]) -> str:
-    """Sender: put the manifest of `metas` in the store once; returns its digest (plans name it)."""
-    data, digest = manifest_bytes(metas)
+def publish_manifest(store: TCPStore, metas: tuple[TensorMeta, ...], adapter: AdapterSpec | None = None) -> str:
+    """Sender: put the manifest of `metas` (an adapter's, with `adapter`) in the store once; returns its digest
+    (plans name it)."""
+    data, digest = manifest_bytes(metas, adapter)
     store.set(MANIFEST_KEY.format(digest=digest), data)
     return digest
 
@@ -153,19 +155,20 @@ class ManifestCache:
     sender's store the first time it is seen."""
 
     def __init__(self):
-        self._known: dict[str, tuple[TensorMeta, ...]] = {}
+        self._known: dict[str, tuple[tuple[TensorMeta, ...], AdapterSpec | None]] = {}
         self._lock = threading.Lock()
 
     def resolve(self, plan: PushPlan) -> PushPlan:
         if plan.tensors or not plan.manifest_digest:
             return plan
         with self._lock:
-            metas = self._known.get(plan.manifest_digest)
-            if metas is None:
+            known = self._known.get(plan.manifest_digest)
+            if known is None:
                 store = connect_store(plan, min(plan.timeout_s, 30.0))
-                metas = parse_manifest(store.get(MANIFEST_KEY.format(digest=plan.manifest_digest)),
+                known = parse_manifest(store.get(MANIFEST_KEY.format(digest=plan.manifest_digest)),
                                        plan.manifest_digest)
                 while len(self._known) >= MANIFESTS_KEPT:
                     self._known.pop(next(iter(self._known)))
-                self._known[plan.manifest_digest] = metas
-        return dataclasses.replace(plan, tensors=metas)
+                self._known[plan.manifest_digest] = known
+        metas, adapter = known
+        return dataclasses.replace(plan, tensors=metas, adapter=adapter)
