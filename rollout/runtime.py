@@ -22,6 +22,7 @@ from asyncrl.core.buffer import make_buffer
 from asyncrl.core.engines.factory import make_engine
 from asyncrl.core.events import EventLog
 from asyncrl.core.grpc_util import channel
+from asyncrl.core.lora.versions import AdapterServing
 from asyncrl.core.preflight import check_checkpoint
 from asyncrl.core.tasks import task_for_run
 from asyncrl.core.trajectory_checks import checkpoint_limits
@@ -59,7 +60,8 @@ class ReplicaRuntime:
         check_checkpoint(config.model.path, "model.path")
         seed = replica_seed(config.seed, replica_id)
         torch.manual_seed(seed)
-        self.engine = make_engine(config.rollout.engine, config.model.path, config.model.dtype, seed=seed)
+        self.engine = make_engine(config.rollout.engine, config.model.path, config.model.dtype, seed=seed,
+                                  adapters=AdapterServing.for_run(config.learner.lora, config.controller.eta))
         self.engine_lock = threading.Lock()
         self.metrics = RolloutMetrics(replica_id)
         self.session: ReplicaSession | None = None

@@ -13,6 +13,7 @@ from transformers import AutoConfig
 from asyncrl.core.auth import MAX_CHALLENGE, liveness_mac, resolve_auth
 from asyncrl.core.engines.factory import make_engine
 from asyncrl.core.grpc_util import abort_invalid, build_server, wait_for_channel, wait_until_stopped
+from asyncrl.core.lora.versions import AdapterServing
 from asyncrl.core.metrics import serve_metrics
 from asyncrl.core.ports import listening
 from asyncrl.core.sampling import SamplingParams
@@ -77,7 +78,7 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServicer):
             log.exception("weight update %s failed", request.plan.push_id)
             context.abort(grpc.StatusCode.ABORTED, f"weight update {request.plan.push_id} failed: {err}")
         return rollout_pb2.UpdateWeightsResponse(weight_version=stats.version, load_s=stats.load_s,
-                                                 pause_s=stats.pause_s)
+                                                 pause_s=stats.pause_s, adapter_checksum=stats.adapter_checksum)
 
     def Generate(self, request, context):
         try:
@@ -114,6 +115,7 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServicer):
         return rollout_pb2.RolloutStatus(
             replica_id=self.replica_id(),
             weight_version=self.engine.weight_version,
+            adapter_checksum=self.engine.adapter_checksum,
             engine=self.engine_type,
             groups_written=int(self.metrics.groups_written._value.get()),
             tokens_generated=int(self.metrics.tokens_generated._value.get()),
@@ -124,7 +126,8 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServicer):
 def create_server(config, engine=None, engine_lock=None, metrics=None, replica_id=lambda: "", push_key=None):
     """The Rollout gRPC server (not started) around `engine` (built from config when None). `push_key`: a
     callable giving the key pushes must be signed with (see `RolloutServicer`)."""
-    engine = engine or make_engine(config.rollout.engine, config.model.path, config.model.dtype, seed=config.seed)
+    engine = engine or make_engine(config.rollout.engine, config.model.path, config.model.dtype, seed=config.seed,
+                                   adapters=AdapterServing.for_run(config.learner.lora, config.controller.eta))
     model_config = AutoConfig.from_pretrained(config.model.path)
     servicer = RolloutServicer(
         engine, engine_lock or threading.Lock(),

@@ -39,6 +39,8 @@ class WeightUpdateStats:
     """Time generation was blocked by the update."""
     bytes_received: int = 0
     extra: dict = field(default_factory=dict)
+    adapter_checksum: str = ""
+    """An adapter push: the checksum of the adapter the engine serves now (`asyncrl.core.lora.checksum`)."""
 
 
 class Engine(ABC):
@@ -48,6 +50,11 @@ class Engine(ABC):
     @abstractmethod
     def weight_version(self) -> int:
         """Version of the weights generating right now."""
+
+    @property
+    def adapter_checksum(self) -> str:
+        """The checksum of the LoRA adapter generating right now ("" for full weights, or before one arrived)."""
+        return ""
 
     @abstractmethod
     def generate(self, prompts: list[list[int]], params: SamplingParams, n: int = 1) -> list[list[Generation]]:

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 from asyncrl.core.engines.base import Engine
+from asyncrl.core.lora.versions import AdapterServing
 
 
-def make_engine(engine_cfg, model_path: str, dtype: str, seed: int = 0, version: int = 0) -> Engine:
-    """Factory: the engine named by `engine_cfg.type`."""
+def make_engine(engine_cfg, model_path: str, dtype: str, seed: int = 0, version: int = 0,
+                adapters: AdapterServing | None = None) -> Engine:  # fmt: skip
+    """Factory: the engine named by `engine_cfg.type`; `adapters`: a LoRA run's (`AdapterServing.for_run`). The
+    torch engine merges every adapter pushed to it and needs nothing set up; vLLM loads them as LoRA adapters."""
     if engine_cfg.type == "torch":
         from asyncrl.core.engines.torch_engine import TorchEngine
 
@@ -14,5 +17,5 @@ def make_engine(engine_cfg, model_path: str, dtype: str, seed: int = 0, version:
     if engine_cfg.type == "vllm":
         from asyncrl.core.engines.vllm_engine import VLLMEngine
 
-        return VLLMEngine(engine_cfg, model_path, dtype, seed=seed, version=version)
+        return VLLMEngine(engine_cfg, model_path, dtype, seed=seed, version=version, adapters=adapters)
     raise ValueError(f"unknown engine type {engine_cfg.type!r} (expected 'torch' or 'vllm')")

@@ -20,6 +20,8 @@ import torch
 
 from asyncrl.core.engines.base import Engine, Generation, WeightUpdateStats
 from asyncrl.core.engines.torch_decode import generate_with_model
+from asyncrl.core.lora.checksum import adapter_checksum
+from asyncrl.core.lora.merged import MergedAdapter
 from asyncrl.core.modeling import (
     check_weight_metas,
     copy_weights_,
@@ -66,10 +68,16 @@ class TorchEngine(Engine):
         # against the model: a push with the same manifest (every push while the membership holds) skips both.
         self._slots = weight_slots(self.model)
         self._checked_metas: tuple = ()
+        # LoRA runs: every push is an adapter, merged onto the base weights (`asyncrl.core.lora.merged`).
+        self._adapter = MergedAdapter(self._slots)
 
     @property
     def weight_version(self) -> int:
         return self._version
+
+    @property
+    def adapter_checksum(self) -> str:
+        return self._adapter.checksum
 
     @contextlib.contextmanager
     def _forward_step(self):
@@ -110,7 +118,36 @@ class TorchEngine(Engine):
         with self._update_lock:
             return self._update_weights(plan, rank)
 
+    def _update_adapter(self, plan: PushPlan, rank: int) -> WeightUpdateStats:
+        """An adapter push: received (a few MB), merged onto the base weights off the lock, swapped in."""
+        started = time.perf_counter()
+        try:
+            layers = self._adapter.layers(plan)
+        except ValueError:
+            self._drain(plan, rank)
+            raise
+        received: dict[str, torch.Tensor] = {}
+        with self._groups.member(plan, rank) as group:
+            for bucket in receive_weights(group, plan):
+                received.update((name, tensor.clone()) for name, tensor in bucket)
+        received_at = time.perf_counter()
+        checksum = adapter_checksum((meta.name, received[meta.name]) for meta in plan.tensors)
+        merged = self._adapter.merge(plan, layers, received)
+        merge_done = time.perf_counter()
+        with self._weights_lock:
+            swap_start = time.perf_counter()
+            self._adapter.swap_in(merged, checksum)
+            self._version = plan.version
+            pause_s = time.perf_counter() - swap_start
+        log.info("adapter v%d live (merged into %d modules, checksum %s): %.2f MB, %.3fs", plan.version,
+                 len(layers), checksum[:12], plan.total_bytes / 2**20, time.perf_counter() - started)
+        return WeightUpdateStats(version=plan.version, load_s=time.perf_counter() - started, pause_s=pause_s,
+                                 bytes_received=plan.total_bytes, adapter_checksum=checksum,
+                                 extra={"receive_s": received_at - started, "merge_s": merge_done - received_at})
+
     def _update_weights(self, plan: PushPlan, rank: int) -> WeightUpdateStats:
+        if plan.adapter is not None:
+            return self._update_adapter(plan, rank)
         started = time.perf_counter()
         if plan.tensors != self._checked_metas:
             try:
@@ -147,6 +184,7 @@ class TorchEngine(Engine):
                 nbytes = plan.total_bytes
             else:
                 nbytes = copy_weights_(self._slots, staged)
+            self._adapter.reset()
             self._version = plan.version
             pause_s = time.perf_counter() - swap_start
         load_s = time.perf_counter() - started

@@ -25,12 +25,14 @@ import time
 import numpy as np
 
 from asyncrl.core.engines.base import Engine, Generation, WeightUpdateStats
+from asyncrl.core.engines.vllm_adapters import VLLMAdapters
 from asyncrl.core.engines.vllm_worker import (
     WORKER_EXTENSION,
     check_plan_against_checkpoint,
     checkpoint_tensor_shapes,
     plan_to_dict,
 )
+from asyncrl.core.lora.versions import AdapterServing
 from asyncrl.core.routing import RoutedExperts, checkpoint_num_experts
 from asyncrl.core.sampling import SamplingParams
 from asyncrl.push.plan import PushPlan
@@ -39,7 +41,8 @@ UPDATE_MODES = ("inflight", "between")
 
 
 class VLLMEngine(Engine):
-    def __init__(self, engine_cfg, model_path: str, dtype: str, seed: int = 0, version: int = 0):
+    def __init__(self, engine_cfg, model_path: str, dtype: str, seed: int = 0, version: int = 0,
+                 adapters: AdapterServing | None = None):  # fmt: skip
         from vllm import LLM
         from vllm.platforms import current_platform
 
@@ -63,8 +66,11 @@ class VLLMEngine(Engine):
             logprobs_mode="processed_logprobs",
             worker_extension_cls=WORKER_EXTENSION,
             enable_return_routed_experts=self.returns_routed_experts,
+            **(VLLMAdapters.engine_args(adapters) if adapters is not None else {}),
         )
         self.start_s = time.perf_counter() - started
+        self.adapters = None
+        """A LoRA run's adapters (`vllm_adapters`); None: pushes carry full weights."""
         self._llm.update_weight_version(str(version))
         # The in-flight path talks to the engine core from a second thread while generate() drains outputs;
         # that needs the multi-process engine core (vLLM's default), not the in-process one.
@@ -76,11 +82,17 @@ class VLLMEngine(Engine):
         self._control_lock = threading.Lock()
         self._batch_running = False
         self._waiting_since: float | None = None  # a generate()/score() queued behind an update
+        if adapters is not None:
+            self.adapters = VLLMAdapters(self._llm, adapters, self._checkpoint_shapes, self._control_lock)
         self._closed = False
 
     @property
     def weight_version(self) -> int:
         return self._version
+
+    @property
+    def adapter_checksum(self) -> str:
+        return "" if self.adapters is None else self.adapters.checksum
 
     # ---- generation and scoring ------------------------------------------------------------------------
 
@@ -89,10 +101,21 @@ class VLLMEngine(Engine):
     ) -> list[list[Generation]]:
         from vllm.outputs import RequestOutput
 
-        version_at_start = self._version
-        requests = [self._sampling_params(params, n) for _ in prompts]
-        outputs = self._run_batch(prompts, requests, RequestOutput)
-        return [[self._to_generation(c, version_at_start) for c in out.outputs] for out in outputs]
+        if self.adapters is None:
+            version_at_start = self._version
+            requests = [self._sampling_params(params, n) for _ in prompts]
+            outputs = self._run_batch(prompts, requests, RequestOutput)
+            return [[self._to_generation(c, version_at_start) for c in out.outputs] for out in outputs]
+        # LoRA: the whole batch runs on the newest adapter, whatever lands meanwhile (vLLM reports no weight
+        # version spans then: every token carries the adapter's version).
+        lora, served = self.adapters.acquire()
+        try:
+            version_at_start = self._version if served is None else served.version
+            requests = [self._sampling_params(params, n) for _ in prompts]
+            outputs = self._run_batch(prompts, requests, RequestOutput, lora)
+        finally:
+            self.adapters.release(served)
+        return [[self._to_generation(c, version_at_start, pinned=True) for c in out.outputs] for out in outputs]
 
     def score(self, sequences: list[list[int]], response_starts: list[int]) -> list[list[float]]:
         from vllm import SamplingParams as VllmSamplingParams
@@ -107,7 +130,13 @@ class VLLMEngine(Engine):
                 )
         # One throw-away generated token: vLLM needs max_tokens >= 1; the prompt log-probs are the result.
         params = VllmSamplingParams(max_tokens=1, prompt_logprobs=0, logprobs=None, detokenize=False)
-        outputs = self._run_batch(sequences, [params] * len(sequences), RequestOutput)
+        # The policy the engine serves now: with LoRA, the newest adapter (process rewards score with it).
+        lora, served = (None, None) if self.adapters is None else self.adapters.acquire()
+        try:
+            outputs = self._run_batch(sequences, [params] * len(sequences), RequestOutput, lora)
+        finally:
+            if self.adapters is not None:
+                self.adapters.release(served)
         return [
             [float(out.prompt_logprobs[t][seq[t]].logprob) for t in range(start, len(seq))]
             for out, seq, start in zip(outputs, sequences, response_starts)
@@ -130,7 +159,7 @@ class VLLMEngine(Engine):
             detokenize=False,  # token ids in, token ids out
         )
 
-    def _run_batch(self, token_lists: list[list[int]], params: list, output_type) -> list:
+    def _run_batch(self, token_lists: list[list[int]], params: list, output_type, lora=None) -> list:
         from vllm.inputs import TokensPrompt
 
         if self._closed:
@@ -142,7 +171,7 @@ class VLLMEngine(Engine):
         with self._batch_lock:
             with self._control_lock:
                 self._waiting_since = None
-                self._llm.enqueue(prompts, params, use_tqdm=False)
+                self._llm.enqueue(prompts, params, lora_request=lora, use_tqdm=False)
                 self._batch_running = True
             try:
                 # Only reads vLLM's output queue (no sends), so a concurrent update can talk to the core.
@@ -154,14 +183,15 @@ class VLLMEngine(Engine):
             raise RuntimeError(f"vLLM returned {len(finished)} results for {len(prompts)} requests")
         return finished
 
-    def _to_generation(self, completion, version_at_start: int) -> Generation:
+    def _to_generation(self, completion, version_at_start: int, pinned: bool = False) -> Generation:
         token_ids = list(completion.token_ids)
         logp_behav = [float(step[token].logprob) for step, token in zip(completion.logprobs, token_ids)]
         routed = completion.routed_experts
         return Generation(
             token_ids=token_ids,
             logp_behav=logp_behav,
-            weight_version=token_versions(completion.weight_versions, len(token_ids), version_at_start),
+            weight_version=(token_versions(completion.weight_versions, len(token_ids), version_at_start) if not pinned
+                            else [version_at_start] * len(token_ids)),
             # No stop strings or extra stop tokens are set, so "stop" means the model emitted EOS.
             finished=completion.finish_reason == "stop",
             routed_experts=None if routed is None else RoutedExperts(np.asarray(routed), self._num_experts),
@@ -181,6 +211,8 @@ class VLLMEngine(Engine):
                 f"weight push {plan.push_id}: vLLM on CPU cannot reload mixture-of-experts weights correctly; "
                 "use the torch engine for MoE models on CPU"
             )
+        if plan.adapter is not None:
+            return self._load_adapter(plan, rank)
         check_plan_against_checkpoint(plan, self._checkpoint_shapes, self.model_path)
         if self.update_mode == "between":
             # Safe point between generations: hold the batch lock, so no request is in the engine.
@@ -188,6 +220,24 @@ class VLLMEngine(Engine):
                 return self._swap_weights(plan, rank, pause_scheduler=False)
         with self._control_lock:
             return self._swap_weights(plan, rank, pause_scheduler=True)
+
+    def _load_adapter(self, plan: PushPlan, rank: int) -> WeightUpdateStats:
+        """An adapter push (`vllm_adapters`): no pause, running batches keep their adapter."""
+        if self.adapters is None:
+            raise ValueError(f"adapter push {plan.push_id}: this engine was not set up for LoRA adapters "
+                             "(learner.lora.enabled is false in the replica's config)")
+        self.adapters.check(plan)
+        started = time.perf_counter()
+        try:
+            checksum, figures = self.adapters.load(plan, rank, plan_to_dict(plan))
+        except Exception as err:  # the worker's error arrives as a bare Exception with its message
+            raise RuntimeError(f"adapter push {plan.push_id} (version {plan.version}) failed: {err}") from err
+        with self._control_lock:
+            self._llm.update_weight_version(str(plan.version))
+            self._version = plan.version
+        return WeightUpdateStats(version=plan.version, load_s=time.perf_counter() - started, pause_s=0.0,
+                                 bytes_received=figures["bytes"], adapter_checksum=checksum,
+                                 extra={**figures, "mode": "adapter"})
 
     def _swap_weights(self, plan: PushPlan, rank: int, pause_scheduler: bool) -> WeightUpdateStats:
         """Receive and load the push; caller holds the control lock (and, between generations, the batch)."""
@@ -244,6 +294,8 @@ class VLLMEngine(Engine):
             # Stops the engine-core process (and its workers) and joins them: no orphans left behind.
             self._llm.llm_engine.engine_core.shutdown(timeout=30)
             self._llm = None
+        if self.adapters is not None:
+            self.adapters.close()
         gc.collect()
 
 

@@ -12,12 +12,14 @@ on the extension's methods. The plan checks run in the engine's own process, bef
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import time
 from pathlib import Path
 
 import torch
 
+from asyncrl.core.lora.spec import AdapterSpec
 from asyncrl.push.manifest import TensorMeta, match_model
 from asyncrl.push.plan import PushPlan
 from asyncrl.push.transport.broadcast import receive_weights
@@ -36,12 +38,17 @@ def plan_to_dict(plan: PushPlan) -> dict:
     """A plan as plain msgpack-friendly values (every field: vLLM serialises collective_rpc arguments with
     msgpack)."""
     data = {field.name: getattr(plan, field.name) for field in dataclasses.fields(plan)}
-    return {**data, "tensors": [[t.name, list(t.shape), t.dtype] for t in plan.tensors]}
+    adapter = plan.adapter
+    return {**data, "tensors": [[t.name, list(t.shape), t.dtype] for t in plan.tensors],
+            "adapter": None if adapter is None else [adapter.rank, adapter.alpha, list(adapter.target_modules)]}
 
 
 def plan_from_dict(data: dict) -> PushPlan:
     tensors = tuple(TensorMeta(name, tuple(shape), dtype) for name, shape, dtype in data["tensors"])
-    return PushPlan(**{**data, "tensors": tensors})
+    adapter = data.get("adapter")
+    if adapter is not None:
+        adapter = AdapterSpec(int(adapter[0]), float(adapter[1]), tuple(adapter[2]))
+    return PushPlan(**{**data, "tensors": tensors, "adapter": adapter})
 
 
 def refresh_cpu_gemm_of_shared_weights(model: torch.nn.Module) -> None:
@@ -110,6 +117,29 @@ class AsyncRLWorkerExtension:
             "join_s": joined - start,
             "receive_load_s": time.perf_counter() - joined,
         }
+
+
+    def asyncrl_receive_adapter(self, plan_data: dict, rank: int, directory: str) -> dict:
+        """Join an adapter push as `rank` and write the adapter in peft's format into `directory`, where the
+        engine's LoRA loader reads it (`VLLMEngine`); the model itself is not touched, so generation goes on
+        meanwhile. Returns the adapter's checksum and figures."""
+        from safetensors.torch import save_file
+
+        from asyncrl.core.lora.checksum import adapter_checksum
+
+        plan = plan_from_dict(plan_data)
+        start = time.perf_counter()
+        received: dict[str, torch.Tensor] = {}
+        with _GROUPS.member(plan, rank) as group:
+            for views in receive_weights(group, plan):
+                received.update((name, tensor.detach().to("cpu", copy=True)) for name, tensor in views)
+        named = [(meta.name, received[meta.name]) for meta in plan.tensors]
+        target = Path(directory)
+        target.mkdir(parents=True, exist_ok=True)
+        save_file(dict(named), str(target / "adapter_model.safetensors"), metadata={"format": "pt"})
+        (target / "adapter_config.json").write_text(json.dumps(plan.adapter.peft_config()))
+        return {"bytes": sum(t.numel() * t.element_size() for _, t in named), "checksum": adapter_checksum(named),
+                "receive_write_s": time.perf_counter() - start}
 
 
 # ---- checking a plan against the checkpoint, in the engine's process before anything is received ---------
