@@ -31,6 +31,7 @@ from asyncrl.core.records.learner import MemoryPlanned
 from asyncrl.core.sampling import SamplingParams
 from asyncrl.core.tasks import task_for_run
 from asyncrl.core.trajectory_checks import checkpoint_limits
+from asyncrl.learner.adapters import inject_adapters, lora_parameters
 from asyncrl.learner.checkpoint import Checkpointer, load_checkpoint, resume_path
 from asyncrl.learner.checkpoint_saver import FollowerSaves
 from asyncrl.learner.held_out import evaluate_held_out
@@ -101,6 +102,8 @@ def build_learner(config) -> Leader | Follower:
     torch.manual_seed(config.seed)
     check_checkpoint(config.model.path, "model.path")
     model = load_causal_lm(config.model.path, config.model.dtype, rank_device(config.learner.device))
+    # LoRA: adapters injected in place, the base frozen (before the memory plan counts what trains).
+    adapter = inject_adapters(model, config.learner.lora) if config.learner.lora.enabled else None
     config, memory = fit_in_memory(config, model)  # before the reference copy and the optimizer exist
     if ranks.leader:
         # What this learner runs with, every default filled in (`up` writes the run's config too; in a
@@ -140,7 +143,8 @@ def build_learner(config) -> Leader | Follower:
         buffer=make_buffer(config.buffer, consumer="learner-0"),
         controller_stub=controller,
         publisher=WeightPublisher(controller, full_model, config.learner.weight_transport,
-                                  config.controller.push_timeout_s),
+                                  config.controller.push_timeout_s, adapter=adapter,
+                                  named=None if adapter is None else lora_parameters(full_model)),
         evaluate=functools.partial(evaluate_held_out, full_model, task, sampling, config.learner.eval_pass_k,
                                    config.learner.eval_samples, config.learner.eval_samples_max,
                                    config.learner.eval_pass_k_large),
@@ -149,7 +153,7 @@ def build_learner(config) -> Leader | Follower:
         limits=checkpoint_limits(config.model.path, config.sampling, config.reward),
         teacher_stub=teacher,
         teacher=config.teacher,
-        checkpointer=Checkpointer(config, task.tokenizer.hf, ranks, export_model=full_model),
+        checkpointer=Checkpointer(config, task.tokenizer.hf, ranks, export_model=full_model, adapter=adapter),
         sinks=MetricSinks(config),
         ranks=ranks,
         mirror=mirror,
@@ -176,8 +180,10 @@ def fit_in_memory(config, model) -> tuple:
     plan = plan_memory(
         weight_bytes=weight_bytes,
         trainable_bytes=sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad),
-        kl_reference=learner.algo.kl.mode != "none", push_in_background=learner.push_in_background,
-        checkpoint_background=learner.checkpoint.background,
+        # LoRA's KL reference is the base with its adapters off: no copy.
+        kl_reference=learner.algo.kl.mode != "none" and not learner.lora.enabled,
+        push_in_background=learner.push_in_background,
+        checkpoint_background=learner.checkpoint.background, trained_only=learner.lora.enabled,
     )  # fmt: skip
     verdict = fit(plan, available_bytes(held=weight_bytes))
     if not verdict.fits:

@@ -4,6 +4,9 @@ Each checkpoint directory holds
 - `learner/`: model and optimizer state with `torch.distributed.checkpoint` (state dicts from `get_state_dict`:
   a sharded learner writes one file per rank, and any number of ranks loads them), and `rng.pt`, the
   leader's RNG states;
+- with LoRA (`learner.lora`), `learner/` holds the adapters' state only (the base is `model.path`, frozen), and
+  `adapter/` the adapter in peft's format (`learner.adapters.save_adapter`), which `PeftModel.from_pretrained`
+  and vLLM's LoRA loader read; `hf/` is then the merged policy;
 - `hf/` (`export_hf`): the policy as a Hugging Face checkpoint (safetensors, config, generation config, the
   tokenizer with its special tokens and chat template) that `transformers` and vLLM load as they are;
 - `config.resolved.yaml` and `meta.json` (step, version, data position, time);
@@ -33,10 +36,11 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
 from asyncrl.core.config import dump_config
 from asyncrl.core.records.learner import CoveredAcked
+from asyncrl.learner.adapters import lora_parameters, merged_state_dict, save_adapter
 from asyncrl.learner.sharding import SAVE, SINGLE, STAGE, Ranks
 
 PREFIX = "step-"
@@ -92,13 +96,16 @@ def read_meta(path: str | Path) -> CheckpointMeta:
 
 
 class Checkpointer:
-    def __init__(self, config, tokenizer, ranks: Ranks = SINGLE, export_model=None):
+    def __init__(self, config, tokenizer, ranks: Ranks = SINGLE, export_model=None, adapter=None):
         self.config, self.cfg = config, config.learner.checkpoint
         self.tokenizer = tokenizer
         """A `transformers` tokenizer (the policy's), saved with every Hugging Face export."""
         self.ranks = ranks
         self.export_model = export_model
         """The unsharded policy the Hugging Face export reads (the leader's mirror); None: the model saved."""
+        self.adapter = adapter
+        """A LoRA learner's adapter shape (`AdapterSpec`): the adapter is saved in peft's format and the export
+        is the merged policy."""
 
     def save(self, model, optimizer, meta: CheckpointMeta, covered: Covered = Covered()) -> Path:
         """Write a checkpoint of the live state, in line, naming what it `covered`. (The leader; every other
@@ -107,9 +114,20 @@ class Checkpointer:
         if self.ranks.sharded:
             self.ranks.broadcast((SAVE, str(tmp / "learner")))
         save_shards(str(tmp / "learner"), model, optimizer)
-        if self.cfg.export_hf:
-            export_hf(self.export_model or model, self.tokenizer, tmp / "hf")
+        exported = self.export_model or model
+        adapter = None if self.adapter is None else dict(lora_parameters(exported))
+        self._write_exports(exported, tmp, adapter, None)
         return self._finish(tmp, final, rng_state(), meta, covered)
+
+    def _write_exports(self, module, tmp: Path, adapter: dict | None, hf_state: dict | None) -> None:
+        """`adapter/` (LoRA: `adapter`, peft name -> tensor) and `hf/` (when `export_hf`): the merged policy for
+        LoRA, else `hf_state` (None: the module's own state now)."""
+        if adapter is not None:
+            save_adapter(tmp / "adapter", self.adapter, list(adapter.items()), self.config.model.path)
+            if self.cfg.export_hf:
+                export_hf(module, self.tokenizer, tmp / "hf", merged_state_dict(module, self.adapter, adapter))
+        elif self.cfg.export_hf:
+            export_hf(module, self.tokenizer, tmp / "hf", hf_state)
 
     def stage(self, model, optimizer, meta: CheckpointMeta, covered: Covered = Covered()) -> StagedCheckpoint:
         """A copy in host memory of everything a checkpoint holds, taken now, for `write` to put on disk later
@@ -121,7 +139,9 @@ class Checkpointer:
         state = stage_shards(model, optimizer)
         exported = self.export_model or model
         hf_state = None
-        if self.cfg.export_hf:
+        if self.adapter is not None:  # the base is frozen: the merge reads it live when the copy is written
+            hf_state = _host_copy(dict(lora_parameters(exported)))
+        elif self.cfg.export_hf:
             hf_state = state["model"] if exported is model else _host_copy(exported.state_dict())
         return StagedCheckpoint(meta, state, rng_state(), exported, hf_state, tmp, final, covered)
 
@@ -129,7 +149,9 @@ class Checkpointer:
         """Put a staged checkpoint on disk: the same files as `save`, from the copy, not the live model (on a
         sharded learner, together with every rank's write of its shards)."""
         write_shards(str(staged.tmp / "learner"), staged.state, self.ranks)
-        if staged.hf_state is not None:
+        if self.adapter is not None:
+            self._write_exports(staged.module, staged.tmp, staged.hf_state, None)
+        elif staged.hf_state is not None:
             export_hf(staged.module, self.tokenizer, staged.tmp / "hf", staged.hf_state)
         return self._finish(staged.tmp, staged.final, staged.rng, staged.meta, staged.covered)
 
@@ -165,6 +187,7 @@ class StagedCheckpoint:
     rng: dict
     module: object
     hf_state: dict | None
+    """The export's state (None: no export); with LoRA the adapter's tensors (peft names), merged when written."""
     tmp: Path
     final: Path
     covered: Covered = Covered()
@@ -234,16 +257,21 @@ def tied_copies(model) -> set[str]:
     return tied - {name for name, p in model.named_parameters() if p is inputs.weight}
 
 
+TRAINED_ONLY = StateDictOptions(ignore_frozen_params=True)
+"""The learner state holds what trains: every weight of a full run, the adapters of a LoRA run (the base is the
+frozen `model.path`)."""
+
+
 def save_shards(path: str, model, optimizer) -> None:
     """Model and optimizer state into `path` with torch.distributed.checkpoint: on a sharded learner every
     rank writes its shards (all ranks call this together); the files are the same whatever the rank count."""
-    model_sd, optim_sd = get_state_dict(model, optimizer)
+    model_sd, optim_sd = get_state_dict(model, optimizer, options=TRAINED_ONLY)
     dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=path, no_dist=_no_dist())
 
 
 def stage_shards(model, optimizer) -> dict:
     """This rank's model and optimizer state, copied to host memory (what `write_shards` writes)."""
-    model_sd, optim_sd = get_state_dict(model, optimizer)
+    model_sd, optim_sd = get_state_dict(model, optimizer, options=TRAINED_ONLY)
     return _host_copy({"model": model_sd, "optim": optim_sd})
 
 
@@ -259,10 +287,12 @@ def write_shards(path: str, state: dict, ranks: Ranks) -> None:
 def load_shards(path: str, model, optimizer) -> None:
     """Model and optimizer state from `path` (saved by any number of ranks) into this rank's shards (all
     ranks call this together)."""
-    model_sd, optim_sd = get_state_dict(model, optimizer)
+    model_sd, optim_sd = get_state_dict(model, optimizer, options=TRAINED_ONLY)
     state = {"model": model_sd, "optim": optim_sd}
     dcp.load(state, checkpoint_id=path, no_dist=_no_dist())
-    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    # dcp.load refused a checkpoint lacking any trained tensor; the frozen base is not in it (not strict).
+    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"],
+                   options=StateDictOptions(ignore_frozen_params=True, strict=False))
 
 
 def load_checkpoint(path: str | Path, model, optimizer) -> CheckpointMeta:

@@ -69,15 +69,17 @@ class MemoryPlan:
 
 
 def plan_memory(*, weight_bytes: int, trainable_bytes: int, kl_reference: bool, push_in_background: bool,
-                checkpoint_background: bool) -> MemoryPlan:
+                checkpoint_background: bool, trained_only: bool = False) -> MemoryPlan:
     """The plan of a learner whose model holds `weight_bytes` (parameters and buffers), `trainable_bytes` of
-    them trainable, under the given settings."""
+    them trainable, under the given settings. `trained_only`: pushes and checkpoints copy only what trains
+    (LoRA's adapters), not every weight."""
     optimizer = 2 * trainable_bytes  # AdamW: exp_avg and exp_avg_sq, each like its parameter
+    copied = trainable_bytes if trained_only else weight_bytes
     return MemoryPlan(
         weights=weight_bytes, gradients=trainable_bytes, optimizer=optimizer,
         reference=weight_bytes if kl_reference else 0,
-        push_snapshot=weight_bytes if push_in_background else 0,
-        checkpoint_snapshot=weight_bytes + optimizer if checkpoint_background else 0,
+        push_snapshot=copied if push_in_background else 0,
+        checkpoint_snapshot=copied + optimizer if checkpoint_background else 0,
     )  # fmt: skip
 
 

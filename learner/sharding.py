@@ -194,19 +194,33 @@ class Mirror:
     """The leader's full copy of a sharded policy: an unsharded module whose weights live in the weight
     push's bucket storage. `refresh` is collective (every rank calls it after every step)."""
 
-    def __init__(self, unsharded: torch.nn.Module | None):
+    def __init__(self, unsharded: torch.nn.Module | None, trained_only: bool = False):
         self.module = unsharded
         """The leader's unsharded module (None on followers)."""
+        self.trained_only = trained_only
+        """Refresh only the parameters that train (LoRA: the adapters; the base never changes)."""
 
     @classmethod
     def before_sharding(cls, model: torch.nn.Module, ranks: Ranks) -> Mirror:
-        return cls(copy.deepcopy(model).eval().requires_grad_(False) if ranks.leader else None)
+        trained_only = not all(p.requires_grad for p in model.parameters())
+        copied = None
+        if ranks.leader:
+            copied = copy.deepcopy(model).eval()
+            for mine, theirs in zip(copied.parameters(), model.parameters()):
+                mine.requires_grad_(theirs.requires_grad)  # which are trained: named the same on both sides
+        return cls(copied, trained_only)
+
+    def _tensors(self, model: torch.nn.Module) -> list[tuple[str, torch.Tensor]]:
+        if self.trained_only:
+            return [(name, p.detach()) for name, p in model.named_parameters() if p.requires_grad]
+        return named_weights(model)
 
     @torch.no_grad()
     def refresh(self, sharded: torch.nn.Module) -> None:
-        """Gather every full tensor in `named_weights` order (all ranks), into the leader's copy."""
-        into = dict(named_weights(self.module)) if self.module is not None else {}
-        for name, tensor in named_weights(sharded):
+        """Gather every full tensor (the trained ones only, `trained_only`) in order (all ranks), into the
+        leader's copy."""
+        into = dict(self._tensors(self.module)) if self.module is not None else {}
+        for name, tensor in self._tensors(sharded):
             full = tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
             if self.module is not None:
                 into[name].copy_(full)

@@ -14,6 +14,7 @@ must pair up.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import itertools
 import logging
@@ -25,6 +26,7 @@ import torch
 from asyncrl.core.modeling import sequence_logprobs
 from asyncrl.core.prompt_sharing import shared_prompt_logprobs, why_not_shared
 from asyncrl.core.sampling import SamplingParams
+from asyncrl.learner.adapters import adapters_disabled
 from asyncrl.learner.algos import build_advantages, objective_units, policy_objective
 from asyncrl.learner.algos.diagnostics import to_floats
 from asyncrl.learner.batch import TrainBatch, staleness_stats
@@ -43,12 +45,17 @@ class Trainer:
         self.sampling = sampling
         self.pad_id = pad_id
         self.ranks = ranks
+        # Only what trains has optimizer state (with LoRA: the adapters; `learner.adapters`).
         self.optimizer = torch.optim.AdamW(
-            model.parameters(), lr=learner_cfg.lr, weight_decay=learner_cfg.weight_decay
+            [p for p in model.parameters() if p.requires_grad], lr=learner_cfg.lr, weight_decay=learner_cfg.weight_decay
         )
-        # The KL reference is the policy the run started from, frozen (only kept when a KL term uses it).
+        self.lora = learner_cfg.lora.enabled
+        self.lora_dropout = self.lora and learner_cfg.lora.dropout > 0
+        """Adapter dropout: the proximal and reference forwards then run in eval mode (no dropout), unfused."""
+        # The KL reference is the policy the run started from, frozen (only kept when a KL term uses it). With
+        # LoRA it is the base: the policy itself with its adapters off, no copy.
         self.ref_model = None
-        if self.algo.kl.mode != "none":
+        if self.algo.kl.mode != "none" and not self.lora:
             self.ref_model = copy.deepcopy(model).eval().requires_grad_(False)
         # A batch whose teacher annotation failed trains without the distillation term.
         no_opd = self.algo.opd.model_copy(update={"enabled": False})
@@ -60,7 +67,8 @@ class Trainer:
         self.in_parts = ranks.sharded or learner_cfg.microbatch_tokens > 0
         """Mini-batches trained in parts (ranks, micro-batches): denominators come from the whole mini-batch."""
         self.fuses_proximal = (self.algo.needs_prox_forward and learner_cfg.minibatches == 1 and not self.in_parts
-                               and self.replay.mode == "none" and self.algo.advantage.dash_threshold is None)
+                               and self.replay.mode == "none" and self.algo.advantage.dash_threshold is None
+                               and not self.lora_dropout)
         """One mini-batch trained whole, no routing replay, no DASH filter: the proximal policy is the policy
         before this step's only update, so the training forward's detached log-probs *are* logp_prox and the
         separate no-grad forward of the batch is skipped."""
@@ -82,6 +90,18 @@ class Trainer:
         logp, _mask = forward(model or self.model, batch.sequences, batch.response_starts, self.sampling,
                               self.pad_id)
         return logp[:, : batch.response_mask.shape[1]]
+
+    @contextlib.contextmanager
+    def _without_dropout(self):
+        """Adapter dropout off for a no-grad forward (the proximal policy is the policy, not a dropout sample)."""
+        if not self.lora_dropout:
+            yield
+            return
+        self.model.eval()
+        try:
+            yield
+        finally:
+            self.model.train()
 
     @torch.no_grad()
     def weights_finite(self) -> bool:
@@ -163,7 +183,7 @@ class Trainer:
             logp_fused = self._logprobs(batch)  # with grad; trained on below as the one mini-batch
             logp_prox = logp_fused.detach()
         elif self.algo.needs_prox_forward:
-            with torch.no_grad():
+            with torch.no_grad(), self._without_dropout():
                 if self.in_parts:
                     logp_prox = self._full_logprobs(batch)
                 else:
@@ -176,6 +196,9 @@ class Trainer:
             with torch.no_grad():
                 logp_ref = (self._full_logprobs(batch, self.ref_model) if self.in_parts
                             else self._logprobs(batch, self.ref_model))
+        elif self.lora and self.algo.kl.mode != "none":
+            with torch.no_grad(), adapters_disabled(self.model):
+                logp_ref = self._full_logprobs(batch) if self.in_parts else self._logprobs(batch)
         algo = self.algo
         if algo.opd.enabled and batch.logp_teacher is None:
             algo = self.algo_without_teacher

@@ -10,6 +10,7 @@ from pydantic import Field, model_validator
 
 from asyncrl.core.algo.config import AlgoConfig
 from asyncrl.core.config_base import PinnedSection, Section
+from asyncrl.core.lora.spec import UNTARGETABLE
 from asyncrl.push.plan import Transport
 
 
@@ -85,6 +86,35 @@ class RoutingReplayConfig(Section):
     measure_unreplayed: bool = False
     """r3 only: one more no-grad forward per step without replay, for `routing/delta_abs_unreplayed` (what
     |logp_prox - logp_behav| would be without replay)."""
+
+
+class LoraConfig(Section):
+    """LoRA (peft): train low-rank adapters on the frozen base policy and push only the adapters
+    (docs/lora.md)."""
+
+    enabled: bool = False
+    """Train adapters instead of every weight: optimizer state and pushes shrink to the adapters' size, the KL
+    reference is the base itself (no copy), checkpoints hold the adapter (peft format) and a merged export."""
+    rank: int = Field(16, ge=1, le=4096)
+    """r: the adapters' rank."""
+    alpha: float = Field(32.0, gt=0)
+    """lora_alpha: the update is scaled by alpha / rank."""
+    dropout: float = Field(0.0, ge=0, lt=1)
+    """Dropout on the adapters' input while training (the proximal and reference forwards run without it)."""
+    target_modules: list[str] = Field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
+    """Linear modules that get an adapter: every module whose name ends with one of these (peft's rule). Not the
+    embeddings or the output projection (tied to the embeddings in many models)."""
+
+    @model_validator(mode="after")
+    def _check_targets(self) -> LoraConfig:
+        if not self.target_modules:
+            raise ValueError("learner.lora.target_modules: name at least one module")
+        for name in self.target_modules:
+            if name.rsplit(".", 1)[-1] in UNTARGETABLE:
+                raise ValueError(f"learner.lora.target_modules: {name!r} cannot carry an adapter (embeddings "
+                                 "and the output projection are not targeted)")
+        return self
 
 
 class LearnerConfig(PinnedSection):
@@ -210,6 +240,8 @@ class LearnerConfig(PinnedSection):
     """Objective: policy loss, rollout correction, advantages, KL, OPD, shaping."""
     routing_replay: RoutingReplayConfig = RoutingReplayConfig()
     """MoE routing replay (none, r2, r3)."""
+    lora: LoraConfig = LoraConfig()
+    """Train LoRA adapters instead of full weights."""
 
     @model_validator(mode="after")
     def _check_parts(self) -> LearnerConfig:

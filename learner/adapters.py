@@ -1,0 +1,107 @@
+"""The learner's LoRA adapters (`learner.lora`), with peft: injected into the policy in place (the model object
+stays the transformers model every forward here calls; its targeted linear layers become peft's LoRA layers),
+the base frozen, only the adapters trained, pushed and checkpointed.
+
+- The KL reference is the base policy itself: the same model with its adapters switched off (`disabled`), no
+  copy. (The run starts with B = 0, so the base is the policy the run started from, as a full run's reference.)
+- A push carries the adapter tensors only, under peft's saved names (`lora_parameters`).
+- A checkpoint holds the adapter in peft's format (`save_adapter`: `adapter_model.safetensors` and
+  `adapter_config.json`, what `PeftModel.from_pretrained` and vLLM's LoRA loader read) and the merged policy as
+  a plain Hugging Face checkpoint (`merged_state_dict`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from pathlib import Path
+
+import torch
+
+from asyncrl.core.lora.checksum import adapter_checksum
+from asyncrl.core.lora.merge import merged_weight
+from asyncrl.core.lora.spec import AdapterSpec, adapter_name
+from asyncrl.core.preflight import ConfigError
+
+ADAPTER_FILE = "adapter_model.safetensors"
+CONFIG_FILE = "adapter_config.json"
+
+
+def inject_adapters(model: torch.nn.Module, cfg) -> AdapterSpec:
+    """Put LoRA adapters of `cfg` (`learner.lora`) into `model` in place (peft), freeze everything else; returns
+    the adapter's shape. ConfigError when a target module matches nothing or is tied to the embeddings."""
+    from peft import LoraConfig, inject_adapter_in_model
+
+    spec = AdapterSpec(cfg.rank, float(cfg.alpha), tuple(cfg.target_modules))
+    names = {name for name, _ in model.named_modules()}
+    for target in spec.target_modules:
+        if not any(n == target or n.endswith("." + target) for n in names):
+            raise ConfigError(f"learner.lora.target_modules: no module of the model is named {target!r}")
+    peft_cfg = LoraConfig(r=cfg.rank, lora_alpha=cfg.alpha, lora_dropout=cfg.dropout,
+                          target_modules=list(cfg.target_modules), bias="none")
+    model.requires_grad_(False)
+    inject_adapter_in_model(peft_cfg, model)
+    for _, param in lora_parameters(model):
+        param.requires_grad_(True)
+    return spec
+
+
+def lora_parameters(model: torch.nn.Module) -> list[tuple[str, torch.nn.Parameter]]:
+    """The adapter's parameters under peft's saved names (`base_model.model.<module>.lora_A.weight`), in module
+    order: what a push carries and a checkpoint's adapter holds."""
+    out = []
+    for name, param in model.named_parameters():
+        for part in ("A", "B"):
+            marker = f".lora_{part}.default.weight"
+            if name.endswith(marker):
+                out.append((adapter_name(name[: -len(marker)], part), param))
+    return out
+
+
+@contextlib.contextmanager
+def adapters_disabled(model: torch.nn.Module):
+    """The base policy for the duration (the KL reference): every LoRA layer skips its adapter."""
+    from peft.tuners.lora import LoraLayer
+
+    layers = [m for m in model.modules() if isinstance(m, LoraLayer)]
+    for layer in layers:
+        layer.enable_adapters(False)
+    try:
+        yield
+    finally:
+        for layer in layers:
+            layer.enable_adapters(True)
+
+
+def save_adapter(directory: Path, spec: AdapterSpec, named: list[tuple[str, torch.Tensor]],
+                 base_model_path: str = "") -> str:  # fmt: skip
+    """The adapter in peft's format into `directory`; returns its checksum (written beside it)."""
+    from safetensors.torch import save_file
+
+    directory.mkdir(parents=True, exist_ok=True)
+    tensors = {name: t.detach().to("cpu").contiguous() for name, t in named}
+    save_file(tensors, str(directory / ADAPTER_FILE), metadata={"format": "pt"})
+    (directory / CONFIG_FILE).write_text(json.dumps(spec.peft_config(base_model_path), indent=2))
+    checksum = adapter_checksum(named)
+    (directory / "checksum.txt").write_text(checksum + "\n")
+    return checksum
+
+
+@torch.no_grad()
+def merged_state_dict(model: torch.nn.Module, spec: AdapterSpec,
+                      adapter: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:  # fmt: skip
+    """The policy as a plain transformers state dict: the base weights under their own names with every targeted
+    weight merged (W + scale B A), host copies. `adapter`: peft saved name -> tensor (a staged copy; None: the
+    model's live adapter)."""
+    adapter = dict(lora_parameters(model)) if adapter is None else adapter
+    state = {}
+    for name, tensor in model.state_dict().items():
+        if ".lora_" in name:
+            continue
+        plain = name.replace(".base_layer.", ".")
+        module = plain.removesuffix(".weight")
+        a_name = adapter_name(module, "A")
+        if plain.endswith(".weight") and a_name in adapter:
+            tensor = merged_weight(tensor, adapter[a_name], adapter[adapter_name(module, "B")], spec.scale)
+        state[plain] = tensor.detach().to("cpu", copy=True).contiguous()
+    return state
