@@ -117,3 +117,12 @@ def listening_sockets(pids: list[int]) -> list[tuple[str, bool]]:
                 address = local.rsplit(":", 1)[0]
                 found.append((local, _is_loopback(address)))
     return found
+
+
+def kill_learner_after(run_dir: Path, steps: int, timeout_s: float = 600) -> None:
+    """Once the run's learner has written `steps` steps, SIGKILL it (the process `up` started with the run's
+    resolved config)."""
+    wait_for(lambda: steps_done(run_dir) >= steps, timeout_s, f"{steps} learner steps", run_dir=run_dir)
+    marker = f"learner --config {run_dir / 'config.resolved.yaml'}"
+    [pid] = subprocess.run(["pgrep", "-f", marker], check=False, capture_output=True, text=True).stdout.split()
+    os.kill(int(pid), signal.SIGKILL)

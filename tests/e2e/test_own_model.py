@@ -12,7 +12,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -23,7 +22,7 @@ import torch
 from asyncrl.core.events import read_events, read_records
 from asyncrl.core.records.learner import Eval, Step
 from asyncrl.tools.audit import surviving
-from tests.run_helpers import steps_done, wait_for
+from tests.run_helpers import kill_learner_after
 
 pytestmark = pytest.mark.e2e
 
@@ -49,10 +48,7 @@ def resumed_run(tmp_path_factory):
     first = subprocess.Popen(cli("up", "--config", str(EXAMPLE), *[a for o in overrides for a in ("--set", o)]),
                              cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)  # fmt: skip
     try:
-        wait_for(lambda: steps_done(run_dir) >= KILL_AFTER, 600, f"{KILL_AFTER} learner steps")
-        marker = f"learner --config {run_dir / 'config.resolved.yaml'}"
-        [pid] = subprocess.run(["pgrep", "-f", marker], check=False, capture_output=True, text=True).stdout.split()
-        os.kill(int(pid), signal.SIGKILL)
+        kill_learner_after(run_dir, KILL_AFTER)
         first_out, _ = first.communicate(timeout=120)
     finally:
         first.kill()

@@ -57,6 +57,16 @@ def trainer_for(model, learner: dict, ranks=None):
     return Trainer(model, cfg, SamplingParams.from_config(SamplingConfig()), pad_id=0, ranks=ranks or SINGLE)
 
 
+def with_adapters(model, learner: dict) -> None:
+    """LoRA adapters in `model` when `learner` asks for them (the same initial A on every rank: seeded)."""
+    cfg = LearnerConfig.model_validate(learner)
+    if cfg.lora.enabled:
+        from asyncrl.learner.adapters import inject_adapters
+
+        torch.manual_seed(0)
+        inject_adapters(model, cfg.lora)
+
+
 def full_state(model) -> dict[str, torch.Tensor]:
     return {name: t.detach().clone() for name, t in named_weights(model)}
 
@@ -70,6 +80,7 @@ def one_rank(model_path: Path, learner: dict, steps: int = STEPS, start=None, on
     from asyncrl.learner.sharding import train_step
 
     model = load_causal_lm(model_path, "float32", on)
+    with_adapters(model, learner)
     trainer = trainer_for(model, learner)
     if start is not None:
         start(model, trainer)
@@ -93,6 +104,7 @@ def _rank_main(rank: int, world: int, port: int, model_path: str, learner: dict,
     ranks = Ranks(rank, world, checkpoint_group=dist.new_group(backend="gloo"))
     writing = None
     model = load_causal_lm(model_path)
+    with_adapters(model, learner)
     mirror = Mirror.before_sharding(model, ranks)
     shard(model, "none", False)
     trainer = trainer_for(model, learner, ranks)
@@ -144,6 +156,27 @@ def test_two_ranks_train_the_same_weights_as_one(tmp_path, tiny_model_dir):
         per_rank = json.loads((tmp_path / f"bytes-{rank}.json").read_text())
         for kind in ("parameters", "optimizer"):
             assert 0.45 < per_rank[kind] / single[kind] < 0.6, (kind, per_rank, single)
+
+
+def test_two_ranks_train_the_same_lora_adapters_as_one(tmp_path, tiny_model_dir):
+    """FSDP2 over a policy with LoRA adapters (frozen base, trained adapters): the adapters the two ranks train
+    are the one rank's, the base never moves, and the leader's mirror refreshes the adapters only."""
+    learner = {**LEARNER, "lora": {"enabled": True, "rank": 4, "alpha": 8.0}}
+    reference, trainer = one_rank(tiny_model_dir.policy, learner)
+    sharded = two_ranks(tmp_path, tiny_model_dir.policy, learner)
+    adapters = [k for k in reference if ".lora_" in k]
+    assert adapters and max(reference[k].abs().max().item() for k in adapters if ".lora_B." in k) > 1e-3
+    assert max_difference(sharded, reference) < TOLERANCE
+    start = full_state(load_causal_lm(tiny_model_dir.policy))
+    base = {k.replace(".base_layer.", "."): v for k, v in sharded.items() if ".lora_" not in k}
+    assert max_difference(base, start) == 0.0
+    # Each rank holds about half of what trains: the adapters' optimizer state.
+    from asyncrl.learner.sharding import local_state_bytes
+
+    single = local_state_bytes(trainer.model, trainer.optimizer)
+    for rank in range(2):
+        per_rank = json.loads((tmp_path / f"bytes-{rank}.json").read_text())
+        assert 0.4 < per_rank["optimizer"] / single["optimizer"] < 0.65, (per_rank, single)
 
 
 def test_micro_batches_and_activation_checkpointing_give_the_same_step(tiny_model_dir):
