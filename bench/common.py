@@ -47,15 +47,15 @@ def build_random_qwen2(out_dir: Path, hidden: int, layers: int, intermediate: in
 
 
 def run_demo(run_dir: Path, overrides: list[str], timeout_s: float = 1800,
-             cpu_samples: list | None = None) -> list[dict]:
-    """`asyncrl up` on examples/tiny-arith.yaml with `--set` overrides, into `run_dir`; returns the learner's
+             cpu_samples: list | None = None, example: str = "tiny-arith") -> list[dict]:
+    """`asyncrl up` on examples/<example>.yaml (the demo's) with `--set` overrides, into `run_dir`; returns the learner's
     events (raises SystemExit with the output's tail when the run fails). With `cpu_samples` (a list), the CPU
     time of every process of the run is sampled into it every half second (`sample_cpu`)."""
     import subprocess
 
     repo = Path(__file__).resolve().parents[1]
     argv = [sys.executable, "-m", "asyncrl.tools.cli", "--log-level", "WARNING", "up",
-            "--config", str(repo / "examples" / "tiny-arith.yaml"), "--set", f"run_dir={run_dir}"]
+            "--config", str(repo / "examples" / f"{example}.yaml"), "--set", f"run_dir={run_dir}"]
     for override in overrides:
         argv += ["--set", override]
     with tempfile.TemporaryFile("w+") as output:
@@ -107,15 +107,17 @@ def cpu_ms_per_step(samples: list, start_t: float, end_t: float, steps: int) -> 
     return {role: round(1000 * (cpu - first.get(role, 0.0)) / steps, 1) for role, cpu in sorted(last.items())}
 
 
-def push_weights(engine, named: list[tuple[str, torch.Tensor]], version: int, bucket_bytes: int = 64 << 20):
-    """Push `named` into `engine` over a real gloo group (sender thread = rank 0, engine = rank 1)."""
+def push_weights(engine, named: list[tuple[str, torch.Tensor]], version: int, bucket_bytes: int = 64 << 20,
+                 adapter=None):
+    """Push `named` into `engine` over a real gloo group (sender thread = rank 0, engine = rank 1); `adapter`:
+    the `AdapterSpec` when `named` is a LoRA adapter."""
     from asyncrl.push.manifest import tensor_metas
     from asyncrl.push.plan import PushPlan
     from asyncrl.push.transport.broadcast import host_store, make_group, send_weights
 
     store = host_store("127.0.0.1", 0, 120)
     plan = PushPlan(push_id=f"bench-{version}", version=version, store_address=f"127.0.0.1:{store.port}", world_size=2, transport="gloo", tensors=tensor_metas(named),
-                    bucket_bytes=bucket_bytes, timeout_s=120)
+                    bucket_bytes=bucket_bytes, timeout_s=120, adapter=adapter)
 
     def send():
         group = make_group(plan, 0, store)
