@@ -214,7 +214,8 @@ class ControllerState:
         that does not serve that adapter failed the push (`session.judge_adapter`)."""
         books = self.books
         with books.cond:
-            session, wait_s = books.pushes.start_commit(push_id, books.clock(), bool(acks), learner_seconds)
+            session, wait_s = books.pushes.start_commit(push_id, books.clock(), bool(acks), learner_seconds,
+                                                        adapter_checksum)
             if not sender_ok:
                 so_far = session.outcomes_so_far()
                 books.pushes.hold_back_failed(session, so_far, books.clock(), missing_ranks, error)

@@ -33,10 +33,16 @@ def inject_adapters(model: torch.nn.Module, cfg) -> AdapterSpec:
     from peft import LoraConfig, inject_adapter_in_model
 
     spec = AdapterSpec(cfg.rank, float(cfg.alpha), tuple(cfg.target_modules))
-    names = {name for name, _ in model.named_modules()}
+    modules = dict(model.named_modules())
     for target in spec.target_modules:
-        if not any(n == target or n.endswith("." + target) for n in names):
+        matched = {n: m for n, m in modules.items() if n == target or n.endswith("." + target)}
+        if not matched:
             raise ConfigError(f"learner.lora.target_modules: no module of the model is named {target!r}")
+        # Receivers merge and check W (out, in) + B A: a Conv1D (GPT-2's c_attn) stores its weight transposed.
+        for name, module in matched.items():
+            if type(module) is not torch.nn.Linear:
+                raise ConfigError(f"learner.lora.target_modules: {target!r} matches {name}, a "
+                                  f"{type(module).__name__}; adapters go on torch.nn.Linear modules only")
     peft_cfg = LoraConfig(r=cfg.rank, lora_alpha=cfg.alpha, lora_dropout=cfg.dropout,
                           target_modules=list(cfg.target_modules), bias="none")
     model.requires_grad_(False)

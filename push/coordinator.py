@@ -225,8 +225,8 @@ class PushCoordinator:
 
     # ---- committing -----------------------------------------------------------------------------------
 
-    def start_commit(self, push_id: str, now: float, relays_acks: bool = False,
-                     learner_seconds: float = 0.0) -> tuple[PushSession, float]:  # fmt: skip
+    def start_commit(self, push_id: str, now: float, relays_acks: bool = False, learner_seconds: float = 0.0,
+                     adapter_checksum: str = "") -> tuple[PushSession, float]:  # fmt: skip
         """Mark the push `push_id` as committing; returns it and how long its receivers may still take.
         `relays_acks`: the commit carries receivers' acks, which only an in-band push takes. A commit naming
         the reserved push means its learner ordered it, `learner_seconds` ago by the learner's own measure:
@@ -237,6 +237,9 @@ class PushCoordinator:
             raise PushRefused(f"push_id: {push_id!r} is not the open push{held}")
         if self.slot.phase is Phase.COMMITTING:
             raise PushRefused(f"push_id: a commit of {push_id!r} is already in progress")
+        if session.plan.adapter is not None and not adapter_checksum:
+            raise PushRefused(f"adapter_checksum: push {push_id!r} carries an adapter; its commit must name the "
+                              "adapter's checksum, or nothing could tell a receiver that did not take it")
         if relays_acks and not session.in_band:
             raise PushRefused(f"acks: push {push_id!r} was ordered by the controller, whose receivers "
                               "answer it themselves; only an in-band push takes acks from the learner")

@@ -45,6 +45,8 @@ class FakeNotifier:
         self.failing: set[str] = set()
         self.hanging: set[str] = set()
         self.gone: set[str] = set()
+        self.adapter_checksums: dict[str, str] = {}
+        """Addresses that answer with the checksum of the adapter they serve (LoRA pushes)."""
         self.release = threading.Event()
         self._lock = threading.Lock()
 
@@ -59,6 +61,8 @@ class FakeNotifier:
             raise RuntimeError(f"{address} failed to load the weights")
         if address in self.gone:
             raise ReceiverUnreachable(f"{address}: UNAVAILABLE: connection refused")
+        if address in self.adapter_checksums:
+            return plan.version, self.adapter_checksums[address]
         return plan.version
 
 

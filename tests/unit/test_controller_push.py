@@ -446,3 +446,35 @@ def test_a_replica_that_never_joins_cannot_shed_its_hold_back_by_registering_aga
     assert "fake" in [r.replica_id for r in joined.receivers]
     assert state.commit_push(joined.push_id, sender_ok=True).committed
     assert state.books.registry.get("fake").push_failures == 0
+
+
+def test_an_adapter_push_commits_only_receivers_that_serve_the_adapter_sent():
+    """LoRA: the commit names the checksum of the adapter sent; a receiver answering with another one (or none:
+    an engine that never took it) failed the push, and the snapshot shows who serves what."""
+    from asyncrl.core.lora.spec import AdapterSpec
+    from asyncrl.push.manifest import TensorMeta
+
+    state, _, notifier, events = make_state()
+    good, stale = register(state, 7001), register(state, 7002)
+    sent, other = "a" * 64, "b" * 64
+    notifier.adapter_checksums.update({"127.0.0.1:7001": sent, "127.0.0.1:7002": other})
+    tensors = (TensorMeta("base_model.model.layer.q_proj.lora_A.weight", (4, 8), "float32"),
+               TensorMeta("base_model.model.layer.q_proj.lora_B.weight", (8, 4), "float32"))
+    offer = PushOffer(store_address="127.0.0.1:29500", transport="gloo", tensors=tensors, bucket_bytes=1 << 20,
+                      timeout_s=5.0, adapter=AdapterSpec(4, 8.0, ("q_proj",)))
+    session = state.begin_push(1, offer)
+    assert session.plan.adapter == AdapterSpec(4, 8.0, ("q_proj",))
+    with pytest.raises(PushRefused, match="adapter_checksum: push .* carries an adapter"):
+        state.commit_push(session.push_id, sender_ok=True)
+    result = state.commit_push(session.push_id, sender_ok=True, adapter_checksum=sent)
+    assert result.committed and result.acked == [good] and result.dropped == [stale]
+    (dropped,) = events.of_kind("replica_dropped")
+    assert "serves adapter checksum bbbbbbbbbbbb, the learner pushed aaaaaaaaaaaa" in dropped["error"]
+    replicas = {r["replica_id"]: r for r in state.snapshot()["replicas"]}
+    assert (replicas[good]["adapter_checksum"], replicas[good]["adapter_verified"]) == (sent, True)
+    assert replicas[stale]["needs_sync"] and not replicas[stale]["adapter_verified"]
+    # A heartbeat reports what the replica serves; one older than the push it acknowledged changes nothing.
+    state.heartbeat(good, 0, adapter_checksum=other)
+    assert state.snapshot()["replicas"][0]["adapter_verified"]
+    state.heartbeat(good, 1, adapter_checksum=other)
+    assert not state.snapshot()["replicas"][0]["adapter_verified"]

@@ -190,6 +190,8 @@ def test_injection_freezes_the_base_and_names_the_adapters_as_peft_saves_them(ti
         n.replace("base_model.model.", "").replace(".weight", ".default.weight") for n, _ in named}
     with pytest.raises(ConfigError, match="learner.lora.target_modules: no module of the model is named 'qkv'"):
         inject_adapters(load_causal_lm(tiny_model_dir.policy), lora_cfg(target_modules=["qkv"]))
+    with pytest.raises(ConfigError, match="'input_layernorm' matches model.layers.0.input_layernorm, a Qwen2RMSNorm"):
+        inject_adapters(load_causal_lm(tiny_model_dir.policy), lora_cfg(target_modules=["input_layernorm"]))
 
 
 def test_a_lora_step_trains_the_adapters_only_with_the_base_as_kl_reference(tiny_model_dir):
