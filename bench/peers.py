@@ -1,0 +1,146 @@
+"""asyncrl against Hugging Face TRL's `GRPOTrainer` on the demo, settings matched, same sitting, several seeds.
+
+The peer runs in a virtual environment of its own (`~/.cache/asyncrl-bench-peers`, made on first use with the
+CPU torch and `trl==1.16.0`; never a dependency of asyncrl), from `bench/peers_trl.py`. Both train the demo's
+tiny model (its tokenizer.json as written) on the same 800 prompts in the same order (the arith task's training
+stream, indices 0..799), with the same exact-match reward, G = 8, 64 samples per step (8 prompts), a constant
+learning rate of 5e-5, clip 0.2, no KL, a token-mean loss, gradient clipping at 1.0, temperature 1, at most 5
+new tokens, 100 steps. asyncrl runs with its teacher off (TRL has none) at η = 2 (its default) and at η = 0.
+What cannot match: TRL generates with the model it trains (on policy, in the same process, one thing at a time);
+asyncrl generates on two replica processes while the learner trains (its decoupled PPO objective corrects for
+the staleness), and evaluates the base policy before its first step.
+
+Per arm and seed: the wall seconds from the command's start to the end of the first learner step, the wall time
+per step between the first and the last step, the seconds from the last step to the process's exit, the whole
+run, and the held-out greedy accuracy of the final policy (the same evaluation for every arm: asyncrl's torch
+engine on the saved checkpoint, the demo's 200 held-out prompts).
+
+    .venv/bin/python bench/peers.py [--seeds 3] [--steps 100]   (or: asyncrl bench peers)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from common import WITHOUT_TEACHER, emit, mean_sd, run_demo
+
+REPO = Path(__file__).resolve().parents[1]
+PEER_VENV = Path.home() / ".cache" / "asyncrl-bench-peers"
+PEER_PACKAGES = ["torch==2.13.0", "trl==1.16.0"]
+MODEL = REPO / "artifacts" / "tiny-arith" / "policy"
+
+
+def peer_python() -> Path:
+    """TRL's own virtual environment, made once."""
+    python = PEER_VENV / "bin" / "python"
+    stamp = PEER_VENV / ("ready-" + "-".join(PEER_PACKAGES).replace("=", ""))
+    if not stamp.exists():
+        subprocess.run([sys.executable, "-m", "venv", str(PEER_VENV)], check=True)
+        subprocess.run([str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check", *PEER_PACKAGES],
+                       check=True)
+        stamp.touch()
+    return python
+
+
+def task_and_prompts(steps: int):
+    from asyncrl.core.config import load_config
+    from asyncrl.core.tasks import task_for_run
+
+    config = load_config(REPO / "examples" / "tiny-arith.yaml")
+    task = task_for_run(config)
+    prompts = [task.train_prompt(i) for i in range(steps * 8)]
+    return config, task, prompts
+
+
+def accuracy(model_dir: Path, task) -> float:
+    from asyncrl.core.config import EngineConfig
+    from asyncrl.core.engines.torch_engine import TorchEngine
+    from asyncrl.core.tasks.evaluate import greedy_accuracy
+
+    engine = TorchEngine(EngineConfig(threads=2), str(model_dir))
+    try:
+        return greedy_accuracy(engine, task, max_new_tokens=5)
+    finally:
+        engine.close()
+
+
+def timings(t0: float, step_ends: list[float], exited: float) -> dict:
+    return {"first_step_s": step_ends[0] - t0,
+            "per_step_ms": 1000 * (step_ends[-1] - step_ends[0]) / max(1, len(step_ends) - 1),
+            "exit_s": exited - step_ends[-1], "run_s": exited - t0}
+
+
+def run_asyncrl(root: Path, seed: int, steps: int, eta: int, task) -> dict:
+    run_dir = root / f"asyncrl-eta{eta}-{seed}"
+    t0 = time.time()
+    learner = run_demo(run_dir, [f"seed={seed}", f"learner.total_steps={steps}", "learner.eval_every=0",
+                                 f"controller.eta={eta}", f"learner.checkpoint.save_every={steps}", *WITHOUT_TEACHER])
+    exited = time.time()
+    ends = [e["t"] for e in learner if e["kind"] == "step"]
+    final = max((run_dir / "checkpoints").glob("step-*")) / "hf"
+    return {**timings(t0, ends, exited), "accuracy": accuracy(final, task)}
+
+
+def run_trl(root: Path, seed: int, steps: int, data: Path, task) -> dict:
+    out = root / f"trl-{seed}"
+    t0 = time.time()
+    proc = subprocess.run([str(peer_python()), str(REPO / "bench" / "peers_trl.py"), "--data", str(data),
+                           "--model", str(MODEL), "--out", str(out), "--steps", str(steps), "--seed", str(seed),
+                           "--t0", repr(t0)], capture_output=True, text=True, check=False)  # fmt: skip
+    exited = time.time()
+    if proc.returncode != 0:
+        raise SystemExit(f"TRL failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    ends, at = [], report["first_step_s"] + t0
+    for i, step in enumerate(report["step_s"]):
+        at = at if i == 0 else at + step
+        ends.append(at)
+    return {**timings(t0, ends, exited), "accuracy": accuracy(out / "final", task)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=100)
+    args = parser.parse_args()
+    peer_python()
+    arms: dict[str, list[dict]] = {"asyncrl eta=2": [], "asyncrl eta=0": [], "TRL GRPOTrainer": []}
+    config, task, prompts = task_and_prompts(args.steps)
+    with tempfile.TemporaryDirectory(prefix="asyncrl-peers-") as tmp:
+        root = Path(tmp)
+        data = root / "prompts.json"
+        data.write_text(json.dumps({"prompts": [p.text for p in prompts],
+                                    "answers": [p.metadata["answer"] for p in prompts],
+                                    "lr": config.learner.lr, "batch_size": config.learner.batch_size,
+                                    "group_size": config.sampling.group_size,
+                                    "max_new_tokens": config.sampling.max_new_tokens}))
+        for seed in range(args.seeds):
+            # asyncrl first: its first run builds the demo model (artifacts/tiny-arith) the peer trains too.
+            arms["asyncrl eta=2"].append(run_asyncrl(root, seed, args.steps, 2, task))
+            arms["asyncrl eta=0"].append(run_asyncrl(root, seed, args.steps, 0, task))
+            arms["TRL GRPOTrainer"].append(run_trl(root, seed, args.steps, data, task))
+            for name, runs in arms.items():
+                print(seed, name, {k: round(v, 3) for k, v in runs[-1].items()}, flush=True)
+    summary = {}
+    for name, runs in arms.items():
+        summary[name] = {key: round(statistics.median(r[key] for r in runs), 3)
+                         for key in ("first_step_s", "per_step_ms", "exit_s", "run_s")}
+        mean, sd = mean_sd([r["accuracy"] for r in runs])
+        summary[name].update(accuracy_mean=round(mean, 4), accuracy_sd=round(sd, 4), runs=runs)
+    trl, default = summary["TRL GRPOTrainer"], summary["asyncrl eta=2"]
+    emit("peers", {"steps": args.steps, "seeds": args.seeds, "peer": "trl==1.16.0 GRPOTrainer (CPU, 2 threads)",
+                   "arms": summary, "per_step_speedup_vs_trl": round(trl["per_step_ms"] / default["per_step_ms"], 2),
+                   "run_time_ratio_vs_trl": round(default["run_s"] / trl["run_s"], 2)},
+         {f"{name}: run s": s["run_s"] for name, s in summary.items()},
+         "seconds", f"{args.steps} steps of the demo, median of {args.seeds} seeds")
+
+
+if __name__ == "__main__":
+    main()
