@@ -14,7 +14,7 @@ import grpc
 from asyncrl.core.auth import Auth
 from asyncrl.core.grpc_util import channel
 from asyncrl.push.plan import PushPlan
-from asyncrl.push.session import ReceiverUnreachable
+from asyncrl.push.session import ReceiverAnswer, ReceiverUnreachable
 from asyncrl.v1 import rollout_pb2, rollout_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -79,7 +79,7 @@ class ReplicaChannels:
             log.warning("push %s: could not tell the sender that rank %d is gone: %s", plan.push_id, rank, err)
 
     def update_weights(self, address: str, plan: PushPlan, rank: int, timeout_s: float,
-                       order_mac: bytes) -> tuple[int, str]:  # fmt: skip
+                       order_mac: bytes) -> ReceiverAnswer:  # fmt: skip
         """The production `WeightNotifier`: `Rollout.UpdateWeights(plan, rank, order_mac)` on `address`;
         returns the weight version the replica reports and the checksum of the adapter it serves."""
         stub = rollout_pb2_grpc.RolloutStub(self.get(address))
@@ -94,4 +94,4 @@ class ReplicaChannels:
                 self._tell_sender(plan, rank, min(timeout_s, TELL_SENDER_TIMEOUT_S))
                 raise ReceiverUnreachable(message) from None
             raise UpdateWeightsFailed(message) from None
-        return response.weight_version, response.adapter_checksum
+        return ReceiverAnswer(response.weight_version, response.adapter_checksum)

@@ -17,10 +17,20 @@ from asyncrl.core.auth import push_ack_mac, push_order_mac
 from asyncrl.push.plan import PushOffer, PushPlan
 from asyncrl.push.protocol import Route
 
-WeightNotifier = Callable[[str, PushPlan, int, float, bytes], "int | tuple[int, str]"]
-"""(address, plan, rank, timeout_s) -> weight version the replica now holds, or (that version, the checksum of
-the adapter it serves); raises on failure (a `ReceiverUnreachable` when nothing listens at the address any
-more)."""
+
+@dataclass(frozen=True)
+class ReceiverAnswer:
+    """A receiver's answer to a push the controller ordered (`UpdateWeightsResponse`)."""
+
+    weight_version: int
+    """The version it holds now."""
+    adapter_checksum: str = ""
+    """The checksum of the adapter it serves ("" for full weights)."""
+
+
+WeightNotifier = Callable[[str, PushPlan, int, float, bytes], ReceiverAnswer]
+"""(address, plan, rank, timeout_s, order_mac) -> the replica's answer; raises on failure (a
+`ReceiverUnreachable` when nothing listens at the address any more)."""
 
 
 class ReceiverUnreachable(RuntimeError):
@@ -190,7 +200,7 @@ class PushSession:
             plan = self.plan
             order = push_order_mac(receiver.push_key, plan, receiver.rank)
             answer = self._notify(receiver.address, plan, receiver.rank, self._call_timeout_s, order)
-            version, checksum = answer if isinstance(answer, tuple) else (answer, "")
+            version, checksum = answer.weight_version, answer.adapter_checksum
             ok = version == self.plan.version
             error = "" if ok else f"replica reports version {version} after a push of {self.plan.version}"
         except Exception as err:  # noqa: BLE001 - any failure of one receiver drops just that receiver

@@ -14,7 +14,7 @@ from asyncrl.core.events import MemoryEvents
 from asyncrl.core.grpc_aio import Wakeup
 from asyncrl.push.manifest import TensorMeta
 from asyncrl.push.plan import PushPlan
-from asyncrl.push.session import ReceiverUnreachable
+from asyncrl.push.session import ReceiverAnswer, ReceiverUnreachable
 
 
 class FakeClock:
@@ -50,7 +50,7 @@ class FakeNotifier:
         self.release = threading.Event()
         self._lock = threading.Lock()
 
-    def __call__(self, address: str, plan: PushPlan, rank: int, timeout_s: float, order_mac: bytes = b"") -> int:
+    def __call__(self, address: str, plan: PushPlan, rank: int, timeout_s: float, order_mac: bytes = b"") -> ReceiverAnswer:
         with self._lock:
             self.calls.append((address, plan.push_id, plan.version, rank, plan.world_size))
             self.orders[(address, plan.push_id)] = order_mac
@@ -61,9 +61,7 @@ class FakeNotifier:
             raise RuntimeError(f"{address} failed to load the weights")
         if address in self.gone:
             raise ReceiverUnreachable(f"{address}: UNAVAILABLE: connection refused")
-        if address in self.adapter_checksums:
-            return plan.version, self.adapter_checksums[address]
-        return plan.version
+        return ReceiverAnswer(plan.version, self.adapter_checksums.get(address, ""))
 
 
 def make_state(

@@ -210,10 +210,11 @@ class _Stub:
 def _serve(raw_config: dict, ports, stop) -> None:
     """A controller process whose weight fan-out acks at once (simulated replicas hold no weights)."""
     from asyncrl.core.config import AsyncRLConfig
+    from asyncrl.push.session import ReceiverAnswer
     from asyncrl.services.controller_service import create_server
 
     server, port = create_server(AsyncRLConfig.model_validate(raw_config),
-                                 notify=lambda address, plan, rank, timeout_s, order=b"": plan.version,
+                                 notify=lambda address, plan, rank, timeout_s, order=b"": ReceiverAnswer(plan.version),
                                  check_replicas=False)  # no server answers challenges for them
     server.start()
     ports.put(port)
