@@ -5,26 +5,21 @@ the base frozen, only the adapters trained, pushed and checkpointed.
 - The KL reference is the base policy itself: the same model with its adapters switched off (`disabled`), no
   copy. (The run starts with B = 0, so the base is the policy the run started from, as a full run's reference.)
 - A push carries the adapter tensors only, under peft's saved names (`lora_parameters`).
-- A checkpoint holds the adapter in peft's format (`save_adapter`: `adapter_model.safetensors` and
-  `adapter_config.json`, what `PeftModel.from_pretrained` and vLLM's LoRA loader read) and the merged policy as
-  a plain Hugging Face checkpoint (`merged_state_dict`).
+- A checkpoint holds the adapter in peft's format (`save_adapter`) and the merged policy as a plain Hugging
+  Face checkpoint (`merged_state_dict`).
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 from pathlib import Path
 
 import torch
 
-from asyncrl.core.lora.checksum import adapter_checksum
+from asyncrl.core.lora.files import write_adapter
 from asyncrl.core.lora.merge import merged_weight
 from asyncrl.core.lora.spec import AdapterSpec, adapter_name
 from asyncrl.core.preflight import ConfigError
-
-ADAPTER_FILE = "adapter_model.safetensors"
-CONFIG_FILE = "adapter_config.json"
 
 
 def inject_adapters(model: torch.nn.Module, cfg) -> AdapterSpec:
@@ -81,14 +76,9 @@ def adapters_disabled(model: torch.nn.Module):
 
 def save_adapter(directory: Path, spec: AdapterSpec, named: list[tuple[str, torch.Tensor]],
                  base_model_path: str = "") -> str:  # fmt: skip
-    """The adapter in peft's format into `directory`; returns its checksum (written beside it)."""
-    from safetensors.torch import save_file
-
-    directory.mkdir(parents=True, exist_ok=True)
-    tensors = {name: t.detach().to("cpu").contiguous() for name, t in named}
-    save_file(tensors, str(directory / ADAPTER_FILE), metadata={"format": "pt"})
-    (directory / CONFIG_FILE).write_text(json.dumps(spec.peft_config(base_model_path), indent=2))
-    checksum = adapter_checksum(named)
+    """The adapter in peft's format into `directory` (`asyncrl.core.lora.files`), its checksum written beside
+    it; returns the checksum."""
+    checksum = write_adapter(directory, spec, named, base_model_path)
     (directory / "checksum.txt").write_text(checksum + "\n")
     return checksum
 

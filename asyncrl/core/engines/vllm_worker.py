@@ -12,7 +12,6 @@ on the extension's methods. The plan checks run in the engine's own process, bef
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import time
 from pathlib import Path
@@ -123,9 +122,7 @@ class AsyncRLWorkerExtension:
         """Join an adapter push as `rank` and write the adapter in peft's format into `directory`, where the
         engine's LoRA loader reads it (`VLLMEngine`); the model itself is not touched, so generation goes on
         meanwhile. Returns the adapter's checksum and figures."""
-        from safetensors.torch import save_file
-
-        from asyncrl.core.lora.checksum import adapter_checksum
+        from asyncrl.core.lora.files import write_adapter
 
         plan = plan_from_dict(plan_data)
         start = time.perf_counter()
@@ -134,11 +131,8 @@ class AsyncRLWorkerExtension:
             for views in receive_weights(group, plan):
                 received.update((name, tensor.detach().to("cpu", copy=True)) for name, tensor in views)
         named = [(meta.name, received[meta.name]) for meta in plan.tensors]
-        target = Path(directory)
-        target.mkdir(parents=True, exist_ok=True)
-        save_file(dict(named), str(target / "adapter_model.safetensors"), metadata={"format": "pt"})
-        (target / "adapter_config.json").write_text(json.dumps(plan.adapter.peft_config()))
-        return {"bytes": sum(t.numel() * t.element_size() for _, t in named), "checksum": adapter_checksum(named),
+        checksum = write_adapter(Path(directory), plan.adapter, named)
+        return {"bytes": sum(t.numel() * t.element_size() for _, t in named), "checksum": checksum,
                 "receive_write_s": time.perf_counter() - start}
 
 
