@@ -114,20 +114,18 @@ class Checkpointer:
         if self.ranks.sharded:
             self.ranks.broadcast((SAVE, str(tmp / "learner")))
         save_shards(str(tmp / "learner"), model, optimizer)
-        exported = self.export_model or model
-        adapter = None if self.adapter is None else dict(lora_parameters(exported))
-        self._write_exports(exported, tmp, adapter, None)
+        self._write_exports(self.export_model or model, tmp)
         return self._finish(tmp, final, rng_state(), meta, covered)
 
-    def _write_exports(self, module, tmp: Path, adapter: dict | None, hf_state: dict | None) -> None:
-        """`adapter/` (LoRA: `adapter`, peft name -> tensor) and `hf/` (when `export_hf`): the merged policy for
-        LoRA, else `hf_state` (None: the module's own state now)."""
-        if adapter is not None:
+    def _write_exports(self, module, tmp: Path, state: dict | None = None) -> None:
+        """LoRA: `adapter/` from `state` (peft name -> tensor) and the merged policy in `hf/`; else the policy
+        `state` in `hf/` (only with `export_hf`). `state` None: the module's own, now."""
+        if self.adapter is not None:
+            adapter = dict(lora_parameters(module)) if state is None else state
             save_adapter(tmp / "adapter", self.adapter, list(adapter.items()), self.config.model.path)
-            if self.cfg.export_hf:
-                export_hf(module, self.tokenizer, tmp / "hf", merged_state_dict(module, self.adapter, adapter))
-        elif self.cfg.export_hf:
-            export_hf(module, self.tokenizer, tmp / "hf", hf_state)
+            state = merged_state_dict(module, self.adapter, adapter) if self.cfg.export_hf else None
+        if self.cfg.export_hf:
+            export_hf(module, self.tokenizer, tmp / "hf", state)
 
     def stage(self, model, optimizer, meta: CheckpointMeta, covered: Covered = Covered()) -> StagedCheckpoint:
         """A copy in host memory of everything a checkpoint holds, taken now, for `write` to put on disk later
@@ -149,10 +147,8 @@ class Checkpointer:
         """Put a staged checkpoint on disk: the same files as `save`, from the copy, not the live model (on a
         sharded learner, together with every rank's write of its shards)."""
         write_shards(str(staged.tmp / "learner"), staged.state, self.ranks)
-        if self.adapter is not None:
-            self._write_exports(staged.module, staged.tmp, staged.hf_state, None)
-        elif staged.hf_state is not None:
-            export_hf(staged.module, self.tokenizer, staged.tmp / "hf", staged.hf_state)
+        if staged.hf_state is not None:
+            self._write_exports(staged.module, staged.tmp, staged.hf_state)
         return self._finish(staged.tmp, staged.final, staged.rng, staged.meta, staged.covered)
 
     def _begin(self, meta: CheckpointMeta) -> tuple[Path, Path]:

@@ -12,6 +12,7 @@ stale.
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import tempfile
 import threading
@@ -89,20 +90,23 @@ class VLLMAdapters:
         return figures["checksum"], {**figures, "receive_s": received - started,
                                      "add_lora_s": time.perf_counter() - received}
 
-    def acquire(self):
-        """(the LoRARequest a batch starting now runs on, or None for the base; the handle to `release`)."""
+    @contextlib.contextmanager
+    def pinned(self):
+        """(the LoRARequest a batch starting now runs on, the version it serves), both None before the first
+        adapter (the base), held until the batch ends: that version is not retired meanwhile."""
         from vllm.lora.request import LoRARequest
 
         with self._lock:
             served = self._versions.acquire()
-        if served is None:
-            return None, None
-        return LoRARequest(f"asyncrl-v{served.version}", lora_id(served.version), served.path), served
-
-    def release(self, served: Served | None) -> None:
-        with self._lock:
-            retired = self._versions.release(served)
-        self._retire(retired)
+        try:
+            if served is None:
+                yield None, None
+            else:
+                yield LoRARequest(f"asyncrl-v{served.version}", lora_id(served.version), served.path), served
+        finally:
+            with self._lock:
+                retired = self._versions.release(served)
+            self._retire(retired)
 
     def _retire(self, retired: list[Served]) -> None:
         for served in retired:

@@ -17,6 +17,7 @@ Construct it under `if __name__ == "__main__":` (vLLM spawns its engine-core pro
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import random
 import threading
@@ -69,8 +70,6 @@ class VLLMEngine(Engine):
             **(VLLMAdapters.engine_args(adapters) if adapters is not None else {}),
         )
         self.start_s = time.perf_counter() - started
-        self.adapters = None
-        """A LoRA run's adapters (`vllm_adapters`); None: pushes carry full weights."""
         self._llm.update_weight_version(str(version))
         # The in-flight path talks to the engine core from a second thread while generate() drains outputs;
         # that needs the multi-process engine core (vLLM's default), not the in-process one.
@@ -82,8 +81,9 @@ class VLLMEngine(Engine):
         self._control_lock = threading.Lock()
         self._batch_running = False
         self._waiting_since: float | None = None  # a generate()/score() queued behind an update
-        if adapters is not None:
-            self.adapters = VLLMAdapters(self._llm, adapters, self._checkpoint_shapes, self._control_lock)
+        self.adapters = None if adapters is None else VLLMAdapters(self._llm, adapters, self._checkpoint_shapes,
+                                                                   self._control_lock)
+        """A LoRA run's adapters (`vllm_adapters`); None: pushes carry full weights."""
         self._closed = False
 
     @property
@@ -101,21 +101,14 @@ class VLLMEngine(Engine):
     ) -> list[list[Generation]]:
         from vllm.outputs import RequestOutput
 
-        if self.adapters is None:
-            version_at_start = self._version
-            requests = [self._sampling_params(params, n) for _ in prompts]
-            outputs = self._run_batch(prompts, requests, RequestOutput)
-            return [[self._to_generation(c, version_at_start) for c in out.outputs] for out in outputs]
         # LoRA: the whole batch runs on the newest adapter, whatever lands meanwhile (vLLM reports no weight
         # version spans then: every token carries the adapter's version).
-        lora, served = self.adapters.acquire()
-        try:
+        with self._pinned() as (lora, served):
             version_at_start = self._version if served is None else served.version
             requests = [self._sampling_params(params, n) for _ in prompts]
             outputs = self._run_batch(prompts, requests, RequestOutput, lora)
-        finally:
-            self.adapters.release(served)
-        return [[self._to_generation(c, version_at_start, pinned=True) for c in out.outputs] for out in outputs]
+        pinned = self.adapters is not None
+        return [[self._to_generation(c, version_at_start, pinned) for c in out.outputs] for out in outputs]
 
     def score(self, sequences: list[list[int]], response_starts: list[int]) -> list[list[float]]:
         from vllm import SamplingParams as VllmSamplingParams
@@ -131,12 +124,8 @@ class VLLMEngine(Engine):
         # One throw-away generated token: vLLM needs max_tokens >= 1; the prompt log-probs are the result.
         params = VllmSamplingParams(max_tokens=1, prompt_logprobs=0, logprobs=None, detokenize=False)
         # The policy the engine serves now: with LoRA, the newest adapter (process rewards score with it).
-        lora, served = (None, None) if self.adapters is None else self.adapters.acquire()
-        try:
+        with self._pinned() as (lora, _):
             outputs = self._run_batch(sequences, [params] * len(sequences), RequestOutput, lora)
-        finally:
-            if self.adapters is not None:
-                self.adapters.release(served)
         return [
             [float(out.prompt_logprobs[t][seq[t]].logprob) for t in range(start, len(seq))]
             for out, seq, start in zip(outputs, sequences, response_starts)
@@ -158,6 +147,10 @@ class VLLMEngine(Engine):
             seed=self._request_seeds.randrange(2**31),
             detokenize=False,  # token ids in, token ids out
         )
+
+    def _pinned(self):
+        """`VLLMAdapters.pinned`, or (None, None) without LoRA."""
+        return contextlib.nullcontext((None, None)) if self.adapters is None else self.adapters.pinned()
 
     def _run_batch(self, token_lists: list[list[int]], params: list, output_type, lora=None) -> list:
         from vllm.inputs import TokensPrompt

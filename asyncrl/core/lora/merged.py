@@ -28,11 +28,17 @@ class MergedAdapter:
         """The checksum of the adapter merged in now ("" before the first)."""
         self._spare: dict[str, torch.Tensor] = {}
         """Per targeted weight, a tensor generation does not read (the one the last swap replaced)."""
+        self._checked: tuple = ((), None, [])
+        """(tensors, adapter, layers) of the last plan checked: every push of a run has the same, checked once."""
 
     def layers(self, plan: PushPlan) -> list[AdapterLayer]:
         """The plan's adapter checked against the model (ValueError naming the tensor)."""
-        shapes = {name: tuple(t.shape) for name, t in self._slots.items()}
-        return match_adapter(plan.tensors, plan.adapter, shapes, where=f"adapter push {plan.push_id}")
+        tensors, adapter, layers = self._checked
+        if (tensors, adapter) != (plan.tensors, plan.adapter):
+            shapes = {name: tuple(t.shape) for name, t in self._slots.items()}
+            layers = match_adapter(plan.tensors, plan.adapter, shapes, where=f"adapter push {plan.push_id}")
+            self._checked = (plan.tensors, plan.adapter, layers)
+        return layers
 
     @torch.no_grad()
     def merge(self, plan: PushPlan, layers: list[AdapterLayer], received: dict[str, torch.Tensor]) -> dict:
