@@ -242,3 +242,40 @@ def accuracy_curve(run_dir: Path, learner: list[dict], scored_kinds: tuple[str, 
     scored = sorted(e["t"] for e in rollout_events(run_dir) if e["kind"] in scored_kinds)
     return [{"step": e["step"], "accuracy": e["accuracy"], "wall_s": e["t"] - start,
              "samples": DEMO_GROUP_SIZE * sum(t <= e["t"] for t in scored)} for e in learner if e["kind"] == "eval"]
+
+
+def run_seeded(arms, seeds: int, run, report) -> dict[str, list[dict]]:
+    """`run(arm, seed, run_dir)` for every seed and arm, the arms interleaved within each seed (a drift of the
+    machine's speed falls on every arm alike), in a temporary directory; after each, `report(result)` is printed
+    as that run's line. Returns the results by arm, in seed order."""
+    runs: dict[str, list[dict]] = {arm: [] for arm in arms}
+    with tempfile.TemporaryDirectory(prefix="asyncrl-bench-") as tmp:
+        for seed in range(seeds):
+            for arm in arms:
+                result = run(arm, seed, Path(tmp) / f"{arm}-{seed}")
+                runs[arm].append(result)
+                print(f"{arm} seed={seed}: {report(result)}", file=sys.stderr, flush=True)
+    return runs
+
+
+def accuracy_figures(runs: dict[str, list[dict]]) -> tuple[float, float, dict[str, dict]]:
+    """(the samples every run generated, the wall seconds every run lasted, per arm: final accuracy, and
+    accuracy at that many samples and seconds, each mean and stdev over the seeds) from runs whose results hold
+    their accuracy `curve` (`accuracy_curve`). Equal samples and equal time are the fair comparisons of arms
+    that spend differently per step."""
+    budget = min(r["curve"][-1]["samples"] for results in runs.values() for r in results)
+    horizon = min(r["curve"][-1]["wall_s"] for results in runs.values() for r in results)
+    figures = {}
+    for arm, results in runs.items():
+        finals = [r["curve"][-1]["accuracy"] for r in results]
+        final, final_sd = mean_sd(finals)
+        at_samples, at_samples_sd = mean_sd([accuracy_at(r["curve"], "samples", budget) for r in results])
+        at_wall, at_wall_sd = mean_sd([accuracy_at(r["curve"], "wall_s", horizon) for r in results])
+        figures[arm] = {
+            "final_accuracy_mean": final, "final_accuracy_stdev": final_sd, "final_accuracies": finals,
+            "samples_mean": statistics.mean(r["curve"][-1]["samples"] for r in results),
+            "wall_s_mean": statistics.mean(r["curve"][-1]["wall_s"] for r in results),
+            "accuracy_at_equal_samples_mean": at_samples, "accuracy_at_equal_samples_stdev": at_samples_sd,
+            "accuracy_at_equal_wall_mean": at_wall, "accuracy_at_equal_wall_stdev": at_wall_sd,
+        }  # fmt: skip
+    return budget, horizon, figures

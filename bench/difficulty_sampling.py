@@ -23,20 +23,19 @@ fair comparisons when an arm spends more generation per step. Curves: difficulty
 from __future__ import annotations
 
 import argparse
+import functools
 import statistics
-import sys
-import tempfile
 from pathlib import Path
 
 from common import (
     RESULTS,
     WITHOUT_TEACHER,
-    accuracy_at,
     accuracy_curve,
+    accuracy_figures,
     emit,
-    mean_sd,
     rollout_events,
     run_demo,
+    run_seeded,
 )
 
 from asyncrl.core.events import read_events
@@ -49,15 +48,19 @@ ARMS = {
 }
 
 
-def run(arm: str, seed: int, steps: int, every: int, run_dir: Path) -> dict:
+def run(arm: str, seed: int, run_dir: Path, steps: int, every: int) -> dict:
     learner = run_demo(run_dir, [*WITHOUT_TEACHER, f"learner.total_steps={steps}", f"learner.eval_every={every}",
                                  f"seed={seed}", *ARMS[arm]])
-    curve = accuracy_curve(run_dir, learner, ("group_written", "group_skipped"))
     skipped = sum(e["kind"] == "group_skipped" for e in rollout_events(run_dir))
     replays = sum(e["kind"] == "lease_granted" and e.get("sample_index") is not None
                   for e in read_events(run_dir, "controller"))
-    return {"curve": curve, "final_accuracy": curve[-1]["accuracy"], "samples": curve[-1]["samples"],
-            "wall_s": curve[-1]["wall_s"], "groups_skipped": skipped, "hard_replays": replays}
+    return {"curve": accuracy_curve(run_dir, learner, ("group_written", "group_skipped")),
+            "groups_skipped": skipped, "hard_replays": replays}
+
+
+def describe(result: dict) -> str:
+    end = result["curve"][-1]
+    return f"accuracy {end['accuracy']:.3f} after {end['samples']} samples in {end['wall_s']:.1f} s"
 
 
 def plot(runs: dict[str, list[dict]], path: Path) -> None:
@@ -90,32 +93,12 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--eval-every", type=int, default=20)
     args = parser.parse_args()
-    runs: dict[str, list[dict]] = {arm: [] for arm in ARMS}
-    with tempfile.TemporaryDirectory() as tmp:
-        for seed in range(args.seeds):
-            for arm in ARMS:
-                result = run(arm, seed, args.steps, args.eval_every, Path(tmp) / f"{arm}-{seed}")
-                runs[arm].append(result)
-                print(f"{arm} seed={seed}: accuracy {result['final_accuracy']:.3f} after {result['samples']} "
-                      f"samples in {result['wall_s']:.1f} s", file=sys.stderr, flush=True)
-    budget = min(r["samples"] for results in runs.values() for r in results)
-    horizon = min(r["wall_s"] for results in runs.values() for r in results)
-    arms = {}
-    for arm, results in runs.items():
-        final, final_sd = mean_sd([r["final_accuracy"] for r in results])
-        at_samples, at_samples_sd = mean_sd([accuracy_at(r["curve"], "samples", budget) for r in results])
-        at_wall, at_wall_sd = mean_sd([accuracy_at(r["curve"], "wall_s", horizon) for r in results])
-        arms[arm] = {
-            "overrides": ARMS[arm],
-            "final_accuracy_mean": final, "final_accuracy_stdev": final_sd,
-            "final_accuracies": [r["final_accuracy"] for r in results],
-            "samples_mean": statistics.mean(r["samples"] for r in results),
-            "wall_s_mean": statistics.mean(r["wall_s"] for r in results),
-            "accuracy_at_equal_samples_mean": at_samples, "accuracy_at_equal_samples_stdev": at_samples_sd,
-            "accuracy_at_equal_wall_mean": at_wall, "accuracy_at_equal_wall_stdev": at_wall_sd,
-            "groups_skipped_mean": statistics.mean(r["groups_skipped"] for r in results),
-            "hard_replays_mean": statistics.mean(r["hard_replays"] for r in results),
-        }
+    runs = run_seeded(ARMS, args.seeds, functools.partial(run, steps=args.steps, every=args.eval_every), describe)
+    budget, horizon, figures = accuracy_figures(runs)
+    arms = {arm: {"overrides": ARMS[arm], **figures[arm],
+                  "groups_skipped_mean": statistics.mean(r["groups_skipped"] for r in results),
+                  "hard_replays_mean": statistics.mean(r["hard_replays"] for r in results)}
+            for arm, results in runs.items()}
     first = runs["baseline"][0]["curve"][0]["accuracy"]
     result = {"steps": args.steps, "seeds": args.seeds, "eval_every": args.eval_every, "first_accuracy": first,
               "equal_samples_budget": budget, "equal_wall_s": horizon, "arms": arms,

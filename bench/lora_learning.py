@@ -15,10 +15,17 @@ policy (single runs of the demo at rank 16: 5e-4 0.500, 1e-3 0.500, 2e-3 0.445, 
 from __future__ import annotations
 
 import argparse
-import tempfile
+import functools
 from pathlib import Path
 
-from common import emit, mean_sd, run_demo
+from common import emit, mean_sd, run_demo, run_seeded
+
+
+def run(mode: str, seed: int, run_dir: Path, example: str, overrides: dict[str, list[str]]) -> dict:
+    learner = run_demo(run_dir, [f"seed={seed}", *overrides[mode]], example=example)
+    evals = [e for e in learner if e["kind"] == "eval"]
+    return {"start": evals[0]["accuracy"], "final": evals[-1]["accuracy"],
+            "push_bytes": max(e["push_bytes"] for e in learner if e["kind"] == "push")}
 
 
 def main() -> None:
@@ -28,28 +35,21 @@ def main() -> None:
     parser.add_argument("--rank", type=int, default=16)
     parser.add_argument("--examples", nargs="+", default=["tiny-arith", "word-problems"])
     args = parser.parse_args()
-    lora = ["learner.lora.enabled=true", f"learner.lr={args.lora_lr}", f"learner.lora.rank={args.rank}",
-            f"learner.lora.alpha={2 * args.rank}"]
+    overrides = {"full": [], "lora": ["learner.lora.enabled=true", f"learner.lr={args.lora_lr}",
+                                      f"learner.lora.rank={args.rank}", f"learner.lora.alpha={2 * args.rank}"]}
     results: dict[str, dict] = {}
-    with tempfile.TemporaryDirectory(prefix="asyncrl-lora-learning-") as root:
-        for example in args.examples:
-            results[example] = {}
-            for mode, overrides in (("full", []), ("lora", lora)):
-                finals, start, push_bytes = [], None, 0
-                for seed in range(args.seeds):
-                    run_dir = Path(root) / f"{example}-{mode}-{seed}"
-                    learner = run_demo(run_dir, [f"seed={seed}", *overrides], example=example)
-                    evals = [e for e in learner if e["kind"] == "eval"]
-                    start, finals = evals[0]["accuracy"], [*finals, evals[-1]["accuracy"]]
-                    push_bytes = max(e["push_bytes"] for e in learner if e["kind"] == "push")
-                    print(example, mode, seed, start, finals[-1], flush=True)
-                mean, sd = mean_sd(finals)
-                results[example][mode] = {"start": start, "final_mean": round(mean, 4), "final_sd": round(sd, 4),
-                                          "finals": finals, "push_bytes": push_bytes}
-            results[example]["lora_minus_full_points"] = round(
-                100 * (results[example]["lora"]["final_mean"] - results[example]["full"]["final_mean"]), 1)
-            results[example]["push_bytes_ratio"] = round(
-                results[example]["full"]["push_bytes"] / results[example]["lora"]["push_bytes"], 1)
+    for example in args.examples:
+        runs = run_seeded(overrides, args.seeds, functools.partial(run, example=example, overrides=overrides),
+                          lambda r: f"accuracy {r['start']:.3f} -> {r['final']:.3f}")
+        results[example] = {}
+        for mode, done in runs.items():
+            finals = [r["final"] for r in done]
+            mean, sd = mean_sd(finals)
+            results[example][mode] = {"start": round(done[0]["start"], 4), "final_mean": round(mean, 4),
+                                      "final_sd": round(sd, 4), "finals": finals, "push_bytes": done[0]["push_bytes"]}
+        full, lora = results[example]["full"], results[example]["lora"]
+        results[example]["lora_minus_full_points"] = round(100 * (lora["final_mean"] - full["final_mean"]), 1)
+        results[example]["push_bytes_ratio"] = round(full["push_bytes"] / lora["push_bytes"], 1)
     emit("lora_learning", {"seeds": args.seeds, "lora": {"rank": args.rank, "alpha": 2 * args.rank,
                                                          "lr": args.lora_lr}, "examples": results},
          {f"{example}: {mode}": results[example][mode]["final_mean"]

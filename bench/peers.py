@@ -29,7 +29,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import WITHOUT_TEACHER, emit, mean_sd, run_demo
+from common import WITHOUT_TEACHER, emit, mean_sd, run_demo, run_seeded
 
 REPO = Path(__file__).resolve().parents[1]
 PEER_VENV = Path.home() / ".cache" / "asyncrl-bench-peers"
@@ -77,8 +77,11 @@ def timings(t0: float, step_ends: list[float], exited: float) -> dict:
             "exit_s": exited - step_ends[-1], "run_s": exited - t0}
 
 
-def run_asyncrl(root: Path, seed: int, steps: int, eta: int, task) -> dict:
-    run_dir = root / f"asyncrl-eta{eta}-{seed}"
+ARMS = {"asyncrl eta=2": 2, "asyncrl eta=0": 0, "TRL GRPOTrainer": None}
+"""Each arm and its η (None: the peer)."""
+
+
+def run_asyncrl(run_dir: Path, seed: int, steps: int, eta: int, task) -> dict:
     t0 = time.time()
     learner = run_demo(run_dir, [f"seed={seed}", f"learner.total_steps={steps}", "learner.eval_every=0",
                                  f"controller.eta={eta}", f"learner.checkpoint.save_every={steps}", *WITHOUT_TEACHER])
@@ -88,20 +91,15 @@ def run_asyncrl(root: Path, seed: int, steps: int, eta: int, task) -> dict:
     return {**timings(t0, ends, exited), "accuracy": accuracy(final, task)}
 
 
-def run_trl(root: Path, seed: int, steps: int, data: Path, task) -> dict:
-    out = root / f"trl-{seed}"
+def run_trl(out: Path, seed: int, steps: int, data: Path, task) -> dict:
     t0 = time.time()
     proc = subprocess.run([str(peer_python()), str(REPO / "bench" / "peers_trl.py"), "--data", str(data),
-                           "--model", str(MODEL), "--out", str(out), "--steps", str(steps), "--seed", str(seed),
-                           "--t0", repr(t0)], capture_output=True, text=True, check=False)  # fmt: skip
+                           "--model", str(MODEL), "--out", str(out), "--steps", str(steps), "--seed", str(seed)],
+                          capture_output=True, text=True, check=False)  # fmt: skip
     exited = time.time()
     if proc.returncode != 0:
         raise SystemExit(f"TRL failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
-    report = json.loads(proc.stdout.strip().splitlines()[-1])
-    ends, at = [], report["first_step_s"] + t0
-    for i, step in enumerate(report["step_s"]):
-        at = at if i == 0 else at + step
-        ends.append(at)
+    ends = json.loads(proc.stdout.strip().splitlines()[-1])["step_ends"]
     return {**timings(t0, ends, exited), "accuracy": accuracy(out / "final", task)}
 
 
@@ -111,23 +109,22 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=100)
     args = parser.parse_args()
     peer_python()
-    arms: dict[str, list[dict]] = {"asyncrl eta=2": [], "asyncrl eta=0": [], "TRL GRPOTrainer": []}
     config, task, prompts = task_and_prompts(args.steps)
     with tempfile.TemporaryDirectory(prefix="asyncrl-peers-") as tmp:
-        root = Path(tmp)
-        data = root / "prompts.json"
+        data = Path(tmp) / "prompts.json"
         data.write_text(json.dumps({"prompts": [p.text for p in prompts],
                                     "answers": [p.metadata["answer"] for p in prompts],
                                     "lr": config.learner.lr, "batch_size": config.learner.batch_size,
                                     "group_size": config.sampling.group_size,
                                     "max_new_tokens": config.sampling.max_new_tokens}))
-        for seed in range(args.seeds):
-            # asyncrl first: its first run builds the demo model (artifacts/tiny-arith) the peer trains too.
-            arms["asyncrl eta=2"].append(run_asyncrl(root, seed, args.steps, 2, task))
-            arms["asyncrl eta=0"].append(run_asyncrl(root, seed, args.steps, 0, task))
-            arms["TRL GRPOTrainer"].append(run_trl(root, seed, args.steps, data, task))
-            for name, runs in arms.items():
-                print(seed, name, {k: round(v, 3) for k, v in runs[-1].items()}, flush=True)
+
+        def run(arm: str, seed: int, run_dir: Path) -> dict:
+            # asyncrl's arms run first: the first builds the demo model (artifacts/tiny-arith) the peer trains too.
+            if ARMS[arm] is None:
+                return run_trl(run_dir, seed, args.steps, data, task)
+            return run_asyncrl(run_dir, seed, args.steps, ARMS[arm], task)
+
+        arms = run_seeded(ARMS, args.seeds, run, lambda r: str({k: round(v, 3) for k, v in r.items()}))
     summary = {}
     for name, runs in arms.items():
         summary[name] = {key: round(statistics.median(r[key] for r in runs), 3)

@@ -1,8 +1,7 @@
 """TRL's `GRPOTrainer` on the prompts `bench/peers.py` wrote: the peer's side of that bench. It runs in TRL's own
-virtual environment (`bench/peers.py` makes it), so it imports nothing of asyncrl. Prints one JSON line: the
-seconds from the process start (`--t0`, the launcher's clock) to the end of the first step, every step's
-duration, and the seconds from the last step to the end of the process's work; the final policy is saved to
-`--out` for the launcher to evaluate.
+virtual environment (`bench/peers.py` makes it), so it imports nothing of asyncrl. Prints one JSON line: when
+each step ended (unix seconds, the launcher's clock); the final policy is saved to `--out` for the launcher to
+evaluate.
 """
 
 from __future__ import annotations
@@ -21,7 +20,6 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=100)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--t0", type=float, default=time.time())
     args = parser.parse_args()
 
     import torch
@@ -55,13 +53,9 @@ def main() -> None:
     )  # fmt: skip
     trainer = GRPOTrainer(model=model, reward_funcs=exact_match, args=config, train_dataset=dataset,
                           processing_class=tokenizer, callbacks=[Clock()])
-    started = time.time()
     trainer.train()
     trainer.save_model(str(Path(args.out) / "final"))
-    done = time.time()
-    steps = [b - a for a, b in zip([started, *ends[:-1]], ends)]
-    print(json.dumps({"first_step_s": ends[0] - args.t0, "step_s": steps, "exit_s": done - ends[-1],
-                      "run_s": done - args.t0}))
+    print(json.dumps({"step_ends": ends}))
 
 
 if __name__ == "__main__":

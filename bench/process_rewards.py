@@ -20,12 +20,19 @@ Accuracy: held-out greedy accuracy at the end, and at the sample budget and wall
 from __future__ import annotations
 
 import argparse
+import functools
 import statistics
-import sys
-import tempfile
 from pathlib import Path
 
-from common import WITHOUT_TEACHER, accuracy_at, accuracy_curve, emit, mean_sd, rollout_events, run_demo
+from common import (
+    WITHOUT_TEACHER,
+    accuracy_curve,
+    accuracy_figures,
+    emit,
+    rollout_events,
+    run_demo,
+    run_seeded,
+)
 
 ARMS = {
     "outcome_only": [],
@@ -34,15 +41,13 @@ ARMS = {
 }
 
 
-def run(arm: str, seed: int, steps: int, every: int, run_dir: Path) -> dict:
+def run(arm: str, seed: int, run_dir: Path, steps: int, every: int) -> dict:
     learner = run_demo(run_dir, [*WITHOUT_TEACHER, f"learner.total_steps={steps}", f"learner.eval_every={every}",
                                  f"seed={seed}", *ARMS[arm]])
-    curve = accuracy_curve(run_dir, learner, ("group_written",))
     scored = [e for e in rollout_events(run_dir) if e["kind"] == "process_rewards_scored"]
     steps_ev = [e for e in learner if e["kind"] == "step"]
     return {
-        "curve": curve, "final_accuracy": curve[-1]["accuracy"], "wall_s": curve[-1]["wall_s"],
-        "samples": curve[-1]["samples"],
+        "curve": accuracy_curve(run_dir, learner, ("group_written",)),
         "train_step_s_median": statistics.median(e["time/step_s"] for e in steps_ev),
         "scoring_s_total": sum(e["seconds"] for e in scored),
         "scoring_s_per_batch": statistics.mean(e["seconds"] for e in scored) if scored else 0.0,
@@ -51,33 +56,24 @@ def run(arm: str, seed: int, steps: int, every: int, run_dir: Path) -> dict:
     }
 
 
+def describe(result: dict) -> str:
+    end = result["curve"][-1]
+    return (f"accuracy {end['accuracy']:.3f} in {end['wall_s']:.1f} s, train step "
+            f"{1000 * result['train_step_s_median']:.1f} ms, scoring {result['scoring_s_total']:.2f} s")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--eval-every", type=int, default=50)
     args = parser.parse_args()
-    runs: dict[str, list[dict]] = {arm: [] for arm in ARMS}
-    with tempfile.TemporaryDirectory() as tmp:
-        for seed in range(args.seeds):
-            for arm in ARMS:
-                result = run(arm, seed, args.steps, args.eval_every, Path(tmp) / f"{arm}-{seed}")
-                runs[arm].append(result)
-                print(f"{arm} seed={seed}: accuracy {result['final_accuracy']:.3f} in {result['wall_s']:.1f} s, "
-                      f"train step {1000 * result['train_step_s_median']:.1f} ms, scoring "
-                      f"{result['scoring_s_total']:.2f} s", file=sys.stderr, flush=True)
-    budget = min(r["samples"] for results in runs.values() for r in results)
-    horizon = min(r["wall_s"] for results in runs.values() for r in results)
+    runs = run_seeded(ARMS, args.seeds, functools.partial(run, steps=args.steps, every=args.eval_every), describe)
+    _, _, figures = accuracy_figures(runs)
     arms = {}
     for arm, results in runs.items():
-        final, final_sd = mean_sd([r["final_accuracy"] for r in results])
         arms[arm] = {
-            "overrides": ARMS[arm],
-            "final_accuracy_mean": final, "final_accuracy_stdev": final_sd,
-            "final_accuracies": [r["final_accuracy"] for r in results],
-            "accuracy_at_equal_samples_mean": mean_sd([accuracy_at(r["curve"], "samples", budget) for r in results])[0],
-            "accuracy_at_equal_wall_mean": mean_sd([accuracy_at(r["curve"], "wall_s", horizon) for r in results])[0],
-            "wall_s_mean": statistics.mean(r["wall_s"] for r in results),
+            "overrides": ARMS[arm], **figures[arm],
             "train_step_ms_median": 1000 * statistics.median(r["train_step_s_median"] for r in results),
             "replica_scoring_s_mean": statistics.mean(r["scoring_s_total"] for r in results),
             "replica_scoring_ms_per_batch": 1000 * statistics.mean(r["scoring_s_per_batch"] for r in results),
