@@ -126,3 +126,10 @@ def kill_learner_after(run_dir: Path, steps: int, timeout_s: float = 600) -> Non
     marker = f"learner --config {run_dir / 'config.resolved.yaml'}"
     [pid] = subprocess.run(["pgrep", "-f", marker], check=False, capture_output=True, text=True).stdout.split()
     os.kill(int(pid), signal.SIGKILL)
+
+
+def replica_records(run_dir: Path) -> list:
+    """Every rollout replica's typed event records of a run, replica after replica."""
+    from asyncrl.core.events import read_records
+
+    return [ev for path in sorted((run_dir / "events").glob("rollout-*.jsonl")) for ev in read_records(run_dir, path.stem)]

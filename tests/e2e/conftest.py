@@ -134,6 +134,12 @@ def push(engine, model, version: int, bucket_bytes: int = 64 * 1024, transport: 
     holds its tensors on `device` (a GPU other than the engine's: NCCL wants one rank per GPU).
     """
     named = [(name, p.detach().to(device or "cpu").contiguous()) for name, p in model.named_parameters()]
+    return push_named(engine, named, version, bucket_bytes, transport, device)
+
+
+def push_named(engine, named, version: int, bucket_bytes: int = 64 * 1024, transport: str = "gloo", device=None,
+               adapter=None):
+    """`push` of the tensors `named`; `adapter`: their `AdapterSpec` when they are a LoRA adapter."""
     store = host_store("127.0.0.1", 0, timeout_s=60)
     plan = PushPlan(
         push_id=f"test-push-{version}",
@@ -144,6 +150,7 @@ def push(engine, model, version: int, bucket_bytes: int = 64 * 1024, transport: 
         tensors=tensor_metas(named),
         bucket_bytes=bucket_bytes,
         timeout_s=60,
+        adapter=adapter,
     )
     sent: dict = {}
 

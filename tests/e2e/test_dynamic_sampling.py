@@ -11,6 +11,7 @@ from asyncrl.core.records.controller import LeaseCompleted
 from asyncrl.core.records.learner import Trained
 from asyncrl.core.records.rollout import GroupSkipped, GroupWritten
 from tests.e2e.test_system import asyncrl_up, no_process_left
+from tests.run_helpers import replica_records
 
 pytestmark = pytest.mark.e2e
 
@@ -24,7 +25,7 @@ def test_groups_with_uniform_rewards_never_reach_the_learner_and_their_quota_com
                          "learner.algo.opd.enabled=false", "teacher.enabled=false",
                          timeout_s=600)
     assert summary["audit"]["ok"], summary["audit"]
-    rollout = [ev for replica in ("rollout-replica-0", "rollout-replica-1") for ev in read_records(run_dir, replica)]
+    rollout = replica_records(run_dir)
     written = {ev.group_id: ev for ev in rollout if isinstance(ev, GroupWritten)}
     skipped = [ev for ev in rollout if isinstance(ev, GroupSkipped)]
     assert skipped, "the demo's policy solves no or every sample of some prompts: some groups must be skipped"

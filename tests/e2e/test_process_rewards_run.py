@@ -10,6 +10,7 @@ from asyncrl.core.events import read_records
 from asyncrl.core.records.learner import Step
 from asyncrl.core.records.rollout import ProcessRewardsScored
 from tests.e2e.test_system import asyncrl_up, no_process_left
+from tests.run_helpers import replica_records
 
 pytestmark = pytest.mark.e2e
 
@@ -23,8 +24,7 @@ def test_replicas_score_process_rewards_and_the_learner_trains_on_them(tmp_path)
                          "rollout.process_rewards.max_episode_tokens=2", 'rollout.process_rewards.force_answer="="',
                          timeout_s=600)
     assert summary["audit"]["ok"], summary["audit"]
-    scored = [ev for replica in ("rollout-replica-0", "rollout-replica-1")
-              for ev in read_records(run_dir, replica) if isinstance(ev, ProcessRewardsScored)]
+    scored = [ev for ev in replica_records(run_dir) if isinstance(ev, ProcessRewardsScored)]
     assert scored and all(ev.episodes >= ev.responses > 0 and ev.seconds > 0 for ev in scored)
     # Scored beside the reward, by the weights the engine holds then: the generating version, or the one a push
     # brought meanwhile (recorded either way); they follow the run's versions.

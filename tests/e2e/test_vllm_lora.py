@@ -20,10 +20,7 @@ from asyncrl.core.config import EngineConfig
 from asyncrl.core.lora.checksum import adapter_checksum
 from asyncrl.core.lora.versions import AdapterServing
 from asyncrl.core.sampling import SamplingParams
-from asyncrl.push.manifest import tensor_metas
-from asyncrl.push.plan import PushPlan
-from asyncrl.push.transport.broadcast import host_store, make_group, send_weights
-from tests.e2e.conftest import reference_logp
+from tests.e2e.conftest import push_named, reference_logp
 
 pytestmark = [
     pytest.mark.vllm,
@@ -69,24 +66,9 @@ def new_adapter(model, seed: int) -> list[tuple[str, torch.Tensor]]:
     return [(name, p.detach().clone()) for name, p in lora_parameters(model)]
 
 
-def push_adapter(engine, named, spec, version: int, wait: bool = True):
+def push_adapter(engine, named, spec, version: int):
     """The adapter through a real gloo broadcast from a sender thread (rank 0), as the learner sends it."""
-    store = host_store("127.0.0.1", 0, timeout_s=60)
-    plan = PushPlan(push_id=f"lora-push-{version}", version=version, store_address=f"127.0.0.1:{store.port}",
-                    world_size=2, transport="gloo", tensors=tensor_metas(named), bucket_bytes=64 * 1024,
-                    timeout_s=60, adapter=spec)
-
-    def sender():
-        group = make_group(plan, 0, store)
-        send_weights(group, named, plan)
-        group.close()
-
-    thread = threading.Thread(target=sender, daemon=True)
-    thread.start()
-    try:
-        return engine.update_weights(plan, rank=1)
-    finally:
-        thread.join(timeout=60)
+    return push_named(engine, named, version, adapter=spec)[0]
 
 
 def scores_match(engine, model) -> None:
