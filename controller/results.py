@@ -99,6 +99,8 @@ class LearnerFigures:
     length_correct_mean: float | None = None
     length_incorrect_mean: float | None = None
     truncated_fraction: float | None = None
+    episode_turns_mean: float | None = None
+    observation_tokens_mean: float | None = None
 
 
 @dataclass(frozen=True)

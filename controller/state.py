@@ -282,7 +282,8 @@ class ControllerState:
                                       "accuracy": figures.eval_accuracy, "staleness": figures.staleness_mean,
                                       "step_s": figures.step_seconds, "length_correct": figures.length_correct_mean,
                                       "length_incorrect": figures.length_incorrect_mean,
-                                      "truncated": figures.truncated_fraction})
+                                      "truncated": figures.truncated_fraction,
+                                      "turns": figures.episode_turns_mean})
             lagging = any(r.needs_sync(books.current_version) for r in books.registry.live() if r.pushable(now))
             return LearnerPulse(lagging and not books.pushes.is_fresh(now), books.current_version)
 

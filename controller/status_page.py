@@ -89,7 +89,7 @@ def render_html(snap: dict) -> str:
                            ("staleness", "staleness (mean versions)"), ("step_s", "seconds per step"),
                            ("length_correct", "length of correct responses (tokens)"),
                            ("length_incorrect", "length of incorrect responses (tokens)"),
-                           ("truncated", "share cut at max_new_tokens"))
+                           ("truncated", "share cut at max_new_tokens"), ("turns", "model turns per episode"))
     )
     return f"""<!doctype html>
 <html><head><meta charset="utf-8"><meta http-equiv="refresh" content="{_REFRESH_S}">
@@ -142,6 +142,8 @@ def learner_summary(learner: dict) -> str:
                             ("length_correct_mean", "correct length", "{:.0f} tokens"),
                             ("length_incorrect_mean", "incorrect length", "{:.0f} tokens"),
                             ("truncated_fraction", "truncated", "{:.0%}"),
+                            ("episode_turns_mean", "turns per episode", "{:.2f}"),
+                            ("observation_tokens_mean", "environment tokens per episode", "{:.0f}"),
                             ("trajectories_per_s", "throughput", "{:.0f} trajectories/s")):
         if learner.get(key) is not None:
             parts.append(f"{label} <b>{fmt.format(learner[key])}</b>")

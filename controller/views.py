@@ -42,7 +42,9 @@ def learner_view(report: LearnerReport, now: float, batch_size: int, address: st
                     step_seconds=figures.step_seconds, busy_fraction=figures.busy_fraction,
                     length_correct_mean=figures.length_correct_mean,
                     length_incorrect_mean=figures.length_incorrect_mean,
-                    truncated_fraction=figures.truncated_fraction)
+                    truncated_fraction=figures.truncated_fraction,
+                    episode_turns_mean=figures.episode_turns_mean,
+                    observation_tokens_mean=figures.observation_tokens_mean)
         if figures.step_seconds:
             view["trajectories_per_s"] = batch_size / figures.step_seconds
             if figures.total_steps > report.step:

@@ -28,7 +28,7 @@ class TrainBatch:
     response_starts: list[int]
     logp_behav: torch.Tensor  # [N, T] float32, 0 on padding
     token_versions: torch.Tensor  # [N, T] long, -1 on padding
-    response_mask: torch.Tensor  # [N, T] float32
+    response_mask: torch.Tensor  # [N, T] float32: 1 on the tokens trained (the model's), 0 on observations and padding
     rewards: torch.Tensor  # [N] float32
     group_index: torch.Tensor  # [N] long
     logp_teacher: torch.Tensor | None = None  # [N, T] float32 when annotated
@@ -46,6 +46,10 @@ class TrainBatch:
     trajectory of the batch carries any)."""
     process_mask: torch.Tensor | None = None
     """[N, T] bool: where `process_rewards` has a value."""
+    turns: torch.Tensor | None = None
+    """[N] long: model turns of each multi-turn episode (None: no trajectory of the batch is one)."""
+    observation_tokens: torch.Tensor | None = None
+    """[N] long: tokens the environment wrote into each episode's response (out of the loss)."""
 
     def __len__(self) -> int:
         return len(self.sequences)
@@ -58,12 +62,13 @@ class TrainBatch:
                        group_index=move(self.group_index), logp_teacher=move(self.logp_teacher),
                        routing=move(self.routing), routing_mask=move(self.routing_mask),
                        finished=move(self.finished), process_rewards=move(self.process_rewards),
-                       process_mask=move(self.process_mask))
+                       process_mask=move(self.process_mask), turns=move(self.turns),
+                       observation_tokens=move(self.observation_tokens))
 
     def rows(self, index: list[int]) -> TrainBatch:
         """The sub-batch of the given rows, trimmed to its own longest response."""
         idx = torch.tensor(index, dtype=torch.long)
-        width = int(self.response_mask[idx].sum(dim=1).max().item()) if index else 0
+        width = trained_width(self.response_mask[idx]) if index else 0
         pick = lambda t: None if t is None else t[idx, :width]
         return replace(
             self,
@@ -82,6 +87,8 @@ class TrainBatch:
             finished=None if self.finished is None else self.finished[idx],
             process_rewards=pick(self.process_rewards),
             process_mask=pick(self.process_mask),
+            turns=None if self.turns is None else self.turns[idx],
+            observation_tokens=None if self.observation_tokens is None else self.observation_tokens[idx],
         )
 
     def _seq_width(self, index: list[int]) -> int:
@@ -168,6 +175,13 @@ def assemble(entries: list[BufferEntry], routing_shape: RoutingShape | None = No
         logp_behav[row, :k] = t.logp_behav
         versions[row, :k] = t.weight_version
         mask[row, :k] = 1.0
+        for start, end in zip(t.observation_starts, t.observation_ends):
+            mask[row, start:end] = 0.0  # the environment's tokens: context, never trained on
+    turns = observation_tokens = None
+    if any(len(t.turn_ends) for _, t in trajs):
+        turns = torch.tensor([max(1, len(t.turn_ends)) for _, t in trajs], dtype=torch.long)
+        observation_tokens = torch.tensor(
+            [sum(e - s for s, e in zip(t.observation_starts, t.observation_ends)) for _, t in trajs], dtype=torch.long)
     teacher = None
     if all(len(t.logp_teacher) for _, t in trajs):
         teacher = np.zeros((n, width), dtype=np.float32)
@@ -202,7 +216,16 @@ def assemble(entries: list[BufferEntry], routing_shape: RoutingShape | None = No
         finished=torch.tensor([t.finished for _, t in trajs], dtype=torch.bool),
         process_rewards=None if process is None else torch.from_numpy(process),
         process_mask=None if process_mask is None else torch.from_numpy(process_mask),
+        turns=turns,
+        observation_tokens=observation_tokens,
     )
+
+
+def trained_width(mask: torch.Tensor) -> int:
+    """Columns up to the last trained token of any row of `mask` [N, T] (observations inside a response are 0,
+    so this is not the longest row's count of ones)."""
+    columns = (mask > 0).any(dim=0).nonzero()
+    return int(columns.max().item()) + 1 if len(columns) else 0
 
 
 def staleness_stats(batch: TrainBatch, version: int) -> dict:

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import torch
 
+from asyncrl.core.agents.factory import Episodes
 from asyncrl.core.auth import resolve_auth
 from asyncrl.core.buffer import make_buffer
 from asyncrl.core.config import dump_config
@@ -132,6 +133,8 @@ def build_learner(config) -> Leader | Follower:
     if config.teacher.enabled and config.teacher.annotate:
         teacher = teacher_pb2_grpc.TeacherStub(wait_for_channel(config.teacher.address, 300, auth))
     task = task_for_run(config)
+    limits = checkpoint_limits(config.model.path, config.sampling, config.reward, config.environment)
+    episodes = Episodes.for_run(config, task)
     metrics = LearnerMetrics()
     groups_per_step = config.learner.batch_size // config.sampling.group_size
     loop = LearnerLoop(
@@ -147,17 +150,17 @@ def build_learner(config) -> Leader | Follower:
                                   named=None if adapter is None else lora_parameters(full_model)),
         evaluate=functools.partial(evaluate_held_out, full_model, task, sampling, config.learner.eval_pass_k,
                                    config.learner.eval_samples, config.learner.eval_samples_max,
-                                   config.learner.eval_pass_k_large),
+                                   config.learner.eval_pass_k_large, episodes),
         events=EventLog(config.run_dir, "learner"),
         metrics=metrics,
-        limits=checkpoint_limits(config.model.path, config.sampling, config.reward),
+        limits=limits,
         teacher_stub=teacher,
         teacher=config.teacher,
         checkpointer=Checkpointer(config, task.tokenizer.hf, ranks, export_model=full_model, adapter=adapter),
         sinks=MetricSinks(config),
         ranks=ranks,
         mirror=mirror,
-        replica_evals=_replica_evals(config, controller, task, sampling, auth),
+        replica_evals=_replica_evals(config, controller, task, sampling, auth, episodes),
         memory_watch=None if memory is None else MemoryWatch(memory.plan),
         eta=config.controller.eta,
     )
@@ -199,10 +202,10 @@ def fit_in_memory(config, model) -> tuple:
     return config, verdict
 
 
-def _replica_evals(config, controller, task, sampling, auth) -> BackgroundEvaluations | None:
+def _replica_evals(config, controller, task, sampling, auth, episodes) -> BackgroundEvaluations | None:
     """Evaluations on a rollout replica (`learner.eval_by: replica`), else None (the learner evaluates)."""
     if config.learner.eval_by != "replica":
         return None
     evaluator = ReplicaEvaluator(controller, functools.partial(grpc_channel, auth=auth), task, sampling.max_new_tokens,
-                                 config.rollout.engine.max_batch_size, config.learner.eval_timeout_s)
+                                 config.rollout.engine.max_batch_size, config.learner.eval_timeout_s, episodes)
     return BackgroundEvaluations(evaluator)

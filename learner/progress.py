@@ -27,6 +27,10 @@ class LearnerProgress:
     """Mean length of the last batch's incorrect responses, in tokens (None: it had none)."""
     truncated_fraction: float | None = None
     """Share of the last batch's responses cut at max_new_tokens (None: not known)."""
+    episode_turns_mean: float | None = None
+    """Multi-turn runs: the last batch's mean model turns per episode (None: single-turn)."""
+    observation_tokens_mean: float | None = None
+    """Multi-turn runs: the last batch's mean environment tokens per episode."""
 
     def take_figures(self, metrics: dict) -> None:
         """The figures of the step just trained (`Trainer.step`'s metrics)."""
@@ -36,3 +40,5 @@ class LearnerProgress:
         self.length_correct_mean = metrics.get("length/correct_mean")
         self.length_incorrect_mean = metrics.get("length/incorrect_mean")
         self.truncated_fraction = metrics.get("length/truncated_frac")
+        self.episode_turns_mean = metrics.get("episode/turns_mean")
+        self.observation_tokens_mean = metrics.get("episode/observation_tokens_mean")

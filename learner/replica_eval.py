@@ -37,7 +37,10 @@ class ReplicaEvaluation:
 
 
 class ReplicaEvaluator:
-    def __init__(self, controller_stub, dial, task, max_new_tokens: int, max_prompts: int, timeout_s: float):
+    def __init__(self, controller_stub, dial, task, max_new_tokens: int, max_prompts: int, timeout_s: float,
+                 episodes=None):
+        """`episodes` (multi-turn runs): the evaluation plays greedy episodes, one Generate call per round."""
+        self.episodes = episodes
         self.controller = controller_stub
         self.dial = dial
         """address -> a gRPC channel that carries the run's token (and TLS)."""
@@ -71,7 +74,7 @@ class ReplicaEvaluator:
                         groups.append([sequence])
                 return groups
 
-            rewards = greedy_rewards(generate, self.task, max_new_tokens=self.max_new_tokens)
+            rewards = greedy_rewards(generate, self.task, max_new_tokens=self.max_new_tokens, episodes=self.episodes)
         finally:
             channel.close()
         span = (min(versions), max(versions)) if versions else (replica.weight_version, replica.weight_version)

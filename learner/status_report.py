@@ -36,7 +36,8 @@ def heartbeat_request(progress, total_steps: int) -> controller_pb2.LearnerHeart
         request.step_seconds = p.last_wall_s
         if p.busy_fraction is not None:
             request.busy_fraction = p.busy_fraction
-        for field in ("length_correct_mean", "length_incorrect_mean", "truncated_fraction"):
+        for field in ("length_correct_mean", "length_incorrect_mean", "truncated_fraction", "episode_turns_mean",
+                      "observation_tokens_mean"):
             if getattr(p, field) is not None:
                 setattr(request, field, getattr(p, field))
     if p.last_eval_accuracy >= 0:

@@ -29,7 +29,7 @@ from asyncrl.core.sampling import SamplingParams
 from asyncrl.learner.adapters import adapters_disabled
 from asyncrl.learner.algos import build_advantages, objective_units, policy_objective
 from asyncrl.learner.algos.diagnostics import to_floats
-from asyncrl.learner.batch import TrainBatch, staleness_stats
+from asyncrl.learner.batch import TrainBatch, staleness_stats, trained_width
 from asyncrl.learner.routing_replay import RoutingReplay
 from asyncrl.learner.sharding import SINGLE, Ranks
 
@@ -244,6 +244,10 @@ class Trainer:
                 "time/step_s": time.perf_counter() - t0,
             }
         )
+        if batch.turns is not None:
+            metrics["episode/turns_mean"] = batch.turns.float().mean().item()
+            metrics["episode/turns_max"] = int(batch.turns.max().item())
+            metrics["episode/observation_tokens_mean"] = batch.observation_tokens.float().mean().item()
         metrics.update(staleness_stats(batch, version))
         return metrics
 
@@ -257,6 +261,8 @@ class Trainer:
         with self.replay.training(mb, rows, measure=not self.algo.needs_prox_forward) as mb_routing:
             if logp is None:
                 logp = self._logprobs(mb)
+            else:  # the fused proximal forward's, over the whole batch's width: trimmed as `mb` is
+                logp = logp[:, :width]
             loss, mb_metrics = policy_objective(
                 logp, logp_prox[idx, :width], mb.logp_behav, adv.advantages[idx, :width], mb.response_mask,
                 algo, logp_ref=None if logp_ref is None else logp_ref[idx, :width],
@@ -275,7 +281,7 @@ class Trainer:
             loss, mb_metrics = self._objective(batch, chunk, algo, adv, logp_prox, logp_ref, logp=logp)
         else:
             idx = torch.tensor(chunk, dtype=torch.long)
-            width = int(batch.response_mask[idx].sum(dim=1).max().item())
+            width = trained_width(batch.response_mask[idx])
             units = objective_units(logp_prox[idx, :width], batch.logp_behav[idx, :width],
                                     batch.response_mask[idx, :width], algo)
             local_loss = torch.zeros(())

@@ -54,10 +54,30 @@ class RolloutMetrics:
             "teacher_failures": Counter("asyncrl_rollout_teacher_failures",
                                         "Groups written without the teacher's annotation (the teacher did not "
                                         "answer)", _LABEL, registry=r),
+            "episode_turns": Histogram("asyncrl_rollout_episode_turns", "Model turns per finished episode", _LABEL,
+                                       buckets=(1, 2, 3, 4, 6, 8, 12, 16, 32, 64), registry=r),
+            "episode_tokens": Histogram("asyncrl_rollout_episode_tokens",
+                                        "Response tokens per finished episode (the model's and the observations')",
+                                        _LABEL, buckets=(16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384),
+                                        registry=r),
+            "environment_seconds": Histogram("asyncrl_rollout_environment_seconds",
+                                             "One environment call (reset or step), from submit to answer", _LABEL,
+                                             buckets=(0.001, 0.005, 0.02, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30),
+                                             registry=r),
+            "episodes_in_flight": Gauge("asyncrl_rollout_episodes_in_flight",
+                                        "Episodes started and not yet ended on this replica", _LABEL, registry=r),
         }
-        self._reward_errors = Counter("asyncrl_rollout_reward_errors", "Rewards that raised or timed out (scored 0)",
-                                      [*_LABEL, "kind"], registry=r)  # fmt: skip
-        self._error_kinds = {"timeout"}  # present from the start (at 0), so dashboards and alerts see the series
+        self._labelled = {
+            "kind": Counter("asyncrl_rollout_reward_errors", "Rewards that raised or timed out (scored 0)",
+                            [*_LABEL, "kind"], registry=r),
+            "reason": Counter("asyncrl_rollout_episodes_ended", "Episodes ended, by why (done, max_turns, "
+                              "max_tokens, timeout, environment_error)", [*_LABEL, "reason"], registry=r),
+            "tool": Counter("asyncrl_rollout_tool_calls", "Tool calls by tool and outcome (ok, error)",
+                            [*_LABEL, "tool", "outcome"], registry=r),
+        }
+        self._seen: set[tuple[str, tuple[str, ...]]] = {("kind", ("timeout",))}
+        """(family, extra label values) in use: present from the start (at 0) where known, so dashboards and
+        alerts see the series, and carried over by `bind`."""
         self.replica = ""
         self.bind(replica_id or socket.gethostname())
 
@@ -73,15 +93,27 @@ class RolloutMetrics:
                 _carry_over(family, old, child)
                 family.remove(old)
             setattr(self, name, child)
-        for kind in self._error_kinds:
-            child = self._reward_errors.labels(replica=replica_id, kind=kind)
+        for family_name, values in self._seen:
+            family = self._labelled[family_name]
+            child = family.labels(replica_id, *values)
             if old:
-                child.inc(self._reward_errors.labels(replica=old, kind=kind)._value.get())
-                self._reward_errors.remove(old, kind)
+                child.inc(family.labels(old, *values)._value.get())
+                family.remove(old, *values)
+
+    def _count(self, family: str, *values: str) -> None:
+        self._seen.add((family, values))
+        self._labelled[family].labels(self.replica, *values).inc()
 
     def reward_error(self, kind: str) -> None:
-        self._error_kinds.add(kind)
-        self._reward_errors.labels(replica=self.replica, kind=kind).inc()
+        self._count("kind", kind)
+
+    def episode_ended(self, result) -> None:
+        """A finished episode (`asyncrl.core.agents.episode.EpisodeResult`): its reason, length and tool calls."""
+        self._count("reason", result.end_reason)
+        self.episode_turns.observe(len(result.turn_ends))
+        self.episode_tokens.observe(len(result.token_ids))
+        for outcome in result.tools:
+            self._count("tool", outcome.tool, "ok" if outcome.ok else "error")
 
 
 def _carry_over(family, old: str, child) -> None:

@@ -17,6 +17,7 @@ import zlib
 
 import torch
 
+from asyncrl.core.agents.factory import Episodes
 from asyncrl.core.auth import resolve_auth
 from asyncrl.core.buffer import make_buffer
 from asyncrl.core.engines.factory import make_engine
@@ -27,6 +28,7 @@ from asyncrl.core.preflight import check_checkpoint
 from asyncrl.core.tasks import task_for_run
 from asyncrl.core.trajectory_checks import checkpoint_limits
 from asyncrl.rollout.annotation import TeacherAnnotator
+from asyncrl.rollout.episode_worker import EpisodeWorker
 from asyncrl.rollout.process_scorer import ProcessRewardScorer
 from asyncrl.rollout.replica import ReplicaSession
 from asyncrl.rollout.reward_pool import RewardPool
@@ -96,12 +98,17 @@ class ReplicaRuntime:
             # Patient: a teacher that restarts is waited for within each call's deadline.
             teacher_channel = channel(cfg.teacher.address, resolve_auth(cfg.security), patient=True)
             annotator = TeacherAnnotator(TeacherStub(teacher_channel), cfg.teacher, self.metrics, teacher_channel)
-        worker = RolloutWorker(
-            sampling=cfg.sampling, leases_per_batch=cfg.rollout.leases_per_batch, hold_s=cfg.controller.max_hold_s,
+        episodes = Episodes.for_run(cfg, task)
+        kind, extra = RolloutWorker, {}
+        if episodes is not None:
+            kind, extra = EpisodeWorker, {"episodes": episodes, "episodes_in_flight": cfg.environment.episodes_in_flight
+                                          or cfg.rollout.leases_per_batch * cfg.sampling.group_size}
+        worker = kind(
+            **extra, sampling=cfg.sampling, leases_per_batch=cfg.rollout.leases_per_batch, hold_s=cfg.controller.max_hold_s,
             engine=self.engine, engine_lock=self.engine_lock, buffer=make_buffer(cfg.buffer),
             controller_stub=controller_stub, session=self.session, task=task, rewards=self.rewards,
             events=EventLog(cfg.run_dir, f"rollout-{self.session.replica_id}"), metrics=self.metrics,
-            limits=checkpoint_limits(cfg.model.path, cfg.sampling, cfg.reward), annotator=annotator,
+            limits=checkpoint_limits(cfg.model.path, cfg.sampling, cfg.reward, cfg.environment), annotator=annotator,
             process_scorer=(ProcessRewardScorer(cfg.rollout.process_rewards, self.engine, self.engine_lock,
                                                 task.tokenizer) if cfg.rollout.process_rewards.enabled else None),
         )  # fmt: skip

@@ -6,6 +6,7 @@ import json
 import time
 from typing import Any
 
+from asyncrl.core.agents.episode import EpisodeResult
 from asyncrl.core.engines.base import Generation
 from asyncrl.core.routing import write_proto
 from asyncrl.v1 import trajectory_pb2
@@ -43,6 +44,12 @@ def build_group(
         )
         if gen.routed_experts is not None:
             write_proto(gen.routed_experts, traj.routed_experts)
+        if isinstance(gen, EpisodeResult):
+            traj.observation_starts.extend(gen.observation_starts)
+            traj.observation_ends.extend(gen.observation_ends)
+            traj.turn_ends.extend(gen.turn_ends)
+            traj.turn_rewards.extend(gen.turn_rewards)
+            traj.end_reason = gen.end_reason
         trajectories.append(traj)
     return trajectory_pb2.TrajectoryGroup(
         group_id=group_id,

@@ -34,6 +34,11 @@ STOP_POLL_S = 0.1
 """How often a replica waiting on a held lease request looks whether it is stopping."""
 
 
+def model_tokens(gen) -> int:
+    """Tokens the model generated in `gen` (an episode's observations not counted)."""
+    return getattr(gen, "model_tokens", len(gen.token_ids))
+
+
 def answer_unless_stopped(stop: threading.Event, call):
     """The answer of `call` (a gRPC future), or None when `stop` is set first: a lease request the controller
     holds (up to max_hold_s) is cancelled rather than waited for. Raises the call's RpcError."""
@@ -215,7 +220,7 @@ class RolloutWorker:
 
     def _build(self, lease, prompt, gens):
         """(the lease's group, its rewards)."""
-        rewards = self.rewards.score([(self.task.decode_response(g.token_ids), prompt.metadata) for g in gens])
+        rewards = self._rewards(prompt, gens)
         group = build_group(
             group_id=f"{self.session.replica_id}-{lease.lease_id}",
             prompt_index=lease.prompt_index,
@@ -227,6 +232,10 @@ class RolloutWorker:
             metadata=prompt.metadata,
         )
         return group, rewards
+
+    def _rewards(self, prompt, gens) -> list[float]:
+        """The task's reward of each response, on the reward pool."""
+        return self.rewards.score([(self.task.decode_response(g.token_ids), prompt.metadata) for g in gens])
 
     def _checked(self, lease, group):
         """`group` if it passes the checks; None when it failed them and went to the dead letters."""
@@ -255,7 +264,8 @@ class RolloutWorker:
                 group_id=group.group_id, entry_id=entry_id, lease_id=lease.lease_id,
                 prompt_index=lease.prompt_index, lease_version=lease.version,
                 min_version=min(versions) if versions else -1, max_version=max(versions) if versions else -1,
-                reward_mean=sum(rewards) / len(rewards),
+                reward_mean=sum(rewards) / len(rewards), length_mean=sum(map(model_tokens, gens)) / len(gens),
+                turns_mean=sum(len(getattr(g, "turn_ends", ())) for g in gens) / len(gens),
             ))
             self.metrics.groups_written.inc()
             self.metrics.reward_mean.set(sum(rewards) / len(rewards))

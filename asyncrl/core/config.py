@@ -21,6 +21,7 @@ from pydantic import Field, model_validator
 from asyncrl.core.config_base import PinnedSection, Section
 from asyncrl.core.controller_config import ControllerConfig
 from asyncrl.core.data_config import RewardConfig, TaskConfig
+from asyncrl.core.environment_config import EnvironmentConfig
 from asyncrl.core.learner_config import LearnerConfig, TrackingConfig
 from asyncrl.core.rollout_config import EngineConfig, RolloutConfig, SamplingConfig
 
@@ -203,6 +204,8 @@ class AsyncRLConfig(Section):
     """Metric sinks (TensorBoard, Weights & Biases)."""
     sampling: SamplingConfig = SamplingConfig()
     """Rollout sampling (shared with the learner's log-prob computation)."""
+    environment: EnvironmentConfig = EnvironmentConfig()
+    """Multi-turn episodes: the environment the model acts in (none: single-turn samples)."""
     buffer: BufferConfig = BufferConfig()
     """Trajectory buffer."""
     controller: ControllerConfig = ControllerConfig()
@@ -229,6 +232,20 @@ class AsyncRLConfig(Section):
             if on:
                 raise ValueError(f"sampling.drop_uniform_groups with {key}: a group with uniform rewards still has "
                                  "a per-token or shaped signal there, and dropping it would lose it")
+
+    def _check_episodes(self) -> None:
+        """What multi-turn episodes need of the other sections."""
+        env, turn = self.environment, self.sampling.max_new_tokens
+        if env.max_episode_tokens < turn:
+            raise ValueError(f"environment.max_episode_tokens ({env.max_episode_tokens}) must hold at least one turn "
+                             f"(sampling.max_new_tokens = {turn})")
+        if self.rollout.process_rewards.enabled:
+            raise ValueError("rollout.process_rewards.enabled scores single-turn responses; with environment.type "
+                             f"{env.type!r} the environment gives per-turn rewards instead")
+        if self.learner.eval_pass_k:
+            raise ValueError("learner.eval_pass_k samples single-turn responses; episodes are evaluated by their "
+                             "greedy success (set learner.eval_pass_k: 0 with environment.type "
+                             f"{env.type!r})")
 
     @model_validator(mode="after")
     def _check_cross_field(self) -> AsyncRLConfig:
@@ -287,6 +304,8 @@ class AsyncRLConfig(Section):
                 f"({seat:g} s): the learner's reports are also its heartbeat, and a learner whose seat is "
                 "challenged without an answer keeps it only while they arrive; lower learner.status_interval_s"
             )
+        if self.environment.type != "none":
+            self._check_episodes()
         if self.teacher.enabled and not self.teacher.model_path:
             raise ValueError("teacher.model_path: required when teacher.enabled is true (the teacher's checkpoint "
                              "directory)")

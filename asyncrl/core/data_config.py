@@ -45,14 +45,18 @@ class DatasetConfig(Section):
 
 
 class TaskConfig(Section):
-    name: Literal["arith", "dataset"] = "arith"
-    """`arith`: the built-in synthetic addition task (the demo); `dataset`: prompts from `task.dataset`."""
+    name: Literal["arith", "tool_sum", "dataset"] = "arith"
+    """`arith`: the built-in synthetic addition task (the demo); `tool_sum`: the same sums as chat prompts,
+    solved with an `add` tool over several turns (the agent demo, with `environment.type: tools`); `dataset`:
+    prompts from `task.dataset`."""
     num_digits: int = Field(2, ge=1, le=6)
-    """arith: operands have up to this many digits."""
+    """arith, tool_sum: operands have up to this many digits."""
+    num_terms: int = Field(2, ge=2, le=9)
+    """arith, tool_sum: operands per prompt."""
     eval_size: int = Field(200, ge=1)
-    """arith: held-out prompts for evaluation (disjoint from the training stream)."""
+    """arith, tool_sum: held-out prompts for evaluation (disjoint from the training stream)."""
     seed: int = 0
-    """arith: seed of the prompt stream."""
+    """arith, tool_sum: seed of the prompt stream."""
     dataset: DatasetConfig = DatasetConfig()
     """Prompt files (used when name is `dataset`)."""
 

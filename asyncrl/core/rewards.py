@@ -75,17 +75,17 @@ def weighted(parts: list[tuple[float, RewardFn]]) -> RewardFn:
     return reward
 
 
-def resolve_function(spec: str) -> RewardFn:
-    """`package.module:function` or `path/to/file.py:function` -> the function, checked to accept
-    (response_text, metadata). Raises ValueError naming what is wrong."""
+def load_function(spec: str, kind: str = "reward") -> Callable:
+    """`package.module:function` or `path/to/file.py:function` -> the callable (a reward, a tool). Raises
+    ValueError naming what is wrong; `kind` names what the function is for in the message."""
     target, sep, name = spec.rpartition(":")
     if not sep or not target or not name.isidentifier():
         raise ValueError(f"{spec!r}: expected 'package.module:function' or 'path/to/file.py:function'")
     if target.endswith(".py"):
         path = Path(target)
         if not path.is_file():
-            raise ValueError(f"{spec!r}: reward file {target!r} does not exist")
-        module_name = f"asyncrl_user_reward_{abs(hash(str(path.resolve())))}"
+            raise ValueError(f"{spec!r}: {kind} file {target!r} does not exist")
+        module_name = f"asyncrl_user_{kind}_{abs(hash(str(path.resolve())))}"
         module = sys.modules.get(module_name)
         if module is None:
             loader_spec = importlib.util.spec_from_file_location(module_name, path)
@@ -107,6 +107,14 @@ def resolve_function(spec: str) -> RewardFn:
     fn = getattr(module, name, None)
     if not callable(fn):
         raise ValueError(f"{spec!r}: {target} has no function {name!r}")  # noqa: TRY004 - a config error
+    return fn
+
+
+def resolve_function(spec: str) -> RewardFn:
+    """`package.module:function` or `path/to/file.py:function` -> the function, checked to accept
+    (response_text, metadata). Raises ValueError naming what is wrong."""
+    fn = load_function(spec)
+    name = spec.rpartition(":")[2]
     try:
         inspect.signature(fn).bind("response", {})
     except TypeError:

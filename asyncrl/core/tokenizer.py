@@ -19,14 +19,28 @@ from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, proce
 PAD, BOS, EOS, UNK = "<pad>", "<bos>", "<eos>", "<unk>"
 SPECIAL_TOKENS = (PAD, BOS, EOS, UNK)
 ARITH_ALPHABET = "0123456789+="
+CHAT_ALPHABET = ARITH_ALPHABET + 'abcdefghijklmnopqrstuvwxyz{}[]":,_- '
+"""The tool task's characters: sums, and the JSON of a tool call."""
+CHAT_SPECIALS = ("<user>", "<assistant>", "<tool>", "<tool_call>", "</tool_call>")
+"""The tool task's role markers and tool-call tags, one token each."""
+CHAT_TEMPLATE = (
+    "{{ bos_token }}{%- for message in messages -%}"
+    "{%- if message['role'] == 'user' -%}<user>{{ message['content'] }}"
+    "{%- elif message['role'] == 'assistant' -%}<assistant>{{ message['content'] }}{{ eos_token }}"
+    "{%- elif message['role'] == 'tool' -%}<tool>{{ message['content'] }}"
+    "{%- endif -%}{%- endfor -%}{%- if add_generation_prompt -%}<assistant>{%- endif -%}"
+)
+"""The tool task's chat template: a marker per role, the assistant's turn ended by EOS (the tools' schemas are
+not rendered: the tiny model learns its one tool from the warm start)."""
 log = logging.getLogger(__name__)
 
 
-def build_char_tokenizer(alphabet: str = ARITH_ALPHABET) -> Tokenizer:
-    """A WordLevel tokenizer with one token per character of `alphabet`; encode() prepends <bos>."""
+def build_char_tokenizer(alphabet: str = ARITH_ALPHABET, extra_specials: tuple[str, ...] = ()) -> Tokenizer:
+    """A WordLevel tokenizer with one token per character of `alphabet` (and one per `extra_specials` string);
+    encode() prepends <bos>."""
     if len(set(alphabet)) != len(alphabet) or not alphabet:
         raise ValueError(f"alphabet must be non-empty with distinct characters, got {alphabet!r}")
-    vocab = {tok: i for i, tok in enumerate(SPECIAL_TOKENS)}
+    vocab = {tok: i for i, tok in enumerate(SPECIAL_TOKENS + tuple(extra_specials))}
     for ch in alphabet:
         vocab[ch] = len(vocab)
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token=UNK))
@@ -37,11 +51,12 @@ def build_char_tokenizer(alphabet: str = ARITH_ALPHABET) -> Tokenizer:
     tok.post_processor = processors.TemplateProcessing(
         single=f"{BOS} $A", pair=f"{BOS} $A $B", special_tokens=[(BOS, vocab[BOS])]
     )
-    tok.add_special_tokens(list(SPECIAL_TOKENS))
+    tok.add_special_tokens(list(SPECIAL_TOKENS + tuple(extra_specials)))
     return tok
 
 
-def save_tokenizer(tok: Tokenizer, directory: str | Path, model_max_length: int = 128) -> Path:
+def save_tokenizer(tok: Tokenizer, directory: str | Path, model_max_length: int = 128,
+                   chat_template: str | None = None) -> Path:
     """Write `tok` as a Hugging Face tokenizer directory (loadable by AutoTokenizer and vLLM)."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
@@ -57,6 +72,8 @@ def save_tokenizer(tok: Tokenizer, directory: str | Path, model_max_length: int 
         "model_max_length": model_max_length,
         "padding_side": "left",
     }
+    if chat_template:
+        tokenizer_config["chat_template"] = chat_template
     (directory / "tokenizer_config.json").write_text(json.dumps(tokenizer_config, indent=2) + "\n")
     special_map = {"bos_token": BOS, "eos_token": EOS, "pad_token": PAD, "unk_token": UNK}
     (directory / "special_tokens_map.json").write_text(json.dumps(special_map, indent=2) + "\n")
@@ -170,11 +187,19 @@ class ModelTokenizer:
         return cls.from_tokenizers(build_char_tokenizer(ARITH_ALPHABET))
 
     @classmethod
-    def from_tokenizers(cls, tok: Tokenizer) -> ModelTokenizer:
+    def chat_chars(cls) -> ModelTokenizer:
+        """The tool task's character tokenizer with its chat template (identical to the one `make-tiny-model`
+        saves for it)."""
+        return cls.from_tokenizers(build_char_tokenizer(CHAT_ALPHABET, CHAT_SPECIALS), CHAT_TEMPLATE)
+
+    @classmethod
+    def from_tokenizers(cls, tok: Tokenizer, chat_template: str | None = None) -> ModelTokenizer:
         """Wrap a `tokenizers.Tokenizer` that uses this module's special tokens (the synthetic tasks')."""
         from transformers import PreTrainedTokenizerFast
 
         hf = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=BOS, eos_token=EOS, pad_token=PAD, unk_token=UNK)
+        if chat_template:
+            hf.chat_template = chat_template
         return cls(hf, source="<character tokenizer>")
 
     @property
@@ -196,9 +221,15 @@ class ModelTokenizer:
     def encode_prompt(self, prompt: str | list[dict]) -> list[int]:
         if isinstance(prompt, str):
             return list(self.hf(prompt, add_special_tokens=True)["input_ids"])
+        return self.render_chat(prompt)
+
+    def render_chat(self, messages: list[dict], tools: list[dict] | None = None,
+                    add_generation_prompt: bool = True) -> list[int]:
+        """Token ids of chat `messages` (and the `tools` schemas) rendered with the checkpoint's chat template."""
         if not self.has_chat_template:
             raise ValueError(f"the tokenizer of {self.source} has no chat template, so chat messages cannot be rendered")
-        rendered = self.hf.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True)
+        rendered = self.hf.apply_chat_template(messages, tools=tools or None,
+                                               add_generation_prompt=add_generation_prompt, tokenize=True)
         if isinstance(rendered, dict) or hasattr(rendered, "keys"):  # newer transformers return a BatchEncoding
             rendered = rendered["input_ids"]
         return [int(i) for i in rendered]

@@ -62,14 +62,15 @@ class TrajectoryLimits:
                                 self.group_size, self.max_abs_reward, version)
 
 
-def checkpoint_limits(model_path: str | Path, sampling, reward) -> TrajectoryLimits:
+def checkpoint_limits(model_path: str | Path, sampling, reward, environment=None) -> TrajectoryLimits:
     """Limits from a checkpoint's config.json (vocabulary, context) and the run's `sampling` and `reward`
-    sections."""
+    sections (and `environment`: an episode's response holds up to max_episode_tokens)."""
     raw = checkpoint_config(model_path)
+    episodes = environment is not None and environment.type != "none"
     return TrajectoryLimits(
         vocab_size=int(raw["vocab_size"]),
         max_sequence_tokens=int(raw.get("max_position_embeddings") or 1 << 31),
-        max_response_tokens=sampling.max_new_tokens,
+        max_response_tokens=environment.max_episode_tokens if episodes else sampling.max_new_tokens,
         group_size=sampling.group_size,
         max_abs_reward=reward.max_abs,
     )
@@ -139,6 +140,7 @@ def check_trajectory_group(group, limits: TrajectoryLimits) -> int:
     if newest is not None:
         for t in group.trajectories:  # a few positions each, when there are any: checked on the quick path too
             _process_rewards(t, len(t.response_token_ids), t.trajectory_id)
+            _episode_fields(t, len(t.response_token_ids), t.trajectory_id)
         return newest
     for t in group.trajectories:
         _check_trajectory(t, limits)
@@ -211,6 +213,7 @@ def _check_trajectory(t, limits: TrajectoryLimits) -> None:
             raise BadGroup(f"trajectory {name!r}: {len(t.logp_teacher)} logp_teacher for {response.size} tokens")
         _floats(t.logp_teacher, "logp_teacher", name, LOGP_TOLERANCE)
     _process_rewards(t, response.size, name)
+    _episode_fields(t, response.size, name)
     versions = np.asarray(t.weight_version)
     if versions.min() < 0:
         raise BadGroup(f"trajectory {name!r}: weight_version {versions.min()} < 0")
@@ -236,3 +239,40 @@ def _process_rewards(t, response: int, name: str) -> None:
         raise BadGroup(f"trajectory {name!r}: process_rewards must be finite, |value| <= {MAX_PROCESS_REWARD:g}")
     if t.process_version < 0:
         raise BadGroup(f"trajectory {name!r}: process_version {t.process_version} < 0")
+
+
+END_REASONS = ("", "done", "max_turns", "max_tokens", "timeout", "environment_error")
+"""A trajectory's `end_reason`: empty for a single-turn sample, else why its episode ended."""
+
+
+def _episode_fields(t, response: int, name: str) -> None:
+    """BadGroup unless a multi-turn episode's fields fit its response: observation spans ordered, disjoint,
+    non-empty and after the first token; turn ends increasing and not inside an observation, the last at the
+    last model token; one finite turn reward per turn (or none) that sum to the reward; a known end reason."""
+    starts, ends, turns = list(t.observation_starts), list(t.observation_ends), list(t.turn_ends)
+    if t.end_reason not in END_REASONS:
+        raise BadGroup(f"trajectory {name!r}: end_reason {shown(t.end_reason)} is not one of {END_REASONS[1:]}")
+    if not (starts or ends or turns or len(t.turn_rewards)):
+        return
+    if len(starts) != len(ends):
+        raise BadGroup(f"trajectory {name!r}: {len(starts)} observation_starts but {len(ends)} observation_ends")
+    previous = 0
+    for start, end in zip(starts, ends):
+        if not previous < start < end <= response:
+            raise BadGroup(f"trajectory {name!r}: observation spans must be ordered, disjoint, non-empty, after the "
+                           f"first token and within the {response} response tokens; got [{start}, {end})")
+        previous = end
+    if not turns or any(b <= a for a, b in itertools.pairwise(turns)) or turns[0] <= 0 or turns[-1] > response:
+        raise BadGroup(f"trajectory {name!r}: turn_ends must increase strictly within (0, {response}]")
+    if len(turns) != len(starts) + 1 and len(turns) != len(starts):
+        raise BadGroup(f"trajectory {name!r}: {len(turns)} turns for {len(starts)} observations (one observation "
+                       "follows each turn but possibly the last)")
+    for turn_end, start in zip(turns, starts):
+        if turn_end != start:
+            raise BadGroup(f"trajectory {name!r}: a turn ends at {turn_end} but its observation starts at {start}")
+    rewards = list(t.turn_rewards)
+    if rewards:
+        if len(rewards) != len(turns) or not all(math.isfinite(r) for r in rewards):
+            raise BadGroup(f"trajectory {name!r}: turn_rewards must hold one finite value per turn ({len(turns)})")
+        if abs(sum(rewards) - t.reward) > 1e-3 * max(1.0, abs(t.reward)):
+            raise BadGroup(f"trajectory {name!r}: turn_rewards sum to {sum(rewards):g}, the reward is {t.reward:g}")

@@ -208,8 +208,12 @@ def _check_versions(report: AuditReport, controller: list[Record], learner: list
     for a, b in itertools.pairwise(steps):
         if b <= a:
             report.version_errors.append(f"learner published {a} then {b}")
+    # A replica's groups in the order their leases were granted: one running multi-turn episodes finishes a
+    # group whose episodes ran long after groups leased later, so its writes need not follow its leases.
+    granted = {ev.lease_id: ev.t for ev in controller if isinstance(ev, LeaseGranted)}
     for source in sorted({src for src, _ in rollouts}):
         for epoch in _epochs([ev for src, ev in rollouts if src == source], starts):
+            epoch.sort(key=lambda ev: granted.get(ev.lease_id, ev.t))
             for a, b in itertools.pairwise(epoch):
                 if b.lease_version < a.lease_version:
                     report.version_errors.append(f"{source}: lease version went {a.lease_version} -> "

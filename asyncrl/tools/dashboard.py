@@ -102,6 +102,19 @@ PANELS: list[tuple[str, list[tuple[str, str, list[tuple[str, str]]]]]] = [
         ("Reward errors", "short", [
             (f"sum by (kind) (increase(asyncrl_rollout_reward_errors_total{RATE}))", "{{kind}}")]),
     ]),
+    ("Episodes (environment.type set)", [
+        ("Episodes ended by reason", "short", [
+            (f"sum by (reason) (rate(asyncrl_rollout_episodes_ended_total{RATE}))", "{{reason}}")]),
+        ("Tool calls by tool and outcome", "short", [
+            (f"sum by (tool, outcome) (rate(asyncrl_rollout_tool_calls_total{RATE}))", "{{tool}} {{outcome}}")]),
+        ("Environment call and generation round p90", "s", [
+            (_q(0.9, "asyncrl_rollout_environment_seconds"), "environment call"),
+            (_q(0.9, "asyncrl_rollout_generation_seconds"), "generation round")]),
+        ("Turns and tokens per episode p50", "short", [
+            (_q(0.5, "asyncrl_rollout_episode_turns"), "turns"),
+            (_q(0.5, "asyncrl_rollout_episode_tokens"), "tokens")]),
+        ("Episodes in flight", "short", [("asyncrl_rollout_episodes_in_flight", "{{replica}}")]),
+    ]),
     ("Teacher", [
         ("Teacher tokens scored", "short", [(f"rate(asyncrl_teacher_tokens_scored_total{RATE})", "tokens/s")]),
         ("Score time p90", "s", [(_q(0.9, "asyncrl_teacher_score_seconds"), "p90")]),

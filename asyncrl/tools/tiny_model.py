@@ -22,9 +22,12 @@ from pathlib import Path
 
 import torch
 
+from asyncrl.core.agents.factory import Episodes
+from asyncrl.core.agents.reference import reference_episode
 from asyncrl.core.modeling import sequence_logprobs
 from asyncrl.core.tasks import Task, get_task
-from asyncrl.core.tokenizer import ModelTokenizer, build_char_tokenizer, save_tokenizer
+from asyncrl.core.tasks.registry import TASKS
+from asyncrl.core.tokenizer import ARITH_ALPHABET, ModelTokenizer, build_char_tokenizer, save_tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +55,9 @@ def config_stamp(config) -> str:
     payload = {
         "tiny_model": config.tiny_model.model_dump(mode="json"),
         "task": config.task.model_dump(mode="json"),
+        # What shapes the reference episodes: not the tools' paths (the bench's slow `add` adds as the demo's
+        # does) nor the run-time limits.
+        "environment": config.environment.model_dump(mode="json", include={"type", "tool_call_format"}),
         "recipe": [SFT_BATCH_SIZE, SFT_LR, SFT_WARMUP_STEPS, SFT_TEACHER_FINAL_LR],
     }
     if config.tiny_model.tokenizer_path:
@@ -120,14 +126,25 @@ def model_config(tiny_cfg, codec):
     )
 
 
-def _sft_batch(task: Task, first_index: int, size: int) -> tuple[list[list[int]], list[int]]:
-    sequences, starts = [], []
+def _sft_batch(task: Task, first_index: int, size: int, episodes=None):
+    """(sequences, response starts, train masks or None): the target responses, or with `episodes` (multi-turn)
+    the reference episodes, their observations out of the loss."""
+    sequences, starts, masks = [], [], []
     for index in range(first_index, first_index + size):
         prompt = task.train_prompt(index)
+        if episodes is not None:
+            context, response, mask = reference_episode(episodes, task, prompt)
+            sequences.append(context + response)
+            starts.append(len(context))
+            masks.append(mask)
+            continue
         target = task.tokenizer.encode_text(task.target_text(prompt)) + [task.tokenizer.eos_ids[0]]
         sequences.append(prompt.token_ids + target)
         starts.append(len(prompt.token_ids))
-    return sequences, starts
+    if not masks:
+        return sequences, starts, None
+    width = max(map(len, masks))
+    return sequences, starts, torch.tensor([m + [0.0] * (width - len(m)) for m in masks])
 
 
 def sft_lr(step: int, decay: bool = False, first_step: int = 0, last_step: int = 0) -> float:
@@ -148,11 +165,13 @@ def supervised_train(
     optimizer=None,
     decay: bool = False,
     log_every: int = 100,
+    episodes=None,
 ):
     """Cross-entropy on the target response tokens (EOS included) of training prompts; returns the optimizer.
 
     Step s uses training prompts [s * SFT_BATCH_SIZE, (s + 1) * SFT_BATCH_SIZE), so continuing a run
     (`first_step`) sees new data, and the result is a pure function of the seeds. `decay`: see `sft_lr`.
+    `episodes` (multi-turn tasks): train on reference episodes, the model's tokens only.
     """
     model.train()
     optimizer = optimizer or torch.optim.AdamW(model.parameters(), lr=SFT_LR, weight_decay=0.0)
@@ -160,8 +179,10 @@ def supervised_train(
     for step in range(first_step, first_step + steps):
         for group in optimizer.param_groups:
             group["lr"] = sft_lr(step, decay, first_step, first_step + steps)
-        sequences, starts = _sft_batch(task, step * SFT_BATCH_SIZE, SFT_BATCH_SIZE)
+        sequences, starts, train_mask = _sft_batch(task, step * SFT_BATCH_SIZE, SFT_BATCH_SIZE, episodes)
         logp, mask = sequence_logprobs(model, sequences, starts, None, pad_id=task.tokenizer.pad_id)
+        if train_mask is not None:
+            mask = mask * train_mask[:, : mask.shape[1]]
         loss = -(logp * mask).sum() / mask.sum()
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
@@ -186,9 +207,10 @@ def _tokenizer(config):
     if tiny.tokenizer_path:
         tokenizer = ModelTokenizer.load(tiny.tokenizer_path)
         return tokenizer, lambda directory: tokenizer.hf.save_pretrained(str(directory))
-    tok = build_char_tokenizer()
-    return ModelTokenizer.from_tokenizers(tok), lambda directory: save_tokenizer(
-        tok, directory, model_max_length=tiny.max_positions
+    alphabet, specials, template = getattr(TASKS.get(config.task.name), "CHAR_TOKENIZER", (ARITH_ALPHABET, (), None))
+    tok = build_char_tokenizer(alphabet, specials)
+    return ModelTokenizer.from_tokenizers(tok, template), lambda directory: save_tokenizer(
+        tok, directory, model_max_length=tiny.max_positions, chat_template=template
     )
 
 
@@ -217,6 +239,7 @@ def make_tiny_model(config) -> TinyModelPaths:
 
     tokenizer, save_tokenizer_to = _tokenizer(config)
     task = get_task(config.task, tokenizer, config.reward)
+    episodes = Episodes.for_task(config.environment, task, tiny.max_positions)
     torch.manual_seed(tiny.seed)
     model = AutoModelForCausalLM.from_config(model_config(tiny, tokenizer)).float()
     log.info(
@@ -231,7 +254,8 @@ def make_tiny_model(config) -> TinyModelPaths:
         def generate(prompts, params, n):
             return generate_with_model(model, prompts, params, n, eos_ids=tokenizer.eos_ids, pad_id=tokenizer.pad_id)
 
-        return greedy_accuracy(generate, task, max_new_tokens=task.max_response_tokens or config.sampling.max_new_tokens)
+        return greedy_accuracy(generate, task, max_new_tokens=task.max_response_tokens or config.sampling.max_new_tokens,
+                               episodes=episodes)
 
     started = time.perf_counter()
 
@@ -240,12 +264,12 @@ def make_tiny_model(config) -> TinyModelPaths:
         _save(model, save_tokenizer_to, directory, stamp, {"sft_steps": sft_steps, "greedy_accuracy": acc})
         log.info("%s saved to %s: greedy accuracy %.3f (%.1fs)", role, directory, acc, time.perf_counter() - started)
 
-    optimizer = supervised_train(model, task, tiny.warmstart_steps)
+    optimizer = supervised_train(model, task, tiny.warmstart_steps, episodes=episodes)
     save("policy", policy_dir, tiny.warmstart_steps)
     if teacher_dir is not None:
         # The teacher continues the same run: a stronger model of the same shape and tokenizer.
         teacher_extra = tiny.teacher_steps - tiny.warmstart_steps
-        supervised_train(model, task, teacher_extra, tiny.warmstart_steps, optimizer, decay=True)
+        supervised_train(model, task, teacher_extra, tiny.warmstart_steps, optimizer, decay=True, episodes=episodes)
         save("teacher", teacher_dir, tiny.teacher_steps)
     return TinyModelPaths(policy_dir, teacher_dir, built=True)
 

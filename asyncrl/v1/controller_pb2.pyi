@@ -278,7 +278,7 @@ class CommitWeightPushResponse(_message.Message):
     def __init__(self, committed: _Optional[bool] = ..., current_version: _Optional[int] = ..., acked: _Optional[_Iterable[str]] = ..., dropped: _Optional[_Iterable[str]] = ..., next_push: _Optional[_Union[BeginWeightPushResponse, _Mapping]] = ...) -> None: ...
 
 class LearnerHeartbeatRequest(_message.Message):
-    __slots__ = ("step", "version", "consumed", "total_steps", "reward_mean", "eval_accuracy", "staleness_mean", "step_seconds", "busy_fraction", "learner_key", "length_correct_mean", "length_incorrect_mean", "truncated_fraction")
+    __slots__ = ("step", "version", "consumed", "total_steps", "reward_mean", "eval_accuracy", "staleness_mean", "step_seconds", "busy_fraction", "learner_key", "length_correct_mean", "length_incorrect_mean", "truncated_fraction", "episode_turns_mean", "observation_tokens_mean")
     STEP_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     CONSUMED_FIELD_NUMBER: _ClassVar[int]
@@ -292,6 +292,8 @@ class LearnerHeartbeatRequest(_message.Message):
     LENGTH_CORRECT_MEAN_FIELD_NUMBER: _ClassVar[int]
     LENGTH_INCORRECT_MEAN_FIELD_NUMBER: _ClassVar[int]
     TRUNCATED_FRACTION_FIELD_NUMBER: _ClassVar[int]
+    EPISODE_TURNS_MEAN_FIELD_NUMBER: _ClassVar[int]
+    OBSERVATION_TOKENS_MEAN_FIELD_NUMBER: _ClassVar[int]
     step: int
     version: int
     consumed: int
@@ -305,7 +307,9 @@ class LearnerHeartbeatRequest(_message.Message):
     length_correct_mean: float
     length_incorrect_mean: float
     truncated_fraction: float
-    def __init__(self, step: _Optional[int] = ..., version: _Optional[int] = ..., consumed: _Optional[int] = ..., total_steps: _Optional[int] = ..., reward_mean: _Optional[float] = ..., eval_accuracy: _Optional[float] = ..., staleness_mean: _Optional[float] = ..., step_seconds: _Optional[float] = ..., busy_fraction: _Optional[float] = ..., learner_key: _Optional[bytes] = ..., length_correct_mean: _Optional[float] = ..., length_incorrect_mean: _Optional[float] = ..., truncated_fraction: _Optional[float] = ...) -> None: ...
+    episode_turns_mean: float
+    observation_tokens_mean: float
+    def __init__(self, step: _Optional[int] = ..., version: _Optional[int] = ..., consumed: _Optional[int] = ..., total_steps: _Optional[int] = ..., reward_mean: _Optional[float] = ..., eval_accuracy: _Optional[float] = ..., staleness_mean: _Optional[float] = ..., step_seconds: _Optional[float] = ..., busy_fraction: _Optional[float] = ..., learner_key: _Optional[bytes] = ..., length_correct_mean: _Optional[float] = ..., length_incorrect_mean: _Optional[float] = ..., truncated_fraction: _Optional[float] = ..., episode_turns_mean: _Optional[float] = ..., observation_tokens_mean: _Optional[float] = ...) -> None: ...
 
 class LearnerHeartbeatResponse(_message.Message):
     __slots__ = ("sync_requested", "current_version")

@@ -104,6 +104,27 @@ def test_version_going_back_is_caught(tmp_path):
     assert audit_run(tmp_path).version_errors == ["controller committed 2 then 1"]
 
 
+def test_a_replica_writes_its_groups_out_of_lease_order_but_never_goes_back_in_lease_order(tmp_path):
+    """Multi-turn episodes finish out of order: the group of an earlier lease may be written after later ones.
+    The replica's lease versions are checked in the order the controller granted them."""
+
+    def grant(lid, t, version):
+        return LeaseGranted(t=t, lease_id=lid, replica_id="r0", n=4, admitted_after=4, version=version, eta=None,
+                            batch_size=4, prompt_index=0, held_s=0.0)
+
+    def wrote(lid, t, version):
+        return GroupWritten(t=t, group_id=f"g-{lid}", entry_id=f"{t}-0", lease_id=lid, prompt_index=0,
+                            lease_version=version, min_version=version, max_version=version, reward_mean=0.0)
+
+    write(tmp_path, "controller", [grant("a", 1, 0), grant("b", 2, 1), commit(1.5, 1)])
+    write(tmp_path, "rollout-r0", [wrote("b", 3, 1), wrote("a", 4, 0)])
+    write(tmp_path, "learner", [FinalBuffer(t=5, entry_ids=["3-0", "4-0"])])
+    assert audit_run(tmp_path).version_errors == []
+    write(tmp_path, "controller", [grant("a", 1, 1), grant("b", 2, 0), commit(1.5, 1)])  # granted going back
+    write(tmp_path, "rollout-r0", [wrote("a", 3, 1), wrote("b", 4, 0)])
+    assert audit_run(tmp_path).version_errors == ["rollout-r0: lease version went 1 -> 0"]
+
+
 def test_group_of_a_killed_replica_is_told_apart_from_an_unknown_one(tmp_path):
     """A replica killed between writing a group and logging it: its lease expired, the group was trained once.
     That is listed, not an error; a trained group nobody wrote or leased is an error."""

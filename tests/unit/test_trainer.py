@@ -209,3 +209,20 @@ def test_prompts_are_shared_only_for_a_dense_policy_on_one_rank(tiny_model_dir):
     checkpointed = load_causal_lm(tiny_model_dir.policy)
     checkpointed.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     assert not Trainer(checkpointed, LearnerConfig(), sampling, pad_id=0).shares_prompts
+
+
+@pytest.mark.parametrize("minibatches", [1, 2])
+def test_an_episode_batch_trains_only_the_model_tokens(tiny_model_dir, minibatches):
+    """Observations inside and at the end of responses (mask 0) neither train nor break the widths: a step over
+    a batch whose widest rows end with an observation (the fused proximal forward, and mini-batches)."""
+    b = batch(width=6)
+    b.response_mask[:, 4:] = 0.0  # every response ends with a 2-token observation
+    b.response_mask[::2, 1:3] = 0.0  # and half of them hold one mid-response
+    b.logp_behav = b.logp_behav * b.response_mask
+    model = load_causal_lm(tiny_model_dir.policy)
+    cfg = LearnerConfig.model_validate({"lr": 1e-3, "minibatches": minibatches, "algo": {"preset": "decoupled_token_is"}})
+    trainer = Trainer(model, cfg, SamplingParams.from_config(SamplingConfig()), pad_id=0)
+    assert trainer.fuses_proximal == (minibatches == 1)
+    metrics = trainer.step(b, version=3)
+    assert torch.isfinite(torch.tensor(metrics["loss/total"]))
+    assert metrics["batch/response_tokens"] == int(b.response_mask.sum().item())

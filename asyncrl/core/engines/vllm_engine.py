@@ -68,6 +68,7 @@ class VLLMEngine(Engine):
             worker_extension_cls=WORKER_EXTENSION,
             enable_return_routed_experts=self.returns_routed_experts,
             **(VLLMAdapters.engine_args(adapters) if adapters is not None else {}),
+            **({} if self._on_gpu else _whole_prefills(engine_cfg)),
         )
         self.start_s = time.perf_counter() - started
         self._llm.update_weight_version(str(version))
@@ -299,3 +300,11 @@ def token_versions(spans, num_tokens: int, fallback: int) -> list[int]:
         for i in range(span.start, min(span.end, num_tokens)):
             versions[i] = int(span.version)
     return versions
+
+
+def _whole_prefills(engine_cfg) -> dict:
+    """vLLM's CPU worker cannot rewind a seeded request's generator ("CPU Generator does not use offset"), which
+    it does for a request whose prompt was only partly prefilled in a step: on CPU, every prompt is prefilled
+    whole (long ones come with multi-turn episodes), with a token budget that holds a full batch of them."""
+    return {"enable_chunked_prefill": False,
+            "max_num_batched_tokens": max(8192, engine_cfg.max_batch_size * engine_cfg.max_model_len)}

@@ -22,6 +22,10 @@ class GroupWritten(Record):
     """The oldest weight version among its tokens (-1: no tokens)."""
     max_version: int
     reward_mean: float
+    length_mean: float = 0.0
+    """Mean tokens the model generated per trajectory (an episode's observations not counted)."""
+    turns_mean: float = 0.0
+    """Mean model turns per trajectory (0: single-turn samples)."""
 
 
 @dataclass(frozen=True, kw_only=True)

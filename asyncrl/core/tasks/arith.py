@@ -1,7 +1,7 @@
-"""The `arith` task: multi-digit addition, prompt "12+34=", answer "46" then EOS.
+"""The `arith` task: multi-digit addition, prompt "12+34=", answer "46" then EOS (`num_terms` operands).
 
-Operands are uniform in [0, 10**num_digits). The held-out set is the first `eval_size` distinct operand pairs
-of its own seeded stream; the training stream redraws any pair that is in the held-out set, so training never
+Operands are uniform in [0, 10**num_digits). The held-out set is the first `eval_size` distinct operand tuples
+of its own seeded stream; the training stream redraws any tuple that is in the held-out set, so training never
 sees an evaluation prompt. Both streams are pure functions of (seed, index): every replica and the learner
 agree on prompt `index` without talking to each other.
 """
@@ -12,7 +12,7 @@ import numpy as np
 
 from asyncrl.core.tasks.base import Prompt, Task
 from asyncrl.core.tasks.registry import register_reward, register_task
-from asyncrl.core.tokenizer import EOS, ModelTokenizer
+from asyncrl.core.tokenizer import ARITH_ALPHABET, EOS, ModelTokenizer
 
 # Sub-streams of the seeded generator, so eval and train draws never share random numbers.
 _EVAL_STREAM, _TRAIN_STREAM = 0, 1
@@ -35,60 +35,63 @@ def arith_exact(response_text, metadata) -> float:
 class ArithTask(Task):
     name = "arith"
     reward_name = "arith_exact"
+    CHAR_TOKENIZER: tuple = (ARITH_ALPHABET, (), None)
+    """(alphabet, extra special tokens, chat template) of the character tokenizer the tiny model is built with."""
 
     def __init__(self, task_cfg, tokenizer: ModelTokenizer | None = None):
         self.num_digits = int(task_cfg.num_digits)
+        self.num_terms = int(task_cfg.num_terms)
         self.eval_size = int(task_cfg.eval_size)
         self.seed = int(task_cfg.seed)
         self.tokenizer = tokenizer or ModelTokenizer.arith()
         self._limit = 10**self.num_digits
-        total = self._limit**2
+        total = self._limit**self.num_terms
         if self.eval_size > total // 2:
             raise ValueError(
                 f"task.eval_size={self.eval_size} leaves too few training prompts: {self.num_digits}-digit "
-                f"addition has only {total} operand pairs (use at most {total // 2})"
+                f"addition of {self.num_terms} terms has only {total} operand tuples (use at most {total // 2})"
             )
         self._eval_pairs = self._draw_eval_pairs()
         self._eval_set = frozenset(self._eval_pairs)
 
-    def _draw_eval_pairs(self) -> list[tuple[int, int]]:
+    def _draw_eval_pairs(self) -> list[tuple[int, ...]]:
         rng = np.random.default_rng([self.seed, _EVAL_STREAM])
-        pairs: list[tuple[int, int]] = []
-        seen: set[tuple[int, int]] = set()
+        pairs: list[tuple[int, ...]] = []
+        seen: set[tuple[int, ...]] = set()
         while len(pairs) < self.eval_size:
-            a, b = (int(x) for x in rng.integers(0, self._limit, size=2))
-            if (a, b) not in seen:
-                seen.add((a, b))
-                pairs.append((a, b))
+            terms = tuple(int(x) for x in rng.integers(0, self._limit, size=self.num_terms))
+            if terms not in seen:
+                seen.add(terms)
+                pairs.append(terms)
         return pairs
 
-    def _prompt(self, a: int, b: int) -> Prompt:
-        text = f"{a}+{b}="
-        return Prompt(text=text, token_ids=self.tokenizer.encode_prompt(text), metadata={"answer": str(a + b)})
+    def _prompt(self, *terms: int) -> Prompt:
+        text = "+".join(map(str, terms)) + "="
+        return Prompt(text=text, token_ids=self.tokenizer.encode_prompt(text), metadata={"answer": str(sum(terms))})
 
-    def train_pair(self, index: int) -> tuple[int, int]:
+    def train_pair(self, index: int) -> tuple[int, ...]:
         """Operands of training prompt `index`."""
         if index < 0:
             raise ValueError(f"prompt index must be >= 0, got {index}")
         rng = np.random.default_rng([self.seed, _TRAIN_STREAM, index])
         while True:
-            a, b = (int(x) for x in rng.integers(0, self._limit, size=2))
-            if (a, b) not in self._eval_set:
-                return a, b
+            terms = tuple(int(x) for x in rng.integers(0, self._limit, size=self.num_terms))
+            if terms not in self._eval_set:
+                return terms
 
     def train_prompt(self, index: int) -> Prompt:
         return self._prompt(*self.train_pair(index))
 
     def eval_prompts(self) -> list[Prompt]:
-        return [self._prompt(a, b) for a, b in self._eval_pairs]
+        return [self._prompt(*terms) for terms in self._eval_pairs]
 
     def target_text(self, prompt: Prompt) -> str:
         return prompt.metadata["answer"]
 
     @property
     def max_response_tokens(self) -> int:
-        # The sum of two n-digit numbers has at most n+1 digits, plus EOS.
-        return self.num_digits + 2
+        # The sum of k numbers below 10**n is below k * 10**n: at most n + len(str(k - 1)) digits, plus EOS.
+        return self.num_digits + len(str(self.num_terms)) + 1
 
 
 register_task("arith", ArithTask)

@@ -49,6 +49,11 @@ class Task(ABC):
         """The correct response text (without EOS), for supervised warm starts (synthetic tasks only)."""
         raise ValueError(f"task {self.name!r} has no supervised targets")
 
+    def target_turns(self, prompt: Prompt) -> list[str]:
+        """The correct model turns of a multi-turn episode (each ended by EOS), for warm starts against the
+        environment; a single-turn task's is its target response."""
+        return [self.target_text(prompt)]
+
     @property
     def max_response_tokens(self) -> int | None:
         """Tokens the longest correct response needs, EOS included (None: no task-specific bound)."""

@@ -22,11 +22,20 @@ def _generate_fn(generator) -> Callable:
 
 
 def greedy_rewards(
-    generator, task: Task, prompts: list[Prompt] | None = None, max_new_tokens: int | None = None
+    generator, task: Task, prompts: list[Prompt] | None = None, max_new_tokens: int | None = None, episodes=None
 ) -> list[float]:
-    """Reward of the greedy response to each prompt (default: the task's held-out set)."""
+    """Reward of the greedy response to each prompt (default: the task's held-out set); with `episodes` (an
+    `asyncrl.core.agents.factory.Episodes`), of the greedy episode, each turn at most `max_new_tokens`."""
     prompts = task.eval_prompts() if prompts is None else prompts
     params = SamplingParams(max_new_tokens=max_new_tokens or task.max_response_tokens, greedy=True)
+    if episodes is not None:
+        from asyncrl.core.agents.factory import turns_of
+
+        runner = episodes.runner(turns_of(_generate_fn(generator)), params)
+        try:
+            return [result.reward for result in runner.run(prompts)]
+        finally:
+            runner.close()
     groups = _generate_fn(generator)([p.token_ids for p in prompts], params, 1)
     if len(groups) != len(prompts):
         raise ValueError(f"generator returned {len(groups)} groups for {len(prompts)} prompts")
@@ -36,8 +45,8 @@ def greedy_rewards(
 
 
 def greedy_accuracy(
-    generator, task: Task, prompts: list[Prompt] | None = None, max_new_tokens: int | None = None
+    generator, task: Task, prompts: list[Prompt] | None = None, max_new_tokens: int | None = None, episodes=None
 ) -> float:
     """Mean greedy reward over the held-out set (for exact-match rewards: the fraction solved)."""
-    rewards = greedy_rewards(generator, task, prompts, max_new_tokens)
+    rewards = greedy_rewards(generator, task, prompts, max_new_tokens, episodes)
     return sum(rewards) / len(rewards) if rewards else 0.0

