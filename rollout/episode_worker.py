@@ -11,7 +11,6 @@ next turn and its tokens record both versions.
 
 from __future__ import annotations
 
-import logging
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -24,7 +23,6 @@ from asyncrl.core.agents.runner import RunnerHooks
 from asyncrl.rollout.worker import RolloutWorker
 from asyncrl.v1 import controller_pb2
 
-log = logging.getLogger(__name__)
 ROUND_WAIT_S = 0.05
 """How long a round waits for an environment answer when no turn is ready."""
 
@@ -118,17 +116,12 @@ class EpisodeWorker(RolloutWorker):
         except grpc.FutureCancelledError:
             return
         except grpc.RpcError as err:
-            if err.code() == grpc.StatusCode.NOT_FOUND:
-                self.session.register()
-            else:
-                log.warning("controller call failed (%s): %s; retrying", err.code().name, err.details())
-                stop.wait(1.0)
+            self._controller_failed(err, stop)
             return
         self.metrics.lease_wait.observe(time.perf_counter() - asked_at)
         for lease in answer.leases:
             self.session.held.add(lease.lease_id)
-            index = lease.sample_index if lease.HasField("sample_index") else lease.prompt_index
-            prompt = self.task.train_prompt(index)
+            prompt = self._prompt(lease)
             self.groups[lease.lease_id] = GroupInPlay(lease, prompt)
             for sample in range(self.group_size):
                 self.runner.start((lease.lease_id, sample), prompt)

@@ -12,6 +12,7 @@ import socket
 
 from prometheus_client import Counter, Gauge, Histogram
 
+from asyncrl.core.agents.episode import END_REASONS
 from asyncrl.core.metrics import service_registry
 
 _LABEL = ["replica"]
@@ -75,7 +76,8 @@ class RolloutMetrics:
             "tool": Counter("asyncrl_rollout_tool_calls", "Tool calls by tool and outcome (ok, error)",
                             [*_LABEL, "tool", "outcome"], registry=r),
         }
-        self._seen: set[tuple[str, tuple[str, ...]]] = {("kind", ("timeout",))}
+        self._seen: set[tuple[str, tuple[str, ...]]] = {("kind", ("timeout",)), ("tool", ("<invalid>", "error")),
+                                                          *(("reason", (reason,)) for reason in END_REASONS)}
         """(family, extra label values) in use: present from the start (at 0) where known, so dashboards and
         alerts see the series, and carried over by `bind`."""
         self.replica = ""

@@ -96,11 +96,20 @@ class RolloutWorker:
             try:
                 self.run_once()
             except grpc.RpcError as err:
-                if err.code() == grpc.StatusCode.NOT_FOUND:
-                    self.session.register()
-                else:
-                    log.warning("controller call failed (%s): %s; retrying", err.code().name, err.details())
-                    stop.wait(1.0)
+                self._controller_failed(err, stop)
+
+    def _controller_failed(self, err: grpc.RpcError, stop: threading.Event) -> None:
+        """A lease call failed: register again when the controller no longer knows this replica, else log it and
+        retry after a second."""
+        if err.code() == grpc.StatusCode.NOT_FOUND:
+            self.session.register()
+        else:
+            log.warning("controller call failed (%s): %s; retrying", err.code().name, err.details())
+            stop.wait(1.0)
+
+    def _prompt(self, lease):
+        """The prompt a lease asks for: its own, or a hard one sampled again (controller.difficulty)."""
+        return self.task.train_prompt(lease.sample_index if lease.HasField("sample_index") else lease.prompt_index)
 
     def run_once(self) -> int:
         """One batch of leases; returns the number of groups written."""
@@ -118,9 +127,7 @@ class RolloutWorker:
             return 0
         for lease in leases:
             self.session.held.add(lease.lease_id)
-        # A lease may sample a hard prompt again (controller.difficulty) instead of its own.
-        prompts = [self.task.train_prompt(lease.sample_index if lease.HasField("sample_index") else lease.prompt_index)
-                   for lease in leases]
+        prompts = [self._prompt(lease) for lease in leases]
         gen_start = time.perf_counter()
         with self.engine_lock:
             groups = self.engine.generate([p.token_ids for p in prompts], self.params, n=self.group_size)

@@ -20,7 +20,7 @@ from tests.run_helpers import REPO, running_up, steps_done, wait_for
 
 pytestmark = pytest.mark.chaos
 
-STEPS, KILL_AT, DOWN_S = 60, 15, 6.0
+STEPS, KILL_AT, DOWN_S = 40, 12, 6.0
 
 
 def start_server(port: int) -> subprocess.Popen:
