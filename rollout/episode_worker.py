@@ -56,7 +56,7 @@ class EpisodeWorker(RolloutWorker):
         super().__init__(**kwargs)
         self.episodes = episodes
         self.capacity = max(episodes_in_flight, self.group_size)
-        self.runner = episodes.runner(turns_of(self._generate), self.params, ReplicaHooks(self.metrics))
+        self.runner = episodes.runner(turns_of(self._generate), self.params, self.capacity, ReplicaHooks(self.metrics))
         self.groups: dict[str, GroupInPlay] = {}
         self._finishing: list = []
         """The finisher's work on groups handed over, until it is done."""

@@ -239,6 +239,11 @@ class AsyncRLConfig(Section):
         if env.max_episode_tokens < turn:
             raise ValueError(f"environment.max_episode_tokens ({env.max_episode_tokens}) must hold at least one turn "
                              f"(sampling.max_new_tokens = {turn})")
+        deadline = self.rollout.lease_deadline_s
+        if deadline and env.episode_timeout_s >= deadline:
+            raise ValueError(f"environment.episode_timeout_s ({env.episode_timeout_s:g} s) must be below "
+                             f"rollout.lease_deadline_s ({deadline:g} s): a replica whose episodes outlive its lease "
+                             "deadline exits as stuck")
         if self.rollout.process_rewards.enabled:
             raise ValueError("rollout.process_rewards.enabled scores single-turn responses; with environment.type "
                              f"{env.type!r} the environment gives per-turn rewards instead")

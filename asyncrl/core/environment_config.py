@@ -31,14 +31,17 @@ class EnvironmentConfig(Section):
     """Response tokens at most per episode, the model's and the observations' together (each turn samples at
     most sampling.max_new_tokens); an episode that reaches it ends (`max_tokens`, reward 0)."""
     step_timeout_s: float = Field(10.0, gt=0)
-    """Time per environment call (all the tool calls of one turn): one that takes longer ends its episode
-    (`timeout`, reward 0). A call that never returns keeps its worker thread; once every worker is kept so, the
-    replica exits to be restarted."""
+    """Time per environment call (all the tool calls of one turn), from the moment it is made: one that takes
+    longer ends its episode (`timeout`, reward 0). A call that never returns keeps its worker thread; once every
+    worker is kept so, the replica exits to be restarted."""
     episode_timeout_s: float = Field(300.0, gt=0)
-    """Wall time per episode from its first turn; past it the episode ends (`timeout`, reward 0)."""
-    workers: int = Field(32, ge=1)
-    """Threads per process that run environment calls beside generation (episodes waiting on a slow tool do
-    not hold up the others)."""
+    """Wall time per episode from its start; past it the episode ends (`timeout`, reward 0). Below
+    rollout.lease_deadline_s (refused otherwise): a replica whose lease outlives that deadline exits as stuck."""
+    workers: int = Field(0, ge=0)
+    """Threads per process that run environment calls beside generation, so episodes waiting on a slow tool do
+    not hold up the others. 0: one per episode in flight, so a call never waits for a thread (the right choice
+    for calls that wait on a server or sleep); set a number to bound the calls that run at once (CPU-heavy
+    tools): a call waiting for a thread counts against its step_timeout_s."""
     episodes_in_flight: int = Field(0, ge=0)
     """Episodes a rollout replica keeps going at once (0: rollout.leases_per_batch x sampling.group_size). The
     model's turns of every episode ready are generated together; the others wait on the environment."""

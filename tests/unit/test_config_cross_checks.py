@@ -46,3 +46,23 @@ def test_learner_status_reports_rarer_than_half_the_heartbeat_timeout_are_refuse
     config(learner={"status_interval_s": 6}, controller={"heartbeat_timeout_s": 12})
     with pytest.raises(ValidationError, match="status_interval_s"):
         config(learner={"status_interval_s": -1})
+
+
+def test_episodes_that_contradict_the_other_sections_are_refused_naming_the_keys(tmp_path):
+    tools = {"type": "tools", "tools": ["examples/agent/tools.py:add"]}
+    with pytest.raises(ValidationError, match=r"environment.max_episode_tokens \(16\) must hold at least one turn "
+                                              r"\(sampling.max_new_tokens = 32\)"):
+        config(environment={**tools, "max_episode_tokens": 16}, sampling={"max_new_tokens": 32})
+    with pytest.raises(ValidationError, match=r"environment.episode_timeout_s \(900 s\) must be below "
+                                              r"rollout.lease_deadline_s \(600 s\)"):
+        config(environment={**tools, "episode_timeout_s": 900}, rollout={"lease_deadline_s": 600})
+    with pytest.raises(ValidationError, match="rollout.process_rewards.enabled"):
+        config(environment=tools, rollout={"process_rewards": {"enabled": True}})
+    with pytest.raises(ValidationError, match="learner.eval_pass_k"):
+        config(environment=tools, learner={"eval_pass_k": 2, "eval_samples": 2})
+    with pytest.raises(ValidationError, match="environment.tools: name at least one function"):
+        config(environment={"type": "tools"})
+    (tmp_path / "t.py").write_text("def f(x):\n    return x\n")
+    with pytest.raises(ValidationError, match="no JSON schema for the chat template"):
+        config(environment={"type": "tools", "tools": [f"{tmp_path}/t.py:f"]})
+    assert config(environment={**tools, "episode_timeout_s": 900}, rollout={"lease_deadline_s": 0})

@@ -58,11 +58,14 @@ class Episodes:
     def renderer(self) -> TurnRenderer:
         return TurnRenderer(self.tokenizer, self.environment.tools)
 
-    def runner(self, generate: GenerateTurns, params: SamplingParams, hooks: RunnerHooks | None = None) -> EpisodeRunner:
+    def runner(self, generate: GenerateTurns, params: SamplingParams, in_flight: int,
+               hooks: RunnerHooks | None = None) -> EpisodeRunner:
+        """A runner for up to `in_flight` episodes at once: one environment thread each unless
+        `environment.workers` bounds them."""
         return EpisodeRunner(environment=self.environment, renderer=self.renderer(),
                              decode=self.tokenizer.decode_response, generate=generate, params=params,
                              limits=EpisodeLimits.from_config(self.config, self.max_context),
-                             workers=self.config.workers, hooks=hooks)
+                             workers=self.config.workers or max(1, in_flight), hooks=hooks)
 
 
 def turns_of(generate_groups) -> GenerateTurns:

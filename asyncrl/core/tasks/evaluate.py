@@ -31,7 +31,7 @@ def greedy_rewards(
     if episodes is not None:
         from asyncrl.core.agents.factory import turns_of
 
-        runner = episodes.runner(turns_of(_generate_fn(generator)), params)
+        runner = episodes.runner(turns_of(_generate_fn(generator)), params, in_flight=len(prompts))
         try:
             return [result.reward for result in runner.run(prompts)]
         finally:
