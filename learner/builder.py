@@ -134,7 +134,7 @@ def build_learner(config) -> Leader | Follower:
         teacher = teacher_pb2_grpc.TeacherStub(wait_for_channel(config.teacher.address, 300, auth))
     task = task_for_run(config)
     limits = checkpoint_limits(config.model.path, config.sampling, config.reward, config.environment)
-    episodes = Episodes.for_run(config, task)
+    episodes = Episodes.for_run(config, task, limits.max_sequence_tokens)
     metrics = LearnerMetrics()
     groups_per_step = config.learner.batch_size // config.sampling.group_size
     loop = LearnerLoop(

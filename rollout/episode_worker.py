@@ -54,7 +54,6 @@ class EpisodeWorker(RolloutWorker):
     def __init__(self, *, episodes, episodes_in_flight: int, **kwargs):
         """`episodes`: the run's `Episodes`; `episodes_in_flight`: how many this replica keeps going."""
         super().__init__(**kwargs)
-        self.episodes = episodes
         self.capacity = max(episodes_in_flight, self.group_size)
         self.runner = episodes.runner(turns_of(self._generate), self.params, self.capacity, ReplicaHooks(self.metrics))
         self.groups: dict[str, GroupInPlay] = {}

@@ -23,6 +23,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
+from asyncrl.core.log_once import FirstOfKind
 from asyncrl.core.rewards import RewardFn
 
 log = logging.getLogger(__name__)
@@ -39,7 +40,7 @@ class RewardPool:
         self._stuck: set[Future] = set()
         """Calls past their time-out that were running (not merely queued) then: each holds a worker."""
         self._on_error = on_error or (lambda kind: None)
-        self._seen: set[str] = set()
+        self._logged = FirstOfKind()
         self._lock = threading.Lock()
         self.errors = 0
 
@@ -82,10 +83,8 @@ class RewardPool:
     def _failed(self, kind: str, key: str, detail: str = "") -> None:
         with self._lock:
             self.errors += 1
-            first = key not in self._seen
-            self._seen.add(key)
         self._on_error(kind)
-        if first:
+        if self._logged.first(key):
             log.error("reward failed (scored 0; logged once per distinct error): %s\n%s", key, detail)
 
     def close(self) -> None:

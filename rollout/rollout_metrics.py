@@ -112,7 +112,7 @@ class RolloutMetrics:
     def episode_ended(self, result) -> None:
         """A finished episode (`asyncrl.core.agents.episode.EpisodeResult`): its reason, length and tool calls."""
         self._count("reason", result.end_reason)
-        self.episode_turns.observe(len(result.turn_ends))
+        self.episode_turns.observe(result.turns)
         self.episode_tokens.observe(len(result.token_ids))
         for outcome in result.tools:
             self._count("tool", outcome.tool, "ok" if outcome.ok else "error")

@@ -98,7 +98,8 @@ class ReplicaRuntime:
             # Patient: a teacher that restarts is waited for within each call's deadline.
             teacher_channel = channel(cfg.teacher.address, resolve_auth(cfg.security), patient=True)
             annotator = TeacherAnnotator(TeacherStub(teacher_channel), cfg.teacher, self.metrics, teacher_channel)
-        episodes = Episodes.for_run(cfg, task)
+        limits = checkpoint_limits(cfg.model.path, cfg.sampling, cfg.reward, cfg.environment)
+        episodes = Episodes.for_run(cfg, task, limits.max_sequence_tokens)
         kind, extra = RolloutWorker, {}
         if episodes is not None:
             kind, extra = EpisodeWorker, {"episodes": episodes, "episodes_in_flight": cfg.environment.episodes_in_flight
@@ -108,7 +109,7 @@ class ReplicaRuntime:
             engine=self.engine, engine_lock=self.engine_lock, buffer=make_buffer(cfg.buffer),
             controller_stub=controller_stub, session=self.session, task=task, rewards=self.rewards,
             events=EventLog(cfg.run_dir, f"rollout-{self.session.replica_id}"), metrics=self.metrics,
-            limits=checkpoint_limits(cfg.model.path, cfg.sampling, cfg.reward, cfg.environment), annotator=annotator,
+            limits=limits, annotator=annotator,
             process_scorer=(ProcessRewardScorer(cfg.rollout.process_rewards, self.engine, self.engine_lock,
                                                 task.tokenizer) if cfg.rollout.process_rewards.enabled else None),
         )  # fmt: skip

@@ -34,11 +34,6 @@ STOP_POLL_S = 0.1
 """How often a replica waiting on a held lease request looks whether it is stopping."""
 
 
-def model_tokens(gen) -> int:
-    """Tokens the model generated in `gen` (an episode's observations not counted)."""
-    return getattr(gen, "model_tokens", len(gen.token_ids))
-
-
 def answer_unless_stopped(stop: threading.Event, call):
     """The answer of `call` (a gRPC future), or None when `stop` is set first: a lease request the controller
     holds (up to max_hold_s) is cancelled rather than waited for. Raises the call's RpcError."""
@@ -271,8 +266,8 @@ class RolloutWorker:
                 group_id=group.group_id, entry_id=entry_id, lease_id=lease.lease_id,
                 prompt_index=lease.prompt_index, lease_version=lease.version,
                 min_version=min(versions) if versions else -1, max_version=max(versions) if versions else -1,
-                reward_mean=sum(rewards) / len(rewards), length_mean=sum(map(model_tokens, gens)) / len(gens),
-                turns_mean=sum(len(getattr(g, "turn_ends", ())) for g in gens) / len(gens),
+                reward_mean=sum(rewards) / len(rewards), length_mean=sum(g.model_tokens for g in gens) / len(gens),
+                turns_mean=sum(g.turns for g in gens) / len(gens),
             ))
             self.metrics.groups_written.inc()
             self.metrics.reward_mean.set(sum(rewards) / len(rewards))

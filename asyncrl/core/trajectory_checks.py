@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
+from asyncrl.core.agents.episode import END_REASONS as EPISODE_ENDS
 from asyncrl.core.modeling import checkpoint_config
 from asyncrl.core.validation import shown
 
@@ -241,7 +242,7 @@ def _process_rewards(t, response: int, name: str) -> None:
         raise BadGroup(f"trajectory {name!r}: process_version {t.process_version} < 0")
 
 
-END_REASONS = ("", "done", "max_turns", "max_tokens", "timeout", "environment_error")
+END_REASONS = ("", *EPISODE_ENDS)
 """A trajectory's `end_reason`: empty for a single-turn sample, else why its episode ended."""
 
 

@@ -34,6 +34,10 @@ class EpisodeResult(Generation):
     def model_tokens(self) -> int:
         return len(self.token_ids) - sum(e - s for s, e in zip(self.observation_starts, self.observation_ends))
 
+    @property
+    def turns(self) -> int:
+        return len(self.turn_ends)
+
 
 class Episode:
     """An episode in flight: the prompt's context, then the response tokens so far."""

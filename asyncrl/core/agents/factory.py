@@ -45,12 +45,11 @@ class Episodes:
         return None if environment is None else cls(cfg, environment, task.tokenizer, max_context)
 
     @classmethod
-    def for_run(cls, config, task) -> Episodes | None:
-        """The run's episodes (None for `environment.type: none`): their context is the model's, or a vLLM
-        engine's `max_model_len` when that is shorter (the rollout replicas' engines play them)."""
-        from asyncrl.core.modeling import checkpoint_config
-
-        context = int(checkpoint_config(config.model.path).get("max_position_embeddings") or 1 << 31)
+    def for_run(cls, config, task, model_context: int) -> Episodes | None:
+        """The run's episodes (None for `environment.type: none`): their context is the model's
+        (`model_context`, `TrajectoryLimits.max_sequence_tokens`), or a vLLM engine's `max_model_len` when that
+        is shorter (the rollout replicas' engines play them)."""
+        context = model_context
         if config.rollout.engine.type == "vllm":
             context = min(context, config.rollout.engine.max_model_len)
         return cls.for_task(config.environment, task, context)

@@ -29,9 +29,11 @@ from asyncrl.core.agents.episode import (
     EpisodeResult,
 )
 from asyncrl.core.agents.render import TurnRenderer
+from asyncrl.core.log_once import FirstOfKind
 from asyncrl.core.sampling import SamplingParams
 
 log = logging.getLogger(__name__)
+_ERRORS = FirstOfKind()
 
 
 class EnvironmentWorkersHung(RuntimeError):
@@ -85,7 +87,6 @@ class EpisodeRunner:
         self._stuck: set[Future] = set()
         self._ready: list[Episode] = []
         self._finished: list[tuple[object, EpisodeResult]] = []
-        self._seen_errors: set[str] = set()
         self.in_flight = 0
 
     # -- the caller's side ------------------------------------------------------------------------------------
@@ -123,7 +124,7 @@ class EpisodeRunner:
         return [results[key] for key in keys]
 
     def close(self) -> None:
-        for episode, *_ in list(self._waiting.values()) + [(e,) for e in self._ready]:
+        for episode in [waiting[0] for waiting in self._waiting.values()] + self._ready:
             self._close_session(episode)
         self._pool.shutdown(wait=False, cancel_futures=True)
 
@@ -217,7 +218,11 @@ class EpisodeRunner:
         try:
             then(episode, future.result())
         except Exception as err:  # noqa: BLE001 - the environment's failure ends its episode, never the run
-            self._log_once(err)
+            key = f"{type(err).__name__}: {err}"
+            if _ERRORS.first(key):
+                detail = "".join(traceback.format_exception(type(err), err, err.__traceback__))
+                log.error("environment call failed (its episode ends; logged once per distinct error): %s\n%s", key,
+                          detail)
             self._end(episode, ENVIRONMENT_ERROR)
 
     def _expire(self) -> None:
@@ -239,13 +244,6 @@ class EpisodeRunner:
             raise EnvironmentWorkersHung(
                 f"all {self._workers} environment workers (environment.workers) are held by calls that ran past "
                 f"environment.step_timeout_s ({self.limits.step_timeout_s:g} s) and never returned")
-
-    def _log_once(self, err: Exception) -> None:
-        key = f"{type(err).__name__}: {err}"
-        if key not in self._seen_errors:
-            self._seen_errors.add(key)
-            detail = "".join(traceback.format_exception(type(err), err, err.__traceback__))
-            log.error("environment call failed (its episode ends; logged once per distinct error): %s\n%s", key, detail)
 
 
 def _quietly(fn: Callable) -> None:

@@ -11,9 +11,11 @@ import math
 from asyncrl.core.agents.environment import Environment, Session, StepResult, ToolOutcome
 from asyncrl.core.agents.tool_calls import parse_tool_calls
 from asyncrl.core.agents.tools import Tool
+from asyncrl.core.log_once import FirstOfKind
 from asyncrl.core.tasks.base import Prompt
 
 log = logging.getLogger(__name__)
+_FAILURES = FirstOfKind()
 MAX_RESULT_CHARS = 4096
 """A tool's result longer than this is cut (with a note) before the model reads it."""
 
@@ -57,22 +59,14 @@ class ToolSession(Session):
         try:
             result = tool.call(call.arguments)
         except Exception as err:  # noqa: BLE001 - the tool's failure is the model's observation
-            _log_once(call.name, err)
+            # Once per tool and error type: a tool failing for everyone (its server gone) shows without
+            # flooding the log; the model reads every failure and the metrics count them.
+            if _FAILURES.first((call.name, type(err).__name__)):
+                log.warning("tool %r failed (the model reads the error; logged once per tool and error type): %s: %s",
+                            call.name, type(err).__name__, err)
             return f"error: {type(err).__name__}: {err}", False
         text = result if isinstance(result, str) else json.dumps(result, default=str)
         if len(text) > MAX_RESULT_CHARS:
             text = text[:MAX_RESULT_CHARS] + f"... ({len(text) - MAX_RESULT_CHARS} more characters cut)"
         return text, True
 
-
-_SEEN: set[tuple[str, str]] = set()
-
-
-def _log_once(tool: str, err: Exception) -> None:
-    """A tool's failure in the log once per tool and error type (the model reads every one; the metrics count
-    them): a tool that fails for everyone, a server gone, shows without flooding the log."""
-    key = (tool, type(err).__name__)
-    if key not in _SEEN:
-        _SEEN.add(key)
-        log.warning("tool %r failed (the model reads the error; logged once per tool and error type): %s: %s",
-                    tool, type(err).__name__, err)

@@ -29,6 +29,16 @@ class Generation:
     """MoE models with routing capture on: the experts of every computed token (prompt, then all response
     tokens but the last)."""
 
+    @property
+    def model_tokens(self) -> int:
+        """Tokens the model generated (a multi-turn episode's observations not counted)."""
+        return len(self.token_ids)
+
+    @property
+    def turns(self) -> int:
+        """Model turns (0: a single-turn sample)."""
+        return 0
+
 
 @dataclass
 class WeightUpdateStats:
