@@ -82,10 +82,13 @@ class Admission:
         with self._books.cond:
             self._books.wakers.remove(wake)
 
-    def return_quota(self, entry_id: str, trajectories: int, reason: str) -> tuple[int, int]:
+    def return_quota(self, entry_id: str, trajectories: int, reason: str, prompt: int | None = None,
+                     lease_id: str = "") -> tuple[int, int]:
         """The learner will not train the group of buffer entry `entry_id` (it is older than η at the version that
-        would train it): its `trajectories` leave N_r, so fresh ones are admitted in their place; the held
-        requests are woken. Once per entry (a retried call returns nothing). Returns (returned, N_r after)."""
+        would train it): its `trajectories` leave N_r, so fresh ones are admitted in their place, and `prompt`
+        (the stream prompt it was generated for; None: none) is generated again by the next lease granted; the
+        held requests are woken. A group whose lease (`lease_id`) expired returns nothing: its quota came back
+        at the expiry. Once per entry (a retried call does nothing). Returns (returned, N_r after)."""
         books = self._books
         with books.cond:
             if entry_id in self._returned:
@@ -93,12 +96,28 @@ class Admission:
             self._returned[entry_id] = None
             while len(self._returned) > RETURNS_REMEMBERED:
                 self._returned.popitem(last=False)
-            returned = min(trajectories, books.leases.admitted)
+            expired = (books.leases.fate(lease_id) or "").startswith("expired")
+            returned = 0 if expired else min(trajectories, books.leases.admitted)
             books.leases.admitted -= returned
+            if prompt is not None:
+                books.leases.regenerate.append(prompt)
             books.events.write(QuotaReturned(entry_id=entry_id, returned=returned,
-                                             admitted_after=books.leases.admitted, reason=reason))
+                                             admitted_after=books.leases.admitted, reason=reason,
+                                             prompt_index=prompt, lease_id=lease_id))
             books.changed(wake=returned > 0)
             return returned, books.leases.admitted
+
+    def outstanding(self, version: int) -> tuple[int, int]:
+        """(leases granted at `version` or below still active, the oldest version among them; -1 when none),
+        after expiring those past their time."""
+        with self._books.cond:
+            self._liveness.reap_locked()
+            return self._books.leases.outstanding(version)
+
+    def add_end_waker(self, wake) -> None:
+        """Call `wake()` (from any thread, under the lock: it must only schedule) whenever a lease ended."""
+        with self._books.cond:
+            self._books.end_wakers.append(wake)
 
     def complete(self, replica_id: str, lease_id: str, num_written: int) -> int:
         """Close a lease; the unwritten part of its quota returns. Returns the quota returned."""
@@ -188,17 +207,20 @@ class Admission:
         if reason is not None:
             return LeaseBatch([], reason, books.current_version, held_s) if final else None
         now = books.clock()
-        granted = []  # (lease, N_r right after it): what the η rule admitted it against
+        granted = []  # (lease, N_r right after it: what the η rule admitted it against, a prompt generated again)
         while reason is None:
+            regenerated = bool(books.leases.regenerate)
             lease = books.leases.grant(replica.replica_id, n, books.current_version, now)
-            lease.sample_index = books.difficulty.choose()
-            granted.append((lease, books.leases.admitted))
+            if not regenerated:
+                lease.sample_index = books.difficulty.choose()
+            granted.append((lease, books.leases.admitted, regenerated))
             if len(granted) == max_leases:
                 break  # all asked for: no reason to give, and no rule to check for a lease nobody wants
             reason = self._refusal(replica, n)
         # One write for all of them, before the answer and the events: a restart knows every lease it granted.
         books.persist()
-        decisions = [self._announce(replica, lease, admitted, now, held_s) for lease, admitted in granted]
+        decisions = [self._announce(replica, lease, admitted, now, held_s, regenerated)
+                     for lease, admitted, regenerated in granted]
         return LeaseBatch(decisions, reason or "", books.current_version, held_s)
 
     def _refusal(self, replica: Replica, n: int) -> str | None:
@@ -220,18 +242,20 @@ class Admission:
             )
         return None
 
-    def _announce(self, replica: Replica, lease, admitted_after: int, now: float, held_s: float) -> LeaseDecision:
+    def _announce(self, replica: Replica, lease, admitted_after: int, now: float, held_s: float,
+                  regenerated: bool) -> LeaseDecision:
         """The event, metrics and answer of a lease granted (and persisted) at `now`, which brought N_r to
-        `admitted_after`."""
+        `admitted_after`; `regenerated`: its sample_index is a dropped group's prompt generated again."""
         books = self._books
         n = lease.num_trajectories
         books.events.write(LeaseGranted(
             lease_id=lease.lease_id, replica_id=replica.replica_id, n=n, admitted_after=admitted_after,
             version=lease.version, eta=books.eta, batch_size=books.batch_size, prompt_index=lease.prompt_index,
-            held_s=held_s, sample_index=lease.sample_index,
+            held_s=held_s, sample_index=lease.sample_index, regenerated=regenerated,
         ))  # fmt: skip
         books.metrics.leases_granted.inc()
-        books.metrics.hard_prompt_replays.inc(int(lease.sample_index is not None))
+        books.metrics.prompts_regenerated.inc(int(regenerated))
+        books.metrics.hard_prompt_replays.inc(int(lease.sample_index is not None and not regenerated))
         books.publish_gauges()
         expires_unix_s = books.wall() + (lease.expires_at - now)
         return LeaseDecision(

@@ -58,6 +58,9 @@ class StateBooks:
         """Lease requests held now (waiting for admission)."""
         self.wakers: list[Callable[[], None]] = []
         """Called (under the lock: they only schedule) whenever a held request may have become admissible."""
+        self.end_wakers: list[Callable[[], None]] = []
+        """Called (under the lock: they only schedule) whenever a lease ended (`Controller.AwaitLeases`)."""
+        self._ended_seen = 0
         self.run_id = run_id
         self.writer = StateWriter(store)
         self.difficulty = DifficultyBook(config.difficulty)
@@ -68,6 +71,10 @@ class StateBooks:
         `replicas`: the mutation may have changed a replica (the save compares them all)."""
         self.persist(replicas)
         self.publish_gauges()
+        if self.leases.ended_total != self._ended_seen:  # whatever ended them: completion, expiry, reset
+            self._ended_seen = self.leases.ended_total
+            for wake_up in self.end_wakers:
+                wake_up()
         if wake:
             self.cond.notify_all()
             for wake_up in self.wakers:
@@ -81,6 +88,7 @@ class StateBooks:
             "next_prompt_index": self.leases.next_prompt_index, "granted_total": self.leases.granted_total,
             "expired_total": self.leases.expired_total, "pushes_committed": self.pushes.committed,
             "learner_key": self.seat.holder.key.hex(), "learner_address": self.seat.holder.address,
+            "regenerate": ",".join(map(str, self.leases.regenerate)),
         }  # fmt: skip
         self.writer.write(meta, self.leases.active_by_id(), self.registry.all() if replicas_changed else None,
                           self.difficulty.changes())

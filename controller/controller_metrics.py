@@ -41,6 +41,9 @@ class ControllerMetrics:
             PREFIX + "live_replicas", "Rollout replicas with a recent heartbeat.", registry=r
         )
         self.leases_granted = Counter(PREFIX + "leases_granted", "Leases granted.", registry=r)
+        self.prompts_regenerated = Counter(PREFIX + "prompts_regenerated",
+                                           "Leases granted for the prompt of a group the learner dropped for its age "
+                                           "(generated again).", registry=r)
         self.hard_prompt_replays = Counter(PREFIX + "hard_prompt_replays",
                                            "Leases granted for a hard prompt sampled again (controller.difficulty).",
                                            registry=r)

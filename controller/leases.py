@@ -6,13 +6,14 @@ Quota accounting: granting a lease of n trajectories adds n to `admitted`; compl
 returns `n - num_written` (what was never written must not count against the staleness bound); an expired
 lease returns all n. Prompt indices are handed out in stream order, one per lease, and are not reissued when
 a lease returns its quota: a lost group simply skips that prompt, which keeps the stream cursor monotone and
-makes a late write of an expired lease harmless for ordering.
+makes a late write of an expired lease harmless for ordering. A group the learner dropped for its age is
+different: its prompt joins `regenerate`, and the next leases sample it again (as their `sample_index`).
 """
 
 from __future__ import annotations
 
 import uuid
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from dataclasses import dataclass
 
 from asyncrl.controller.errors import InvalidRequest, PreconditionFailed
@@ -36,7 +37,8 @@ class Lease:
     ends_by: float = float("inf")
     """`granted_at + controller.lease_max_s`: heartbeats do not keep the lease alive past this."""
     sample_index: int | None = None
-    """A hard prompt this lease samples again instead of its own `prompt_index` (`controller.difficulty`)."""
+    """The prompt this lease samples instead of its own `prompt_index`: a dropped group's prompt generated again
+    (`LeaseBook.regenerate`) or a hard prompt sampled again (`controller.difficulty`)."""
 
     @property
     def sampled_prompt(self) -> int:
@@ -59,6 +61,11 @@ class LeaseBook:
         self.next_prompt_index = next_prompt_index
         self.granted_total = 0
         self.expired_total = 0
+        self.ended_total = 0
+        """Leases ended, completed or expired (what the learner's `AwaitLeases` waits on moves with it)."""
+        self.regenerate: deque[int] = deque()
+        """Prompts of groups the learner dropped for their age, to be generated again: each of the next leases
+        samples the first of them (its `sample_index`) before the stream, or a hard prompt, gets a turn."""
         self._active: dict[str, Lease] = {}
         self._ended: OrderedDict[str, str] = OrderedDict()  # lease_id -> "completed" | "expired: <why>"
 
@@ -79,6 +86,7 @@ class LeaseBook:
             granted_at=now,
             expires_at=expires_at,
             ends_by=ends_by,
+            sample_index=self.regenerate.popleft() if self.regenerate else None,
         )
         self._active[lease.lease_id] = lease
         self.admitted += num_trajectories
@@ -166,11 +174,24 @@ class LeaseBook:
         return self.next_prompt_index
 
     def restore(self, admitted: int, next_prompt_index: int, granted_total: int, expired_total: int,
-                leases: list[Lease]) -> None:
-        """Continue a saved book (a controller restart): its counters and its active leases."""
+                leases: list[Lease], regenerate: list[int] = ()) -> None:
+        """Continue a saved book (a controller restart): its counters, its active leases and the prompts still
+        to generate again."""
         self.admitted, self.next_prompt_index = admitted, next_prompt_index
         self.granted_total, self.expired_total = granted_total, expired_total
         self._active = {lease.lease_id: lease for lease in leases}
+        self.regenerate = deque(regenerate)
+
+    def fate(self, lease_id: str) -> str | None:
+        """"active", "completed", "expired: <why>", or None when not known (never granted, or long forgotten)."""
+        if lease_id in self._active:
+            return "active"
+        return self._ended.get(lease_id)
+
+    def outstanding(self, version: int) -> tuple[int, int]:
+        """(active leases granted at `version` or below, the oldest version among them; -1 when none)."""
+        versions = [lease.version for lease in self._active.values() if lease.version <= version]
+        return len(versions), min(versions, default=-1)
 
     def active_by_id(self) -> dict[str, Lease]:
         return self._active
@@ -183,6 +204,7 @@ class LeaseBook:
 
     def _end(self, lease: Lease, fate: str, returned: int) -> None:
         del self._active[lease.lease_id]
+        self.ended_total += 1
         self.admitted -= returned
         if fate.startswith("expired"):
             self.expired_total += 1

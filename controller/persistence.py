@@ -75,6 +75,8 @@ class SavedState:
     replicas: list[SavedReplica] = field(default_factory=list)
     prompts: dict[int, str] = field(default_factory=dict)
     """Difficulty records by prompt index (`DifficultyBook.restore`)."""
+    regenerate: list[int] = field(default_factory=list)
+    """Prompts of dropped groups still to be generated again (`LeaseBook.regenerate`)."""
 
 
     def summary(self) -> dict:
@@ -246,7 +248,7 @@ def restore_books(saved: SavedState, leases, registry, now: float) -> None:
     leases.restore(saved.admitted, saved.next_prompt_index, saved.granted_total, saved.expired_total,
                    [Lease(x.lease_id, x.replica_id, x.num_trajectories, x.prompt_index, x.version, granted_at=now,
                           expires_at=expires_at, ends_by=ends_by, sample_index=x.sample_index)
-                    for x in saved.leases])  # fmt: skip
+                    for x in saved.leases], saved.regenerate)  # fmt: skip
     for r in saved.replicas:
         registry.restore(Replica(r.replica_id, r.address, r.weight_version, r.engine, registered_at=now,
                                  last_heartbeat=now, push_key=r.push_key, force_sync=r.force_sync,
@@ -259,7 +261,8 @@ def _state(meta: dict, leases: list[SavedLease], replicas: list[SavedReplica],
     return SavedState(run_dir=meta.get("run_dir", ""), **{k: int(meta.get(k, 0)) for k in ints},
                       learner_key=bytes.fromhex(meta.get("learner_key", "")),
                       learner_address=meta.get("learner_address", ""),
-                      leases=leases, replicas=sorted(replicas, key=lambda r: r.seq), prompts=prompts)
+                      leases=leases, replicas=sorted(replicas, key=lambda r: r.seq), prompts=prompts,
+                      regenerate=[int(p) for p in meta.get("regenerate", "").split(",") if p])
 
 
 def make_store(config) -> ControllerStore:

@@ -299,6 +299,12 @@ class ControllerState:
         with self.books.cond:
             return self.books.leases.admitted
 
+    @property
+    def next_prompt_index(self) -> int:
+        """The stream's next prompt (every one below it was handed out)."""
+        with self.books.cond:
+            return self.books.leases.next_prompt_index
+
     def snapshot(self) -> dict:
         """Everything the status page, /status and GetStatus show, as plain JSON-able data."""
         books = self.books
@@ -313,6 +319,7 @@ class ControllerState:
                 "max_admissible": staleness.max_admissible(current, self.batch_size, self.eta),
                 "held_requests": books.held,
                 "next_prompt_index": books.leases.next_prompt_index,
+                "prompts_to_regenerate": len(books.leases.regenerate),
                 "active_leases": len(books.leases.active()),
                 "leases_granted": books.leases.granted_total,
                 "leases_expired": books.leases.expired_total,

@@ -15,9 +15,11 @@ and acked: never trained on, and never a crash (it would stay pending and crash 
 η at read: admission keeps N_r within (i + η + 1) · B, which bounds staleness only for groups trained in the
 order they were admitted. A group written late (its replica slow, a tool call long) can reach the learner more
 than η versions after its oldest token. With `learner.stale_groups: drop` such a group is dead-lettered with
-that reason and its quota given back (`return_quota`: the controller's `ReturnQuota`, before the dead letter,
-so a crash in between repeats the return, which the controller takes once), so fresh trajectories are
-admitted in its place: nothing trained is older than η.
+that reason, its quota given back and its prompt queued to be generated again (`return_quota`: the
+controller's `ReturnQuota`, before the dead letter, so a crash in between repeats the return, which the
+controller takes once), so fresh trajectories are admitted in its place: nothing trained is older than η.
+With `hold`, `collect` first waits for the leases whose groups would otherwise go stale (`learner.stale_hold`);
+a group stale all the same (written after its lease expired) is dropped as under `drop`.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from dataclasses import dataclass, field
 from asyncrl.core.records.rollout import GroupRejected
 from asyncrl.core.trajectory_checks import BadGroup, TrajectoryLimits, check_trajectory_group
 from asyncrl.learner.batch import MalformedGroup, TrainBatch, assemble, check_group
+from asyncrl.learner.stale_hold import StaleHold
 from asyncrl.learner.timeline import TimelineFilter
 
 log = logging.getLogger("asyncrl.learner")
@@ -62,7 +65,8 @@ class BatchIntake:
     def __init__(self, *, buffer, events, metrics, limits: TrajectoryLimits, groups_per_step: int,
                  batch_timeout_s: float, prefetch: bool, routing_shape: Callable, version: Callable[[], int],
                  heartbeat: Callable[[], None], lookahead: int, max_staleness: int | None = None,
-                 return_quota: Callable[[str, int, str], None] | None = None, train_stale: bool = False):
+                 return_quota: Callable[..., None] | None = None, stale_policy: str = "drop",
+                 hold: StaleHold | None = None):
         self.buffer = buffer
         self.events = events
         self.metrics = metrics
@@ -96,9 +100,14 @@ class BatchIntake:
         self.max_staleness = max_staleness
         """η: a group whose oldest token is more versions behind is stale (None: no bound)."""
         self._return_quota = return_quota
-        """(entry id, trajectories, reason) -> the quota of a stale group dropped goes back to the controller."""
-        self.train_stale = train_stale
-        """`learner.stale_groups: train`: a stale group is counted, then trained."""
+        """(entry id, trajectories, reason, prompt, lease id) -> the quota of a stale group dropped goes back to
+        the controller, and its prompt is generated again."""
+        self.stale_policy = stale_policy
+        """`learner.stale_groups`: drop, hold (then drop what is stale all the same) or train (counted, trained)."""
+        self.hold = hold
+        """Waits before each step for the leases that would go stale (`hold`); None: no wait."""
+        self.held_s = 0.0
+        """Seconds the last `collect` waited in `hold`."""
 
     def _inspect(self, entry) -> Inspection:
         """The checks that need nothing but the entry (pure, so the prefetch thread runs them too)."""
@@ -155,17 +164,22 @@ class BatchIntake:
         if self.max_staleness is None or version - oldest <= self.max_staleness:
             return None
         self.metrics.stale_groups.inc()
-        if self.train_stale:
+        if self.stale_policy == "train":
             return None
         reason = (f"{STALE}its oldest token is from version {oldest}, {version - oldest} behind the learner's "
-                  f"{version} (controller.eta {self.max_staleness}; learner.stale_groups: drop)")
+                  f"{version} (controller.eta {self.max_staleness}; learner.stale_groups: {self.stale_policy})")
         if self._return_quota is not None:
-            self._return_quota(entry.entry_id, len(entry.group.trajectories), reason)
+            group = entry.group
+            prompt = group.sample_index if group.HasField("sample_index") else group.prompt_index
+            self._return_quota(entry.entry_id, len(group.trajectories), reason, prompt, group.lease_id)
         return reason
 
     def collect(self, carry: list, stop=None) -> list:
         """The admitted entries in hand, the next batch's first (`groups_per_step` of them; the rest is carried
-        to later steps); fewer when `stop` is set meanwhile (they stay pending, unacked)."""
+        to later steps); fewer when `stop` is set meanwhile (they stay pending, unacked). With `hold`, after the
+        leases whose groups would go stale at the next step have ended."""
+        if self.hold is not None:
+            self.held_s = self.hold.before_step(self._version(), stop)
         entries = [entry for entry in carry if self.admit(entry)]
         room = self.lookahead - len(entries)
         if self.oldest_first and room > 0:

@@ -63,7 +63,11 @@ class LearnerMetrics:
                                     registry=r)
         self.stale_groups = Counter("asyncrl_learner_stale_groups",
                                     "Groups read older than controller.eta at the version that would train them "
-                                    "(learner.stale_groups: dropped, their quota returned; or trained)", registry=r)
+                                    "(learner.stale_groups: dropped, their quota returned and prompt generated "
+                                    "again; or trained)", registry=r)
+        self.stale_hold_seconds = Counter("asyncrl_learner_stale_hold_seconds",
+                                          "Time the learner waited before its steps for leases about to fall "
+                                          "behind controller.eta (learner.stale_groups: hold)", registry=r)
         self.skipped_updates = Counter("asyncrl_learner_skipped_updates",
                                        "Mini-batch updates skipped for a non-finite loss or gradient", registry=r)
         self.teacher_failures = Counter("asyncrl_learner_teacher_failures",

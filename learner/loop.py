@@ -40,6 +40,7 @@ from asyncrl.learner.progress import LearnerProgress
 from asyncrl.learner.quota_return import return_quota
 from asyncrl.learner.replica_eval import BackgroundEvaluations
 from asyncrl.learner.sharding import SINGLE, STEP, Mirror, Ranks, train_step
+from asyncrl.learner.stale_hold import StaleHold
 from asyncrl.learner.status_report import StatusReporter
 from asyncrl.learner.timeline import rejoin
 from asyncrl.v1 import controller_pb2
@@ -96,8 +97,9 @@ class LearnerLoop:
             batch_timeout_s=learner.batch_timeout_s, prefetch=learner.prefetch,
             routing_shape=lambda: self.trainer.replay.shape, version=lambda: self.progress.version,
             heartbeat=self._heartbeat, lookahead=lookahead, max_staleness=eta,
-            return_quota=functools.partial(return_quota, controller_stub),
-            train_stale=learner.stale_groups == "train",
+            return_quota=functools.partial(return_quota, controller_stub), stale_policy=learner.stale_groups,
+            hold=StaleHold(controller_stub, eta, self._heartbeat, metrics)
+            if learner.stale_groups == "hold" and eta is not None else None,
         )  # fmt: skip
         """The entries each batch is made of, admitted (or dead-lettered) and prefetched."""
         self.status = StatusReporter(controller_stub, learner.total_steps, self._observe_gauges,
@@ -333,8 +335,10 @@ class LearnerLoop:
             self._refit_memory()  # before the first push's snapshot and the first checkpoint's copy exist
         metrics["teacher/learner_asked"] = float(learner_asked)
         # Where the rest of the wall time goes (bench/async_speedup.py): reading and checking the batch
-        # (waiting for data included), assembling it (and the teacher, when the learner asks it).
+        # (waiting for data included), assembling it (and the teacher, when the learner asks it); of the
+        # collection, the wait for late leases (`learner.stale_groups: hold`).
         metrics["time/collect_s"], metrics["time/prepare_s"] = collect_s, prepare_s
+        metrics["time/stale_hold_s"] = self.intake.held_s
         if not metrics.pop("weights/finite"):
             # Updates with a non-finite loss or gradient are skipped, so this is a bug, not bad data: stop
             # before such weights reach a replica (the last checkpoint is intact).

@@ -1,5 +1,5 @@
-"""The learner gives a dropped group's admission quota back to the controller (`Controller.ReturnQuota`, taken
-once per entry; `learner.stale_groups: drop`, `learner.intake`)."""
+"""The learner gives a dropped group's admission quota back to the controller, and its prompt to generate again
+(`Controller.ReturnQuota`, taken once per entry; `learner.stale_groups: drop`, `learner.intake`)."""
 
 from __future__ import annotations
 
@@ -17,10 +17,13 @@ PATIENCE_S = 120.0
 RETRIED = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
 
 
-def return_quota(stub, entry_id: str, trajectories: int, reason: str) -> None:
-    """Retried while the controller is unreachable, for up to PATIENCE_S, then the error stands (the entry stays
-    pending and is dropped again after the learner's restart; the controller takes it once)."""
-    request = controller_pb2.ReturnQuotaRequest(entry_id=entry_id, trajectories=trajectories, reason=reason[:1000])
+def return_quota(stub, entry_id: str, trajectories: int, reason: str, prompt: int | None = None,
+                 lease_id: str = "") -> None:
+    """`prompt`: the stream prompt to generate again (None: not). Retried while the controller is unreachable,
+    for up to PATIENCE_S, then the error stands (the entry stays pending and is dropped again after the
+    learner's restart; the controller takes it once)."""
+    request = controller_pb2.ReturnQuotaRequest(entry_id=entry_id, trajectories=trajectories, reason=reason[:1000],
+                                                prompt_index=prompt, lease_id=lease_id)
     deadline = time.monotonic() + PATIENCE_S
     while True:
         try:

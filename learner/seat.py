@@ -19,7 +19,8 @@ from asyncrl.v1 import controller_pb2
 
 log = logging.getLogger(__name__)
 
-LEARNER_ONLY = ("BeginWeightPush", "CommitWeightPush", "LearnerHeartbeat", "ResetTimeline", "ReturnQuota")
+LEARNER_ONLY = ("BeginWeightPush", "CommitWeightPush", "LearnerHeartbeat", "ResetTimeline", "ReturnQuota",
+                "AwaitLeases")
 
 
 class SeatedController:

@@ -22,6 +22,7 @@ def build_group(
     replica_id: str,
     lease_id: str,
     metadata: dict[str, Any],
+    sample_index: int | None = None,
 ) -> trajectory_pb2.TrajectoryGroup:
     if len(generations) != len(rewards):
         raise ValueError(f"{len(generations)} generations but {len(rewards)} rewards")
@@ -59,6 +60,7 @@ def build_group(
         trajectories=trajectories,
         metadata=wire_metadata(metadata),
         created_unix_s=time.time(),
+        sample_index=sample_index,
     )
 
 

@@ -226,6 +226,7 @@ class RolloutWorker:
         group = build_group(
             group_id=f"{self.session.replica_id}-{lease.lease_id}",
             prompt_index=lease.prompt_index,
+            sample_index=lease.sample_index if lease.HasField("sample_index") else None,
             prompt_token_ids=list(prompt.token_ids),
             generations=gens,
             rewards=rewards,

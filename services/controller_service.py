@@ -19,7 +19,8 @@ Public API
 - `python -m services.controller_service --config run.yaml [key=value ...]` runs `serve`.
 
 Status codes: a malformed field -> INVALID_ARGUMENT with a message starting with the field name; a
-learner-only call (BeginWeightPush, CommitWeightPush, LearnerHeartbeat, ResetTimeline) without the seated
+learner-only call (BeginWeightPush, CommitWeightPush, LearnerHeartbeat, ResetTimeline, ReturnQuota,
+AwaitLeases) without the seated
 learner's `learner_key` -> PERMISSION_DENIED (`controller.learner_seat`); a well-formed request the
 controller's state forbids (expired lease, push already open, wrong version) -> FAILED_PRECONDITION (the
 mapping, and the messages' translation, in `controller_messages`).
@@ -30,10 +31,11 @@ from __future__ import annotations
 import functools
 import gc
 import logging
+import time
 
 import grpc
 
-from asyncrl.controller.held_request import hold
+from asyncrl.controller.held_request import HOLD_POLL_S, hold
 from asyncrl.controller.persistence import RedisStore, make_store
 from asyncrl.controller.state import ControllerState
 from asyncrl.controller.status_page import StatusPage
@@ -84,6 +86,8 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
         self.state = state
         self.wakeup: Wakeup | None = None
         """Set by `create_server` once the server's loop exists."""
+        self.lease_ends: Wakeup | None = None
+        """Wakes the held AwaitLeases calls whenever a lease ended (set by `create_server`)."""
         self.stopping = False
         """Set by `release_held` when the server stops: lease requests are answered UNAVAILABLE, not held."""
 
@@ -91,8 +95,9 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
         """Answer every held (and every new) lease request UNAVAILABLE at once: a stopping server would
         otherwise give each up to max_hold_s of its grace period, and the replica waiting on it as long."""
         self.stopping = True
-        if self.wakeup is not None:
-            self.wakeup.notify()
+        for wakeup in (self.wakeup, self.lease_ends):
+            if wakeup is not None:
+                wakeup.notify()
 
     def RegisterReplica(self, request, context):
         def run():
@@ -297,11 +302,30 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
             check_range(request.trajectories, 1, self.state.batch_size, "trajectories")
             require(len(request.reason) <= MAX_ERROR, "reason", f"at most {MAX_ERROR} characters, got "
                                                                  f"{len(request.reason)}")
+            check_name(request.lease_id, "lease_id", optional=True)
+            prompt = request.prompt_index if request.HasField("prompt_index") else None
+            if prompt is not None:  # a prompt the stream handed out: nothing else can be "generated again"
+                check_range(prompt, 0, self.state.next_prompt_index - 1, "prompt_index")
             returned, admitted = self.state.admission.return_quota(request.entry_id, request.trajectories,
-                                                                   request.reason)
+                                                                   request.reason, prompt, request.lease_id)
             return controller_pb2.ReturnQuotaResponse(returned=returned, admitted=admitted)
 
         return answer(context, run)
+
+    async def AwaitLeases(self, request, context):
+        """Held on the loop (no thread) until no lease at or below `version` is active, or `wait_s` is up."""
+        try:
+            self.state.seating.check_learner(request.learner_key)
+            check_range(request.version, 0, self.state.current_version, "version")
+            check_range(request.wait_s, 0.0, MAX_TIMEOUT_S, "wait_s")
+            deadline = time.monotonic() + self.state.admission.hold_limit(request.wait_s)
+            while True:
+                outstanding, oldest = self.state.admission.outstanding(request.version)
+                if outstanding == 0 or time.monotonic() >= deadline or self.stopping:
+                    return controller_pb2.AwaitLeasesResponse(outstanding=outstanding, oldest_version=oldest)
+                await self.lease_ends.wait(max(0.0, min(deadline - time.monotonic(), HOLD_POLL_S)))
+        except ERRORS as err:
+            await context.abort(*status_of(err))
 
     def GetStatus(self, request, context):
         return answer(context, lambda: status_message(self.state.snapshot()))
@@ -346,6 +370,8 @@ def create_server(
         )
     servicer.wakeup = Wakeup(server.loop)
     state.admission.add_waker(servicer.wakeup.notify)
+    servicer.lease_ends = Wakeup(server.loop)
+    state.admission.add_end_waker(servicer.lease_ends.notify)
     server.release_held = servicer.release_held
     state.liveness.start_reaper()
     server.controller_state = state

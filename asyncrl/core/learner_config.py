@@ -207,13 +207,19 @@ class LearnerConfig(PinnedSection):
     only after its last admissible step began (bench/consumption_staleness.py, the demo: trajectories older
     than η 1.0% -> 0 at η = 4, 0.33% -> 0.25% at η = 2, wall time per step unchanged). false, or η 0 or null:
     the order they were written."""
-    stale_groups: Literal["drop", "train"] = "drop"
+    stale_groups: Literal["drop", "hold", "train"] = "drop"
     """A group the learner reads whose oldest token is more than controller.eta versions older than the weights
-    that would train it (written late, after the step it was admitted for began; admission alone cannot keep
-    it out). drop: dead-lettered with that reason, and its trajectories' quota given back to the controller
-    (`ReturnQuota`), so fresh ones are admitted in their place (its prompt is not generated again: the prompt
-    stream moves on, as after an expired lease); nothing trained is ever older than η, which the audit checks.
-    train: trained anyway (the audit counts it). Without a bound (η null) every group is trained."""
+    that would train it (written late, after the step it was admitted for began: a slow replica, a long
+    episode; admission alone cannot keep it out). drop: dead-lettered with that reason, its trajectories'
+    quota given back to the controller (`ReturnQuota`) so fresh ones are admitted in their place, and its
+    prompt generated again by the next lease granted; nothing trained is ever older than η, which the audit
+    checks. hold: before each step the learner waits until every lease that would otherwise fall behind η at
+    the next step has ended (`AwaitLeases`), then trains those groups oldest first, so none is lost and none
+    is stale; it gives back some of the asynchronous speed-up, waiting for the slowest episodes (a group stale
+    all the same, written after its lease expired, is dropped as under drop). train: trained anyway (the audit
+    counts it). drop is the default: with heavy-tailed episodes it keeps nearly all the speed-up and drops a
+    few percent of groups, their prompts generated again (bench/agentic_speedup.py, docs/agents.md). Without
+    a bound (η null) every group is trained."""
     push_in_background: bool = True
     """Push each step's weights from a snapshot on a background thread while the next step trains (the push
     leaves the learner's critical path; the next push, a checkpoint and the end of the run wait for it).

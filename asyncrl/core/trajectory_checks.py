@@ -96,6 +96,8 @@ def check_group_fields(group) -> None:
             raise BadGroup(f"{field}: must be empty or an id of letters, digits and _.:@/-, got {shown(value)}")
     if not 0 <= group.prompt_index <= MAX_PROMPT_INDEX:
         raise BadGroup(f"prompt_index: must be in [0, {MAX_PROMPT_INDEX}], got {group.prompt_index}")
+    if group.HasField("sample_index") and not 0 <= group.sample_index <= MAX_PROMPT_INDEX:
+        raise BadGroup(f"sample_index: must be in [0, {MAX_PROMPT_INDEX}], got {group.sample_index}")
     if not math.isfinite(group.created_unix_s) or group.created_unix_s < 0:
         raise BadGroup(f"created_unix_s: must be a finite time, got {group.created_unix_s}")
     for t in group.trajectories:

@@ -26,6 +26,7 @@ from asyncrl.core.records.controller import (
     LeaseExpired,
     LeaseGranted,
     PushCommitted,
+    QuotaReturned,
     TimelineReset,
 )
 from asyncrl.core.records.learner import Eval, FinalBuffer, LearnerDied, LearnerLost, Resumed, Step, Trained
@@ -61,6 +62,12 @@ class AuditReport:
     """Groups trained more than η versions after their oldest token: {group_id, version, oldest}."""
     learner_deaths: list = field(default_factory=list)
     """Each learner death `up` recorded (`learner_died`): its exit status, cause and what `up` did."""
+    prompts_dropped: int = 0
+    """Groups the learner dropped for their age whose prompt it asked to generate again (`quota_returned`)."""
+    prompts_regenerated: int = 0
+    """Leases granted for such a prompt (the rest were still queued when the run stopped)."""
+    regenerated_unasked: list = field(default_factory=list)
+    """Leases granted as a dropped prompt generated again that no drop asked for: {lease_id, prompt}."""
 
     @property
     def ok(self) -> bool:
@@ -75,6 +82,7 @@ class AuditReport:
                   (self.fell_back, "learner steps fell back without resuming"),
                   (self.stolen_leases, "leases completed by another replica"),
                   (self.trained_beyond_eta, "groups trained more than η versions after their oldest token"),
+                  (self.regenerated_unasked, "prompts generated again that no dropped group asked for"),
                   ]  # fmt: skip
         out = [f"{len(found)} {what}" for found, what in checks if found]
         if self.groups_trained == 0:
@@ -92,7 +100,9 @@ class AuditReport:
                 f"{len(self.trained_twice)} twice, {len(self.lost)} lost, {self.rejected} dead-lettered, "
                 f"{self.left_in_buffer} left in buffer; {len(self.fell_back)} fall-backs, "
                 f"{len(self.stolen_leases)} stolen leases, {len(self.trained_beyond_eta)} trained beyond η"
-                + (f"; {self.skipped_uniform} groups with uniform rewards not written" if self.skipped_uniform else ""))
+                + (f"; {self.skipped_uniform} groups with uniform rewards not written" if self.skipped_uniform else "")
+                + (f"; {self.prompts_dropped} stale groups dropped, {self.prompts_regenerated} of their prompts "
+                   "generated again" if self.prompts_dropped else ""))
 
     def as_dict(self) -> dict:
         return {"ok": self.ok, "headline": self.headline(), "leases_granted": self.leases_granted,
@@ -105,7 +115,8 @@ class AuditReport:
                 "rejected": self.rejected, "skipped_uniform": self.skipped_uniform, "staleness_hist": self.staleness_hist, "fell_back": self.fell_back[:20],
                 "stolen_leases": self.stolen_leases[:20], "open_leases": self.open_leases,
                 "trained_beyond_eta": self.trained_beyond_eta[:20], "learner_deaths": self.learner_deaths,
-                "failures": self.failures()}
+                "prompts_dropped": self.prompts_dropped, "prompts_regenerated": self.prompts_regenerated,
+                "regenerated_unasked": self.regenerated_unasked[:20], "failures": self.failures()}
 
 
 def check_eta(report: AuditReport, controller: list[Record]) -> None:
@@ -150,6 +161,24 @@ def check_eta_at_training(report: AuditReport, controller: list[Record], learner
             if group is not None and group.min_version >= 0 and ev.version - group.min_version > eta:
                 report.trained_beyond_eta.append({"group_id": group_id, "version": ev.version,
                                                   "oldest": group.min_version})
+
+
+def check_regenerated(report: AuditReport, controller: list[Record]) -> None:
+    """Every lease granted as a dropped group's prompt generated again follows a drop of that prompt, one lease
+    per drop (a fresh controller start forgets the prompts still queued: a restored one keeps them)."""
+    asked: Counter = Counter()
+    for ev in controller:
+        if isinstance(ev, ControllerStarted) and ev.restored is None:
+            asked.clear()
+        elif isinstance(ev, QuotaReturned) and ev.prompt_index is not None:
+            report.prompts_dropped += 1
+            asked[ev.prompt_index] += 1
+        elif isinstance(ev, LeaseGranted) and ev.regenerated:
+            if asked[ev.sample_index] > 0:
+                asked[ev.sample_index] -= 1
+                report.prompts_regenerated += 1
+            else:
+                report.regenerated_unasked.append({"lease_id": ev.lease_id, "prompt": ev.sample_index})
 
 
 RESTARTS = (Resumed, LearnerLost)
@@ -232,6 +261,7 @@ def audit_run(run_dir: str | Path) -> AuditReport:
     check_eta(report, controller)
     _check_versions(report, controller, learner, rollouts)
     check_leases(report, controller)
+    check_regenerated(report, controller)
     check_fall_back(report, learner_log)
     report.learner_deaths = [{"exit_code": ev.exit_code, "cause": ev.cause, "action": ev.action}
                              for ev in learner_log if isinstance(ev, LearnerDied)]

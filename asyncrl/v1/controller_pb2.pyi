@@ -342,16 +342,20 @@ class ResetTimelineResponse(_message.Message):
     def __init__(self, current_version: _Optional[int] = ..., leases_expired: _Optional[int] = ..., prompt_index: _Optional[int] = ...) -> None: ...
 
 class ReturnQuotaRequest(_message.Message):
-    __slots__ = ("entry_id", "trajectories", "reason", "learner_key")
+    __slots__ = ("entry_id", "trajectories", "reason", "learner_key", "prompt_index", "lease_id")
     ENTRY_ID_FIELD_NUMBER: _ClassVar[int]
     TRAJECTORIES_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
     LEARNER_KEY_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_INDEX_FIELD_NUMBER: _ClassVar[int]
+    LEASE_ID_FIELD_NUMBER: _ClassVar[int]
     entry_id: str
     trajectories: int
     reason: str
     learner_key: bytes
-    def __init__(self, entry_id: _Optional[str] = ..., trajectories: _Optional[int] = ..., reason: _Optional[str] = ..., learner_key: _Optional[bytes] = ...) -> None: ...
+    prompt_index: int
+    lease_id: str
+    def __init__(self, entry_id: _Optional[str] = ..., trajectories: _Optional[int] = ..., reason: _Optional[str] = ..., learner_key: _Optional[bytes] = ..., prompt_index: _Optional[int] = ..., lease_id: _Optional[str] = ...) -> None: ...
 
 class ReturnQuotaResponse(_message.Message):
     __slots__ = ("returned", "admitted")
@@ -360,6 +364,24 @@ class ReturnQuotaResponse(_message.Message):
     returned: int
     admitted: int
     def __init__(self, returned: _Optional[int] = ..., admitted: _Optional[int] = ...) -> None: ...
+
+class AwaitLeasesRequest(_message.Message):
+    __slots__ = ("version", "wait_s", "learner_key")
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    WAIT_S_FIELD_NUMBER: _ClassVar[int]
+    LEARNER_KEY_FIELD_NUMBER: _ClassVar[int]
+    version: int
+    wait_s: float
+    learner_key: bytes
+    def __init__(self, version: _Optional[int] = ..., wait_s: _Optional[float] = ..., learner_key: _Optional[bytes] = ...) -> None: ...
+
+class AwaitLeasesResponse(_message.Message):
+    __slots__ = ("outstanding", "oldest_version")
+    OUTSTANDING_FIELD_NUMBER: _ClassVar[int]
+    OLDEST_VERSION_FIELD_NUMBER: _ClassVar[int]
+    outstanding: int
+    oldest_version: int
+    def __init__(self, outstanding: _Optional[int] = ..., oldest_version: _Optional[int] = ...) -> None: ...
 
 class GetStatusRequest(_message.Message):
     __slots__ = ()

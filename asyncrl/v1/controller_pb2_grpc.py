@@ -99,6 +99,11 @@ class ControllerStub:
                 request_serializer=asyncrl_dot_v1_dot_controller__pb2.ReturnQuotaRequest.SerializeToString,
                 response_deserializer=asyncrl_dot_v1_dot_controller__pb2.ReturnQuotaResponse.FromString,
                 _registered_method=True)
+        self.AwaitLeases = channel.unary_unary(
+                '/asyncrl.v1.Controller/AwaitLeases',
+                request_serializer=asyncrl_dot_v1_dot_controller__pb2.AwaitLeasesRequest.SerializeToString,
+                response_deserializer=asyncrl_dot_v1_dot_controller__pb2.AwaitLeasesResponse.FromString,
+                _registered_method=True)
 
 
 class ControllerServicer:
@@ -154,7 +159,8 @@ class ControllerServicer:
 
     def RegisterLearner(self, request, context):
         """Learner: take the learner's seat, at start and after every restart. Answers a fresh learner_key that every
-        learner-only call (BeginWeightPush, CommitWeightPush, LearnerHeartbeat, ResetTimeline) must carry
+        learner-only call (BeginWeightPush, CommitWeightPush, LearnerHeartbeat, ResetTimeline, ReturnQuota,
+        AwaitLeases) must carry
         (PERMISSION_DENIED otherwise): a caller with the access token but not the seat can neither push weights nor
         move the run's timeline. The seat passes to the new caller unless its holder still answers a liveness
         challenge at its address (ALREADY_EXISTS: one learner per run); the previous holder's key stops working.
@@ -204,7 +210,16 @@ class ControllerServicer:
     def ReturnQuota(self, request, context):
         """Learner: a group it read but will not train (older than η at the version that would train it,
         `learner.stale_groups: drop`) gives its trajectories' quota back, so N_r admits fresh ones in their place.
-        Once per entry: the same entry_id again returns nothing.
+        Once per entry: the same entry_id again returns nothing. With prompt_index set, that prompt is generated
+        again: the next leases granted carry it as their sample_index before the stream moves on.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def AwaitLeases(self, request, context):
+        """Learner (`learner.stale_groups: hold`): held until no lease granted at or below `version` is active any
+        more (each completed, its group in the buffer, or expired, its quota back), or for at most wait_s.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -277,6 +292,11 @@ def add_ControllerServicer_to_server(servicer, server):
                     servicer.ReturnQuota,
                     request_deserializer=asyncrl_dot_v1_dot_controller__pb2.ReturnQuotaRequest.FromString,
                     response_serializer=asyncrl_dot_v1_dot_controller__pb2.ReturnQuotaResponse.SerializeToString,
+            ),
+            'AwaitLeases': grpc.unary_unary_rpc_method_handler(
+                    servicer.AwaitLeases,
+                    request_deserializer=asyncrl_dot_v1_dot_controller__pb2.AwaitLeasesRequest.FromString,
+                    response_serializer=asyncrl_dot_v1_dot_controller__pb2.AwaitLeasesResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -630,6 +650,33 @@ class Controller:
             '/asyncrl.v1.Controller/ReturnQuota',
             asyncrl_dot_v1_dot_controller__pb2.ReturnQuotaRequest.SerializeToString,
             asyncrl_dot_v1_dot_controller__pb2.ReturnQuotaResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AwaitLeases(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/asyncrl.v1.Controller/AwaitLeases',
+            asyncrl_dot_v1_dot_controller__pb2.AwaitLeasesRequest.SerializeToString,
+            asyncrl_dot_v1_dot_controller__pb2.AwaitLeasesResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -61,7 +61,7 @@ class Trajectory(_message.Message):
     def __init__(self, trajectory_id: _Optional[str] = ..., group_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., response_token_ids: _Optional[_Iterable[int]] = ..., logp_behav: _Optional[_Iterable[float]] = ..., weight_version: _Optional[_Iterable[int]] = ..., reward: _Optional[float] = ..., finished: _Optional[bool] = ..., routed_experts: _Optional[_Union[RoutedExperts, _Mapping]] = ..., logp_teacher: _Optional[_Iterable[float]] = ..., process_positions: _Optional[_Iterable[int]] = ..., process_rewards: _Optional[_Iterable[float]] = ..., process_version: _Optional[int] = ..., observation_starts: _Optional[_Iterable[int]] = ..., observation_ends: _Optional[_Iterable[int]] = ..., turn_ends: _Optional[_Iterable[int]] = ..., turn_rewards: _Optional[_Iterable[float]] = ..., end_reason: _Optional[str] = ...) -> None: ...
 
 class TrajectoryGroup(_message.Message):
-    __slots__ = ("group_id", "prompt_index", "replica_id", "lease_id", "trajectories", "metadata", "created_unix_s")
+    __slots__ = ("group_id", "prompt_index", "replica_id", "lease_id", "trajectories", "metadata", "created_unix_s", "sample_index")
     class MetadataEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -76,6 +76,7 @@ class TrajectoryGroup(_message.Message):
     TRAJECTORIES_FIELD_NUMBER: _ClassVar[int]
     METADATA_FIELD_NUMBER: _ClassVar[int]
     CREATED_UNIX_S_FIELD_NUMBER: _ClassVar[int]
+    SAMPLE_INDEX_FIELD_NUMBER: _ClassVar[int]
     group_id: str
     prompt_index: int
     replica_id: str
@@ -83,4 +84,5 @@ class TrajectoryGroup(_message.Message):
     trajectories: _containers.RepeatedCompositeFieldContainer[Trajectory]
     metadata: _containers.ScalarMap[str, str]
     created_unix_s: float
-    def __init__(self, group_id: _Optional[str] = ..., prompt_index: _Optional[int] = ..., replica_id: _Optional[str] = ..., lease_id: _Optional[str] = ..., trajectories: _Optional[_Iterable[_Union[Trajectory, _Mapping]]] = ..., metadata: _Optional[_Mapping[str, str]] = ..., created_unix_s: _Optional[float] = ...) -> None: ...
+    sample_index: int
+    def __init__(self, group_id: _Optional[str] = ..., prompt_index: _Optional[int] = ..., replica_id: _Optional[str] = ..., lease_id: _Optional[str] = ..., trajectories: _Optional[_Iterable[_Union[Trajectory, _Mapping]]] = ..., metadata: _Optional[_Mapping[str, str]] = ..., created_unix_s: _Optional[float] = ..., sample_index: _Optional[int] = ...) -> None: ...

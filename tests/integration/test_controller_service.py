@@ -318,7 +318,8 @@ def test_state_conflicts_are_failed_precondition(controller):
 LEARNER_ONLY = [("ResetTimeline", pb.ResetTimelineRequest()), ("BeginWeightPush", push_request(version=1)),
                 ("CommitWeightPush", pb.CommitWeightPushRequest(push_id="push-1", sender_ok=True)),
                 ("LearnerHeartbeat", pb.LearnerHeartbeatRequest(step=1, version=0, consumed=8)),
-                ("ReturnQuota", pb.ReturnQuotaRequest(entry_id="1-0", trajectories=4, reason="stale"))]
+                ("ReturnQuota", pb.ReturnQuotaRequest(entry_id="1-0", trajectories=4, reason="stale")),
+                ("AwaitLeases", pb.AwaitLeasesRequest(version=0))]
 
 
 @pytest.mark.parametrize("method,request_", LEARNER_ONLY, ids=[m for m, _ in LEARNER_ONLY])
@@ -821,11 +822,47 @@ def test_the_learner_returns_a_dropped_groups_quota_once_and_its_fields_are_chec
     for request, field in [(pb.ReturnQuotaRequest(entry_id="", trajectories=1), "entry_id"),
                            (pb.ReturnQuotaRequest(entry_id="1-0", trajectories=0), "trajectories"),
                            (pb.ReturnQuotaRequest(entry_id="1-0", trajectories=10**6), "trajectories"),
-                           (pb.ReturnQuotaRequest(entry_id="1-0", trajectories=1, reason="x" * 10**5), "reason")]:
+                           (pb.ReturnQuotaRequest(entry_id="1-0", trajectories=1, reason="x" * 10**5), "reason"),
+                           # Only a prompt the stream handed out can be generated again (prompt 0 so far).
+                           (pb.ReturnQuotaRequest(entry_id="1-0", trajectories=1, prompt_index=1), "prompt_index"),
+                           (pb.ReturnQuotaRequest(entry_id="1-0", trajectories=1, prompt_index=-1), "prompt_index"),
+                           (pb.ReturnQuotaRequest(entry_id="1-0", trajectories=1, lease_id="a b"), "lease_id")]:
         err = rpc_error(stub.ReturnQuota, request)
         assert err.code() == grpc.StatusCode.INVALID_ARGUMENT and err.details().startswith(field), err.details()
     assert controller.state.admitted == 4
-    reply = stub.ReturnQuota(pb.ReturnQuotaRequest(entry_id="1-0", trajectories=4, reason="staleness"))
+    reply = stub.ReturnQuota(pb.ReturnQuotaRequest(entry_id="1-0", trajectories=4, reason="staleness",
+                                                   prompt_index=0, lease_id=granted.lease_id))
     assert (reply.returned, reply.admitted) == (4, 0)
-    again = stub.ReturnQuota(pb.ReturnQuotaRequest(entry_id="1-0", trajectories=4, reason="staleness"))
+    again = stub.ReturnQuota(pb.ReturnQuotaRequest(entry_id="1-0", trajectories=4, reason="staleness",
+                                                   prompt_index=0))
     assert (again.returned, again.admitted) == (0, 0)
+    # The prompt is generated again, once: the next lease samples it, the one after moves the stream on.
+    stub.CompleteLease(pb.CompleteLeaseRequest(replica_id=rid, lease_id=granted.lease_id, num_written=4))
+    regenerated = stub.AcquireLease(pb.AcquireLeaseRequest(replica_id=rid, num_trajectories=2))
+    assert regenerated.HasField("sample_index") and regenerated.sample_index == 0 and regenerated.prompt_index == 1
+    moved_on = stub.AcquireLease(pb.AcquireLeaseRequest(replica_id=rid, num_trajectories=2))
+    assert not moved_on.HasField("sample_index") and moved_on.prompt_index == 2
+
+
+def test_await_leases_holds_the_learner_until_the_old_leases_have_ended(controller):
+    """`AwaitLeases` (`learner.stale_groups: hold`): held while a lease granted at the version or below is
+    active, answered as soon as its completion arrives (not at a poll); answered with what is outstanding when
+    wait_s is up; a version beyond the controller's is INVALID_ARGUMENT naming it."""
+    stub = controller.stub
+    rid = stub.RegisterReplica(pb.RegisterReplicaRequest(address="127.0.0.1:7001", engine="torch")).replica_id
+    lease = stub.AcquireLease(pb.AcquireLeaseRequest(replica_id=rid, num_trajectories=4))
+    short = stub.AwaitLeases(pb.AwaitLeasesRequest(version=0, wait_s=0.2))
+    assert (short.outstanding, short.oldest_version) == (1, 0)
+    for request, field in [(pb.AwaitLeasesRequest(version=1), "version"),
+                           (pb.AwaitLeasesRequest(version=-1), "version"),
+                           (pb.AwaitLeasesRequest(version=0, wait_s=-1.0), "wait_s")]:
+        err = rpc_error(stub.AwaitLeases, request)
+        assert err.code() == grpc.StatusCode.INVALID_ARGUMENT and err.details().startswith(field), err.details()
+    with futures.ThreadPoolExecutor(1) as pool:
+        held = pool.submit(stub.AwaitLeases, pb.AwaitLeasesRequest(version=0, wait_s=20.0))
+        time.sleep(0.5)
+        assert not held.done()
+        completed_at = time.monotonic()
+        stub.CompleteLease(pb.CompleteLeaseRequest(replica_id=rid, lease_id=lease.lease_id, num_written=4))
+        assert held.result(timeout=10).outstanding == 0
+        assert time.monotonic() - completed_at < 0.2  # woken by the lease's end, not by a poll

@@ -102,6 +102,7 @@ def controller_cases():
         cases.append(("BeginWeightPush", c.BeginWeightPushRequest(**good_push, learner_key=key)))
         cases.append(("LearnerHeartbeat", c.LearnerHeartbeatRequest(learner_key=key)))
         cases.append(("ReturnQuota", c.ReturnQuotaRequest(entry_id="1-0", trajectories=1, learner_key=key)))
+        cases.append(("AwaitLeases", c.AwaitLeasesRequest(version=0, learner_key=key)))
     return [("controller", f"/asyncrl.v1.Controller/{m}", r) for m, r in cases]
 
 

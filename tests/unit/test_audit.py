@@ -9,6 +9,7 @@ from asyncrl.core.records.controller import (
     LeaseExpired,
     LeaseGranted,
     PushCommitted,
+    QuotaReturned,
 )
 from asyncrl.core.records.learner import CheckpointSaved, FinalBuffer, LearnerLost, Resumed, Step, Trained
 from asyncrl.core.records.rollout import GroupWritten
@@ -235,3 +236,26 @@ def test_a_group_trained_more_than_eta_versions_after_its_oldest_token_is_caught
     report = audit_run(tmp_path)
     assert report.trained_beyond_eta == [{"group_id": "g5", "version": 2, "oldest": 0}] and not report.ok
     assert "1 groups trained more than η versions after their oldest token" in report.failures()
+
+
+def regenerated(lid, prompt):
+    return LeaseGranted(t=4, lease_id=lid, replica_id="r0", n=4, admitted_after=4, version=2, eta=None,
+                        batch_size=4, prompt_index=9, held_s=0.0, sample_index=prompt, regenerated=True)
+
+
+def test_a_prompt_generated_again_must_follow_a_drop_of_that_prompt(tmp_path):
+    """Each lease granted as a dropped prompt generated again answers one drop of that prompt (`quota_returned`
+    with its prompt_index); a drop still queued at the end is counted, not a failure; a regenerated grant
+    that no drop asked for (or a second one for one drop) is."""
+    good_run(tmp_path)
+    append(tmp_path, "controller", QuotaReturned(t=3, entry_id="2-0", returned=4, admitted_after=8, reason="stale",
+                                                 prompt_index=1))
+    append(tmp_path, "controller", QuotaReturned(t=3, entry_id="3-0", returned=4, admitted_after=4, reason="stale",
+                                                 prompt_index=2))
+    append(tmp_path, "controller", regenerated("l9", 1))
+    report = audit_run(tmp_path)
+    assert (report.prompts_dropped, report.prompts_regenerated) == (2, 1) and report.ok, report.as_dict()
+    assert "2 stale groups dropped, 1 of their prompts generated again" in report.headline()
+    append(tmp_path, "controller", regenerated("l10", 1))
+    report = audit_run(tmp_path)
+    assert report.regenerated_unasked == [{"lease_id": "l10", "prompt": 1}] and not report.ok

@@ -413,4 +413,55 @@ def test_the_quota_of_a_group_the_learner_drops_returns_once_and_wakes_a_holder(
     assert state.admission.return_quota("1-0", 2, "again") == (0, 4)
     (record,) = events.of_kind("quota_returned")
     assert record == {"kind": "quota_returned", "entry_id": "1-0", "returned": 2, "admitted_after": 2,
-                      "reason": "staleness: ..."}
+                      "reason": "staleness: ...", "prompt_index": None, "lease_id": ""}
+
+
+def test_a_dropped_groups_prompt_is_generated_again_by_the_next_leases_in_order():
+    """ReturnQuota with the group's prompt: the next leases granted sample the queued prompts first, in the
+    order they were dropped (their `sample_index`, recorded as regenerated, counted apart from hard-prompt
+    replays), then the stream moves on; the queue is saved and a restarted controller keeps it."""
+    store = MemoryStore()
+    state, _, _, _ = make_state(batch_size=4, eta=None, store=store)
+    rid = state.register("127.0.0.1:7001", "", 0, "torch").replica_id
+    first = [acquire(state, rid, 2, 0) for _ in range(3)]
+    assert [lease.prompt_index for lease in first] == [0, 1, 2]
+    state.admission.return_quota("e-2", 2, "staleness: ...", prompt=2, lease_id=first[2].lease_id)
+    state.admission.return_quota("e-0", 2, "staleness: ...", prompt=0, lease_id=first[0].lease_id)
+    assert state.snapshot()["prompts_to_regenerate"] == 2
+
+    again, _, _, events = make_state(batch_size=4, eta=None, store=store)  # a controller restart
+    metrics = again.metrics
+    leases = [acquire(again, rid, 2, 0) for _ in range(3)]
+    assert [(lease.prompt_index, lease.sample_index) for lease in leases] == [(3, 2), (4, 0), (5, None)]
+    granted = events.of_kind("lease_granted")
+    assert [g["regenerated"] for g in granted] == [True, True, False]
+    assert metrics.prompts_regenerated._value.get() == 2 and metrics.hard_prompt_replays._value.get() == 0
+    assert again.snapshot()["prompts_to_regenerate"] == 0
+
+
+def test_a_group_whose_lease_expired_returns_no_quota_twice_but_its_prompt_is_generated_again():
+    """The expiry gave the lease's quota back already: the learner's return of its late group takes nothing more
+    from N_r (else admission would run ahead of η), and the prompt is still queued."""
+    state, clock, _, events = make_state(batch_size=4, eta=0, lease_ttl_s=5.0, heartbeat_timeout_s=100.0)
+    rid = state.register("127.0.0.1:7001", "", 0, "torch").replica_id
+    lease = acquire(state, rid, 4, 0)
+    clock.advance(6.0)
+    state.heartbeat(rid, 0, [])  # reaps the lease: N_r back to 0
+    assert state.admitted == 0
+    assert state.admission.return_quota("e-0", 4, "staleness: ...", prompt=0, lease_id=lease.lease_id) == (0, 0)
+    (record,) = events.of_kind("quota_returned")
+    assert record["returned"] == 0 and record["prompt_index"] == 0
+    assert acquire(state, rid, 4, 0).sample_index == 0
+
+
+def test_outstanding_counts_the_active_leases_at_or_below_a_version():
+    """What `AwaitLeases` waits on: the active leases granted at a version or below, and the oldest of them."""
+    state, _, _, _ = make_state(batch_size=2, eta=None)
+    rid = state.register("127.0.0.1:7001", "", 0, "torch").replica_id
+    old = acquire(state, rid, 2, 0)
+    assert publish(state, 1).committed
+    state.heartbeat(rid, 1, [])
+    acquire(state, rid, 2, 0)
+    assert state.admission.outstanding(0) == (1, 0) and state.admission.outstanding(1) == (2, 0)
+    state.admission.complete(rid, old.lease_id, 2)
+    assert state.admission.outstanding(0) == (0, -1) and state.admission.outstanding(1) == (1, 1)

@@ -546,28 +546,57 @@ def test_a_resumed_learner_acknowledges_what_its_checkpoint_holds_before_taking_
     assert "already trained" in loop.buffer.dead_letters()[-1].reason
 
 
-@pytest.mark.parametrize("policy", ["drop", "train"])
+class AwaitingController:
+    """The controller's side of `AwaitLeases` for a learner that holds: the leases of the asked version are out
+    for `outstanding_calls` answers, then all ended."""
+
+    def __init__(self, outstanding_calls: int):
+        self.requests, self.outstanding_calls = [], outstanding_calls
+
+    def AwaitLeases(self, request, timeout):
+        from asyncrl.v1 import controller_pb2
+
+        self.requests.append((request.version, request.wait_s))
+        outstanding = int(len(self.requests) <= self.outstanding_calls)
+        return controller_pb2.AwaitLeasesResponse(outstanding=outstanding, oldest_version=request.version)
+
+
+@pytest.mark.parametrize("policy", ["drop", "hold", "train"])
 def test_a_group_older_than_eta_at_the_version_that_would_train_it_is_dropped_and_its_quota_returned(policy):
     """η at read (`learner.stale_groups`): at learner version 3 with η = 2, a group whose oldest token is from
-    version 0 (staleness 3) is dead-lettered with its reason and its 2 trajectories' quota returned before the
-    dead letter; one from version 1 (staleness 2, its last admissible step) is trained. `train` counts it and
-    trains it."""
-    loop, events, metrics = prefetching_loop(eta=2, stale_groups=policy)
+    version 0 (staleness 3) is dead-lettered with its reason, its 2 trajectories' quota returned and its prompt
+    (the group's sample_index: the prompt its samples were for) queued again before the dead letter; one from
+    version 1 (staleness 2, its last admissible step) is trained. `hold` first waits, heartbeating, until the
+    leases of version 1 (stale at the next step) have ended, then drops what is stale all the same. `train`
+    counts it and trains it."""
+    controller = AwaitingController(outstanding_calls=2)
+    loop, events, metrics = prefetching_loop(eta=2, stale_groups=policy, controller_stub=controller)
     returned = []
-    loop.intake._return_quota = lambda entry_id, n, reason: returned.append((entry_id, n, reason,
-                                                                             len(loop.buffer.dead_letters())))
-    stale = loop.buffer.put(group("stale", version=0, prompt_index=0))
+    loop.intake._return_quota = lambda entry_id, n, reason, prompt, lease_id: returned.append(
+        (entry_id, n, reason, len(loop.buffer.dead_letters()), prompt, lease_id))
+    late = group("stale", version=0, prompt_index=0)
+    late.sample_index, late.lease_id = 7, "lease-1"
+    stale = loop.buffer.put(late)
     edge = loop.buffer.put(group("edge", version=1, prompt_index=1))
     fresh = loop.buffer.put(group("fresh", version=3, prompt_index=2))
-    loop.intake._heartbeat = lambda: None  # a batch short of the dropped group reads on: no controller here
+    heartbeats = []
+    loop.intake._heartbeat = lambda: heartbeats.append(1)  # a batch short of the dropped group reads on
+    if loop.intake.hold is not None:
+        loop.intake.hold._heartbeat = loop.intake._heartbeat
     entries = loop.intake.collect([])
     assert metrics.stale_groups._value.get() == 1
+    if policy == "hold":
+        assert controller.requests == [(1, 2.0)] * 3 and len(heartbeats) == 2 + 1  # + 1: the short batch
+        assert metrics.stale_hold_seconds._value.get() > 0
+    else:
+        assert controller.requests == [] and metrics.stale_hold_seconds._value.get() == 0
     if policy == "train":
         assert [e.entry_id for e in entries] == [stale, edge] and returned == []
         return
     assert [e.entry_id for e in entries] == [edge, fresh]
     reason = "staleness: its oldest token is from version 0, 3 behind the learner's 3 (controller.eta 2"
-    assert returned == [(stale, 2, returned[0][2], 0)] and returned[0][2].startswith(reason)  # before the dead letter
+    assert returned == [(stale, 2, returned[0][2], 0, 7, "lease-1")]  # before the dead letter
+    assert returned[0][2].startswith(reason) and f"learner.stale_groups: {policy}" in returned[0][2]
     (dead,) = loop.buffer.dead_letters()
     assert dead.entry_id == stale and dead.reason.startswith(reason)
     (rejected,) = events.of_kind("group_rejected")

@@ -85,7 +85,9 @@ class LeaseGranted(Record):
     prompt_index: int
     held_s: float
     sample_index: int | None = None
-    """The hard prompt sampled again under this lease (None: its own `prompt_index`)."""
+    """The prompt sampled under this lease instead of its own `prompt_index` (None: its own)."""
+    regenerated: bool = False
+    """`sample_index` is a dropped group's prompt generated again (else a hard prompt sampled again)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -260,10 +262,14 @@ class TimelineReset(Record):
 @dataclass(frozen=True, kw_only=True)
 class QuotaReturned(Record):
     """The learner dropped a group it read (older than η at the version that would train it) and gave its
-    trajectories' quota back (`Controller.ReturnQuota`); N_r went down by `returned`."""
+    trajectories' quota back (`Controller.ReturnQuota`); N_r went down by `returned` (0 when the group's lease
+    had expired: its quota came back then)."""
 
     KIND = "quota_returned"
     entry_id: str
     returned: int
     admitted_after: int
     reason: str
+    prompt_index: int | None = None
+    """The prompt the group was generated for, queued to be generated again (None: not)."""
+    lease_id: str = ""
