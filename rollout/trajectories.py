@@ -33,10 +33,12 @@ def build_group(
                 f"sample {j}: {len(gen.token_ids)} tokens, {len(gen.logp_behav)} logp_behav, "
                 f"{len(gen.weight_version)} versions"
             )
+        episode = isinstance(gen, EpisodeResult)
         traj = trajectory_pb2.Trajectory(
             trajectory_id=f"{group_id}/{j}",
             group_id=group_id,
-            prompt_token_ids=prompt_token_ids,
+            # An episode's prompt is its first context as the engine saw it (each may open differently).
+            prompt_token_ids=gen.context if episode and gen.context else prompt_token_ids,
             response_token_ids=gen.token_ids,
             logp_behav=gen.logp_behav,
             weight_version=gen.weight_version,
@@ -45,7 +47,7 @@ def build_group(
         )
         if gen.routed_experts is not None:
             write_proto(gen.routed_experts, traj.routed_experts)
-        if isinstance(gen, EpisodeResult):
+        if episode:
             traj.observation_starts.extend(gen.observation_starts)
             traj.observation_ends.extend(gen.observation_ends)
             traj.turn_ends.extend(gen.turn_ends)

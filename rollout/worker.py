@@ -103,7 +103,8 @@ class RolloutWorker:
             stop.wait(1.0)
 
     def _prompt(self, lease):
-        """The prompt a lease asks for: its own, or a hard one sampled again (controller.difficulty)."""
+        """The prompt a lease asks for: its own, or its `sample_index` (a dropped group's prompt generated again,
+        or a hard one sampled again: controller.difficulty)."""
         return self.task.train_prompt(lease.sample_index if lease.HasField("sample_index") else lease.prompt_index)
 
     def run_once(self) -> int:

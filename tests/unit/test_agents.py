@@ -387,3 +387,50 @@ def test_a_reference_episode_plays_the_target_turns_against_the_environment():
     masked = "".join(task.tokenizer.hf.decode([t]) for t, m in zip(response, mask) if m == 0)
     assert masked.startswith("<tool>") and masked.count("<assistant>") == 2
     assert torch.tensor(mask).sum() < len(mask)
+
+
+class Opening(Environment):
+    """An environment whose reset shows a message before the model's first turn (as an OpenEnv server's reset
+    observation does); `opening` garbage is a fault."""
+
+    def __init__(self, opening):
+        self.opening = opening
+
+    def start(self, prompt):
+        session = Answering()
+        session.opening = self.opening
+        return session
+
+
+class Answering(Session):
+    def step(self, action):
+        return StepResult(messages=[], reward=float(action == "3"), done=True)
+
+
+def test_an_environments_opening_follows_the_prompt_and_is_the_trajectorys_prompt():
+    """The opening messages are rendered after the prompt by the chat template, before the model's first turn;
+    the episode's context (what the engine saw) is the trajectory's prompt, not the task's prompt alone."""
+    chars = ModelTokenizer.chat_chars()
+    prompt = sums(chars, (1, 2))[0]
+    script = Scripted(chars, {prompt.token_ids[2]: ["3"]})
+    runner = runner_for(Opening([{"role": "user", "content": "numbers 1 2"}]), script, chars)
+    (result,) = runner.run([prompt])
+    runner.close()
+    assert (result.end_reason, result.reward) == (DONE, 1.0)
+    assert result.context == chars.render_chat([*prompt.text, {"role": "user", "content": "numbers 1 2"}],
+                                               add_generation_prompt=True)
+    assert result.context[:len(prompt.token_ids) - 1] == list(prompt.token_ids)[:-1]  # the prompt, then the opening
+    group = build_group(group_id="r-l1", prompt_index=0, prompt_token_ids=list(prompt.token_ids),
+                        generations=[result], rewards=[result.reward], replica_id="r", lease_id="l1", metadata={})
+    assert list(group.trajectories[0].prompt_token_ids) == result.context
+    assert chars.hf.decode(result.context).endswith("<user>numbers 1 2<assistant>")
+
+
+@pytest.mark.parametrize("opening", [[{"role": "user"}], "numbers", [{"role": "user", "content": 3}]])
+def test_a_malformed_opening_ends_the_episode_as_an_environment_error(opening):
+    chars = ModelTokenizer.chat_chars()
+    prompt = sums(chars, (1, 2))[0]
+    runner = runner_for(Opening(opening), Scripted(chars, {prompt.token_ids[2]: ["3"]}), chars)
+    (result,) = runner.run([prompt])
+    runner.close()
+    assert (result.end_reason, result.reward) == (ENVIRONMENT_ERROR, 0.0)

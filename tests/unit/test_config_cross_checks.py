@@ -66,3 +66,22 @@ def test_episodes_that_contradict_the_other_sections_are_refused_naming_the_keys
     with pytest.raises(ValidationError, match="no JSON schema for the chat template"):
         config(environment={"type": "tools", "tools": [f"{tmp_path}/t.py:f"]})
     assert config(environment={**tools, "episode_timeout_s": 900}, rollout={"lease_deadline_s": 0})
+
+
+def test_an_openenv_environment_needs_its_server_and_package_named_in_the_error(monkeypatch):
+    """`environment.type: openenv`: a missing or malformed url, a missing package, and a token the installed
+    client cannot send are each refused at load naming the key."""
+    import sys
+
+    with pytest.raises(ValidationError, match="environment.openenv.url: name the OpenEnv server"):
+        config(environment={"type": "openenv"})
+    with pytest.raises(ValidationError, match=r"environment.openenv.url: must start with http://"):
+        config(environment={"type": "openenv", "openenv": {"url": "127.0.0.1:8000"}})
+    with pytest.raises(ValidationError, match="action_field"):
+        config(environment={"type": "openenv", "openenv": {"url": "http://h:1", "action_field": ""}})
+    good = config(environment={"type": "openenv", "openenv": {"url": "ws://h:1", "reset_fields": ["answer"]}})
+    assert good.environment.openenv.reset_fields == ["answer"]
+    monkeypatch.setitem(sys.modules, "openenv.core.generic_client", None)  # as if it were not installed
+    with pytest.raises(ValidationError, match=r"environment.type: openenv needs the openenv package "
+                                              r"\(pip install 'asyncrl\[openenv\]'\)"):
+        config(environment={"type": "openenv", "openenv": {"url": "http://h:1"}})

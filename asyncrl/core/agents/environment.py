@@ -36,6 +36,10 @@ class StepResult:
 class Session(ABC):
     """One episode's side of the environment."""
 
+    opening: list[dict] | tuple = ()
+    """Messages the environment shows after the prompt before the model's first turn (an OpenEnv reset
+    observation); empty: the prompt alone."""
+
     @abstractmethod
     def step(self, action: str) -> StepResult:
         """Answer the model's turn `action` (its text, special tokens kept)."""
@@ -66,10 +70,16 @@ def checked(result) -> StepResult:
         raise EnvironmentFault(f"step returned {type(result).__name__}, not a StepResult")
     if not isinstance(result.reward, (int, float)) or result.reward != result.reward or abs(result.reward) == float("inf"):
         raise EnvironmentFault(f"step returned reward {result.reward!r}, not a finite number")
-    if not isinstance(result.messages, list) or not all(
-            isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
-            for m in result.messages):
-        raise EnvironmentFault("step returned messages that are not a list of {role: str, content: str}")
+    checked_messages(result.messages, "step")
     if not result.done and not result.messages:
         raise EnvironmentFault("step returned no observation for an episode that is not done")
     return result
+
+
+def checked_messages(messages, where: str) -> list[dict]:
+    """`messages` if they are a list of {role: str, content: str}; EnvironmentFault saying `where` otherwise."""
+    if not isinstance(messages, (list, tuple)) or not all(
+            isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
+            for m in messages):
+        raise EnvironmentFault(f"{where} returned messages that are not a list of {{role: str, content: str}}")
+    return list(messages)

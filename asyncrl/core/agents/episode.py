@@ -29,6 +29,9 @@ class EpisodeResult(Generation):
     """Seconds its environment calls took."""
     tools: list = field(default_factory=list)
     """The `ToolOutcome`s of its steps."""
+    context: list[int] = field(default_factory=list)
+    """The prompt as the model saw it (the chat template's rendering, the environment's opening messages
+    included): the trajectory's prompt_token_ids."""
 
     @property
     def model_tokens(self) -> int:
@@ -103,4 +106,5 @@ class Episode:
             token_ids=self.token_ids, logp_behav=self.logp_behav, weight_version=self.weight_version,
             finished=reason == DONE, observation_starts=self.observation_starts,
             observation_ends=self.observation_ends, turn_ends=self.turn_ends, turn_rewards=rewards,
-            reward=sum(rewards), end_reason=reason, environment_s=self.environment_s, tools=self.tools)
+            reward=sum(rewards), end_reason=reason, environment_s=self.environment_s, tools=self.tools,
+            context=list(self.context))

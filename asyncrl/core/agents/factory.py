@@ -13,7 +13,7 @@ from asyncrl.core.sampling import SamplingParams
 
 def make_environment(cfg, reward_fn) -> Environment | None:
     """The `environment` section's environment (None for `type: none`); `reward_fn(text, metadata)` scores a
-    final answer."""
+    final answer (`tools`; an OpenEnv server scores its own episodes)."""
     if cfg.type == "none":
         return None
     if cfg.type == "tools":
@@ -21,6 +21,10 @@ def make_environment(cfg, reward_fn) -> Environment | None:
         from asyncrl.core.agents.tools import load_tools
 
         return ToolEnvironment(load_tools(cfg.tools), reward_fn)
+    if cfg.type == "openenv":
+        from asyncrl.core.agents.openenv_env import OpenEnvEnvironment
+
+        return OpenEnvEnvironment(cfg.openenv, cfg.step_timeout_s)
     raise ValueError(f"environment.type: unknown {cfg.type!r}")
 
 

@@ -11,17 +11,21 @@ def reference_episode(episodes, task, prompt) -> tuple[list[int], list[int], lis
     """(context ids, response ids, train mask: 1 on the model's tokens, 0 on the observations') of the task's
     target turns on `prompt` (`Task.target_turns`), each turn ended with EOS."""
     tokenizer, renderer = episodes.tokenizer, episodes.renderer()
-    episode = Episode(key=0, prompt=prompt, context=renderer.first_context(prompt),
-                      session=episodes.environment.start(prompt))
-    limit = 1 << 30
-    for text in task.target_turns(prompt):
-        ids = tokenizer.encode_text(text) + [tokenizer.eos_id]
-        episode.add_turn(Generation(token_ids=ids, logp_behav=[0.0] * len(ids), weight_version=[0] * len(ids),
-                                    finished=True), limit)
-        step = episode.session.step(text)
-        if step.done:
-            break
-        episode.add_observation(renderer.observation(step.messages), limit)
+    session = episodes.environment.start(prompt)
+    try:
+        episode = Episode(key=0, prompt=prompt, context=renderer.first_context(prompt, list(session.opening)),
+                          session=session)
+        limit = 1 << 30
+        for text in task.target_turns(prompt):
+            ids = tokenizer.encode_text(text) + [tokenizer.eos_id]
+            episode.add_turn(Generation(token_ids=ids, logp_behav=[0.0] * len(ids), weight_version=[0] * len(ids),
+                                        finished=True), limit)
+            step = session.step(text)
+            if step.done:
+                break
+            episode.add_observation(renderer.observation(step.messages), limit)
+    finally:
+        session.close()
     mask = [1.0] * len(episode.token_ids)
     for start, end in zip(episode.observation_starts, episode.observation_ends):
         mask[start:end] = [0.0] * (end - start)

@@ -35,12 +35,13 @@ class TurnRenderer:
             self._after_turn = base[ends[-1] + 1:]
             """What the template writes after the assistant's end-of-turn token (e.g. a newline)."""
 
-    def first_context(self, prompt: Prompt) -> list[int]:
-        """The prompt as the model sees it, with the tools' schemas where the chat template puts them."""
+    def first_context(self, prompt: Prompt, opening: list[dict] = ()) -> list[int]:
+        """The prompt as the model sees it, with the tools' schemas where the chat template puts them, and the
+        environment's `opening` messages after it."""
         if not self.chat:
-            return list(prompt.token_ids)
+            return list(prompt.token_ids) + self.tokenizer.encode_text("".join(m["content"] for m in opening))
         messages = prompt.text if isinstance(prompt.text, list) else [{"role": "user", "content": prompt.text}]
-        return self.tokenizer.render_chat(messages, self.tools, add_generation_prompt=True)
+        return self.tokenizer.render_chat([*messages, *opening], self.tools, add_generation_prompt=True)
 
     def observation(self, messages: list[dict]) -> list[int]:
         """Tokens from the end of a finished model turn (its end-of-turn token sampled) to the start of the next

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
-from asyncrl.core.agents.environment import Environment, checked
+from asyncrl.core.agents.environment import Environment, checked, checked_messages
 from asyncrl.core.agents.episode import (
     DONE,
     ENVIRONMENT_ERROR,
@@ -157,7 +157,13 @@ class EpisodeRunner:
 
     def _started(self, episode: Episode, session) -> None:
         episode.session = session
+        opening = checked_messages(session.opening, "start")
+        if opening:  # the environment's first observation follows the prompt, before the model's first turn
+            episode.context = self.renderer.first_context(episode.prompt, opening)
+            if len(episode.context) + self.params.max_new_tokens > self.limits.max_context:
+                return self._end(episode, MAX_TOKENS)
         self._ready.append(episode)
+        return None
 
     def _stepped(self, episode: Episode, result) -> None:
         result = checked(result)
