@@ -101,6 +101,8 @@ class LearnerFigures:
     truncated_fraction: float | None = None
     episode_turns_mean: float | None = None
     observation_tokens_mean: float | None = None
+    environment_share: float | None = None
+    tool_failure_fraction: float | None = None
 
 
 @dataclass(frozen=True)

@@ -144,6 +144,8 @@ def learner_summary(learner: dict) -> str:
                             ("truncated_fraction", "truncated", "{:.0%}"),
                             ("episode_turns_mean", "turns per episode", "{:.2f}"),
                             ("observation_tokens_mean", "environment tokens per episode", "{:.0f}"),
+                            ("environment_share", "episode time in the environment", "{:.0%}"),
+                            ("tool_failure_fraction", "tool calls failed", "{:.0%}"),
                             ("trajectories_per_s", "throughput", "{:.0f} trajectories/s")):
         if learner.get(key) is not None:
             parts.append(f"{label} <b>{fmt.format(learner[key])}</b>")

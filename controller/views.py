@@ -44,7 +44,9 @@ def learner_view(report: LearnerReport, now: float, batch_size: int, address: st
                     length_incorrect_mean=figures.length_incorrect_mean,
                     truncated_fraction=figures.truncated_fraction,
                     episode_turns_mean=figures.episode_turns_mean,
-                    observation_tokens_mean=figures.observation_tokens_mean)
+                    observation_tokens_mean=figures.observation_tokens_mean,
+                    environment_share=figures.environment_share,
+                    tool_failure_fraction=figures.tool_failure_fraction)
         if figures.step_seconds:
             view["trajectories_per_s"] = batch_size / figures.step_seconds
             if figures.total_steps > report.step:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import torch
@@ -49,6 +49,8 @@ class TrainBatch:
     turns: torch.Tensor | None = None
     """[N] long: model turns of each multi-turn episode (None: no trajectory of the batch is one)."""
     observation_tokens: torch.Tensor | None = None
+    episode_figures: dict = field(default_factory=dict)
+    """Multi-turn batches: where its episodes' time went and how their tool calls fared (`episode_figures`)."""
     """[N] long: tokens the environment wrote into each episode's response (out of the loss)."""
 
     def __len__(self) -> int:
@@ -218,7 +220,22 @@ def assemble(entries: list[BufferEntry], routing_shape: RoutingShape | None = No
         process_mask=None if process_mask is None else torch.from_numpy(process_mask),
         turns=turns,
         observation_tokens=observation_tokens,
+        episode_figures={} if turns is None else episode_figures([t for _, t in trajs]),
     )
+
+
+def episode_figures(trajectories: list) -> dict[str, float]:
+    """The episodes' share of time spent in environment calls, their mean wall seconds, tool calls per episode
+    and the share of those that failed (absent when none was made)."""
+    environment = sum(t.environment_seconds for t in trajectories)
+    wall = sum(t.episode_seconds for t in trajectories)
+    calls = sum(t.tool_calls for t in trajectories)
+    figures = {"episode/environment_share": environment / wall if wall > 0 else 0.0,
+               "episode/seconds_mean": wall / len(trajectories),
+               "episode/tool_calls_mean": calls / len(trajectories)}
+    if calls:
+        figures["episode/tool_failure_frac"] = sum(t.tool_failures for t in trajectories) / calls
+    return figures
 
 
 def trained_width(mask: torch.Tensor) -> int:

@@ -31,6 +31,10 @@ class LearnerProgress:
     """Multi-turn runs: the last batch's mean model turns per episode (None: single-turn)."""
     observation_tokens_mean: float | None = None
     """Multi-turn runs: the last batch's mean environment tokens per episode."""
+    environment_share: float | None = None
+    """Multi-turn runs: the last batch's share of episode time spent in environment calls."""
+    tool_failure_fraction: float | None = None
+    """Multi-turn runs: the share of the last batch's tool calls that failed (None: it made none)."""
 
     def take_figures(self, metrics: dict) -> None:
         """The figures of the step just trained (`Trainer.step`'s metrics)."""
@@ -42,3 +46,5 @@ class LearnerProgress:
         self.truncated_fraction = metrics.get("length/truncated_frac")
         self.episode_turns_mean = metrics.get("episode/turns_mean")
         self.observation_tokens_mean = metrics.get("episode/observation_tokens_mean")
+        self.environment_share = metrics.get("episode/environment_share")
+        self.tool_failure_fraction = metrics.get("episode/tool_failure_frac")

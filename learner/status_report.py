@@ -37,7 +37,7 @@ def heartbeat_request(progress, total_steps: int) -> controller_pb2.LearnerHeart
         if p.busy_fraction is not None:
             request.busy_fraction = p.busy_fraction
         for field in ("length_correct_mean", "length_incorrect_mean", "truncated_fraction", "episode_turns_mean",
-                      "observation_tokens_mean"):
+                      "observation_tokens_mean", "environment_share", "tool_failure_fraction"):
             if getattr(p, field) is not None:
                 setattr(request, field, getattr(p, field))
     if p.last_eval_accuracy >= 0:

@@ -248,6 +248,7 @@ class Trainer:
             metrics["episode/turns_mean"] = batch.turns.float().mean().item()
             metrics["episode/turns_max"] = int(batch.turns.max().item())
             metrics["episode/observation_tokens_mean"] = batch.observation_tokens.float().mean().item()
+        metrics.update(batch.episode_figures)
         metrics.update(staleness_stats(batch, version))
         return metrics
 

@@ -33,6 +33,10 @@ class RolloutMetrics:
             "groups_uniform": Counter("asyncrl_rollout_groups_uniform",
                                       "Groups not written because their rewards were all equal "
                                       "(sampling.drop_uniform_groups): their quota returned", _LABEL, registry=r),
+            "groups_unplayable": Counter("asyncrl_rollout_groups_unplayable",
+                                         "Groups not written because an episode of theirs ended before the "
+                                         "model's first turn (its environment failed at the start): their quota "
+                                         "returned", _LABEL, registry=r),
             "process_reward_seconds": Histogram("asyncrl_rollout_process_reward_seconds",
                                                 "Scoring one batch's process rewards (rollout.process_rewards)",
                                                 _LABEL, registry=r),

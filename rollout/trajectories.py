@@ -53,6 +53,8 @@ def build_group(
             traj.turn_ends.extend(gen.turn_ends)
             traj.turn_rewards.extend(gen.turn_rewards)
             traj.end_reason = gen.end_reason
+            traj.environment_seconds, traj.episode_seconds = gen.environment_s, max(gen.seconds, gen.environment_s)
+            traj.tool_calls, traj.tool_failures = len(gen.tools), sum(not tool.ok for tool in gen.tools)
         trajectories.append(traj)
     return trajectory_pb2.TrajectoryGroup(
         group_id=group_id,

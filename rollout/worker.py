@@ -152,8 +152,13 @@ class RolloutWorker:
                 raise  # no reward can be computed any more: the loop dies, the replica is restarted
             except Exception as err:  # noqa: BLE001 - logged; the lease is given up (it expires, its quota returns)
                 self._give_up(lease, err)
+        # Not written, not annotated, their leases complete with nothing written: a group with an episode that
+        # never reached the model's first turn (nothing of it to train; the group's advantages need all G),
+        # and, when they are dropped, groups with uniform rewards.
+        unplayable = [b for b in built if any(not g.token_ids for g in b[1])]
+        built = [b for b in built if all(g.token_ids for g in b[1])]
         uniform = []
-        if self.drop_uniform:  # not written, not annotated: their leases complete with nothing written
+        if self.drop_uniform:
             uniform = [b for b in built if is_uniform(b[3])]
             built = [b for b in built if not is_uniform(b[3])]
         if self.process_scorer is not None and built:
@@ -176,7 +181,8 @@ class RolloutWorker:
         except Exception as err:  # noqa: BLE001 - none known written: their quota goes back below
             log.error("writing %d groups failed: %s", len(valid), err)
             results = iter([err] * len(valid))
-        completions = [self._skip(*b) for b in uniform]
+        completions = [self._skip(*b) for b in uniform] + [self._skip(*b, reason="environment_error") for b in unplayable]
+        uniform += unplayable
         for lease, gens, group, rewards in prepared:
             outcome = next(results) if group is not None else None
             try:
@@ -208,12 +214,14 @@ class RolloutWorker:
         self.events.write(ProcessRewardsScored(groups=len(built), responses=done.responses, episodes=done.episodes,
                                                seconds=done.seconds, version=done.version))
 
-    def _skip(self, lease, gens, group, rewards) -> controller_pb2.LeaseCompletion:
-        """A group with uniform rewards, not written: recorded, counted, and its lease's completion with nothing
-        written (the quota returns)."""
+    def _skip(self, lease, gens, group, rewards, reason: str = "uniform") -> controller_pb2.LeaseCompletion:
+        """A group not written (uniform rewards, or `reason` "environment_error": an episode that never reached
+        the model's first turn): recorded, counted, and its lease's completion with nothing written (the quota
+        returns)."""
         self.events.write(GroupSkipped(group_id=group.group_id, lease_id=lease.lease_id,
-                                       prompt_index=lease.prompt_index, reward=rewards[0]))
-        self.metrics.groups_uniform.inc()
+                                       prompt_index=lease.prompt_index, reward=sum(rewards) / len(rewards),
+                                       reason=reason))
+        (self.metrics.groups_uniform if reason == "uniform" else self.metrics.groups_unplayable).inc()
         return controller_pb2.LeaseCompletion(lease_id=lease.lease_id, num_written=0,
                                               reward_mean=sum(rewards) / len(rewards))
 

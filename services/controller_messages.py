@@ -60,7 +60,8 @@ def learner_figures(request) -> LearnerFigures | None:
               "step_seconds": (0.0, MAX_TIMEOUT_S), "busy_fraction": (0.0, 1.0),
               "length_correct_mean": (0.0, MAX_COUNT), "length_incorrect_mean": (0.0, MAX_COUNT),
               "truncated_fraction": (0.0, 1.0), "episode_turns_mean": (0.0, MAX_COUNT),
-              "observation_tokens_mean": (0.0, MAX_COUNT)}
+              "observation_tokens_mean": (0.0, MAX_COUNT), "environment_share": (0.0, 1.0),
+              "tool_failure_fraction": (0.0, 1.0)}
     values = {}
     for field, (low, high) in bounds.items():
         if request.HasField(field):

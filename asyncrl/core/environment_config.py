@@ -57,9 +57,12 @@ class EnvironmentConfig(Section):
     (relative to the working directory), imported and checked at load. Each one's JSON schema (from its type
     hints and its docstring's Args section, as transformers' `get_json_schema` builds it) is handed to the chat
     template, and the model calls it by its name."""
-    tool_call_format: Literal["hermes"] = "hermes"
-    """How a model turn writes its tool calls: `hermes`: `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`
-    (Qwen2.5, Qwen3, Hermes and the chat templates that follow them)."""
+    tool_call_format: Literal["hermes", "mistral", "llama3_json"] = "hermes"
+    """How a model turn writes its tool calls, as its chat template teaches it: `hermes`:
+    `<tool_call>{"name": ..., "arguments": {...}}</tool_call>` (Qwen2.5, Qwen3, Hermes and the templates that
+    follow them); `mistral`: `[TOOL_CALLS][{"name": ..., "arguments": {...}}]` (Mistral); `llama3_json`: the turn
+    is `{"name": ..., "parameters": {...}}`, optionally after `<|python_tag|>`, several separated by `;`
+    (Llama 3.1 to 3.3)."""
     max_turns: int = Field(8, ge=1)
     """Model turns at most per episode; an episode still calling tools then ends (`max_turns`, reward 0)."""
     max_episode_tokens: int = Field(256, ge=1)

@@ -248,6 +248,10 @@ END_REASONS = ("", *EPISODE_ENDS)
 """A trajectory's `end_reason`: empty for a single-turn sample, else why its episode ended."""
 
 
+MAX_EPISODE_S = 1e6
+"""Seconds an episode's time figures may say (no episode outlives a lease by this much)."""
+
+
 def _episode_fields(t, response: int, name: str) -> None:
     """BadGroup unless a multi-turn episode's fields fit its response: observation spans ordered, disjoint,
     non-empty and after the first token; turn ends increasing and not inside an observation, the last at the
@@ -255,6 +259,13 @@ def _episode_fields(t, response: int, name: str) -> None:
     starts, ends, turns = list(t.observation_starts), list(t.observation_ends), list(t.turn_ends)
     if t.end_reason not in END_REASONS:
         raise BadGroup(f"trajectory {name!r}: end_reason {shown(t.end_reason)} is not one of {END_REASONS[1:]}")
+    times = (t.environment_seconds, t.episode_seconds)
+    if not all(math.isfinite(x) and 0.0 <= x <= MAX_EPISODE_S for x in times):
+        raise BadGroup(f"trajectory {name!r}: environment_seconds and episode_seconds must be in [0, {MAX_EPISODE_S:g}], "
+                       f"got {times[0]!r}, {times[1]!r}")
+    if not 0 <= t.tool_failures <= t.tool_calls:
+        raise BadGroup(f"trajectory {name!r}: tool_failures must be in [0, tool_calls = {t.tool_calls}], "
+                       f"got {t.tool_failures}")
     if not (starts or ends or turns or len(t.turn_rewards)):
         return
     if len(starts) != len(ends):

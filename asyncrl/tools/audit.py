@@ -50,6 +50,8 @@ class AuditReport:
     rejected: int = 0
     skipped_uniform: int = 0
     """Groups a replica did not write because their rewards were all equal (`sampling.drop_uniform_groups`)."""
+    skipped_unplayable: int = 0
+    """Groups a replica did not write because an episode of theirs ended before the model's first turn."""
     staleness_hist: dict = field(default_factory=dict)
     fell_back: list = field(default_factory=list)
     """Learner steps that start over (a step number not one past the last) without a `resumed` record: older
@@ -101,6 +103,8 @@ class AuditReport:
                 f"{self.left_in_buffer} left in buffer; {len(self.fell_back)} fall-backs, "
                 f"{len(self.stolen_leases)} stolen leases, {len(self.trained_beyond_eta)} trained beyond η"
                 + (f"; {self.skipped_uniform} groups with uniform rewards not written" if self.skipped_uniform else "")
+                + (f"; {self.skipped_unplayable} groups not written (an environment failed at an episode's start)"
+                   if self.skipped_unplayable else "")
                 + (f"; {self.prompts_dropped} stale groups dropped, {self.prompts_regenerated} of their prompts "
                    "generated again" if self.prompts_dropped else ""))
 
@@ -112,7 +116,8 @@ class AuditReport:
                 "trained_unwritten": self.trained_unwritten[:20],
                 "written_by_dead_replica": self.written_by_dead_replica[:20], "lost": self.lost[:20],
                 "left_in_buffer": self.left_in_buffer, "written_after_end": self.written_after_end,
-                "rejected": self.rejected, "skipped_uniform": self.skipped_uniform, "staleness_hist": self.staleness_hist, "fell_back": self.fell_back[:20],
+                "rejected": self.rejected, "skipped_uniform": self.skipped_uniform,
+                "skipped_unplayable": self.skipped_unplayable, "staleness_hist": self.staleness_hist, "fell_back": self.fell_back[:20],
                 "stolen_leases": self.stolen_leases[:20], "open_leases": self.open_leases,
                 "trained_beyond_eta": self.trained_beyond_eta[:20], "learner_deaths": self.learner_deaths,
                 "prompts_dropped": self.prompts_dropped, "prompts_regenerated": self.prompts_regenerated,
@@ -257,7 +262,9 @@ def audit_run(run_dir: str | Path) -> AuditReport:
     rollout_logs = [(path.stem, read_records(run_dir, path.stem))
                     for path in sorted(Path(run_dir, "events").glob("rollout-*.jsonl"))]
     rollouts = [(stem, ev) for stem, log in rollout_logs for ev in log if isinstance(ev, GroupWritten)]
-    report.skipped_uniform = sum(isinstance(ev, GroupSkipped) for _, log in rollout_logs for ev in log)
+    skipped = [ev for _, log in rollout_logs for ev in log if isinstance(ev, GroupSkipped)]
+    report.skipped_uniform = sum(ev.reason == "uniform" for ev in skipped)
+    report.skipped_unplayable = len(skipped) - report.skipped_uniform
     check_eta(report, controller)
     _check_versions(report, controller, learner, rollouts)
     check_leases(report, controller)

@@ -278,7 +278,7 @@ class CommitWeightPushResponse(_message.Message):
     def __init__(self, committed: _Optional[bool] = ..., current_version: _Optional[int] = ..., acked: _Optional[_Iterable[str]] = ..., dropped: _Optional[_Iterable[str]] = ..., next_push: _Optional[_Union[BeginWeightPushResponse, _Mapping]] = ...) -> None: ...
 
 class LearnerHeartbeatRequest(_message.Message):
-    __slots__ = ("step", "version", "consumed", "total_steps", "reward_mean", "eval_accuracy", "staleness_mean", "step_seconds", "busy_fraction", "learner_key", "length_correct_mean", "length_incorrect_mean", "truncated_fraction", "episode_turns_mean", "observation_tokens_mean")
+    __slots__ = ("step", "version", "consumed", "total_steps", "reward_mean", "eval_accuracy", "staleness_mean", "step_seconds", "busy_fraction", "learner_key", "length_correct_mean", "length_incorrect_mean", "truncated_fraction", "episode_turns_mean", "observation_tokens_mean", "environment_share", "tool_failure_fraction")
     STEP_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     CONSUMED_FIELD_NUMBER: _ClassVar[int]
@@ -294,6 +294,8 @@ class LearnerHeartbeatRequest(_message.Message):
     TRUNCATED_FRACTION_FIELD_NUMBER: _ClassVar[int]
     EPISODE_TURNS_MEAN_FIELD_NUMBER: _ClassVar[int]
     OBSERVATION_TOKENS_MEAN_FIELD_NUMBER: _ClassVar[int]
+    ENVIRONMENT_SHARE_FIELD_NUMBER: _ClassVar[int]
+    TOOL_FAILURE_FRACTION_FIELD_NUMBER: _ClassVar[int]
     step: int
     version: int
     consumed: int
@@ -309,7 +311,9 @@ class LearnerHeartbeatRequest(_message.Message):
     truncated_fraction: float
     episode_turns_mean: float
     observation_tokens_mean: float
-    def __init__(self, step: _Optional[int] = ..., version: _Optional[int] = ..., consumed: _Optional[int] = ..., total_steps: _Optional[int] = ..., reward_mean: _Optional[float] = ..., eval_accuracy: _Optional[float] = ..., staleness_mean: _Optional[float] = ..., step_seconds: _Optional[float] = ..., busy_fraction: _Optional[float] = ..., learner_key: _Optional[bytes] = ..., length_correct_mean: _Optional[float] = ..., length_incorrect_mean: _Optional[float] = ..., truncated_fraction: _Optional[float] = ..., episode_turns_mean: _Optional[float] = ..., observation_tokens_mean: _Optional[float] = ...) -> None: ...
+    environment_share: float
+    tool_failure_fraction: float
+    def __init__(self, step: _Optional[int] = ..., version: _Optional[int] = ..., consumed: _Optional[int] = ..., total_steps: _Optional[int] = ..., reward_mean: _Optional[float] = ..., eval_accuracy: _Optional[float] = ..., staleness_mean: _Optional[float] = ..., step_seconds: _Optional[float] = ..., busy_fraction: _Optional[float] = ..., learner_key: _Optional[bytes] = ..., length_correct_mean: _Optional[float] = ..., length_incorrect_mean: _Optional[float] = ..., truncated_fraction: _Optional[float] = ..., episode_turns_mean: _Optional[float] = ..., observation_tokens_mean: _Optional[float] = ..., environment_share: _Optional[float] = ..., tool_failure_fraction: _Optional[float] = ...) -> None: ...
 
 class LearnerHeartbeatResponse(_message.Message):
     __slots__ = ("sync_requested", "current_version")

@@ -21,7 +21,7 @@ class RoutedExperts(_message.Message):
     def __init__(self, num_tokens: _Optional[int] = ..., num_layers: _Optional[int] = ..., top_k: _Optional[int] = ..., expert_ids: _Optional[bytes] = ..., num_experts: _Optional[int] = ...) -> None: ...
 
 class Trajectory(_message.Message):
-    __slots__ = ("trajectory_id", "group_id", "prompt_token_ids", "response_token_ids", "logp_behav", "weight_version", "reward", "finished", "routed_experts", "logp_teacher", "process_positions", "process_rewards", "process_version", "observation_starts", "observation_ends", "turn_ends", "turn_rewards", "end_reason")
+    __slots__ = ("trajectory_id", "group_id", "prompt_token_ids", "response_token_ids", "logp_behav", "weight_version", "reward", "finished", "routed_experts", "logp_teacher", "process_positions", "process_rewards", "process_version", "observation_starts", "observation_ends", "turn_ends", "turn_rewards", "end_reason", "environment_seconds", "episode_seconds", "tool_calls", "tool_failures")
     TRAJECTORY_ID_FIELD_NUMBER: _ClassVar[int]
     GROUP_ID_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
@@ -40,6 +40,10 @@ class Trajectory(_message.Message):
     TURN_ENDS_FIELD_NUMBER: _ClassVar[int]
     TURN_REWARDS_FIELD_NUMBER: _ClassVar[int]
     END_REASON_FIELD_NUMBER: _ClassVar[int]
+    ENVIRONMENT_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    EPISODE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    TOOL_CALLS_FIELD_NUMBER: _ClassVar[int]
+    TOOL_FAILURES_FIELD_NUMBER: _ClassVar[int]
     trajectory_id: str
     group_id: str
     prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
@@ -58,7 +62,11 @@ class Trajectory(_message.Message):
     turn_ends: _containers.RepeatedScalarFieldContainer[int]
     turn_rewards: _containers.RepeatedScalarFieldContainer[float]
     end_reason: str
-    def __init__(self, trajectory_id: _Optional[str] = ..., group_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., response_token_ids: _Optional[_Iterable[int]] = ..., logp_behav: _Optional[_Iterable[float]] = ..., weight_version: _Optional[_Iterable[int]] = ..., reward: _Optional[float] = ..., finished: _Optional[bool] = ..., routed_experts: _Optional[_Union[RoutedExperts, _Mapping]] = ..., logp_teacher: _Optional[_Iterable[float]] = ..., process_positions: _Optional[_Iterable[int]] = ..., process_rewards: _Optional[_Iterable[float]] = ..., process_version: _Optional[int] = ..., observation_starts: _Optional[_Iterable[int]] = ..., observation_ends: _Optional[_Iterable[int]] = ..., turn_ends: _Optional[_Iterable[int]] = ..., turn_rewards: _Optional[_Iterable[float]] = ..., end_reason: _Optional[str] = ...) -> None: ...
+    environment_seconds: float
+    episode_seconds: float
+    tool_calls: int
+    tool_failures: int
+    def __init__(self, trajectory_id: _Optional[str] = ..., group_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., response_token_ids: _Optional[_Iterable[int]] = ..., logp_behav: _Optional[_Iterable[float]] = ..., weight_version: _Optional[_Iterable[int]] = ..., reward: _Optional[float] = ..., finished: _Optional[bool] = ..., routed_experts: _Optional[_Union[RoutedExperts, _Mapping]] = ..., logp_teacher: _Optional[_Iterable[float]] = ..., process_positions: _Optional[_Iterable[int]] = ..., process_rewards: _Optional[_Iterable[float]] = ..., process_version: _Optional[int] = ..., observation_starts: _Optional[_Iterable[int]] = ..., observation_ends: _Optional[_Iterable[int]] = ..., turn_ends: _Optional[_Iterable[int]] = ..., turn_rewards: _Optional[_Iterable[float]] = ..., end_reason: _Optional[str] = ..., environment_seconds: _Optional[float] = ..., episode_seconds: _Optional[float] = ..., tool_calls: _Optional[int] = ..., tool_failures: _Optional[int] = ...) -> None: ...
 
 class TrajectoryGroup(_message.Message):
     __slots__ = ("group_id", "prompt_index", "replica_id", "lease_id", "trajectories", "metadata", "created_unix_s", "sample_index")

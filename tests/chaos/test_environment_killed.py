@@ -1,7 +1,9 @@
-"""The agent demo whose tool calls an environment server process (tests/env_server.py): the server is killed
-with SIGKILL mid-run and started again a few seconds later. Meanwhile every tool call fails and the model reads
-the error; no replica wedges or dies of it, the learner keeps training, and the run completes with a clean
-audit (admission and consumption staleness)."""
+"""The agent demo whose environment is a server process, killed with SIGKILL mid-run and started again a few
+seconds later: a tool server the `add` tool calls (tests/env_server.py; every call fails meanwhile and the model
+reads the error), and the same tool served as an OpenEnv environment (examples/agent/openenv_calculator.py;
+the episodes it held end as environment errors, new ones fail at their start and their groups are not
+written, their quota back). No replica wedges or dies of it, the learner keeps training, and the run
+completes with a clean audit (admission and consumption staleness)."""
 
 from __future__ import annotations
 
@@ -23,24 +25,44 @@ pytestmark = pytest.mark.chaos
 STEPS, KILL_AT, DOWN_S = 40, 12, 6.0
 
 
-def start_server(port: int) -> subprocess.Popen:
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_tool_server(port: int, _log) -> subprocess.Popen:
     proc = subprocess.Popen([sys.executable, str(REPO / "tests" / "env_server.py"), str(port)], stdout=subprocess.PIPE,
                             text=True)
     assert proc.stdout.readline().strip() == "ready"
     return proc
 
 
-def test_an_environment_server_killed_mid_run(tmp_path, monkeypatch):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    monkeypatch.setenv("ASYNCRL_TEST_ENV_URL", f"http://127.0.0.1:{port}")  # the replicas inherit it
+def start_openenv_server(port: int, log) -> subprocess.Popen:
+    proc = subprocess.Popen([sys.executable, str(REPO / "examples" / "agent" / "openenv_calculator.py"),
+                             "--port", str(port)], stdout=log, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+            return proc
+        except OSError:
+            assert time.monotonic() < deadline, "the OpenEnv server did not start"
+            time.sleep(0.1)
+
+
+def kill_the_server_mid_run(tmp_path, start_server, overrides: list[str]) -> dict:
+    """Run the agent demo with `overrides` against the server `start_server(port, log)` starts; SIGKILL it at
+    step KILL_AT and start it again DOWN_S later. Returns the run's audit, after the checks every backend
+    shares."""
+    port = free_port()
     run_dir = tmp_path / "run"
     args = ["--config", str(REPO / "examples/tool-agent.yaml")]
     for override in (f"run_dir={run_dir}", f"learner.total_steps={STEPS}", "learner.eval_every=0",
-                     f"environment.tools=[{REPO}/tests/env_tools.py:add]"):
+                     *[o.format(port=port, tmp=tmp_path) for o in overrides]):
         args += ["--set", override]
-    server = start_server(port)
+    log = (tmp_path / "server.log").open("w")
+    server = start_server(port, log)
     try:
         with running_up(*args) as proc:
             wait_for(lambda: steps_done(run_dir) >= KILL_AT, 600, f"{KILL_AT} steps", run_dir=run_dir)
@@ -48,17 +70,35 @@ def test_an_environment_server_killed_mid_run(tmp_path, monkeypatch):
             server.wait()
             killed_at = steps_done(run_dir)
             time.sleep(DOWN_S)
-            server = start_server(port)
+            server = start_server(port, log)
             out, _ = proc.communicate(timeout=900)
     finally:
         server.kill()
+        log.close()
     assert proc.returncode == 0 and "[up] audit OK" in out, out[-3000:]
-    summary = json.loads((run_dir / "summary.json").read_text())
-    audit = summary["audit"]
+    audit = json.loads((run_dir / "summary.json").read_text())["audit"]
     assert audit["lost"] == [] and audit["trained_beyond_eta"] == [] and audit["eta_violations"] == []
     trained = [e for e in read_events(run_dir, "learner") if e["kind"] == "step"]
     assert [e["version"] for e in trained] == list(range(1, STEPS + 1))
     assert steps_done(run_dir) > killed_at  # it trained on while the server was down and after
     # No replica died of it: every replica's log has one start.
-    for log in (run_dir / "logs").glob("rollout-*.log"):
-        assert "rollout loop died" not in log.read_text(errors="replace"), log.name
+    for replica_log in (run_dir / "logs").glob("rollout-*.log"):
+        assert "rollout loop died" not in replica_log.read_text(errors="replace"), replica_log.name
+    return audit
+
+
+def test_a_tool_server_killed_mid_run(tmp_path, monkeypatch):
+    port = free_port()
+    monkeypatch.setenv("ASYNCRL_TEST_ENV_URL", f"http://127.0.0.1:{port}")  # the replicas inherit it
+    kill_the_server_mid_run(tmp_path, lambda _port, log: start_tool_server(port, log),
+                            [f"environment.tools=[{REPO}/tests/env_tools.py:add]"])
+
+
+def test_an_openenv_server_killed_mid_run(tmp_path):
+    """(A short warm start of its own model: the run's learning is not what this checks.)"""
+    audit = kill_the_server_mid_run(tmp_path, start_openenv_server, [
+        "environment.type=openenv", "environment.openenv.url=http://127.0.0.1:{port}",
+        "environment.openenv.observation_field=text", "environment.openenv.observation_role=tool",
+        "environment.openenv.reset_fields=[answer]", "model.path={tmp}/policy", "tiny_model.warmstart_steps=100",
+    ])
+    assert audit["skipped_unplayable"] > 0, audit  # episodes that could not start: their groups not written

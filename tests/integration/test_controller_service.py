@@ -271,6 +271,8 @@ INVALID = [
     ("LearnerHeartbeat", pb.LearnerHeartbeatRequest(step=-1), "step: must be in [0, 9007199254740992], got -1"),
     ("LearnerHeartbeat", pb.LearnerHeartbeatRequest(consumed=-5), "consumed: must be in [0, 9007199254740992], got -5"),
     ("LearnerHeartbeat", pb.LearnerHeartbeatRequest(step=1, busy_fraction=1.5), "busy_fraction: must be in [0.0, 1.0], got 1.5"),
+    ("LearnerHeartbeat", pb.LearnerHeartbeatRequest(step=1, environment_share=2.0), "environment_share: must be in [0.0, 1.0]"),
+    ("LearnerHeartbeat", pb.LearnerHeartbeatRequest(step=1, tool_failure_fraction=-0.1), "tool_failure_fraction: must be in"),
     ("LearnerHeartbeat", pb.LearnerHeartbeatRequest(step=1, truncated_fraction=-0.5), "truncated_fraction: must be in [0.0, 1.0], got -0.5"),
     ("LearnerHeartbeat", pb.LearnerHeartbeatRequest(step=1, length_correct_mean=float("nan")), "length_correct_mean: must be"),
 ]  # fmt: skip

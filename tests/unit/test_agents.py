@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from asyncrl.core.agents.environment import Environment, Session, StepResult
+from asyncrl.core.agents.environment import Environment, Session, StepResult, ToolOutcome
 from asyncrl.core.agents.episode import (
     DONE,
     ENVIRONMENT_ERROR,
@@ -53,13 +53,44 @@ CALL = '<tool_call>{"name":"add","arguments":{"a":%d,"b":%d}}</tool_call>'
     ('<tool_call>{"name":"add"', ["not closed"]),
 ])
 def test_tool_calls_are_parsed_and_malformed_ones_carry_their_error(text, calls):
-    got = parse_tool_calls(text)
-    assert len(got) == len(calls)
+    check_calls(parse_tool_calls(text), calls)
+
+
+def check_calls(got, calls):
+    assert len(got) == len(calls), got
     for call, want in zip(got, calls):
         if isinstance(want, str):
             assert want in call.error
         else:
             assert call == want
+
+
+@pytest.mark.parametrize("call_format, text, calls", [
+    ("mistral", "46", []),
+    ("mistral", '[TOOL_CALLS][{"name": "add", "arguments": {"a": 1, "b": 2}}]', [ToolCall("add", {"a": 1, "b": 2})]),
+    ("mistral", '[TOOL_CALLS] [{"name":"a","arguments":{}}, {"name":"b","arguments":"{\\"x\\": 1}"}]',
+     [ToolCall("a", {}), ToolCall("b", {"x": 1})]),
+    ("mistral", "[TOOL_CALLS]{not json", ["not JSON"]),
+    ("mistral", "[TOOL_CALLS][]", ["non-empty JSON array"]),
+    ("mistral", '[TOOL_CALLS][{"arguments": {}}]', ['string "name"']),
+    ("llama3_json", "The sum is 46.", []),
+    ("llama3_json", '{"name": "add", "parameters": {"a": 1, "b": 2}}', [ToolCall("add", {"a": 1, "b": 2})]),
+    ("llama3_json", '<|python_tag|>{"name": "a", "parameters": {}}; {"name": "b", "parameters": {"y": 2}}',
+     [ToolCall("a", {}), ToolCall("b", {"y": 2})]),
+    ("llama3_json", '{"name": "add", "parameters": [1]}', ['"parameters" must be a JSON object']),
+    ("llama3_json", '{"name": "add", "parameters": {"a": 1}', ["not JSON"]),
+    ("llama3_json", '{"name": "a", "parameters": {}}; oops', [ToolCall("a", {}), "not JSON"]),
+])
+def test_the_mistral_and_llama3_json_formats_parse_as_their_templates_write_them(call_format, text, calls):
+    check_calls(parse_tool_calls(text, call_format), calls)
+
+
+def test_the_tool_environment_reads_the_configured_format():
+    env = ToolEnvironment(load_tools([ADD]), exact, call_format="llama3_json")
+    session = env.start(Prompt(text="1+2=", token_ids=[1], metadata={"answer": "3"}))
+    step = session.step('{"name": "add", "parameters": {"a": 1, "b": 2}}')
+    assert step.messages == [{"role": "tool", "content": "3"}] and not step.done
+    assert session.step("3").reward == 1.0
 
 
 def test_tools_load_with_their_schema_and_bad_ones_are_named(tmp_path):
@@ -144,6 +175,31 @@ def test_the_learner_trains_only_the_model_tokens_of_an_episode():
     assert staleness_stats(batch, version=2)["staleness/max"] == 1
 
 
+def test_where_a_batchs_episode_time_went_and_how_its_tool_calls_fared():
+    """Hand-computed: 3 s of environment calls in 10 s of episodes and 1 s in 2 s -> 4/12 of the time; 12 s
+    over 2 episodes; 3 calls, 1 failed; the trajectory carries each episode's own figures."""
+    a = Episode(key=0, prompt=None, context=[1, 2], session=None)
+    a.add_turn(gen([10, 11, 2], version=1), 100)
+    a.add_observation([20, 21], 100)
+    a.add_turn(gen([12, 2], version=1), 100)
+    a.tools.extend([ToolOutcome("add", True), ToolOutcome("add", False)])
+    a.environment_s = 3.0
+    b = Episode(key=1, prompt=None, context=[1, 2], session=None)
+    b.add_turn(gen([13, 2], version=1), 100)
+    b.tools.append(ToolOutcome("add", True))
+    b.environment_s = 1.0
+    ra, rb = a.result(DONE), b.result(DONE)
+    ra.seconds, rb.seconds = 10.0, 2.0
+    group = written([ra, rb])
+    t = group.trajectories[0]
+    assert (t.environment_seconds, t.episode_seconds, t.tool_calls, t.tool_failures) == (3.0, 10.0, 2, 1)
+    from asyncrl.core.buffer import BufferEntry
+
+    figures = assemble([BufferEntry(entry_id="1-0", group=group)]).episode_figures
+    assert figures == pytest.approx({"episode/environment_share": 4 / 12, "episode/seconds_mean": 6.0,
+                                     "episode/tool_calls_mean": 1.5, "episode/tool_failure_frac": 1 / 3})
+
+
 @pytest.mark.parametrize("field, value, message", [
     ("observation_starts", [0], "observation spans"),
     ("observation_ends", [9], "observation spans"),
@@ -152,6 +208,9 @@ def test_the_learner_trains_only_the_model_tokens_of_an_episode():
     ("turn_rewards", [0.5], "one finite value per turn"),
     ("turn_rewards", [0.5, 0.0], "sum to 0.5"),
     ("end_reason", "bored", "end_reason"),
+    ("environment_seconds", -1.0, "environment_seconds and episode_seconds must be in"),
+    ("episode_seconds", float("nan"), "environment_seconds and episode_seconds must be in"),
+    ("tool_failures", 3, r"tool_failures must be in \[0, tool_calls = 0\]"),
 ])
 def test_malformed_episode_fields_are_refused_naming_the_field(field, value, message):
     a = Episode(key=0, prompt=None, context=[1, 2], session=None)
@@ -162,8 +221,8 @@ def test_malformed_episode_fields_are_refused_naming_the_field(field, value, mes
     a.reward_turn(1.0)
     group = written([a.result(DONE)])
     t = group.trajectories[0]
-    if isinstance(value, str):
-        t.end_reason = value
+    if isinstance(value, (str, int, float)):
+        setattr(t, field, value)
     else:
         getattr(t, field)[:] = value
     with pytest.raises(BadGroup, match=message):

@@ -84,3 +84,15 @@ def test_the_page_shows_the_length_dynamics_of_the_last_batch():
     assert "truncated <b>25%</b>" in page
     assert "length of correct responses (tokens) by step: 12" in page
     assert "share cut at max_new_tokens by step: 0.25" in page
+
+
+def test_the_page_shows_where_the_episodes_time_went_and_the_tool_calls_that_failed():
+    from asyncrl.controller.results import LearnerFigures
+
+    state, _, _, _ = make_state()
+    state.learner_heartbeat(1, 1, 8, LearnerFigures(total_steps=10, reward_mean=0.5, episode_turns_mean=2.5,
+                                                     observation_tokens_mean=12.0, environment_share=0.625,
+                                                     tool_failure_fraction=0.1))
+    page = render_html(state.snapshot())
+    assert "turns per episode <b>2.50</b>" in page and "environment tokens per episode <b>12</b>" in page
+    assert "episode time in the environment <b>62%</b>" in page and "tool calls failed <b>10%</b>" in page

@@ -27,6 +27,8 @@ class EpisodeResult(Generation):
     end_reason: str = DONE
     environment_s: float = 0.0
     """Seconds its environment calls took."""
+    seconds: float = 0.0
+    """Wall seconds from its start to its end."""
     tools: list = field(default_factory=list)
     """The `ToolOutcome`s of its steps."""
     context: list[int] = field(default_factory=list)
@@ -107,4 +109,5 @@ class Episode:
             finished=reason == DONE, observation_starts=self.observation_starts,
             observation_ends=self.observation_ends, turn_ends=self.turn_ends, turn_rewards=rewards,
             reward=sum(rewards), end_reason=reason, environment_s=self.environment_s, tools=self.tools,
+            seconds=time.monotonic() - self.started,
             context=list(self.context))

@@ -20,7 +20,7 @@ def make_environment(cfg, reward_fn) -> Environment | None:
         from asyncrl.core.agents.tool_env import ToolEnvironment
         from asyncrl.core.agents.tools import load_tools
 
-        return ToolEnvironment(load_tools(cfg.tools), reward_fn)
+        return ToolEnvironment(load_tools(cfg.tools), reward_fn, cfg.tool_call_format)
     if cfg.type == "openenv":
         from asyncrl.core.agents.openenv_env import OpenEnvEnvironment
 

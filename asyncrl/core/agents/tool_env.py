@@ -21,22 +21,25 @@ MAX_RESULT_CHARS = 4096
 
 
 class ToolEnvironment(Environment):
-    def __init__(self, tools: dict[str, Tool], reward_fn):
-        """`reward_fn(final_answer_text, metadata) -> float`: the run's reward."""
+    def __init__(self, tools: dict[str, Tool], reward_fn, call_format: str = "hermes"):
+        """`reward_fn(final_answer_text, metadata) -> float`: the run's reward; `call_format`: how the model writes
+        its calls (`environment.tool_call_format`)."""
         self._tools = tools
         self.tools = [tool.schema for tool in tools.values()]
         self._reward_fn = reward_fn
+        self._call_format = call_format
 
     def start(self, prompt: Prompt) -> Session:
-        return ToolSession(self._tools, self._reward_fn, prompt.metadata)
+        return ToolSession(self._tools, self._reward_fn, prompt.metadata, self._call_format)
 
 
 class ToolSession(Session):
-    def __init__(self, tools: dict[str, Tool], reward_fn, metadata: dict):
+    def __init__(self, tools: dict[str, Tool], reward_fn, metadata: dict, call_format: str = "hermes"):
         self._tools, self._reward_fn, self._metadata = tools, reward_fn, metadata
+        self._call_format = call_format
 
     def step(self, action: str) -> StepResult:
-        calls = parse_tool_calls(action)
+        calls = parse_tool_calls(action, self._call_format)
         if not calls:
             reward = float(self._reward_fn(action, self._metadata))
             if not math.isfinite(reward):

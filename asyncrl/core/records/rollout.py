@@ -30,15 +30,18 @@ class GroupWritten(Record):
 
 @dataclass(frozen=True, kw_only=True)
 class GroupSkipped(Record):
-    """A group not written because its rewards were all equal (`sampling.drop_uniform_groups`): its lease
-    completed with nothing written, its quota returned."""
+    """A group not written: its rewards were all equal (`sampling.drop_uniform_groups`), or one of its episodes
+    never reached the model's first turn (its environment failed at the start). Its lease completed with
+    nothing written, its quota returned."""
 
     KIND = "group_skipped"
     group_id: str
     lease_id: str
     prompt_index: int
     reward: float
-    """The one reward every sample got."""
+    """The mean reward of its samples (with uniform rewards, the one every sample got)."""
+    reason: str = "uniform"
+    """"uniform", or "environment_error" (an episode that ended before the model acted: nothing to train)."""
 
 
 @dataclass(frozen=True, kw_only=True)
