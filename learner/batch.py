@@ -225,14 +225,18 @@ def assemble(entries: list[BufferEntry], routing_shape: RoutingShape | None = No
 
 
 def episode_figures(trajectories: list) -> dict[str, float]:
-    """The episodes' share of time spent in environment calls, their mean wall seconds, tool calls per episode
-    and the share of those that failed (absent when none was made)."""
+    """The episodes' share of time spent in environment calls, their mean wall seconds, their length
+    distribution (response tokens, the observations' included: median, 90th percentile, longest), tool calls per
+    episode and the share of those that failed (absent when none was made)."""
+    lengths = np.array([len(t.response_token_ids) for t in trajectories], dtype=np.float64)
     environment = sum(t.environment_seconds for t in trajectories)
     wall = sum(t.episode_seconds for t in trajectories)
     calls = sum(t.tool_calls for t in trajectories)
     figures = {"episode/environment_share": environment / wall if wall > 0 else 0.0,
                "episode/seconds_mean": wall / len(trajectories),
-               "episode/tool_calls_mean": calls / len(trajectories)}
+               "episode/tool_calls_mean": calls / len(trajectories),
+               "episode/tokens_p50": float(np.percentile(lengths, 50)),
+               "episode/tokens_p90": float(np.percentile(lengths, 90)), "episode/tokens_max": float(lengths.max())}
     if calls:
         figures["episode/tool_failure_frac"] = sum(t.tool_failures for t in trajectories) / calls
     return figures

@@ -177,7 +177,8 @@ def test_the_learner_trains_only_the_model_tokens_of_an_episode():
 
 def test_where_a_batchs_episode_time_went_and_how_its_tool_calls_fared():
     """Hand-computed: 3 s of environment calls in 10 s of episodes and 1 s in 2 s -> 4/12 of the time; 12 s
-    over 2 episodes; 3 calls, 1 failed; the trajectory carries each episode's own figures."""
+    over 2 episodes; 3 calls, 1 failed; episodes of 7 and 2 tokens; the trajectory carries each episode's own
+    figures."""
     a = Episode(key=0, prompt=None, context=[1, 2], session=None)
     a.add_turn(gen([10, 11, 2], version=1), 100)
     a.add_observation([20, 21], 100)
@@ -197,7 +198,9 @@ def test_where_a_batchs_episode_time_went_and_how_its_tool_calls_fared():
 
     figures = assemble([BufferEntry(entry_id="1-0", group=group)]).episode_figures
     assert figures == pytest.approx({"episode/environment_share": 4 / 12, "episode/seconds_mean": 6.0,
-                                     "episode/tool_calls_mean": 1.5, "episode/tool_failure_frac": 1 / 3})
+                                     "episode/tool_calls_mean": 1.5, "episode/tool_failure_frac": 1 / 3,
+                                     # 7 and 2 response tokens: linear interpolation between them
+                                     "episode/tokens_p50": 4.5, "episode/tokens_p90": 6.5, "episode/tokens_max": 7.0})
 
 
 @pytest.mark.parametrize("field, value, message", [
