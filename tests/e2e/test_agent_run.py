@@ -6,16 +6,11 @@ loss) and carry weight pushes that land between an episode's turns."""
 from __future__ import annotations
 
 import importlib.util
-import socket
-import subprocess
-import sys
-import time
 
 import pytest
 
 from asyncrl.core.events import read_events
 from tests.e2e.test_system import REPO, asyncrl_up, no_process_left
-from tests.integration.test_openenv_environment import free_port
 
 pytestmark = pytest.mark.e2e
 
@@ -44,44 +39,6 @@ def test_the_agent_demo_learns_to_use_its_tool(tmp_path):
     check_agent_run(run_dir, summary, steps=60)
     evals = [ev["accuracy"] for ev in read_events(run_dir, "learner") if ev["kind"] == "eval"]
     assert max(evals[1:]) >= evals[0] + 0.10, evals
-
-
-def test_the_agent_demo_trains_against_an_openenv_server(tmp_path):
-    """The same demo with its tool served by an OpenEnv server process (examples/agent/openenv_calculator.py,
-    `environment.type: openenv`): the warm start's reference episodes and every training and evaluation
-    episode go through OpenEnv's client; the run trains multi-turn episodes and audits clean. (A short warm
-    start keeps the tier's time, too short to solve many sums: the learning itself is measured in
-    docs/agents.md, the server's rewards reaching the episodes in tests/integration/test_openenv_environment.py.)"""
-    port = free_port()
-    log = (tmp_path / "openenv-server.log").open("w")  # a file: a pipe nobody reads would stall the server
-    server = subprocess.Popen([sys.executable, str(REPO / "examples" / "agent" / "openenv_calculator.py"),
-                               "--port", str(port)], stdout=log, stderr=subprocess.STDOUT)
-    try:
-        _wait_listening(port)
-        run_dir = tmp_path / "run"
-        summary = asyncrl_up(
-            run_dir, "environment.type=openenv", f"environment.openenv.url=http://127.0.0.1:{port}",
-            "environment.openenv.observation_field=text", "environment.openenv.observation_role=tool",
-            "environment.openenv.reset_fields=[answer]", f"model.path={tmp_path / 'policy'}",
-            "tiny_model.warmstart_steps=100", "learner.total_steps=12", "learner.eval_every=6", timeout_s=900,
-            config=AGENT_CONFIG)
-        check_agent_run(run_dir, summary, steps=12, spans_versions=False)  # the tool results: the server's
-    finally:
-        server.kill()
-        server.wait()
-        log.close()
-
-
-def _wait_listening(port: int, timeout_s: float = 30.0) -> None:
-    """Wait until something listens on `port` (the server's start-up)."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-            return
-        except OSError:
-            time.sleep(0.1)
-    raise AssertionError(f"the OpenEnv server did not listen on port {port} within {timeout_s} s")
 
 
 @pytest.mark.vllm
