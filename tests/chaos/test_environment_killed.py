@@ -18,6 +18,7 @@ import time
 import pytest
 
 from asyncrl.core.events import read_events
+from asyncrl.tools.processes import free_port
 from tests.run_helpers import REPO, running_up, steps_done, wait_for
 
 pytestmark = pytest.mark.chaos
@@ -26,11 +27,6 @@ STEPS, KILL_AT, DOWN_S = 40, 12, 6.0
 OPENENV_MODEL = REPO / "artifacts" / "tool-agent-openenv-test" / "policy"
 """A short warm start (100 steps) of the demo's model against an OpenEnv server, built once (its stamp keeps it)."""
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def start_tool_server(port: int, _log) -> subprocess.Popen:

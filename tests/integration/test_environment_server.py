@@ -5,7 +5,6 @@ server is started again the calls succeed."""
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -16,15 +15,11 @@ from asyncrl.core.agents.episode import DONE, TIMEOUT
 from asyncrl.core.agents.tool_env import ToolEnvironment
 from asyncrl.core.agents.tools import load_tools
 from asyncrl.core.tokenizer import ModelTokenizer
+from asyncrl.tools.processes import free_port
 from tests.unit.test_agents import CALL, Scripted, exact, runner_for, sums
 
 ROOT = Path(__file__).resolve().parents[2]
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture

@@ -7,7 +7,6 @@ episodes it held and refuses new ones (nothing wedges) until it is started again
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -18,15 +17,11 @@ from asyncrl.core.agents.episode import DONE, ENVIRONMENT_ERROR, TIMEOUT
 from asyncrl.core.agents.openenv_env import OpenEnvEnvironment
 from asyncrl.core.environment_config import OpenEnvConfig
 from asyncrl.core.tokenizer import ModelTokenizer
+from asyncrl.tools.processes import free_port
 from tests.unit.test_agents import CALL, Scripted, runner_for, sums
 
 ROOT = Path(__file__).resolve().parents[2]
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture
