@@ -316,7 +316,7 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
         """Held on the loop (no thread) until no lease at or below `version` is active, or `wait_s` is up."""
         try:
             self.state.seating.check_learner(request.learner_key)
-            check_range(request.version, 0, self.state.current_version, "version")
+            self._require_version(request.version, "version")  # the learner's own: its push may be in flight
             check_range(request.wait_s, 0.0, MAX_TIMEOUT_S, "wait_s")
             deadline = time.monotonic() + self.state.admission.hold_limit(request.wait_s)
             while True:

