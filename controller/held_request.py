@@ -1,4 +1,5 @@
-"""A lease request held until it is admissible, without a thread: a coroutine on the gRPC server's loop.
+"""Requests held without a thread, as coroutines on the gRPC server's loop: a lease request held until it is
+admissible (`hold`), and the learner's wait for old leases to end (`await_lease_ends`).
 
 A request the η rule (or the replica's missing weights) forbids waits, at most min(wait_s,
 `controller.max_hold_s`), and looks again whenever the state says a held request may have become admissible
@@ -49,3 +50,16 @@ async def hold(admission: Admission, wakeup: Wakeup, wait_s: float, look: Look,
         if held:
             admission.holding(-1)
         admission.answered(started)
+
+
+async def await_lease_ends(admission: Admission, lease_ends: Wakeup, version: int, wait_s: float,
+                           stopping: Callable[[], bool] = lambda: False) -> tuple[int, int]:
+    """`Controller.AwaitLeases`: until no lease granted at `version` or below is active, or the hold is up
+    (min(wait_s, controller.max_hold_s)), looking again whenever a lease ends (`lease_ends`, woken by
+    `Admission.add_end_waker`) or every HOLD_POLL_S. Returns (leases still active, the oldest one's version)."""
+    deadline = time.monotonic() + admission.hold_limit(wait_s)
+    while True:
+        outstanding, oldest = admission.outstanding(version)
+        if outstanding == 0 or time.monotonic() >= deadline or stopping():
+            return outstanding, oldest
+        await lease_ends.wait(max(0.0, min(deadline - time.monotonic(), HOLD_POLL_S)))

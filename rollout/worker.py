@@ -155,11 +155,10 @@ class RolloutWorker:
         # Not written, not annotated, their leases complete with nothing written: a group with an episode that
         # never reached the model's first turn (nothing of it to train; the group's advantages need all G),
         # and, when they are dropped, groups with uniform rewards.
-        unplayable = [b for b in built if any(not g.token_ids for g in b[1])]
+        skipped = [(b, "environment_error") for b in built if any(not g.token_ids for g in b[1])]
         built = [b for b in built if all(g.token_ids for g in b[1])]
-        uniform = []
         if self.drop_uniform:
-            uniform = [b for b in built if is_uniform(b[3])]
+            skipped += [(b, "uniform") for b in built if is_uniform(b[3])]
             built = [b for b in built if not is_uniform(b[3])]
         if self.process_scorer is not None and built:
             self._score_process(built, prompts, leases)
@@ -181,8 +180,7 @@ class RolloutWorker:
         except Exception as err:  # noqa: BLE001 - none known written: their quota goes back below
             log.error("writing %d groups failed: %s", len(valid), err)
             results = iter([err] * len(valid))
-        completions = [self._skip(*b) for b in uniform] + [self._skip(*b, reason="environment_error") for b in unplayable]
-        uniform += unplayable
+        completions = [self._skip(*b, reason=reason) for b, reason in skipped]
         for lease, gens, group, rewards in prepared:
             outcome = next(results) if group is not None else None
             try:
@@ -196,7 +194,7 @@ class RolloutWorker:
         finally:
             # Completed, or given up: either way no longer held, so if the controller never heard of a
             # completion it expires that lease as abandoned at the next heartbeat (its quota comes back).
-            for lease, *_ in prepared + uniform:
+            for lease, *_ in prepared + [b for b, _ in skipped]:
                 self.session.held.discard(lease.lease_id)
         return sum(1 for c in completions if c.num_written)
 
@@ -214,16 +212,17 @@ class RolloutWorker:
         self.events.write(ProcessRewardsScored(groups=len(built), responses=done.responses, episodes=done.episodes,
                                                seconds=done.seconds, version=done.version))
 
-    def _skip(self, lease, gens, group, rewards, reason: str = "uniform") -> controller_pb2.LeaseCompletion:
-        """A group not written (uniform rewards, or `reason` "environment_error": an episode that never reached
-        the model's first turn): recorded, counted, and its lease's completion with nothing written (the quota
-        returns)."""
+    def _skip(self, lease, gens, group, rewards, reason: str) -> controller_pb2.LeaseCompletion:
+        """A group not written (`reason` "uniform": uniform rewards; "environment_error": an episode that never
+        reached the model's first turn): recorded, counted, and its lease's completion with nothing written (the
+        quota returns). An environment's failure says nothing of the prompt's difficulty: no reward reported."""
+        reward_mean = sum(rewards) / len(rewards)
         self.events.write(GroupSkipped(group_id=group.group_id, lease_id=lease.lease_id,
-                                       prompt_index=lease.prompt_index, reward=sum(rewards) / len(rewards),
-                                       reason=reason))
-        (self.metrics.groups_uniform if reason == "uniform" else self.metrics.groups_unplayable).inc()
+                                       prompt_index=lease.prompt_index, reward=reward_mean, reason=reason))
+        uniform = reason == "uniform"
+        (self.metrics.groups_uniform if uniform else self.metrics.groups_unplayable).inc()
         return controller_pb2.LeaseCompletion(lease_id=lease.lease_id, num_written=0,
-                                              reward_mean=sum(rewards) / len(rewards))
+                                              reward_mean=reward_mean if uniform else None)
 
     def _give_up(self, lease, err: Exception) -> None:
         log.warning("lease %s: %s: %s", lease.lease_id, type(err).__name__, err)

@@ -29,7 +29,7 @@ from asyncrl.core.validation import (
 )
 from asyncrl.push.manifest import check_digest
 from asyncrl.push.protocol import PushRefused
-from asyncrl.push.session import ReceiverAck
+from asyncrl.push.session import PushSession, ReceiverAck
 from asyncrl.v1 import controller_pb2
 
 MAX_ERROR = 4096
@@ -120,3 +120,12 @@ def answer(context: grpc.ServicerContext, run):
         return run()
     except ERRORS as err:
         context.abort(*status_of(err))
+
+
+def begin_response(session: PushSession) -> controller_pb2.BeginWeightPushResponse:
+    """A push's plan as BeginWeightPush answers it (and CommitWeightPush, for the push it reserved)."""
+    return controller_pb2.BeginWeightPushResponse(
+        plan=session.plan.to_proto(), receivers=[r.replica_id for r in session.receivers],
+        in_band=session.in_band, order_macs=session.order_macs, after_push_id=session.after_push_id,
+        receiver_addresses=[r.address for r in session.receivers] if session.in_band else [],
+    )

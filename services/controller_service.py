@@ -31,11 +31,10 @@ from __future__ import annotations
 import functools
 import gc
 import logging
-import time
 
 import grpc
 
-from asyncrl.controller.held_request import HOLD_POLL_S, hold
+from asyncrl.controller.held_request import await_lease_ends, hold
 from asyncrl.controller.persistence import RedisStore, make_store
 from asyncrl.controller.state import ControllerState
 from asyncrl.controller.status_page import StatusPage
@@ -60,11 +59,12 @@ from asyncrl.core.validation import (
 from asyncrl.push.fanout import ReplicaChannels, preload_store_client
 from asyncrl.push.manifest import check_digest
 from asyncrl.push.plan import PushOffer
-from asyncrl.push.session import PushSession, WeightNotifier
+from asyncrl.push.session import WeightNotifier
 from asyncrl.services.controller_messages import (
     ERRORS,
     MAX_ERROR,
     answer,
+    begin_response,
     learner_figures,
     receiver_acks,
     status_message,
@@ -318,12 +318,9 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
             self.state.seating.check_learner(request.learner_key)
             self._require_version(request.version, "version")  # the learner's own: its push may be in flight
             check_range(request.wait_s, 0.0, MAX_TIMEOUT_S, "wait_s")
-            deadline = time.monotonic() + self.state.admission.hold_limit(request.wait_s)
-            while True:
-                outstanding, oldest = self.state.admission.outstanding(request.version)
-                if outstanding == 0 or time.monotonic() >= deadline or self.stopping:
-                    return controller_pb2.AwaitLeasesResponse(outstanding=outstanding, oldest_version=oldest)
-                await self.lease_ends.wait(max(0.0, min(deadline - time.monotonic(), HOLD_POLL_S)))
+            outstanding, oldest = await await_lease_ends(self.state.admission, self.lease_ends, request.version,
+                                                         request.wait_s, lambda: self.stopping)
+            return controller_pb2.AwaitLeasesResponse(outstanding=outstanding, oldest_version=oldest)
         except ERRORS as err:
             await context.abort(*status_of(err))
 
@@ -412,12 +409,3 @@ def _lease_writes(config: AsyncRLConfig, store) -> LeaseWriteCounts | None:
     if config.buffer.type != "redis" or not isinstance(store, RedisStore):
         return None
     return LeaseWriteCounts(store.client, config.buffer.stream)
-
-
-def begin_response(session: PushSession) -> controller_pb2.BeginWeightPushResponse:
-    """A push's plan as BeginWeightPush answers it (and CommitWeightPush, for the push it reserved)."""
-    return controller_pb2.BeginWeightPushResponse(
-        plan=session.plan.to_proto(), receivers=[r.replica_id for r in session.receivers],
-        in_band=session.in_band, order_macs=session.order_macs, after_push_id=session.after_push_id,
-        receiver_addresses=[r.address for r in session.receivers] if session.in_band else [],
-    )

@@ -496,3 +496,12 @@ def test_a_malformed_opening_ends_the_episode_as_an_environment_error(opening):
     (result,) = runner.run([prompt])
     runner.close()
     assert (result.end_reason, result.reward) == (ENVIRONMENT_ERROR, 0.0)
+
+
+def test_every_tool_call_format_the_config_accepts_has_a_parser():
+    from typing import get_args
+
+    from asyncrl.core.agents.tool_calls import FORMATS
+    from asyncrl.core.environment_config import EnvironmentConfig
+
+    assert set(get_args(EnvironmentConfig.model_fields["tool_call_format"].annotation)) == set(FORMATS)
