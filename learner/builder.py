@@ -22,6 +22,8 @@ from asyncrl.core.agents.factory import Episodes
 from asyncrl.core.auth import resolve_auth
 from asyncrl.core.buffer import make_buffer
 from asyncrl.core.config import dump_config
+from asyncrl.core.determinism.invariant_model import use_invariant_kernels
+from asyncrl.core.determinism.modes import invariant_learner, seeded_sampling
 from asyncrl.core.events import EventLog
 from asyncrl.core.grpc_util import channel as grpc_channel
 from asyncrl.core.grpc_util import wait_for_channel
@@ -103,6 +105,8 @@ def build_learner(config) -> Leader | Follower:
     torch.manual_seed(config.seed)
     check_checkpoint(config.model.path, "model.path")
     model = load_causal_lm(config.model.path, config.model.dtype, rank_device(config.learner.device))
+    if invariant_learner(config.model.determinism):
+        use_invariant_kernels(model)  # the engines' computations: logp_prox == logp_behav bit for bit
     # LoRA: adapters injected in place, the base frozen (before the memory plan counts what trains).
     adapter = inject_adapters(model, config.learner.lora) if config.learner.lora.enabled else None
     config, memory = fit_in_memory(config, model)  # before the reference copy and the optimizer exist
@@ -163,6 +167,7 @@ def build_learner(config) -> Leader | Follower:
         replica_evals=_replica_evals(config, controller, task, sampling, auth, episodes),
         memory_watch=None if memory is None else MemoryWatch(memory.plan),
         eta=config.controller.eta,
+        canonical_order=seeded_sampling(config.model.determinism),
     )
     if memory is not None:
         loop.events.write(MemoryPlanned(parts=memory.plan.parts(), needed=memory.plan.needed,

@@ -66,7 +66,7 @@ class BatchIntake:
                  batch_timeout_s: float, prefetch: bool, routing_shape: Callable, version: Callable[[], int],
                  heartbeat: Callable[[], None], lookahead: int, max_staleness: int | None = None,
                  return_quota: Callable[..., None] | None = None, stale_policy: str = "drop",
-                 hold: StaleHold | None = None):
+                 hold: StaleHold | None = None, canonical_order: bool = False):
         self.buffer = buffer
         self.events = events
         self.metrics = metrics
@@ -79,6 +79,9 @@ class BatchIntake:
         """Groups the learner holds to choose a batch from (`lookahead_groups`)."""
         self.oldest_first = lookahead > groups_per_step
         """Batches of the oldest groups held; False: each batch is the next groups written."""
+        self.canonical_order = canonical_order
+        """Each batch's groups in `age` order, not the order they arrived in (`model.determinism`: the same
+        groups give the same gradient whichever replica wrote them first)."""
         self.batch_timeout_s = batch_timeout_s
         self._routing_shape = routing_shape
         """The learner's MoE routing shape (None: dense), asked when needed."""
@@ -202,6 +205,8 @@ class BatchIntake:
         from) the oldest first, stable, and a second copy of a group id never in the same batch as the first
         (it is refused as a duplicate once the first is trained)."""
         if not self.oldest_first:
+            if self.canonical_order:
+                return sorted(entries[: self.groups_per_step], key=age) + entries[self.groups_per_step :]
             return entries
         ordered = sorted(entries, key=age)
         batch, later, ids = [], [], set()

@@ -54,10 +54,12 @@ class LearnerLoop:
                  teacher_stub=None, teacher: TeacherConfig | None = None, checkpointer=None, sinks=None,
                  ranks: Ranks = SINGLE, mirror: Mirror | None = None,
                  replica_evals: BackgroundEvaluations | None = None,
-                 memory_watch: MemoryWatch | None = None, eta: int | None = None):  # fmt: skip
+                 memory_watch: MemoryWatch | None = None, eta: int | None = None,
+                 canonical_order: bool = False):  # fmt: skip
         """`groups_per_step`: B / G; `lookahead`: the groups held to choose each batch from (`lookahead_groups`);
         `model_path`: what a fresh start trains from (its `resumed` record); `teacher`: how `teacher_stub` is
-        called (retries, time-outs); `eta`: the run's staleness bound, held at read too (`learner.stale_groups`)."""
+        called (retries, time-outs); `eta`: the run's staleness bound, held at read too (`learner.stale_groups`);
+        `canonical_order`: each batch in `intake.age` order (`model.determinism`)."""
         self.config = learner
         self.memory_watch = memory_watch
         """The memory check after the first step (`learner.memory_plan`); None: not checked, or done."""
@@ -100,6 +102,7 @@ class LearnerLoop:
             return_quota=functools.partial(return_quota, controller_stub), stale_policy=learner.stale_groups,
             hold=StaleHold(controller_stub, eta, self._heartbeat, metrics)
             if learner.stale_groups == "hold" and eta is not None else None,
+            canonical_order=canonical_order,
         )  # fmt: skip
         """The entries each batch is made of, admitted (or dead-lettered) and prefetched."""
         self.status = StatusReporter(controller_stub, learner.total_steps, self._observe_gauges,

@@ -20,6 +20,7 @@ import grpc
 
 from asyncrl.core.agents.factory import turns_of
 from asyncrl.core.agents.runner import RunnerHooks
+from asyncrl.core.determinism.seeds import sample_seed
 from asyncrl.rollout.worker import RolloutWorker
 from asyncrl.v1 import controller_pb2
 
@@ -60,9 +61,9 @@ class EpisodeWorker(RolloutWorker):
         self._finishing: list = []
         """The finisher's work on groups handed over, until it is done."""
 
-    def _generate(self, prompts, params, n):
+    def _generate(self, prompts, params, n, seeds=None):
         with self.engine_lock:
-            return self.engine.generate(prompts, params, n=n)
+            return self.engine.generate(prompts, params, n=n, seeds=seeds)
 
     def run(self, stop: threading.Event) -> None:
         self._stop = stop
@@ -122,8 +123,10 @@ class EpisodeWorker(RolloutWorker):
             self.session.held.add(lease.lease_id)
             prompt = self._prompt(lease)
             self.groups[lease.lease_id] = GroupInPlay(lease, prompt)
+            seed = self._seed(lease)
             for sample in range(self.group_size):
-                self.runner.start((lease.lease_id, sample), prompt)
+                self.runner.start((lease.lease_id, sample), prompt,
+                                  None if seed is None else sample_seed(seed, sample))
 
     def _collect(self, finished: list) -> None:
         """File each ended episode under its group; hand the groups whose G episodes all ended to the finisher."""

@@ -20,6 +20,7 @@ import torch
 from asyncrl.core.agents.factory import Episodes
 from asyncrl.core.auth import resolve_auth
 from asyncrl.core.buffer import make_buffer
+from asyncrl.core.determinism.modes import seeded_sampling
 from asyncrl.core.engines.factory import make_engine
 from asyncrl.core.events import EventLog
 from asyncrl.core.grpc_util import channel
@@ -63,7 +64,8 @@ class ReplicaRuntime:
         seed = replica_seed(config.seed, replica_id)
         torch.manual_seed(seed)
         self.engine = make_engine(config.rollout.engine, config.model.path, config.model.dtype, seed=seed,
-                                  adapters=AdapterServing.for_run(config.learner.lora, config.controller.eta))
+                                  adapters=AdapterServing.for_run(config.learner.lora, config.controller.eta),
+                                  determinism=config.model.determinism)
         self.engine_lock = threading.Lock()
         self.metrics = RolloutMetrics(replica_id)
         self.session: ReplicaSession | None = None
@@ -110,6 +112,7 @@ class ReplicaRuntime:
             controller_stub=controller_stub, session=self.session, task=task, rewards=self.rewards,
             events=EventLog(cfg.run_dir, f"rollout-{self.session.replica_id}"), metrics=self.metrics,
             limits=limits, annotator=annotator,
+            run_seed=cfg.seed if seeded_sampling(cfg.model.determinism) else None,
             process_scorer=(ProcessRewardScorer(cfg.rollout.process_rewards, self.engine, self.engine_lock,
                                                 task.tokenizer) if cfg.rollout.process_rewards.enabled else None),
         )  # fmt: skip

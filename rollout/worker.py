@@ -19,6 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 import grpc
 
 from asyncrl.core.config import SamplingConfig
+from asyncrl.core.determinism.seeds import prompt_seed
 from asyncrl.core.records.rollout import GroupRejected, GroupSkipped, GroupWritten, ProcessRewardsScored
 from asyncrl.core.sampling import SamplingParams
 from asyncrl.core.trajectory_checks import BadGroup, TrajectoryLimits, check_trajectory_group
@@ -48,9 +49,11 @@ def answer_unless_stopped(stop: threading.Event, call):
 class RolloutWorker:
     def __init__(self, *, sampling: SamplingConfig, leases_per_batch: int, hold_s: float, engine, engine_lock,
                  buffer, controller_stub, session, task, rewards, events, metrics, limits: TrajectoryLimits,
-                 annotator=None, process_scorer=None):  # fmt: skip
+                 annotator=None, process_scorer=None, run_seed: int | None = None):  # fmt: skip
         """`leases_per_batch`: leases asked for at once (`rollout.leases_per_batch`); `hold_s`: how long a lease
-        request may be held for admission (`controller.max_hold_s`)."""
+        request may be held for admission (`controller.max_hold_s`); `run_seed`: seed every sample from it and
+        its prompt's stream position (`model.determinism`); None: the engine's own generator."""
+        self.run_seed = run_seed
         self.leases_per_batch = leases_per_batch
         self.hold_s = hold_s
         self.annotator = annotator
@@ -107,6 +110,11 @@ class RolloutWorker:
         or a hard one sampled again: controller.difficulty)."""
         return self.task.train_prompt(lease.sample_index if lease.HasField("sample_index") else lease.prompt_index)
 
+    def _seed(self, lease) -> int | None:
+        """The sampling seed of a lease's prompt: from its position in the stream (the same position gets the
+        same samples whichever replica plays it, and whenever)."""
+        return None if self.run_seed is None else prompt_seed(self.run_seed, lease.prompt_index)
+
     def run_once(self) -> int:
         """One batch of leases; returns the number of groups written."""
         started = time.perf_counter()
@@ -126,7 +134,8 @@ class RolloutWorker:
         prompts = [self._prompt(lease) for lease in leases]
         gen_start = time.perf_counter()
         with self.engine_lock:
-            groups = self.engine.generate([p.token_ids for p in prompts], self.params, n=self.group_size)
+            seeds = None if self.run_seed is None else [self._seed(lease) for lease in leases]
+            groups = self.engine.generate([p.token_ids for p in prompts], self.params, n=self.group_size, seeds=seeds)
         gen_s = time.perf_counter() - gen_start
         tokens = sum(len(g.token_ids) for group in groups for g in group)
         self.metrics.generation_seconds.observe(gen_s)

@@ -127,7 +127,8 @@ def create_server(config, engine=None, engine_lock=None, metrics=None, replica_i
     """The Rollout gRPC server (not started) around `engine` (built from config when None). `push_key`: a
     callable giving the key pushes must be signed with (see `RolloutServicer`)."""
     engine = engine or make_engine(config.rollout.engine, config.model.path, config.model.dtype, seed=config.seed,
-                                   adapters=AdapterServing.for_run(config.learner.lora, config.controller.eta))
+                                   adapters=AdapterServing.for_run(config.learner.lora, config.controller.eta),
+                                   determinism=config.model.determinism)
     model_config = AutoConfig.from_pretrained(config.model.path)
     servicer = RolloutServicer(
         engine, engine_lock or threading.Lock(),

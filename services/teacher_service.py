@@ -36,7 +36,8 @@ def create_server(config, engine=None):
     """The Teacher gRPC server (not started); `server.servicer.scorer` is the TeacherScorer."""
     tcfg = config.teacher
     check_checkpoint(tcfg.model_path, "teacher.model_path")
-    engine = engine or make_engine(tcfg.engine, tcfg.model_path, config.model.dtype, seed=config.seed)
+    engine = engine or make_engine(tcfg.engine, tcfg.model_path, config.model.dtype, seed=config.seed,
+                                   determinism=config.model.determinism)
     model_config = AutoConfig.from_pretrained(tcfg.model_path)
     servicer = TeacherServicer(TeacherScorer(engine, model_config.vocab_size, model_config.max_position_embeddings,
                                              max_sequences=config.learner.batch_size))

@@ -21,6 +21,7 @@ from pydantic import Field, model_validator
 from asyncrl.core.config_base import PinnedSection, Section
 from asyncrl.core.controller_config import ControllerConfig
 from asyncrl.core.data_config import RewardConfig, TaskConfig
+from asyncrl.core.determinism.modes import Determinism
 from asyncrl.core.environment_config import EnvironmentConfig
 from asyncrl.core.learner_config import LearnerConfig, TrackingConfig
 from asyncrl.core.rollout_config import EngineConfig, RolloutConfig, SamplingConfig
@@ -35,7 +36,16 @@ class ModelConfig(Section):
     """Build the tiny demo model (and its teacher) at `path` / `teacher.model_path` when they do not exist
     (`asyncrl up`). Only the demo config sets this: a missing real checkpoint is an error naming the path."""
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
-    """Parameter dtype in every engine and the learner. float32 keeps rollout/learner mismatch minimal on CPU."""
+    """Parameter dtype in every engine and the learner. float32 keeps rollout/learner mismatch minimal on CPU;
+    float16 rather than bfloat16 where a half type is wanted (10 mantissa bits to bfloat16's 7: a smaller
+    mismatch)."""
+    determinism: Determinism = "off"
+    """How deterministic the run is (docs/determinism.md). off: the fastest kernels. reproducible: the same config
+    and seed give the same run (each sample seeded by its prompt's stream position and its index, batch-invariant
+    torch engines, each batch trained in a canonical order); bitwise weights after N steps at controller.eta 0.
+    bitwise: reproducible, and the learner's forwards run on the engines' batch-invariant computations, so
+    every log-prob it recomputes equals the one the engine sampled with (logp_prox == logp_behav at eta 0, dense
+    and MoE). bitwise needs torch rollout engines and full-weight training."""
 
 
 class TinyModelConfig(Section):
@@ -233,6 +243,20 @@ class AsyncRLConfig(Section):
                 raise ValueError(f"sampling.drop_uniform_groups with {key}: a group with uniform rewards still has "
                                  "a per-token or shaped signal there, and dropping it would lose it")
 
+    def _check_bitwise(self) -> None:
+        """What bitwise on-policy needs: the learner must compute what the engines compute."""
+        if self.rollout.engine.type != "torch":
+            raise ValueError("model.determinism bitwise needs rollout.engine.type: torch (the learner recomputes "
+                             "log-probs with the torch engine's batch-invariant computations; vLLM's kernels are "
+                             "others): use reproducible with vLLM")
+        if self.learner.lora.enabled:
+            raise ValueError("model.determinism bitwise with learner.lora.enabled: the engines sample from weights "
+                             "with the adapter merged in, the learner computes base and adapter apart; use "
+                             "reproducible")
+        if self.learner.mixed_precision != "none":
+            raise ValueError(f"model.determinism bitwise with learner.mixed_precision {self.learner.mixed_precision!r}"
+                             ": the learner's forward would run in another dtype than the engines'")
+
     def _check_episodes(self) -> None:
         """What multi-turn episodes need of the other sections."""
         env, turn = self.environment, self.sampling.max_new_tokens
@@ -311,6 +335,8 @@ class AsyncRLConfig(Section):
             )
         if self.environment.type != "none":
             self._check_episodes()
+        if self.model.determinism == "bitwise":
+            self._check_bitwise()
         if self.teacher.enabled and not self.teacher.model_path:
             raise ValueError("teacher.model_path: required when teacher.enabled is true (the teacher's checkpoint "
                              "directory)")

@@ -4,7 +4,9 @@ Same weights on both sides. The engine samples responses (recording logp_behav) 
 learner's model scores the sampled tokens with the same processed distribution and takes its own argmax
 along the engine's greedy path. Reported per response token: δ_t = logp_learner - logp_engine (mean,
 mean |δ|, max |δ|), KL(engine || learner) estimates (k1, k3), the PPL ratio, and the fraction of greedy
-positions where the learner's argmax differs from the engine's token (argmax flips).
+positions where the learner's argmax differs from the engine's token (argmax flips). Both sides run as
+`model.determinism` sets them: in bitwise mode the learner's model runs on the engine's batch-invariant
+computations, and every δ is exactly 0 (`exact_tokens` counts the tokens where it is).
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ from pathlib import Path
 
 import torch
 
+from asyncrl.core.determinism.invariant_model import use_invariant_kernels
+from asyncrl.core.determinism.modes import invariant_learner
 from asyncrl.core.engines.factory import make_engine
 from asyncrl.core.modeling import load_causal_lm, pad_token_id, sequence_logprobs
 from asyncrl.core.sampling import SamplingParams
@@ -34,6 +38,7 @@ def mismatch_stats(logp_learner: torch.Tensor, logp_engine: torch.Tensor, mask: 
         "delta_mean": delta.mean().item(),
         "delta_abs_mean": delta.abs().mean().item(),
         "delta_abs_max": delta.abs().max().item(),
+        "exact_tokens": int((delta == 0).sum().item()),
         "kl_engine_learner_k1": k1,
         "kl_engine_learner_k3": k3,
         "ppl_ratio_learner_over_engine": math.exp(-(logp_learner[m].mean() - logp_engine[m].mean()).item()),
@@ -61,7 +66,9 @@ def run(config, num_prompts: int = 64, out: str | None = None) -> dict:
     prompts = [task.train_prompt(i).token_ids for i in range(num_prompts)]
     params = SamplingParams.from_config(config.sampling)
     t0 = time.perf_counter()
-    engine = make_engine(config.rollout.engine, config.model.path, config.model.dtype, seed=config.seed)
+    mode = config.model.determinism
+    engine = make_engine(config.rollout.engine, config.model.path, config.model.dtype, seed=config.seed,
+                         determinism=mode)
     start_s = time.perf_counter() - t0
     try:
         sampled = [g[0] for g in engine.generate(prompts, params, n=1)]
@@ -70,6 +77,8 @@ def run(config, num_prompts: int = 64, out: str | None = None) -> dict:
     finally:
         engine.close()
     model = load_causal_lm(config.model.path, config.model.dtype, config.learner.device)
+    if invariant_learner(mode):
+        use_invariant_kernels(model)
     model.eval()
     pad = pad_token_id(model)
     seqs = [list(p) + g.token_ids for p, g in zip(prompts, sampled)]
@@ -81,7 +90,7 @@ def run(config, num_prompts: int = 64, out: str | None = None) -> dict:
         logp_engine[i, : len(g.logp_behav)] = torch.tensor(g.logp_behav)
     report = {
         "probe": "mismatch", "engine": config.rollout.engine.type, "model": config.model.path,
-        "dtype": config.model.dtype, "prompts": num_prompts, "temperature": params.temperature,
+        "dtype": config.model.dtype, "determinism": mode, "prompts": num_prompts, "temperature": params.temperature,
         "top_k": params.top_k, "top_p": params.top_p, "engine_start_s": round(start_s, 2),
         **mismatch_stats(logp_learner, logp_engine, mask),
     }

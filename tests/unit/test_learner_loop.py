@@ -77,7 +77,8 @@ def test_annotation_retries_then_goes_on_without_the_teacher(script, calls, anno
         assert (b.logp_teacher[b.response_mask > 0] == -0.5).all()
 
 
-def prefetching_loop(oldest_first: bool = False, controller_stub=None, eta=None, stale_groups="drop"):
+def prefetching_loop(oldest_first: bool = False, controller_stub=None, eta=None, stale_groups="drop",
+                     canonical_order=False):
     """A loop of 2 groups of 2 per step over an in-memory buffer, at version 3, with the checks of a 20-token
     vocabulary (no trainer: a dense policy's routing shape is None); batches in written order, or with
     `oldest_first` the oldest of up to (η + 1) x 2 = 6 groups held (η = 2)."""
@@ -94,7 +95,8 @@ def prefetching_loop(oldest_first: bool = False, controller_stub=None, eta=None,
                        lookahead=lookahead_groups(config.learner.oldest_first, config.controller.eta, 2),
                        trainer=SimpleNamespace(replay=SimpleNamespace(shape=None)),
                        buffer=MemoryBuffer(), controller_stub=controller_stub, publisher=None, evaluate=None, events=events,
-                       metrics=metrics, limits=TrajectoryLimits(20, 16, 5, 2, 10.0), eta=eta)
+                       metrics=metrics, limits=TrajectoryLimits(20, 16, 5, 2, 10.0), eta=eta,
+                       canonical_order=canonical_order)
     loop.progress.version = 3
     return loop, events, metrics
 
@@ -393,6 +395,20 @@ def test_a_group_written_late_is_trained_first_when_the_learner_takes_the_oldest
         loop.intake._inspect = lambda entry: pytest.fail("a carried group inspected again")
         batch, rest = take_batch(loop, rest)
         assert [e.group.group_id for e in batch] == ["new1", "new2"] and len(rest) == 1
+
+
+@pytest.mark.parametrize("canonical_order, first_batch", [(False, ["b", "a"]), (True, ["a", "b"])])
+def test_a_reproducible_run_trains_each_batch_in_prompt_order_whatever_order_it_arrived_in(canonical_order,
+                                                                                            first_batch):
+    """`model.determinism` reproducible: the same groups make the same gradient whichever replica wrote first
+    (a batch is its groups in `age` order: version, then prompt position); otherwise written order."""
+    loop, _, _ = prefetching_loop(canonical_order=canonical_order)
+    loop.buffer.put(group("b", prompt_index=7))
+    loop.buffer.put(group("a", prompt_index=6))
+    loop.buffer.put(group("c", prompt_index=5))
+    loop.intake.start_prefetch([])
+    batch, _ = take_batch(loop, loop.intake.take_prefetched())
+    assert [e.group.group_id for e in batch] == first_batch
 
 
 def test_oldest_first_reads_what_was_written_since_the_prefetch_and_keeps_copies_apart():

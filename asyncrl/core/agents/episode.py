@@ -63,6 +63,8 @@ class Episode:
         self.environment_s = 0.0
         self.tools: list = []
         self.last_turn_finished = False
+        self.seed: int | None = None
+        """Where its turns' sampling seeds come from (`model.determinism`); None: the engine's generator."""
 
     @property
     def turns(self) -> int:

@@ -73,7 +73,10 @@ class Episodes:
 
 def turns_of(generate_groups) -> GenerateTurns:
     """A GenerateTurns over an engine-style `generate(prompts, params, n) -> list[list[Generation]]`."""
-    def generate(contexts, params):
-        return [group[0] for group in generate_groups(contexts, params, 1)] if contexts else []
+    def generate(contexts, params, seeds=None):
+        if not contexts:
+            return []
+        groups = generate_groups(contexts, params, 1) if seeds is None else generate_groups(contexts, params, 1, seeds)
+        return [group[0] for group in groups]
 
     return generate

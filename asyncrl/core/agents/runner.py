@@ -29,6 +29,7 @@ from asyncrl.core.agents.episode import (
     EpisodeResult,
 )
 from asyncrl.core.agents.render import TurnRenderer
+from asyncrl.core.determinism.seeds import derive_seed
 from asyncrl.core.log_once import FirstOfKind
 from asyncrl.core.sampling import SamplingParams
 
@@ -68,8 +69,9 @@ class RunnerHooks:
         """An episode ended."""
 
 
-GenerateTurns = Callable[[list[list[int]], SamplingParams], list]
-"""(contexts, params) -> one `Generation` per context."""
+GenerateTurns = Callable[..., list]
+"""(contexts, params[, seeds]) -> one `Generation` per context; `seeds` (one per context) only where the episodes
+are seeded (`model.determinism`)."""
 
 
 class EpisodeRunner:
@@ -90,9 +92,11 @@ class EpisodeRunner:
         self.in_flight = 0
 
     # -- the caller's side ------------------------------------------------------------------------------------
-    def start(self, key, prompt) -> None:
-        """Begin an episode on `prompt`; `poll` returns it as (key, result) when it ends."""
+    def start(self, key, prompt, seed: int | None = None) -> None:
+        """Begin an episode on `prompt`; `poll` returns it as (key, result) when it ends. With `seed` its turns
+        are sampled from seeds derived from it (turn t: `derive_seed(seed, t)`)."""
         episode = Episode(key=key, prompt=prompt, context=self.renderer.first_context(prompt), session=None)
+        episode.seed = seed
         self.in_flight += 1
         self._call(episode, lambda: self.environment.start(prompt), self._started)
 
@@ -141,7 +145,11 @@ class EpisodeRunner:
         if not live:
             return
         started = time.perf_counter()
-        generations = self.generate([e.full_context() for e in live], self.params)
+        contexts = [e.full_context() for e in live]
+        if all(e.seed is not None for e in live):
+            generations = self.generate(contexts, self.params, [derive_seed(e.seed, e.turns) for e in live])
+        else:
+            generations = self.generate(contexts, self.params)
         if len(generations) != len(live):
             raise RuntimeError(f"generate returned {len(generations)} turns for {len(live)} contexts")
         self.hooks.generated(len(live), sum(len(g.token_ids) for g in generations), time.perf_counter() - started)

@@ -67,8 +67,11 @@ class Engine(ABC):
         return ""
 
     @abstractmethod
-    def generate(self, prompts: list[list[int]], params: SamplingParams, n: int = 1) -> list[list[Generation]]:
-        """For each prompt, `n` samples (a group). Result[i][j] is sample j of prompt i."""
+    def generate(self, prompts: list[list[int]], params: SamplingParams, n: int = 1,
+                 seeds: list[int] | None = None) -> list[list[Generation]]:
+        """For each prompt, `n` samples (a group). Result[i][j] is sample j of prompt i. With `seeds` (one per
+        prompt, `asyncrl.core.determinism.seeds`) prompt i's samples draw from that seed alone, whatever they
+        are batched with."""
 
     @abstractmethod
     def score(self, sequences: list[list[int]], response_starts: list[int]) -> list[list[float]]:

@@ -7,15 +7,18 @@ from asyncrl.core.lora.versions import AdapterServing
 
 
 def make_engine(engine_cfg, model_path: str, dtype: str, seed: int = 0, version: int = 0,
-                adapters: AdapterServing | None = None) -> Engine:  # fmt: skip
+                adapters: AdapterServing | None = None, determinism: str = "off") -> Engine:  # fmt: skip
     """Factory: the engine named by `engine_cfg.type`; `adapters`: a LoRA run's (`AdapterServing.for_run`). The
-    torch engine merges every adapter pushed to it and needs nothing set up; vLLM loads them as LoRA adapters."""
+    torch engine merges every adapter pushed to it and needs nothing set up; vLLM loads them as LoRA adapters.
+    `determinism` (`model.determinism`): the torch engine runs batch invariant from reproducible on; vLLM
+    has its own switch (`VLLM_BATCH_INVARIANT`, GPUs only: docs/determinism.md)."""
     if engine_cfg.type == "torch":
         from asyncrl.core.engines.torch_engine import TorchEngine
 
-        return TorchEngine(engine_cfg, model_path, dtype, seed=seed, version=version)
+        return TorchEngine(engine_cfg, model_path, dtype, seed=seed, version=version, determinism=determinism)
     if engine_cfg.type == "vllm":
         from asyncrl.core.engines.vllm_engine import VLLMEngine
 
-        return VLLMEngine(engine_cfg, model_path, dtype, seed=seed, version=version, adapters=adapters)
+        return VLLMEngine(engine_cfg, model_path, dtype, seed=seed, version=version, adapters=adapters,
+                          determinism=determinism)
     raise ValueError(f"unknown engine type {engine_cfg.type!r} (expected 'torch' or 'vllm')")

@@ -20,6 +20,7 @@ from functools import partial
 
 import torch
 
+from asyncrl.core.determinism.seeds import sample_seed
 from asyncrl.core.engines.base import Generation
 from asyncrl.core.prompt_sharing import distinct_prompts, left_pad, why_not_shared
 from asyncrl.core.routing import RoutedExperts, RouterHooks, id_dtype
@@ -61,8 +62,12 @@ class _RoutingTrace:
 
 
 @torch.no_grad()
-def _decode_batch(model, prompts, params, eos, pad_id, generator, step_guard, hooks) -> list[Generation]:
+def _decode_batch(model, prompts, params, eos, pad_id, generator, step_guard, hooks,
+                  row_seeds=None) -> list[Generation]:
     device = eos.device
+    # Seeded rows draw from generators of their own: a row's tokens then do not depend on its batch.
+    row_generators = (None if row_seeds is None
+                      else [torch.Generator(device=device).manual_seed(seed) for seed in row_seeds])
     # The same rule as the scoring's (`prompt_sharing.why_not_shared`): a model whose cache cannot be shared
     # that way prefills every row.
     if why_not_shared(model) is None:
@@ -93,7 +98,7 @@ def _decode_batch(model, prompts, params, eos, pad_id, generator, step_guard, ho
             cache.reorder_cache(expand)
             logits, attention_mask, next_position = logits[expand], attention_mask[expand], next_position[expand]
             expand = None
-        tokens, logp = sample_tokens(logits, params, generator)
+        tokens, logp = sample_tokens(logits, params, generator, row_generators)
         active = ~finished
         steps.append((tokens, logp, active, int(version)))
         finished = finished | (active & torch.isin(tokens, eos))
@@ -141,12 +146,14 @@ def generate_with_model(
     step_guard: StepGuard | None = None,
     weight_version: int = 0,
     router_hooks: RouterHooks | None = None,
+    seeds: list[int] | None = None,
 ) -> list[list[Generation]]:
     """`n` samples for each prompt (result[i][j] = sample j of prompt i), decoded in batches of at most
     `max_batch_size` sequences. Responses stop at any of `eos_ids` (included, finished=True) or after
     `params.max_new_tokens`. Tokens are tagged with the version `step_guard` yields (default:
     `weight_version`). With `router_hooks` (installed on `model`) each generation carries its routed experts.
-    The model runs in eval mode and is put back in its previous mode afterwards.
+    With `seeds` (one per prompt) sample j of prompt i draws from its own generator, seeded
+    `sample_seed(seeds[i], j)`, instead of `generator`. The model runs in eval mode and is put back in its previous mode afterwards.
     """
     if n < 1:
         raise ValueError(f"n must be >= 1, got {n}")
@@ -159,10 +166,13 @@ def generate_with_model(
             raise ValueError(f"prompt {i} is empty (it needs at least a <bos> token)")
     if not eos_ids:
         raise ValueError("eos_ids is empty: generation could never stop early")
+    if seeds is not None and len(seeds) != len(prompts):
+        raise ValueError(f"{len(seeds)} seeds for {len(prompts)} prompts")
     guard = step_guard or (lambda: contextlib.nullcontext(weight_version))
     device = next(model.parameters()).device
     eos = torch.tensor(list(eos_ids), dtype=torch.long, device=device)
-    flat = [(i, p) for i, p in enumerate(prompts) for _ in range(n)]
+    flat = [(i, p, None if seeds is None else sample_seed(seeds[i], j))
+            for i, p in enumerate(prompts) for j in range(n)]
     results: list[list[Generation]] = [[] for _ in prompts]
     was_training = model.training
     if was_training:  # a full pass over the modules each way: an engine's model is in eval mode already
@@ -170,10 +180,11 @@ def generate_with_model(
     try:
         for lo in range(0, len(flat), max_batch_size):
             chunk = flat[lo : lo + max_batch_size]
+            row_seeds = None if seeds is None else [seed for _, _, seed in chunk]
             gens = _decode_batch(
-                model, [p for _, p in chunk], params, eos, pad_id, generator, guard, router_hooks
+                model, [p for _, p, _ in chunk], params, eos, pad_id, generator, guard, router_hooks, row_seeds
             )
-            for (i, _), gen in zip(chunk, gens):
+            for (i, _, _), gen in zip(chunk, gens):
                 results[i].append(gen)
     finally:
         if was_training:

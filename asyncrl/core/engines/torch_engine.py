@@ -18,6 +18,8 @@ import time
 
 import torch
 
+from asyncrl.core.determinism.invariant_model import use_invariant_kernels
+from asyncrl.core.determinism.modes import invariant_engines
 from asyncrl.core.engines.base import Engine, Generation, WeightUpdateStats
 from asyncrl.core.engines.torch_decode import generate_with_model
 from asyncrl.core.lora.checksum import adapter_checksum
@@ -41,12 +43,15 @@ log = logging.getLogger(__name__)
 
 
 class TorchEngine(Engine):
-    def __init__(self, engine_cfg, model_path: str, dtype: str = "float32", seed: int = 0, version: int = 0):
+    def __init__(self, engine_cfg, model_path: str, dtype: str = "float32", seed: int = 0, version: int = 0,
+                 determinism: str = "off"):
         if engine_cfg.threads > 0:
             torch.set_num_threads(engine_cfg.threads)
         self.max_batch_size = engine_cfg.max_batch_size
         self.model = load_causal_lm(model_path, dtype, engine_cfg.device)
         self.model.requires_grad_(False)
+        if invariant_engines(determinism):
+            use_invariant_kernels(self.model)  # every forward batch invariant (model.determinism)
         # MoE models: every generation carries the experts its tokens were routed to (routing replay).
         self.router_hooks = install_hooks(self.model) if engine_cfg.capture_routing else None
         self.eos_ids = eos_token_ids(self.model)
@@ -85,7 +90,7 @@ class TorchEngine(Engine):
             yield self._version
 
     def generate(
-        self, prompts: list[list[int]], params: SamplingParams, n: int = 1
+        self, prompts: list[list[int]], params: SamplingParams, n: int = 1, seeds: list[int] | None = None
     ) -> list[list[Generation]]:
         return generate_with_model(
             self.model,
@@ -98,6 +103,7 @@ class TorchEngine(Engine):
             generator=self._generator,
             step_guard=self._forward_step,
             router_hooks=self.router_hooks,
+            seeds=seeds,
         )
 
     def score(self, sequences: list[list[int]], response_starts: list[int]) -> list[list[float]]:

@@ -19,12 +19,15 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import logging
+import os
 import random
 import threading
 import time
 
 import numpy as np
 
+from asyncrl.core.determinism.modes import invariant_engines
 from asyncrl.core.engines.base import Engine, Generation, WeightUpdateStats
 from asyncrl.core.engines.vllm_adapters import VLLMAdapters
 from asyncrl.core.engines.vllm_worker import (
@@ -39,11 +42,24 @@ from asyncrl.core.sampling import SamplingParams
 from asyncrl.push.plan import PushPlan
 
 UPDATE_MODES = ("inflight", "between")
+log = logging.getLogger(__name__)
+
+
+def _batch_invariant(on_gpu: bool) -> None:
+    """vLLM's batch-invariant mode for `model.determinism` (read by its engine-core process at start)."""
+    if on_gpu:
+        os.environ["VLLM_BATCH_INVARIANT"] = "1"
+        return
+    # The CPU build has no batch-invariant kernels (its mode overrides CUDA and XPU GEMMs only, and the CPU
+    # attention backend refuses it): the requests stay seeded, the numbers may depend on the batch.
+    log.warning("model.determinism: vLLM's CPU build has no batch-invariant kernels; samples are seeded per "
+                "prompt, but a sample can still depend on what it is batched with (use rollout.engine.type: "
+                "torch for reproducible runs on CPU)")
 
 
 class VLLMEngine(Engine):
     def __init__(self, engine_cfg, model_path: str, dtype: str, seed: int = 0, version: int = 0,
-                 adapters: AdapterServing | None = None):  # fmt: skip
+                 adapters: AdapterServing | None = None, determinism: str = "off"):  # fmt: skip
         from vllm import LLM
         from vllm.platforms import current_platform
 
@@ -53,6 +69,8 @@ class VLLMEngine(Engine):
         self._checkpoint_shapes = checkpoint_tensor_shapes(model_path)
         self._num_experts = checkpoint_num_experts(model_path)
         self._on_gpu = current_platform.is_cuda_alike()
+        if invariant_engines(determinism):
+            _batch_invariant(self._on_gpu)
         # vLLM captures routing only with its V2 model runner, which needs Triton: GPUs only.
         self.returns_routed_experts = engine_cfg.capture_routing and self._num_experts > 0 and self._on_gpu
         started = time.perf_counter()
@@ -98,7 +116,7 @@ class VLLMEngine(Engine):
     # ---- generation and scoring ------------------------------------------------------------------------
 
     def generate(
-        self, prompts: list[list[int]], params: SamplingParams, n: int = 1
+        self, prompts: list[list[int]], params: SamplingParams, n: int = 1, seeds: list[int] | None = None
     ) -> list[list[Generation]]:
         from vllm.outputs import RequestOutput
 
@@ -106,7 +124,10 @@ class VLLMEngine(Engine):
         # version spans then: every token carries the adapter's version).
         with self._pinned() as (lora, served):
             version_at_start = self._version if served is None else served.version
-            requests = [self._sampling_params(params, n) for _ in prompts]
+            if seeds is not None and len(seeds) != len(prompts):
+                raise ValueError(f"{len(seeds)} seeds for {len(prompts)} prompts")
+            requests = [self._sampling_params(params, n, None if seeds is None else seeds[i] % 2**31)
+                        for i in range(len(prompts))]
             outputs = self._run_batch(prompts, requests, RequestOutput, lora)
         pinned = self.adapters is not None
         return [[self._to_generation(c, version_at_start, pinned) for c in out.outputs] for out in outputs]
@@ -132,7 +153,7 @@ class VLLMEngine(Engine):
             for out, seq, start in zip(outputs, sequences, response_starts)
         ]
 
-    def _sampling_params(self, params: SamplingParams, n: int):
+    def _sampling_params(self, params: SamplingParams, n: int, seed: int | None = None):
         from vllm import SamplingParams as VllmSamplingParams
 
         return VllmSamplingParams(
@@ -145,7 +166,7 @@ class VLLMEngine(Engine):
             max_tokens=params.max_new_tokens,
             logprobs=0,  # just the sampled token's log-prob
             # A seed per request: results do not depend on how requests are batched or preempted.
-            seed=self._request_seeds.randrange(2**31),
+            seed=self._request_seeds.randrange(2**31) if seed is None else seed,
             detokenize=False,  # token ids in, token ids out
         )
 
