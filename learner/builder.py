@@ -28,7 +28,7 @@ from asyncrl.core.events import EventLog
 from asyncrl.core.grpc_util import channel as grpc_channel
 from asyncrl.core.grpc_util import wait_for_channel
 from asyncrl.core.learner_secret import resolve_learner_secret
-from asyncrl.core.modeling import load_causal_lm, pad_token_id
+from asyncrl.core.modeling import load_causal_lm, pad_token_id, torch_dtype
 from asyncrl.core.preflight import ConfigError, check_checkpoint
 from asyncrl.core.records.learner import MemoryPlanned
 from asyncrl.core.sampling import SamplingParams
@@ -37,6 +37,7 @@ from asyncrl.core.trajectory_checks import checkpoint_limits
 from asyncrl.learner.adapters import inject_adapters, lora_parameters
 from asyncrl.learner.checkpoint import Checkpointer, load_checkpoint, resume_path
 from asyncrl.learner.checkpoint_saver import FollowerSaves
+from asyncrl.learner.half_precision import HALF_DTYPES
 from asyncrl.learner.held_out import evaluate_held_out
 from asyncrl.learner.intake import lookahead_groups
 from asyncrl.learner.learner_metrics import LearnerMetrics
@@ -104,7 +105,9 @@ def build_learner(config) -> Leader | Follower:
         torch.set_num_threads(config.learner.threads)
     torch.manual_seed(config.seed)
     check_checkpoint(config.model.path, "model.path")
-    model = load_causal_lm(config.model.path, config.model.dtype, rank_device(config.learner.device))
+    half = master_weights_for(config)
+    model = load_causal_lm(config.model.path, "float32" if half else config.model.dtype,
+                           rank_device(config.learner.device))
     if invariant_learner(config.model.determinism):
         use_invariant_kernels(model)  # the engines' computations: logp_prox == logp_behav bit for bit
     # LoRA: adapters injected in place, the base frozen (before the memory plan counts what trains).
@@ -122,7 +125,7 @@ def build_learner(config) -> Leader | Follower:
     elif config.learner.activation_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     sampling = SamplingParams.from_config(config.sampling)
-    trainer = Trainer(model, config.learner, sampling, pad_token_id(model), ranks)
+    trainer = Trainer(model, config.learner, sampling, pad_token_id(model), ranks, half=half)
     path = ranks.broadcast(resume_path(config))  # the leader's view of the run directory
     meta = load_checkpoint(path, model, trainer.optimizer) if path else None
     if mirror is not None:
@@ -151,10 +154,11 @@ def build_learner(config) -> Leader | Follower:
         controller_stub=controller,
         publisher=WeightPublisher(controller, full_model, config.learner.weight_transport,
                                   config.controller.push_timeout_s, adapter=adapter,
-                                  named=None if adapter is None else lora_parameters(full_model)),
-        evaluate=functools.partial(evaluate_held_out, full_model, task, sampling, config.learner.eval_pass_k,
-                                   config.learner.eval_samples, config.learner.eval_samples_max,
-                                   config.learner.eval_pass_k_large, episodes),
+                                  named=None if adapter is None else lora_parameters(full_model),
+                                  wire_dtype=half),
+        evaluate=_as_engines_run(trainer, functools.partial(
+            evaluate_held_out, full_model, task, sampling, config.learner.eval_pass_k, config.learner.eval_samples,
+            config.learner.eval_samples_max, config.learner.eval_pass_k_large, episodes)),
         events=EventLog(config.run_dir, "learner"),
         metrics=metrics,
         limits=limits,
@@ -175,6 +179,28 @@ def build_learner(config) -> Leader | Follower:
     if meta is not None:
         loop.resume(meta, path)
     return Leader(loop=loop, controller=controller, metrics=metrics, ranks=ranks)
+
+
+def _as_engines_run(trainer: Trainer, evaluate):
+    """`evaluate` on the policy as the engines run it: with float32 master weights, their half rounding."""
+    if trainer.half is None:
+        return evaluate
+
+    def run(*args, **kwargs):
+        with torch.no_grad(), trainer.half.running(trainer.model):
+            return evaluate(*args, **kwargs)
+
+    return run
+
+
+def master_weights_for(config) -> torch.dtype | None:
+    """The half dtype whose forwards run over float32 master weights (`learner.half_precision`): a half
+    `model.dtype` trained on full weights on one rank. None: the weights stay in model.dtype (a LoRA run's
+    frozen base; a sharded learner, which has FSDP2's own mixed precision)."""
+    dtype = torch_dtype(config.model.dtype)
+    if dtype not in HALF_DTYPES or config.learner.lora.enabled or config.learner.world_size > 1:
+        return None
+    return dtype
 
 
 def fit_in_memory(config, model) -> tuple:

@@ -18,6 +18,7 @@ import contextlib
 import copy
 import itertools
 import logging
+import math
 import time
 from collections import defaultdict
 
@@ -30,6 +31,7 @@ from asyncrl.learner.adapters import adapters_disabled
 from asyncrl.learner.algos import build_advantages, objective_units, policy_objective
 from asyncrl.learner.algos.diagnostics import to_floats
 from asyncrl.learner.batch import TrainBatch, staleness_stats, trained_width
+from asyncrl.learner.half_precision import HalfForwards, LossScale
 from asyncrl.learner.routing_replay import RoutingReplay
 from asyncrl.learner.sharding import SINGLE, Ranks
 
@@ -38,8 +40,12 @@ log = logging.getLogger("asyncrl.learner")
 
 class Trainer:
     def __init__(self, model: torch.nn.Module, learner_cfg, sampling: SamplingParams, pad_id: int,
-                 ranks: Ranks = SINGLE):
+                 ranks: Ranks = SINGLE, half: torch.dtype | None = None):
+        """`half`: the engines' half-precision dtype when this learner keeps float32 master weights and runs
+        its forwards on their rounding (`learner.half_precision`); None: forwards in the weights' own dtype."""
         self.model = model
+        self.half = None if half is None else HalfForwards(half)
+        self.loss_scale = LossScale(enabled=half == torch.float16)
         self.cfg = learner_cfg
         self.algo = learner_cfg.algo
         self.sampling = sampling
@@ -87,8 +93,9 @@ class Trainer:
 
     def _logprobs(self, batch: TrainBatch, model: torch.nn.Module | None = None) -> torch.Tensor:
         forward = shared_prompt_logprobs if self.shares_prompts else sequence_logprobs
-        logp, _mask = forward(model or self.model, batch.sequences, batch.response_starts, self.sampling,
-                              self.pad_id)
+        model = model or self.model
+        with contextlib.nullcontext() if self.half is None else self.half.running(model):
+            logp, _mask = forward(model, batch.sequences, batch.response_starts, self.sampling, self.pad_id)
         return logp[:, : batch.response_mask.shape[1]]
 
     @contextlib.contextmanager
@@ -209,13 +216,21 @@ class Trainer:
         metrics: dict[str, float] = dict(adv.metrics)
         metrics.update(to_floats(routing_metrics))
         sums: dict[str, float] = defaultdict(float)
+        diagnostics: dict[str, float] = defaultdict(float)
         chunks = self.minibatch_rows(batch, adv.keep)
-        skipped = 0
+        skipped = measured = 0
         if logp_fused is not None and chunks != [list(range(len(batch)))]:
             raise AssertionError("a fused proximal forward needs the whole batch as its one mini-batch")
         for chunk in chunks:
             loss, grad_norm, mb_metrics = self._train_chunk(batch, chunk, algo, adv, logp_prox, logp_ref, logp_fused)
-            if not (torch.isfinite(loss) and torch.isfinite(grad_norm)):
+            finite = bool(torch.isfinite(loss) and torch.isfinite(grad_norm))
+            self.loss_scale.update(finite)
+            if all(math.isfinite(float(v)) for v in mb_metrics.values()):
+                # Its diagnostics hold even when its gradients overflowed (a float16 loss scale too high).
+                measured += 1
+                for key, value in mb_metrics.items():
+                    diagnostics[key] += float(value)
+            if not finite:
                 # One non-finite value would spread to every weight through the optimizer: skip the update
                 # (the optimizer state stays as it was) and count it; the weights never see it.
                 self.optimizer.zero_grad(set_to_none=True)
@@ -224,12 +239,14 @@ class Trainer:
             self.optimizer.step()
             sums["loss/total"] += loss.item()
             sums["opt/grad_norm"] += float(grad_norm)
-            for key, value in mb_metrics.items():
-                sums[key] += float(value)
         self.replay.end_step()
         for key, value in sums.items():
             metrics[key] = value / max(1, len(chunks) - skipped)
+        for key, value in diagnostics.items():
+            metrics[key] = value / measured
         metrics["opt/skipped_updates"] = skipped
+        if self.loss_scale.enabled:
+            metrics["opt/loss_scale"] = self.loss_scale.scale
         metrics["teacher/unavailable"] = float(self.algo.opd.enabled and batch.logp_teacher is None)
         lengths = batch.response_mask.sum(dim=1)
         metrics.update(
@@ -270,7 +287,7 @@ class Trainer:
                 logp_teacher=mb.logp_teacher,
                 opd_mask=None if adv.opd_mask is None else adv.opd_mask[idx, :width], units=units,
             )
-            (loss if weight == 1.0 else loss * weight).backward()
+            self.loss_scale.scaled(loss if weight == 1.0 else loss * weight).backward()
         return loss, {**mb_metrics, **to_floats(mb_routing)}
 
     def _train_chunk(self, batch: TrainBatch, chunk: list[int], algo, adv, logp_prox, logp_ref,
@@ -299,6 +316,7 @@ class Trainer:
                     weighted[key] += 0.0 if spare else float(value)
             loss = self.ranks.sum(local_loss)
             mb_metrics = self._mean_over_parts(weighted, real)
+        self.loss_scale.unscale_(self.model.parameters())
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.max_grad_norm)
         if hasattr(grad_norm, "full_tensor"):
             grad_norm = grad_norm.full_tensor()

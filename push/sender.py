@@ -89,10 +89,13 @@ class Sent:
 class WeightPublisher:
     """`named`/`adapter`: a LoRA learner's adapter parameters (peft's saved names) and the adapter's shape: only
     those travel, and every commit names their checksum (a receiver serving another adapter failed the push).
-    Default: every weight of `model` (`modeling.named_weights`)."""
+    Default: every weight of `model` (`modeling.named_weights`). `wire_dtype`: the dtype the weights travel in
+    when it is not theirs (float32 master weights of a half-precision run: the engines' dtype, half the bytes,
+    and the rounding the learner's forwards use)."""
 
     def __init__(self, controller_stub, model, transport_cfg, push_timeout_s: float, max_attempts: int = 3,
-                 named: list | None = None, adapter: AdapterSpec | None = None):  # fmt: skip
+                 named: list | None = None, adapter: AdapterSpec | None = None,
+                 wire_dtype: torch.dtype | None = None):  # fmt: skip
         self.stub = controller_stub
         # The controller's commit waits up to push_timeout_s for the receivers: our deadline must be longer.
         self.commit_deadline_s = push_timeout_s + 30
@@ -110,6 +113,13 @@ class WeightPublisher:
                                     slots=None if adapter is None else dict(named))
         # The manifest goes into our store once; plans name its digest and receivers read it once.
         self.metas = tensor_metas(named)
+        self._wire: FlatWeights | None = None
+        """The weights rounded to `wire_dtype`, refreshed before each push (None: they travel as they are)."""
+        if wire_dtype is not None and any(m.torch_dtype != wire_dtype for m in self.metas):
+            wire_name = str(wire_dtype).removeprefix("torch.")
+            self.metas = tuple(dataclasses.replace(m, dtype=wire_name) if m.torch_dtype.is_floating_point else m
+                               for m in self.metas)
+            self._wire = FlatWeights(self.metas, self.flat.bucket_bytes, self.flat.buffers[0].device)
         self.groups = BroadcastGroups(self.store)
         self.offer = PushOffer(
             store_address=self.store_address, transport=transport_cfg.type,
@@ -133,18 +143,30 @@ class WeightPublisher:
         `last`: no push follows (the run's last): none is reserved after it."""
         if self._background.running:
             raise RuntimeError("a background push is in flight: finish() it first")
-        return self._push(version, self.flat, False, last)
+        if self._wire is None:
+            return self._push(version, self.flat, False, last)
+        self._round_into(self._wire)
+        return self._push(version, self._wire, False, last)
 
     def start(self, version: int, last: bool = False) -> None:
         """Snapshot the live weights and push them as `version` on the background thread (`last` as in `push`)."""
         if self._background.running:
             raise RuntimeError("a background push is in flight: finish() it first")
         if self._snapshot is None:
-            self._snapshot = FlatWeights(self.flat.metas, self.flat.bucket_bytes, self.flat.buffers[0].device)
-        with torch.no_grad():
-            for live, copy in zip(self.flat.buffers, self._snapshot.buffers):
-                copy.copy_(live)
+            self._snapshot = FlatWeights(self.metas, self.flat.bucket_bytes, self.flat.buffers[0].device)
+        if self._wire is not None:
+            self._round_into(self._snapshot)
+        else:
+            with torch.no_grad():
+                for live, copy in zip(self.flat.buffers, self._snapshot.buffers):
+                    copy.copy_(live)
         self._background.start(self._push, version, self._snapshot, True, last)
+
+    @torch.no_grad()
+    def _round_into(self, target: FlatWeights) -> None:
+        """The live weights copied into `target`'s buffers, rounded to its dtypes."""
+        for name, view in target.views.items():
+            view.copy_(self.flat.views[name])
 
     def finish(self) -> PushResult | None:
         """Wait for the background push (None when there is none); raises what it raised."""

@@ -1,7 +1,8 @@
 """`model.determinism` end to end, as a user runs it (`asyncrl up`, two torch-engine replicas, η = 0).
 
 bitwise: every step's logp_prox equals the engines' logp_behav bit for bit (the largest |δ| and both mismatch KL
-estimates exactly 0.0), dense and MoE (whose routing then matches the engines' without replay).
+estimates exactly 0.0), dense and MoE (whose routing then matches the engines' without replay), float32 and
+float16.
 reproducible: two runs of the same config end with the same weights, tensor for tensor, although which
 replica played which prompt, and what it was batched with, differed between them.
 """
@@ -26,11 +27,15 @@ def _steps(run_dir: Path) -> list[dict]:
     return [ev for ev in read_events(run_dir, "learner") if ev["kind"] == "step"]
 
 
-@pytest.mark.parametrize("config", ["tiny-arith.yaml", "tiny-moe.yaml"])
-def test_bitwise_at_eta_0_trains_exactly_on_policy(tmp_path, config):
+@pytest.mark.parametrize("config, dtype", [("tiny-arith.yaml", "float32"), ("tiny-moe.yaml", "float32"),
+                                           ("tiny-arith.yaml", "float16")])
+def test_bitwise_at_eta_0_trains_exactly_on_policy(tmp_path, config, dtype):
+    """float16: engines in float16, the learner's float32 master weights rounded for every forward and every
+    push (which travels in float16: half the float32 bytes)."""
     run_dir = tmp_path / "run"
     summary = asyncrl_up(run_dir, "model.determinism=bitwise", "controller.eta=0", f"learner.total_steps={STEPS}",
-                         "learner.eval_every=0", timeout_s=600, config=REPO / "examples" / config)
+                         "learner.eval_every=0", f"model.dtype={dtype}", timeout_s=600,
+                         config=REPO / "examples" / config)
     assert summary["audit"]["ok"]
     steps = _steps(run_dir)
     assert len(steps) == STEPS
@@ -39,6 +44,11 @@ def test_bitwise_at_eta_0_trains_exactly_on_policy(tmp_path, config):
         assert (ev["rc/delta_abs_max"], ev["rc/kl_k1"], ev["rc/kl_k3"]) == (0.0, 0.0, 0.0), ev["version"]
         if "routing/mismatch_frac" in ev:
             assert ev["routing/mismatch_frac"] == 0.0
+    pushes = [ev for ev in read_events(run_dir, "learner") if ev["kind"] == "push"]
+    if dtype == "float16":
+        weights = load_file(run_dir / "checkpoints" / f"step-{STEPS:06d}" / "hf" / "model.safetensors")
+        assert {t.dtype for t in weights.values()} == {torch.float32}  # the masters
+        assert pushes[-1]["push_bytes"] == sum(t.numel() * 2 for t in weights.values())
     no_process_left(run_dir)
 
 
