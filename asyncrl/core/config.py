@@ -36,9 +36,9 @@ class ModelConfig(Section):
     """Build the tiny demo model (and its teacher) at `path` / `teacher.model_path` when they do not exist
     (`asyncrl up`). Only the demo config sets this: a missing real checkpoint is an error naming the path."""
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
-    """Parameter dtype in every engine and the learner. float32 keeps rollout/learner mismatch minimal on CPU;
-    float16 rather than bfloat16 where a half type is wanted (10 mantissa bits to bfloat16's 7: a smaller
-    mismatch)."""
+    """Parameter dtype in every engine. A single-rank full-weight learner keeps float32 master weights and runs
+    its forwards in this dtype (pushes travel in it); a sharded or LoRA learner holds its weights in it. float16
+    rather than bfloat16 where a half type is wanted (10 mantissa bits to bfloat16's 7): docs/determinism.md."""
     determinism: Determinism = "off"
     """How deterministic the run is (docs/determinism.md). off: the fastest kernels. reproducible: the same config
     and seed give the same run (each sample seeded by its prompt's stream position and its index, batch-invariant
@@ -337,6 +337,10 @@ class AsyncRLConfig(Section):
             self._check_episodes()
         if self.model.determinism == "bitwise":
             self._check_bitwise()
+        if self.model.dtype == "float16" and self.learner.world_size > 1:
+            raise ValueError("model.dtype float16 with learner.world_size > 1: the sharded learner would train float16 "
+                             "weights (AdamW's epsilon underflows); the single-rank learner keeps float32 master "
+                             "weights (docs/determinism.md \"Half precision\")")
         if self.teacher.enabled and not self.teacher.model_path:
             raise ValueError("teacher.model_path: required when teacher.enabled is true (the teacher's checkpoint "
                              "directory)")

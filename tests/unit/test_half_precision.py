@@ -75,3 +75,26 @@ def test_bfloat16_scales_no_loss():
     off = LossScale(enabled=False)
     off.update(False)
     assert off.scale == 1.0 and off.scaled(torch.tensor(3.0)).item() == 3.0
+
+
+def test_a_sharded_float16_learner_is_refused_naming_the_keys():
+    from pydantic import ValidationError
+
+    from asyncrl.core.config import AsyncRLConfig
+
+    with pytest.raises(ValidationError, match="model.dtype float16 with learner.world_size > 1"):
+        AsyncRLConfig.model_validate({"model": {"dtype": "float16"}, "learner": {"world_size": 2}})
+
+
+@pytest.mark.parametrize("overrides, half", [
+    ({"model": {"dtype": "float16"}}, torch.float16),
+    ({"model": {"dtype": "bfloat16"}}, torch.bfloat16),
+    ({"model": {"dtype": "float32"}}, None),
+    ({"model": {"dtype": "bfloat16"}, "learner": {"lora": {"enabled": True}}}, None),
+    ({"model": {"dtype": "bfloat16"}, "learner": {"world_size": 2}}, None),
+])
+def test_master_weights_are_kept_for_a_half_full_weight_learner_on_one_rank(overrides, half):
+    from asyncrl.core.config import AsyncRLConfig
+    from asyncrl.learner.builder import master_weights_for
+
+    assert master_weights_for(AsyncRLConfig.model_validate(overrides)) == half

@@ -70,11 +70,23 @@ def invariant_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Ten
     parts = []
     for lo in range(0, queries, step):
         hi = min(queries, lo + step)
-        mask = None
+        mask, first, last = None, 0, keys
         if additive_mask is not None:
             mask = additive_mask[..., lo:hi, :] if additive_mask.shape[-2] > 1 else additive_mask
-        parts.append(_attend(q[:, :, lo:hi], k, v, mask, scaling))
+            first, last = _allowed_span(mask)
+            mask = mask[..., first:last]
+        parts.append(_attend(q[:, :, lo:hi], k[:, :, first:last], v[:, :, first:last], mask, scaling))
     return torch.cat(parts, dim=2) if len(parts) > 1 else parts[0]
+
+
+def _allowed_span(mask: torch.Tensor) -> tuple[int, int]:
+    """The keys [first, last) outside which every query of `mask` is masked (the causal future of a prefill's
+    first queries, padding on the left of every row): they would only add exact zeros, first or last, to the
+    sequential sums, so they are left out."""
+    allowed = (mask > torch.finfo(torch.float32).min / 2).flatten(0, -2).any(0).nonzero()
+    if allowed.numel() == 0:
+        return 0, mask.shape[-1]
+    return int(allowed[0]), int(allowed[-1]) + 1
 
 
 def _attend(q, k, v, mask, scaling):

