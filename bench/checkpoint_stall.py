@@ -34,7 +34,8 @@ from asyncrl.core.buffer.memory import MemoryBuffer
 from asyncrl.core.config import AsyncRLConfig
 from asyncrl.core.events import MemoryEvents
 from asyncrl.core.modeling import load_causal_lm, named_weights
-from asyncrl.learner.checkpoint import Checkpointer, CheckpointMeta
+from asyncrl.learner.checkpoint import Checkpointer
+from asyncrl.learner.checkpoint_index import CheckpointMeta
 from asyncrl.learner.checkpoint_saver import CheckpointSaver
 from asyncrl.learner.learner_metrics import LearnerMetrics
 from asyncrl.push.transport.flat import bind_parameters

@@ -35,7 +35,8 @@ from asyncrl.core.sampling import SamplingParams
 from asyncrl.core.tasks import task_for_run
 from asyncrl.core.trajectory_checks import checkpoint_limits
 from asyncrl.learner.adapters import inject_adapters, lora_parameters
-from asyncrl.learner.checkpoint import Checkpointer, load_checkpoint, resume_path
+from asyncrl.learner.checkpoint import Checkpointer, load_checkpoint
+from asyncrl.learner.checkpoint_index import resume_path
 from asyncrl.learner.checkpoint_saver import FollowerSaves
 from asyncrl.learner.half_precision import HALF_DTYPES
 from asyncrl.learner.held_out import evaluate_held_out

@@ -39,60 +39,18 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
 from asyncrl.core.config import dump_config
-from asyncrl.core.records.learner import CoveredAcked
 from asyncrl.learner.adapters import lora_parameters, merged_state_dict, save_adapter
+from asyncrl.learner.checkpoint_index import (
+    COVERED,
+    NOTHING_COVERED,
+    PREFIX,
+    CheckpointMeta,
+    Covered,
+    checkpoints_dir,
+    list_checkpoints,
+    read_meta,
+)
 from asyncrl.learner.sharding import SAVE, SINGLE, STAGE, Ranks
-
-PREFIX = "step-"
-COVERED = "covered.json"
-
-
-@dataclass(frozen=True)
-class CheckpointMeta:
-    step: int
-    version: int
-    data_position: int
-    """One past the highest prompt index trained on."""
-    saved_unix_s: float
-
-
-@dataclass(frozen=True)
-class Covered:
-    """What a checkpoint trained since the checkpoint before: the buffer entries and their groups."""
-
-    entry_ids: tuple[str, ...] = ()
-    group_ids: tuple[str, ...] = ()
-
-
-def checkpoints_dir(run_dir: str | Path) -> Path:
-    return Path(run_dir) / "checkpoints"
-
-
-def list_checkpoints(run_dir: str | Path) -> list[Path]:
-    """Complete checkpoints, oldest first."""
-    root = checkpoints_dir(run_dir)
-    if not root.is_dir():
-        return []
-    return sorted(p for p in root.iterdir() if p.is_dir() and p.name.startswith(PREFIX) and (p / "meta.json").is_file())
-
-
-def latest_checkpoint(run_dir: str | Path) -> Path | None:
-    found = list_checkpoints(run_dir)
-    return found[-1] if found else None
-
-
-def resume_path(config) -> str:
-    """The checkpoint `learner.checkpoint.resume_from` names: a path, "latest" (the newest complete one under
-    the run directory, "" when there is none yet), or "" (start from model.path)."""
-    wanted = config.learner.checkpoint.resume_from
-    if wanted != "latest":
-        return wanted
-    found = latest_checkpoint(config.run_dir)
-    return str(found) if found is not None else ""
-
-
-def read_meta(path: str | Path) -> CheckpointMeta:
-    return CheckpointMeta(**json.loads((Path(path) / "meta.json").read_text()))
 
 
 class Checkpointer:
@@ -107,7 +65,7 @@ class Checkpointer:
         """A LoRA learner's adapter shape (`AdapterSpec`): the adapter is saved in peft's format and the export
         is the merged policy."""
 
-    def save(self, model, optimizer, meta: CheckpointMeta, covered: Covered = Covered()) -> Path:
+    def save(self, model, optimizer, meta: CheckpointMeta, covered: Covered = NOTHING_COVERED) -> Path:
         """Write a checkpoint of the live state, in line, naming what it `covered`. (The leader; every other
         rank saves its shards when told, `sharding.follow`.)"""
         tmp, final = self._begin(meta)
@@ -127,7 +85,7 @@ class Checkpointer:
         if self.cfg.export_hf:
             export_hf(module, self.tokenizer, tmp / "hf", state)
 
-    def stage(self, model, optimizer, meta: CheckpointMeta, covered: Covered = Covered()) -> StagedCheckpoint:
+    def stage(self, model, optimizer, meta: CheckpointMeta, covered: Covered = NOTHING_COVERED) -> StagedCheckpoint:
         """A copy in host memory of everything a checkpoint holds, taken now, for `write` to put on disk later
         while training goes on (`learner.checkpoint.background`). On a sharded learner every rank copies its
         shards when told (`sharding.follow`, STAGE) and the leader also copies its mirror for the export."""
@@ -186,29 +144,8 @@ class StagedCheckpoint:
     """The export's state (None: no export); with LoRA the adapter's tensors (peft names), merged when written."""
     tmp: Path
     final: Path
-    covered: Covered = Covered()
+    covered: Covered = NOTHING_COVERED
     """What it trained since the checkpoint before (`covered.json`)."""
-
-
-def read_covered(path: str | Path) -> Covered:
-    """What checkpoint `path` covers (nothing for one written before checkpoints named it)."""
-    file = Path(path) / COVERED
-    if not file.is_file():
-        return Covered()
-    saved = json.loads(file.read_text())
-    return Covered(tuple(saved["entry_ids"]), tuple(saved["group_ids"]))
-
-
-def ack_covered(buffer, path: str | Path, events) -> Covered:
-    """Acknowledge the entries checkpoint `path` covers that are still pending (its learner died between the
-    rename and the acknowledgement), recorded as `covered_acked` when there were any; returns what the
-    checkpoint covers. Acknowledging twice changes nothing, so whoever continues from the checkpoint calls
-    this first, however the previous learner ended."""
-    covered = read_covered(path)
-    acked = buffer.ack(list(covered.entry_ids)) if covered.entry_ids else 0
-    if acked:
-        events.write(CoveredAcked(path=str(path), acked=acked, covered=len(covered.entry_ids)))
-    return covered
 
 
 def _host_copy(value, copies: dict | None = None):

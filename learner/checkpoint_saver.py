@@ -21,7 +21,8 @@ import time
 
 from asyncrl.core.one_at_a_time import OneAtATime
 from asyncrl.core.records.learner import CheckpointSaved
-from asyncrl.learner.checkpoint import CheckpointMeta, Covered, save_shards, stage_shards, write_shards
+from asyncrl.learner.checkpoint import save_shards, stage_shards, write_shards
+from asyncrl.learner.checkpoint_index import CheckpointMeta, Covered
 
 
 class CheckpointSaver:

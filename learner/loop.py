@@ -32,7 +32,7 @@ from asyncrl.core.records.learner import (
 from asyncrl.core.teacher_client import score, score_request
 from asyncrl.core.trajectory_checks import TrajectoryLimits
 from asyncrl.learner.busy import BusyMeter
-from asyncrl.learner.checkpoint import CheckpointMeta, ack_covered
+from asyncrl.learner.checkpoint_index import CheckpointMeta, ack_covered
 from asyncrl.learner.checkpoint_saver import CheckpointSaver
 from asyncrl.learner.intake import BatchIntake
 from asyncrl.learner.memory_plan import MemoryWatch

@@ -73,14 +73,26 @@ def check_local_nccl(config) -> None:
 
 
 def preflight(config) -> None:
-    """Everything a run needs from the disk, checked once before any process starts."""
-    from asyncrl.core.tasks import task_for_run
+    """Everything a run needs from the disk, checked once: `preflight_files`, then `preflight_task`."""
+    preflight_files(config)
+    preflight_task(config)
 
+
+def preflight_files(config) -> None:
+    """The checkpoints the run loads and what they must be (reads a few files; nothing heavy is imported)."""
     check_checkpoint(config.model.path, "model.path")
     check_routing_replay(config)
     check_local_nccl(config)
     if config.teacher.enabled:
         check_checkpoint(config.teacher.model_path, "teacher.model_path")
+
+
+def preflight_task(config) -> None:
+    """The task as every process builds it: its tokenizer, prompts, reward and environment. Building it imports
+    transformers and torch (about two seconds here), so `asyncrl up` runs it while the services start, and
+    stops them when it fails."""
+    from asyncrl.core.tasks import task_for_run
+
     try:
         task_for_run(config)
     except ConfigError:

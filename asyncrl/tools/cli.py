@@ -37,10 +37,10 @@ def _up(args):
         signal.signal(sig, stop)
 
     if args.resume:
-        return resume(args.resume, args.set)
+        _exit_now(resume(args.resume, args.set))
     if not args.config:
         raise ConfigError("--config: required (or --resume RUN_DIR to continue a run)")
-    return run(_config(args), config_path=args.config)
+    _exit_now(run(_config(args), config_path=args.config))
 
 
 def _pinned(config, role: str):
@@ -59,18 +59,21 @@ def _controller(args):
     from asyncrl.services.controller_service import serve
 
     serve(_pinned(_config(args), "controller"))
+    _exit_now()
 
 
 def _rollout(args):
     from asyncrl.services.rollout_service import serve
 
     serve(_pinned(_config(args), "rollout"), replica_id=args.replica_id)
+    _exit_now()
 
 
 def _teacher(args):
     from asyncrl.services.teacher_service import serve
 
     serve(_pinned(_config(args), "teacher"))
+    _exit_now()
 
 
 def _learner(args):
@@ -88,18 +91,21 @@ def _learner(args):
         print(f"asyncrl learner: starting {config.learner.world_size} ranks with torchrun", flush=True)
         os.execv(sys.executable, argv)
     serve(config)
-    if config.learner.world_size > 1:
-        _exit_now()
+    _exit_now()
 
 
-def _exit_now() -> None:
-    """End a learner rank without the interpreter's teardown: FSDP's device mesh keeps the process group
-    (and its threads) referenced past destroy_process_group, and C++ static destructors running beside
-    those threads can abort the process at exit, which torchrun would report as a failed learner."""
+def _exit_now(code: int = 0) -> None:
+    """End a service (or `up`) that has stopped in order without the interpreter's teardown. Everything that
+    must outlive the process is on disk by then (event logs are written line by line, checkpoints waited
+    for, engines and pools closed), and the teardown is slow and fragile: torch's, gloo's and gRPC's
+    finalizers held a replica for a second after its stop was done (the controller half a second), so the end
+    of every run waited for them; and FSDP's device mesh keeps the process group (and its threads) referenced
+    past destroy_process_group, where C++ static destructors running beside those threads can abort a learner
+    rank, which torchrun would report as a failed learner."""
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()
-    os._exit(0)
+    os._exit(code)
 
 
 def _make_tiny_model(args):

@@ -12,26 +12,24 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import time
 from datetime import datetime
 from pathlib import Path
 
-from asyncrl.controller.persistence import make_store
-from asyncrl.core.buffer import make_buffer
 from asyncrl.core.config import AsyncRLConfig, dump_config, load_config
 from asyncrl.core.events import EventLog, read_records
 from asyncrl.core.grpc_util import wait_for_channel
-from asyncrl.core.preflight import ConfigError, preflight
+from asyncrl.core.preflight import ConfigError, preflight, preflight_files, preflight_task
 from asyncrl.core.records import Record
 from asyncrl.core.records.learner import Eval, Step
-from asyncrl.learner.checkpoint import ack_covered, latest_checkpoint, read_meta
-from asyncrl.learner.timeline import drop_dead_timeline
 from asyncrl.tools.port_plan import REPLICA_PORTS, check_ports, replica_port
 from asyncrl.tools.processes import ProcessGroup, free_port
 from asyncrl.tools.redis_local import start_local_redis
 from asyncrl.tools.run_end import close_learner_log
 from asyncrl.tools.run_secrets import local_redis_password, run_auth, run_learner_secret
 from asyncrl.tools.supervisor import Restartable, Supervisor
+from asyncrl.tools.tiny_model_stamp import tiny_models_current
 
 
 def resolve(config: AsyncRLConfig) -> AsyncRLConfig:
@@ -77,9 +75,9 @@ def claim_run_dir(template: str) -> str:
 def ensure_models(cfg: AsyncRLConfig) -> None:
     """Build the tiny demo model when the config asks for it (model.build_tiny) and the checkpoints are
     missing or were built from another tiny_model/task config (a no-op otherwise)."""
-    if not cfg.model.build_tiny:
+    if not cfg.model.build_tiny or (cfg.model.path and tiny_models_current(cfg)):
         return
-    from asyncrl.tools.tiny_model import make_tiny_model
+    from asyncrl.tools.tiny_model import make_tiny_model  # torch and the task: only to build
 
     paths = make_tiny_model(cfg)
     if paths.built:
@@ -108,7 +106,7 @@ def run(config: AsyncRLConfig, config_path: str | None = None) -> int:
         )
     try:
         ensure_models(cfg)
-        preflight(cfg)
+        preflight_files(cfg)
         check_ports(cfg)
     except BaseException:
         # A refused start leaves no empty run directory behind (`resolve` claimed it for "{time}").
@@ -117,9 +115,16 @@ def run(config: AsyncRLConfig, config_path: str | None = None) -> int:
         raise
     run_dir.mkdir(parents=True, exist_ok=True)
     group = ProcessGroup(run_dir / "logs")
-    if cfg.buffer.type == "redis" and not cfg.buffer.redis_url:
-        cfg.buffer.redis_url = start_local_redis(group, run_dir / "redis", password=local_redis_password(cfg))
-    return launch(cfg, group)
+    try:
+        if cfg.buffer.type == "redis" and not cfg.buffer.redis_url:
+            cfg.buffer.redis_url = start_local_redis(group, run_dir / "redis", password=local_redis_password(cfg))
+        # The task is checked while the services start (it costs `up` the imports they pay too): a task that
+        # cannot work stops them before anything ran, and the start leaves nothing behind.
+        return launch(cfg, group, check_task=lambda: preflight_task(cfg))
+    except RefusedStart as refused:
+        group.stop_all()
+        shutil.rmtree(run_dir, ignore_errors=True)
+        raise refused.error from None
 
 
 def resume(run_dir: str, overrides: list[str]) -> int:
@@ -127,6 +132,9 @@ def resume(run_dir: str, overrides: list[str]) -> int:
     (plus `overrides`), its Redis data (append-only file) and event logs, new ports. The controller starts at
     the checkpoint's version with N_r and the prompt cursor past everything trained or still in the buffer;
     the learner loads the checkpoint and trains the entries it had not yet checkpointed again."""
+    # Here, not at the top: a fresh run's `up` then starts its services without importing torch first.
+    from asyncrl.learner.checkpoint_index import latest_checkpoint
+
     resolved = Path(run_dir) / "config.resolved.yaml"
     if not resolved.is_file():
         raise ConfigError(f"--resume: {run_dir!r} is not a run directory (no config.resolved.yaml)")
@@ -151,6 +159,11 @@ def from_checkpoint(cfg: AsyncRLConfig, ckpt: Path) -> AsyncRLConfig:
     """The config that continues `cfg`'s run from `ckpt`: new ports, the controller at the checkpoint's version
     with N_r and the prompt cursor past everything trained or still in the buffer (after the lost timeline
     is dead-lettered), the learner loading the checkpoint."""
+    from asyncrl.controller.persistence import make_store
+    from asyncrl.core.buffer import make_buffer
+    from asyncrl.learner.checkpoint_index import ack_covered, read_meta
+    from asyncrl.learner.timeline import drop_dead_timeline
+
     cfg = cfg.model_copy(deep=True)
     chosen: set[int] = set()
     for section, field in ((cfg.controller, "port"), (cfg.controller, "status_port"), (cfg.teacher, "port")):
@@ -184,28 +197,46 @@ def from_checkpoint(cfg: AsyncRLConfig, ckpt: Path) -> AsyncRLConfig:
     return cfg
 
 
-def launch(cfg: AsyncRLConfig, group: ProcessGroup) -> int:
+class RefusedStart(Exception):
+    """The task check that runs beside the services' start failed: `error` is the ConfigError to report."""
+
+    def __init__(self, error: ConfigError):
+        super().__init__(str(error))
+        self.error = error
+
+
+def launch(cfg: AsyncRLConfig, group: ProcessGroup, check_task=None) -> int:
     """Start the services of a resolved config (Redis already up), supervise them until the learner is done,
-    then stop them and audit the run."""
+    then stop them and audit the run. `check_task`: run once the services are starting; its ConfigError stops
+    them and is raised as `RefusedStart` (no audit: nothing ran)."""
     code = 1
     try:
-        code = start_and_supervise(cfg, group)
+        code = start_and_supervise(cfg, group, check_task)
+    except RefusedStart:
+        group.stop_all()  # nothing ran: no records to close, nothing to audit
+        raise
     except KeyboardInterrupt:
         print("\n[up] interrupted; stopping", flush=True)
         code = 130
-    finally:
-        # The learner first: it ends its step and records what is left while the services it talks to run.
-        group.stop(("learner",))
-        if cfg.buffer.type == "redis":
-            closed = close_learner_log(cfg)
-            if closed:
-                print(f"[up] {closed}", flush=True)
-        group.stop_all()
+    except BaseException:
+        stop_run(cfg, group)
+        raise
+    stop_run(cfg, group)
     finish(cfg)
     return code
 
 
-def start_and_supervise(cfg: AsyncRLConfig, group: ProcessGroup) -> int:
+def stop_run(cfg: AsyncRLConfig, group: ProcessGroup) -> None:
+    """The learner first: it ends its step and records what is left while the services it talks to run."""
+    group.stop(("learner",))
+    if cfg.buffer.type == "redis":
+        closed = close_learner_log(cfg)
+        if closed:
+            print(f"[up] {closed}", flush=True)
+    group.stop_all()
+
+
+def start_and_supervise(cfg: AsyncRLConfig, group: ProcessGroup, check_task=None) -> int:
     """Start the controller, the teacher, the replicas and the learner of `cfg`; supervise until the learner
     exits."""
     run_dir = Path(cfg.run_dir)
@@ -241,6 +272,11 @@ def start_and_supervise(cfg: AsyncRLConfig, group: ProcessGroup) -> int:
     # takes the run back there.
     learner = Restartable(group.start_cli("learner", argv), [*argv, "--set", "learner.checkpoint.resume_from=latest"],
                           None, cfg.learner.max_restarts)
+    if check_task is not None:
+        try:
+            check_task()
+        except ConfigError as err:
+            raise RefusedStart(err) from None
     print(f"[up] started the controller, {'the teacher, ' if cfg.teacher.enabled else ''}{cfg.rollout.replicas} "
           f"rollout replicas and the learner (logs in {run_dir / 'logs'})", flush=True)
     wait_for_channel(cfg.controller.address, 60, auth)

@@ -21,7 +21,7 @@ from pathlib import Path
 from asyncrl.core.buffer import make_buffer
 from asyncrl.core.events import EventLog
 from asyncrl.core.records.learner import FinalBuffer, LearnerLost
-from asyncrl.learner.checkpoint import latest_checkpoint, read_meta
+from asyncrl.learner.checkpoint_index import latest_checkpoint, read_meta
 
 log = logging.getLogger(__name__)
 

@@ -20,7 +20,7 @@ from pathlib import Path
 from asyncrl.core.config import AsyncRLConfig
 from asyncrl.core.events import EventLog, EventTail
 from asyncrl.core.records.learner import Eval, LearnerDied, Step
-from asyncrl.learner.checkpoint import latest_checkpoint
+from asyncrl.learner.checkpoint_index import latest_checkpoint
 from asyncrl.tools.learner_deaths import MEMORY_SETTINGS, judge, oom_kills
 from asyncrl.tools.processes import Child, ProcessGroup
 from asyncrl.tools.redis_local import start_local_redis

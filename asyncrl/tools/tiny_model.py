@@ -13,7 +13,6 @@ tokenizer's files) makes the build a no-op when the checkpoints already match.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import time
@@ -28,18 +27,19 @@ from asyncrl.core.modeling import sequence_logprobs
 from asyncrl.core.tasks import Task, get_task
 from asyncrl.core.tasks.registry import TASKS
 from asyncrl.core.tokenizer import ARITH_ALPHABET, ModelTokenizer, build_char_tokenizer, save_tokenizer
+from asyncrl.tools.tiny_model_stamp import (
+    SFT_BATCH_SIZE,
+    SFT_LR,
+    SFT_TEACHER_FINAL_LR,
+    SFT_WARMUP_STEPS,
+    STAMP_FILE,
+    config_stamp,
+    stamp_matches,
+)
 
 log = logging.getLogger(__name__)
 
-STAMP_FILE = "asyncrl-tiny-model.json"
 HEAD_SIZE = 64
-# Supervised warm start: fixed recipe (not config) so the step counts alone set the policy's strength.
-SFT_BATCH_SIZE = 64
-SFT_LR = 1e-3
-SFT_WARMUP_STEPS = 20
-# The teacher phase decays the learning rate linearly to this fraction: a settled, stronger model. The warm
-# start stops mid-run at the full rate on purpose (an imperfect policy is what RL should improve).
-SFT_TEACHER_FINAL_LR = 0.05
 
 
 @dataclass(frozen=True)
@@ -48,32 +48,6 @@ class TinyModelPaths:
     teacher: Path | None
     built: bool
     """False when both checkpoints were already there with a matching stamp."""
-
-
-def config_stamp(config) -> str:
-    """Hash of everything that determines the checkpoints (tiny_model + task sections, the tokenizer files)."""
-    payload = {
-        "tiny_model": config.tiny_model.model_dump(mode="json"),
-        "task": config.task.model_dump(mode="json"),
-        # What shapes the reference episodes: not the tools' paths (the bench's slow `add` adds as the demo's
-        # does) nor the run-time limits.
-        "environment": config.environment.model_dump(mode="json", include={"type", "tool_call_format"}),
-        "recipe": [SFT_BATCH_SIZE, SFT_LR, SFT_WARMUP_STEPS, SFT_TEACHER_FINAL_LR],
-    }
-    if config.tiny_model.tokenizer_path:
-        files = sorted(p for p in Path(config.tiny_model.tokenizer_path).glob("*") if p.is_file())
-        payload["tokenizer"] = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in files}
-    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
-
-
-def _stamp_matches(directory: Path, stamp: str) -> bool:
-    path = directory / STAMP_FILE
-    if not path.is_file():
-        return False
-    try:
-        return json.loads(path.read_text()).get("stamp") == stamp
-    except (OSError, ValueError):
-        return False
 
 
 def model_config(tiny_cfg, codec):
@@ -223,7 +197,7 @@ def make_tiny_model(config) -> TinyModelPaths:
     policy_dir = Path(config.model.path)
     teacher_dir = Path(config.teacher.model_path) if config.teacher.enabled else None
     stamp = config_stamp(config)
-    if _stamp_matches(policy_dir, stamp) and (teacher_dir is None or _stamp_matches(teacher_dir, stamp)):
+    if stamp_matches(policy_dir, stamp) and (teacher_dir is None or stamp_matches(teacher_dir, stamp)):
         log.info("tiny model up to date (stamp %s): %s, %s", stamp, policy_dir, teacher_dir)
         return TinyModelPaths(policy_dir, teacher_dir, built=False)
     # Only to build: `asyncrl up` checks the stamp before every run, and transformers takes a second to load.

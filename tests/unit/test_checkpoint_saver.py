@@ -15,13 +15,12 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from asyncrl.core.buffer.memory import MemoryBuffer
 from asyncrl.core.events import MemoryEvents
-from asyncrl.learner.checkpoint import (
-    Checkpointer,
+from asyncrl.learner.checkpoint import Checkpointer, load_checkpoint
+from asyncrl.learner.checkpoint_index import (
     CheckpointMeta,
     Covered,
     ack_covered,
     list_checkpoints,
-    load_checkpoint,
     read_covered,
 )
 from asyncrl.learner.checkpoint_saver import CheckpointSaver

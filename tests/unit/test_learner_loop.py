@@ -536,7 +536,7 @@ def test_a_resumed_learner_acknowledges_what_its_checkpoint_holds_before_taking_
     it had read comes back first."""
     import json
 
-    from asyncrl.learner.checkpoint import COVERED, CheckpointMeta
+    from asyncrl.learner.checkpoint_index import COVERED, CheckpointMeta
     from asyncrl.v1 import controller_pb2
 
     heartbeat = controller_pb2.LearnerHeartbeatResponse(current_version=4)

@@ -7,7 +7,8 @@ import torch
 
 from asyncrl.core.config import AsyncRLConfig, TinyModelConfig
 from asyncrl.core.tokenizer import ModelTokenizer, build_char_tokenizer, save_tokenizer
-from asyncrl.tools.tiny_model import STAMP_FILE, config_stamp, make_tiny_model, model_config
+from asyncrl.tools.tiny_model import make_tiny_model, model_config
+from asyncrl.tools.tiny_model_stamp import STAMP_FILE, config_stamp
 
 
 def test_tokenizer_round_trip():

@@ -1,0 +1,108 @@
+"""Where the seconds around a run go: from `asyncrl up` to the first learner step, and from the last step to
+the exit, with the breakdown, against this machine's floor measured in the same sitting.
+
+Each trial runs the demo as the peer comparison does (teacher off, `--steps` steps, no periodic evaluation),
+reads `up`'s console lines as they arrive (each stamped on arrival) and the run's event logs, and reports:
+- start: the command to `up`'s first line (the interpreter and `up`'s imports), to the services started, to the
+  controller answering, to the first replica registered, to the learner's step-0 evaluation, to the first step;
+- exit: the last step to the learner's exit, to the services stopped, to the audit printed, to the exit;
+- the floor: a bare `python -c "import torch, transformers"`, the least any process of the run pays before
+  its first line of asyncrl, timed alone and five at once (a run starts five such processes on these cores).
+
+    .venv/bin/python bench/startup.py [--trials 3] [--steps 20]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from common import WITHOUT_TEACHER, emit
+
+from asyncrl.core.events import read_events
+
+REPO = Path(__file__).resolve().parents[1]
+MARKS = {
+    "first_line": "[up] run dir",
+    "services_started": "[up] started the controller",
+    "controller_answers": "[up] controller grpc",
+    "audit_printed": "[up] audit",
+}
+
+
+def imports_s(processes: int) -> float:
+    """Wall seconds for `processes` interpreters importing torch and transformers at once."""
+    started = time.perf_counter()
+    procs = [subprocess.Popen([sys.executable, "-c", "import torch, transformers"]) for _ in range(processes)]
+    for proc in procs:
+        proc.wait()
+    return time.perf_counter() - started
+
+
+def trial(run_dir: Path, steps: int) -> dict:
+    argv = [sys.executable, "-m", "asyncrl.tools.cli", "up", "--config", str(REPO / "examples" / "tiny-arith.yaml"),
+            "--set", f"run_dir={run_dir}", "--set", f"learner.total_steps={steps}", "--set", "learner.eval_every=0",
+            *[a for o in WITHOUT_TEACHER for a in ("--set", o)]]
+    t0 = time.time()
+    proc = subprocess.Popen(argv, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
+                            env={"PYTHONUNBUFFERED": "1", **__import__("os").environ})
+    seen: dict[str, float] = {}
+    for line in proc.stdout:
+        for mark, prefix in MARKS.items():
+            if line.startswith(prefix) and mark not in seen:
+                seen[mark] = time.time()
+    proc.wait()
+    exited = time.time()
+    if proc.returncode != 0:
+        raise SystemExit(f"asyncrl up failed ({proc.returncode}); logs in {run_dir}")
+    learner = read_events(run_dir, "learner")
+    controller = read_events(run_dir, "controller")
+    steps_at = [e["t"] for e in learner if e["kind"] == "step"]
+    evals = [e["t"] for e in learner if e["kind"] == "eval"]
+    registered = [e["t"] for e in controller if e["kind"] == "replica_registered"]
+    learner_log = run_dir / "logs" / "learner.log"
+    marks = {
+        **{k: v - t0 for k, v in seen.items()},
+        "first_replica_registered": min(registered) - t0 if registered else None,
+        "step0_eval_done": evals[0] - t0 if evals else None,
+        "first_step": steps_at[0] - t0,
+        "last_step": steps_at[-1] - t0,
+        "learner_log_closed": learner_log.stat().st_mtime - t0,
+        "exit": exited - t0,
+    }
+    last = marks["last_step"]
+    return {
+        "start_s": marks["first_step"],
+        "exit_s": marks["exit"] - last,
+        "start": {k: round(v, 2) for k, v in marks.items() if v is not None and v <= marks["first_step"]},
+        "after_last_step": {k: round(v - last, 2) for k, v in marks.items() if v is not None and v > last},
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--trials", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=20)
+    args = ap.parse_args()
+    floor_one = statistics.median(imports_s(1) for _ in range(3))
+    floor_five = statistics.median(imports_s(5) for _ in range(3))
+    trials = []
+    for _ in range(args.trials):
+        with tempfile.TemporaryDirectory() as tmp:
+            trials.append(trial(Path(tmp) / "run", args.steps))
+    start = statistics.median(t["start_s"] for t in trials)
+    exit_s = statistics.median(t["exit_s"] for t in trials)
+    result = {"bench": "startup", "steps": args.steps, "trials": trials, "start_s": round(start, 2),
+              "exit_s": round(exit_s, 2), "import_floor_one_s": round(floor_one, 2),
+              "import_floor_five_s": round(floor_five, 2), "targets": {"start_s": 4.0, "exit_s": 1.5}}
+    emit("startup", result, {"imports (5 at once)": floor_five, "start to step 1": start, "last step to exit": exit_s},
+         "seconds", f"around a run: start {start:.1f} s, exit {exit_s:.1f} s (targets 4 / 1.5)")
+
+
+if __name__ == "__main__":
+    main()
