@@ -1,5 +1,7 @@
-"""`asyncrl up` refuses a config that cannot work before it starts anything: exit code 2 and one line naming
-the key and the path (no traceback, no crash loop of replicas, no demo model built in place of a typo)."""
+"""`asyncrl up` refuses a config that cannot work before anything runs: exit code 2 and one line naming the key
+and the path (no traceback, no crash loop of replicas, no demo model built in place of a typo). The files are
+checked before any process starts; the task (tokenizer, prompts, reward) while the services start, which a
+failing check then stops, leaving no process and no run directory behind."""
 
 from __future__ import annotations
 
@@ -60,6 +62,17 @@ def test_reward_function_with_a_wrong_signature(base, tmp_path):
     bad.write_text("def score(response):\n    return 1.0\n")
     assert_refused(up(*base, "--set", "reward.type=function", "--set", f"reward.function={bad}:score"),
                    "reward.function", "cannot be called as score(response_text, metadata)")  # fmt: skip
+
+
+def test_a_task_refused_while_the_services_start_stops_them_and_leaves_nothing(base, tmp_path):
+    run_dir = tmp_path / "refused-run"
+    bad = tmp_path / "reward.py"
+    bad.write_text("def score(response):\n    return 1.0\n")
+    assert_refused(up(*base, "--set", f"run_dir={run_dir}", "--set", "reward.type=function",
+                      "--set", f"reward.function={bad}:score"), "reward.function")  # fmt: skip
+    assert not run_dir.exists()
+    left = subprocess.run(["pgrep", "-f", str(run_dir)], check=False, capture_output=True, text=True).stdout.split()
+    assert not left, f"processes of the refused run still running: {left}"
 
 
 def test_dataset_without_the_named_field(base):
