@@ -153,7 +153,8 @@ def generate_with_model(
     `params.max_new_tokens`. Tokens are tagged with the version `step_guard` yields (default:
     `weight_version`). With `router_hooks` (installed on `model`) each generation carries its routed experts.
     With `seeds` (one per prompt) sample j of prompt i draws from its own generator, seeded
-    `sample_seed(seeds[i], j)`, instead of `generator`. The model runs in eval mode and is put back in its previous mode afterwards.
+    `sample_seed(seeds[i], j)`, instead of `generator`. The model runs in eval mode and is put back in its
+    previous mode afterwards.
     """
     if n < 1:
         raise ValueError(f"n must be >= 1, got {n}")
