@@ -337,10 +337,11 @@ class AsyncRLConfig(Section):
             self._check_episodes()
         if self.model.determinism == "bitwise":
             self._check_bitwise()
-        if self.model.dtype == "float16" and self.learner.world_size > 1:
-            raise ValueError("model.dtype float16 with learner.world_size > 1: the sharded learner would train float16 "
-                             "weights (AdamW's epsilon underflows); the single-rank learner keeps float32 master "
-                             "weights (docs/determinism.md \"Half precision\")")
+        if self.model.dtype == "float16" and (self.learner.world_size > 1 or self.learner.lora.enabled):
+            key = "learner.world_size > 1" if self.learner.world_size > 1 else "learner.lora.enabled"
+            raise ValueError(f"model.dtype float16 with {key}: that learner would train float16 weights (AdamW's "
+                             "epsilon underflows, the first update is infinite); the single-rank full-weight learner "
+                             "keeps float32 master weights (docs/determinism.md \"Half precision\"); use bfloat16")
         if self.teacher.enabled and not self.teacher.model_path:
             raise ValueError("teacher.model_path: required when teacher.enabled is true (the teacher's checkpoint "
                              "directory)")

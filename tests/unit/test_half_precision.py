@@ -77,13 +77,16 @@ def test_bfloat16_scales_no_loss():
     assert off.scale == 1.0 and off.scaled(torch.tensor(3.0)).item() == 3.0
 
 
-def test_a_sharded_float16_learner_is_refused_naming_the_keys():
+@pytest.mark.parametrize("learner, key", [({"world_size": 2}, "learner.world_size > 1"),
+                                          ({"lora": {"enabled": True}}, "learner.lora.enabled")])
+def test_a_float16_learner_without_master_weights_is_refused_naming_the_keys(learner, key):
     from pydantic import ValidationError
 
     from asyncrl.core.config import AsyncRLConfig
 
-    with pytest.raises(ValidationError, match="model.dtype float16 with learner.world_size > 1"):
-        AsyncRLConfig.model_validate({"model": {"dtype": "float16"}, "learner": {"world_size": 2}})
+    with pytest.raises(ValidationError, match=f"model.dtype float16 with {key}"):
+        AsyncRLConfig.model_validate({"model": {"dtype": "float16"}, "learner": learner})
+    AsyncRLConfig.model_validate({"model": {"dtype": "bfloat16"}, "learner": learner})
 
 
 @pytest.mark.parametrize("overrides, half", [
