@@ -3,8 +3,9 @@ the exit, with the breakdown, against this machine's floor measured in the same 
 
 Each trial runs the demo as the peer comparison does (teacher off, `--steps` steps, no periodic evaluation),
 reads `up`'s console lines as they arrive (each stamped on arrival) and the run's event logs, and reports:
-- start: the command to `up`'s first line (the interpreter and `up`'s imports), to the services started, to the
-  controller answering, to the first replica registered, to the learner's step-0 evaluation, to the first step;
+- start: the command to `up`'s first line (the interpreter and `up`'s imports; the services start right after
+  it), to `up`'s task check done (it runs while the services start), to the controller answering, to the first
+  replica registered, to the learner's step-0 evaluation, to the first step;
 - exit: the last step to the learner's exit, to the services stopped, to the audit printed, to the exit;
 - the floor: a bare `python -c "import torch, transformers"`, the least any process of the run pays before
   its first line of asyncrl, timed alone and five at once (a run starts five such processes on these cores).
@@ -29,7 +30,7 @@ from asyncrl.core.events import read_events
 REPO = Path(__file__).resolve().parents[1]
 MARKS = {
     "first_line": "[up] run dir",
-    "services_started": "[up] started the controller",
+    "task_checked": "[up] started the controller",
     "controller_answers": "[up] controller grpc",
     "audit_printed": "[up] audit",
 }
