@@ -16,6 +16,7 @@ reads `up`'s console lines as they arrive (each stamped on arrival) and the run'
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import subprocess
 import sys
@@ -51,7 +52,7 @@ def trial(run_dir: Path, steps: int) -> dict:
             *[a for o in WITHOUT_TEACHER for a in ("--set", o)]]
     t0 = time.time()
     proc = subprocess.Popen(argv, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
-                            env={"PYTHONUNBUFFERED": "1", **__import__("os").environ})
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
     seen: dict[str, float] = {}
     for line in proc.stdout:
         for mark, prefix in MARKS.items():

@@ -195,7 +195,7 @@ def _as_engines_run(trainer: Trainer, evaluate):
 
 
 def master_weights_for(config) -> torch.dtype | None:
-    """The half dtype whose forwards run over float32 master weights (`learner.half_precision`): a half
+    """The half dtype whose forwards run over float32 master weights (`asyncrl.learner.half_precision`): a half
     `model.dtype` trained on full weights on one rank. None: the weights stay in model.dtype (a LoRA run's
     frozen base; a sharded learner, which has FSDP2's own mixed precision)."""
     dtype = torch_dtype(config.model.dtype)

@@ -68,7 +68,7 @@ def read_covered(path: str | Path) -> Covered:
     """What checkpoint `path` covers (nothing for one written before checkpoints named it)."""
     file = Path(path) / COVERED
     if not file.is_file():
-        return Covered()
+        return NOTHING_COVERED
     saved = json.loads(file.read_text())
     return Covered(tuple(saved["entry_ids"]), tuple(saved["group_ids"]))
 

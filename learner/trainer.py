@@ -42,7 +42,7 @@ class Trainer:
     def __init__(self, model: torch.nn.Module, learner_cfg, sampling: SamplingParams, pad_id: int,
                  ranks: Ranks = SINGLE, half: torch.dtype | None = None):
         """`half`: the engines' half-precision dtype when this learner keeps float32 master weights and runs
-        its forwards on their rounding (`learner.half_precision`); None: forwards in the weights' own dtype."""
+        its forwards on their rounding (`asyncrl.learner.half_precision`); None: forwards in the weights' own dtype."""
         self.model = model
         self.half = None if half is None else HalfForwards(half)
         self.loss_scale = LossScale(enabled=half == torch.float16)

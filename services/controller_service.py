@@ -1,29 +1,16 @@
 """gRPC edge of the controller: validation, translation to `asyncrl.controller.state.ControllerState`, status codes.
 
-Public API
-- `create_server(config, run_dir=None, notify=None) -> (server, port)`: a gRPC server (not started) bound to
-  `config.controller.host:port` (port 0 = any free port; the bound port is returned) with the Controller
-  service, grpc.health.v1 (SERVING for "asyncrl.v1.Controller") and reflection. It is an asyncio server
-  (`asyncrl.core.grpc_aio.AioServerThread`, with the synchronous `start`/`stop` of a grpc.Server): a held
-  AcquireLease is a suspended coroutine, not a thread, so a thousand held replicas leave heartbeats
-  responsive; the other RPCs run as plain functions on a small thread pool. The state object is
-  `server.controller_state` (a `ControllerState`; its reaper thread is already running). After
-  `server.stop(...)`, call `server.controller_state.close()` (stops the reaper, closes the event log).
-  `server.release_held()` before `stop` answers held lease requests UNAVAILABLE at once (`serve` does).
-  Events go to `<run_dir>/events/controller.jsonl`, run_dir defaulting to `config.run_dir`. `notify`
-  replaces the gRPC `Rollout.UpdateWeights` fan-out (tests); `check_replicas=False` skips the challenges of
-  registrations (simulated replicas).
-- `serve(config)`: the process entry point: gRPC + the status page (`controller.status_page`) on
-  `config.controller.status_port`, prints `asyncrl-controller listening grpc=HOST:PORT http=HOST:PORT`,
-  blocks until SIGTERM/SIGINT, stops gracefully.
-- `python -m services.controller_service --config run.yaml [key=value ...]` runs `serve`.
+- `create_server(config, run_dir=None, notify=None, check_replicas=True) -> (server, port)`: the asyncio gRPC
+  server (`asyncrl.core.grpc_aio`), not started: a held AcquireLease(s)/AwaitLeases is a suspended coroutine,
+  the other calls run on a small thread pool. Its state is `server.controller_state` (reaper running; `close()`
+  it after `server.stop`); `server.release_held()` answers held requests UNAVAILABLE at once. `notify` replaces
+  the `Rollout.UpdateWeights` fan-out and `check_replicas=False` skips registration challenges (tests, simulated
+  replicas).
+- `serve(config)`: the process: gRPC and the status page until SIGTERM/SIGINT.
 
-Status codes: a malformed field -> INVALID_ARGUMENT with a message starting with the field name; a
-learner-only call (BeginWeightPush, CommitWeightPush, LearnerHeartbeat, ResetTimeline, ReturnQuota,
-AwaitLeases) without the seated
-learner's `learner_key` -> PERMISSION_DENIED (`controller.learner_seat`); a well-formed request the
-controller's state forbids (expired lease, push already open, wrong version) -> FAILED_PRECONDITION (the
-mapping, and the messages' translation, in `controller_messages`).
+Status codes (`controller_messages`): a malformed field is INVALID_ARGUMENT naming it; a learner-only call without
+the seated learner's key is PERMISSION_DENIED; what the state forbids (an expired lease, a push already open, a
+wrong version) is FAILED_PRECONDITION. docs/architecture.md, "Who may call", has the whole table.
 """
 
 from __future__ import annotations

@@ -121,8 +121,7 @@ def run(config: AsyncRLConfig, config_path: str | None = None) -> int:
         # The task is checked while the services start (it costs `up` the imports they pay too): a task that
         # cannot work stops them before anything ran, and the start leaves nothing behind.
         return launch(cfg, group, check_task=lambda: preflight_task(cfg))
-    except RefusedStart as refused:
-        group.stop_all()
+    except RefusedStart as refused:  # `launch` stopped what it started
         shutil.rmtree(run_dir, ignore_errors=True)
         raise refused.error from None
 

@@ -34,7 +34,7 @@ from asyncrl.tools.tiny_model_stamp import (
     SFT_WARMUP_STEPS,
     STAMP_FILE,
     config_stamp,
-    stamp_matches,
+    tiny_models_current,
 )
 
 log = logging.getLogger(__name__)
@@ -197,7 +197,7 @@ def make_tiny_model(config) -> TinyModelPaths:
     policy_dir = Path(config.model.path)
     teacher_dir = Path(config.teacher.model_path) if config.teacher.enabled else None
     stamp = config_stamp(config)
-    if stamp_matches(policy_dir, stamp) and (teacher_dir is None or stamp_matches(teacher_dir, stamp)):
+    if tiny_models_current(config):
         log.info("tiny model up to date (stamp %s): %s, %s", stamp, policy_dir, teacher_dir)
         return TinyModelPaths(policy_dir, teacher_dir, built=False)
     # Only to build: `asyncrl up` checks the stamp before every run, and transformers takes a second to load.

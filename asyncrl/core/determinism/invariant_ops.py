@@ -29,7 +29,7 @@ _ATTENTION_CHUNK_ELEMENTS = 1 << 22
 """The [queries, keys, head_dim] products are built this many elements at a time (16 MiB in float32)."""
 
 
-def padded_rows(rows: int) -> int:
+def tile_rows(rows: int) -> int:
     """`rows` rounded up to a multiple of ROW_TILE, at least ROW_TILE."""
     return max(ROW_TILE, -(-rows // ROW_TILE) * ROW_TILE)
 
@@ -38,7 +38,7 @@ def invariant_mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """a [M, K] @ b [K, N], each row of the result independent of M."""
     m = a.shape[0]
     a = a.contiguous()
-    padded = padded_rows(m)
+    padded = tile_rows(m)
     if padded != m:
         a = torch.cat([a, a.new_zeros(padded - m, a.shape[1])])
     return torch.mm(a, b)[:m]
