@@ -1,7 +1,8 @@
-"""deploy/: no Docker engine or cluster runs here, so everything that can be checked offline is: the compose
-file against the compose specification, every rendered kustomize overlay against the Kubernetes API schemas
-(strict), the Dockerfiles with hadolint, the Prometheus config and rules with promtool, and, in all of them,
-that each container command is a valid `asyncrl` invocation whose config (with its overrides) validates."""
+"""deploy/, offline (the default suite needs no Docker engine; tests/deploy runs the compose stack for real, and
+no cluster runs here): the compose file against the compose specification, every rendered kustomize overlay
+against the Kubernetes API schemas (strict), the Dockerfiles with hadolint, the Prometheus config and rules
+with promtool, and, in all of them, that each container command is a valid `asyncrl` invocation whose config
+(with its overrides) validates."""
 
 from __future__ import annotations
 
@@ -67,8 +68,14 @@ def test_compose_file_follows_the_compose_spec_and_its_commands_are_valid():
         if holds:
             assert "${ASYNCRL_LEARNER_SECRET:?" in svc["environment"]["ASYNCRL_LEARNER_SECRET"], name
         assert svc["read_only"] is True and svc["cap_drop"] == ["ALL"], name
-        assert svc["build"]["dockerfile"] == "deploy/docker/Dockerfile"
         assert not svc["image"].endswith(":latest")
+    # One build per image (not one per service): make-model builds the image every model-running role uses,
+    # the controller its own; the others only name the image.
+    builds = {name: svc["build"] for name, svc in services.items() if "build" in svc}
+    assert {name: (b["dockerfile"], b["target"]) for name, b in builds.items()} == {
+        "make-model": ("deploy/docker/Dockerfile", "cpu"), "controller": ("deploy/docker/Dockerfile", "controller")}
+    assert {services[n]["image"] for n in ("make-model", "teacher", "rollout", "learner")} == {"asyncrl:0.1.0-cpu"}
+    assert services["controller"]["image"] == "asyncrl:0.1.0-controller"
     redis = services["redis"]["command"]
     assert redis[redis.index("--appendonly") + 1] == "yes" and "--requirepass" in redis
     assert services["redis"]["healthcheck"]["test"][0] == "CMD-SHELL"
@@ -78,6 +85,26 @@ def test_compose_file_follows_the_compose_spec_and_its_commands_are_valid():
     # Prometheus reads deploy/prometheus, Grafana its provisioning and the dashboard.
     assert "./prometheus:/etc/prometheus:ro" in services["prometheus"]["volumes"]
     assert "${GRAFANA_ADMIN_PASSWORD:?" in services["grafana"]["environment"]["GF_SECURITY_ADMIN_PASSWORD"]
+
+
+def test_controller_image_requirements_are_pyprojects_own():
+    """The controller image installs asyncrl without dependencies plus deploy/docker/controller-requirements.txt:
+    each line must be a requirement of pyproject.toml, spelled the same, or the image drifts from the package."""
+    declared = set(tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"])
+    lines = (DEPLOY / "docker" / "controller-requirements.txt").read_text().splitlines()
+    wanted = [line for line in lines if line and not line.startswith("#")]
+    assert wanted and set(wanted) <= declared, set(wanted) - declared
+    assert not {"transformers>=4.51", "peft>=0.15", "datasets>=3.0"} & set(wanted)
+
+
+def test_controller_runs_without_the_model_stack():
+    """What the controller image relies on: its service, its health check and the store client it reports
+    unreachable push receivers with import nothing of transformers, peft or datasets."""
+    code = ("import sys, asyncrl.tools.cli, asyncrl.services.controller_service, asyncrl.tools.health, "
+            "asyncrl.push.transport.broadcast; "
+            "print(sorted(m for m in ('transformers', 'peft', 'datasets', 'matplotlib') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
 
 
 def test_compose_spec_validation_refuses_what_compose_refuses():
