@@ -4,7 +4,10 @@ log-prob of the ground-truth answer after a force-answer prompt, V(prefix_k), an
 episode k, U_k = V(prefix_k) - V(prefix_{k-1}), as a reward on the episode's last token.
 
 Prefix 0 is the empty response (the prompt alone); prefix k ends where episode k ends. The last episode, up to
-the end of the response, is not scored here: the outcome reward covers it."""
+the end of the response, is not scored here: the outcome reward covers it.
+
+A multi-turn episode (an agent's) is cut at its turns instead (`turn_boundaries`): each model turn the
+environment answered ends one, V is scored after the answer and the utility goes on the turn's last token."""
 
 from __future__ import annotations
 
@@ -54,6 +57,21 @@ def _fallback_cut(pieces: Sequence[str], start: int, max_tokens: int) -> int:
         if pieces[end - 1].rstrip(" ").endswith(SENTENCE_ENDS):
             return end
     return start + max_tokens
+
+
+def turn_boundaries(turn_ends: Sequence[int], observation_starts: Sequence[int],
+                    observation_ends: Sequence[int]) -> tuple[list[int], list[int]]:
+    """(prefix ends, reward positions) of a multi-turn response: for each model turn an observation follows
+    (it starts where the turn ends), V is scored after that observation, the state the turn's action led to,
+    and the utility goes on the turn's last token (observations are not trained). The last turn, which nothing
+    answers, is the outcome's."""
+    answered = dict(zip(observation_starts, observation_ends))
+    prefix_ends, positions = [], []
+    for end in turn_ends:
+        if end in answered:
+            prefix_ends.append(answered[end])
+            positions.append(end - 1)
+    return prefix_ends, positions
 
 
 def prefix_value(answer_logprobs: Sequence[float]) -> float:

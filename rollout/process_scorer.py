@@ -1,6 +1,7 @@
 """Training-free process rewards on the replica (`rollout.process_rewards`): for every response of a batch, the
-episode ends (`rollout.episodes`), V(prefix) at each of them scored in one engine call with the policy that
-generated the batch, and each episode's marginal utility written into its trajectory. It runs in the
+episode ends (`rollout.episodes`: at discourse markers, or at the turns of a multi-turn episode), V(prefix) at
+each of them scored in one engine call with the policy that generated the batch, and each episode's marginal
+utility written into its trajectory. It runs in the
 replica's finishing step, beside the reward, so the learner's path never waits for it (the seed measured
 60-70% off the training step by moving it there)."""
 
@@ -10,7 +11,13 @@ import threading
 import time
 from dataclasses import dataclass
 
-from asyncrl.rollout.episodes import episode_ends, marginal_utilities, prefix_value, scoring_requests
+from asyncrl.rollout.episodes import (
+    episode_ends,
+    marginal_utilities,
+    prefix_value,
+    scoring_requests,
+    turn_boundaries,
+)
 
 
 @dataclass(frozen=True)
@@ -35,7 +42,7 @@ class ProcessRewardScorer:
         (TrajectoryGroups, one per prompt of `prompts`) whose prompt has an answer and whose response has
         episode ends; one `engine.score` call for the whole batch."""
         started = time.perf_counter()
-        sequences, starts, owners = [], [], []  # owners: (trajectory, episode ends, answer length)
+        sequences, starts, owners = [], [], []  # owners: (trajectory, reward positions, sequences scored)
         for group, prompt in zip(groups, prompts):
             answer = prompt.metadata.get(self.cfg.answer_key)
             if answer is None:
@@ -43,24 +50,35 @@ class ProcessRewardScorer:
             answer_ids = self.tokenizer.encode_text(str(answer))
             for trajectory in group.trajectories:
                 response = list(trajectory.response_token_ids)
-                pieces = [self.tokenizer.decode_response([token]) for token in response]
-                ends = episode_ends(pieces, self.cfg.markers, self.cfg.max_episode_tokens)[: self.cfg.max_episodes]
+                ends, positions = self._episodes(trajectory, response)
                 if not ends or not answer_ids:
                     continue
                 seqs, firsts = scoring_requests(trajectory.prompt_token_ids, response, ends, self.force, answer_ids)
                 sequences += seqs
                 starts += firsts
-                owners.append((trajectory, ends, len(seqs)))
+                owners.append((trajectory, positions, len(seqs)))
         if not sequences:
             return ProcessScoring(0, 0, time.perf_counter() - started, self.engine.weight_version)
         with self.engine_lock:
             version = self.engine.weight_version
             logprobs = self.engine.score(sequences, starts)
         at = 0
-        for trajectory, ends, count in owners:
+        for trajectory, positions, count in owners:
             values = [prefix_value(lp) for lp in logprobs[at: at + count]]
             at += count
-            trajectory.process_positions.extend(end - 1 for end in ends)
+            trajectory.process_positions.extend(positions)
             trajectory.process_rewards.extend(marginal_utilities(values))
             trajectory.process_version = version
         return ProcessScoring(len(owners), len(sequences) - len(owners), time.perf_counter() - started, version)
+
+    def _episodes(self, trajectory, response: list[int]) -> tuple[list[int], list[int]]:
+        """(prefix ends V is scored at, the response positions their utilities go on), the first
+        `max_episodes`: a multi-turn episode's answered turns, else the response cut at the markers."""
+        if len(trajectory.turn_ends):
+            ends, positions = turn_boundaries(trajectory.turn_ends, trajectory.observation_starts,
+                                              trajectory.observation_ends)
+        else:
+            pieces = [self.tokenizer.decode_response([token]) for token in response]
+            ends = episode_ends(pieces, self.cfg.markers, self.cfg.max_episode_tokens)
+            positions = [end - 1 for end in ends]
+        return ends[: self.cfg.max_episodes], positions[: self.cfg.max_episodes]

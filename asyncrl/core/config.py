@@ -268,9 +268,6 @@ class AsyncRLConfig(Section):
             raise ValueError(f"environment.episode_timeout_s ({env.episode_timeout_s:g} s) must be below "
                              f"rollout.lease_deadline_s ({deadline:g} s): a replica whose episodes outlive its lease "
                              "deadline exits as stuck")
-        if self.rollout.process_rewards.enabled:
-            raise ValueError("rollout.process_rewards.enabled scores single-turn responses; with environment.type "
-                             f"{env.type!r} the environment gives per-turn rewards instead")
         if self.learner.eval_pass_k:
             raise ValueError("learner.eval_pass_k samples single-turn responses; episodes are evaluated by their "
                              "greedy success (set learner.eval_pass_k: 0 with environment.type "

@@ -66,13 +66,16 @@ class ProcessRewardConfig(Section):
     """Score process rewards on the replicas (the learner uses them whenever a group carries them)."""
     markers: list[str] = Field(default_factory=lambda: ["Wait,", "Alternatively,", "Actually,", "Hmm,", "Let me ",
                                                         "I need to ", "So ", "But "])
-    """Discourse markers: an episode ends right before the token where one begins."""
+    """Discourse markers: an episode ends right before the token where one begins. Multi-turn episodes
+    (`environment.type` set) are cut at their turns instead: each model turn the environment answered is one,
+    V scored after the answer, the utility on the turn's last token."""
     max_episode_tokens: int = Field(256, ge=1)
     """An episode longer than this is cut after its last sentence end within the limit (or at the limit)."""
     force_answer: str = "\nThe answer is "
     """Appended after a prefix before the ground-truth answer is scored ("if the model had to answer now").
     Must suit the model's chat template and training format, e.g. "</think>\n\nThe answer is " for a
-    thinking model."""
+    thinking model. In multi-turn episodes a prefix ends after an observation, whose rendering already opens
+    the model's next turn: there it is what the model writes before an answer (often nothing, "")."""
     answer_key: str = "answer"
     """The prompt metadata field holding the ground-truth answer (the arith task's and a dataset's
     `answer_field`)."""

@@ -1,6 +1,7 @@
 """`rollout.process_rewards` on the demo: the replicas score V(prefix) at each episode end with the weights they
 hold (their version recorded), the groups carry the utilities to the learner, which trains on
-them (the `process/*` figures of its steps), and the run completes with a clean audit."""
+them (the `process/*` figures of its steps), and the run completes with a clean audit. On the agent demo the
+episodes are its turns: V scored after each tool answer, the utility on the call that asked for it."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import pytest
 from asyncrl.core.events import read_records
 from asyncrl.core.records.learner import Step
 from asyncrl.core.records.rollout import ProcessRewardsScored
+from tests.e2e.test_agent_run import AGENT_CONFIG
 from tests.e2e.test_system import asyncrl_up, no_process_left
 from tests.run_helpers import replica_records
 
@@ -33,4 +35,22 @@ def test_replicas_score_process_rewards_and_the_learner_trains_on_them(tmp_path)
     steps = [ev for ev in read_records(run_dir, "learner") if isinstance(ev, Step)]
     assert len(steps) == STEPS
     assert all(s.metrics["process/seq_frac"] > 0 and s.metrics["process/utility_abs_mean"] > 0 for s in steps)
+    no_process_left(run_dir)
+
+
+def test_agent_turns_are_scored_after_each_tool_answer(tmp_path):
+    run_dir = tmp_path / "agent"
+    # The observation's rendering opens the model's next turn, where it writes the answer bare: force "".
+    summary = asyncrl_up(run_dir, "learner.total_steps=10", "learner.eval_every=0",
+                         "rollout.process_rewards.enabled=true", 'rollout.process_rewards.force_answer=""',
+                         timeout_s=900, config=AGENT_CONFIG)
+    assert summary["audit"]["ok"], summary["audit"]
+    scored = [ev for ev in replica_records(run_dir) if isinstance(ev, ProcessRewardsScored)]
+    assert scored and sum(ev.episodes for ev in scored) > 0
+    steps = [ev for ev in read_records(run_dir, "learner") if isinstance(ev, Step)]
+    assert len(steps) == 10
+    # The warm-started model calls the tool in most episodes: most sequences carry a turn utility, about one per
+    # tool answer (two calls for three terms), never more than the turns answered (max_turns 4: 3 at most).
+    assert all(s.metrics["process/seq_frac"] > 0.3 for s in steps)
+    assert all(0.3 < s.metrics["process/episodes_per_seq"] <= 3.0 for s in steps)
     no_process_left(run_dir)

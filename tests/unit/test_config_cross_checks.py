@@ -56,8 +56,8 @@ def test_episodes_that_contradict_the_other_sections_are_refused_naming_the_keys
     with pytest.raises(ValidationError, match=r"environment.episode_timeout_s \(900 s\) must be below "
                                               r"rollout.lease_deadline_s \(600 s\)"):
         config(environment={**tools, "episode_timeout_s": 900}, rollout={"lease_deadline_s": 600})
-    with pytest.raises(ValidationError, match="rollout.process_rewards.enabled"):
-        config(environment=tools, rollout={"process_rewards": {"enabled": True}})
+    # Process rewards score multi-turn episodes at their turns (rollout.process_rewards.markers).
+    assert config(environment=tools, rollout={"process_rewards": {"enabled": True}}).rollout.process_rewards.enabled
     with pytest.raises(ValidationError, match="learner.eval_pass_k"):
         config(environment=tools, learner={"eval_pass_k": 2, "eval_samples": 2})
     with pytest.raises(ValidationError, match="environment.tools: name at least one function"):

@@ -15,6 +15,7 @@ from asyncrl.learner.algos import AlgoConfig, build_advantages
 from asyncrl.learner.algos.advantages import process_advantages
 from asyncrl.learner.algos.groups import Groups
 from asyncrl.learner.batch import assemble
+from asyncrl.rollout.episodes import turn_boundaries
 from asyncrl.rollout.process_scorer import ProcessRewardScorer
 from asyncrl.v1 import trajectory_pb2
 from tests.unit.test_learner_batch import entry, traj
@@ -128,3 +129,28 @@ def test_a_prompt_without_an_answer_is_not_scored():
     scorer = ProcessRewardScorer(ProcessRewardConfig(enabled=True, markers=["So "]), engine, threading.Lock(),
                                  CharTokenizer())
     assert scorer.score([group], [Prompt(text="", token_ids=[1])]).responses == 0 and engine.calls == []
+
+
+def test_turn_boundaries_score_after_each_answered_turn_and_reward_its_last_token():
+    # Turn 1 [0, 3), its observation [3, 6), turn 2 [6, 8), observation [8, 10), turn 3 [10, 12) unanswered.
+    assert turn_boundaries([3, 8, 12], [3, 8], [6, 10]) == ([6, 10], [2, 7])
+    assert turn_boundaries([5], [], []) == ([], [])  # answered at once: the outcome's alone
+    assert turn_boundaries([3, 8], [3, 8], [6, 10]) == ([6, 10], [2, 7])  # cut at max_turns: both answered
+
+
+def test_a_multi_turn_episode_is_scored_after_each_observation():
+    cfg = ProcessRewardConfig(enabled=True, force_answer="", max_episodes=16)
+    engine, tok = ScoringEngine(), CharTokenizer()
+    episode = trajectory_pb2.Trajectory(prompt_token_ids=[1, 2], response_token_ids=tok.encode_text("abcOBSdeOBfg"),
+                                        turn_ends=[3, 8, 12], observation_starts=[3, 8], observation_ends=[6, 10])
+    group = trajectory_pb2.TrajectoryGroup(trajectories=[episode])
+    episode = group.trajectories[0]  # the group holds a copy
+    done = ProcessRewardScorer(cfg, engine, threading.Lock(), tok).score(
+        [group], [Prompt(text="", token_ids=[1, 2], metadata={"answer": "42"})])
+    # Answer starts: 2 (prompt alone), 2 + 6 (after the first observation), 2 + 10 (after the second).
+    # V = -1/2, -1/8, -1/12: U_1 = 3/8 on turn 1's last token (2), U_2 = 1/24 on turn 2's (7).
+    assert engine.calls[0][1] == [2, 8, 12]
+    assert engine.calls[0][0][1] == [1, 2, *tok.encode_text("abcOBS"), *tok.encode_text("42")]
+    assert list(episode.process_positions) == [2, 7]
+    assert list(episode.process_rewards) == pytest.approx([3 / 8, 1 / 24])
+    assert (done.responses, done.episodes) == (1, 2)
