@@ -46,6 +46,42 @@ def build_random_qwen2(out_dir: Path, hidden: int, layers: int, intermediate: in
     return out_dir
 
 
+def qwen2_half_billion(out_dir: Path) -> Path:
+    """Qwen2.5-0.5B's shape with random weights, saved once."""
+    if not (out_dir / "config.json").exists():
+        qwen2_half_billion_model().save_pretrained(str(out_dir), safe_serialization=True)
+    return out_dir
+
+
+def qwen2_half_billion_model():
+    """Qwen2.5-0.5B's shape (494M parameters, vocabulary 151,936, the embedding tied), random weights (seed 0),
+    float32, in memory."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    config = Qwen2Config(vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
+                         num_attention_heads=14, num_key_value_heads=2, max_position_embeddings=4096,
+                         tie_word_embeddings=True, eos_token_id=2, pad_token_id=0)
+    torch.manual_seed(0)
+    return Qwen2ForCausalLM(config).float()
+
+
+def train_batch(batch: int, prompt: int, response: int, vocab: int):
+    """A learner batch of `batch` random sequences (`prompt` + `response` tokens, groups of 4, rewards 0/1)."""
+    from asyncrl.learner.batch import TrainBatch
+
+    g = torch.Generator().manual_seed(0)
+    n, group = batch, 4
+    sequences = torch.randint(3, vocab, (n, prompt + response), generator=g).tolist()
+    mask = torch.ones(n, response)
+    return TrainBatch(
+        entry_ids=[f"{i}-0" for i in range(n // group)], group_ids=[f"g{r // group}" for r in range(n)],
+        trajectory_ids=[f"t{r}" for r in range(n)], sequences=sequences, response_starts=[prompt] * n,
+        logp_behav=-torch.rand(n, response, generator=g) * 3, token_versions=torch.zeros(n, response, dtype=torch.long),
+        response_mask=mask, rewards=torch.tensor([float(r % 2) for r in range(n)]),
+        group_index=torch.tensor([r // group for r in range(n)]),
+    )  # fmt: skip
+
+
 def run_demo(run_dir: Path, overrides: list[str], timeout_s: float = 1800,
              cpu_samples: list | None = None, example: str = "tiny-arith") -> list[dict]:
     """`asyncrl up` on examples/<example>.yaml (the demo's) with `--set` overrides, into `run_dir`; returns the learner's

@@ -20,7 +20,7 @@ import resource
 import time
 
 import torch
-from common import emit
+from common import emit, qwen2_half_billion_model
 
 GIB = 1 << 30
 SETTINGS = {
@@ -28,16 +28,6 @@ SETTINGS = {
     "checkpoint in line": (False, True),
     "checkpoint and push in line": (False, False),
 }
-
-
-def qwen2_half_billion():
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    config = Qwen2Config(vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
-                         num_attention_heads=14, num_key_value_heads=2, max_position_embeddings=4096,
-                         tie_word_embeddings=True)
-    torch.manual_seed(0)
-    return Qwen2ForCausalLM(config).float()
 
 
 def measure(checkpoint_background: bool, push_background: bool, batch: int, tokens: int, steps: int, out) -> None:
@@ -48,7 +38,7 @@ def measure(checkpoint_background: bool, push_background: bool, batch: int, toke
 
     torch.set_num_threads(2)
     runtime = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # what is resident before the model
-    model = qwen2_half_billion()
+    model = qwen2_half_billion_model()
     params = list(model.parameters())
     weight_bytes = sum(t.numel() * t.element_size() for t in params) + sum(
         b.numel() * b.element_size() for b in model.buffers())

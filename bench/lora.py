@@ -25,45 +25,16 @@ import time
 from pathlib import Path
 
 import torch
-from common import build_random_qwen2, emit, push_weights
+from common import build_random_qwen2, emit, push_weights, qwen2_half_billion, train_batch
 
 MIB = 1 << 20
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
-
-
-def qwen2_half_billion(out_dir: Path) -> Path:
-    """Qwen2.5-0.5B's shape with random weights, saved once."""
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    if not (out_dir / "config.json").exists():
-        config = Qwen2Config(vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
-                             num_attention_heads=14, num_key_value_heads=2, max_position_embeddings=4096,
-                             tie_word_embeddings=True, eos_token_id=2, pad_token_id=0)
-        torch.manual_seed(0)
-        Qwen2ForCausalLM(config).float().save_pretrained(str(out_dir), safe_serialization=True)
-    return out_dir
 
 
 SHAPES = {"0.5b": qwen2_half_billion,
           "120m": lambda out: build_random_qwen2(out, hidden=1024, layers=8, intermediate=4096)}
 DESCRIBED = {"0.5b": "Qwen2.5-0.5B shape (494M parameters, embedding tied), random weights, float32",
              "120m": "Qwen2 shape, hidden 1024, 8 layers, MLP 4096, 16-token vocabulary, random weights, float32"}
-
-
-def train_batch(batch: int, prompt: int, response: int, vocab: int):
-    from asyncrl.learner.batch import TrainBatch
-
-    g = torch.Generator().manual_seed(0)
-    n, group = batch, 4
-    sequences = torch.randint(3, vocab, (n, prompt + response), generator=g).tolist()
-    mask = torch.ones(n, response)
-    return TrainBatch(
-        entry_ids=[f"{i}-0" for i in range(n // group)], group_ids=[f"g{r // group}" for r in range(n)],
-        trajectory_ids=[f"t{r}" for r in range(n)], sequences=sequences, response_starts=[prompt] * n,
-        logp_behav=-torch.rand(n, response, generator=g) * 3, token_versions=torch.zeros(n, response, dtype=torch.long),
-        response_mask=mask, rewards=torch.tensor([float(r % 2) for r in range(n)]),
-        group_index=torch.tensor([r // group for r in range(n)]),
-    )  # fmt: skip
 
 
 def measure(mode: str, model_dir: str, args, out) -> None:

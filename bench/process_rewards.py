@@ -93,6 +93,10 @@ def main() -> None:
             "replica_scoring_ms_per_batch": 1000 * statistics.mean(r["scoring_s_per_batch"] for r in results),
             "episodes_scored_mean": statistics.mean(r["episodes_scored"] for r in results),
             "utility_abs_mean": statistics.mean(r["utility_abs_mean"] for r in results),
+            # Held-out accuracy averaged over every evaluation after the first: the whole curve, less noisy
+            # than its last point.
+            "accuracy_over_evaluations_mean": statistics.mean(
+                statistics.mean(p["accuracy"] for p in r["curve"][1:]) for r in results),
         }
     base, process = arms["outcome_only"], arms["process_rewards"]
     result = {
