@@ -38,6 +38,14 @@ from asyncrl.learner.sharding import SINGLE, Ranks
 log = logging.getLogger("asyncrl.learner")
 
 
+def adamw(params: list[torch.nn.Parameter], learner_cfg, sharded: bool) -> torch.optim.AdamW:
+    """AdamW over `params`, fused into one kernel per step where torch has one (plain tensors on a CPU or a
+    CUDA device): at Qwen2.5-0.5B's shape on two cores the for-loop version takes 1.0 s a step, the fused one
+    0.12 s. Sharded weights (DTensors) keep the for-loop version."""
+    fused = not sharded and all(p.device.type in ("cpu", "cuda") and p.dtype.is_floating_point for p in params)
+    return torch.optim.AdamW(params, lr=learner_cfg.lr, weight_decay=learner_cfg.weight_decay, fused=fused or None)
+
+
 class Trainer:
     def __init__(self, model: torch.nn.Module, learner_cfg, sampling: SamplingParams, pad_id: int,
                  ranks: Ranks = SINGLE, half: torch.dtype | None = None):
@@ -52,9 +60,7 @@ class Trainer:
         self.pad_id = pad_id
         self.ranks = ranks
         # Only what trains has optimizer state (with LoRA: the adapters; `learner.adapters`).
-        self.optimizer = torch.optim.AdamW(
-            [p for p in model.parameters() if p.requires_grad], lr=learner_cfg.lr, weight_decay=learner_cfg.weight_decay
-        )
+        self.optimizer = adamw([p for p in model.parameters() if p.requires_grad], learner_cfg, ranks.sharded)
         self.lora = learner_cfg.lora.enabled
         self.lora_dropout = self.lora and learner_cfg.lora.dropout > 0
         """Adapter dropout: the proximal and reference forwards then run in eval mode (no dropout), unfused."""

@@ -34,13 +34,21 @@ def test_a_forward_over_master_weights_is_the_half_models_forward(tiny_model_dir
     assert all(g is not None and g.dtype == torch.float32 for g in grads) and any(g.abs().sum() > 0 for g in grads)
 
 
-def test_a_float16_learner_trains_its_float32_weights_where_float16_weights_break(tiny_model_dir):
-    """AdamW on float16 weights: the first update is infinite (its epsilon underflows); on masters it is not."""
-    cfg = LearnerConfig.model_validate({"lr": 1e-3})
+def _changed(before, model) -> float:
+    """Share of the weights' elements a step changed."""
+    changed = sum(int((a != p.detach()).sum()) for a, p in zip(before, model.parameters()))
+    return changed / sum(a.numel() for a in before)
+
+
+def test_a_float16_learner_keeps_the_updates_float16_weights_lose(tiny_model_dir):
+    """At an RL learning rate most AdamW updates are below half a float16 unit of their weight: on float16
+    weights they are lost, on the float32 master weights they are kept."""
+    cfg = LearnerConfig.model_validate({"lr": 1e-6})
     params = SamplingParams.from_config(SamplingConfig())
     half_weights = load_causal_lm(tiny_model_dir.policy, "float16")
+    before = [p.detach().clone() for p in half_weights.parameters()]
     Trainer(half_weights, cfg, params, pad_id=0).step(batch(), version=1)
-    assert not all(torch.isfinite(p).all() for p in half_weights.parameters())
+    assert _changed(before, half_weights) < 0.5
 
     masters = load_causal_lm(tiny_model_dir.policy)
     before = [p.detach().clone() for p in masters.parameters()]
@@ -48,7 +56,7 @@ def test_a_float16_learner_trains_its_float32_weights_where_float16_weights_brea
     for version in range(1, 4):
         metrics = trainer.step(batch(), version=version)
     assert all(torch.isfinite(p).all() and p.dtype == torch.float32 for p in masters.parameters())
-    assert any(not torch.equal(a, p) for a, p in zip(before, masters.parameters()))
+    assert _changed(before, masters) > 0.9
     assert metrics["opt/loss_scale"] == trainer.loss_scale.scale
 
 
