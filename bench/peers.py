@@ -15,7 +15,12 @@ per step between the first and the last step, the seconds from the last step to 
 run, and the held-out greedy accuracy of the final policy (the same evaluation for every arm: asyncrl's torch
 engine on the saved checkpoint, the demo's 200 held-out prompts).
 
-    .venv/bin/python bench/peers.py [--seeds 3] [--steps 100]   (or: asyncrl bench peers)
+`--size 30m` runs the same comparison on a 30M-parameter model of the demo's family (hidden 512, 8 layers, MLP
+2048, the same tokenizer; warm-started by asyncrl's tiny-model builder the first time, the policy both systems
+then train), where generation and training are no longer mostly fixed costs.
+
+    .venv/bin/python bench/peers.py [--size demo|30m] [--seeds 3] [--steps 100]   (or: asyncrl bench peers)
+    results: docs/results/peers.json (the demo), peers-30m.json
 """
 
 from __future__ import annotations
@@ -34,7 +39,19 @@ from common import WITHOUT_TEACHER, emit, mean_sd, run_demo, run_seeded
 REPO = Path(__file__).resolve().parents[1]
 PEER_VENV = Path.home() / ".cache" / "asyncrl-bench-peers"
 PEER_PACKAGES = ["torch==2.13.0", "trl==1.16.0"]
-MODEL = REPO / "artifacts" / "tiny-arith" / "policy"
+SIZES = {
+    "demo": {"result": "peers", "overrides": []},
+    "30m": {"result": "peers-30m", "overrides": [
+        "model.path=artifacts/tiny-arith-30m/policy", "tiny_model.hidden_size=512", "tiny_model.num_hidden_layers=8",
+        "tiny_model.num_attention_heads=8", "tiny_model.num_key_value_heads=2", "tiny_model.intermediate_size=2048"]},
+}
+"""Each model size: where its result goes and the `--set` overrides that give asyncrl's demo that model (the
+first asyncrl run builds it; the peer trains the same checkpoint)."""
+
+
+def model_dir(size: str) -> Path:
+    paths = [o.split("=", 1)[1] for o in SIZES[size]["overrides"] if o.startswith("model.path=")]
+    return REPO / (paths[0] if paths else "artifacts/tiny-arith/policy")
 
 
 def peer_python() -> Path:
@@ -81,20 +98,22 @@ ARMS = {"asyncrl eta=2": 2, "asyncrl eta=0": 0, "TRL GRPOTrainer": None}
 """Each arm and its η (None: the peer)."""
 
 
-def run_asyncrl(run_dir: Path, seed: int, steps: int, eta: int, task) -> dict:
+def run_asyncrl(run_dir: Path, seed: int, steps: int, eta: int, task, size: str) -> dict:
     t0 = time.time()
     learner = run_demo(run_dir, [f"seed={seed}", f"learner.total_steps={steps}", "learner.eval_every=0",
-                                 f"controller.eta={eta}", f"learner.checkpoint.save_every={steps}", *WITHOUT_TEACHER])
+                                 f"controller.eta={eta}", f"learner.checkpoint.save_every={steps}", *WITHOUT_TEACHER,
+                                 *SIZES[size]["overrides"]])
     exited = time.time()
     ends = [e["t"] for e in learner if e["kind"] == "step"]
     final = max((run_dir / "checkpoints").glob("step-*")) / "hf"
     return {**timings(t0, ends, exited), "accuracy": accuracy(final, task)}
 
 
-def run_trl(out: Path, seed: int, steps: int, data: Path, task) -> dict:
+def run_trl(out: Path, seed: int, steps: int, data: Path, task, size: str) -> dict:
     t0 = time.time()
     proc = subprocess.run([str(peer_python()), str(REPO / "bench" / "peers_trl.py"), "--data", str(data),
-                           "--model", str(MODEL), "--out", str(out), "--steps", str(steps), "--seed", str(seed)],
+                           "--model", str(model_dir(size)), "--out", str(out), "--steps", str(steps),
+                           "--seed", str(seed)],
                           capture_output=True, text=True, check=False)  # fmt: skip
     exited = time.time()
     if proc.returncode != 0:
@@ -107,6 +126,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=100)
+    parser.add_argument("--size", choices=sorted(SIZES), default="demo")
     args = parser.parse_args()
     peer_python()
     config, task, prompts = task_and_prompts(args.steps)
@@ -119,10 +139,10 @@ def main() -> None:
                                     "max_new_tokens": config.sampling.max_new_tokens}))
 
         def run(arm: str, seed: int, run_dir: Path) -> dict:
-            # asyncrl's arms run first: the first builds the demo model (artifacts/tiny-arith) the peer trains too.
+            # asyncrl's arms run first: the first builds the model (artifacts/tiny-arith*) the peer trains too.
             if ARMS[arm] is None:
-                return run_trl(run_dir, seed, args.steps, data, task)
-            return run_asyncrl(run_dir, seed, args.steps, ARMS[arm], task)
+                return run_trl(run_dir, seed, args.steps, data, task, args.size)
+            return run_asyncrl(run_dir, seed, args.steps, ARMS[arm], task, args.size)
 
         arms = run_seeded(ARMS, args.seeds, run, lambda r: str({k: round(v, 3) for k, v in r.items()}))
     summary = {}
@@ -132,11 +152,21 @@ def main() -> None:
         mean, sd = mean_sd([r["accuracy"] for r in runs])
         summary[name].update(accuracy_mean=round(mean, 4), accuracy_sd=round(sd, 4), runs=runs)
     trl, default = summary["TRL GRPOTrainer"], summary["asyncrl eta=2"]
-    emit("peers", {"steps": args.steps, "seeds": args.seeds, "peer": "trl==1.16.0 GRPOTrainer (CPU, 2 threads)",
-                   "arms": summary, "per_step_speedup_vs_trl": round(trl["per_step_ms"] / default["per_step_ms"], 2),
-                   "run_time_ratio_vs_trl": round(default["run_s"] / trl["run_s"], 2)},
-         {f"{name}: run s": s["run_s"] for name, s in summary.items()},
-         "seconds", f"{args.steps} steps of the demo, median of {args.seeds} seeds")
+    parameters = model_parameters(model_dir(args.size))
+    result = {"size": args.size, "parameters": parameters, "steps": args.steps, "seeds": args.seeds,
+              "peer": "trl==1.16.0 GRPOTrainer (CPU, 2 threads)", "arms": summary,
+              "per_step_speedup_vs_trl": round(trl["per_step_ms"] / default["per_step_ms"], 2),
+              "run_time_ratio_vs_trl": round(default["run_s"] / trl["run_s"], 2)}
+    emit(SIZES[args.size]["result"], result, {f"{name}: run s": s["run_s"] for name, s in summary.items()},
+         "seconds", f"{args.steps} steps, {parameters / 1e6:.1f}M parameters, median of {args.seeds} seeds")
+
+def model_parameters(path: Path) -> int:
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(str(path)))
+    return sum(p.numel() for p in model.parameters())
 
 
 if __name__ == "__main__":
