@@ -82,6 +82,18 @@ def train_batch(batch: int, prompt: int, response: int, vocab: int):
     )  # fmt: skip
 
 
+def timed_steps(trainer, batch, steps: int) -> list[float]:
+    """Seconds of each of `steps` `Trainer.step`s on `batch`."""
+    import time
+
+    seconds = []
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        trainer.step(batch, version=1)
+        seconds.append(time.perf_counter() - t0)
+    return seconds
+
+
 def run_demo(run_dir: Path, overrides: list[str], timeout_s: float = 1800,
              cpu_samples: list | None = None, example: str = "tiny-arith") -> list[dict]:
     """`asyncrl up` on examples/<example>.yaml (the demo's) with `--set` overrides, into `run_dir`; returns the learner's

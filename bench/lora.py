@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 import torch
-from common import build_random_qwen2, emit, push_weights, qwen2_half_billion, train_batch
+from common import build_random_qwen2, emit, push_weights, qwen2_half_billion, timed_steps, train_batch
 
 MIB = 1 << 20
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
@@ -57,11 +57,7 @@ def measure(mode: str, model_dir: str, args, out) -> None:
     spec: AdapterSpec | None = inject_adapters(model, cfg.lora) if mode == "lora" else None
     trainer = Trainer(model, cfg, SamplingParams.from_config(SamplingConfig()), pad_id=0)
     batch = train_batch(args.batch, args.prompt, args.response, model.config.vocab_size)
-    step_s = []
-    for _ in range(args.steps):
-        t0 = time.perf_counter()
-        trainer.step(batch, version=1)
-        step_s.append(time.perf_counter() - t0)
+    step_s = timed_steps(trainer, batch, args.steps)
     named = lora_parameters(model) if spec is not None else named_weights(model)
     snapshot = [(name, t.detach().clone()) for name, t in named]  # the background push's copy
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024

@@ -52,13 +52,14 @@ def steps_done(run_dir: Path) -> int:
     return sum(e["kind"] == "step" for e in read_events(run_dir, "learner")) if (run_dir / "events").exists() else 0
 
 
-def wait_for(predicate, timeout_s: float, what: str, poll_s: float = 0.3, run_dir: Path | None = None) -> None:
-    """Poll `predicate` until it holds; on a time-out the assertion carries the tails of `run_dir`'s service
-    logs (what a CI failure needs to be understood without the run directory)."""
+def wait_for(predicate, timeout_s: float, what: str, poll_s: float = 0.3, run_dir: Path | None = None):
+    """Poll `predicate` until it holds and return what it returned then; on a time-out the assertion carries the
+    tails of `run_dir`'s service logs (what a CI failure needs to be understood without the run directory)."""
     deadline = time.time() + timeout_s
-    while not predicate():
+    while not (value := predicate()):
         assert time.time() < deadline, f"timed out waiting for {what}" + ("" if run_dir is None else log_tails(run_dir))
         time.sleep(poll_s)
+    return value
 
 
 def log_tails(run_dir: Path, lines: int = 12, width: int = 240) -> str:

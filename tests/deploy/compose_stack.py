@@ -6,14 +6,12 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import subprocess
-import time
 import urllib.request
-from collections.abc import Callable
 from pathlib import Path
 
 import yaml
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.deploy.images import REPO, docker
 
@@ -69,23 +67,14 @@ def get(url: str, timeout: float = 5) -> str:
 
 
 def metric(url: str, name: str) -> float | None:
+    """The unlabelled sample `name` of the Prometheus text at `url`, or None (not served, or not yet)."""
     try:
         text = get(url)
     except OSError:
         return None
-    found = re.search(rf"^{re.escape(name)} (\S+)$", text, re.MULTILINE)
-    return float(found.group(1)) if found else None
+    return next((sample.value for family in text_string_to_metric_families(text) for sample in family.samples
+                 if sample.name == name and not sample.labels), None)
 
 
 def prometheus(path: str) -> dict:
     return json.loads(get(PROMETHEUS + path))["data"]
-
-
-def wait_for(what: str, check: Callable[[], object], timeout: float, poll: float = 0.5):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(poll)
-    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")

@@ -23,9 +23,9 @@ from tests.deploy.compose_stack import (
     learner_override,
     metric,
     prometheus,
-    wait_for,
 )
 from tests.deploy.images import GRAFANA, REPO, build_project_images, docker, ensure_base_images, torch_source
+from tests.run_helpers import wait_for
 
 pytestmark = [pytest.mark.deploy, pytest.mark.timeout(3600)]
 
@@ -60,10 +60,9 @@ def test_compose_stack_trains_survives_a_learner_crash_and_leaves_nothing(tmp_pa
         env_file = REPO / "deploy" / ".env"
         made_env_file = not env_file.exists()
         subprocess.run(["bash", "deploy/make-compose-env.sh"], cwd=REPO, check=True, capture_output=True)
-        services = ["redis", "make-model", "controller", "teacher", "rollout", "learner", "prometheus"]
-        if report["base_images"][GRAFANA] != "missing":
-            services.append("grafana")
         report["grafana"] = report["base_images"][GRAFANA] != "missing"
+        services = ["redis", "make-model", "controller", "teacher", "rollout", "learner", "prometheus",
+                    *(["grafana"] if report["grafana"] else [])]
         try:
             images_before = set(docker("images", "-q", "--no-trunc").stdout.split())
             up_start = time.monotonic()
@@ -94,7 +93,7 @@ def _version() -> float:
 
 
 def _trains(stack: ComposeStack, report: dict, up_start: float) -> None:
-    wait_for("the learner's first steps", lambda: _version() >= 5, timeout=600)
+    wait_for(lambda: _version() >= 5, 600, "the learner's first steps")
     report["up_to_step_5_s"] = round(time.monotonic() - up_start, 1)
 
     def all_healthy():
@@ -102,7 +101,7 @@ def _trains(stack: ComposeStack, report: dict, up_start: float) -> None:
                   for s, i in (("controller", 1), ("teacher", 1), ("rollout", 1), ("rollout", 2), ("learner", 1))}
         return all(h == "healthy" for h in health.values())
 
-    wait_for("every service's health check to pass", all_healthy, timeout=300, poll=2)
+    wait_for(all_healthy, 300, "every service's health check to pass", poll_s=2)
 
 
 def _prometheus_scrapes_every_service(report: dict, replicas: int) -> None:
@@ -113,7 +112,7 @@ def _prometheus_scrapes_every_service(report: dict, replicas: int) -> None:
         return up if all(up.count(job) == n for job, n in wanted.items()) else None
 
     report[f"prometheus_up_with_{replicas}_replicas"] = sorted(wait_for(
-        f"Prometheus to scrape every service ({replicas} replicas)", healthy, timeout=120, poll=2))
+        healthy, 120, f"Prometheus to scrape every service ({replicas} replicas)", poll_s=2))
     rules = [r["name"] for g in prometheus("/api/v1/rules")["groups"] for r in g["rules"]]
     assert "AsyncrlLearnerStalled" in rules, rules
     report["alert_rules"] = len(rules)
@@ -125,13 +124,13 @@ def _a_replica_joins(stack: ComposeStack, report: dict) -> None:
     serving = {stack.container("rollout", i)["Id"] for i in (1, 2)}
     stack.run("up", "-d", "--no-deps", "--no-recreate", "--scale", "rollout=3", "rollout", timeout=600)
     assert {stack.container("rollout", i)["Id"] for i in (1, 2)} == serving  # the two serving are left alone
-    wait_for("the controller to see 3 live replicas",
-             lambda: (metric(CONTROLLER_METRICS, "asyncrl_controller_live_replicas") or 0) >= 3, timeout=180)
+    wait_for(lambda: (metric(CONTROLLER_METRICS, "asyncrl_controller_live_replicas") or 0) >= 3, 180,
+             "the controller to see 3 live replicas")
     _prometheus_scrapes_every_service(report, replicas=3)
 
 
 def _learner_crash_is_survived(stack: ComposeStack, report: dict) -> None:
-    wait_for(f"learner step {KILL_AT_STEP}", lambda: _version() >= KILL_AT_STEP, timeout=600, poll=0.1)
+    wait_for(lambda: _version() >= KILL_AT_STEP, 600, f"learner step {KILL_AT_STEP}", poll_s=0.1)
     learner = stack.container("learner")
     assert learner["State"]["Running"], learner["State"]
     # SIGKILL from outside the container, as the kernel's OOM killer or a crash ends it: Docker records a
@@ -139,15 +138,15 @@ def _learner_crash_is_survived(stack: ComposeStack, report: dict) -> None:
     os.kill(learner["State"]["Pid"], signal.SIGKILL)
     killed_at = _version()
     report["learner_killed_at_version"] = killed_at
-    restarted = wait_for("the learner's restart",
-                         lambda: (c := stack.container("learner"))["RestartCount"] >= 1 and c, timeout=120)
+    restarted = wait_for(lambda: (c := stack.container("learner"))["RestartCount"] >= 1 and c, 120,
+                         "the learner's restart")
     report["learner_restarts"] = restarted["RestartCount"]
 
     def finished():
         c = stack.container("learner")
         return c if c["State"]["Status"] == "exited" else None
 
-    done = wait_for("the restarted learner to finish its run", finished, timeout=1200, poll=2)
+    done = wait_for(finished, 1200, "the restarted learner to finish its run", poll_s=2)
     assert done["State"]["ExitCode"] == 0, done["State"]
     assert _version() == TOTAL_STEPS
     # It resumed from a checkpoint and took the run back to it (Controller.ResetTimeline), not from scratch.
