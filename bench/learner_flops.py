@@ -14,7 +14,10 @@ trains as the learner trains it (`learner.trainer.Trainer`, decoupled PPO, a bat
 - where the time goes: `torch.profiler`'s self CPU time of the step's top operators, and the share in matrix
   products;
 - memory: peak resident memory less the runtime before the model, per parameter (weights, gradients and
-  AdamW's two moments are 16 bytes; the rest is activations, the logits' chunks and the allocator).
+  AdamW's two moments are 16 bytes; the rest is activations, the logits' chunks and the allocator);
+- what two of the learner's choices buy, on this model: one AdamW update with torch's for-loop kernel against
+  the fused one the learner uses, and the LM head's three products at a logit chunk of 2^24 elements (110 rows
+  of this vocabulary) against 2^26 (441 rows), the chunk the learner uses.
 
     .venv/bin/python bench/learner_flops.py [--batch 8] [--prompt 32] [--response 96] [--steps 3] [--threads 2]
 """
@@ -29,7 +32,7 @@ import time
 from pathlib import Path
 
 import torch
-from common import emit, qwen2_half_billion, train_batch
+from common import emit, qwen2_half_billion, timed_steps, train_batch
 
 MATMUL_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm")
 
@@ -73,6 +76,26 @@ def shaped_throughput(gemms) -> tuple[float, list[dict]]:
     return total_flops / total_s / 1e9, rows
 
 
+def adamw_update_s(params: list, fused: bool, repeats: int = 3) -> float:
+    """Best seconds of one AdamW update of `params` (their gradients as they are) with the for-loop or the fused
+    kernel, after a first update that makes the optimizer state."""
+    optimizer = torch.optim.AdamW(params, lr=1e-6, weight_decay=0.01, fused=fused or None)
+    optimizer.step()
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        optimizer.step()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def lm_head_gflops(config, rows: int) -> dict:
+    """GFLOP/s of the LM head's forward and two backward products on a `rows`-row chunk."""
+    h, v = config.hidden_size, config.vocab_size
+    return {"forward": round(best_gflops(rows, h, v), 1), "input_grad": round(best_gflops(rows, v, h), 1),
+            "weight_grad": round(best_gflops(v, rows, h), 1)}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batch", type=int, default=8)
@@ -98,11 +121,7 @@ def main() -> None:
     trainer = Trainer(model, cfg, SamplingParams.from_config(SamplingConfig()), pad_id=0)
     batch = train_batch(args.batch, args.prompt, args.response, model.config.vocab_size)
 
-    step_s = []
-    for _ in range(args.steps):
-        t0 = time.perf_counter()
-        trainer.step(batch, version=1)
-        step_s.append(time.perf_counter() - t0)
+    step_s = timed_steps(trainer, batch, args.steps)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     step = statistics.median(step_s[1:] or step_s)
 
@@ -124,6 +143,13 @@ def main() -> None:
     shaped, gemm_rows = shaped_throughput(model_gemms(model.config, tokens, response_tokens))
     square = best_gflops(2048, 2048, 2048)
     achieved = flops / step / 1e9
+    for p in model.parameters():  # a gradient for every weight, as after a step
+        p.grad = torch.randn_like(p) * 1e-3
+    params = list(model.parameters())
+    adamw = {"for_loop_s": round(adamw_update_s(params, fused=False), 3),
+             "fused_s": round(adamw_update_s(params, fused=True), 3)}
+    chunks = {f"2^{bits} ({(1 << bits) // model.config.vocab_size} rows)":
+              lm_head_gflops(model.config, (1 << bits) // model.config.vocab_size) for bits in (24, 26)}
     result = {
         "model": "Qwen2.5-0.5B shape, random weights, float32", "parameters": parameters,
         "batch": args.batch, "prompt_tokens": args.prompt, "response_tokens": args.response, "threads": args.threads,
@@ -134,6 +160,7 @@ def main() -> None:
         "profile_matmul_share": round(matmul_us / total_us, 3), "profile_top_ops": top,
         "learner_peak_gib": round(peak / (1 << 30), 2),
         "learner_peak_less_runtime_bytes_per_parameter": round((peak - runtime) / parameters, 1),
+        "adamw_update": adamw, "lm_head_chunk_gflops_per_s": chunks,
         "gemms": gemm_rows,
     }
     emit("learner_flops", result,
