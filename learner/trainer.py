@@ -40,8 +40,8 @@ log = logging.getLogger("asyncrl.learner")
 
 def adamw(params: list[torch.nn.Parameter], learner_cfg, sharded: bool) -> torch.optim.AdamW:
     """AdamW over `params`, fused into one kernel per step where torch has one (plain tensors on a CPU or a
-    CUDA device): at Qwen2.5-0.5B's shape on two cores the for-loop version takes 1.0 s a step, the fused one
-    0.12 s. Sharded weights (DTensors) keep the for-loop version."""
+    CUDA device): at Qwen2.5-0.5B's shape on two cores an update takes 1.3 s with the for-loop kernel, 0.2 s
+    fused (bench/learner_flops.py). Sharded weights (DTensors) keep the for-loop version."""
     fused = not sharded and all(p.device.type in ("cpu", "cuda") and p.dtype.is_floating_point for p in params)
     return torch.optim.AdamW(params, lr=learner_cfg.lr, weight_decay=learner_cfg.weight_decay, fused=fused or None)
 

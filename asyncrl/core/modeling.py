@@ -20,8 +20,8 @@ from asyncrl.push.manifest import TensorMeta, match_model
 
 # Above this many logit elements per call the vocabulary projection runs in row chunks (and, with grad,
 # recomputes each chunk in backward), so the [tokens, vocab] logits never exist all at once. 2^26 (256 MB of
-# float32 logits, 441 rows of a 152k vocabulary): at Qwen2.5-0.5B's shape the learner's step is 11% faster than
-# with 2^24 (110-row products run the LM head at 110-170 GFLOP/s instead of 185-215, and each chunk adds its
+# float32 logits, 441 rows of a 152k vocabulary): at Qwen2.5-0.5B's shape the learner's step is 8-11% faster than
+# with 2^24 (110-row products run the LM head at 118-179 GFLOP/s instead of 179-212, and each chunk adds its
 # share of the tied embedding's gradient), at the same peak memory (bench/learner_flops.py).
 _MAX_LOGIT_ELEMENTS = 1 << 26
 
