@@ -210,9 +210,11 @@ class Admission:
         granted = []  # (lease, N_r right after it: what the η rule admitted it against, a prompt generated again)
         while reason is None:
             regenerated = bool(books.leases.regenerate)
-            lease = books.leases.grant(replica.replica_id, n, books.current_version, now)
-            if not regenerated:
-                lease.sample_index = books.difficulty.choose()
+            hard = None if regenerated else books.difficulty.choose(room=self._room_in_step())
+            size = n if hard is None else books.difficulty.group_size(n)
+            lease = books.leases.grant(replica.replica_id, size, books.current_version, now)
+            if hard is not None:
+                lease.sample_index = hard
             granted.append((lease, books.leases.admitted, regenerated))
             if len(granted) == max_leases:
                 break  # all asked for: no reason to give, and no rule to check for a lease nobody wants
@@ -222,6 +224,13 @@ class Admission:
         decisions = [self._announce(replica, lease, admitted, now, held_s, regenerated)
                      for lease, admitted, regenerated in granted]
         return LeaseBatch(decisions, reason or "", books.current_version, held_s)
+
+    def _room_in_step(self) -> int:
+        """Trajectories still admissible into the share of the learner step that N_r is filling. A larger group
+        fits only there: it never straddles two steps, so admitted in order, whole groups fill each batch, and
+        admissible for its first trajectory it is for its last (the η rule, checked for a lease of `n`)."""
+        books = self._books
+        return books.batch_size - books.leases.admitted % books.batch_size
 
     def _refusal(self, replica: Replica, n: int) -> str | None:
         """Why a lease of n for this replica cannot be granted now (None = it can)."""
@@ -258,9 +267,8 @@ class Admission:
         books.metrics.hard_prompt_replays.inc(int(lease.sample_index is not None and not regenerated))
         books.publish_gauges()
         expires_unix_s = books.wall() + (lease.expires_at - now)
-        return LeaseDecision(
-            True, lease.version, lease.lease_id, lease.prompt_index, expires_unix_s, "", held_s, lease.sample_index
-        )
+        return LeaseDecision(True, lease.version, lease.lease_id, lease.prompt_index, expires_unix_s, "", held_s,
+                             lease.sample_index, n)
 
 
 def _one(batch: LeaseBatch | None) -> LeaseDecision | None:

@@ -1,7 +1,7 @@
 """Difficulty-aware sampling (seed: "What's in Pass@K?": upsample hard questions). The controller keeps a
 pass-rate estimate of each prompt from the mean reward its replicas report with each lease completion
-(written or skipped alike), and hands a share of the leases a hard prompt to sample again. Pure bookkeeping:
-the lock, persistence and the wire are the callers'."""
+(written or skipped alike), and hands a share of the leases a hard prompt to sample again, with a larger group
+where `hard_group_size` says so. Pure bookkeeping: the lock, persistence and the wire are the callers'."""
 
 from __future__ import annotations
 
@@ -65,10 +65,13 @@ class DifficultyBook:
         self._dirty.add(prompt)
         self._place(prompt, record)
 
-    def choose(self) -> int | None:
+    def choose(self, room: int | None = None) -> int | None:
         """A hard prompt to sample again for the next lease, or None (the stream's next prompt): with
-        probability `replay_share`, when the pool has one."""
+        probability `replay_share`, when the pool has one. `room`: places left in the current step's share of
+        the trajectory budget; where a hard group (`hard_group_size`) would not fit, none is chosen."""
         if not self.enabled or not self._pool or self._rng.random() >= self.cfg.replay_share:
+            return None
+        if room is not None and room < self.cfg.hard_group_size:
             return None
         prompt = self._pool[self._rng.randrange(len(self._pool))]
         record = self._records[prompt]
@@ -77,6 +80,10 @@ class DifficultyBook:
         self._dirty.add(prompt)
         self._place(prompt, record)
         return prompt
+
+    def group_size(self, asked: int) -> int:
+        """Samples in the group of a hard prompt sampled again, for a replica asking for groups of `asked`."""
+        return max(self.cfg.hard_group_size, asked)
 
     def pass_rate(self, prompt: int) -> float | None:
         record = self._records.get(prompt)

@@ -41,6 +41,8 @@ class LeaseDecision:
     held_s: float = 0.0
     sample_index: int | None = None
     """A hard prompt to sample again instead of `prompt_index` (None: `prompt_index`)."""
+    num_trajectories: int = 0
+    """Trajectories to generate under the lease (granted): the request's, or a hard prompt's larger group."""
 
 
 @dataclass(frozen=True)

@@ -141,7 +141,8 @@ def build_learner(config) -> Leader | Follower:
     if config.teacher.enabled and config.teacher.annotate:
         teacher = teacher_pb2_grpc.TeacherStub(wait_for_channel(config.teacher.address, 300, auth))
     task = task_for_run(config)
-    limits = checkpoint_limits(config.model.path, config.sampling, config.reward, config.environment)
+    limits = checkpoint_limits(config.model.path, config.sampling, config.reward, config.environment,
+                               config.controller.difficulty)
     episodes = Episodes.for_run(config, task, limits.max_sequence_tokens)
     metrics = LearnerMetrics()
     groups_per_step = config.learner.batch_size // config.sampling.group_size

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from asyncrl.core.records.rollout import GroupRejected
 from asyncrl.core.trajectory_checks import BadGroup, TrajectoryLimits, check_trajectory_group
 from asyncrl.learner.batch import MalformedGroup, TrainBatch, assemble, check_group
+from asyncrl.learner.batch_fill import pick
 from asyncrl.learner.stale_hold import StaleHold
 from asyncrl.learner.timeline import TimelineFilter
 
@@ -62,7 +63,7 @@ class ReadAhead:
 
 
 class BatchIntake:
-    def __init__(self, *, buffer, events, metrics, limits: TrajectoryLimits, groups_per_step: int,
+    def __init__(self, *, buffer, events, metrics, limits: TrajectoryLimits, batch_size: int, groups_per_step: int,
                  batch_timeout_s: float, prefetch: bool, routing_shape: Callable, version: Callable[[], int],
                  heartbeat: Callable[[], None], lookahead: int, max_staleness: int | None = None,
                  return_quota: Callable[..., None] | None = None, stale_policy: str = "drop",
@@ -73,6 +74,9 @@ class BatchIntake:
         self.limits = limits
         """What a group must satisfy to be trained on (the rest is dead-lettered)."""
         self.groups_per_step = groups_per_step
+        """B / G: the groups of a batch, at most (fewer when it holds hard prompts' larger groups)."""
+        self.batch_size = batch_size
+        """B: the trajectories of a batch, exactly (`batch_fill`)."""
         if lookahead < groups_per_step:
             raise ValueError(f"lookahead ({lookahead} groups) must hold a batch ({groups_per_step} groups)")
         self.lookahead = lookahead
@@ -177,10 +181,10 @@ class BatchIntake:
             self._return_quota(entry.entry_id, len(group.trajectories), reason, prompt, group.lease_id)
         return reason
 
-    def collect(self, carry: list, stop=None) -> list:
-        """The admitted entries in hand, the next batch's first (`groups_per_step` of them; the rest is carried
-        to later steps); fewer when `stop` is set meanwhile (they stay pending, unacked). With `hold`, after the
-        leases whose groups would go stale at the next step have ended."""
+    def collect(self, carry: list, stop=None) -> tuple[list, list]:
+        """The admitted entries in hand: (the next batch, the rest, carried to later steps); no batch when `stop`
+        is set meanwhile (the entries stay pending, unacked). With `hold`, after the leases whose groups would go
+        stale at the next step have ended."""
         if self.hold is not None:
             self.held_s = self.hold.before_step(self._version(), stop)
         entries = [entry for entry in carry if self.admit(entry)]
@@ -190,33 +194,38 @@ class BatchIntake:
             # in hand (written late by a slow replica).
             entries.extend(entry for entry in self.buffer.get(room, timeout_s=0) if self.admit(entry))
         deadline = time.time() + self.batch_timeout_s
-        while len(entries) < self.groups_per_step and not (stop is not None and stop.is_set()):
+        split = self.split(entries)
+        while split is None and not (stop is not None and stop.is_set()):
             if time.time() > deadline:
-                raise TimeoutError(
-                    f"no full batch within {self.batch_timeout_s}s ({len(entries)}/{self.groups_per_step} groups)")
-            got = self.buffer.get(self.groups_per_step - len(entries), timeout_s=1.0)
+                held = sum(len(entry.group.trajectories) for entry in entries)
+                raise TimeoutError(f"no full batch within {self.batch_timeout_s}s ({held}/{self.batch_size} "
+                                   f"trajectories in {len(entries)} groups)")
+            got = self.buffer.get(max(1, self.groups_per_step - len(entries)), timeout_s=1.0)
             entries.extend(entry for entry in got if self.admit(entry))
-            if len(entries) < self.groups_per_step:
+            split = self.split(entries)
+            if split is None:
                 self._heartbeat()
-        return self.batch_first(entries)
+        return split or ([], entries)
 
-    def batch_first(self, entries: list) -> list:
-        """`entries` with the next batch first: in written order, or (holding more than a batch to choose
-        from) the oldest first, stable, and a second copy of a group id never in the same batch as the first
-        (it is refused as a duplicate once the first is trained)."""
-        if not self.oldest_first:
-            if self.canonical_order:
-                return sorted(entries[: self.groups_per_step], key=age) + entries[self.groups_per_step :]
-            return entries
-        ordered = sorted(entries, key=age)
-        batch, later, ids = [], [], set()
-        for entry in ordered:
-            if len(batch) < self.groups_per_step and entry.group.group_id not in ids:
-                batch.append(entry)
+    def split(self, entries: list) -> tuple[list, list] | None:
+        """(the next batch, the rest) of `entries`, or None while they hold no batch: groups adding up to
+        `batch_size` trajectories (`batch_fill.pick`), taken in written order, or (holding more than a batch
+        to choose from) the oldest first, stable; a second copy of a group id never in the same batch as the
+        first (it is refused as a duplicate once the first is trained)."""
+        ordered = sorted(entries, key=age) if self.oldest_first else list(entries)
+        eligible, ids = [], set()
+        for at, entry in enumerate(ordered):
+            if entry.group.group_id not in ids:
+                eligible.append(at)
                 ids.add(entry.group.group_id)
-            else:
-                later.append(entry)
-        return batch + later
+        chosen = pick([len(ordered[at].group.trajectories) for at in eligible], self.batch_size)
+        if chosen is None:
+            return None
+        taken = {eligible[i] for i in chosen}
+        batch = [ordered[at] for at in sorted(taken)]
+        if self.canonical_order and not self.oldest_first:
+            batch.sort(key=age)
+        return batch, [entry for at, entry in enumerate(ordered) if at not in taken]
 
     def start_prefetch(self, carry: list) -> None:
         """Read, inspect and assemble the next batch (`carry` + what is missing) on a thread while this one
@@ -234,9 +243,9 @@ class BatchIntake:
             # The carried entries were admitted at the last step; of the new ones, those that passed. What
             # the loop decides on admission can still change the batch: then `batch_of` assembles it anew.
             held = carry + [entry for entry in got if ahead.inspections[entry.entry_id][0] is None]
-            batch = self.batch_first(held)[: self.groups_per_step]
-            if len(batch) == self.groups_per_step:
-                ahead.batch = assemble(batch, self._routing_shape())
+            split = self.split(held)
+            if split is not None:
+                ahead.batch = assemble(split[0], self._routing_shape())
         except Exception as err:  # noqa: BLE001 - the entries go back to the loop, which inspects them itself
             log.warning("prefetch: inspecting %d entries failed: %s: %s", len(got), type(err).__name__, err)
             ahead.inspections, ahead.batch = {}, None

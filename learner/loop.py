@@ -95,7 +95,8 @@ class LearnerLoop:
         self.ranks = ranks
         """The learner's ranks: this loop runs on the leader and tells the others each step."""
         self.intake = BatchIntake(
-            buffer=buffer, events=events, metrics=metrics, limits=limits, groups_per_step=self.groups_per_step,
+            buffer=buffer, events=events, metrics=metrics, limits=limits, batch_size=learner.batch_size,
+            groups_per_step=self.groups_per_step,
             batch_timeout_s=learner.batch_timeout_s, prefetch=learner.prefetch,
             routing_shape=lambda: self.trainer.replay.shape, version=lambda: self.progress.version,
             heartbeat=self._heartbeat, lookahead=lookahead, max_staleness=eta,
@@ -244,12 +245,10 @@ class LearnerLoop:
         self.run_eval()
         while self.progress.step < cfg.total_steps and not stop.is_set():
             t0 = time.perf_counter()
-            entries = self.intake.collect(carry, stop)
+            entries, carry = self.intake.collect(carry, stop)
             collect_s = time.perf_counter() - t0
-            if len(entries) < self.groups_per_step:
+            if not entries:
                 break  # stopped while waiting for data
-            carry = entries[self.groups_per_step:]
-            entries = entries[: self.groups_per_step]
             self.intake.start_prefetch(carry)
             self.train_on(entries, collect_s)
             carry += self.intake.take_prefetched()

@@ -21,6 +21,7 @@ import grpc
 from asyncrl.core.agents.factory import turns_of
 from asyncrl.core.agents.runner import RunnerHooks
 from asyncrl.core.determinism.seeds import sample_seed
+from asyncrl.rollout.subgroups import lease_size
 from asyncrl.rollout.worker import RolloutWorker
 from asyncrl.v1 import controller_pb2
 
@@ -32,6 +33,8 @@ ROUND_WAIT_S = 0.05
 class GroupInPlay:
     lease: object
     prompt: object
+    size: int
+    """Its episodes (the lease's trajectories)."""
     results: dict = field(default_factory=dict)
     """Sample index -> its EpisodeResult."""
 
@@ -122,9 +125,10 @@ class EpisodeWorker(RolloutWorker):
         for lease in answer.leases:
             self.session.held.add(lease.lease_id)
             prompt = self._prompt(lease)
-            self.groups[lease.lease_id] = GroupInPlay(lease, prompt)
+            size = lease_size(lease, self.group_size)
+            self.groups[lease.lease_id] = GroupInPlay(lease, prompt, size)
             seed = self._seed(lease)
-            for sample in range(self.group_size):
+            for sample in range(size):
                 self.runner.start((lease.lease_id, sample), prompt,
                                   None if seed is None else sample_seed(seed, sample))
 
@@ -134,11 +138,11 @@ class EpisodeWorker(RolloutWorker):
         for (lease_id, sample), result in finished:
             group = self.groups[lease_id]
             group.results[sample] = result
-            if len(group.results) == self.group_size:
+            if len(group.results) == group.size:
                 done.append(self.groups.pop(lease_id))
         if done:
             self._finishing.append(self._finisher.submit(self._finish, [g.lease for g in done], [g.prompt for g in done],
-                                  [[g.results[j] for j in range(self.group_size)] for g in done]))
+                                  [[g.results[j] for j in range(g.size)] for g in done]))
 
     def _rewards(self, prompt, gens) -> list[float]:
         """An episode's reward is its environment's (the sum of its turn rewards)."""

@@ -100,7 +100,8 @@ class ReplicaRuntime:
             # Patient: a teacher that restarts is waited for within each call's deadline.
             teacher_channel = channel(cfg.teacher.address, resolve_auth(cfg.security), patient=True)
             annotator = TeacherAnnotator(TeacherStub(teacher_channel), cfg.teacher, self.metrics, teacher_channel)
-        limits = checkpoint_limits(cfg.model.path, cfg.sampling, cfg.reward, cfg.environment)
+        limits = checkpoint_limits(cfg.model.path, cfg.sampling, cfg.reward, cfg.environment,
+                                   cfg.controller.difficulty)
         episodes = Episodes.for_run(cfg, task, limits.max_sequence_tokens)
         kind, extra = RolloutWorker, {}
         if episodes is not None:

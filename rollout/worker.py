@@ -24,6 +24,7 @@ from asyncrl.core.records.rollout import GroupRejected, GroupSkipped, GroupWritt
 from asyncrl.core.sampling import SamplingParams
 from asyncrl.core.trajectory_checks import BadGroup, TrajectoryLimits, check_trajectory_group
 from asyncrl.rollout.reward_pool import RewardWorkersHung
+from asyncrl.rollout.subgroups import SubGroups, lease_size
 from asyncrl.rollout.trajectories import build_group
 from asyncrl.rollout.uniform_groups import is_uniform
 from asyncrl.v1 import controller_pb2
@@ -132,10 +133,12 @@ class RolloutWorker:
         for lease in leases:
             self.session.held.add(lease.lease_id)
         prompts = [self._prompt(lease) for lease in leases]
+        parts = SubGroups(tuple(lease_size(lease, self.group_size) for lease in leases), self.group_size)
         gen_start = time.perf_counter()
         with self.engine_lock:
             seeds = None if self.run_seed is None else [self._seed(lease) for lease in leases]
-            groups = self.engine.generate([p.token_ids for p in prompts], self.params, n=self.group_size, seeds=seeds)
+            groups = parts.join(self.engine.generate(parts.requests([p.token_ids for p in prompts]), self.params,
+                                                     n=self.group_size, seeds=parts.seeds(seeds)))
         gen_s = time.perf_counter() - gen_start
         tokens = sum(len(g.token_ids) for group in groups for g in group)
         self.metrics.generation_seconds.observe(gen_s)
@@ -227,7 +230,8 @@ class RolloutWorker:
         quota returns). An environment's failure says nothing of the prompt's difficulty: no reward reported."""
         reward_mean = sum(rewards) / len(rewards)
         self.events.write(GroupSkipped(group_id=group.group_id, lease_id=lease.lease_id,
-                                       prompt_index=lease.prompt_index, reward=reward_mean, reason=reason))
+                                       prompt_index=lease.prompt_index, reward=reward_mean, reason=reason,
+                                       trajectories=len(gens)))
         uniform = reason == "uniform"
         (self.metrics.groups_uniform if uniform else self.metrics.groups_unplayable).inc()
         return controller_pb2.LeaseCompletion(lease_id=lease.lease_id, num_written=0,
@@ -285,7 +289,7 @@ class RolloutWorker:
                 prompt_index=lease.prompt_index, lease_version=lease.version,
                 min_version=min(versions) if versions else -1, max_version=max(versions) if versions else -1,
                 reward_mean=sum(rewards) / len(rewards), length_mean=sum(g.model_tokens for g in gens) / len(gens),
-                turns_mean=sum(g.turns for g in gens) / len(gens),
+                turns_mean=sum(g.turns for g in gens) / len(gens), trajectories=len(gens),
             ))
             self.metrics.groups_written.inc()
             self.metrics.reward_mean.set(sum(rewards) / len(rewards))

@@ -136,6 +136,7 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
             return None if d is None else controller_pb2.AcquireLeaseResponse(
                 granted=d.granted, lease_id=d.lease_id, prompt_index=d.prompt_index, version=d.version,
                 reason=d.reason, expires_unix_s=d.expires_unix_s, sample_index=d.sample_index,
+                num_trajectories=d.num_trajectories,
             )  # fmt: skip
 
         return await self._held(context, request.wait_s, check, look)
@@ -160,7 +161,8 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
                                                 started, final, first)
             return None if batch is None else controller_pb2.AcquireLeasesResponse(
                 leases=[controller_pb2.Lease(lease_id=d.lease_id, prompt_index=d.prompt_index, version=d.version,
-                                             expires_unix_s=d.expires_unix_s, sample_index=d.sample_index)
+                                             expires_unix_s=d.expires_unix_s, sample_index=d.sample_index,
+                                             num_trajectories=d.num_trajectories)
                         for d in batch.leases],
                 reason=batch.reason,
             )  # fmt: skip

@@ -273,6 +273,20 @@ class AsyncRLConfig(Section):
                              "greedy success (set learner.eval_pass_k: 0 with environment.type "
                              f"{env.type!r})")
 
+    def _check_hard_groups(self) -> None:
+        """A hard group is whole sampling groups, and whole hard groups fill a step (the learner's batches then
+        always add up to learner.batch_size exactly)."""
+        difficulty = self.controller.difficulty
+        size, g, b = difficulty.hard_group_size, self.sampling.group_size, self.learner.batch_size
+        if not size:
+            return
+        if size % g or b % size:
+            raise ValueError(f"controller.difficulty.hard_group_size ({size}) must be a multiple of "
+                             f"sampling.group_size ({g}) that divides learner.batch_size ({b})")
+        if size > g and not difficulty.replay_share:
+            raise ValueError(f"controller.difficulty.hard_group_size ({size}) needs "
+                             "controller.difficulty.replay_share > 0: only hard prompts sampled again get it")
+
     @model_validator(mode="after")
     def _check_cross_field(self) -> AsyncRLConfig:
         g, b = self.sampling.group_size, self.learner.batch_size
@@ -280,6 +294,7 @@ class AsyncRLConfig(Section):
             raise ValueError(f"learner.batch_size ({b}) must be a multiple of sampling.group_size ({g})")
         if self.sampling.drop_uniform_groups:
             self._check_uniform_groups_teach_nothing()
+        self._check_hard_groups()
         k = self.learner.algo.advantage.pass_at_k
         if k is not None and (g % k or g // k < 2):
             raise ValueError(f"learner.algo.advantage.pass_at_k ({k}) must split sampling.group_size ({g}) into "

@@ -25,6 +25,13 @@ class DifficultyConfig(Section):
     """Times one prompt is sampled again at most: a prompt nobody solves in that many groups is left alone."""
     max_prompts: int = Field(100_000, ge=1)
     """Prompts whose estimate is kept (and persisted); beyond, the oldest are forgotten."""
+    hard_group_size: int = Field(0, ge=0)
+    """Samples in the group of a hard prompt sampled again (0: sampling.group_size, like every group). Larger
+    puts more of each step's fixed budget (learner.batch_size trajectories; fewer prompts per step) where a
+    group of G often holds no success to learn from: a prompt of pass rate p has none among G samples with
+    probability (1 - p)^G. A multiple of sampling.group_size that divides learner.batch_size. A hard group
+    never straddles two steps' shares of the budget: where fewer places are left in a step's share, the lease
+    samples the stream instead."""
 
 
 class ControllerConfig(PinnedSection):

@@ -8,6 +8,7 @@ log-prob or a 3e38 reward turns the loss and then every parameter into NaN).
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 import re
@@ -52,20 +53,24 @@ class TrajectoryLimits:
     max_response_tokens: int
     """Response tokens at most (sampling.max_new_tokens)."""
     group_size: int
-    """Trajectories per group, exactly (sampling.group_size)."""
+    """Trajectories per group, exactly (sampling.group_size; or `hard_group_size`)."""
     max_abs_reward: float
     """|reward| at most (reward.max_abs)."""
     max_version: int | None = None
     """Newest weight version a token may carry (the reader's current version); None: not checked."""
+    hard_group_size: int = 0
+    """Trajectories a group of a hard prompt sampled again may hold instead (controller.difficulty
+    .hard_group_size; such a group carries its sample_index); 0: none."""
 
     def with_max_version(self, version: int) -> TrajectoryLimits:
-        return TrajectoryLimits(self.vocab_size, self.max_sequence_tokens, self.max_response_tokens,
-                                self.group_size, self.max_abs_reward, version)
+        return dataclasses.replace(self, max_version=version)
 
 
-def checkpoint_limits(model_path: str | Path, sampling, reward, environment=None) -> TrajectoryLimits:
+def checkpoint_limits(model_path: str | Path, sampling, reward, environment=None,
+                      difficulty=None) -> TrajectoryLimits:
     """Limits from a checkpoint's config.json (vocabulary, context) and the run's `sampling` and `reward`
-    sections (and `environment`: an episode's response holds up to max_episode_tokens)."""
+    sections (and `environment`: an episode's response holds up to max_episode_tokens; `difficulty`
+    (controller.difficulty): the size of a hard prompt's group)."""
     raw = checkpoint_config(model_path)
     episodes = environment is not None and environment.type != "none"
     return TrajectoryLimits(
@@ -74,6 +79,7 @@ def checkpoint_limits(model_path: str | Path, sampling, reward, environment=None
         max_response_tokens=environment.max_episode_tokens if episodes else sampling.max_new_tokens,
         group_size=sampling.group_size,
         max_abs_reward=reward.max_abs,
+        hard_group_size=difficulty.hard_group_size if difficulty is not None else 0,
     )
 
 
@@ -133,8 +139,10 @@ def check_trajectory_group(group, limits: TrajectoryLimits) -> int:
     later)."""
     check_group_fields(group)
     n = len(group.trajectories)
-    if n != limits.group_size:
-        raise BadGroup(f"trajectories: {n} in the group, expected sampling.group_size = {limits.group_size}")
+    if n != limits.group_size and not (n == limits.hard_group_size and group.HasField("sample_index")):
+        hard = (f", or controller.difficulty.hard_group_size = {limits.hard_group_size} for a hard prompt sampled "
+                "again (with its sample_index)") if limits.hard_group_size else ""
+        raise BadGroup(f"trajectories: {n} in the group, expected sampling.group_size = {limits.group_size}{hard}")
     # Every group passes through here twice (the replica before `put`, the learner before training) and nearly
     # all pass: one quick look over the whole group's values, and the per-trajectory walk that names the
     # problem only when that look is not sure (measured per 8-trajectory group: 146 -> 45 us with 4-token

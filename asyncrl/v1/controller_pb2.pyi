@@ -78,7 +78,7 @@ class AcquireLeaseRequest(_message.Message):
     def __init__(self, replica_id: _Optional[str] = ..., num_trajectories: _Optional[int] = ..., wait_s: _Optional[float] = ...) -> None: ...
 
 class AcquireLeaseResponse(_message.Message):
-    __slots__ = ("granted", "lease_id", "prompt_index", "version", "reason", "expires_unix_s", "sample_index")
+    __slots__ = ("granted", "lease_id", "prompt_index", "version", "reason", "expires_unix_s", "sample_index", "num_trajectories")
     GRANTED_FIELD_NUMBER: _ClassVar[int]
     LEASE_ID_FIELD_NUMBER: _ClassVar[int]
     PROMPT_INDEX_FIELD_NUMBER: _ClassVar[int]
@@ -86,6 +86,7 @@ class AcquireLeaseResponse(_message.Message):
     REASON_FIELD_NUMBER: _ClassVar[int]
     EXPIRES_UNIX_S_FIELD_NUMBER: _ClassVar[int]
     SAMPLE_INDEX_FIELD_NUMBER: _ClassVar[int]
+    NUM_TRAJECTORIES_FIELD_NUMBER: _ClassVar[int]
     granted: bool
     lease_id: str
     prompt_index: int
@@ -93,7 +94,8 @@ class AcquireLeaseResponse(_message.Message):
     reason: str
     expires_unix_s: float
     sample_index: int
-    def __init__(self, granted: _Optional[bool] = ..., lease_id: _Optional[str] = ..., prompt_index: _Optional[int] = ..., version: _Optional[int] = ..., reason: _Optional[str] = ..., expires_unix_s: _Optional[float] = ..., sample_index: _Optional[int] = ...) -> None: ...
+    num_trajectories: int
+    def __init__(self, granted: _Optional[bool] = ..., lease_id: _Optional[str] = ..., prompt_index: _Optional[int] = ..., version: _Optional[int] = ..., reason: _Optional[str] = ..., expires_unix_s: _Optional[float] = ..., sample_index: _Optional[int] = ..., num_trajectories: _Optional[int] = ...) -> None: ...
 
 class CompleteLeaseRequest(_message.Message):
     __slots__ = ("replica_id", "lease_id", "num_written")
@@ -122,18 +124,20 @@ class AcquireLeasesRequest(_message.Message):
     def __init__(self, replica_id: _Optional[str] = ..., num_trajectories: _Optional[int] = ..., wait_s: _Optional[float] = ..., max_leases: _Optional[int] = ...) -> None: ...
 
 class Lease(_message.Message):
-    __slots__ = ("lease_id", "prompt_index", "version", "expires_unix_s", "sample_index")
+    __slots__ = ("lease_id", "prompt_index", "version", "expires_unix_s", "sample_index", "num_trajectories")
     LEASE_ID_FIELD_NUMBER: _ClassVar[int]
     PROMPT_INDEX_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     EXPIRES_UNIX_S_FIELD_NUMBER: _ClassVar[int]
     SAMPLE_INDEX_FIELD_NUMBER: _ClassVar[int]
+    NUM_TRAJECTORIES_FIELD_NUMBER: _ClassVar[int]
     lease_id: str
     prompt_index: int
     version: int
     expires_unix_s: float
     sample_index: int
-    def __init__(self, lease_id: _Optional[str] = ..., prompt_index: _Optional[int] = ..., version: _Optional[int] = ..., expires_unix_s: _Optional[float] = ..., sample_index: _Optional[int] = ...) -> None: ...
+    num_trajectories: int
+    def __init__(self, lease_id: _Optional[str] = ..., prompt_index: _Optional[int] = ..., version: _Optional[int] = ..., expires_unix_s: _Optional[float] = ..., sample_index: _Optional[int] = ..., num_trajectories: _Optional[int] = ...) -> None: ...
 
 class AcquireLeasesResponse(_message.Message):
     __slots__ = ("leases", "reason")

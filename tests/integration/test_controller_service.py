@@ -123,10 +123,13 @@ def test_reflection_lists_the_service(controller):
 # ---- every RPC, happy path --------------------------------------------------------------------------------
 
 
-def test_a_lease_names_the_hard_prompt_it_samples_again_over_the_wire(tmp_path):
+@pytest.mark.parametrize("hard_group_size", [0, 8])
+def test_a_lease_names_the_hard_prompt_it_samples_again_over_the_wire(tmp_path, hard_group_size):
     """controller.difficulty over gRPC: a completion's mean reward makes its prompt hard, and the next leases
-    carry it as sample_index (absent on a lease for the stream's own next prompt)."""
-    config = make_config(eta=None, difficulty={"replay_share": 0.9, "max_replays": 50})
+    carry it as sample_index (absent on a lease for the stream's own next prompt), with the group size to
+    generate (`num_trajectories`: G = 4, or the hard prompts' 8)."""
+    config = make_config(eta=None, difficulty={"replay_share": 0.9, "max_replays": 50,
+                                               "hard_group_size": hard_group_size})
     server, port = create_server(config, run_dir=str(tmp_path))
     server.start()
     try:
@@ -143,6 +146,9 @@ def test_a_lease_names_the_hard_prompt_it_samples_again_over_the_wire(tmp_path):
             replays = [lease for lease in leases if lease.HasField("sample_index")]
             assert replays and all(lease.sample_index == first.prompt_index for lease in replays)
             assert all(not lease.HasField("sample_index") for lease in leases if lease not in replays)
+            assert first.num_trajectories == 4 and all(lease.num_trajectories == 4 for lease in leases
+                                                       if lease not in replays)
+            assert all(lease.num_trajectories == (hard_group_size or 4) for lease in replays)
     finally:
         server.stop(0).wait()
         server.controller_state.close()

@@ -85,3 +85,21 @@ def test_an_openenv_environment_needs_its_server_and_package_named_in_the_error(
     with pytest.raises(ValidationError, match=r"environment.type: openenv needs the openenv package "
                                               r"\(pip install 'asyncrl\[openenv\]'\)"):
         config(environment={"type": "openenv", "openenv": {"url": "http://h:1"}})
+
+
+@pytest.mark.parametrize("size", [12, 24])
+def test_a_hard_group_that_is_not_whole_groups_filling_a_step_is_refused_naming_the_keys(size):
+    """12: not whole groups of 8; 24: does not divide the batch of 64 (the learner's batches could not always
+    add up to it)."""
+    with pytest.raises(ValidationError, match=rf"controller.difficulty.hard_group_size \({size}\) must be a "
+                                              r"multiple of sampling.group_size \(8\) that divides "
+                                              r"learner.batch_size \(64\)"):
+        config(controller={"difficulty": {"hard_group_size": size, "replay_share": 0.3}})
+
+
+def test_a_hard_group_size_without_hard_prompts_sampled_again_is_refused():
+    with pytest.raises(ValidationError, match=r"controller.difficulty.hard_group_size \(16\) needs "
+                                              r"controller.difficulty.replay_share > 0"):
+        config(controller={"difficulty": {"hard_group_size": 16}})
+    assert config(controller={"difficulty": {"hard_group_size": 16, "replay_share": 0.3}})
+    assert config(controller={"difficulty": {"hard_group_size": 8}})  # G itself: nothing changes

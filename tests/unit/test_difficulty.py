@@ -103,3 +103,31 @@ def test_the_controller_hands_out_hard_prompts_and_learns_from_completions_acros
     kept = {lease.lease_id: lease.sample_index for lease in restarted.books.leases.active()}
     assert kept and all(kept[d.lease_id] == d.sample_index for d in leases if d.lease_id in kept)
     restarted.close()
+
+
+def test_a_hard_group_is_chosen_only_where_it_fits_the_step():
+    b = book(replay_share=0.9, max_replays=1_000, hard_group_size=16)
+    b.observe(3, 8, 0.0)
+    assert b.group_size(8) == 16 and book().group_size(8) == 8
+    assert all(b.choose(room=8) is None for _ in range(50))  # 8 places left in the step: a group of 16 straddles
+    assert any(b.choose(room=16) == 3 for _ in range(50))
+
+
+def test_hard_prompts_get_larger_groups_that_never_straddle_a_step_and_keep_eta():
+    """B = 64, G = 8, hard groups of 16, η = 0: the leases of each version add up to B exactly, every hard lease
+    lies within one step's 64 (N_r before it and after it in the same window), and N_r stops at (i+η+1)·B."""
+    state, _, _, events = make_state(batch_size=64, eta=0,
+                                     difficulty={"replay_share": 0.5, "max_replays": 1_000, "hard_group_size": 16})
+    rid = state.register("127.0.0.1:7001", "", 0, "torch").replica_id
+    first = state.admission.try_acquire_many(rid, 8, 1, time.monotonic(), final=True).leases[0]
+    assert first.num_trajectories == 8
+    state.admission.complete_many(rid, [(first.lease_id, 8, 0.0)])  # its prompt is hard now
+    leases = state.admission.try_acquire_many(rid, 8, 64, time.monotonic(), final=True).leases
+    sizes = [d.num_trajectories for d in leases]
+    assert set(sizes) == {8, 16} and 8 + sum(sizes) == 64  # η = 0: version 0 admits exactly B
+    assert all((d.num_trajectories == 16) == (d.sample_index is not None) for d in leases)
+    granted = events.of_kind("lease_granted")
+    for e in granted:
+        assert (e["admitted_after"] - e["n"]) // 64 == (e["admitted_after"] - 1) // 64  # one step's window
+    assert [e["n"] for e in granted] == [8, *sizes]
+    assert state.admission.try_acquire_many(rid, 8, 1, time.monotonic(), final=True).leases == []

@@ -112,6 +112,12 @@ def group(name: str, version: int = 3, logp: float = -0.5, prompt_index: int = 0
     ])
 
 
+def held(collected: tuple[list, list]) -> list:
+    """What `collect` returned, the batch then the rest, as one list."""
+    batch, rest = collected
+    return batch + rest
+
+
 def test_prefetch_reads_checks_and_assembles_the_next_batch_on_its_thread(monkeypatch):
     """`learner.prefetch`: while a batch trains, the next one is read, inspected and assembled on the prefetch
     thread; read and not yet trained its entries are pending (a restarted learner takes them back); the loop
@@ -140,7 +146,7 @@ def test_prefetch_reads_checks_and_assembles_the_next_batch_on_its_thread(monkey
     assert loop.intake._ready is not None and loop.intake._ready.entry_ids == ids and len(loop.intake._ready) == 4
 
     monkeypatch.setattr(loop.intake, "_inspect", lambda entry: pytest.fail("inspected twice"))
-    assert [e.entry_id for e in loop.intake.collect(got)] == ids
+    assert [e.entry_id for e in held(loop.intake.collect(got))] == ids
     assert set(loop.intake._inspections) == set(ids)  # kept while the entries are held
     loop.intake.mark_trained(["a", "b"], ids)
     assert loop.intake._inspections == {}
@@ -170,7 +176,7 @@ def test_a_bad_group_read_ahead_is_refused_by_the_loop_not_by_the_prefetch_threa
     assert loop.intake._ready is None
     assert loop.buffer.dead_letters() == [] and events.of_kind("group_rejected") == []
     late = loop.buffer.put(group("late"))
-    assert [e.entry_id for e in loop.intake.collect(got)] == [good, late]
+    assert [e.entry_id for e in held(loop.intake.collect(got))] == [good, late]
     (letter,) = loop.buffer.dead_letters()
     assert letter.entry_id == bad and "logp_behav holds a non-finite" in letter.reason
     assert metrics.dead_letters._value.get() == 1
@@ -187,7 +193,7 @@ def test_what_depends_on_the_loop_is_decided_when_an_entry_is_admitted():
     loop.intake.trained["twice"] = None  # trained by the step that ran while the prefetch read it
     ok = loop.buffer.put(group("ok"))
     ok2 = loop.buffer.put(group("ok2"))
-    assert [e.entry_id for e in loop.intake.collect(got)] == [ok, ok2]
+    assert [e.entry_id for e in held(loop.intake.collect(got))] == [ok, ok2]
     reasons = {e["entry_id"]: e["reason"] for e in events.of_kind("group_rejected")}
     assert "weight_version 4 is from the future (current version 3)" in reasons[future]
     assert "was already trained" in reasons[twice]
@@ -198,7 +204,7 @@ def test_what_depends_on_the_loop_is_decided_when_an_entry_is_admitted():
     got = loop.intake.take_prefetched()
     loop.progress.version = 4  # the step that ran meanwhile made version 4
     other = loop.buffer.put(group("other", version=4))
-    assert [e.entry_id for e in loop.intake.collect(got)] == [future, other]
+    assert [e.entry_id for e in held(loop.intake.collect(got))] == [future, other]
 
 
 class Publisher:
@@ -370,8 +376,7 @@ def test_status_reports_go_at_most_once_per_interval_with_the_newest_figures_and
 
 def take_batch(loop, carry):
     """One step's batch as the loop takes it: (the batch's entries, the carried rest)."""
-    entries = loop.intake.collect(carry)
-    batch, rest = entries[: loop.groups_per_step], entries[loop.groups_per_step:]
+    batch, rest = loop.intake.collect(carry)
     loop.intake.mark_trained([e.group.group_id for e in batch], [e.entry_id for e in batch])
     return batch, rest
 
@@ -599,7 +604,7 @@ def test_a_group_older_than_eta_at_the_version_that_would_train_it_is_dropped_an
     loop.intake._heartbeat = lambda: heartbeats.append(1)  # a batch short of the dropped group reads on
     if loop.intake.hold is not None:
         loop.intake.hold._heartbeat = loop.intake._heartbeat
-    entries = loop.intake.collect([])
+    entries = held(loop.intake.collect([]))
     assert metrics.stale_groups._value.get() == 1
     if policy == "hold":
         assert controller.requests == [(1, 2.0)] * 3 and len(heartbeats) == 2 + 1  # + 1: the short batch
@@ -617,3 +622,34 @@ def test_a_group_older_than_eta_at_the_version_that_would_train_it_is_dropped_an
     assert dead.entry_id == stale and dead.reason.startswith(reason)
     (rejected,) = events.of_kind("group_rejected")
     assert rejected["group_id"] == "stale" and rejected["reason"].startswith(reason)
+
+
+def hard_group(name: str, version: int = 3, prompt_index: int = 0):
+    """A hard prompt's larger group: 4 trajectories (hard_group_size, twice G = 2), sampled again."""
+    g = group(name, version, prompt_index=prompt_index)
+    for j in (2, 3):
+        t = g.trajectories.add()
+        t.CopyFrom(g.trajectories[0])
+        t.trajectory_id = f"{name}/{j}"
+    g.sample_index = 1
+    return g
+
+
+@pytest.mark.parametrize("oldest_first", [False, True])
+def test_batches_hold_exactly_b_trajectories_when_hard_prompts_come_in_larger_groups(oldest_first):
+    """B = 4, G = 2, hard groups of 4 (`controller.difficulty.hard_group_size`): a group of 2 and a hard group
+    cannot share a batch (6 trajectories). Holding both, the learner trains the hard group, a whole batch, at
+    once (it never waits while it holds one); the group of 2 waits for the next, which the group after it
+    completes."""
+    from asyncrl.core.trajectory_checks import TrajectoryLimits
+
+    loop, _, _ = prefetching_loop(oldest_first)
+    loop.intake.limits = TrajectoryLimits(20, 16, 5, 2, 10.0, hard_group_size=4)
+    loop.buffer.put(group("a", prompt_index=1))
+    loop.buffer.put(hard_group("hard", prompt_index=2))
+    loop.buffer.put(group("b", prompt_index=3))
+    batch, rest = take_batch(loop, [])
+    assert [e.group.group_id for e in batch] == ["hard"] and len(loop.intake.batch_of(batch)) == 4
+    batch, rest = take_batch(loop, rest)
+    assert [e.group.group_id for e in batch] == ["a", "b"] and rest == []
+    assert len(loop.intake.batch_of(batch)) == 4

@@ -102,3 +102,27 @@ def test_poison_is_refused_with_its_field(kind, quick_look):
     apply(group)
     with pytest.raises(BadGroup, match=message.replace("(", r"\(")):
         check_trajectory_group(group, LIMITS)
+
+
+def grown(group, n: int, sample_index: int | None):
+    """`group` with n trajectories (copies of its first), and `sample_index` set when given."""
+    del group.trajectories[1:]
+    for j in range(1, n):
+        t = group.trajectories.add()
+        t.CopyFrom(group.trajectories[0])
+        t.trajectory_id = f"g/{j}"
+    if sample_index is not None:
+        group.sample_index = sample_index
+    return group
+
+
+def test_a_hard_prompts_larger_group_passes_only_as_a_prompt_sampled_again():
+    hard = TrajectoryLimits(20, 16, 5, 2, 10.0, max_version=7, hard_group_size=4)
+    assert check_trajectory_group(grown(good_group(), 4, sample_index=3), hard) == 7
+    with pytest.raises(BadGroup, match=r"trajectories: 4 in the group, expected sampling.group_size = 2, or "
+                                       r"controller.difficulty.hard_group_size = 4 .*sample_index"):
+        check_trajectory_group(grown(good_group(), 4, sample_index=None), hard)  # a stream prompt gets G
+    with pytest.raises(BadGroup, match="trajectories: 3 in the group"):
+        check_trajectory_group(grown(good_group(), 3, sample_index=3), hard)
+    with pytest.raises(BadGroup, match=r"expected sampling.group_size = 2$"):
+        check_trajectory_group(grown(good_group(), 4, sample_index=3), LIMITS)  # no hard groups in this run

@@ -25,3 +25,10 @@ def prompt_seed(run_seed: int, prompt_position: int) -> int:
 def sample_seed(prompt: int, sample: int) -> int:
     """The seed of sample `sample` of the group of the prompt seeded `prompt`."""
     return derive_seed(prompt, sample)
+
+
+def subgroup_seed(prompt: int, part: int) -> int:
+    """The seed of part `part` of a group generated as several requests of its prompt (a hard prompt's larger
+    group, `controller.difficulty.hard_group_size`): part 0 is the prompt's own seed, so a group of one part
+    samples what it always did; the others are derived apart from every `sample_seed`."""
+    return prompt if part == 0 else derive_seed(prompt, -part)

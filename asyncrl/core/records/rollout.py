@@ -26,6 +26,8 @@ class GroupWritten(Record):
     """Mean tokens the model generated per trajectory (an episode's observations not counted)."""
     turns_mean: float = 0.0
     """Mean model turns per trajectory (0: single-turn samples)."""
+    trajectories: int = 0
+    """Its trajectories: sampling.group_size, or a hard prompt's larger group (0: written before this field)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -42,6 +44,8 @@ class GroupSkipped(Record):
     """The mean reward of its samples (with uniform rewards, the one every sample got)."""
     reason: str = "uniform"
     """"uniform", or "environment_error" (an episode that ended before the model acted: nothing to train)."""
+    trajectories: int = 0
+    """Its samples (0: written before this field)."""
 
 
 @dataclass(frozen=True, kw_only=True)
