@@ -1,21 +1,33 @@
-"""Generated tokens per second: the vLLM engine vs the torch engine, same prompts, same sampling, one run.
+"""Generated tokens per second: the vLLM engine vs the torch engine, same prompts, same sampling, one run, and
+both against what this machine could do for the same decode steps, measured in the same run.
 
 Both engines load the same checkpoint (default: a random Qwen2 of width 512, 8 layers, ~25M parameters, built
-once under /tmp; `--model-path` for any other, e.g. the demo's artifacts/tiny-arith/policy). Each engine gets
-`--warmup` untimed batches, then `--repeats` timed ones; tokens/s = response tokens actually generated /
-wall time of generate(). Engines run one after the other in this process; the ratio is vllm / torch.
+once under /tmp; `--size 0.5b` for Qwen2.5-0.5B's shape, random float32 weights; `--model-path` for any
+other, e.g. the demo's artifacts/tiny-arith/policy). Each engine gets `--warmup` untimed batches, then
+`--repeats` timed ones; tokens/s = response tokens actually generated / wall time of generate(). Engines run
+one after the other in this process; the ratio is vllm / torch.
 
-    .venv/bin/python bench/engine_throughput.py [--prompts 32] [--n 8] [--max-new-tokens 48] [--threads 2]
+The bound: a decode step of `--prompts` x `--n` sequences is at least the products of every linear layer's
+weights with one row per sequence (each weight read once from memory, 2 x rows x parameters FLOPs), the LM
+head's included. Those products alone, run in the model's order with the model's own weights on the same
+threads (best of several passes), take `decode_gemm_s`; rows / decode_gemm_s is the tokens/s an engine could
+reach if a step were nothing else (no attention, norms, sampling, scheduling or prefill). The machine's copy
+bandwidth (a 1 GiB tensor copied) is reported beside it: a small batch's step is bounded by reading the weights.
+
+    .venv/bin/python bench/engine_throughput.py [--size 25m|0.5b] [--prompts 32] [--n 8] [--max-new-tokens 48]
+        [--threads 2]
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
+import tempfile
 import time
 from pathlib import Path
 
-from common import build_random_qwen2, emit
+import torch
+from common import build_random_qwen2, emit, qwen2_half_billion
 
 from asyncrl.core.config import EngineConfig, TaskConfig
 from asyncrl.core.engines.factory import make_engine
@@ -37,9 +49,60 @@ def measure(engine, prompts, params, n, warmup, repeats) -> dict:
     return {"tokens_per_s": round(statistics.median(rates), 1), "tokens_per_batch": statistics.median(tokens)}
 
 
+def decode_bound(model_path: str, rows: int, repeats: int = 5) -> dict:
+    """What the decode step of `rows` sequences costs at least: every linear layer's weights times one row per
+    sequence, in the model's order (`decode_gemm_s`, best of `repeats` passes after one warm-up), and the
+    tokens/s that allows."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_path, torch_dtype=torch.float32)
+    weights = [m.weight for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    inputs = {w.shape[1]: torch.randn(rows, w.shape[1]) for w in weights}
+    best = float("inf")
+    with torch.no_grad():
+        for attempt in range(repeats + 1):
+            t0 = time.perf_counter()
+            for w in weights:
+                torch.nn.functional.linear(inputs[w.shape[1]], w)
+            if attempt:
+                best = min(best, time.perf_counter() - t0)
+    parameters = sum(w.numel() for w in weights)
+    return {"rows": rows, "decode_gemm_s": round(best, 5), "tokens_per_s": round(rows / best, 1),
+            "weight_bytes": parameters * 4, "gflops_per_s": round(2 * rows * parameters / best / 1e9, 1),
+            "weights_read_gb_per_s": round(parameters * 4 / best / 1e9, 2)}
+
+
+def copy_bandwidth(gib: float = 1.0, repeats: int = 3) -> float:
+    """GB/s of a large float32 tensor copy (bytes read + bytes written), best of `repeats`."""
+    src = torch.randn(int(gib * (1 << 30)) // 4)
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        dst.copy_(src)
+        best = min(best, time.perf_counter() - t0)
+    return round(2 * src.numel() * 4 / best / 1e9, 2)
+
+
+def checkpoint(args) -> str:
+    """The model both engines load (built once under the temporary directory when it is one of ours)."""
+    if args.model_path:
+        return args.model_path
+    if args.size == "0.5b":
+        from asyncrl.core.tokenizer import build_char_tokenizer, save_tokenizer
+
+        path = qwen2_half_billion(Path(tempfile.gettempdir()) / "asyncrl-bench-qwen2-0.5b")
+        if not (path / "tokenizer.json").exists():  # vLLM loads one; prompts and samples stay token ids
+            save_tokenizer(build_char_tokenizer(), path, model_max_length=256)
+        return str(path)
+    return str(build_random_qwen2(Path("/tmp/asyncrl-bench-qwen2-512x8"), 512, 8, 2048))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model-path", default=None)
+    ap.add_argument("--size", choices=("25m", "0.5b"), default="25m", help="the random checkpoint, without --model-path")
     ap.add_argument("--prompts", type=int, default=32)
     ap.add_argument("--n", type=int, default=8)
     ap.add_argument("--max-new-tokens", type=int, default=48)
@@ -50,7 +113,10 @@ def main() -> None:
     args = ap.parse_args()
     from transformers import AutoConfig
 
-    path = args.model_path or str(build_random_qwen2(Path("/tmp/asyncrl-bench-qwen2-512x8"), 512, 8, 2048))
+    torch.set_num_threads(args.threads)
+    path = checkpoint(args)
+    bound = decode_bound(path, args.prompts * args.n)
+    bandwidth = copy_bandwidth()
     task = get_task(TaskConfig())
     prompts = [task.train_prompt(i).token_ids for i in range(args.prompts)]
     params = SamplingParams(temperature=1.0, max_new_tokens=args.max_new_tokens)
@@ -65,12 +131,16 @@ def main() -> None:
         finally:
             engine.close()
     ratio = results["vllm"]["tokens_per_s"] / results["torch"]["tokens_per_s"]
-    result = {"bench": "engine_throughput", "model": path, "prompts": args.prompts, "n": args.n,
-              "max_new_tokens": args.max_new_tokens, "threads": args.threads, **{k: v for k, v in results.items()},
-              "vllm_over_torch": round(ratio, 3)}
-    emit("engine_throughput" + (f"-{args.tag}" if args.tag else ""), result, {"torch": results["torch"]["tokens_per_s"],
-                                       "vllm": results["vllm"]["tokens_per_s"]},
-         "generated tokens / s", f"generation throughput, {args.prompts}x{args.n} samples (vllm/torch {ratio:.2f})")
+    for figures in results.values():
+        figures["over_decode_bound"] = round(figures["tokens_per_s"] / bound["tokens_per_s"], 3)
+    result = {"bench": "engine_throughput", "model": path, "parameters": bound["weight_bytes"] // 4,
+              "prompts": args.prompts, "n": args.n, "max_new_tokens": args.max_new_tokens, "threads": args.threads,
+              **{k: v for k, v in results.items()}, "vllm_over_torch": round(ratio, 3), "decode_bound": bound,
+              "copy_gb_per_s": bandwidth}
+    emit("engine_throughput" + (f"-{args.tag}" if args.tag else ""), result,
+         {"decode GEMM bound": bound["tokens_per_s"], "torch": results["torch"]["tokens_per_s"],
+          "vllm": results["vllm"]["tokens_per_s"]},
+         "generated tokens / s", f"generation, {args.prompts}x{args.n} samples (vllm/torch {ratio:.2f})")
 
 
 if __name__ == "__main__":
