@@ -15,7 +15,7 @@ reach if a step were nothing else (no attention, norms, sampling, scheduling or 
 bandwidth (a 1 GiB tensor copied) is reported beside it: a small batch's step is bounded by reading the weights.
 
     .venv/bin/python bench/engine_throughput.py [--size 25m|0.5b] [--prompts 32] [--n 8] [--max-new-tokens 48]
-        [--threads 2]
+        [--threads 2] [--vllm-memory 0.2]
 """
 
 from __future__ import annotations
@@ -107,6 +107,8 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=8)
     ap.add_argument("--max-new-tokens", type=int, default=48)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--vllm-memory", type=float, default=0.2,
+                    help="vLLM's share of the node's memory (weights and KV cache): 0.5 for the 0.5B model")
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--tag", default="", help="suffix of the result files (docs/results/engine_throughput-TAG.*)")
@@ -124,7 +126,7 @@ def main() -> None:
     for kind in ("torch", "vllm"):
         cfg = EngineConfig(type=kind, threads=args.threads, max_batch_size=args.prompts * args.n,
                            max_model_len=min(128, AutoConfig.from_pretrained(path).max_position_embeddings),
-                           gpu_memory_utilization=0.2)
+                           gpu_memory_utilization=args.vllm_memory)
         engine = make_engine(cfg, path, "float32", seed=0)
         try:
             results[kind] = measure(engine, prompts, params, args.n, args.warmup, args.repeats)
