@@ -11,8 +11,10 @@ The bound: a decode step of `--prompts` x `--n` sequences is at least the produc
 weights with one row per sequence (each weight read once from memory, 2 x rows x parameters FLOPs), the LM
 head's included. Those products alone, run in the model's order with the model's own weights on the same
 threads (best of several passes), take `decode_gemm_s`; rows / decode_gemm_s is the tokens/s an engine could
-reach if a step were nothing else (no attention, norms, sampling, scheduling or prefill). The machine's copy
-bandwidth (a 1 GiB tensor copied) is reported beside it: a small batch's step is bounded by reading the weights.
+reach if a step were nothing else (no attention, norms, sampling, scheduling or prefill). Below that is the
+machine's roofline for the step: every weight read once at the copy bandwidth's read rate (a 1 GiB tensor
+copied) or its FLOPs at a square 2048 GEMM's rate, whichever takes longer. The gap between the two is what the
+matrix library loses on products of few rows.
 
     .venv/bin/python bench/engine_throughput.py [--size 25m|0.5b] [--prompts 32] [--n 8] [--max-new-tokens 48]
         [--threads 2] [--vllm-memory 0.2]
@@ -72,6 +74,29 @@ def decode_bound(model_path: str, rows: int, repeats: int = 5) -> dict:
             "weights_read_gb_per_s": round(parameters * 4 / best / 1e9, 2)}
 
 
+def square_gemm_gflops(size: int = 2048, repeats: int = 3) -> float:
+    """The machine's float32 matmul throughput on a square product, best of `repeats` (GFLOP/s)."""
+    a, b = torch.randn(size, size), torch.randn(size, size)
+    torch.mm(a, b)
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        torch.mm(a, b)
+        best = min(best, time.perf_counter() - t0)
+    return round(2 * size**3 / best / 1e9, 1)
+
+
+def roofline(bound: dict, copy_gb_per_s: float, peak_gflops: float) -> dict:
+    """The decode step's physical floor: reading every weight once (at the copy's read rate, half its bytes
+    moved) or computing its products at the square GEMM's rate, whichever is longer; and the tokens/s that
+    allows."""
+    rows, weight_bytes = bound["rows"], bound["weight_bytes"]
+    read_s = weight_bytes / (copy_gb_per_s / 2 * 1e9)
+    compute_s = 2 * rows * weight_bytes / 4 / (peak_gflops * 1e9)
+    return {"read_s": round(read_s, 5), "compute_s": round(compute_s, 5),
+            "tokens_per_s": round(rows / max(read_s, compute_s), 1)}
+
+
 def copy_bandwidth(gib: float = 1.0, repeats: int = 3) -> float:
     """GB/s of a large float32 tensor copy (bytes read + bytes written), best of `repeats`."""
     src = torch.randn(int(gib * (1 << 30)) // 4)
@@ -119,6 +144,8 @@ def main() -> None:
     path = checkpoint(args)
     bound = decode_bound(path, args.prompts * args.n)
     bandwidth = copy_bandwidth()
+    peak = square_gemm_gflops()
+    floor = roofline(bound, bandwidth, peak)
     task = get_task(TaskConfig())
     prompts = [task.train_prompt(i).token_ids for i in range(args.prompts)]
     params = SamplingParams(temperature=1.0, max_new_tokens=args.max_new_tokens)
@@ -135,12 +162,14 @@ def main() -> None:
     ratio = results["vllm"]["tokens_per_s"] / results["torch"]["tokens_per_s"]
     for figures in results.values():
         figures["over_decode_bound"] = round(figures["tokens_per_s"] / bound["tokens_per_s"], 3)
+        figures["over_roofline"] = round(figures["tokens_per_s"] / floor["tokens_per_s"], 3)
     result = {"bench": "engine_throughput", "model": path, "parameters": bound["weight_bytes"] // 4,
               "prompts": args.prompts, "n": args.n, "max_new_tokens": args.max_new_tokens, "threads": args.threads,
               **{k: v for k, v in results.items()}, "vllm_over_torch": round(ratio, 3), "decode_bound": bound,
-              "copy_gb_per_s": bandwidth}
+              "copy_gb_per_s": bandwidth, "square_gemm_gflops_per_s": peak, "roofline": floor}
     emit("engine_throughput" + (f"-{args.tag}" if args.tag else ""), result,
-         {"decode GEMM bound": bound["tokens_per_s"], "torch": results["torch"]["tokens_per_s"],
+         {"roofline": floor["tokens_per_s"], "decode GEMM bound": bound["tokens_per_s"],
+          "torch": results["torch"]["tokens_per_s"],
           "vllm": results["vllm"]["tokens_per_s"]},
          "generated tokens / s", f"generation, {args.prompts}x{args.n} samples (vllm/torch {ratio:.2f})")
 
