@@ -82,6 +82,24 @@ def train_batch(batch: int, prompt: int, response: int, vocab: int):
     )  # fmt: skip
 
 
+def best_seconds(work, repeats: int, warmup: int = 1) -> float:
+    """The fewest seconds `work()` took over `repeats` timed calls, after `warmup` untimed ones."""
+    for _ in range(warmup):
+        work()
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        work()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def best_gflops(m: int, k: int, n: int, repeats: int = 5) -> float:
+    """Best GFLOP/s of a float32 [m, k] x [k, n] product over `repeats` runs (after one warm-up)."""
+    a, b = torch.randn(m, k), torch.randn(k, n)
+    return 2 * m * k * n / best_seconds(lambda: torch.mm(a, b), repeats) / 1e9
+
+
 def timed_steps(trainer, batch, steps: int) -> list[float]:
     """Seconds of each of `steps` `Trainer.step`s on `batch`."""
     import time
@@ -288,8 +306,8 @@ def accuracy_curve(run_dir: Path, learner: list[dict], scored_kinds: tuple[str, 
     from asyncrl.core.events import read_events
 
     start = min(e["t"] for e in read_events(run_dir, "controller") if e["kind"] == "lease_granted")
-    scored = sorted((e["t"], e.get("trajectories") or DEMO_GROUP_SIZE) for e in rollout_events(run_dir)
-                    if e["kind"] in scored_kinds)
+    scored = [(e["t"], e.get("trajectories") or DEMO_GROUP_SIZE) for e in rollout_events(run_dir)
+              if e["kind"] in scored_kinds]
     return [{"step": e["step"], "accuracy": e["accuracy"], "wall_s": e["t"] - start,
              "samples": sum(n for t, n in scored if t <= e["t"])} for e in learner if e["kind"] == "eval"]
 

@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 
 import torch
-from common import build_random_qwen2, emit, qwen2_half_billion
+from common import best_gflops, best_seconds, build_random_qwen2, emit, qwen2_half_billion
 
 from asyncrl.core.config import EngineConfig, TaskConfig
 from asyncrl.core.engines.factory import make_engine
@@ -60,30 +60,17 @@ def decode_bound(model_path: str, rows: int, repeats: int = 5) -> dict:
     model = AutoModelForCausalLM.from_pretrained(model_path, torch_dtype=torch.float32)
     weights = [m.weight for m in model.modules() if isinstance(m, torch.nn.Linear)]
     inputs = {w.shape[1]: torch.randn(rows, w.shape[1]) for w in weights}
-    best = float("inf")
+
+    def step() -> None:
+        for w in weights:
+            torch.nn.functional.linear(inputs[w.shape[1]], w)
+
     with torch.no_grad():
-        for attempt in range(repeats + 1):
-            t0 = time.perf_counter()
-            for w in weights:
-                torch.nn.functional.linear(inputs[w.shape[1]], w)
-            if attempt:
-                best = min(best, time.perf_counter() - t0)
+        best = best_seconds(step, repeats)
     parameters = sum(w.numel() for w in weights)
     return {"rows": rows, "decode_gemm_s": round(best, 5), "tokens_per_s": round(rows / best, 1),
             "weight_bytes": parameters * 4, "gflops_per_s": round(2 * rows * parameters / best / 1e9, 1),
             "weights_read_gb_per_s": round(parameters * 4 / best / 1e9, 2)}
-
-
-def square_gemm_gflops(size: int = 2048, repeats: int = 3) -> float:
-    """The machine's float32 matmul throughput on a square product, best of `repeats` (GFLOP/s)."""
-    a, b = torch.randn(size, size), torch.randn(size, size)
-    torch.mm(a, b)
-    best = float("inf")
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        torch.mm(a, b)
-        best = min(best, time.perf_counter() - t0)
-    return round(2 * size**3 / best / 1e9, 1)
 
 
 def roofline(bound: dict, copy_gb_per_s: float, peak_gflops: float) -> dict:
@@ -101,13 +88,7 @@ def copy_bandwidth(gib: float = 1.0, repeats: int = 3) -> float:
     """GB/s of a large float32 tensor copy (bytes read + bytes written), best of `repeats`."""
     src = torch.randn(int(gib * (1 << 30)) // 4)
     dst = torch.empty_like(src)
-    dst.copy_(src)
-    best = float("inf")
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        dst.copy_(src)
-        best = min(best, time.perf_counter() - t0)
-    return round(2 * src.numel() * 4 / best / 1e9, 2)
+    return round(2 * src.numel() * 4 / best_seconds(lambda: dst.copy_(src), repeats) / 1e9, 2)
 
 
 def checkpoint(args) -> str:
@@ -144,7 +125,7 @@ def main() -> None:
     path = checkpoint(args)
     bound = decode_bound(path, args.prompts * args.n)
     bandwidth = copy_bandwidth()
-    peak = square_gemm_gflops()
+    peak = round(best_gflops(2048, 2048, 2048, repeats=3), 1)
     floor = roofline(bound, bandwidth, peak)
     task = get_task(TaskConfig())
     prompts = [task.train_prompt(i).token_ids for i in range(args.prompts)]

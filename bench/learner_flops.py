@@ -28,25 +28,12 @@ import argparse
 import resource
 import statistics
 import tempfile
-import time
 from pathlib import Path
 
 import torch
-from common import emit, qwen2_half_billion, timed_steps, train_batch
+from common import best_gflops, best_seconds, emit, qwen2_half_billion, timed_steps, train_batch
 
 MATMUL_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm")
-
-
-def best_gflops(m: int, k: int, n: int, repeats: int = 5) -> float:
-    """Best GFLOP/s of a float32 [m, k] x [k, n] product over `repeats` runs (after one warm-up)."""
-    a, b = torch.randn(m, k), torch.randn(k, n)
-    torch.mm(a, b)
-    best = float("inf")
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        torch.mm(a, b)
-        best = min(best, time.perf_counter() - t0)
-    return 2 * m * k * n / best / 1e9
 
 
 def model_gemms(config, tokens: int, response_tokens: int) -> list[tuple[int, int, int, int]]:
@@ -80,13 +67,7 @@ def adamw_update_s(params: list, fused: bool, repeats: int = 3) -> float:
     """Best seconds of one AdamW update of `params` (their gradients as they are) with the for-loop or the fused
     kernel, after a first update that makes the optimizer state."""
     optimizer = torch.optim.AdamW(params, lr=1e-6, weight_decay=0.01, fused=fused or None)
-    optimizer.step()
-    best = float("inf")
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        optimizer.step()
-        best = min(best, time.perf_counter() - t0)
-    return best
+    return best_seconds(optimizer.step, repeats)
 
 
 def lm_head_gflops(config, rows: int) -> dict:

@@ -160,6 +160,7 @@ def main() -> None:
     emit(SIZES[args.size]["result"], result, {f"{name}: run s": s["run_s"] for name, s in summary.items()},
          "seconds", f"{args.steps} steps, {parameters / 1e6:.1f}M parameters, median of {args.seeds} seeds")
 
+
 def model_parameters(path: Path) -> int:
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
