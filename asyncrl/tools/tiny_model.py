@@ -33,6 +33,7 @@ from asyncrl.tools.tiny_model_stamp import (
     SFT_TEACHER_FINAL_LR,
     SFT_WARMUP_STEPS,
     STAMP_FILE,
+    WARMSTART_CHECK_STEPS,
     config_stamp,
     tiny_models_current,
 )
@@ -188,6 +189,23 @@ def _tokenizer(config):
     )
 
 
+def warm_start(model, task: Task, tiny, accuracy, episodes=None) -> tuple[object, int, float | None]:
+    """`tiny.warmstart_steps` supervised steps, then (`tiny.warmstart_until_accuracy`) WARMSTART_CHECK_STEPS
+    more at a time until `accuracy()` reaches the target or the steps have doubled. Returns the optimizer, the
+    steps taken and the last accuracy measured (None when none was)."""
+    optimizer = supervised_train(model, task, tiny.warmstart_steps, episodes=episodes)
+    steps, acc = tiny.warmstart_steps, None
+    if tiny.warmstart_until_accuracy is None:
+        return optimizer, steps, acc
+    while (acc := accuracy()) < tiny.warmstart_until_accuracy and steps < 2 * tiny.warmstart_steps:
+        log.info("warm start: greedy accuracy %.3f after %d steps, below %.3f", acc, steps,
+                 tiny.warmstart_until_accuracy)
+        extra = min(WARMSTART_CHECK_STEPS, 2 * tiny.warmstart_steps - steps)
+        supervised_train(model, task, extra, steps, optimizer, episodes=episodes, log_every=0)
+        steps += extra
+    return optimizer, steps, acc
+
+
 def make_tiny_model(config) -> TinyModelPaths:
     """Build (or reuse) the tiny policy at `config.model.path` and, when the teacher is enabled, the teacher at
     `config.teacher.model_path`."""
@@ -205,10 +223,12 @@ def make_tiny_model(config) -> TinyModelPaths:
 
     from asyncrl.core.engines.torch_decode import generate_with_model
     from asyncrl.core.tasks.evaluate import greedy_accuracy
-    if tiny.teacher_steps < tiny.warmstart_steps:
+    longest_warm_start = tiny.warmstart_steps * (2 if tiny.warmstart_until_accuracy else 1)
+    if config.teacher.enabled and tiny.teacher_steps < longest_warm_start:
         raise ValueError(
-            f"tiny_model.teacher_steps ({tiny.teacher_steps}) must be >= warmstart_steps "
-            f"({tiny.warmstart_steps}): the teacher continues the warm-start run"
+            f"tiny_model.teacher_steps ({tiny.teacher_steps}) must be >= the longest warm start "
+            f"({longest_warm_start}: warmstart_steps, twice that with warmstart_until_accuracy): the teacher "
+            "continues the warm-start run"
         )
 
     tokenizer, save_tokenizer_to = _tokenizer(config)
@@ -233,17 +253,17 @@ def make_tiny_model(config) -> TinyModelPaths:
 
     started = time.perf_counter()
 
-    def save(role: str, directory: Path, sft_steps: int) -> None:
-        acc = accuracy()
+    def save(role: str, directory: Path, sft_steps: int, acc: float | None = None) -> None:
+        acc = accuracy() if acc is None else acc
         _save(model, save_tokenizer_to, directory, stamp, {"sft_steps": sft_steps, "greedy_accuracy": acc})
         log.info("%s saved to %s: greedy accuracy %.3f (%.1fs)", role, directory, acc, time.perf_counter() - started)
 
-    optimizer = supervised_train(model, task, tiny.warmstart_steps, episodes=episodes)
-    save("policy", policy_dir, tiny.warmstart_steps)
+    optimizer, warm_steps, warm_accuracy = warm_start(model, task, tiny, accuracy, episodes)
+    save("policy", policy_dir, warm_steps, warm_accuracy)
     if teacher_dir is not None:
         # The teacher continues the same run: a stronger model of the same shape and tokenizer.
-        teacher_extra = tiny.teacher_steps - tiny.warmstart_steps
-        supervised_train(model, task, teacher_extra, tiny.warmstart_steps, optimizer, decay=True, episodes=episodes)
+        teacher_extra = tiny.teacher_steps - warm_steps
+        supervised_train(model, task, teacher_extra, warm_steps, optimizer, decay=True, episodes=episodes)
         save("teacher", teacher_dir, tiny.teacher_steps)
     return TinyModelPaths(policy_dir, teacher_dir, built=True)
 

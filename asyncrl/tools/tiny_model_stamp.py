@@ -16,6 +16,8 @@ SFT_WARMUP_STEPS = 20
 # The teacher phase decays the learning rate linearly to this fraction: a settled, stronger model. The warm
 # start stops mid-run at the full rate on purpose (an imperfect policy is what RL should improve).
 SFT_TEACHER_FINAL_LR = 0.05
+# With tiny_model.warmstart_until_accuracy: supervised steps between two checks of the greedy accuracy.
+WARMSTART_CHECK_STEPS = 5
 
 
 def config_stamp(config) -> str:
@@ -26,7 +28,7 @@ def config_stamp(config) -> str:
         # What shapes the reference episodes: not the tools' paths (the bench's slow `add` adds as the demo's
         # does) nor the run-time limits.
         "environment": config.environment.model_dump(mode="json", include={"type", "tool_call_format"}),
-        "recipe": [SFT_BATCH_SIZE, SFT_LR, SFT_WARMUP_STEPS, SFT_TEACHER_FINAL_LR],
+        "recipe": [SFT_BATCH_SIZE, SFT_LR, SFT_WARMUP_STEPS, SFT_TEACHER_FINAL_LR, WARMSTART_CHECK_STEPS],
     }
     if config.tiny_model.tokenizer_path:
         files = sorted(p for p in Path(config.tiny_model.tokenizer_path).glob("*") if p.is_file())

@@ -102,5 +102,6 @@ def test_an_openenv_server_killed_mid_run(tmp_path):
         "environment.type=openenv", "environment.openenv.url=http://127.0.0.1:{port}",
         "environment.openenv.observation_field=text", "environment.openenv.observation_role=tool",
         "environment.openenv.reset_fields=[answer]", f"model.path={OPENENV_MODEL}", "tiny_model.warmstart_steps=100",
+        "tiny_model.warmstart_until_accuracy=null",
     ], steps=24, kill_at=8)
     assert audit["skipped_unplayable"] > 0, audit  # episodes that could not start: their groups not written

@@ -4,7 +4,13 @@
   its own rows (other batch shapes, other summation orders in the matmuls, ~1e-7 relative), and the
   gradients are summed across ranks in another order than one rank sums them. AdamW normalises each update
   by its running RMS, so tiny gradient differences stay tiny in the weights. Measured: after 3 steps at lr
-  1e-3 the weights moved up to 6e-3 and the two runs differ by at most 1.2e-6; the tolerance is 1e-5;
+  1e-3 the weights moved up to 6e-3 and the two runs differ by at most 1.2e-6 on an AVX-512 machine and
+  1.6e-5 on an AVX2 one (its narrower vectors sum in another order), micro-batches with recomputed
+  activations likewise. The tolerance is 5e-5, under 1% of the move: a share weighted wrongly turns the
+  update itself, which AdamW makes of order lr = 1e-3 per step.
+  The keys' biases are left out of the comparison: their gradient is zero in exact arithmetic (adding one
+  vector to every key adds the same q·b to all of a query's scores, and softmax ignores a shift), so what
+  they get is rounding noise, which AdamW's normalisation turns into steps of up to lr in any direction;
 - micro-batching by a token budget gives the same step as the whole mini-batch at once;
 - each rank holds about half the parameter, gradient and optimizer bytes;
 - a checkpoint saved by two ranks resumes on one, and one saved by one resumes on two;
@@ -33,7 +39,7 @@ pytestmark = pytest.mark.integration
 
 STEPS = 3
 LEARNER = {"lr": 1e-3, "minibatches": 2, "algo": {"preset": "decoupled_token_is"}}
-TOLERANCE = 1e-5
+TOLERANCE = 5e-5
 
 
 def batches() -> list:
@@ -71,9 +77,13 @@ def full_state(model) -> dict[str, torch.Tensor]:
     return {name: t.detach().clone() for name, t in named_weights(model)}
 
 
-def max_difference(a: dict, b: dict) -> float:
+# Parameters whose gradient is zero in exact arithmetic (see the module's docstring): AdamW moves them by noise.
+ZERO_GRADIENT = (".self_attn.k_proj.bias",)
+
+
+def max_difference(a: dict, b: dict, ignore: tuple[str, ...] = ZERO_GRADIENT) -> float:
     assert a.keys() == b.keys()
-    return max((a[k].float() - b[k].float()).abs().max().item() for k in a)
+    return max((a[k].float() - b[k].float()).abs().max().item() for k in a if not k.endswith(ignore))
 
 
 def one_rank(model_path: Path, learner: dict, steps: int = STEPS, start=None, on: str = "cpu") -> tuple[dict, object]:
@@ -169,7 +179,7 @@ def test_two_ranks_train_the_same_lora_adapters_as_one(tmp_path, tiny_model_dir)
     assert max_difference(sharded, reference) < TOLERANCE
     start = full_state(load_causal_lm(tiny_model_dir.policy))
     base = {k.replace(".base_layer.", "."): v for k, v in sharded.items() if ".lora_" not in k}
-    assert max_difference(base, start) == 0.0
+    assert max_difference(base, start, ignore=()) == 0.0
     # Each rank holds about half of what trains: the adapters' optimizer state.
     from asyncrl.learner.sharding import local_state_bytes
 

@@ -102,3 +102,44 @@ def test_moe_architecture_builds_a_qwen3_moe_with_routers():
     assert (routing.num_layers, routing.top_k, routing.num_experts) == (2, 2, 8)
     with pytest.raises(ValueError, match="num_experts_per_tok"):
         model_config(TinyModelConfig(architecture="qwen3_moe", num_experts=2, num_experts_per_tok=3), codec)
+
+
+@pytest.mark.parametrize(("accuracies", "steps", "measured"), [
+    ([0.1, 0.2, 0.5], 13 + 5 + 5, 0.5),  # reaches the target at the third check
+    ([0.1] * 10, 2 * 13, 0.1),           # never does: stops at twice warmstart_steps (13 + 5 + 5 + 3)
+    ([0.9], 13, 0.9),                    # already there after warmstart_steps
+], ids=["reached", "capped", "at-once"])
+def test_the_warm_start_goes_on_until_its_accuracy_target(accuracies, steps, measured):
+    from asyncrl.core.tasks import get_task
+    from asyncrl.tools import tiny_model
+
+    cfg = AsyncRLConfig.model_validate({"tiny_model": {"warmstart_steps": 13, "warmstart_until_accuracy": 0.5}})
+    codec = ModelTokenizer.arith()
+    task = get_task(cfg.task, codec, cfg.reward)
+    trained: list[tuple[int, int]] = []
+    real = tiny_model.supervised_train
+
+    def counting(model, task, n, first_step=0, *args, **kwargs):
+        trained.append((first_step, n))
+        return real(model, task, n, first_step, *args, **kwargs)
+
+    checks = iter(accuracies)
+    torch.manual_seed(0)
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_config(model_config(TinyModelConfig(num_hidden_layers=1), codec))
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(tiny_model, "supervised_train", counting)
+        _, taken, last = tiny_model.warm_start(model, task, cfg.tiny_model, lambda: next(checks))
+    assert (taken, last) == (steps, measured)
+    # Contiguous chunks: each continues the run where the last stopped (new data, same optimizer).
+    assert [first for first, _ in trained] == [0, *[sum(n for _, n in trained[:i]) for i in range(1, len(trained))]]
+    assert sum(n for _, n in trained) == steps
+
+
+def test_a_teacher_must_outlast_the_longest_warm_start(tmp_path):
+    cfg = AsyncRLConfig.model_validate({
+        "model": {"path": str(tmp_path / "p")}, "teacher": {"enabled": True, "model_path": str(tmp_path / "t")},
+        "tiny_model": {"warmstart_steps": 5, "teacher_steps": 8, "warmstart_until_accuracy": 0.5}})
+    with pytest.raises(ValueError, match=r"teacher_steps \(8\) must be >= the longest warm start \(10"):
+        make_tiny_model(cfg)
