@@ -189,6 +189,11 @@ def _tokenizer(config):
     )
 
 
+def longest_warm_start(tiny) -> int:
+    """Most supervised steps the warm start can take: warmstart_steps, twice that with an accuracy target."""
+    return tiny.warmstart_steps * (2 if tiny.warmstart_until_accuracy is not None else 1)
+
+
 def warm_start(model, task: Task, tiny, accuracy, episodes=None) -> tuple[object, int, float | None]:
     """`tiny.warmstart_steps` supervised steps, then (`tiny.warmstart_until_accuracy`) WARMSTART_CHECK_STEPS
     more at a time until `accuracy()` reaches the target or the steps have doubled. Returns the optimizer, the
@@ -197,10 +202,10 @@ def warm_start(model, task: Task, tiny, accuracy, episodes=None) -> tuple[object
     steps, acc = tiny.warmstart_steps, None
     if tiny.warmstart_until_accuracy is None:
         return optimizer, steps, acc
-    while (acc := accuracy()) < tiny.warmstart_until_accuracy and steps < 2 * tiny.warmstart_steps:
+    while (acc := accuracy()) < tiny.warmstart_until_accuracy and steps < longest_warm_start(tiny):
         log.info("warm start: greedy accuracy %.3f after %d steps, below %.3f", acc, steps,
                  tiny.warmstart_until_accuracy)
-        extra = min(WARMSTART_CHECK_STEPS, 2 * tiny.warmstart_steps - steps)
+        extra = min(WARMSTART_CHECK_STEPS, longest_warm_start(tiny) - steps)
         supervised_train(model, task, extra, steps, optimizer, episodes=episodes, log_every=0)
         steps += extra
     return optimizer, steps, acc
@@ -223,11 +228,10 @@ def make_tiny_model(config) -> TinyModelPaths:
 
     from asyncrl.core.engines.torch_decode import generate_with_model
     from asyncrl.core.tasks.evaluate import greedy_accuracy
-    longest_warm_start = tiny.warmstart_steps * (2 if tiny.warmstart_until_accuracy else 1)
-    if config.teacher.enabled and tiny.teacher_steps < longest_warm_start:
+    if config.teacher.enabled and tiny.teacher_steps < longest_warm_start(tiny):
         raise ValueError(
             f"tiny_model.teacher_steps ({tiny.teacher_steps}) must be >= the longest warm start "
-            f"({longest_warm_start}: warmstart_steps, twice that with warmstart_until_accuracy): the teacher "
+            f"({longest_warm_start(tiny)}: warmstart_steps, twice that with warmstart_until_accuracy): the teacher "
             "continues the warm-start run"
         )
 
