@@ -56,13 +56,19 @@ def qwen2_half_billion(out_dir: Path) -> Path:
 def qwen2_half_billion_model():
     """Qwen2.5-0.5B's shape (494M parameters, vocabulary 151,936, the embedding tied), random weights (seed 0),
     float32, in memory."""
-    from transformers import Qwen2Config, Qwen2ForCausalLM
+    from transformers import Qwen2ForCausalLM
 
-    config = Qwen2Config(vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
-                         num_attention_heads=14, num_key_value_heads=2, max_position_embeddings=4096,
-                         tie_word_embeddings=True, eos_token_id=2, pad_token_id=0)
     torch.manual_seed(0)
-    return Qwen2ForCausalLM(config).float()
+    return Qwen2ForCausalLM(qwen2_half_billion_config()).float()
+
+
+def qwen2_half_billion_config():
+    """Qwen2.5-0.5B's configuration: hidden 896, 24 layers, MLP 4864, 14 query and 2 key-value heads."""
+    from transformers import Qwen2Config
+
+    return Qwen2Config(vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
+                       num_attention_heads=14, num_key_value_heads=2, max_position_embeddings=4096,
+                       tie_word_embeddings=True, eos_token_id=2, pad_token_id=0)
 
 
 def train_batch(batch: int, prompt: int, response: int, vocab: int):

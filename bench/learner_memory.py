@@ -9,6 +9,11 @@ runs in a process of its own (its peak resident memory, `ru_maxrss`, is its own)
 total + 25% headroom), the prediction after the first step (its measured peak plus the snapshots, what
 `MemoryWatch` checks), the measured peak of the whole run, and measured over each.
 
+Activations apart: the in-line setting runs once more on a single 8-token sequence, where activations are
+nearly nil. Its peak less the runtime, per parameter, is what the learner holds whatever the batch (weights,
+gradients, AdamW's moments, the allocator's slack); the difference to the full batch's peak is the batch's
+activations.
+
     .venv/bin/python bench/learner_memory.py [--batch 4] [--tokens 64] [--steps 3]
 """
 
@@ -84,16 +89,42 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=3)
     args = parser.parse_args()
     ctx = mp.get_context("spawn")
+
+    def run(checkpoint_bg: bool, push_bg: bool, batch: int, tokens: int) -> dict:
+        out = ctx.Queue()
+        proc = ctx.Process(target=measure, args=(checkpoint_bg, push_bg, batch, tokens, args.steps, out))
+        proc.start()
+        result = out.get()
+        proc.join()
+        return result
+
     results = {}
     for name, (checkpoint_bg, push_bg) in SETTINGS.items():
-        out = ctx.Queue()
-        proc = ctx.Process(target=measure, args=(checkpoint_bg, push_bg, args.batch, args.tokens, args.steps, out))
-        proc.start()
-        results[name] = out.get()
-        proc.join()
+        results[name] = run(checkpoint_bg, push_bg, args.batch, args.tokens)
         print(name, results[name], flush=True)
+    no_batch = run(False, False, 1, 8)
+    print("in line, one 8-token sequence", no_batch, flush=True)
+    in_line = results["checkpoint and push in line"]
+    params = in_line["parameters"]
+
+    def per_param(gib: float) -> float:
+        return round(gib * GIB / params, 1)
+
+    fixed = per_param(no_batch["measured_peak_gib"] - no_batch["runtime_gib"])
+    activations = {
+        "fixed_bytes_per_parameter": fixed,
+        "batch_activations_gib": round(in_line["measured_peak_gib"] - no_batch["measured_peak_gib"], 2),
+        "per_parameter_less_runtime": {name: per_param(r["measured_peak_gib"] - r["runtime_gib"])
+                                       for name, r in results.items()},
+        "per_parameter_less_runtime_and_activations": {
+            name: round(per_param(r["measured_peak_gib"] - r["runtime_gib"]) - per_param(
+                in_line["measured_peak_gib"] - no_batch["measured_peak_gib"]), 1) for name, r in results.items()},
+        "target_bytes_per_parameter_plus_activations": 20,
+    }
+    print("activations apart", activations, flush=True)
     emit("learner_memory", {"model": "Qwen2.5-0.5B shape, random weights, float32", "batch": args.batch,
-                            "tokens": args.tokens, "settings": results,
+                            "tokens": args.tokens, "settings": results, "one_short_sequence": no_batch,
+                            "activations_apart": activations,
                             "worst_measured_less_runtime_over_needed": round(max(
                                 r["measured_less_runtime_over_needed"] for r in results.values()), 3),
                             "worst_measured_over_predicted": round(max(
