@@ -148,7 +148,8 @@ def run_demo(run_dir: Path, overrides: list[str], timeout_s: float = 1800,
 
 def sample_cpu(root_pid: int) -> tuple[float, dict[str, float]]:
     """(time, role -> CPU seconds used so far) over the process tree under `root_pid`, from /proc (Linux):
-    roles are the `asyncrl` subcommands (learner, rollout, teacher, controller), `redis-server` and `up`."""
+    roles are the `asyncrl` subcommands (learner, rollout, teacher, controller, check), `redis-server`, `up`'s fork
+    server and `up`."""
     children: dict[int, list[int]] = {}
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
@@ -163,10 +164,14 @@ def sample_cpu(root_pid: int) -> tuple[float, dict[str, float]]:
         todo += children.get(pid, [])
         try:
             fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-            argv = Path(f"/proc/{pid}/cmdline").read_text().split("\0")
+            argv = [a for a in Path(f"/proc/{pid}/cmdline").read_text().split("\0") if a]
         except OSError:
             continue  # exited meanwhile
+        if len(argv) == 1:  # a service forked by `up`'s fork server shows its command line as one string
+            argv = argv[0].split()
         role = next((argv[i + 1] for i, a in enumerate(argv[:-1]) if a.endswith("asyncrl.tools.cli")), "")
+        if "asyncrl.tools.fork_server" in argv:
+            role = "fork-server"
         role = "redis-server" if "redis-server" in argv[0] else role if role not in ("", "--log-level") else "up"
         used[role] = used.get(role, 0.0) + (int(fields[11]) + int(fields[12])) / ticks
     return time.time(), used

@@ -202,6 +202,14 @@ class SecurityConfig(Section):
     with a certificate for asyncrl.internal)."""
 
 
+class LaunchConfig(Section):
+    services: Literal["fork", "spawn"] = "fork"
+    """How `asyncrl up` starts the services on this machine. fork: from one fork server that imported torch,
+    transformers and the services' modules once (a run's first step in half the time on two cores, where five
+    interpreters importing them at once take 2.5-3 times as long as one); spawn: each in a fresh interpreter. Containers and
+    Kubernetes start each service themselves, whatever this says."""
+
+
 class AsyncRLConfig(Section):
     run_dir: str = "runs/{time}"
     """Where logs, event logs (JSONL), plots and the resolved config go; "{time}" expands at start."""
@@ -233,6 +241,8 @@ class AsyncRLConfig(Section):
     """Learner service."""
     security: SecurityConfig = SecurityConfig()
     """Authentication of every gRPC call."""
+    launch: LaunchConfig = LaunchConfig()
+    """How `asyncrl up` starts processes on one machine."""
 
     def _check_uniform_groups_teach_nothing(self) -> None:
         """sampling.drop_uniform_groups drops what has no signal only when the rewards are the whole signal."""

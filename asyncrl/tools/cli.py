@@ -108,6 +108,13 @@ def _exit_now(code: int = 0) -> None:
     os._exit(code)
 
 
+def _check(args):
+    from asyncrl.core.preflight import preflight
+
+    preflight(_config(args))
+    print(f"asyncrl check: {args.config} can run (checkpoints, task, reward)", flush=True)
+
+
 def _make_tiny_model(args):
     from asyncrl.tools.tiny_model import run
 
@@ -187,6 +194,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--replica-id", default="", help="stable replica id (default: assigned by the controller)")
     with_config("teacher", _teacher, "run the teacher service")
     with_config("learner", _learner, "run the learner")
+    with_config("check", _check, "check a config as `up` does before a run: the checkpoints, the task (tokenizer, "
+                "prompts, dataset fields), the reward; exit 2 naming the key when one cannot work")
     with_config("make-tiny-model", _make_tiny_model, "build the demo's tiny policy and teacher checkpoints")
     probe = with_config("probe", _probe, "measure rollout-engine vs learner log-prob mismatch (TIM)")
     probe.add_argument("--num-prompts", type=int, default=64)

@@ -8,6 +8,7 @@ fits every role of the one image. Kubernetes uses its own gRPC probes on the sam
 from __future__ import annotations
 
 import argparse
+import shlex
 from pathlib import Path
 
 import grpc
@@ -25,6 +26,8 @@ def command_of(pid: int) -> list[str]:
     """The argv of process `pid` from /proc, from the asyncrl subcommand on (`asyncrl`, `python -m ...` and
     the like dropped)."""
     argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")[:-1]
+    if len(argv) == 1:  # a retitled process (a service forked by `up`'s fork server): one string
+        argv = shlex.split(argv[0])
     for i, arg in enumerate(argv):
         if arg in (*ROLES, "make-tiny-model", "up"):
             return argv[i:]

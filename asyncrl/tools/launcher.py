@@ -4,7 +4,7 @@ Builds the tiny model when missing, starts redis-server when no URL is given (ap
 made for the run), picks free ports, writes the resolved config, starts controller, teacher, rollout replicas
 and learner as separate processes, and hands them to the `Supervisor` (live progress, restarts of whatever
 dies: `asyncrl.tools.supervisor`). When the learner finishes (or on Ctrl-C) it stops everything it started,
-then writes the plots and the audit of the run. `up --resume RUN_DIR` continues a stopped run from its latest
+then audits the run and leaves its plot to a process that outlives it. `up --resume RUN_DIR` continues a stopped run from its latest
 checkpoint.
 """
 
@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
 import time
 from datetime import datetime
 from pathlib import Path
@@ -20,14 +21,16 @@ from pathlib import Path
 from asyncrl.core.config import AsyncRLConfig, dump_config, load_config
 from asyncrl.core.events import EventLog, read_records
 from asyncrl.core.grpc_util import wait_for_channel
-from asyncrl.core.preflight import ConfigError, preflight, preflight_files, preflight_task
+from asyncrl.core.preflight import ConfigError, preflight, preflight_files
 from asyncrl.core.records import Record
 from asyncrl.core.records.learner import Eval, Step
+from asyncrl.tools.plot_later import plot_later
 from asyncrl.tools.port_plan import REPLICA_PORTS, check_ports, replica_port
-from asyncrl.tools.processes import ProcessGroup, free_port
+from asyncrl.tools.processes import Child, ProcessGroup, free_port
 from asyncrl.tools.redis_local import start_local_redis
 from asyncrl.tools.run_end import close_learner_log
 from asyncrl.tools.run_secrets import local_redis_password, run_auth, run_learner_secret
+from asyncrl.tools.spawners import make_spawner
 from asyncrl.tools.supervisor import Restartable, Supervisor
 from asyncrl.tools.tiny_model_stamp import tiny_models_current
 
@@ -114,16 +117,20 @@ def run(config: AsyncRLConfig, config_path: str | None = None) -> int:
             run_dir.rmdir()
         raise
     run_dir.mkdir(parents=True, exist_ok=True)
-    group = ProcessGroup(run_dir / "logs")
+    # The fork server's imports start here and go on while Redis starts.
+    group = ProcessGroup(run_dir / "logs", make_spawner(cfg.launch.services, service_env()))
     try:
         if cfg.buffer.type == "redis" and not cfg.buffer.redis_url:
             cfg.buffer.redis_url = start_local_redis(group, run_dir / "redis", password=local_redis_password(cfg))
-        # The task is checked while the services start (it costs `up` the imports they pay too): a task that
-        # cannot work stops them before anything ran, and the start leaves nothing behind.
-        return launch(cfg, group, check_task=lambda: preflight_task(cfg))
+        # The task is checked while the services start: a task that cannot work stops them before anything
+        # ran, and the start leaves nothing behind.
+        return launch(cfg, group, check_task=True)
     except RefusedStart as refused:  # `launch` stopped what it started
         shutil.rmtree(run_dir, ignore_errors=True)
         raise refused.error from None
+    except BaseException:
+        group.stop_all()
+        raise
 
 
 def resume(run_dir: str, overrides: list[str]) -> int:
@@ -142,7 +149,7 @@ def resume(run_dir: str, overrides: list[str]) -> int:
         raise ConfigError(f"--resume: {run_dir!r} has no complete checkpoint under checkpoints/")
     cfg = load_config(resolved, overrides)
     preflight(cfg)
-    group = ProcessGroup(Path(run_dir) / "logs")
+    group = ProcessGroup(Path(run_dir) / "logs", make_spawner(cfg.launch.services, service_env()))
     if (Path(run_dir) / "redis").is_dir():  # `up` ran this run's Redis: start it again on the same files
         cfg.buffer.redis_url = start_local_redis(group, Path(run_dir) / "redis", password=local_redis_password(cfg))
     try:
@@ -196,6 +203,11 @@ def from_checkpoint(cfg: AsyncRLConfig, ckpt: Path) -> AsyncRLConfig:
     return cfg
 
 
+def service_env() -> dict[str, str]:
+    """The environment every service process starts with (the fork server's too: what its imports read)."""
+    return {**os.environ, "PYTHONUNBUFFERED": "1"}
+
+
 class RefusedStart(Exception):
     """The task check that runs beside the services' start failed: `error` is the ConfigError to report."""
 
@@ -204,10 +216,10 @@ class RefusedStart(Exception):
         self.error = error
 
 
-def launch(cfg: AsyncRLConfig, group: ProcessGroup, check_task=None) -> int:
+def launch(cfg: AsyncRLConfig, group: ProcessGroup, check_task: bool = False) -> int:
     """Start the services of a resolved config (Redis already up), supervise them until the learner is done,
-    then stop them and audit the run. `check_task`: run once the services are starting; its ConfigError stops
-    them and is raised as `RefusedStart` (no audit: nothing ran)."""
+    then stop them and audit the run. `check_task`: `asyncrl check` the config once the services are
+    starting; a config it refuses stops them and is raised as `RefusedStart` (no audit: nothing ran)."""
     code = 1
     try:
         code = start_and_supervise(cfg, group, check_task)
@@ -235,7 +247,7 @@ def stop_run(cfg: AsyncRLConfig, group: ProcessGroup) -> None:
     group.stop_all()
 
 
-def start_and_supervise(cfg: AsyncRLConfig, group: ProcessGroup, check_task=None) -> int:
+def start_and_supervise(cfg: AsyncRLConfig, group: ProcessGroup, check_task: bool = False) -> int:
     """Start the controller, the teacher, the replicas and the learner of `cfg`; supervise until the learner
     exits."""
     run_dir = Path(cfg.run_dir)
@@ -271,11 +283,8 @@ def start_and_supervise(cfg: AsyncRLConfig, group: ProcessGroup, check_task=None
     # takes the run back there.
     learner = Restartable(group.start_cli("learner", argv), [*argv, "--set", "learner.checkpoint.resume_from=latest"],
                           None, cfg.learner.max_restarts)
-    if check_task is not None:
-        try:
-            check_task()
-        except ConfigError as err:
-            raise RefusedStart(err) from None
+    if check_task:
+        checked(group, group.start_cli("check", ["check", *args]))
     print(f"[up] started the controller, {'the teacher, ' if cfg.teacher.enabled else ''}{cfg.rollout.replicas} "
           f"rollout replicas and the learner (logs in {run_dir / 'logs'})", flush=True)
     wait_for_channel(cfg.controller.address, 60, auth)
@@ -284,27 +293,46 @@ def start_and_supervise(cfg: AsyncRLConfig, group: ProcessGroup, check_task=None
     return Supervisor(cfg, group, learner, restartable).run()
 
 
+CHECK_TIMEOUT_S = 300.0
+
+
+def checked(group: ProcessGroup, check: Child) -> None:
+    """Wait for `asyncrl check` (a process beside the services, so `up` never imports torch) and take it out
+    of the group; a config it refuses raises `RefusedStart` with its message."""
+    try:
+        code = check.proc.wait(timeout=CHECK_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        check.proc.kill()
+        code = check.proc.wait()
+    group.children.remove(check)
+    if code == 0:
+        return
+    marker = "asyncrl check: config error: "
+    refusals = [line for line in check.tail(200).splitlines() if line.startswith(marker)]
+    if refusals:
+        raise RefusedStart(ConfigError(refusals[-1].removeprefix(marker)))
+    raise RefusedStart(ConfigError(f"the task check (`asyncrl check`) failed with exit code {code}: "
+                                   f"{check.tail(5)}"))
+
+
 def finish(cfg: AsyncRLConfig) -> None:
-    """Plots, audit and a summary of the run, printed and written to <run_dir>/summary.json."""
+    """Audit and a summary of the run, printed and written to <run_dir>/summary.json; the plot is drawn by a
+    process of its own that outlives `up` (`plot_later`)."""
     from asyncrl.tools.audit import audit_run, surviving
-    from asyncrl.tools.plots import plot_run
 
     events = surviving(read_records(cfg.run_dir, "learner"))
     report = audit_run(cfg.run_dir)
     accuracy, line = accuracy_summary(events)
-    summary = {"run_dir": cfg.run_dir, **accuracy, "audit": report.as_dict()}
-    try:
-        summary["plot"] = str(plot_run(cfg.run_dir))
-    except Exception as err:  # noqa: BLE001 - a missing plot must not hide the run's result
-        summary["plot_error"] = str(err)
+    plot = plot_later(cfg.run_dir)
+    summary = {"run_dir": cfg.run_dir, **accuracy, "audit": report.as_dict(), "plot": str(plot)}
     Path(cfg.run_dir, "summary.json").write_text(json.dumps(summary, indent=2))
     if line:
         print(f"[up] {line}", flush=True)
     print(f"[up] audit {'OK' if report.ok else 'FAILED'}: {report.headline()}", flush=True)
     for reason in report.failures():
         print(f"[up]   failed: {reason}", flush=True)
-    if "plot" in summary:
-        print(f"[up] plot {summary['plot']}", flush=True)
+    print(f"[up] plot {plot} (drawn in the next seconds; {Path(cfg.run_dir) / 'logs' / 'plot.log'} says why "
+          "if it does not appear)", flush=True)
 
 
 def accuracy_summary(events: list[Record]) -> tuple[dict, str | None]:

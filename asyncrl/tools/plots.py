@@ -15,6 +15,7 @@ import matplotlib.pyplot as plt
 from asyncrl.core.events import read_records
 from asyncrl.core.records.learner import Eval, Step, WeightsPushed
 from asyncrl.tools.audit import surviving
+from asyncrl.tools.plot_later import run_plot_path
 
 
 def plot_run(run_dir: str | Path) -> Path:
@@ -80,7 +81,7 @@ def plot_run(run_dir: str | Path) -> Path:
     _plot_token_weights(axes[1][2], steps)
     fig.suptitle(f"asyncrl run {Path(run_dir).name}")
     fig.tight_layout()
-    out = Path(run_dir) / "plots" / "run.png"
+    out = run_plot_path(run_dir)
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=90)
     plt.close(fig)

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from asyncrl.core.ports import why_not_listenable
+from asyncrl.tools.spawners import ForkedProcess, Spawner, SubprocessSpawner, reap_orphans
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -37,7 +38,7 @@ def free_port_run(count: int, host: str = "127.0.0.1", tries: int = 50) -> int:
 @dataclass
 class Child:
     name: str
-    proc: subprocess.Popen
+    proc: subprocess.Popen | ForkedProcess
     log_path: Path
 
     def alive(self) -> bool:
@@ -60,22 +61,19 @@ class Child:
 
 
 class ProcessGroup:
-    """Processes started for one run; `stop_all` is safe to call more than once."""
+    """Processes started for one run (by `spawner`: fresh processes unless given another); `stop_all` is safe
+    to call more than once, and the last one (nothing kept) closes the spawner."""
 
-    def __init__(self, log_dir: Path):
+    def __init__(self, log_dir: Path, spawner: Spawner | None = None):
         self.log_dir = Path(log_dir)
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.children: list[Child] = []
+        self.spawner = spawner or SubprocessSpawner()
 
     def start(self, name: str, argv: list[str], env: dict | None = None) -> Child:
         log_path = self.log_dir / f"{name}.log"
         full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
-        # The child keeps its own copy of the log descriptor; ours closes right away.
-        with open(log_path, "ab") as log_file:
-            # Own session: Ctrl-C in the terminal reaches the launcher only, which stops children in order.
-            proc = subprocess.Popen(argv, stdout=log_file, stderr=subprocess.STDOUT, env=full_env,
-                                    start_new_session=True)
-        child = Child(name, proc, log_path)
+        child = Child(name, self.spawner.start(argv, full_env, log_path), log_path)
         self.children.append(child)
         return child
 
@@ -103,6 +101,8 @@ class ProcessGroup:
         finally:
             for fd in fds:
                 os.close(fd)
+        if self.spawner.adopts:
+            reap_orphans({c.proc.pid for c in self.children} | self.spawner.own_pids())
 
     def stop(self, names: tuple[str, ...], grace_s: float = 15.0) -> None:
         """Stop (and wait for) only the children named in `names`; the others keep running."""
@@ -124,3 +124,5 @@ class ProcessGroup:
                 os.killpg(child.proc.pid, signal.SIGKILL)
                 child.proc.wait()
             child.kill_leftovers()
+        if not keep:
+            self.spawner.close()

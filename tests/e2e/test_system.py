@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from asyncrl.core.events import read_events
+from tests.run_helpers import wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -82,7 +83,9 @@ def check_run(run_dir: Path, summary: dict, steps: int, replicas: int) -> None:
         written = [ev for ev in read_events(run_dir, name) if ev["kind"] == "group_written"]
         assert written and max(ev["max_version"] for ev in written) >= steps - 3, name
     assert sum(audit["staleness_hist"].values()) == steps * 64
-    assert Path(summary["plot"]).stat().st_size > 10_000
+    # The plot is drawn by a process of its own after `up` exits.
+    plot = Path(summary["plot"])
+    wait_for(lambda: plot.is_file() and plot.stat().st_size > 10_000, 120, "the run's plot", run_dir=run_dir)
     assert (run_dir / "config.resolved.yaml").exists() and (run_dir / "config.learner.resolved.yaml").exists()
     no_process_left(run_dir)
 
@@ -130,16 +133,6 @@ def test_demo_with_vllm_rollout_learns(tmp_path):
                          "learner.eval_every=30", timeout_s=1200)
     check_run(run_dir, summary, steps=60, replicas=1)
     assert summary["eval_last"] > summary["eval_first"] + 0.03, (summary["eval_first"], summary["eval_last"])
-
-
-def wait_for(predicate, timeout_s: float, what: str):
-    deadline = time.time() + timeout_s
-    while time.time() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def test_a_replica_killed_mid_run_rejoins_with_current_weights(tmp_path):
