@@ -169,6 +169,7 @@ def sample_cpu(root_pid: int) -> tuple[float, dict[str, float]]:
             continue  # exited meanwhile
         if len(argv) == 1:  # a service forked by `up`'s fork server shows its command line as one string
             argv = argv[0].split()
+        argv = argv or [""]  # a zombie's is empty
         role = next((argv[i + 1] for i, a in enumerate(argv[:-1]) if a.endswith("asyncrl.tools.cli")), "")
         if "asyncrl.tools.fork_server" in argv:
             role = "fork-server"

@@ -15,30 +15,40 @@ per step between the first and the last step, the seconds from the last step to 
 run, and the held-out greedy accuracy of the final policy (the same evaluation for every arm: asyncrl's torch
 engine on the saved checkpoint, the demo's 200 held-out prompts).
 
+Where the CPU goes: every process of each run (asyncrl's services, TRL's one process) is sampled from /proc
+twice a second, and the CPU seconds between the first and the last step, per step, give each system's work per
+step and how many of the machine's cores it kept busy. A system that does W CPU-seconds of work per step cannot
+step faster than W / cores on this machine, whatever it overlaps: `per_step_bound_ms` is that floor for
+asyncrl's work, and `speedup_bound_vs_trl` TRL's step over it (the most asyncrl's layout could gain over TRL
+here without doing less work).
+
 `--size 30m` runs the same comparison on a 30M-parameter model of the demo's family (hidden 512, 8 layers, MLP
 2048, the same tokenizer; warm-started by asyncrl's tiny-model builder the first time, the policy both systems
 then train), where generation and training are no longer mostly fixed costs.
 
-    .venv/bin/python bench/peers.py [--size demo|30m] [--seeds 3] [--steps 100]   (or: asyncrl bench peers)
-    results: docs/results/peers.json (the demo), peers-30m.json
+    .venv/bin/python bench/peers.py [--size demo|30m] [--seeds 3] [--steps 100] [--tag T]   (or: asyncrl bench peers)
+    results: docs/results/peers.json (the demo), peers-30m.json; with --tag T, peers[-30m]-T.json
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from importlib.metadata import version
 from pathlib import Path
 
-from common import WITHOUT_TEACHER, emit, mean_sd, run_demo, run_seeded
+from common import WITHOUT_TEACHER, cpu_ms_per_step, emit, mean_sd, run_demo, run_seeded, sample_cpu
 
 REPO = Path(__file__).resolve().parents[1]
 PEER_VENV = Path.home() / ".cache" / "asyncrl-bench-peers"
-PEER_PACKAGES = ["torch==2.13.0", "trl==1.16.0"]
+PEER_PACKAGES = ["torch==2.13.0", "trl==1.16.0", f"transformers=={version('transformers')}"]
+"""TRL on the torch and transformers asyncrl runs on."""
 SIZES = {
     "demo": {"result": "peers", "overrides": []},
     "30m": {"result": "peers-30m", "overrides": [
@@ -88,10 +98,12 @@ def accuracy(model_dir: Path, task) -> float:
         engine.close()
 
 
-def timings(t0: float, step_ends: list[float], exited: float) -> dict:
-    return {"first_step_s": step_ends[0] - t0,
-            "per_step_ms": 1000 * (step_ends[-1] - step_ends[0]) / max(1, len(step_ends) - 1),
-            "exit_s": exited - step_ends[-1], "run_s": exited - t0}
+def timings(t0: float, step_ends: list[float], exited: float, cpu_samples: list) -> dict:
+    steps = max(1, len(step_ends) - 1)
+    cpu = sum(cpu_ms_per_step(cpu_samples, step_ends[0], step_ends[-1], steps).values())
+    per_step_ms = 1000 * (step_ends[-1] - step_ends[0]) / steps
+    return {"first_step_s": step_ends[0] - t0, "per_step_ms": per_step_ms, "exit_s": exited - step_ends[-1],
+            "run_s": exited - t0, "cpu_ms_per_step": cpu, "cores_busy": cpu / per_step_ms}
 
 
 ARMS = {"asyncrl eta=2": 2, "asyncrl eta=0": 0, "TRL GRPOTrainer": None}
@@ -99,27 +111,33 @@ ARMS = {"asyncrl eta=2": 2, "asyncrl eta=0": 0, "TRL GRPOTrainer": None}
 
 
 def run_asyncrl(run_dir: Path, seed: int, steps: int, eta: int, task, size: str) -> dict:
-    t0 = time.time()
+    t0, samples = time.time(), []
     learner = run_demo(run_dir, [f"seed={seed}", f"learner.total_steps={steps}", "learner.eval_every=0",
                                  f"controller.eta={eta}", f"learner.checkpoint.save_every={steps}", *WITHOUT_TEACHER,
-                                 *SIZES[size]["overrides"]])
+                                 *SIZES[size]["overrides"]], cpu_samples=samples)
     exited = time.time()
     ends = [e["t"] for e in learner if e["kind"] == "step"]
     final = max((run_dir / "checkpoints").glob("step-*")) / "hf"
-    return {**timings(t0, ends, exited), "accuracy": accuracy(final, task)}
+    return {**timings(t0, ends, exited, samples), "accuracy": accuracy(final, task)}
 
 
 def run_trl(out: Path, seed: int, steps: int, data: Path, task, size: str) -> dict:
-    t0 = time.time()
-    proc = subprocess.run([str(peer_python()), str(REPO / "bench" / "peers_trl.py"), "--data", str(data),
-                           "--model", str(model_dir(size)), "--out", str(out), "--steps", str(steps),
-                           "--seed", str(seed)],
-                          capture_output=True, text=True, check=False)  # fmt: skip
-    exited = time.time()
+    t0, samples = time.time(), []
+    with tempfile.TemporaryFile("w+") as stdout, tempfile.TemporaryFile("w+") as stderr:
+        proc = subprocess.Popen([str(peer_python()), str(REPO / "bench" / "peers_trl.py"), "--data", str(data),
+                                 "--model", str(model_dir(size)), "--out", str(out), "--steps", str(steps),
+                                 "--seed", str(seed)], stdout=stdout, stderr=stderr, text=True)  # fmt: skip
+        while proc.poll() is None:
+            samples.append(sample_cpu(proc.pid))
+            time.sleep(0.5)
+        exited = time.time()
+        stdout.seek(0)
+        stderr.seek(0)
+        out_text, err_text = stdout.read(), stderr.read()
     if proc.returncode != 0:
-        raise SystemExit(f"TRL failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
-    ends = json.loads(proc.stdout.strip().splitlines()[-1])["step_ends"]
-    return {**timings(t0, ends, exited), "accuracy": accuracy(out / "final", task)}
+        raise SystemExit(f"TRL failed:\n{out_text[-3000:]}\n{err_text[-3000:]}")
+    ends = json.loads(out_text.strip().splitlines()[-1])["step_ends"]
+    return {**timings(t0, ends, exited, samples), "accuracy": accuracy(out / "final", task)}
 
 
 def main() -> None:
@@ -127,6 +145,9 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=100)
     parser.add_argument("--size", choices=sorted(SIZES), default="demo")
+    parser.add_argument("--arms", default=",".join(ARMS),
+                        help=f"comma-separated, of {', '.join(ARMS)} (the η = 2 arm and TRL's are always run)")
+    parser.add_argument("--tag", default="", help="appended to the result's name (a sitting kept apart)")
     args = parser.parse_args()
     peer_python()
     config, task, prompts = task_and_prompts(args.steps)
@@ -144,20 +165,28 @@ def main() -> None:
                 return run_trl(run_dir, seed, args.steps, data, task, args.size)
             return run_asyncrl(run_dir, seed, args.steps, ARMS[arm], task, args.size)
 
-        arms = run_seeded(ARMS, args.seeds, run, lambda r: str({k: round(v, 3) for k, v in r.items()}))
+        chosen = {"asyncrl eta=2", "TRL GRPOTrainer", *args.arms.split(",")}
+        unknown = chosen - set(ARMS)
+        if unknown:
+            raise SystemExit(f"--arms: unknown {sorted(unknown)}; choose from {list(ARMS)}")
+        arms = run_seeded([a for a in ARMS if a in chosen], args.seeds, run, lambda r: str({k: round(v, 3) for k, v in r.items()}))
     summary = {}
     for name, runs in arms.items():
         summary[name] = {key: round(statistics.median(r[key] for r in runs), 3)
-                         for key in ("first_step_s", "per_step_ms", "exit_s", "run_s")}
+                         for key in ("first_step_s", "per_step_ms", "exit_s", "run_s", "cpu_ms_per_step",
+                                     "cores_busy")}
         mean, sd = mean_sd([r["accuracy"] for r in runs])
         summary[name].update(accuracy_mean=round(mean, 4), accuracy_sd=round(sd, 4), runs=runs)
     trl, default = summary["TRL GRPOTrainer"], summary["asyncrl eta=2"]
     parameters = model_parameters(model_dir(args.size))
     result = {"size": args.size, "parameters": parameters, "steps": args.steps, "seeds": args.seeds,
-              "peer": "trl==1.16.0 GRPOTrainer (CPU, 2 threads)", "arms": summary,
+              "peer": f"trl==1.16.0 GRPOTrainer (CPU, 2 threads, float32; transformers {version('transformers')})", "arms": summary,
               "per_step_speedup_vs_trl": round(trl["per_step_ms"] / default["per_step_ms"], 2),
-              "run_time_ratio_vs_trl": round(default["run_s"] / trl["run_s"], 2)}
-    emit(SIZES[args.size]["result"], result, {f"{name}: run s": s["run_s"] for name, s in summary.items()},
+              "run_time_ratio_vs_trl": round(default["run_s"] / trl["run_s"], 2),
+              "cores": os.cpu_count(),
+              "per_step_bound_ms": round(default["cpu_ms_per_step"] / os.cpu_count(), 1),
+              "speedup_bound_vs_trl": round(trl["per_step_ms"] / (default["cpu_ms_per_step"] / os.cpu_count()), 2)}
+    emit(SIZES[args.size]["result"] + (f"-{args.tag}" if args.tag else ""), result, {f"{name}: run s": s["run_s"] for name, s in summary.items()},
          "seconds", f"{args.steps} steps, {parameters / 1e6:.1f}M parameters, median of {args.seeds} seeds")
 
 

@@ -8,7 +8,13 @@ reads `up`'s console lines as they arrive (each stamped on arrival) and the run'
   replica registered, to the learner's step-0 evaluation, to the first step;
 - exit: the last step to the learner's exit, to the services stopped, to the audit printed, to the exit;
 - the floor: a bare `python -c "import torch, transformers"`, the least any process of the run pays before
-  its first line of asyncrl, timed alone and five at once (a run starts five such processes on these cores).
+  its first line of asyncrl, timed alone and five at once (a run of fresh interpreters starts five such
+  processes on these cores); and one interpreter importing what the fork server imports (every service's
+  modules and the model's), the least a forked run waits before its services start.
+
+Both ways `up` starts its services run in the same sitting, trials interleaved: `launch.services: fork` (the
+default: every service forked from one fork server that imported those modules once) and `spawn` (a fresh
+interpreter each, the baseline).
 
     .venv/bin/python bench/startup.py [--trials 3] [--steps 20]
 """
@@ -27,6 +33,7 @@ from pathlib import Path
 from common import WITHOUT_TEACHER, emit
 
 from asyncrl.core.events import read_events
+from asyncrl.tools.fork_server import PRELOAD
 
 REPO = Path(__file__).resolve().parents[1]
 MARKS = {
@@ -37,19 +44,23 @@ MARKS = {
 }
 
 
-def imports_s(processes: int) -> float:
-    """Wall seconds for `processes` interpreters importing torch and transformers at once."""
+def imports_s(processes: int, modules: tuple[str, ...] = ("torch", "transformers")) -> float:
+    """Wall seconds for `processes` interpreters importing `modules` at once."""
     started = time.perf_counter()
-    procs = [subprocess.Popen([sys.executable, "-c", "import torch, transformers"]) for _ in range(processes)]
+    code = "; ".join(f"import {m}" for m in modules)
+    procs = [subprocess.Popen([sys.executable, "-c", code]) for _ in range(processes)]
     for proc in procs:
         proc.wait()
     return time.perf_counter() - started
 
 
-def trial(run_dir: Path, steps: int) -> dict:
+LAUNCHES = ("fork", "spawn")
+
+
+def trial(run_dir: Path, steps: int, launch: str) -> dict:
     argv = [sys.executable, "-m", "asyncrl.tools.cli", "up", "--config", str(REPO / "examples" / "tiny-arith.yaml"),
             "--set", f"run_dir={run_dir}", "--set", f"learner.total_steps={steps}", "--set", "learner.eval_every=0",
-            *[a for o in WITHOUT_TEACHER for a in ("--set", o)]]
+            "--set", f"launch.services={launch}", *[a for o in WITHOUT_TEACHER for a in ("--set", o)]]
     t0 = time.time()
     proc = subprocess.Popen(argv, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
                             env={**os.environ, "PYTHONUNBUFFERED": "1"})
@@ -93,17 +104,27 @@ def main() -> None:
     args = ap.parse_args()
     floor_one = statistics.median(imports_s(1) for _ in range(3))
     floor_five = statistics.median(imports_s(5) for _ in range(3))
-    trials = []
+    preload = statistics.median(imports_s(1, PRELOAD) for _ in range(3))
+    trials: dict[str, list[dict]] = {launch: [] for launch in LAUNCHES}
     for _ in range(args.trials):
-        with tempfile.TemporaryDirectory() as tmp:
-            trials.append(trial(Path(tmp) / "run", args.steps))
-    start = statistics.median(t["start_s"] for t in trials)
-    exit_s = statistics.median(t["exit_s"] for t in trials)
-    result = {"bench": "startup", "steps": args.steps, "trials": trials, "start_s": round(start, 2),
-              "exit_s": round(exit_s, 2), "import_floor_one_s": round(floor_one, 2),
-              "import_floor_five_s": round(floor_five, 2), "targets": {"start_s": 4.0, "exit_s": 1.5}}
-    emit("startup", result, {"imports (5 at once)": floor_five, "start to step 1": start, "last step to exit": exit_s},
-         "seconds", f"around a run: start {start:.1f} s, exit {exit_s:.1f} s (targets 4 / 1.5)")
+        for launch in LAUNCHES:
+            with tempfile.TemporaryDirectory() as tmp:
+                trials[launch].append(trial(Path(tmp) / "run", args.steps, launch))
+    arms = {launch: {"start_s": round(statistics.median(t["start_s"] for t in runs), 2),
+                     "exit_s": round(statistics.median(t["exit_s"] for t in runs), 2), "trials": runs}
+            for launch, runs in trials.items()}
+    start, exit_s = arms["fork"]["start_s"], arms["fork"]["exit_s"]
+    result = {"bench": "startup", "steps": args.steps, "launches": arms, "start_s": start, "exit_s": exit_s,
+              "start_vs_spawn": round(start / arms["spawn"]["start_s"], 2),
+              "import_floor_one_s": round(floor_one, 2), "import_floor_five_s": round(floor_five, 2),
+              "fork_server_imports_s": round(preload, 2),
+              "targets": {"start_s": 4.0, "exit_s": 1.5}}
+    emit("startup", result, {"imports (1)": floor_one, "imports (5 at once)": floor_five,
+                             "the fork server's imports": preload,
+                             "start to step 1 (spawn)": arms["spawn"]["start_s"], "start to step 1 (fork)": start,
+                             "last step to exit (fork)": exit_s},
+         "seconds", f"around a run: start {start:.1f} s (spawn {arms['spawn']['start_s']:.1f}), exit {exit_s:.1f} s "
+                    "(targets 4 / 1.5)")
 
 
 if __name__ == "__main__":

@@ -23,13 +23,23 @@ def _stat(pid: int) -> list[str]:
     return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
 
 
-@pytest.fixture
-def group(tmp_path):
+def _group(log_dir: Path) -> ProcessGroup:
     # ASYNCRL_NOT_GIVEN: the fork server's own environment, which no service it forks may keep.
-    group = ProcessGroup(
-        tmp_path / "logs",
-        ForkServerSpawner({**os.environ, "PYTHONUNBUFFERED": "1", "ASYNCRL_NOT_GIVEN": "leaked"}),
-    )
+    return ProcessGroup(log_dir, ForkServerSpawner({**os.environ, "PYTHONUNBUFFERED": "1",
+                                                   "ASYNCRL_NOT_GIVEN": "leaked"}))  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def group(tmp_path_factory):
+    """One fork server for the tests that leave it running (its imports take seconds)."""
+    group = _group(tmp_path_factory.mktemp("forked") / "logs")
+    yield group
+    group.stop_all(grace_s=5.0)
+
+
+@pytest.fixture
+def own_group(tmp_path):
+    group = _group(tmp_path / "logs")
     yield group
     group.stop_all(grace_s=5.0)
 
@@ -106,7 +116,8 @@ def test_a_forked_service_stops_on_sigterm_and_a_killed_one_reports_the_signal(g
     assert killed in group.failed() and stopped not in group.failed()
 
 
-def test_without_the_fork_server_services_start_as_new_processes(group, tmp_path):
+def test_without_the_fork_server_services_start_as_new_processes(own_group):
+    group = own_group
     first = group.start_cli("first", ["config-schema"])
     assert isinstance(first.proc, ForkedProcess)
     assert first.proc.wait(timeout=60) == 0
