@@ -19,6 +19,8 @@ from pathlib import Path
 
 import torch
 
+from asyncrl.tools.processes import process_argv
+
 RESULTS = Path(os.environ.get("ASYNCRL_RESULTS_DIR") or Path(__file__).resolve().parents[1] / "docs" / "results")
 
 
@@ -164,12 +166,9 @@ def sample_cpu(root_pid: int) -> tuple[float, dict[str, float]]:
         todo += children.get(pid, [])
         try:
             fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-            argv = [a for a in Path(f"/proc/{pid}/cmdline").read_text().split("\0") if a]
+            argv = process_argv(pid) or [""]  # a zombie's is empty
         except OSError:
             continue  # exited meanwhile
-        if len(argv) == 1:  # a service forked by `up`'s fork server shows its command line as one string
-            argv = argv[0].split()
-        argv = argv or [""]  # a zombie's is empty
         role = next((argv[i + 1] for i, a in enumerate(argv[:-1]) if a.endswith("asyncrl.tools.cli")), "")
         if "asyncrl.tools.fork_server" in argv:
             role = "fork-server"

@@ -13,7 +13,7 @@ from pydantic import ValidationError
 
 from asyncrl.core.config import AsyncRLConfig, load_config
 from asyncrl.core.metrics import package_version
-from asyncrl.core.preflight import ConfigError
+from asyncrl.core.preflight import ConfigError, refusal_line
 
 LOG_LEVEL_ENV = "ASYNCRL_LOG_LEVEL"
 
@@ -237,7 +237,7 @@ def main(argv: list[str] | None = None) -> int:
         return int(args.fn(args) or 0)
     except (ConfigError, ValidationError) as err:
         # A config that cannot work is the user's to fix: say what and where, no traceback.
-        print(f"asyncrl {args.command}: config error: {_one_line(err)}", file=sys.stderr, flush=True)
+        print(refusal_line(args.command, _one_line(err)), file=sys.stderr, flush=True)
         return 2
 
 

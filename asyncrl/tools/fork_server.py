@@ -2,8 +2,9 @@
 the services' modules) once, then forks each service of the run from there.
 
 On two cores, five interpreters importing torch and transformers at once take 2.5-3 times as long as one
-(13.5 s against 5.5 s on AVX2 cores), before the first of them runs a line of asyncrl. The server itself runs nothing but imports, so what it forks from holds
-no lock, thread pool or connection that a child could inherit half-made (OpenBLAS's pool, which numpy starts,
+(13.5 s against 5.5 s on AVX2 cores), before the first of them runs a line of asyncrl. The server itself runs
+nothing but imports, so what it forks from holds no lock, thread pool or connection that a child could inherit
+half-made (OpenBLAS's pool, which numpy starts,
 is torn down around a fork by OpenBLAS itself).
 
 The protocol is one JSON line each way on the server's stdin and stdout: first the server's readiness
@@ -44,8 +45,8 @@ def _reply(out, message: dict) -> None:
     out.flush()
 
 
-def serve(stdin=None, stdout=None) -> None:
-    stdin, stdout = stdin or sys.stdin, stdout or sys.stdout
+def serve() -> None:
+    stdin, stdout = sys.stdin, sys.stdout
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # `up` stops the run; the server ends with its input
     try:
         for module in PRELOAD:

@@ -8,8 +8,6 @@ fits every role of the one image. Kubernetes uses its own gRPC probes on the sam
 from __future__ import annotations
 
 import argparse
-import shlex
-from pathlib import Path
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -18,6 +16,7 @@ from asyncrl.core.auth import resolve_auth
 from asyncrl.core.config import AsyncRLConfig, load_config
 from asyncrl.core.grpc_util import channel
 from asyncrl.core.preflight import ConfigError
+from asyncrl.tools.processes import process_argv
 
 ROLES = ("controller", "rollout", "teacher", "learner")
 
@@ -25,9 +24,7 @@ ROLES = ("controller", "rollout", "teacher", "learner")
 def command_of(pid: int) -> list[str]:
     """The argv of process `pid` from /proc, from the asyncrl subcommand on (`asyncrl`, `python -m ...` and
     the like dropped)."""
-    argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")[:-1]
-    if len(argv) == 1:  # a retitled process (a service forked by `up`'s fork server): one string
-        argv = shlex.split(argv[0])
+    argv = process_argv(pid)
     for i, arg in enumerate(argv):
         if arg in (*ROLES, "make-tiny-model", "up"):
             return argv[i:]

@@ -4,8 +4,8 @@ Builds the tiny model when missing, starts redis-server when no URL is given (ap
 made for the run), picks free ports, writes the resolved config, starts controller, teacher, rollout replicas
 and learner as separate processes, and hands them to the `Supervisor` (live progress, restarts of whatever
 dies: `asyncrl.tools.supervisor`). When the learner finishes (or on Ctrl-C) it stops everything it started,
-then audits the run and leaves its plot to a process that outlives it. `up --resume RUN_DIR` continues a stopped run from its latest
-checkpoint.
+then audits the run and leaves its plot to a process that outlives it. `up --resume RUN_DIR` continues a
+stopped run from its latest checkpoint.
 """
 
 from __future__ import annotations
@@ -21,12 +21,12 @@ from pathlib import Path
 from asyncrl.core.config import AsyncRLConfig, dump_config, load_config
 from asyncrl.core.events import EventLog, read_records
 from asyncrl.core.grpc_util import wait_for_channel
-from asyncrl.core.preflight import ConfigError, preflight, preflight_files
+from asyncrl.core.preflight import ConfigError, preflight, preflight_files, refusal_of
 from asyncrl.core.records import Record
 from asyncrl.core.records.learner import Eval, Step
 from asyncrl.tools.plot_later import plot_later
 from asyncrl.tools.port_plan import REPLICA_PORTS, check_ports, replica_port
-from asyncrl.tools.processes import Child, ProcessGroup, free_port
+from asyncrl.tools.processes import Child, ProcessGroup, child_env, free_port
 from asyncrl.tools.redis_local import start_local_redis
 from asyncrl.tools.run_end import close_learner_log
 from asyncrl.tools.run_secrets import local_redis_password, run_auth, run_learner_secret
@@ -118,7 +118,7 @@ def run(config: AsyncRLConfig, config_path: str | None = None) -> int:
         raise
     run_dir.mkdir(parents=True, exist_ok=True)
     # The fork server's imports start here and go on while Redis starts.
-    group = ProcessGroup(run_dir / "logs", make_spawner(cfg.launch.services, service_env()))
+    group = ProcessGroup(run_dir / "logs", make_spawner(cfg.launch.services, child_env()))
     try:
         if cfg.buffer.type == "redis" and not cfg.buffer.redis_url:
             cfg.buffer.redis_url = start_local_redis(group, run_dir / "redis", password=local_redis_password(cfg))
@@ -149,7 +149,7 @@ def resume(run_dir: str, overrides: list[str]) -> int:
         raise ConfigError(f"--resume: {run_dir!r} has no complete checkpoint under checkpoints/")
     cfg = load_config(resolved, overrides)
     preflight(cfg)
-    group = ProcessGroup(Path(run_dir) / "logs", make_spawner(cfg.launch.services, service_env()))
+    group = ProcessGroup(Path(run_dir) / "logs", make_spawner(cfg.launch.services, child_env()))
     if (Path(run_dir) / "redis").is_dir():  # `up` ran this run's Redis: start it again on the same files
         cfg.buffer.redis_url = start_local_redis(group, Path(run_dir) / "redis", password=local_redis_password(cfg))
     try:
@@ -201,11 +201,6 @@ def from_checkpoint(cfg: AsyncRLConfig, ckpt: Path) -> AsyncRLConfig:
           f"{len(survivors)} groups in the buffer, {len(buffered) - len(survivors)} from the lost timeline "
           "dead-lettered)", flush=True)
     return cfg
-
-
-def service_env() -> dict[str, str]:
-    """The environment every service process starts with (the fork server's too: what its imports read)."""
-    return {**os.environ, "PYTHONUNBUFFERED": "1"}
 
 
 class RefusedStart(Exception):
@@ -307,10 +302,9 @@ def checked(group: ProcessGroup, check: Child) -> None:
     group.children.remove(check)
     if code == 0:
         return
-    marker = "asyncrl check: config error: "
-    refusals = [line for line in check.tail(200).splitlines() if line.startswith(marker)]
+    refusals = [m for line in check.tail(200).splitlines() if (m := refusal_of("check", line)) is not None]
     if refusals:
-        raise RefusedStart(ConfigError(refusals[-1].removeprefix(marker)))
+        raise RefusedStart(ConfigError(refusals[-1]))
     raise RefusedStart(ConfigError(f"the task check (`asyncrl check`) failed with exit code {code}: "
                                    f"{check.tail(5)}"))
 

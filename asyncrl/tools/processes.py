@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import select
+import shlex
 import signal
 import socket
 import subprocess
@@ -33,6 +34,18 @@ def free_port_run(count: int, host: str = "127.0.0.1", tries: int = 50) -> int:
         if all(why_not_listenable(host, port) is None for port in range(base + 1, base + count)):
             return base
     raise RuntimeError(f"no {count} consecutive free ports on {host} in {tries} tries")
+
+
+def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment a child of `up` starts with (the fork server's too: what its imports read)."""
+    return {**os.environ, "PYTHONUNBUFFERED": "1", **(extra or {})}
+
+
+def process_argv(pid: int) -> list[str]:
+    """The command line of process `pid` from /proc; a service forked by `up`'s fork server shows its own as
+    one retitled string, split back here. Empty for a zombie."""
+    argv = [a for a in Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0") if a]
+    return shlex.split(argv[0]) if len(argv) == 1 else argv
 
 
 @dataclass
@@ -72,8 +85,7 @@ class ProcessGroup:
 
     def start(self, name: str, argv: list[str], env: dict | None = None) -> Child:
         log_path = self.log_dir / f"{name}.log"
-        full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
-        child = Child(name, self.spawner.start(argv, full_env, log_path), log_path)
+        child = Child(name, self.spawner.start(argv, child_env(env), log_path), log_path)
         self.children.append(child)
         return child
 
