@@ -24,6 +24,7 @@ from asyncrl.core.data_config import RewardConfig, TaskConfig
 from asyncrl.core.determinism.modes import Determinism
 from asyncrl.core.environment_config import EnvironmentConfig
 from asyncrl.core.learner_config import LearnerConfig, TrackingConfig
+from asyncrl.core.preflight import ConfigError
 from asyncrl.core.rollout_config import EngineConfig, RolloutConfig, SamplingConfig
 
 
@@ -376,18 +377,37 @@ class AsyncRLConfig(Section):
 
 
 def load_config(path: str | Path, overrides: list[str] | None = None) -> AsyncRLConfig:
-    """Load and validate a YAML config; `overrides` are dotted `key=value` pairs (value parsed as YAML)."""
-    raw = yaml.safe_load(Path(path).read_text()) or {}
+    """Load and validate a YAML config; `overrides` are dotted `key=value` pairs (value parsed as YAML). A file
+    that cannot be read or parsed, or an override that is not `key=value` into a section, is a ConfigError
+    naming `--config` or `--set`."""
+    try:
+        raw = yaml.safe_load(Path(path).read_text())
+    except OSError as err:
+        raise ConfigError(f"--config: cannot read {str(path)!r}: {err.strerror or err}") from None
+    except yaml.YAMLError as err:
+        raise ConfigError(f"--config: {str(path)!r} is not valid YAML: {_one_line(err)}") from None
+    raw = {} if raw is None else raw
+    if not isinstance(raw, dict):
+        raise ConfigError(f"--config: {str(path)!r} must hold a mapping of sections, not a {type(raw).__name__}")
     for item in overrides or []:
         key, sep, value = item.partition("=")
-        if not sep:
-            raise ValueError(f"override {item!r} is not key=value")
+        if not sep or not key:
+            raise ConfigError(f"--set: {item!r} is not KEY=VALUE (e.g. learner.total_steps=5)")
         node = raw
         parts = key.split(".")
-        for part in parts[:-1]:
+        for depth, part in enumerate(parts[:-1]):
             node = node.setdefault(part, {})
-        node[parts[-1]] = yaml.safe_load(value)
+            if not isinstance(node, dict):
+                raise ConfigError(f"--set {item}: {'.'.join(parts[: depth + 1])} is a value, not a section")
+        try:
+            node[parts[-1]] = yaml.safe_load(value)
+        except yaml.YAMLError as err:
+            raise ConfigError(f"--set {key}: {value!r} is not a YAML value: {_one_line(err)}") from None
     return AsyncRLConfig.model_validate(raw)
+
+
+def _one_line(err: Exception) -> str:
+    return " ".join(str(err).split())
 
 
 def dump_config(config: AsyncRLConfig, path: str | Path) -> None:
