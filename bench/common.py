@@ -128,7 +128,7 @@ def run_demo(run_dir: Path, overrides: list[str], timeout_s: float = 1800,
     import subprocess
 
     repo = Path(__file__).resolve().parents[1]
-    argv = [sys.executable, "-m", "asyncrl.tools.cli", "--log-level", "WARNING", "up",
+    argv = [sys.executable, "-m", "asyncrl", "--log-level", "WARNING", "up",
             "--config", str(repo / "examples" / f"{example}.yaml"), "--set", f"run_dir={run_dir}"]
     for override in overrides:
         argv += ["--set", override]

@@ -12,9 +12,11 @@ reads `up`'s console lines as they arrive (each stamped on arrival) and the run'
   processes on these cores); and one interpreter importing what the fork server imports (every service's
   modules and the model's), the least a forked run waits before its services start.
 
-Both ways `up` starts its services run in the same sitting, trials interleaved: `launch.services: fork` (the
-default: every service forked from one fork server that imported those modules once) and `spawn` (a fresh
-interpreter each, the baseline).
+The ways `up` starts its services run in the same sitting, trials interleaved: `launch.services: fork` (the
+default: every service forked from one fork server that imported those modules once, the server started in
+the `asyncrl` command's first lines), the same with the server started only once `up` has read its
+configuration (`python -m asyncrl.tools.cli up`, as before), and `spawn` (a fresh interpreter each, the
+baseline).
 
     .venv/bin/python bench/startup.py [--trials 3] [--steps 20]
 """
@@ -54,11 +56,16 @@ def imports_s(processes: int, modules: tuple[str, ...] = ("torch", "transformers
     return time.perf_counter() - started
 
 
-LAUNCHES = ("fork", "spawn")
+LAUNCHES = {"fork": ("asyncrl", "fork"), "fork_after_config": ("asyncrl.tools.cli", "fork"),
+            "spawn": ("asyncrl", "spawn")}
+"""Arm -> (the module `python -m` runs, `launch.services`). `asyncrl` is the `asyncrl` command, whose `up`
+starts its fork server in its first lines; `asyncrl.tools.cli` runs the same `up` but starts the server only
+once the configuration is read, as `up` did before."""
 
 
-def trial(run_dir: Path, steps: int, launch: str) -> dict:
-    argv = [sys.executable, "-m", "asyncrl.tools.cli", "up", "--config", str(REPO / "examples" / "tiny-arith.yaml"),
+def trial(run_dir: Path, steps: int, arm: str) -> dict:
+    module, launch = LAUNCHES[arm]
+    argv = [sys.executable, "-m", module, "up", "--config", str(REPO / "examples" / "tiny-arith.yaml"),
             "--set", f"run_dir={run_dir}", "--set", f"learner.total_steps={steps}", "--set", "learner.eval_every=0",
             "--set", f"launch.services={launch}", *[a for o in WITHOUT_TEACHER for a in ("--set", o)]]
     t0 = time.time()
@@ -105,23 +112,26 @@ def main() -> None:
     floor_one = statistics.median(imports_s(1) for _ in range(3))
     floor_five = statistics.median(imports_s(5) for _ in range(3))
     preload = statistics.median(imports_s(1, PRELOAD) for _ in range(3))
-    trials: dict[str, list[dict]] = {launch: [] for launch in LAUNCHES}
+    trials: dict[str, list[dict]] = {arm: [] for arm in LAUNCHES}
     for _ in range(args.trials):
-        for launch in LAUNCHES:
+        for arm in LAUNCHES:
             with tempfile.TemporaryDirectory() as tmp:
-                trials[launch].append(trial(Path(tmp) / "run", args.steps, launch))
-    arms = {launch: {"start_s": round(statistics.median(t["start_s"] for t in runs), 2),
-                     "exit_s": round(statistics.median(t["exit_s"] for t in runs), 2), "trials": runs}
-            for launch, runs in trials.items()}
+                trials[arm].append(trial(Path(tmp) / "run", args.steps, arm))
+    arms = {arm: {"start_s": round(statistics.median(t["start_s"] for t in runs), 2),
+                  "exit_s": round(statistics.median(t["exit_s"] for t in runs), 2), "trials": runs}
+            for arm, runs in trials.items()}
     start, exit_s = arms["fork"]["start_s"], arms["fork"]["exit_s"]
     result = {"bench": "startup", "steps": args.steps, "launches": arms, "start_s": start, "exit_s": exit_s,
               "start_vs_spawn": round(start / arms["spawn"]["start_s"], 2),
+              "start_vs_fork_after_config": round(start / arms["fork_after_config"]["start_s"], 2),
               "import_floor_one_s": round(floor_one, 2), "import_floor_five_s": round(floor_five, 2),
               "fork_server_imports_s": round(preload, 2),
               "targets": {"start_s": 4.0, "exit_s": 1.5}}
     emit("startup", result, {"imports (1)": floor_one, "imports (5 at once)": floor_five,
                              "the fork server's imports": preload,
-                             "start to step 1 (spawn)": arms["spawn"]["start_s"], "start to step 1 (fork)": start,
+                             "start to step 1 (spawn)": arms["spawn"]["start_s"],
+                             "start to step 1 (fork, server after the config)": arms["fork_after_config"]["start_s"],
+                             "start to step 1 (fork)": start,
                              "last step to exit (fork)": exit_s},
          "seconds", f"around a run: start {start:.1f} s (spawn {arms['spawn']['start_s']:.1f}), exit {exit_s:.1f} s "
                     "(targets 4 / 1.5)")

@@ -19,7 +19,7 @@ REPO = Path(__file__).resolve().parents[1]
 def running_up(*args: str):
     """`asyncrl up ARGS` as a subprocess of the repository root (output piped, unbuffered); killed on the way
     out if it is still running."""
-    proc = subprocess.Popen([sys.executable, "-m", "asyncrl.tools.cli", "up", *args], cwd=REPO,
+    proc = subprocess.Popen([sys.executable, "-m", "asyncrl", "up", *args], cwd=REPO,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env={**os.environ, "PYTHONUNBUFFERED": "1"})
     try:

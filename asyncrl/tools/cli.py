@@ -14,6 +14,7 @@ from pydantic import ValidationError
 from asyncrl.core.config import AsyncRLConfig, load_config
 from asyncrl.core.metrics import package_version
 from asyncrl.core.preflight import ConfigError, refusal_line
+from asyncrl.tools.torch_logs import quiet_torch_cpp_logs
 
 LOG_LEVEL_ENV = "ASYNCRL_LOG_LEVEL"
 
@@ -228,10 +229,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     os.environ[LOG_LEVEL_ENV] = args.log_level  # the processes `up` starts inherit it
-    # torch.distributed's C++ warnings (a socket poll that timed out, a peer's store gone at the end of a run)
-    # come with a stack trace of twenty frames each: errors only, unless set. Read when torch loads, which no
-    # command has done yet; every service, local or in a container, starts here.
-    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
+    quiet_torch_cpp_logs()  # every service, local or in a container, starts here, before torch loads
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
         return int(args.fn(args) or 0)

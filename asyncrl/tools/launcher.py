@@ -25,12 +25,12 @@ from asyncrl.core.preflight import ConfigError, preflight, preflight_files, refu
 from asyncrl.core.records import Record
 from asyncrl.core.records.learner import Eval, Step
 from asyncrl.tools.plot_later import plot_later
-from asyncrl.tools.port_plan import REPLICA_PORTS, check_ports, replica_port
-from asyncrl.tools.processes import Child, ProcessGroup, child_env, free_port
+from asyncrl.tools.port_plan import REPLICA_PORTS, check_ports, planned_ports, replica_port
+from asyncrl.tools.processes import Child, ProcessGroup, free_port
 from asyncrl.tools.redis_local import start_local_redis
 from asyncrl.tools.run_end import close_learner_log
 from asyncrl.tools.run_secrets import local_redis_password, run_auth, run_learner_secret
-from asyncrl.tools.spawners import make_spawner
+from asyncrl.tools.spawners import child_env, make_spawner
 from asyncrl.tools.supervisor import Restartable, Supervisor
 from asyncrl.tools.tiny_model_stamp import tiny_models_current
 
@@ -41,11 +41,30 @@ def resolve(config: AsyncRLConfig) -> AsyncRLConfig:
     one on fixed ports; a port set in the config or with --set is kept)."""
     cfg = config.model_copy(deep=True)
     cfg.run_dir = claim_run_dir(cfg.run_dir)
-    chosen: set[int] = set()
-    for section, field in ((cfg.controller, "port"), (cfg.controller, "status_port"), (cfg.teacher, "port")):
-        if field not in section.model_fields_set:  # a port the user chose is kept
-            setattr(section, field, distinct_free_port(section.host, chosen))
+    unset = [key for key in PICKED_PORTS if _field(key) not in _section(cfg, key).model_fields_set]
+    pick_free_ports(cfg, unset)  # a port the user chose is kept
     return cfg
+
+
+PICKED_PORTS = ("controller.port", "controller.status_port", "teacher.port")
+"""The ports `up` picks free for a local run unless the config sets them: those the other processes dial."""
+
+
+def pick_free_ports(cfg: AsyncRLConfig, keys: list[str]) -> None:
+    """Set each of `keys` to a distinct free port, none of them a port the run's processes listen on otherwise
+    (a port the config fixes inside the kernel's ephemeral range may well be free when `up` picks)."""
+    chosen = {p.port for p in planned_ports(cfg) if p.key not in keys}
+    for key in keys:
+        section = _section(cfg, key)
+        setattr(section, _field(key), distinct_free_port(section.host, chosen))
+
+
+def _section(cfg: AsyncRLConfig, key: str):
+    return getattr(cfg, key.split(".")[0])
+
+
+def _field(key: str) -> str:
+    return key.split(".")[1]
 
 
 def distinct_free_port(host: str, chosen: set[int]) -> int:
@@ -171,9 +190,7 @@ def from_checkpoint(cfg: AsyncRLConfig, ckpt: Path) -> AsyncRLConfig:
     from asyncrl.learner.timeline import drop_dead_timeline
 
     cfg = cfg.model_copy(deep=True)
-    chosen: set[int] = set()
-    for section, field in ((cfg.controller, "port"), (cfg.controller, "status_port"), (cfg.teacher, "port")):
-        setattr(section, field, distinct_free_port(section.host, chosen))
+    pick_free_ports(cfg, list(PICKED_PORTS))
     run_dir = cfg.run_dir
     meta = read_meta(ckpt)
     buffer = make_buffer(cfg.buffer, consumer="learner-0")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import select
 import shlex
 import signal
@@ -15,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from asyncrl.core.ports import why_not_listenable
-from asyncrl.tools.spawners import ForkedProcess, Spawner, SubprocessSpawner, reap_orphans
+from asyncrl.tools.spawners import ForkedProcess, Spawner, SubprocessSpawner, child_env, reap_orphans
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -24,21 +25,28 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
-def free_port_run(count: int, host: str = "127.0.0.1", tries: int = 50) -> int:
-    """A port p with p .. p + count - 1 all free now: where replica i serves on a configured port + i (a lone
-    free port says nothing of the one after it, which another socket may hold)."""
+def ephemeral_port_range() -> tuple[int, int]:
+    """The ports the kernel hands out by itself (bind to port 0, an outgoing connection's own end)."""
+    try:
+        low, high = map(int, Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+    except (OSError, ValueError):
+        return 32768, 60999  # Linux's default
+    return low, high
+
+
+def free_port_run(count: int, host: str = "127.0.0.1", tries: int = 200) -> int:
+    """A port p with p .. p + count - 1 all free now, for a run that fixes a port where replica i serves on the
+    configured port + i. Picked outside the kernel's ephemeral range, as a user fixes a port: a port inside it
+    that is free now can be taken before the replica binds it by any port-0 server or outgoing connection of
+    the run itself (a CI run lost a replica's metrics port that way, for good)."""
+    low, high = ephemeral_port_range()
+    first, last = (10000, low - count) if low - count > 10000 else (high + 1, 65536 - count)
+    rng = random.Random()
     for _ in range(tries):
-        base = free_port(host)
-        if base + count - 1 > 65535:
-            continue
-        if all(why_not_listenable(host, port) is None for port in range(base + 1, base + count)):
+        base = rng.randrange(first, last)
+        if all(why_not_listenable(host, port) is None for port in range(base, base + count)):
             return base
-    raise RuntimeError(f"no {count} consecutive free ports on {host} in {tries} tries")
-
-
-def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
-    """The environment a child of `up` starts with (the fork server's too: what its imports read)."""
-    return {**os.environ, "PYTHONUNBUFFERED": "1", **(extra or {})}
+    raise RuntimeError(f"no {count} consecutive free ports on {host} outside {low}-{high} in {tries} tries")
 
 
 def process_argv(pid: int) -> list[str]:

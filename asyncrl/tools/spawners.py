@@ -8,6 +8,7 @@ or dies, leaves the spawner starting fresh interpreters: slower, never a failed 
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import ctypes
 import json
@@ -26,6 +27,11 @@ PR_SET_CHILD_SUBREAPER = 36
 READY_TIMEOUT_S = 120.0
 """How long the first start waits for the fork server's imports (about 9 s on two AVX2 cores; a loaded machine
 takes longer)."""
+
+
+def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment a child of `up` starts with (the fork server's too: what its imports read)."""
+    return {**os.environ, "PYTHONUNBUFFERED": "1", **(extra or {})}
 
 
 class Spawner(Protocol):
@@ -120,10 +126,9 @@ class ForkServerSpawner:
             self.why_not = "this system cannot adopt forked children (prctl PR_SET_CHILD_SUBREAPER)"
             return
         self.adopts = True
-        # Its imports start now and run while `up` starts Redis; the first service start waits for them.
-        self._server = subprocess.Popen([sys.executable, "-m", "asyncrl.tools.fork_server"], stdin=subprocess.PIPE,
-                                        stdout=subprocess.PIPE, env=env, start_new_session=True, text=True,
-                                        bufsize=1)  # fmt: skip
+        # Its imports run while `up` starts Redis (since the command's first lines when `asyncrl up` started it
+        # then); the first service start waits for them.
+        self._server = take_prestarted_server() or start_fork_server(env)
 
     def start(self, argv, env, log_path):
         args = cli_args(argv)
@@ -198,6 +203,35 @@ class ForkServerSpawner:
                 pipe.close()
 
 
+def start_fork_server(env: dict[str, str] | None) -> subprocess.Popen:
+    """A fork server (`asyncrl.tools.fork_server`), its imports begun; `env` is what they read."""
+    return subprocess.Popen([sys.executable, "-m", "asyncrl.tools.fork_server"], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, env=env, start_new_session=True, text=True, bufsize=1)
+
+
+_prestarted: list[subprocess.Popen] = []
+"""The fork server `asyncrl up` started in its first lines, until a `ForkServerSpawner` takes it."""
+
+
+def prestart_fork_server(env: dict[str, str]) -> None:
+    """Start the run's fork server now, before the configuration is read: `up`'s own start then overlaps its
+    imports. The first `ForkServerSpawner` takes it; one nobody takes (a refused config, `launch.services:
+    spawn`) is killed when this process exits."""
+    _prestarted.append(start_fork_server(env))
+    atexit.register(discard_prestarted_server)
+
+
+def take_prestarted_server() -> subprocess.Popen | None:
+    return _prestarted.pop() if _prestarted else None
+
+
+def discard_prestarted_server() -> None:
+    while _prestarted:
+        server = _prestarted.pop()
+        server.kill()
+        server.wait()
+
+
 def cli_args(argv: list[str]) -> list[str] | None:
     """The asyncrl arguments of `python -m asyncrl.tools.cli ARGS` run by this interpreter, else None."""
     prefix = [sys.executable, "-m", "asyncrl.tools.cli"]
@@ -239,4 +273,6 @@ SPAWNERS = {"spawn": SubprocessSpawner, "fork": ForkServerSpawner}
 
 def make_spawner(kind: str, env: dict[str, str] | None = None) -> Spawner:
     """The spawner `launch.services` names (the config's schema allows only these keys)."""
+    if kind != "fork":
+        discard_prestarted_server()
     return SPAWNERS[kind](env)

@@ -32,7 +32,7 @@ def lora_run(tmp_path_factory):
                  f"learner.eval_every={SAVE_EVERY}", "learner.lora.enabled=true", "learner.lora.rank=8",
                  "learner.lr=1.0e-3"]  # fmt: skip
     env = {k: v for k, v in os.environ.items() if k not in ("ASYNCRL_TOKEN", "ASYNCRL_LEARNER_SECRET")}
-    argv = [sys.executable, "-m", "asyncrl.tools.cli", "up", "--config", str(DEMO_CONFIG),
+    argv = [sys.executable, "-m", "asyncrl", "up", "--config", str(DEMO_CONFIG),
             *[a for o in overrides for a in ("--set", o)]]
     proc = subprocess.Popen(argv, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env={**env, "PYTHONUNBUFFERED": "1"})

@@ -30,7 +30,7 @@ def test_r3_run_replays_the_rollout_routing(tmp_path):
     overrides = [f"run_dir={run_dir}", f"learner.total_steps={STEPS}", "learner.eval_every=30",
                  "learner.routing_replay.mode=r3", "learner.routing_replay.measure_unreplayed=true"]
     done = subprocess.run(
-        [sys.executable, "-m", "asyncrl.tools.cli", "up", "--config", str(REPO / "examples/tiny-moe.yaml"),
+        [sys.executable, "-m", "asyncrl", "up", "--config", str(REPO / "examples/tiny-moe.yaml"),
          *[a for o in overrides for a in ("--set", o)]],
         check=False, cwd=REPO, capture_output=True, text=True, timeout=600,
     )

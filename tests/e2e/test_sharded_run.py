@@ -39,7 +39,7 @@ def test_two_rank_learner_learns_pushes_to_every_replica_and_resumes_on_one(tmp_
 
     # The same run continues on one rank from the two ranks' checkpoint.
     resumed = subprocess.run(
-        [sys.executable, "-m", "asyncrl.tools.cli", "up", "--resume", str(run_dir), "--set", "learner.world_size=1",
+        [sys.executable, "-m", "asyncrl", "up", "--resume", str(run_dir), "--set", "learner.world_size=1",
          "--set", f"learner.total_steps={STEPS + 10}"],
         cwd=REPO, capture_output=True, text=True, timeout=600, check=False)
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]

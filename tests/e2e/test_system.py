@@ -31,7 +31,7 @@ DEMO_CONFIG = REPO / "examples" / "tiny-arith.yaml"
 def asyncrl_up(run_dir: Path, *overrides: str, timeout_s: int, config: Path = DEMO_CONFIG) -> dict:
     """Run `asyncrl up` on `config` (the demo's by default); returns its summary.json (after checking it
     exited 0)."""
-    argv = [sys.executable, "-m", "asyncrl.tools.cli", "up", "--config", str(config),
+    argv = [sys.executable, "-m", "asyncrl", "up", "--config", str(config),
             "--set", f"run_dir={run_dir}", *[a for o in overrides for a in ("--set", o)]]
     # No token and no learner secret in the environment: `up` makes them for the run (local mode needs no set-up).
     env = {k: v for k, v in os.environ.items() if k not in ("ASYNCRL_TOKEN", "ASYNCRL_LEARNER_SECRET")}
@@ -141,7 +141,7 @@ def test_a_replica_killed_mid_run_rejoins_with_current_weights(tmp_path):
     gets a lease again, it writes groups again, and the run (then stopped with SIGTERM) audits clean. The run
     is long enough for any restart time: it is stopped once the replica is back, not when its steps run out."""
     run_dir = tmp_path / "run"
-    argv = [sys.executable, "-m", "asyncrl.tools.cli", "up", "--config", str(DEMO_CONFIG), "--set", f"run_dir={run_dir}",
+    argv = [sys.executable, "-m", "asyncrl", "up", "--config", str(DEMO_CONFIG), "--set", f"run_dir={run_dir}",
             "--set", "learner.total_steps=5000", "--set", "learner.eval_every=0"]
     proc = subprocess.Popen(argv, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env={**os.environ, "PYTHONUNBUFFERED": "1"})

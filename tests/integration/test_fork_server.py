@@ -142,3 +142,45 @@ def test_what_a_service_left_running_is_reaped_once_it_ends(group, tmp_path):
         assert time.monotonic() < deadline, f"the orphan {orphan} stayed: {_stat(orphan)[0]}"
         group.wait_for_an_exit(0.1)
     assert sys.platform == "linux"
+
+
+def _fork_servers() -> set[int]:
+    pids = set()
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and b"asyncrl.tools.fork_server" in (entry / "cmdline").read_bytes():
+                pids.add(int(entry.name))
+        except OSError:
+            continue
+    return pids
+
+
+def test_asyncrl_up_starts_its_fork_server_first_and_a_refused_config_leaves_none(tmp_path):
+    """`asyncrl up` starts the fork server in its first lines (its imports overlap `up` reading the config);
+    the spawner takes that one, and one nobody takes is killed when the command exits."""
+    import subprocess
+
+    from asyncrl.tools import spawners
+
+    before = _fork_servers()
+    refused = subprocess.run([sys.executable, "-m", "asyncrl", "up", "--config", str(tmp_path / "missing.yaml")],
+                             check=False, cwd=REPO, capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert refused.returncode == 2, refused.stderr
+    assert "asyncrl up: config error" in refused.stderr
+    assert _fork_servers() - before == set()
+
+    spawners.prestart_fork_server({**os.environ, "PYTHONUNBUFFERED": "1"})
+    [prestarted] = spawners._prestarted
+    group = ProcessGroup(tmp_path / "logs", spawners.make_spawner("fork"))
+    try:
+        assert group.spawner.own_pids() == {prestarted.pid} and not spawners._prestarted
+        child = group.start_cli("schema", ["config-schema"])
+        assert isinstance(child.proc, ForkedProcess)
+        assert child.proc.wait(timeout=120) == 0
+    finally:
+        group.stop_all(grace_s=5.0)
+
+    spawners.prestart_fork_server({**os.environ, "PYTHONUNBUFFERED": "1"})
+    [unused] = spawners._prestarted
+    spawners.make_spawner("spawn")  # `launch.services: spawn` kills the one started for nothing
+    assert unused.poll() is not None and not spawners._prestarted

@@ -18,7 +18,7 @@ EXAMPLE = REPO / "examples" / "word-problems.yaml"
 
 
 def up(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "asyncrl.tools.cli", "up", *args], cwd=cwd, check=False, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "asyncrl", "up", *args], cwd=cwd, check=False, capture_output=True,
                           text=True, timeout=120)  # fmt: skip
 
 

@@ -22,6 +22,21 @@ def test_ports_set_by_the_user_are_kept_the_others_are_picked(tmp_path):
     assert cfg.controller.port != 50051 and cfg.teacher.port != 50061  # the defaults were replaced by free ports
 
 
+def test_a_picked_port_is_never_one_the_config_fixes_for_another_process(tmp_path, monkeypatch):
+    """The kernel may offer a port the config fixes inside its ephemeral range (replica 1's metrics here, the
+    configured port + 1): `up` passes over it, and over the port it just picked, as a process would fail to
+    bind it."""
+    from asyncrl.tools import launcher
+
+    offered = iter([40001, 40002, 40002, 40010, 40011, 40012])
+    monkeypatch.setattr(launcher, "free_port", lambda host: next(offered))
+    config_file = tmp_path / "c.yaml"
+    config_file.write_text(f"run_dir: {tmp_path}/r-{{time}}\nteacher:\n  enabled: true\n  model_path: /m\n")
+    cfg = resolve(load_config(config_file, ["rollout.replicas=2", "rollout.metrics_port=40000",
+                                            "learner.metrics_port=40010"]))
+    assert (cfg.controller.port, cfg.controller.status_port, cfg.teacher.port) == (40002, 40011, 40012)
+
+
 def test_version(capsys):
     with pytest.raises(SystemExit) as done:
         main(["--version"])
