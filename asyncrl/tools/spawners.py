@@ -134,8 +134,8 @@ class ForkServerSpawner:
             self.why_not = "this system cannot adopt forked children (prctl PR_SET_CHILD_SUBREAPER)"
             return
         self.adopts = True
-        # Its imports run while `up` starts Redis (since the command's first lines when `asyncrl up` started it
-        # then); the first service start waits for them.
+        # The server `asyncrl up` started in its first lines, or one started now: its imports go on while `up`
+        # starts Redis, and the first service start waits for them.
         self._server = take_prestarted_server() or start_fork_server(env)
 
     def start(self, argv, env, log_path):
