@@ -77,7 +77,7 @@ def peer_python() -> Path:
 
 
 def task_and_prompts(steps: int):
-    from asyncrl.core.config import load_config
+    from asyncrl.core.config_file import load_config
     from asyncrl.core.tasks import task_for_run
 
     config = load_config(REPO / "examples" / "tiny-arith.yaml")

@@ -45,7 +45,7 @@ BLOCK = 5
 
 
 def demo_config(run_dir: str):
-    from asyncrl.core.config import load_config
+    from asyncrl.core.config_file import load_config
     from asyncrl.tools.launcher import ensure_models
 
     cfg = load_config(REPO / "examples" / "tiny-arith.yaml", [f"run_dir={run_dir}", "controller.port=0",

@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 from common import WITHOUT_TEACHER, cpu_ms_per_step, emit, run_demo
-from peers import SIZES
+from peers import SIZES, timings
 
 BASELINE = "demo settings"
 
@@ -34,14 +34,13 @@ def run_arm(overrides: list[str], steps: int, size: str) -> dict:
                                                *WITHOUT_TEACHER, *SIZES[size]["overrides"], *overrides],
                            cpu_samples=samples)  # fmt: skip
     ends = [e["t"] for e in learner if e["kind"] == "step"]
-    steps_timed = len(ends) - 1
-    per_step_ms = 1000 * (ends[-1] - ends[0]) / steps_timed
-    cpu = cpu_ms_per_step(samples, ends[0], ends[-1], steps_timed)
-    replicas = cpu.get("rollout", 0.0)
-    return {"per_step_ms": round(per_step_ms, 1), "first_step_s": round(ends[0] - t0, 1), "cpu_ms_per_step": cpu,
-            "cores_busy": round(sum(cpu.values()) / per_step_ms, 2),
-            "learner_busy": round(cpu.get("learner", 0.0) / per_step_ms, 2),
-            "replicas_cpu_ms_per_step": replicas}
+    timed = timings(t0, ends, time.time(), samples)
+    by_role = cpu_ms_per_step(samples, ends[0], ends[-1], max(1, len(ends) - 1))
+    per_step_ms = timed["per_step_ms"]
+    return {"per_step_ms": round(per_step_ms, 1), "first_step_s": round(timed["first_step_s"], 1),
+            "cpu_ms_per_step": by_role, "cores_busy": round(timed["cores_busy"], 2),
+            "learner_busy": round(by_role.get("learner", 0.0) / per_step_ms, 2),
+            "replicas_cpu_ms_per_step": by_role.get("rollout", 0.0)}
 
 
 def main() -> None:

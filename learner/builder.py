@@ -21,7 +21,7 @@ import torch
 from asyncrl.core.agents.factory import Episodes
 from asyncrl.core.auth import resolve_auth
 from asyncrl.core.buffer import make_buffer
-from asyncrl.core.config import dump_config
+from asyncrl.core.config_file import dump_config
 from asyncrl.core.determinism.invariant_model import use_invariant_kernels
 from asyncrl.core.determinism.modes import invariant_learner, seeded_sampling
 from asyncrl.core.events import EventLog

@@ -11,7 +11,8 @@ import sys
 
 from pydantic import ValidationError
 
-from asyncrl.core.config import AsyncRLConfig, load_config
+from asyncrl.core.config import AsyncRLConfig
+from asyncrl.core.config_file import load_config
 from asyncrl.core.metrics import package_version
 from asyncrl.core.preflight import ConfigError, refusal_line
 from asyncrl.tools.torch_logs import quiet_torch_cpp_logs

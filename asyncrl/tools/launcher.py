@@ -18,7 +18,8 @@ import time
 from datetime import datetime
 from pathlib import Path
 
-from asyncrl.core.config import AsyncRLConfig, dump_config, load_config
+from asyncrl.core.config import AsyncRLConfig
+from asyncrl.core.config_file import dump_config, load_config
 from asyncrl.core.events import EventLog, read_records
 from asyncrl.core.grpc_util import wait_for_channel
 from asyncrl.core.preflight import ConfigError, preflight, preflight_files, refusal_of

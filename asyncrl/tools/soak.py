@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from asyncrl.core.config import load_config
+from asyncrl.core.config_file import load_config
 from asyncrl.core.events import read_records
 from asyncrl.core.records.learner import Step
 from asyncrl.tools.audit import surviving

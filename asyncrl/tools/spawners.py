@@ -226,7 +226,6 @@ def prestart_fork_server(env: dict[str, str]) -> None:
     imports. The first `ForkServerSpawner` takes it; one nobody takes (a refused config, `launch.services:
     spawn`) is killed when this process exits."""
     _prestarted.append(start_fork_server(env))
-    atexit.register(discard_prestarted_server)
 
 
 def take_prestarted_server() -> subprocess.Popen | None:
@@ -238,6 +237,9 @@ def discard_prestarted_server() -> None:
         server = _prestarted.pop()
         server.kill()
         server.wait()
+
+
+atexit.register(discard_prestarted_server)
 
 
 def cli_args(argv: list[str]) -> list[str] | None:

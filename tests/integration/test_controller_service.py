@@ -29,7 +29,8 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from asyncrl.controller.state import ControllerState
 from asyncrl.controller.status_page import StatusPage
 from asyncrl.core.auth import liveness_mac
-from asyncrl.core.config import AsyncRLConfig, dump_config
+from asyncrl.core.config import AsyncRLConfig
+from asyncrl.core.config_file import dump_config
 from asyncrl.core.events import read_events
 from asyncrl.core.grpc_util import channel as grpc_channel
 from asyncrl.learner.seat import SeatedController

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from asyncrl.tools.processes import ProcessGroup
+from asyncrl.tools.processes import ProcessGroup, process_argv
 from asyncrl.tools.spawners import ForkedProcess, ForkServerSpawner
 
 pytestmark = pytest.mark.integration
@@ -148,9 +148,9 @@ def _fork_servers() -> set[int]:
     pids = set()
     for entry in Path("/proc").iterdir():
         try:
-            if entry.name.isdigit() and b"asyncrl.tools.fork_server" in (entry / "cmdline").read_bytes():
+            if entry.name.isdigit() and "asyncrl.tools.fork_server" in process_argv(int(entry.name)):
                 pids.add(int(entry.name))
-        except OSError:
+        except (OSError, ValueError):  # gone meanwhile, or a title shlex cannot split
             continue
     return pids
 

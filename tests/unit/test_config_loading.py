@@ -1,5 +1,5 @@
 """A config file or `--set` that cannot be read is a config error naming `--config` or `--set`, never a
-traceback (`asyncrl.core.config.load_config`)."""
+traceback (`asyncrl.core.config_file.load_config`)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from asyncrl.core.config import load_config
+from asyncrl.core.config_file import load_config
 from asyncrl.core.preflight import ConfigError
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "tiny-arith.yaml"

@@ -19,7 +19,7 @@ import tomllib
 import yaml
 from compose_spec import PyCompose
 
-from asyncrl.core.config import load_config
+from asyncrl.core.config_file import load_config
 from asyncrl.tools.cli import build_parser
 from asyncrl.tools.dashboard import DATASOURCE, render
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from asyncrl.core.config import load_config
+from asyncrl.core.config_file import load_config
 from asyncrl.tools.cli import main
 from asyncrl.tools.launcher import claim_run_dir, resolve
 
