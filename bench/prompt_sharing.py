@@ -1,13 +1,16 @@
 """The learner's step with each group's prompt forwarded once (`learner.share_prompts`) against every
-sequence forwarded whole, same model, same batch, one run.
+sequence forwarded whole, same model, same batch, one run; and the layout the learner chooses by cost
+(`prompt_sharing.choose_layout`: packed rows or the KV copy) against the KV copy alone.
 
 A step is the real `Trainer.step` (the demo's objective: decoupled PPO with token IS and OPD advantages; one
 mini-batch, so the training forward doubles as the proximal one): forward with grad, advantages, loss,
-backward, optimizer step. Two shapes, B = 64 sequences in groups of G = 8: "demo" (the demo's model, a 7-token
-prompt and 2 to 5 response tokens, as `examples/tiny-arith.yaml` trains) and "long_prompt" (128-token
-prompts, 32 response tokens: a task whose prompt outweighs its answer). The two learners alternate inside
-one loop, each on its own copy of the model, so drift in machine load hits both alike; each reports the
-median of the timed steps after warm-up. Also reported: the tokens each forward puts through the model.
+backward, optimizer step. B = 64 sequences in groups of G = 8, in four shapes: "demo" (a model of the demo's
+size, a 7-token prompt and 2 to 5 response tokens, as `examples/tiny-arith.yaml` trains), "long_prompt"
+(128-token prompts, 32 response tokens: a task whose prompt outweighs its answer), "uneven" (20-token
+prompts, 2 to 40 response tokens: much padding after the short ones) and "demo_30m" (the demo's shapes on
+the 30M model of `bench/peers.py --size 30m`). The arms alternate inside one loop, each on its own copy of
+the model, so drift in machine load hits all alike; each reports the median of the timed steps after
+warm-up, and the positions (padding included) its training forward puts through the model.
 
     .venv/bin/python bench/prompt_sharing.py [--repeats 30] [--warmup 5] [--threads 1]
     (or: asyncrl bench prompt_sharing)
@@ -27,13 +30,18 @@ from common import build_random_qwen2, emit
 
 from asyncrl.core.config import LearnerConfig, SamplingConfig
 from asyncrl.core.modeling import load_causal_lm, sequence_logprobs
+from asyncrl.core.prompt_sharing import choose_layout, kv_copy_logprobs
 from asyncrl.core.sampling import SamplingParams
 from asyncrl.learner.batch import TrainBatch
 from asyncrl.learner.trainer import Trainer
 
 GROUPS, G = 8, 8
-SHAPES = {"demo": (7, 2, 5), "long_prompt": (128, 32, 32)}
-"""name -> (prompt tokens, shortest response, longest response)."""
+SHAPES = {"demo": ("demo", (7, 2, 5)), "long_prompt": ("demo", (128, 32, 32)), "uneven": ("demo", (20, 2, 40)),
+          "demo_30m": ("30m", (7, 2, 5))}
+"""name -> (model, (prompt tokens, shortest response, longest response))."""
+MODELS = {"demo": {"hidden": 128, "layers": 2, "intermediate": 512},
+          "30m": {"hidden": 512, "layers": 8, "intermediate": 2048}}
+ARMS = ("whole", "kv_copy", "chosen")
 ALGO = {"preset": "decoupled_token_is", "opd": {"enabled": True, "mode": "advantage"}}
 
 
@@ -75,8 +83,9 @@ def time_shape(model, shape, vocab: int, warmup: int, repeats: int) -> dict:
     batch = make_batch(model, shape, vocab)
     sampling = SamplingParams.from_config(SamplingConfig())
     trainers = {name: Trainer(copy.deepcopy(model), LearnerConfig.model_validate(
-        {"lr": 5e-5, "algo": ALGO, "share_prompts": share}), sampling, pad_id=0)
-        for name, share in (("whole", False), ("shared", True))}  # fmt: skip
+        {"lr": 5e-5, "algo": ALGO, "share_prompts": name != "whole"}), sampling, pad_id=0)
+        for name in ARMS}  # fmt: skip
+    trainers["kv_copy"].forward_logprobs = kv_copy_logprobs
     times: dict[str, list[float]] = {name: [] for name in trainers}
     for i in range(warmup + repeats):
         for name, trainer in trainers.items():
@@ -84,11 +93,13 @@ def time_shape(model, shape, vocab: int, warmup: int, repeats: int) -> dict:
             trainer.step(batch, version=1)
             if i >= warmup:
                 times[name].append(time.perf_counter() - start)
-    whole, shared = statistics.median(times["whole"]), statistics.median(times["shared"])
-    tokens = {name: tokens_forwarded(trainer, batch) for name, trainer in trainers.items()}
-    return {"prompt_tokens": shape[0], "response_tokens": list(shape[1:]), "whole_ms": round(whole * 1e3, 2),
-            "shared_ms": round(shared * 1e3, 2), "speedup": round(whole / shared, 3),
-            "tokens_whole": tokens["whole"], "tokens_shared": tokens["shared"]}
+    ms = {name: statistics.median(t) * 1e3 for name, t in times.items()}
+    return {"prompt_tokens": shape[0], "response_tokens": list(shape[1:]),
+            "chosen_layout": choose_layout(model, batch.sequences, batch.response_starts),
+            **{f"{name}_ms": round(ms[name], 2) for name in ARMS},
+            **{f"positions_{name}": tokens_forwarded(trainer, batch) for name, trainer in trainers.items()},
+            "speedup_vs_whole": round(ms["whole"] / ms["chosen"], 3),
+            "speedup_vs_kv_copy": round(ms["kv_copy"] / ms["chosen"], 3)}
 
 
 def main() -> None:
@@ -101,17 +112,18 @@ def main() -> None:
     results: dict = {"threads": args.threads, "repeats": args.repeats, "warmup": args.warmup,
                      "batch": {"groups": GROUPS, "group_size": G}}
     with tempfile.TemporaryDirectory() as tmp:
-        model = load_causal_lm(build_random_qwen2(Path(tmp) / "demo-shape", hidden=128, layers=2,
-                                                  intermediate=512))
-    vocab = model.config.vocab_size
-    for name, shape in SHAPES.items():
-        results[name] = time_shape(model, shape, vocab, args.warmup, args.repeats)
-    demo, long = results["demo"], results["long_prompt"]
+        models = {name: load_causal_lm(build_random_qwen2(Path(tmp) / name, **shape))
+                  for name, shape in MODELS.items()}
+    for name, (model_name, shape) in SHAPES.items():
+        model = models[model_name]
+        results[name] = time_shape(model, shape, model.config.vocab_size, args.warmup, args.repeats)
+        print(name, results[name], flush=True)
     emit("prompt_sharing", results,
-         {"demo, whole": demo["whole_ms"], "demo, shared": demo["shared_ms"],
-          "long prompt, whole": long["whole_ms"], "long prompt, shared": long["shared_ms"]},
-         "ms per learner step",
-         f"prompts forwarded once: {demo['speedup']:.2f}x (demo), {long['speedup']:.2f}x (128-token prompts)")
+         {f"{name}, {arm}": results[name][f"{arm}_ms"] / results[name]["whole_ms"] for name in SHAPES for arm in ARMS},
+         "step time, relative to every sequence whole",
+         "prompts forwarded once: " + ", ".join(
+             f"{name} {r['speedup_vs_whole']:.2f}x ({r['chosen_layout']}, {r['speedup_vs_kv_copy']:.2f}x KV copy)"
+             for name, r in ((n, results[n]) for n in SHAPES)))
 
 
 if __name__ == "__main__":

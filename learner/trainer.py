@@ -2,7 +2,7 @@
 objective, backward, clip, optimizer step. With one mini-batch trained whole the training forward doubles as
 the proximal one (`Trainer.fuses_proximal`). The objective itself lives in `learner.algos` (pure); which
 experts a MoE policy's forwards use is `learner.routing_replay`. A dense policy's forwards run each group's
-prompt once (`asyncrl.core.prompt_sharing`, `learner.share_prompts`).
+prompt once (`asyncrl.core.prompt_sharing`, `learner.share_prompts`), in the layout that costs least.
 
 Sharded over ranks (`learner.sharding`) or cut into micro-batches (`learner.microbatch_tokens`), a mini-batch
 is trained in parts: every rank holds the whole batch, forwards the rows of its groups (round-robin), and
@@ -25,7 +25,7 @@ from collections import defaultdict
 import torch
 
 from asyncrl.core.modeling import sequence_logprobs
-from asyncrl.core.prompt_sharing import shared_prompt_logprobs, why_not_shared
+from asyncrl.core.prompt_sharing import LAYOUTS, shared_prompt_logprobs, why_not_layouts
 from asyncrl.core.sampling import SamplingParams
 from asyncrl.learner.adapters import adapters_disabled
 from asyncrl.learner.algos import build_advantages, objective_units, policy_objective
@@ -76,6 +76,8 @@ class Trainer:
         self.replay = RoutingReplay(model, learner_cfg.routing_replay)
         self.shares_prompts = learner_cfg.share_prompts and self._why_not_shared(model, ranks) is None
         """A group's prompt runs once per forward (`learner.share_prompts`, where it applies)."""
+        self.forward_logprobs = shared_prompt_logprobs if self.shares_prompts else sequence_logprobs
+        """(model, sequences, response_starts, params, pad_id) -> ([N, T] log-probs, mask): every forward."""
         self.in_parts = ranks.sharded or learner_cfg.microbatch_tokens > 0
         """Mini-batches trained in parts (ranks, micro-batches): denominators come from the whole mini-batch."""
         self.fuses_proximal = (self.algo.needs_prox_forward and learner_cfg.minibatches == 1 and not self.in_parts
@@ -87,7 +89,8 @@ class Trainer:
 
     def _why_not_shared(self, model: torch.nn.Module, ranks: Ranks) -> str | None:
         """Why the policy's forwards cannot share prompts (None: they can); logged when asked for."""
-        reason = why_not_shared(model)
+        unusable = why_not_layouts(model)
+        reason = None if len(unusable) < len(LAYOUTS) - 1 else "; ".join(unusable.values())
         if ranks.sharded:
             reason = "sharded over ranks (FSDP2 brackets one forward per call)"
         elif self.replay.hooks is not None:
@@ -98,10 +101,9 @@ class Trainer:
         return reason
 
     def _logprobs(self, batch: TrainBatch, model: torch.nn.Module | None = None) -> torch.Tensor:
-        forward = shared_prompt_logprobs if self.shares_prompts else sequence_logprobs
         model = model or self.model
         with contextlib.nullcontext() if self.half is None else self.half.running(model):
-            logp, _mask = forward(model, batch.sequences, batch.response_starts, self.sampling, self.pad_id)
+            logp, _mask = self.forward_logprobs(model, batch.sequences, batch.response_starts, self.sampling, self.pad_id)
         return logp[:, : batch.response_mask.shape[1]]
 
     @contextlib.contextmanager

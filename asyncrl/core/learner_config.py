@@ -150,14 +150,15 @@ class LearnerConfig(PinnedSection):
     """With world_size > 1: "bf16" computes forwards and backwards in bfloat16 over float32 weights and
     float32 gradient reduction (GPUs); "none" keeps the model's dtype (CPUs: float32)."""
     share_prompts: bool = True
-    """Forward each distinct prompt of a (micro-)batch once and copy its KV cache to the rows of its group
-    (`asyncrl.core.prompt_sharing`): the same log-probs and gradients as one forward per whole sequence (a
-    model with dropout on draws one mask for a group's prompt), for distinct prompts + B x response tokens
-    instead of B x (prompt + response). Applies to a dense,
-    attention-only policy on one learner rank without activation checkpointing (an MoE policy's routing is
-    captured and replayed per sequence position, FSDP2 brackets one forward per call, a recurrent layer would
-    run through a shorter prompt's left padding, checkpointing drops the KV cache); there, or when false,
-    every sequence runs whole (the learner's log says why)."""
+    """Forward each distinct prompt of a (micro-)batch once (`asyncrl.core.prompt_sharing`), in the layout that
+    costs least for the batch: each group's prompt and responses packed into one row under a block mask (no
+    padding between responses; needs sdpa or eager attention and full attention in every layer), or the
+    prompts' KV cache copied to the rows of their group (needs an attention-only model and no activation
+    checkpointing). The same log-probs and gradients as one forward per whole sequence (a model with dropout
+    on draws one mask for a group's prompt), for about distinct prompts + B x response tokens instead of
+    B x (prompt + response). Applies to a dense policy on one learner rank (an MoE policy's routing is
+    captured and replayed per sequence position, FSDP2 brackets one forward per call); there, where neither
+    layout runs, or when false, every sequence runs whole (the learner's log says why)."""
     activation_checkpointing: bool = False
     """Recompute each transformer block's activations in the backward instead of keeping them (less memory,
     about a third more compute)."""

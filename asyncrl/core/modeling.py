@@ -88,6 +88,13 @@ def check_response_starts(sequences: list[list[int]], response_starts: list[int]
             )
 
 
+def distinct_prompts(prompts: list[list[int]]) -> tuple[list[list[int]], list[int]]:
+    """The distinct prompts in first-seen order, and for each row the index of its prompt among them."""
+    index: dict[tuple[int, ...], int] = {}
+    rows = [index.setdefault(tuple(p), len(index)) for p in prompts]
+    return [list(p) for p in index], rows
+
+
 def padded_rows(rows: list[list[int]], pad_id: int, left: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """(ids, mask), each a [len(rows), longest row] long tensor: the rows padded with `pad_id` after their
     tokens (before them with `left`), mask 1 on the real tokens. One tensor built from one padded list: a

@@ -1,21 +1,35 @@
-"""Sequences that share prompts (a group's G samples): each distinct prompt runs through the model once and
-its KV cache is copied to the rows that continue it, so a forward of N x (prompt + response) tokens shrinks
-to distinct prompts + N x response.
+"""Sequences that share prompts (a group's G samples): each distinct prompt runs through the model once, so a
+forward of N x (prompt + response) tokens shrinks to about distinct prompts + N x response. Two layouts:
 
-Three users: the torch engine's generation (one prefill per distinct prompt, `torch_decode`), the teacher's
-scoring and the learner's forwards (`shared_prompt_logprobs`, which the learner trains through: the copy of
-the cache is an index, so each row's gradient flows back into its prompt's one forward and adds up there).
-The log-probs and gradients equal one forward of every whole sequence (`modeling.sequence_logprobs`) to
-float rounding; what differs is that the prompt positions are computed once per prompt, so a model with
-dropout draws one mask for a prompt instead of one per row.
+- *KV copy* (`kv_copy_logprobs`): the distinct prompts run as one batch and their KV cache is copied to the
+  rows that continue them, then the responses run as a second batch, padded to the longest response.
+- *Packed* (`asyncrl.core.packing`): each group's prompt and responses one after another in a row under a
+  block mask, no padding between responses and one forward; attention grows with the square of a row.
+
+`shared_prompt_logprobs` forwards whichever costs least (`choose_layout`), or every sequence whole when
+neither saves. Three users: the torch engine's generation (one prefill per distinct prompt, `torch_decode`),
+the teacher's scoring and the learner's forwards, which train through them (the cache copy is an index, a
+packed prompt one row's positions: each response's gradient flows back into its prompt's one forward and
+adds up there). The log-probs and gradients equal one forward of every whole sequence
+(`modeling.sequence_logprobs`) to float rounding; what differs is that the prompt positions are computed once
+per prompt, so a model with dropout draws one mask for a prompt instead of one per row.
 """
 
 from __future__ import annotations
 
 import torch
 
-from asyncrl.core.modeling import check_response_starts, padded_rows, sequence_logprobs, token_logprobs
+from asyncrl.core import packing
+from asyncrl.core.modeling import (
+    check_response_starts,
+    distinct_prompts,
+    padded_rows,
+    sequence_logprobs,
+    token_logprobs,
+)
 from asyncrl.core.sampling import SamplingParams
+
+LAYOUTS = ("whole", "kv_copy", "packed")
 
 
 def left_pad(prompts: list[list[int]], pad_id: int, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -25,13 +39,6 @@ def left_pad(prompts: list[list[int]], pad_id: int, device) -> tuple[torch.Tenso
     # Real tokens get positions 0, 1, ...; padding positions are masked, their value does not matter.
     position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
     return input_ids.to(device), attention_mask.to(device), position_ids.to(device)
-
-
-def distinct_prompts(prompts: list[list[int]]) -> tuple[list[list[int]], list[int]]:
-    """The distinct prompts in first-seen order, and for each row the index of its prompt among them."""
-    index: dict[tuple[int, ...], int] = {}
-    rows = [index.setdefault(tuple(p), len(index)) for p in prompts]
-    return [list(p) for p in index], rows
 
 
 ATTENTION_LAYERS = frozenset({"full_attention", "sliding_attention", "chunked_attention"})
@@ -51,13 +58,67 @@ def why_not_shared(model) -> str | None:
     return None
 
 
+def layout_costs(prompt_lengths: list[int], prompt_of: list[int], response_lengths: list[int], width: int,
+                 layouts=LAYOUTS) -> dict[str, float]:
+    """Each layout's cost in one token's linear layers (tokens, padding included, plus attended pairs at
+    `packing.pair_cost`) for sequences whose prompts (`prompt_of[i]` indexes `prompt_lengths`) are followed by
+    responses of `response_lengths[i]` tokens."""
+    pairs = packing.pair_cost(width)
+    n, longest_prompt, longest_response = len(prompt_of), max(prompt_lengths), max(response_lengths)
+    costs = {}
+    if "whole" in layouts:
+        longest = max(prompt_lengths[p] + r for p, r in zip(prompt_of, response_lengths))
+        costs["whole"] = n * (longest + pairs * longest * longest)
+    if "kv_copy" in layouts:
+        costs["kv_copy"] = (packing.rows_cost([longest_prompt] * len(prompt_lengths), pairs)
+                            + n * (longest_response + pairs * longest_response * (longest_prompt + longest_response)))
+    if "packed" in layouts:
+        plan = packing.plan_rows(prompt_lengths, prompt_of, response_lengths, width)
+        costs["packed"] = packing.plan_cost(plan, prompt_lengths, response_lengths, width)
+    return costs
+
+
+def why_not_layouts(model) -> dict[str, str]:
+    """Each sharing layout `model` cannot run, with why."""
+    reasons = {"kv_copy": why_not_shared(model), "packed": packing.why_not_packed(model)}
+    return {layout: reason for layout, reason in reasons.items() if reason is not None}
+
+
+def choose_layout(model, sequences: list[list[int]], response_starts: list[int]) -> str:
+    """The cheapest layout (`layout_costs`) among those `model` can run (`why_not_layouts`): "whole" when no
+    prompt is shared or a response is empty."""
+    prompts = [seq[:start] for seq, start in zip(sequences, response_starts)]
+    distinct, prompt_of = distinct_prompts(prompts)
+    response_lengths = [len(seq) - start for seq, start in zip(sequences, response_starts)]
+    layouts = [layout for layout in LAYOUTS if layout not in why_not_layouts(model)]
+    if len(distinct) == len(sequences) or not all(response_lengths) or layouts == ["whole"]:
+        return "whole"
+    costs = layout_costs([len(p) for p in distinct], prompt_of, response_lengths, packing.model_width(model),
+                         layouts)
+    return min(costs, key=costs.get)
+
+
 def shared_prompt_logprobs(model, sequences: list[list[int]], response_starts: list[int],
                            params: SamplingParams | None = None,
                            pad_id: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """`sequence_logprobs(model, sequences, response_starts, params, pad_id)` ([N, T] log-probs and mask;
-    differentiable when grad is enabled) with one forward per distinct prompt. Falls back to that function
-    when no prompt is shared, a response is empty, the model cannot share (`why_not_shared`) or returns no
-    KV cache it can copy."""
+    differentiable when grad is enabled) with one forward per distinct prompt, in the layout that costs least
+    (`choose_layout`)."""
+    check_response_starts(sequences, response_starts)
+    layout = choose_layout(model, sequences, response_starts)
+    if layout == "packed":
+        return packing.packed_logprobs(model, sequences, response_starts, params, pad_id)
+    if layout == "kv_copy":
+        return kv_copy_logprobs(model, sequences, response_starts, params, pad_id)
+    return sequence_logprobs(model, sequences, response_starts, params, pad_id=pad_id)
+
+
+def kv_copy_logprobs(model, sequences: list[list[int]], response_starts: list[int],
+                     params: SamplingParams | None = None, pad_id: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """`sequence_logprobs` from a prefill of the distinct prompts whose KV cache is copied to the rows that
+    continue them, then one forward of the responses. Falls back to one forward of every whole sequence when
+    no prompt is shared, a response is empty, the model cannot share (`why_not_shared`) or returns no KV
+    cache it can copy."""
     check_response_starts(sequences, response_starts)
     prompts = [seq[:start] for seq, start in zip(sequences, response_starts)]
     distinct, rows = distinct_prompts(prompts)

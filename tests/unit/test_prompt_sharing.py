@@ -1,16 +1,26 @@
-"""Forwards with shared prompts (`asyncrl.core.prompt_sharing`): each distinct prompt runs once, and the
-log-probs, and with grad the gradients, equal the one-forward `sequence_logprobs` to float rounding."""
+"""Forwards with shared prompts (`asyncrl.core.prompt_sharing`): each distinct prompt runs once, in either
+layout (KV copy, packed rows) and in the one chosen by cost, and the log-probs, and with grad the gradients,
+equal the one-forward `sequence_logprobs` to float rounding."""
 
 import pytest
 import torch
 
 from asyncrl.core.config import SamplingConfig
 from asyncrl.core.modeling import load_causal_lm, sequence_logprobs
-from asyncrl.core.prompt_sharing import shared_prompt_logprobs, why_not_shared
+from asyncrl.core.packing import packed_logprobs, why_not_packed
+from asyncrl.core.prompt_sharing import (
+    choose_layout,
+    kv_copy_logprobs,
+    shared_prompt_logprobs,
+    why_not_shared,
+)
 from asyncrl.core.sampling import SamplingParams
 
 # Prompts of different lengths (left padding), responses of different lengths (right padding).
 PROMPTS = [[1, 5, 6, 14, 7, 8, 15], [1, 9, 14, 9, 15], [1, 12, 13, 14, 4, 15]]
+
+
+LAYOUTS = {"kv copy": kv_copy_logprobs, "packed": packed_logprobs, "chosen": shared_prompt_logprobs}
 
 
 def groups(samples: int):
@@ -22,14 +32,15 @@ def groups(samples: int):
     return sequences, starts
 
 
+@pytest.mark.parametrize("layout", sorted(LAYOUTS))
 @pytest.mark.parametrize("samples", [1, 4])
-def test_shared_prompts_score_as_one_forward_does(tiny_model_dir, samples):
+def test_shared_prompts_score_as_one_forward_does(tiny_model_dir, samples, layout):
     model = load_causal_lm(tiny_model_dir.teacher)
     sequences, starts = groups(samples)
     with torch.no_grad():
         expected, expected_mask = sequence_logprobs(model, sequences, starts, None, pad_id=0)
     with torch.no_grad():
-        logp, mask = shared_prompt_logprobs(model, sequences, starts, pad_id=0)
+        logp, mask = LAYOUTS[layout](model, sequences, starts, pad_id=0)
     assert torch.equal(mask, expected_mask)
     assert torch.allclose(logp, expected, atol=2e-5)
     assert (logp[~mask] == 0).all()
@@ -39,18 +50,24 @@ def test_each_distinct_prompt_runs_once(tiny_model_dir):
     model = load_causal_lm(tiny_model_dir.teacher)
     shapes = _forwards(model)
     sequences, starts = groups(4)
-    shared_prompt_logprobs(model, sequences, starts, pad_id=0)
+    kv_copy_logprobs(model, sequences, starts, pad_id=0)
     longest_prompt, longest_response = max(map(len, PROMPTS)), max(len(s) - b for s, b in zip(sequences, starts))
     assert shapes == [(len(PROMPTS), longest_prompt), (len(sequences), longest_response)]
+    # Packed: one row (the tiny model's rows hold 6 x 64 positions) of each prompt once and every response
+    # but its last token.
+    shapes.clear()
+    packed_logprobs(model, sequences, starts, pad_id=0)
+    assert shapes == [(1, sum(map(len, PROMPTS)) + sum(len(s) - b - 1 for s, b in zip(sequences, starts)))]
 
 
+@pytest.mark.parametrize("layout", sorted(LAYOUTS))
 @pytest.mark.parametrize("start", [0, -2, 99])
-def test_a_response_start_outside_the_sequence_is_refused(tiny_model_dir, start):
+def test_a_response_start_outside_the_sequence_is_refused(tiny_model_dir, start, layout):
     model = load_causal_lm(tiny_model_dir.teacher)
     sequences, starts = groups(2)
     starts[1] = start
     with pytest.raises(ValueError, match="response_start"):
-        shared_prompt_logprobs(model, sequences, starts, pad_id=0)
+        LAYOUTS[layout](model, sequences, starts, pad_id=0)
 
 
 def _loss_and_grads(model, forward, sequences, starts, params):
@@ -62,14 +79,15 @@ def _loss_and_grads(model, forward, sequences, starts, params):
     return logp.detach(), [p.grad.clone() for p in model.parameters()]
 
 
+@pytest.mark.parametrize("layout", sorted(LAYOUTS))
 @pytest.mark.parametrize("sampling", [{}, {"temperature": 0.7, "top_k": 6}])
-def test_gradients_through_shared_prompts_equal_the_one_forward_gradients(tiny_model_dir, sampling):
+def test_gradients_through_shared_prompts_equal_the_one_forward_gradients(tiny_model_dir, sampling, layout):
     """What the learner trains through: each row's gradient flows back into its prompt's one forward."""
     model = load_causal_lm(tiny_model_dir.policy).train()
     params = SamplingParams.from_config(SamplingConfig(**sampling))
     sequences, starts = groups(4)
     expected, expected_grads = _loss_and_grads(model, sequence_logprobs, sequences, starts, params)
-    logp, grads = _loss_and_grads(model, shared_prompt_logprobs, sequences, starts, params)
+    logp, grads = _loss_and_grads(model, LAYOUTS[layout], sequences, starts, params)
     assert torch.allclose(logp, expected, atol=2e-5)
     for name, grad, want in zip((n for n, _ in model.named_parameters()), grads, expected_grads):
         assert torch.allclose(grad, want, rtol=1e-4, atol=1e-5), name
@@ -100,9 +118,9 @@ def test_a_model_sharded_at_its_root_runs_each_sequence_whole(tiny_model_dir):
     assert "FSDP2" in why_not_shared(model)
 
 
-def test_a_checkpointing_model_runs_each_sequence_whole_in_one_forward(tiny_model_dir):
+def test_a_checkpointing_model_packs_its_rows_in_one_forward(tiny_model_dir):
     """Activation checkpointing makes a Hugging Face model drop its KV cache, so a prefill would be wasted:
-    one forward of the whole sequences, the same values."""
+    packed rows (no cache needed) in one forward, the same values."""
     model = load_causal_lm(tiny_model_dir.policy).train()
     sequences, starts = groups(4)
     with torch.no_grad():
@@ -110,9 +128,13 @@ def test_a_checkpointing_model_runs_each_sequence_whole_in_one_forward(tiny_mode
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     assert "checkpointing" in why_not_shared(model)
     shapes = _forwards(model)
+    assert choose_layout(model, sequences, starts) == "packed"
     logp, _ = shared_prompt_logprobs(model, sequences, starts, pad_id=0)
-    assert shapes == [(len(sequences), max(map(len, sequences)))]
-    assert torch.allclose(logp.detach(), expected, atol=1e-6)
+    assert len(shapes) == 1 and shapes[0][0] == 1
+    assert torch.allclose(logp.detach(), expected, atol=2e-5)
+    model.config._attn_implementation = "flash_attention_2"  # neither layout: every sequence whole
+    shapes.clear()
+    assert choose_layout(model, sequences, starts) == "whole"
 
 
 @pytest.mark.parametrize("layer_types, shares", [
@@ -143,8 +165,13 @@ ARCHITECTURES = {
 }
 
 
+PACKABLE = {"llama", "qwen3", "gpt2 (absolute positions)"}
+"""The others have sliding windows, which a packed row's full-attention mask would not apply."""
+
+
+@pytest.mark.parametrize("layout", sorted(LAYOUTS))
 @pytest.mark.parametrize("name", sorted(ARCHITECTURES))
-def test_other_architectures_share_exactly(name):
+def test_other_architectures_share_exactly(name, layout):
     """A user's model is not the demo's Qwen2: other position schemes, sliding windows and logit soft-capping
     give the one-forward log-probs and gradients too (tiny random models, dropout off as in RL training)."""
     import transformers
@@ -156,9 +183,12 @@ def test_other_architectures_share_exactly(name):
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_config(config).float().train()
     assert why_not_shared(model) is None
+    assert (why_not_packed(model) is None) is (name in PACKABLE), why_not_packed(model)
+    if layout == "packed" and name not in PACKABLE:
+        pytest.skip(f"{name}: {why_not_packed(model)}")
     sequences, starts = groups(4)
     expected, expected_grads = _loss_and_grads(model, sequence_logprobs, sequences, starts, None)
-    logp, grads = _loss_and_grads(model, shared_prompt_logprobs, sequences, starts, None)
+    logp, grads = _loss_and_grads(model, LAYOUTS[layout], sequences, starts, None)
     assert torch.allclose(logp, expected, atol=2e-5)
     for grad, want in zip(grads, expected_grads):
         assert torch.allclose(grad, want, rtol=1e-4, atol=1e-5)

@@ -208,6 +208,9 @@ def test_prompts_are_shared_only_for_a_dense_policy_on_one_rank(tiny_model_dir):
     assert not Trainer(tiny_moe(layers=2), LearnerConfig(), sampling, pad_id=0).shares_prompts
     checkpointed = load_causal_lm(tiny_model_dir.policy)
     checkpointed.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    # Checkpointing drops the KV cache, but packed rows need none; without them either, every sequence whole.
+    assert Trainer(checkpointed, LearnerConfig(), sampling, pad_id=0).shares_prompts
+    checkpointed.config._attn_implementation = "flash_attention_2"
     assert not Trainer(checkpointed, LearnerConfig(), sampling, pad_id=0).shares_prompts
 
 

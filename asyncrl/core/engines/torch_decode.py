@@ -22,7 +22,8 @@ import torch
 
 from asyncrl.core.determinism.seeds import sample_seed
 from asyncrl.core.engines.base import Generation
-from asyncrl.core.prompt_sharing import distinct_prompts, left_pad, why_not_shared
+from asyncrl.core.modeling import distinct_prompts
+from asyncrl.core.prompt_sharing import left_pad, why_not_shared
 from asyncrl.core.routing import RoutedExperts, RouterHooks, id_dtype
 from asyncrl.core.sampling import SamplingParams, sample_tokens
 
