@@ -13,6 +13,7 @@ import platform
 import statistics
 import sys
 import tempfile
+import textwrap
 import threading
 import time
 from pathlib import Path
@@ -220,12 +221,17 @@ def emit(name: str, result: dict, bars: dict[str, float], ylabel: str, title: st
     print(json.dumps(result))
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / f"{name}.json").write_text(json.dumps(result, indent=2) + "\n")
-    fig, ax = plt.subplots(figsize=(6, 3.5))
+    crowded = len(bars) > 4 or sum(map(len, bars)) > 60
+    fig, ax = plt.subplots(figsize=(max(6, 0.6 * len(bars)), 4.5 if crowded else 3.5))
     ax.bar(list(bars), list(bars.values()), color=["#888888"] + ["#1f77b4"] * (len(bars) - 1))
     for i, value in enumerate(bars.values()):
-        ax.annotate(f"{value:.3g}", (i, value), ha="center", va="bottom")
+        ax.annotate(f"{value:.3g}", (i, value), ha="center", va="bottom", fontsize=8 if crowded else 10)
+    if crowded:  # labels slanted, so that long or many do not run into one another
+        ax.tick_params(axis="x", labelrotation=30, labelsize=8)
+        for label in ax.get_xticklabels():
+            label.set_horizontalalignment("right")
     ax.set_ylabel(ylabel)
-    ax.set_title(title, fontsize=10)
+    ax.set_title(textwrap.fill(title, 90), fontsize=9)
     fig.tight_layout()
     fig.savefig(RESULTS / f"{name}.png", dpi=100)
     plt.close(fig)
