@@ -57,8 +57,9 @@ SIZES = {
         "tiny_model.warmstart_until_accuracy=0.4"]},
 }
 """Each model size: where its result goes and the `--set` overrides that give asyncrl's demo that model (built
-before the first run; the peer trains the same checkpoint). The 30M model's warm start goes on to a held-out
-accuracy of 0.4: after its fixed 450 steps one CPU's rounding left it at 0.03, another's near RL's 0.7."""
+before the first run; the peer trains the same checkpoint). The 30M model's warm start goes on towards a held-out
+accuracy of 0.4 (at most 900 steps): where the steep rise of its supervised warm start falls depends on the
+CPU's rounding (after 450 steps one AVX2 CPU's model reached 0.7 under RL, an AVX-512 one's was at 0.03)."""
 
 
 def model_dir(size: str) -> Path:
