@@ -25,7 +25,7 @@ from collections import defaultdict
 import torch
 
 from asyncrl.core.modeling import sequence_logprobs
-from asyncrl.core.prompt_sharing import LAYOUTS, shared_prompt_logprobs, why_not_layouts
+from asyncrl.core.prompt_sharing import shared_prompt_logprobs, why_nothing_shared
 from asyncrl.core.sampling import SamplingParams
 from asyncrl.learner.adapters import adapters_disabled
 from asyncrl.learner.algos import build_advantages, objective_units, policy_objective
@@ -89,8 +89,7 @@ class Trainer:
 
     def _why_not_shared(self, model: torch.nn.Module, ranks: Ranks) -> str | None:
         """Why the policy's forwards cannot share prompts (None: they can); logged when asked for."""
-        unusable = why_not_layouts(model)
-        reason = None if len(unusable) < len(LAYOUTS) - 1 else "; ".join(unusable.values())
+        reason = why_nothing_shared(model)
         if ranks.sharded:
             reason = "sharded over ranks (FSDP2 brackets one forward per call)"
         elif self.replay.hooks is not None:

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
-from asyncrl.core.modeling import check_response_starts, distinct_prompts, token_logprobs
+from asyncrl.core.modeling import check_response_starts, distinct_prompts, padded_rows, token_logprobs
 from asyncrl.core.sampling import SamplingParams
 
 PACKABLE_ATTENTION = frozenset({"sdpa", "eager"})
@@ -64,6 +64,11 @@ def why_not_packed(model) -> str | None:
     if getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", True):
         return f"a sliding window of {config.sliding_window} (a packed row's mask is full attention)"
     return None
+
+
+def response_positions(response_length: int) -> int:
+    """Positions a response takes in a row: all its tokens but the last, which is no input."""
+    return max(response_length - 1, 0)
 
 
 def tree_parts(prompt_length: int, response_lengths: dict[int, int], row_cap: int) -> list[list[int]]:
@@ -109,7 +114,7 @@ def plan_rows(prompt_lengths: list[int], prompt_of: list[int], response_lengths:
               ) -> list[list[Tree]]:
     """The cheapest rows (`rows_cost`) for sequences whose prompts (`prompt_of[i]` indexes `prompt_lengths`)
     are followed by responses of `response_lengths[i]` tokens: each a list of trees."""
-    positions = {i: max(r - 1, 0) for i, r in enumerate(response_lengths)}  # the last token is not an input
+    positions = {i: response_positions(r) for i, r in enumerate(response_lengths)}
     by_prompt: dict[int, dict[int, int]] = {}
     for i, p in enumerate(prompt_of):
         by_prompt.setdefault(p, {})[i] = positions[i]
@@ -134,8 +139,9 @@ def plan_rows(prompt_lengths: list[int], prompt_of: list[int], response_lengths:
 
 def plan_cost(plan: list[list[Tree]], prompt_lengths: list[int], response_lengths: list[int],
               width: int) -> float:
-    lengths = [sum(prompt_lengths[p] + sum(max(response_lengths[i] - 1, 0) for i in seqs) for p, seqs in row)
-               for row in plan]
+    """`rows_cost` of a plan (`plan_rows`)."""
+    lengths = [sum(prompt_lengths[p] + sum(response_positions(response_lengths[i]) for i in seqs)
+                   for p, seqs in row) for row in plan]
     return rows_cost(lengths, pair_cost(width))
 
 
@@ -199,13 +205,10 @@ def lay_out(plan: list[list[Tree]], prompts: list[list[int]], responses: list[li
         seg.append(row_seg)
         tree_of.append(row_tree)
     length = max(map(len, ids))
-
-    def padded(rows: list[list[int]], fill: int) -> torch.Tensor:
-        return torch.tensor([r + [fill] * (length - len(r)) for r in rows], dtype=torch.long)
-
     flat = [row * length + at for i in range(len(responses)) for row, at in predictor[i]]
-    return PackedRows(input_ids=padded(ids, pad_id), position_ids=padded(pos, 0), segment=padded(seg, -1),
-                      tree=padded(tree_of, -2), predictors=torch.tensor(flat, dtype=torch.long))
+    return PackedRows(input_ids=padded_rows(ids, pad_id)[0], position_ids=padded_rows(pos, 0)[0],
+                      segment=padded_rows(seg, -1)[0], tree=padded_rows(tree_of, -2)[0],
+                      predictors=torch.tensor(flat, dtype=torch.long))
 
 
 def attention_mask(rows: PackedRows, model, device) -> torch.Tensor:
@@ -219,17 +222,18 @@ def attention_mask(rows: PackedRows, model, device) -> torch.Tensor:
 
 
 def packed_logprobs(model, sequences: list[list[int]], response_starts: list[int],
-                    params: SamplingParams | None = None, pad_id: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+                    params: SamplingParams | None = None, pad_id: int = 0,
+                    plan: list[list[Tree]] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """`modeling.sequence_logprobs(model, sequences, response_starts, params, pad_id)` ([N, T] log-probs and
-    mask; differentiable when grad is enabled) from one forward of packed rows (`plan_rows`). Every response
-    must hold at least one token and the model must take packed rows (`why_not_packed`)."""
+    mask; differentiable when grad is enabled) from one forward of packed rows: `plan`, or the one `plan_rows`
+    makes. Every response must hold at least one token and the model must take packed rows (`why_not_packed`)."""
     check_response_starts(sequences, response_starts)
-    prompts = [seq[:start] for seq, start in zip(sequences, response_starts)]
-    distinct, prompt_of = distinct_prompts(prompts)
+    distinct, prompt_of = distinct_prompts([seq[:start] for seq, start in zip(sequences, response_starts)])
     responses = [seq[start:] for seq, start in zip(sequences, response_starts)]
     if not all(responses):
         raise ValueError("packed rows need a response token in every sequence")
-    plan = plan_rows([len(p) for p in distinct], prompt_of, [len(r) for r in responses], model_width(model))
+    if plan is None:
+        plan = plan_rows([len(p) for p in distinct], prompt_of, [len(r) for r in responses], model_width(model))
     return run_packed(model, lay_out(plan, distinct, responses, pad_id), responses, params)
 
 
@@ -239,11 +243,9 @@ def run_packed(model, rows: PackedRows, responses: list[list[int]], params: Samp
     device = next(model.parameters()).device
     hidden = model.base_model(input_ids=rows.input_ids.to(device), position_ids=rows.position_ids.to(device),
                               attention_mask=attention_mask(rows, model, device), use_cache=False).last_hidden_state
-    n, width = len(responses), max(map(len, responses))
-    lengths = torch.tensor([len(r) for r in responses])
-    mask = (torch.arange(width)[None, :] < lengths[:, None]).to(device)
-    targets = torch.tensor([t for r in responses for t in r], dtype=torch.long, device=device)
+    targets, mask = padded_rows(responses, 0)
+    targets, mask = targets.to(device), mask.bool().to(device)
     picked = hidden.reshape(-1, hidden.shape[-1])[rows.predictors.to(device)]
-    flat = token_logprobs(model.get_output_embeddings(), picked, targets, params)
-    logp = torch.zeros(n, width, dtype=torch.float32, device=device).masked_scatter(mask, flat)
+    flat = token_logprobs(model.get_output_embeddings(), picked, targets[mask], params)
+    logp = torch.zeros(mask.shape, dtype=torch.float32, device=device).masked_scatter(mask, flat)
     return logp, mask

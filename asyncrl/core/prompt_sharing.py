@@ -59,10 +59,10 @@ def why_not_shared(model) -> str | None:
 
 
 def layout_costs(prompt_lengths: list[int], prompt_of: list[int], response_lengths: list[int], width: int,
-                 layouts=LAYOUTS) -> dict[str, float]:
+                 layouts=LAYOUTS, plan: list[list[packing.Tree]] | None = None) -> dict[str, float]:
     """Each layout's cost in one token's linear layers (tokens, padding included, plus attended pairs at
     `packing.pair_cost`) for sequences whose prompts (`prompt_of[i]` indexes `prompt_lengths`) are followed by
-    responses of `response_lengths[i]` tokens."""
+    responses of `response_lengths[i]` tokens; packed rows as `plan`, or as `packing.plan_rows` makes them."""
     pairs = packing.pair_cost(width)
     n, longest_prompt, longest_response = len(prompt_of), max(prompt_lengths), max(response_lengths)
     costs = {}
@@ -73,7 +73,7 @@ def layout_costs(prompt_lengths: list[int], prompt_of: list[int], response_lengt
         costs["kv_copy"] = (packing.rows_cost([longest_prompt] * len(prompt_lengths), pairs)
                             + n * (longest_response + pairs * longest_response * (longest_prompt + longest_response)))
     if "packed" in layouts:
-        plan = packing.plan_rows(prompt_lengths, prompt_of, response_lengths, width)
+        plan = plan or packing.plan_rows(prompt_lengths, prompt_of, response_lengths, width)
         costs["packed"] = packing.plan_cost(plan, prompt_lengths, response_lengths, width)
     return costs
 
@@ -84,18 +84,30 @@ def why_not_layouts(model) -> dict[str, str]:
     return {layout: reason for layout, reason in reasons.items() if reason is not None}
 
 
+def why_nothing_shared(model) -> str | None:
+    """Why `model` can run neither sharing layout (None: it can run one)."""
+    unusable = why_not_layouts(model)
+    return "; ".join(unusable.values()) if len(unusable) == len(LAYOUTS) - 1 else None
+
+
 def choose_layout(model, sequences: list[list[int]], response_starts: list[int]) -> str:
     """The cheapest layout (`layout_costs`) among those `model` can run (`why_not_layouts`): "whole" when no
     prompt is shared or a response is empty."""
-    prompts = [seq[:start] for seq, start in zip(sequences, response_starts)]
-    distinct, prompt_of = distinct_prompts(prompts)
+    return _choose(model, sequences, response_starts)[0]
+
+
+def _choose(model, sequences, response_starts) -> tuple[str, list[list[packing.Tree]] | None]:
+    """`choose_layout`, with the plan of packed rows it costed when it chose them."""
+    distinct, prompt_of = distinct_prompts([seq[:start] for seq, start in zip(sequences, response_starts)])
     response_lengths = [len(seq) - start for seq, start in zip(sequences, response_starts)]
     layouts = [layout for layout in LAYOUTS if layout not in why_not_layouts(model)]
     if len(distinct) == len(sequences) or not all(response_lengths) or layouts == ["whole"]:
-        return "whole"
-    costs = layout_costs([len(p) for p in distinct], prompt_of, response_lengths, packing.model_width(model),
-                         layouts)
-    return min(costs, key=costs.get)
+        return "whole", None
+    prompt_lengths, width = [len(p) for p in distinct], packing.model_width(model)
+    plan = packing.plan_rows(prompt_lengths, prompt_of, response_lengths, width) if "packed" in layouts else None
+    costs = layout_costs(prompt_lengths, prompt_of, response_lengths, width, layouts, plan)
+    layout = min(costs, key=costs.get)
+    return layout, plan if layout == "packed" else None
 
 
 def shared_prompt_logprobs(model, sequences: list[list[int]], response_starts: list[int],
@@ -105,9 +117,9 @@ def shared_prompt_logprobs(model, sequences: list[list[int]], response_starts: l
     differentiable when grad is enabled) with one forward per distinct prompt, in the layout that costs least
     (`choose_layout`)."""
     check_response_starts(sequences, response_starts)
-    layout = choose_layout(model, sequences, response_starts)
+    layout, plan = _choose(model, sequences, response_starts)
     if layout == "packed":
-        return packing.packed_logprobs(model, sequences, response_starts, params, pad_id)
+        return packing.packed_logprobs(model, sequences, response_starts, params, pad_id, plan=plan)
     if layout == "kv_copy":
         return kv_copy_logprobs(model, sequences, response_starts, params, pad_id)
     return sequence_logprobs(model, sequences, response_starts, params, pad_id=pad_id)
