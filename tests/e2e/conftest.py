@@ -155,15 +155,18 @@ def push_named(engine, named, version: int, bucket_bytes: int = 64 * 1024, trans
     sent: dict = {}
 
     def sender():
-        if device is not None:
-            torch.cuda.set_device(device)  # per thread: the nccl group takes the current device
-        group = make_group(plan, 0, store)
-        sent["bytes"] = send_weights(group, named, plan)
-        group.close()
+        try:
+            if device is not None:
+                torch.cuda.set_device(device)  # per thread: the nccl group takes the current device
+            group = make_group(plan, 0, store)
+            sent["bytes"] = send_weights(group, named, plan)
+            group.close()
+        except Exception as exc:  # noqa: BLE001  (a refused push: the sender gives up when its wait ends)
+            sent["error"] = exc
 
     thread = threading.Thread(target=sender, daemon=True)
     thread.start()
     stats = engine.update_weights(plan, rank=1)
     thread.join(timeout=60)
-    assert sent["bytes"] == plan.total_bytes
+    assert sent.get("bytes") == plan.total_bytes, sent.get("error")
     return stats, plan

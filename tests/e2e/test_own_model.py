@@ -83,10 +83,14 @@ def test_the_run_learns_resumes_and_audits_clean(resumed_run):
     audit = summary["audit"]
     assert audit["ok"] and audit["lost"] == [] and audit["trained_twice"] == [], audit
     assert audit["groups_trained"] == STEPS * 8
-    final = [e for e in timeline if isinstance(e, Eval)][-1].accuracy
-    print(f"held-out score {base:.3f} -> {final:.3f} ({(final - base) * 100:+.1f} points), resumed at step "
-          f"{checkpoint_step}")
-    assert final > base
+    # The run learns: its evaluations after the resume (three, 25 steps apart) above the base policy's on
+    # average. One evaluation of 200 prompts moves by a few points from one to the next; their mean does less.
+    evals = [e for e in timeline if isinstance(e, Eval)]
+    late = [e.accuracy for e in evals if e.step > checkpoint_step]
+    curve = ", ".join(f"{e.step}: {e.accuracy:.3f}" for e in evals)
+    print(f"held-out score {base:.3f} -> {sum(late) / len(late):.3f} after the resume (by step: {curve}), "
+          f"resumed at step {checkpoint_step}")
+    assert len(late) == (STEPS - checkpoint_step) // SAVE_EVERY and sum(late) / len(late) > base, curve
 
 
 def final_checkpoint(run_dir: Path) -> Path:
