@@ -57,9 +57,10 @@ SIZES = {
         "tiny_model.warmstart_until_accuracy=0.4"]},
 }
 """Each model size: where its result goes and the `--set` overrides that give asyncrl's demo that model (built
-before the first run; the peer trains the same checkpoint). The 30M model's warm start goes on towards a held-out
-accuracy of 0.4 (at most 900 steps): where the steep rise of its supervised warm start falls depends on the
-CPU's rounding (after 450 steps one AVX2 CPU's model reached 0.7 under RL, an AVX-512 one's was at 0.03)."""
+before the first run; the peer trains the same checkpoint). The 30M model's warm start runs its 450 steps at
+the rate of its width (`tiny_model_stamp.sft_peak_lr`), past the steep rise that comes between steps 200 and
+300 (stopped at 230 steps, a held-out 0.505 fell to 0.14-0.30 under 100 RL steps in both systems); should the
+rise come later on some CPU, it goes on until an accuracy of 0.4 (at most 900 steps)."""
 
 
 def model_dir(size: str) -> Path:

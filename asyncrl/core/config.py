@@ -72,7 +72,8 @@ class TinyModelConfig(Section):
     intermediate_size: int = 512
     """MLP width."""
     warmstart_steps: int = 450
-    """Supervised warm-start steps on the task, so RL starts from a sensible but imperfect policy."""
+    """Supervised warm-start steps on the task, so RL starts from a sensible but imperfect policy. The rate is
+    1e-3 up to a hidden_size of 128, and 1e-3 x 128 / hidden_size above it."""
     warmstart_until_accuracy: float | None = Field(None, gt=0.0, le=1.0)
     """When set, the warm start goes on after warmstart_steps, 5 steps at a time, until the held-out greedy
     accuracy reaches this (at most warmstart_steps more steps). A fixed step count can land on either side of

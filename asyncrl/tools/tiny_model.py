@@ -29,12 +29,12 @@ from asyncrl.core.tasks.registry import TASKS
 from asyncrl.core.tokenizer import ARITH_ALPHABET, ModelTokenizer, build_char_tokenizer, save_tokenizer
 from asyncrl.tools.tiny_model_stamp import (
     SFT_BATCH_SIZE,
-    SFT_LR,
     SFT_TEACHER_FINAL_LR,
     SFT_WARMUP_STEPS,
     STAMP_FILE,
     WARMSTART_CHECK_STEPS,
     config_stamp,
+    sft_peak_lr,
     tiny_models_current,
 )
 
@@ -122,10 +122,11 @@ def _sft_batch(task: Task, first_index: int, size: int, episodes=None):
     return sequences, starts, torch.tensor([m + [0.0] * (width - len(m)) for m in masks])
 
 
-def sft_lr(step: int, decay: bool = False, first_step: int = 0, last_step: int = 0) -> float:
-    """Learning rate of SFT step `step`: linear warm-up, then constant, or (decay=True) a linear decay
-    from the full rate at `first_step` to SFT_TEACHER_FINAL_LR of it at `last_step`."""
-    lr = SFT_LR * min(1.0, (step + 1) / SFT_WARMUP_STEPS)
+def sft_lr(step: int, width: int, decay: bool = False, first_step: int = 0, last_step: int = 0) -> float:
+    """Learning rate of SFT step `step` of a model `width` wide: linear warm-up to `sft_peak_lr(width)`, then
+    constant, or (decay=True) a linear decay from the full rate at `first_step` to SFT_TEACHER_FINAL_LR of it
+    at `last_step`."""
+    lr = sft_peak_lr(width) * min(1.0, (step + 1) / SFT_WARMUP_STEPS)
     if decay:
         frac = (step - first_step) / max(1, last_step - first_step)
         lr *= 1.0 - (1.0 - SFT_TEACHER_FINAL_LR) * frac
@@ -149,11 +150,12 @@ def supervised_train(
     `episodes` (multi-turn tasks): train on reference episodes, the model's tokens only.
     """
     model.train()
-    optimizer = optimizer or torch.optim.AdamW(model.parameters(), lr=SFT_LR, weight_decay=0.0)
+    width = model.config.hidden_size
+    optimizer = optimizer or torch.optim.AdamW(model.parameters(), lr=sft_peak_lr(width), weight_decay=0.0)
     started = time.perf_counter()
     for step in range(first_step, first_step + steps):
         for group in optimizer.param_groups:
-            group["lr"] = sft_lr(step, decay, first_step, first_step + steps)
+            group["lr"] = sft_lr(step, width, decay, first_step, first_step + steps)
         sequences, starts, train_mask = _sft_batch(task, step * SFT_BATCH_SIZE, SFT_BATCH_SIZE, episodes)
         logp, mask = sequence_logprobs(model, sequences, starts, None, pad_id=task.tokenizer.pad_id)
         if train_mask is not None:

@@ -8,7 +8,7 @@ import torch
 from asyncrl.core.config import AsyncRLConfig, TinyModelConfig
 from asyncrl.core.tokenizer import ModelTokenizer, build_char_tokenizer, save_tokenizer
 from asyncrl.tools.tiny_model import make_tiny_model, model_config
-from asyncrl.tools.tiny_model_stamp import STAMP_FILE, config_stamp
+from asyncrl.tools.tiny_model_stamp import STAMP_FILE, config_stamp, sft_peak_lr
 
 
 def test_tokenizer_round_trip():
@@ -75,6 +75,22 @@ def test_stamp_follows_the_config():
     other_task = AsyncRLConfig.model_validate({"task": {"seed": 5}})
     assert config_stamp(base) == config_stamp(AsyncRLConfig())
     assert len({config_stamp(base), config_stamp(changed), config_stamp(other_task)}) == 3
+
+
+@pytest.mark.parametrize(("width", "rate"), [(64, 1e-3), (128, 1e-3), (256, 5e-4), (512, 2.5e-4), (896, 1e-3 / 7)])
+def test_a_wider_model_warms_up_at_a_rate_scaled_down_by_its_width(width, rate):
+    assert sft_peak_lr(width) == pytest.approx(rate, rel=1e-12)
+
+
+def test_the_stamp_holds_the_rate_a_model_of_its_width_trains_at(monkeypatch):
+    """The demo's width keeps its stamp (its checkpoints are not built again); a wider model's changes with its
+    rate, so a checkpoint warm-started at the old rate is not taken for a current one."""
+    from asyncrl.tools import tiny_model_stamp
+
+    wide = AsyncRLConfig.model_validate({"tiny_model": {"hidden_size": 512, "num_attention_heads": 8}})
+    stamps = {config_stamp(AsyncRLConfig()), config_stamp(wide)}
+    monkeypatch.setattr(tiny_model_stamp, "sft_peak_lr", lambda width: tiny_model_stamp.SFT_LR)  # the old rule
+    assert config_stamp(AsyncRLConfig()) in stamps and config_stamp(wide) not in stamps
 
 
 def test_teacher_must_train_at_least_as_long(tmp_path):
