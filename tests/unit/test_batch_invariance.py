@@ -31,7 +31,7 @@ def threads():
     torch.set_num_threads(before)
 
 
-@pytest.mark.parametrize("k, n", [(64, 64), (128, 61), (896, 4864)])
+@pytest.mark.parametrize("k, n", [(64, 64), (128, 61), (896, 4864), (2048, 512)])
 def test_a_gemm_row_is_the_same_bits_in_every_batch_size_and_thread_count(threads, k, n):
     torch.manual_seed(0)
     a, b = torch.randn(200, k), torch.randn(k, n)

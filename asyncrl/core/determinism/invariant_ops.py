@@ -4,7 +4,10 @@ attention's output for a query is the same whatever the KV length, padding or ca
 What varies on a CPU without them (measured on the development machine, torch 2.13, MKL):
 - A GEMM's row depends on how many rows it runs with: `A[:m] @ W` differs from `(A @ W)[:m]` by about 1e-6
   for small m (the kernel picks another blocking, and with two threads another split). Padded to a multiple of
-  `ROW_TILE` rows (at least `ROW_TILE`) the same row gives the same bits for every m and thread count.
+  `ROW_TILE` rows (at least `ROW_TILE`) the same row gives the same bits for every m and thread count, as long
+  as the inner dimension is short: on a Xeon with AVX-512 (family 6 model 167) a product over 896 or 2048
+  inputs still changed with the rows and the threads (MKL splits a long reduction its own way), where one
+  over 512 did not. So the reduction is cut into `INNER_TILE`-long products, added in order.
 - `silu` and `sigmoid` compute the last elements of a tensor with a scalar routine and the rest with a vector
   one, so an element's value depends on its position in the tensor; `exp`, division and addition do not.
 - Attention reduces over the keys with a kernel whose summation order depends on the number of keys, so a
@@ -25,6 +28,9 @@ import torch
 ROW_TILE = 16
 """GEMM rows are padded to a multiple of this (and at least this)."""
 
+INNER_TILE = 256
+"""A GEMM's reduction runs as products over at most this many inputs, summed in order."""
+
 _ATTENTION_CHUNK_ELEMENTS = 1 << 22
 """The [queries, keys, head_dim] products are built this many elements at a time (16 MiB in float32)."""
 
@@ -35,13 +41,16 @@ def tile_rows(rows: int) -> int:
 
 
 def invariant_mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """a [M, K] @ b [K, N], each row of the result independent of M."""
-    m = a.shape[0]
+    """a [M, K] @ b [K, N], each row of the result independent of M and of the thread count."""
+    m, inner = a.shape
     a = a.contiguous()
     padded = tile_rows(m)
     if padded != m:
-        a = torch.cat([a, a.new_zeros(padded - m, a.shape[1])])
-    return torch.mm(a, b)[:m]
+        a = torch.cat([a, a.new_zeros(padded - m, inner)])
+    out = torch.mm(a[:, :INNER_TILE], b[:INNER_TILE])
+    for lo in range(INNER_TILE, inner, INNER_TILE):
+        out.add_(torch.mm(a[:, lo:lo + INNER_TILE], b[lo:lo + INNER_TILE]))  # an element-wise sum: no reordering
+    return out[:m]
 
 
 def invariant_sigmoid(x: torch.Tensor) -> torch.Tensor:
