@@ -38,7 +38,8 @@ def config_stamp(config) -> str:
         # What shapes the reference episodes: not the tools' paths (the bench's slow `add` adds as the demo's
         # does) nor the run-time limits.
         "environment": config.environment.model_dump(mode="json", include={"type", "tool_call_format"}),
-        "recipe": [SFT_BATCH_SIZE, sft_peak_lr(config.tiny_model.hidden_size), SFT_WARMUP_STEPS, SFT_TEACHER_FINAL_LR, WARMSTART_CHECK_STEPS],
+        "recipe": [SFT_BATCH_SIZE, sft_peak_lr(config.tiny_model.hidden_size), SFT_WARMUP_STEPS,
+                   SFT_TEACHER_FINAL_LR, WARMSTART_CHECK_STEPS],
     }
     if config.tiny_model.tokenizer_path:
         files = sorted(p for p in Path(config.tiny_model.tokenizer_path).glob("*") if p.is_file())
