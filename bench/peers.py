@@ -57,10 +57,9 @@ SIZES = {
         "tiny_model.warmstart_until_accuracy=0.4"]},
 }
 """Each model size: where its result goes and the `--set` overrides that give asyncrl's demo that model (built
-before the first run; the peer trains the same checkpoint). The 30M model's warm start runs its 450 steps at
-the rate of its width (`tiny_model_stamp.sft_peak_lr`), past the steep rise that comes between steps 200 and
-300 (stopped at 230 steps, a held-out 0.505 fell to 0.14-0.30 under 100 RL steps in both systems); should the
-rise come later on some CPU, it goes on until an accuracy of 0.4 (at most 900 steps)."""
+before the first run; the peer trains the same checkpoint). The 30M model's warm start runs its 450 steps, past
+the steep rise of its accuracy (a model stopped mid-rise loses it under RL: docs/benchmarks.md), and goes on
+until an accuracy of 0.4 (at most 900 steps) should the rise come later on some CPU."""
 
 
 def model_dir(size: str) -> Path:
