@@ -26,7 +26,7 @@ from pathlib import Path
 
 from common import emit, rollout_events, run_demo
 
-from asyncrl.core.events import read_events
+from asyncrl.core.runtime.events import read_events
 
 WARMUP = 5
 ARMS = {

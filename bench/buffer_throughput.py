@@ -26,7 +26,7 @@ import redis
 from common import emit
 
 from asyncrl.core.buffer import make_buffer
-from asyncrl.core.config import BufferConfig
+from asyncrl.core.config.schema import BufferConfig
 from asyncrl.tools.processes import ProcessGroup
 from asyncrl.tools.redis_local import start_local_redis
 from asyncrl.v1 import trajectory_pb2

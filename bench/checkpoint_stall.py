@@ -31,14 +31,14 @@ from common import build_random_qwen2, emit
 from transformers import AutoTokenizer
 
 from asyncrl.core.buffer.memory import MemoryBuffer
-from asyncrl.core.config import AsyncRLConfig
-from asyncrl.core.events import MemoryEvents
-from asyncrl.core.modeling import load_causal_lm, named_weights
+from asyncrl.core.config.schema import AsyncRLConfig
+from asyncrl.core.model.modeling import load_causal_lm, named_weights
+from asyncrl.core.runtime.events import MemoryEvents
 from asyncrl.learner.checkpoint import Checkpointer
 from asyncrl.learner.checkpoint_index import CheckpointMeta
 from asyncrl.learner.checkpoint_saver import CheckpointSaver
 from asyncrl.learner.learner_metrics import LearnerMetrics
-from asyncrl.push.transport.flat import bind_parameters
+from asyncrl.push.flat import bind_parameters
 
 BATCH, TOKENS = 4, 128
 

@@ -24,7 +24,7 @@ import tempfile
 
 from common import emit
 
-from asyncrl.core.auth import Auth, new_token
+from asyncrl.core.wire.auth import Auth, new_token
 from asyncrl.tools.lease_load import controller_process, run_load
 
 

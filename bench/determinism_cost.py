@@ -25,15 +25,16 @@ from pathlib import Path
 import torch
 from common import build_random_qwen2, emit
 
-from asyncrl.core.config import EngineConfig, LearnerConfig, TaskConfig
+from asyncrl.core.config.schema import EngineConfig, LearnerConfig, TaskConfig
 from asyncrl.core.determinism.invariant_model import InvariantKernels, use_invariant_kernels
 from asyncrl.core.determinism.seeds import prompt_seed
 from asyncrl.core.engines.torch_engine import TorchEngine
-from asyncrl.core.modeling import load_causal_lm, sequence_logprobs
-from asyncrl.core.sampling import SamplingParams
+from asyncrl.core.model.modeling import load_causal_lm, sequence_logprobs
+from asyncrl.core.model.sampling import SamplingParams
 from asyncrl.core.tasks import get_task
 from asyncrl.learner.batch import TrainBatch
 from asyncrl.learner.trainer import Trainer
+from asyncrl.push.receiving import BroadcastReceiving
 
 SIZES = {"demo": (128, 2, 512), "25M": (512, 8, 2048)}
 MODES = ("off", "bitwise")
@@ -86,7 +87,7 @@ def measure_size(name: str, args) -> dict:
     seeds = [prompt_seed(0, i) for i in range(args.prompts)]
     params = SamplingParams(temperature=1.0, max_new_tokens=args.max_new_tokens)
     cfg = EngineConfig(threads=args.threads, max_batch_size=args.prompts * args.n)
-    engines = {mode: TorchEngine(cfg, path, determinism=mode) for mode in MODES}
+    engines = {mode: TorchEngine(cfg, path, determinism=mode, weights=BroadcastReceiving()) for mode in MODES}
     rates: dict[str, list[float]] = {mode: [] for mode in MODES}
     batches = {}
     for trial in range(args.trials + 1):

@@ -41,7 +41,7 @@ from common import (
     run_seeded,
 )
 
-from asyncrl.core.events import read_events
+from asyncrl.core.runtime.events import read_events
 
 ARMS = {
     "baseline": [],

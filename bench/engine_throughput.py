@@ -31,10 +31,11 @@ from pathlib import Path
 import torch
 from common import best_gflops, best_seconds, build_random_qwen2, emit, qwen2_half_billion
 
-from asyncrl.core.config import EngineConfig, TaskConfig
+from asyncrl.core.config.schema import EngineConfig, TaskConfig
 from asyncrl.core.engines.factory import make_engine
-from asyncrl.core.sampling import SamplingParams
+from asyncrl.core.model.sampling import SamplingParams
 from asyncrl.core.tasks import get_task
+from asyncrl.push.receiving import BroadcastReceiving
 
 
 def measure(engine, prompts, params, n, warmup, repeats) -> dict:
@@ -96,7 +97,7 @@ def checkpoint(args) -> str:
     if args.model_path:
         return args.model_path
     if args.size == "0.5b":
-        from asyncrl.core.tokenizer import build_char_tokenizer, save_tokenizer
+        from asyncrl.core.model.tokenizer import build_char_tokenizer, save_tokenizer
 
         path = qwen2_half_billion(Path(tempfile.gettempdir()) / "asyncrl-bench-qwen2-0.5b")
         if not (path / "tokenizer.json").exists():  # vLLM loads one; prompts and samples stay token ids
@@ -135,7 +136,7 @@ def main() -> None:
         cfg = EngineConfig(type=kind, threads=args.threads, max_batch_size=args.prompts * args.n,
                            max_model_len=min(128, AutoConfig.from_pretrained(path).max_position_embeddings),
                            gpu_memory_utilization=args.vllm_memory)
-        engine = make_engine(cfg, path, "float32", seed=0)
+        engine = make_engine(cfg, path, "float32", seed=0, weights=BroadcastReceiving())
         try:
             results[kind] = measure(engine, prompts, params, args.n, args.warmup, args.repeats)
         finally:

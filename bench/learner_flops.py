@@ -88,9 +88,9 @@ def main() -> None:
 
     import transformers  # noqa: F401 - loaded before the runtime's memory is read
 
-    from asyncrl.core.config import LearnerConfig, SamplingConfig
-    from asyncrl.core.modeling import load_causal_lm
-    from asyncrl.core.sampling import SamplingParams
+    from asyncrl.core.config.schema import LearnerConfig, SamplingConfig
+    from asyncrl.core.model.modeling import load_causal_lm
+    from asyncrl.core.model.sampling import SamplingParams
     from asyncrl.learner.trainer import Trainer
 
     torch.set_num_threads(args.threads)

@@ -40,13 +40,14 @@ DESCRIBED = {"0.5b": "Qwen2.5-0.5B shape (494M parameters, embedding tied), rand
 def measure(mode: str, model_dir: str, args, out) -> None:
     import transformers  # noqa: F401 - loaded before the runtime's memory is read
 
-    from asyncrl.core.config import EngineConfig, LearnerConfig, SamplingConfig
+    from asyncrl.core.config.schema import EngineConfig, LearnerConfig, SamplingConfig
     from asyncrl.core.engines.torch_engine import TorchEngine
     from asyncrl.core.lora.spec import AdapterSpec
-    from asyncrl.core.modeling import load_causal_lm, named_weights
-    from asyncrl.core.sampling import SamplingParams
+    from asyncrl.core.model.modeling import load_causal_lm, named_weights
+    from asyncrl.core.model.sampling import SamplingParams
     from asyncrl.learner.adapters import inject_adapters, lora_parameters
     from asyncrl.learner.trainer import Trainer
+    from asyncrl.push.receiving import BroadcastReceiving
 
     torch.set_num_threads(2)
     runtime = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
@@ -65,7 +66,7 @@ def measure(mode: str, model_dir: str, args, out) -> None:
     optimizer_bytes = sum(t.numel() * t.element_size() for state in trainer.optimizer.state.values()
                           for t in state.values() if torch.is_tensor(t))
     del trainer, model
-    engine = TorchEngine(EngineConfig(threads=2), model_dir)
+    engine = TorchEngine(EngineConfig(threads=2), model_dir, weights=BroadcastReceiving())
     push_s, receive_s, apply_s = [], [], []
     for version in range(1, args.pushes + 1):
         t0 = time.perf_counter()

@@ -82,7 +82,7 @@ def peer_python() -> Path:
 def task_and_prompts(steps: int, size: str):
     """The demo's config, task and training prompts, with the size's model built first, as `up` builds it on
     its first run (on a fresh machine, where the task's tokenizer comes from; the peer trains it too)."""
-    from asyncrl.core.config_file import load_config
+    from asyncrl.core.config.file import load_config
     from asyncrl.core.tasks import task_for_run
     from asyncrl.tools.tiny_model import make_tiny_model
 
@@ -94,7 +94,7 @@ def task_and_prompts(steps: int, size: str):
 
 
 def accuracy(model_dir: Path, task) -> float:
-    from asyncrl.core.config import EngineConfig
+    from asyncrl.core.config.schema import EngineConfig
     from asyncrl.core.engines.torch_engine import TorchEngine
     from asyncrl.core.tasks.evaluate import greedy_accuracy
 

@@ -28,10 +28,10 @@ from pathlib import Path
 import torch
 from common import build_random_qwen2, emit
 
-from asyncrl.core.config import LearnerConfig, SamplingConfig
-from asyncrl.core.modeling import load_causal_lm, sequence_logprobs
-from asyncrl.core.prompt_sharing import choose_layout, kv_copy_logprobs
-from asyncrl.core.sampling import SamplingParams
+from asyncrl.core.config.schema import LearnerConfig, SamplingConfig
+from asyncrl.core.model.modeling import load_causal_lm, sequence_logprobs
+from asyncrl.core.model.prompt_sharing import choose_layout, kv_copy_logprobs
+from asyncrl.core.model.sampling import SamplingParams
 from asyncrl.learner.batch import TrainBatch
 from asyncrl.learner.trainer import Trainer
 

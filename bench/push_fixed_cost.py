@@ -45,7 +45,7 @@ BLOCK = 5
 
 
 def demo_config(run_dir: str):
-    from asyncrl.core.config_file import load_config
+    from asyncrl.core.config.file import load_config
     from asyncrl.tools.launcher import ensure_models
 
     cfg = load_config(REPO / "examples" / "tiny-arith.yaml", [f"run_dir={run_dir}", "controller.port=0",
@@ -67,15 +67,16 @@ def controller_process(cfg, ports, stop) -> None:
 
 
 def replica_process(cfg, controller_address: str, ready, stop) -> None:
-    from asyncrl.core.auth import resolve_auth
     from asyncrl.core.engines.factory import make_engine
-    from asyncrl.core.grpc_util import wait_for_channel
+    from asyncrl.core.wire.auth import resolve_auth
+    from asyncrl.core.wire.grpc_util import wait_for_channel
+    from asyncrl.push.receiving import BroadcastReceiving
     from asyncrl.rollout.replica import ReplicaSession
     from asyncrl.services import rollout_service
     from asyncrl.v1 import controller_pb2_grpc
 
     torch.set_num_threads(1)
-    engine = make_engine(cfg.rollout.engine, cfg.model.path, cfg.model.dtype, seed=0)
+    engine = make_engine(cfg.rollout.engine, cfg.model.path, cfg.model.dtype, seed=0, weights=BroadcastReceiving())
     stub = controller_pb2_grpc.ControllerStub(wait_for_channel(controller_address, 60, resolve_auth(cfg.security)))
     holder: list[ReplicaSession] = []
     server, port = rollout_service.create_server(cfg, engine, push_key=lambda: holder[0].push_key if holder else b"")
@@ -92,8 +93,8 @@ def replica_process(cfg, controller_address: str, ready, stop) -> None:
 
 
 def raw_receiver(store_port: int, rank: int, world: int, numel: int, trials: int) -> None:
+    from asyncrl.push.broadcast import make_group
     from asyncrl.push.plan import PushPlan
-    from asyncrl.push.transport.broadcast import make_group
 
     plan = PushPlan(push_id="raw", version=0, store_address=f"127.0.0.1:{store_port}", world_size=world, transport="gloo", tensors=(), bucket_bytes=0, timeout_s=60)
     group = make_group(plan, rank)
@@ -104,8 +105,8 @@ def raw_receiver(store_port: int, rank: int, world: int, numel: int, trials: int
 
 
 def raw_broadcast_s(numel: int, receivers: int, trials: int) -> float:
+    from asyncrl.push.broadcast import host_store, make_group
     from asyncrl.push.plan import PushPlan
-    from asyncrl.push.transport.broadcast import host_store, make_group
 
     store = host_store("127.0.0.1", 0, 60)
     world = receivers + 1
@@ -131,8 +132,8 @@ def push_system(cfg, replicas: int) -> Iterator[tuple[object, Callable[[], None]
     replica processes (torch engines, registered, heartbeating). Yields the controller stub, seated as the
     run's learner (this process plays it), and a function that starts one more replica; stops everything on
     exit."""
-    from asyncrl.core.auth import new_token, resolve_auth
-    from asyncrl.core.grpc_util import wait_for_channel
+    from asyncrl.core.wire.auth import new_token, resolve_auth
+    from asyncrl.core.wire.grpc_util import wait_for_channel
     from asyncrl.learner.seat import SeatedController
     from asyncrl.tools.processes import ProcessGroup
     from asyncrl.tools.redis_local import start_local_redis
@@ -182,7 +183,7 @@ def push_system(cfg, replicas: int) -> Iterator[tuple[object, Callable[[], None]
 
 def measure(cfg, args, stub, add_replica):
     """Time the pushes: steady ones, the first, the one after a replica joined."""
-    from asyncrl.core.modeling import load_causal_lm
+    from asyncrl.core.model.modeling import load_causal_lm
     from asyncrl.push.sender import WeightPublisher
 
     model = load_causal_lm(cfg.model.path)

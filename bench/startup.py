@@ -34,7 +34,7 @@ from pathlib import Path
 
 from common import WITHOUT_TEACHER, emit
 
-from asyncrl.core.events import read_events
+from asyncrl.core.runtime.events import read_events
 from asyncrl.tools.fork_server import PRELOAD
 
 REPO = Path(__file__).resolve().parents[1]

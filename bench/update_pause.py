@@ -20,11 +20,12 @@ from pathlib import Path
 
 from common import build_random_qwen2, emit, push_weights
 
-from asyncrl.core.config import EngineConfig, TaskConfig
+from asyncrl.core.config.schema import EngineConfig, TaskConfig
 from asyncrl.core.engines.factory import make_engine
-from asyncrl.core.modeling import load_causal_lm, named_weights
-from asyncrl.core.sampling import SamplingParams
+from asyncrl.core.model.modeling import load_causal_lm, named_weights
+from asyncrl.core.model.sampling import SamplingParams
 from asyncrl.core.tasks import get_task
+from asyncrl.push.receiving import BroadcastReceiving
 
 
 def timed_generate(engine, prompts, params, n):
@@ -55,7 +56,7 @@ def with_updates(engine, prompts, params, n, named, updates: int, spacing_s: flo
 
 def measure(kind, path, prompts, params, n, updates, threads) -> dict:
     cfg = EngineConfig(type=kind, threads=threads, max_batch_size=len(prompts) * n, max_model_len=128)
-    engine = make_engine(cfg, path, "float32", seed=0)
+    engine = make_engine(cfg, path, "float32", seed=0, weights=BroadcastReceiving())
     named = named_weights(load_causal_lm(path))
     try:
         timed_generate(engine, prompts, params, n)  # warm-up

@@ -3,7 +3,7 @@
 Rank 0 (the learner side) and `--receivers` receiver processes form ONE group. Per trial:
   raw      : broadcast one flat buffer holding all the model's bytes (the best this group can do);
   push     : asyncrl's path as the learner and the torch engine run it -- the sender's weights live in
-             bucket-shaped storage (`push.transport.flat.bind_parameters`), so send_weights broadcasts each bucket as
+             bucket-shaped storage (`push.flat.bind_parameters`), so send_weights broadcasts each bucket as
              it is; receivers land every bucket straight in their spare buffers (`receive_weights(into=...)`),
              which an engine then swaps in by pointer;
   push_copy: the path with copies on both ends -- weights in ordinary tensors packed into staging buffers,
@@ -29,10 +29,10 @@ import time
 import torch
 from common import emit
 
-from asyncrl.push.manifest import TensorMeta
+from asyncrl.core.wire.push_contract import TensorMeta
+from asyncrl.push.broadcast import host_store, make_group, receive_weights, send_weights
+from asyncrl.push.flat import FlatWeights
 from asyncrl.push.plan import PushPlan
-from asyncrl.push.transport.broadcast import host_store, make_group, receive_weights, send_weights
-from asyncrl.push.transport.flat import FlatWeights
 
 
 def model_like_metas(total_mb: float, hidden: int = 1024) -> tuple[TensorMeta, ...]:

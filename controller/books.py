@@ -22,8 +22,8 @@ from asyncrl.controller.leases import LeaseBook
 from asyncrl.controller.persistence import ControllerStore, StateWriter
 from asyncrl.controller.registry import ReplicaRegistry
 from asyncrl.controller.results import LearnerReport
-from asyncrl.core.config import ControllerConfig
-from asyncrl.core.events import EventSink
+from asyncrl.core.config.schema import ControllerConfig
+from asyncrl.core.runtime.events import EventSink
 from asyncrl.push.coordinator import PushCoordinator, PushTiming
 from asyncrl.push.session import WeightNotifier
 

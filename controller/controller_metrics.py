@@ -13,7 +13,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from asyncrl.core.metrics import service_registry
+from asyncrl.core.runtime.metrics import service_registry
 
 PREFIX = "asyncrl_controller_"
 

@@ -16,7 +16,7 @@ from typing import TypeVar
 
 from asyncrl.controller.admission import Admission
 from asyncrl.controller.errors import ControllerStopping
-from asyncrl.core.grpc_aio import Wakeup
+from asyncrl.core.wire.grpc_aio import Wakeup
 
 HOLD_POLL_S = 0.25
 """A held request looks again at least this often."""

@@ -26,7 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from asyncrl.controller.errors import NotTheLearner
-from asyncrl.core.auth import answers_challenge, new_push_key
+from asyncrl.core.wire.auth import answers_challenge, new_push_key
 
 Probe = Callable[[str, bytes], "bytes | None"]
 """(address, challenge) -> the learner's answer there: b"" when something answered without the key or nothing

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 from asyncrl.controller.leases import Lease
 from asyncrl.controller.registry import Replica
-from asyncrl.core.preflight import ConfigError
+from asyncrl.core.checks.config_error import ConfigError
 
 
 class StateOfAnotherRun(ConfigError):

@@ -28,8 +28,8 @@ from concurrent.futures import ThreadPoolExecutor
 from asyncrl.controller.books import StateBooks
 from asyncrl.controller.learner_seat import Probe
 from asyncrl.controller.registry import Replica
-from asyncrl.core.auth import answers_challenge
 from asyncrl.core.records.controller import ReplicaHeldBack, ReplicaReachable
+from asyncrl.core.wire.auth import answers_challenge
 
 log = logging.getLogger(__name__)
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from asyncrl.controller.errors import RegistryFull, UnknownReplica
-from asyncrl.core.auth import new_push_key
+from asyncrl.core.wire.auth import new_push_key
 
 
 @dataclass

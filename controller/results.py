@@ -90,21 +90,14 @@ class LearnerReport:
 
 @dataclass(frozen=True)
 class LearnerFigures:
-    """What the learner reports after a step, for the status page (None: not reported)."""
+    """What the learner reports after a step, for the status page: its figures by name
+    (`asyncrl.core.records.learner_figures`; a figure it did not report is absent)."""
 
     total_steps: int = 0
-    reward_mean: float | None = None
-    eval_accuracy: float | None = None
-    staleness_mean: float | None = None
-    step_seconds: float | None = None
-    busy_fraction: float | None = None
-    length_correct_mean: float | None = None
-    length_incorrect_mean: float | None = None
-    truncated_fraction: float | None = None
-    episode_turns_mean: float | None = None
-    observation_tokens_mean: float | None = None
-    environment_share: float | None = None
-    tool_failure_fraction: float | None = None
+    values: dict[str, float] = field(default_factory=dict)
+
+    def get(self, name: str) -> float | None:
+        return self.values.get(name)
 
 
 @dataclass(frozen=True)

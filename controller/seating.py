@@ -9,21 +9,21 @@ from asyncrl.controller.books import StateBooks
 from asyncrl.controller.errors import LearnerSeatTaken, LearnerSeatUnconfirmed, NotTheLearner
 from asyncrl.controller.learner_seat import Answer
 from asyncrl.controller.results import LearnerRegistration
-from asyncrl.core.learner_secret import SeatProofs
 from asyncrl.core.records.controller import LearnerRefused, LearnerRegistered
+from asyncrl.core.wire.learner_secret import SeatProofs
 
 
 class LearnerSeating:
     def __init__(self, books: StateBooks, proofs: SeatProofs):
         self._books = books
         self._proofs = proofs
-        """Registrations must prove the learner secret (`asyncrl.core.learner_secret`); built without a secret,
+        """Registrations must prove the learner secret (`asyncrl.core.wire.learner_secret`); built without a secret,
         any token holder may register (unit tests, `security.insecure`)."""
 
     def register_learner(self, address: str, proof_unix_s: int = 0, seat_proof: bytes = b"",
                          proof_nonce: bytes = b"") -> LearnerRegistration:  # fmt: skip
         """Give the learner's seat to the learner at `address` (`controller.learner_seat`): refused without a
-        proof of the learner secret (`asyncrl.core.learner_secret`), while its holder still answers its
+        proof of the learner secret (`asyncrl.core.wire.learner_secret`), while its holder still answers its
         challenge (the challenge runs outside the lock), and while it cannot be challenged but still
         heartbeats."""
         books = self._books

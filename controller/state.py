@@ -57,10 +57,10 @@ from asyncrl.controller.results import (
 from asyncrl.controller.seating import LearnerSeating
 from asyncrl.controller.views import learner_view, replica_view
 from asyncrl.core.buffer.lease_writes import LeaseWriteCounts
-from asyncrl.core.config import ControllerConfig
-from asyncrl.core.events import EventSink, NoEvents
-from asyncrl.core.learner_secret import SeatProofs
+from asyncrl.core.config.schema import ControllerConfig
 from asyncrl.core.records import controller as records
+from asyncrl.core.runtime.events import EventSink, NoEvents
+from asyncrl.core.wire.learner_secret import SeatProofs
 from asyncrl.push.coordinator import NEW
 from asyncrl.push.plan import PushOffer
 from asyncrl.push.session import PushSession, ReceiverAck, WeightNotifier, judge_adapter
@@ -276,14 +276,9 @@ class ControllerState:
             # A heartbeat while waiting for data carries no figures: the last step's stay on show.
             shown = figures or (books.learner.progress if books.learner is not None else None)
             books.learner = LearnerReport(step, version, consumed, now, shown)
-            if figures is not None and figures.reward_mean is not None and (
+            if figures is not None and figures.get("reward_mean") is not None and (
                     not self._history or self._history[-1]["step"] != step):
-                self._history.append({"step": step, "t": books.wall(), "reward": figures.reward_mean,
-                                      "accuracy": figures.eval_accuracy, "staleness": figures.staleness_mean,
-                                      "step_s": figures.step_seconds, "length_correct": figures.length_correct_mean,
-                                      "length_incorrect": figures.length_incorrect_mean,
-                                      "truncated": figures.truncated_fraction,
-                                      "turns": figures.episode_turns_mean})
+                self._history.append({"step": step, "t": books.wall(), **figures.values})
             lagging = any(r.needs_sync(books.current_version) for r in books.registry.live() if r.pushable(now))
             return LearnerPulse(lagging and not books.pushes.is_fresh(now), books.current_version)
 

@@ -17,6 +17,7 @@ from fastapi.responses import HTMLResponse, PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from asyncrl.controller.state import ControllerState
+from asyncrl.core.records.learner_figures import FIGURES
 
 _REFRESH_S = 2
 
@@ -84,12 +85,9 @@ def render_html(snap: dict) -> str:
     learner_line = "no heartbeat yet" if learner is None else learner_summary(learner)
     history = snap.get("history", [])
     charts = "".join(
-        chart(f"{label} by step", [(h["step"], h[key]) for h in history if h.get(key) is not None])
-        for key, label in (("reward", "reward (mean)"), ("accuracy", "held-out greedy accuracy"),
-                           ("staleness", "staleness (mean versions)"), ("step_s", "seconds per step"),
-                           ("length_correct", "length of correct responses (tokens)"),
-                           ("length_incorrect", "length of incorrect responses (tokens)"),
-                           ("truncated", "share cut at max_new_tokens"), ("turns", "model turns per episode"))
+        chart(f"{figure.chart} by step", [(h["step"], h[figure.name]) for h in history
+                                          if h.get(figure.name) is not None])
+        for figure in FIGURES if figure.chart
     )
     return f"""<!doctype html>
 <html><head><meta charset="utf-8"><meta http-equiv="refresh" content="{_REFRESH_S}">
@@ -136,17 +134,8 @@ def learner_summary(learner: dict) -> str:
     if total:
         parts[0] += f' <progress value="{min(learner["step"], total)}" max="{total}"></progress>'
     parts.append(f"version {learner['version']}")
-    for key, label, fmt in (("reward_mean", "reward", "{:.3f}"), ("eval_accuracy", "held-out accuracy", "{:.3f}"),
-                            ("staleness_mean", "staleness", "{:.2f}"), ("step_seconds", "step", "{:.2f} s"),
-                            ("busy_fraction", "training", "{:.0%} of the time"),
-                            ("length_correct_mean", "correct length", "{:.0f} tokens"),
-                            ("length_incorrect_mean", "incorrect length", "{:.0f} tokens"),
-                            ("truncated_fraction", "truncated", "{:.0%}"),
-                            ("episode_turns_mean", "turns per episode", "{:.2f}"),
-                            ("observation_tokens_mean", "environment tokens per episode", "{:.0f}"),
-                            ("environment_share", "episode time in the environment", "{:.0%}"),
-                            ("tool_failure_fraction", "tool calls failed", "{:.0%}"),
-                            ("trajectories_per_s", "throughput", "{:.0f} trajectories/s")):
+    throughput = ("trajectories_per_s", "throughput", "{:.0f} trajectories/s")
+    for key, label, fmt in [(f.name, f.label, f.fmt) for f in FIGURES] + [throughput]:
         if learner.get(key) is not None:
             parts.append(f"{label} <b>{fmt.format(learner[key])}</b>")
     if learner.get("eta_s") is not None:

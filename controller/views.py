@@ -37,18 +37,10 @@ def learner_view(report: LearnerReport, now: float, batch_size: int, address: st
             "heartbeat_age_s": now - report.at, "address": address}
     figures = report.progress
     if figures is not None:
-        view.update(total_steps=figures.total_steps, reward_mean=figures.reward_mean,
-                    eval_accuracy=figures.eval_accuracy, staleness_mean=figures.staleness_mean,
-                    step_seconds=figures.step_seconds, busy_fraction=figures.busy_fraction,
-                    length_correct_mean=figures.length_correct_mean,
-                    length_incorrect_mean=figures.length_incorrect_mean,
-                    truncated_fraction=figures.truncated_fraction,
-                    episode_turns_mean=figures.episode_turns_mean,
-                    observation_tokens_mean=figures.observation_tokens_mean,
-                    environment_share=figures.environment_share,
-                    tool_failure_fraction=figures.tool_failure_fraction)
-        if figures.step_seconds:
-            view["trajectories_per_s"] = batch_size / figures.step_seconds
+        view.update(figures.values, total_steps=figures.total_steps)
+        step_seconds = figures.get("step_seconds")
+        if step_seconds:
+            view["trajectories_per_s"] = batch_size / step_seconds
             if figures.total_steps > report.step:
-                view["eta_s"] = figures.step_seconds * (figures.total_steps - report.step)
+                view["eta_s"] = step_seconds * (figures.total_steps - report.step)
     return view

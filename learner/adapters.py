@@ -16,10 +16,10 @@ from pathlib import Path
 
 import torch
 
+from asyncrl.core.checks.config_error import ConfigError
 from asyncrl.core.lora.files import write_adapter
 from asyncrl.core.lora.merge import merged_weight
 from asyncrl.core.lora.spec import AdapterSpec, adapter_name
-from asyncrl.core.preflight import ConfigError
 
 
 def inject_adapters(model: torch.nn.Module, cfg) -> AdapterSpec:

@@ -8,7 +8,7 @@ import numpy as np
 import torch
 
 from asyncrl.core.buffer import BufferEntry
-from asyncrl.core.routing import RoutingShape, read_proto
+from asyncrl.core.model.routing import RoutingShape, read_proto
 
 
 class MalformedGroup(ValueError):

@@ -19,21 +19,22 @@ from pathlib import Path
 import torch
 
 from asyncrl.core.agents.factory import Episodes
-from asyncrl.core.auth import resolve_auth
 from asyncrl.core.buffer import make_buffer
-from asyncrl.core.config_file import dump_config
+from asyncrl.core.buffer.trajectory_checks import checkpoint_limits
+from asyncrl.core.checks.config_error import ConfigError
+from asyncrl.core.config.file import dump_config
+from asyncrl.core.config.preflight import check_checkpoint
 from asyncrl.core.determinism.invariant_model import use_invariant_kernels
 from asyncrl.core.determinism.modes import invariant_learner, seeded_sampling
-from asyncrl.core.events import EventLog
-from asyncrl.core.grpc_util import channel as grpc_channel
-from asyncrl.core.grpc_util import wait_for_channel
-from asyncrl.core.learner_secret import resolve_learner_secret
-from asyncrl.core.modeling import load_causal_lm, pad_token_id, torch_dtype
-from asyncrl.core.preflight import ConfigError, check_checkpoint
+from asyncrl.core.model.modeling import load_causal_lm, pad_token_id, torch_dtype
+from asyncrl.core.model.sampling import SamplingParams
 from asyncrl.core.records.learner import MemoryPlanned
-from asyncrl.core.sampling import SamplingParams
+from asyncrl.core.runtime.events import EventLog
 from asyncrl.core.tasks import task_for_run
-from asyncrl.core.trajectory_checks import checkpoint_limits
+from asyncrl.core.wire.auth import resolve_auth
+from asyncrl.core.wire.grpc_util import channel as grpc_channel
+from asyncrl.core.wire.grpc_util import wait_for_channel
+from asyncrl.core.wire.learner_secret import resolve_learner_secret
 from asyncrl.learner.adapters import inject_adapters, lora_parameters
 from asyncrl.learner.checkpoint import Checkpointer, load_checkpoint
 from asyncrl.learner.checkpoint_index import resume_path

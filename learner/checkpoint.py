@@ -38,7 +38,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
-from asyncrl.core.config_file import dump_config
+from asyncrl.core.config.file import dump_config
 from asyncrl.learner.adapters import lora_parameters, merged_state_dict, save_adapter
 from asyncrl.learner.checkpoint_index import (
     COVERED,

@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import time
 
-from asyncrl.core.one_at_a_time import OneAtATime
 from asyncrl.core.records.learner import CheckpointSaved
+from asyncrl.core.runtime.one_at_a_time import OneAtATime
 from asyncrl.learner.checkpoint import save_shards, stage_shards, write_shards
 from asyncrl.learner.checkpoint_index import CheckpointMeta, Covered
 

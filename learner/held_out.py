@@ -9,8 +9,8 @@ import functools
 import torch
 
 from asyncrl.core.engines.torch_decode import generate_with_model
-from asyncrl.core.modeling import eos_token_ids, pad_token_id
-from asyncrl.core.sampling import SamplingParams
+from asyncrl.core.model.modeling import eos_token_ids, pad_token_id
+from asyncrl.core.model.sampling import SamplingParams
 from asyncrl.core.tasks.evaluate import greedy_accuracy
 from asyncrl.learner.algos.evaluation import pass_at_k_scores
 

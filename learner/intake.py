@@ -31,8 +31,8 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
+from asyncrl.core.buffer.trajectory_checks import BadGroup, TrajectoryLimits, check_trajectory_group
 from asyncrl.core.records.rollout import GroupRejected
-from asyncrl.core.trajectory_checks import BadGroup, TrajectoryLimits, check_trajectory_group
 from asyncrl.learner.batch import MalformedGroup, TrainBatch, assemble, check_group
 from asyncrl.learner.batch_fill import pick
 from asyncrl.learner.stale_hold import StaleHold

@@ -6,7 +6,8 @@ import time
 
 from prometheus_client import Counter, Gauge, Histogram
 
-from asyncrl.core.metrics import service_registry
+from asyncrl.core.records.learner_figures import STEP_METRICS
+from asyncrl.core.runtime.metrics import service_registry
 from asyncrl.learner.busy import WINDOW_STEPS
 
 # Staleness is counted in versions: 0..eta under the bound, more only when eta is unbounded.
@@ -15,8 +16,10 @@ _STALENESS_BUCKETS = (0, 1, 2, 3, 4, 6, 8, 12, 16, 32, 64)
 _AGE_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0)
 # Step metrics exported as `asyncrl_learner_diagnostic{name}`: the rollout-correction (IS) and mismatch
 # diagnostics, the PPO clipping figures, the optimiser's gradient norm, distillation, routing replay and the
-# length dynamics.
+# length dynamics; and every step metric a figure of the status page is read from (`learner_figures`) but those
+# with gauges of their own.
 _DIAGNOSTIC_PREFIXES = ("rc/", "loss/", "opd/", "routing/", "opt/grad_norm", "response/", "length/", "process/")
+_DIAGNOSTIC_FIGURES = STEP_METRICS - {"reward/mean", "staleness/mean"}
 
 
 class LearnerMetrics:
@@ -108,7 +111,7 @@ class LearnerMetrics:
         if kl is not None:
             self.kl.set(kl)
         for name, value in metrics.items():
-            if name.startswith(_DIAGNOSTIC_PREFIXES):
+            if name.startswith(_DIAGNOSTIC_PREFIXES) or name in _DIAGNOSTIC_FIGURES:
                 try:
                     scalar = float(value)  # numbers and 0-d tensors
                 except (TypeError, ValueError, RuntimeError):

@@ -14,7 +14,8 @@ import time
 
 import torch
 
-from asyncrl.core.config import LearnerConfig, TeacherConfig
+from asyncrl.core.buffer.trajectory_checks import TrajectoryLimits
+from asyncrl.core.config.schema import LearnerConfig, TeacherConfig
 from asyncrl.core.records.learner import (
     Eval,
     EvalFallback,
@@ -29,8 +30,7 @@ from asyncrl.core.records.learner import (
     Trained,
     WeightsPushed,
 )
-from asyncrl.core.teacher_client import score, score_request
-from asyncrl.core.trajectory_checks import TrajectoryLimits
+from asyncrl.core.wire.teacher_client import score, score_request
 from asyncrl.learner.busy import BusyMeter
 from asyncrl.learner.checkpoint_index import CheckpointMeta, ack_covered
 from asyncrl.learner.checkpoint_saver import CheckpointSaver

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import grpc
 
-from asyncrl.core.one_at_a_time import OneAtATime
+from asyncrl.core.runtime.one_at_a_time import OneAtATime
 from asyncrl.core.tasks.evaluate import greedy_rewards
 from asyncrl.v1 import controller_pb2, rollout_pb2, rollout_pb2_grpc
 

@@ -13,7 +13,7 @@ choices, so the learner's pi_prox and pi_theta can route a token differently fro
   `routing/delta_abs_unreplayed` = mean |logp_prox - logp_behav| of a forward without replay (with replay it
   is `rc/delta_abs_mean`).
 
-The forcing itself lives in the model's routers (`asyncrl.core.routing.RouterHooks`); this module only
+The forcing itself lives in the model's routers (`asyncrl.core.model.routing.RouterHooks`); this module only
 chooses the ids. The KL reference model routes on its own.
 """
 
@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterator
 
 import torch
 
-from asyncrl.core.routing import RoutingShape, install_hooks, routing_mismatch
+from asyncrl.core.model.routing import RoutingShape, install_hooks, routing_mismatch
 from asyncrl.learner.algos.masked import masked_mean
 from asyncrl.learner.batch import TrainBatch
 

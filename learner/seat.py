@@ -13,8 +13,8 @@ import time
 
 import grpc
 
-from asyncrl.core.auth import liveness_mac
-from asyncrl.core.learner_secret import new_nonce, seat_proof
+from asyncrl.core.wire.auth import liveness_mac
+from asyncrl.core.wire.learner_secret import new_nonce, seat_proof
 from asyncrl.v1 import controller_pb2
 
 log = logging.getLogger(__name__)
@@ -29,7 +29,7 @@ class SeatedController:
     def __init__(self, stub, learner_secret: bytes | None = None):
         self._stub = stub
         self._secret = learner_secret
-        """Proves this process is the run's learner at registration (`asyncrl.core.learner_secret`)."""
+        """Proves this process is the run's learner at registration (`asyncrl.core.wire.learner_secret`)."""
         self.key = b""
         """Empty until `take_seat`."""
 

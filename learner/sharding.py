@@ -15,7 +15,7 @@ for the leader's commands and take part in what needs every rank, in the same or
     STOP                  -> wait for that write, return
 
 The leader keeps one full, unsharded copy of the weights, the `Mirror`: bucket-shaped storage (what the push
-broadcasts without packing, `push.transport.flat`) bound to an unsharded module (what evaluation and the Hugging
+broadcasts without packing, `push.flat`) bound to an unsharded module (what evaluation and the Hugging
 Face export read). After every step each rank gathers the full tensors one at a time in a fixed order
 (`DTensor.full_tensor`), and the leader copies each into its bucket: no rank ever holds the model twice.
 The replicas and the controller see one learner.
@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from asyncrl.core.modeling import named_weights
+from asyncrl.core.model.modeling import named_weights
 from asyncrl.learner.batch import TrainBatch
 
 log = logging.getLogger("asyncrl.learner")

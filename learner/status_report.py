@@ -28,21 +28,9 @@ log = logging.getLogger("asyncrl.learner")
 
 def heartbeat_request(progress, total_steps: int) -> controller_pb2.LearnerHeartbeatRequest:
     """The heartbeat for `progress` (a `LearnerProgress`): figures only once there are some."""
-    p = progress
-    request = controller_pb2.LearnerHeartbeatRequest(step=p.step, version=p.version, consumed=p.consumed,
-                                                     total_steps=total_steps)
-    if p.step > 0:
-        request.reward_mean, request.staleness_mean = p.last_reward_mean, p.last_staleness_mean
-        request.step_seconds = p.last_wall_s
-        if p.busy_fraction is not None:
-            request.busy_fraction = p.busy_fraction
-        for field in ("length_correct_mean", "length_incorrect_mean", "truncated_fraction", "episode_turns_mean",
-                      "observation_tokens_mean", "environment_share", "tool_failure_fraction"):
-            if getattr(p, field) is not None:
-                setattr(request, field, getattr(p, field))
-    if p.last_eval_accuracy >= 0:
-        request.eval_accuracy = p.last_eval_accuracy
-    return request
+    return controller_pb2.LearnerHeartbeatRequest(step=progress.step, version=progress.version,
+                                                  consumed=progress.consumed, total_steps=total_steps,
+                                                  figures=progress.figures())
 
 
 class StatusReporter:

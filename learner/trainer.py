@@ -2,7 +2,7 @@
 objective, backward, clip, optimizer step. With one mini-batch trained whole the training forward doubles as
 the proximal one (`Trainer.fuses_proximal`). The objective itself lives in `learner.algos` (pure); which
 experts a MoE policy's forwards use is `learner.routing_replay`. A dense policy's forwards run each group's
-prompt once (`asyncrl.core.prompt_sharing`, `learner.share_prompts`), in the layout that costs least.
+prompt once (`asyncrl.core.model.prompt_sharing`, `learner.share_prompts`), in the layout that costs least.
 
 Sharded over ranks (`learner.sharding`) or cut into micro-batches (`learner.microbatch_tokens`), a mini-batch
 is trained in parts: every rank holds the whole batch, forwards the rows of its groups (round-robin), and
@@ -24,9 +24,9 @@ from collections import defaultdict
 
 import torch
 
-from asyncrl.core.modeling import sequence_logprobs
-from asyncrl.core.prompt_sharing import shared_prompt_logprobs, why_nothing_shared
-from asyncrl.core.sampling import SamplingParams
+from asyncrl.core.model.modeling import sequence_logprobs
+from asyncrl.core.model.prompt_sharing import shared_prompt_logprobs, why_nothing_shared
+from asyncrl.core.model.sampling import SamplingParams
 from asyncrl.learner.adapters import adapters_disabled
 from asyncrl.learner.algos import build_advantages, objective_units, policy_objective
 from asyncrl.learner.algos.diagnostics import to_floats

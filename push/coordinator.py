@@ -5,11 +5,11 @@ Handshake (docs/architecture.md, "Weight push"): Begin picks the receivers (ever
 current+1, the live replicas that need sync for version == current; a replica held back after failed pushes
 sits them out), ranks them 1..N, builds the plan (world_size N+1) and fans out: one thread per receiver calls
 the injected `WeightNotifier` (in production `push.fanout.ReplicaChannels.update_weights`, i.e.
-`Rollout.UpdateWeights(plan, rank)`, signed for that replica: `asyncrl.core.auth.push_order_mac`), which
+`Rollout.UpdateWeights(plan, rank)`, signed for that replica: `asyncrl.core.wire.auth.push_order_mac`), which
 returns once the replica has joined the broadcast and loaded the weights. The plan names a broadcast group:
 the one of the previous push when the receivers, their ranks, the sender's store and the transport are the
 same and that push was acknowledged by all (every member still holds it), else a new one (`Membership`;
-`push.transport.groups`). Commit waits for the acks (bounded by push_timeout_s from Begin) *outside* the
+`push.groups`). Commit waits for the acks (bounded by push_timeout_s from Begin) *outside* the
 controller's lock, so lease traffic keeps flowing, then drops and flags the receivers that failed.
 
 At a commit, for a learner that offers it (`PushOffer.in_band`, `CommitWeightPush.reserve_next`), the next
@@ -29,7 +29,6 @@ import dataclasses
 import uuid
 from typing import Protocol
 
-from asyncrl.core.events import EventSink
 from asyncrl.core.records.controller import (
     PushAborted,
     PushBegun,
@@ -38,6 +37,7 @@ from asyncrl.core.records.controller import (
     ReplicaDropped,
     ReplicaHeldBack,
 )
+from asyncrl.core.runtime.events import EventSink
 from asyncrl.push.plan import PushOffer, PushPlan
 from asyncrl.push.protocol import Event, Phase, PushRefused, PushSlot
 from asyncrl.push.session import Membership, Outcome, PushSession, Receiver, WeightNotifier

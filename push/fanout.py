@@ -11,15 +11,15 @@ import threading
 
 import grpc
 
-from asyncrl.core.auth import Auth
-from asyncrl.core.grpc_util import channel
+from asyncrl.core.wire.auth import Auth
+from asyncrl.core.wire.grpc_util import channel
 from asyncrl.push.plan import PushPlan
 from asyncrl.push.session import ReceiverAnswer, ReceiverUnreachable
 from asyncrl.v1 import rollout_pb2, rollout_pb2_grpc
 
 log = logging.getLogger(__name__)
 
-STORE_CLIENT_MODULE = "asyncrl.push.transport.broadcast"
+STORE_CLIENT_MODULE = "asyncrl.push.broadcast"
 """Where `report_unreachable` lives: torch.distributed's store client, which the controller needs for nothing
 else. Imported on a thread once the server is built (`preload_store_client`), not before it serves: loading
 torch held up a restarted controller's first answer by about a second."""

@@ -19,7 +19,7 @@ The controller decides per push (`push.coordinator`): in-band only for the push 
 learner that offers it, on a group every member acknowledged and every member registered as following.
 Forming a group, a membership change, a resync and any failure take the controller's path. The messages are `PushOrder` and
 `PushAck` in `weights.proto`. No controller call fails for a member whose process is gone, so the learner
-dials the members that do not join or do not ack (`push.transport.rendezvous.sender_join`, `collect_acks`: `gone`).
+dials the members that do not join or do not ack (`push.rendezvous.sender_join`, `collect_acks`: `gone`).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from collections.abc import Callable
 from google.protobuf.message import DecodeError
 from torch.distributed import DistStoreError
 
-from asyncrl.core.validation import InvalidArgument, require
+from asyncrl.core.checks.validation import InvalidArgument, require
 from asyncrl.push.plan import PushPlan
 from asyncrl.v1 import weights_pb2
 

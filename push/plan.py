@@ -11,16 +11,19 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
-from typing import Literal, get_args
 
+from asyncrl.core.checks.validation import (
+    MAX_TIMEOUT_S,
+    check_host_port,
+    check_name,
+    check_range,
+    require,
+    shown,
+)
 from asyncrl.core.lora.spec import AdapterSpec
-from asyncrl.core.validation import MAX_TIMEOUT_S, check_host_port, check_name, check_range, require, shown
-from asyncrl.push.manifest import MAX_PUSH_BYTES, TensorMeta, check_digest, decode_tensors, encode_tensors
+from asyncrl.core.wire.push_contract import TRANSPORTS, TensorMeta
+from asyncrl.push.manifest import MAX_PUSH_BYTES, check_digest, decode_tensors, encode_tensors
 from asyncrl.v1 import controller_pb2, weights_pb2
-
-Transport = Literal["gloo", "nccl"]
-"""Data planes of the weight push: gloo (CPU tensors) or nccl (GPU tensors)."""
-TRANSPORTS: tuple[str, ...] = get_args(Transport)
 
 
 def check_transport(value: str, field: str) -> None:
@@ -103,12 +106,12 @@ class PushPlan:
     """Group formation time-out once the join handshake said go (0 = timeout_s)."""
     group_id: str = ""
     """The broadcast group this push uses, kept by every member across pushes while the membership holds
-    (`push.transport.groups`); "" = a group of this push alone, formed and closed with it."""
+    (`push.groups`); "" = a group of this push alone, formed and closed with it."""
     new_group: bool = True
     """The group is formed by this push (False: every member already holds it from an earlier push)."""
     manifest_digest: str = ""
     """SHA-256 (hex) of the tensor manifest when `tensors` is not in the plan: the receivers read it once from
-    the sender's store (`push.transport.groups.ManifestCache`) instead of with every push."""
+    the sender's store (`push.groups.ManifestCache`) instead of with every push."""
     adapter: AdapterSpec | None = None
     """The tensors are a LoRA adapter of this shape, applied to the base model the receiver loaded (from the
     plan, or from the manifest once resolved); None: the model's own weights."""

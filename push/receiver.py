@@ -25,14 +25,14 @@ from collections.abc import Callable
 
 from torch.distributed import DistError, TCPStore
 
-from asyncrl.core.auth import push_ack_mac, push_order_mac
-from asyncrl.core.engines.base import WeightUpdateStats
-from asyncrl.core.validation import InvalidArgument
+from asyncrl.core.checks.validation import InvalidArgument
+from asyncrl.core.wire.auth import push_ack_mac, push_order_mac
+from asyncrl.core.wire.push_contract import WeightUpdateStats
+from asyncrl.push.broadcast import SenderGone, push_store, sender_store_client, store_client
+from asyncrl.push.groups import ManifestCache
 from asyncrl.push.in_band import order_key, parse_order, wait_for_order, wake_waiters, write_ack
 from asyncrl.push.plan import PushPlan
-from asyncrl.push.transport.broadcast import SenderGone, push_store, sender_store_client, store_client
-from asyncrl.push.transport.groups import ManifestCache
-from asyncrl.push.transport.rendezvous import POLL_S, PushAborted
+from asyncrl.push.rendezvous import POLL_S, PushAborted
 
 log = logging.getLogger(__name__)
 

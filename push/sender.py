@@ -26,19 +26,19 @@ from dataclasses import dataclass
 import grpc
 import torch
 
-from asyncrl.core.grpc_util import address_refuses
 from asyncrl.core.lora.checksum import adapter_checksum
 from asyncrl.core.lora.spec import AdapterSpec
-from asyncrl.core.modeling import named_weights
-from asyncrl.core.one_at_a_time import OneAtATime
-from asyncrl.core.ports import listening
+from asyncrl.core.model.modeling import named_weights
+from asyncrl.core.runtime.one_at_a_time import OneAtATime
+from asyncrl.core.wire.grpc_util import address_refuses
+from asyncrl.core.wire.ports import listening
+from asyncrl.core.wire.push_contract import tensor_metas
+from asyncrl.push.broadcast import host_store, push_store, send_weights
+from asyncrl.push.flat import FlatWeights, bind_parameters
+from asyncrl.push.groups import BroadcastGroups, publish_manifest
 from asyncrl.push.in_band import collect_acks, order_key, publish_order
-from asyncrl.push.manifest import tensor_metas
 from asyncrl.push.plan import PushOffer, PushPlan
-from asyncrl.push.transport.broadcast import host_store, push_store, send_weights
-from asyncrl.push.transport.flat import FlatWeights, bind_parameters
-from asyncrl.push.transport.groups import BroadcastGroups, publish_manifest
-from asyncrl.push.transport.rendezvous import ReceiversMissing
+from asyncrl.push.rendezvous import ReceiversMissing
 from asyncrl.v1 import controller_pb2
 
 log = logging.getLogger(__name__)

@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from asyncrl.core.auth import push_ack_mac, push_order_mac
+from asyncrl.core.wire.auth import push_ack_mac, push_order_mac
 from asyncrl.push.plan import PushOffer, PushPlan
 from asyncrl.push.protocol import Route
 

@@ -15,7 +15,7 @@ import time
 
 import grpc
 
-from asyncrl.core.teacher_client import score, score_request
+from asyncrl.core.wire.teacher_client import score, score_request
 from asyncrl.v1 import teacher_pb2, trajectory_pb2
 
 log = logging.getLogger("asyncrl.rollout")

@@ -23,8 +23,8 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
-from asyncrl.core.log_once import FirstOfKind
-from asyncrl.core.rewards import RewardFn
+from asyncrl.core.runtime.log_once import FirstOfKind
+from asyncrl.core.tasks.rewards import RewardFn
 
 log = logging.getLogger(__name__)
 

@@ -13,7 +13,7 @@ import socket
 from prometheus_client import Counter, Gauge, Histogram
 
 from asyncrl.core.agents.episode import END_REASONS
-from asyncrl.core.metrics import service_registry
+from asyncrl.core.runtime.metrics import service_registry
 
 _LABEL = ["replica"]
 

@@ -18,16 +18,17 @@ import zlib
 import torch
 
 from asyncrl.core.agents.factory import Episodes
-from asyncrl.core.auth import resolve_auth
 from asyncrl.core.buffer import make_buffer
+from asyncrl.core.buffer.trajectory_checks import checkpoint_limits
+from asyncrl.core.config.preflight import check_checkpoint
 from asyncrl.core.determinism.modes import seeded_sampling
 from asyncrl.core.engines.factory import make_engine
-from asyncrl.core.events import EventLog
-from asyncrl.core.grpc_util import channel
 from asyncrl.core.lora.versions import AdapterServing
-from asyncrl.core.preflight import check_checkpoint
+from asyncrl.core.runtime.events import EventLog
 from asyncrl.core.tasks import task_for_run
-from asyncrl.core.trajectory_checks import checkpoint_limits
+from asyncrl.core.wire.auth import resolve_auth
+from asyncrl.core.wire.grpc_util import channel
+from asyncrl.push.receiving import BroadcastReceiving
 from asyncrl.rollout.annotation import TeacherAnnotator
 from asyncrl.rollout.episode_worker import EpisodeWorker
 from asyncrl.rollout.process_scorer import ProcessRewardScorer
@@ -65,7 +66,7 @@ class ReplicaRuntime:
         torch.manual_seed(seed)
         self.engine = make_engine(config.rollout.engine, config.model.path, config.model.dtype, seed=seed,
                                   adapters=AdapterServing.for_run(config.learner.lora, config.controller.eta),
-                                  determinism=config.model.determinism)
+                                  determinism=config.model.determinism, weights=BroadcastReceiving())
         self.engine_lock = threading.Lock()
         self.metrics = RolloutMetrics(replica_id)
         self.session: ReplicaSession | None = None

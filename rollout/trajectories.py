@@ -8,7 +8,7 @@ from typing import Any
 
 from asyncrl.core.agents.episode import EpisodeResult
 from asyncrl.core.engines.base import Generation
-from asyncrl.core.routing import write_proto
+from asyncrl.core.model.routing import write_proto
 from asyncrl.v1 import trajectory_pb2
 
 

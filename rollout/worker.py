@@ -18,11 +18,11 @@ from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 
-from asyncrl.core.config import SamplingConfig
+from asyncrl.core.buffer.trajectory_checks import BadGroup, TrajectoryLimits, check_trajectory_group
+from asyncrl.core.config.schema import SamplingConfig
 from asyncrl.core.determinism.seeds import prompt_seed
+from asyncrl.core.model.sampling import SamplingParams
 from asyncrl.core.records.rollout import GroupRejected, GroupSkipped, GroupWritten, ProcessRewardsScored
-from asyncrl.core.sampling import SamplingParams
-from asyncrl.core.trajectory_checks import BadGroup, TrajectoryLimits, check_trajectory_group
 from asyncrl.rollout.reward_pool import RewardWorkersHung
 from asyncrl.rollout.subgroups import SubGroups, lease_size
 from asyncrl.rollout.trajectories import build_group

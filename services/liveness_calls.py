@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import grpc
 
-from asyncrl.core.auth import Auth
-from asyncrl.core.grpc_util import channel, dial
+from asyncrl.core.wire.auth import Auth
+from asyncrl.core.wire.grpc_util import channel, dial
 from asyncrl.v1 import learner_pb2, learner_pb2_grpc, rollout_pb2, rollout_pb2_grpc
 
 

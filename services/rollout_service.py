@@ -10,17 +10,18 @@ import threading
 import grpc
 from transformers import AutoConfig
 
-from asyncrl.core.auth import MAX_CHALLENGE, liveness_mac, resolve_auth
+from asyncrl.core.checks.validation import InvalidArgument, check_range, check_token_ids, require
 from asyncrl.core.engines.factory import make_engine
-from asyncrl.core.grpc_util import abort_invalid, build_server, wait_for_channel, wait_until_stopped
 from asyncrl.core.lora.versions import AdapterServing
-from asyncrl.core.metrics import serve_metrics
-from asyncrl.core.ports import listening
-from asyncrl.core.sampling import SamplingParams
-from asyncrl.core.validation import InvalidArgument, check_range, check_token_ids, require
+from asyncrl.core.model.sampling import SamplingParams
+from asyncrl.core.runtime.metrics import serve_metrics
+from asyncrl.core.wire.auth import MAX_CHALLENGE, liveness_mac, resolve_auth
+from asyncrl.core.wire.grpc_util import abort_invalid, build_server, wait_for_channel, wait_until_stopped
+from asyncrl.core.wire.ports import listening
 from asyncrl.push.plan import PushPlan
 from asyncrl.push.receiver import OrderNotSigned, PushReceiver
-from asyncrl.push.transport.rendezvous import PushAborted
+from asyncrl.push.receiving import BroadcastReceiving
+from asyncrl.push.rendezvous import PushAborted
 from asyncrl.rollout.rollout_metrics import RolloutMetrics
 from asyncrl.rollout.runtime import ReplicaRuntime
 from asyncrl.v1 import controller_pb2_grpc, rollout_pb2, rollout_pb2_grpc
@@ -128,7 +129,7 @@ def create_server(config, engine=None, engine_lock=None, metrics=None, replica_i
     callable giving the key pushes must be signed with (see `RolloutServicer`)."""
     engine = engine or make_engine(config.rollout.engine, config.model.path, config.model.dtype, seed=config.seed,
                                    adapters=AdapterServing.for_run(config.learner.lora, config.controller.eta),
-                                   determinism=config.model.determinism)
+                                   determinism=config.model.determinism, weights=BroadcastReceiving())
     model_config = AutoConfig.from_pretrained(config.model.path)
     servicer = RolloutServicer(
         engine, engine_lock or threading.Lock(),

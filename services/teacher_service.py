@@ -6,13 +6,13 @@ from __future__ import annotations
 import torch
 from transformers import AutoConfig
 
-from asyncrl.core.auth import resolve_auth
+from asyncrl.core.checks.validation import InvalidArgument
+from asyncrl.core.config.preflight import check_checkpoint
 from asyncrl.core.engines.factory import make_engine
-from asyncrl.core.grpc_util import abort_invalid, build_server, wait_until_stopped
-from asyncrl.core.metrics import serve_metrics
-from asyncrl.core.ports import listening
-from asyncrl.core.preflight import check_checkpoint
-from asyncrl.core.validation import InvalidArgument
+from asyncrl.core.runtime.metrics import serve_metrics
+from asyncrl.core.wire.auth import resolve_auth
+from asyncrl.core.wire.grpc_util import abort_invalid, build_server, wait_until_stopped
+from asyncrl.core.wire.ports import listening
 from asyncrl.teacher.scorer import TeacherScorer
 from asyncrl.v1 import teacher_pb2, teacher_pb2_grpc
 

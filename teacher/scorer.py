@@ -9,9 +9,9 @@ import time
 
 from prometheus_client import Counter, Histogram
 
+from asyncrl.core.checks.validation import check_token_ids, require
 from asyncrl.core.engines.base import Engine
-from asyncrl.core.metrics import service_registry
-from asyncrl.core.validation import check_token_ids, require
+from asyncrl.core.runtime.metrics import service_registry
 
 
 class TeacherMetrics:

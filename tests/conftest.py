@@ -18,14 +18,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from asyncrl.core.auth import Auth, new_token
+from asyncrl.core.wire.auth import Auth, new_token
 
 # Several processes share very few cores; one intra-op thread keeps the tests from oversubscribing them.
 torch.set_num_threads(1)
 
 os.environ["ASYNCRL_TOKEN"] = os.environ.get("ASYNCRL_TOKEN") or new_token()
 TEST_AUTH = Auth(os.environ["ASYNCRL_TOKEN"])
-# The learner's own secret (`asyncrl.core.learner_secret`): controllers built in tests seat only a learner that
+# The learner's own secret (`asyncrl.core.wire.learner_secret`): controllers built in tests seat only a learner that
 # proves it; test clients that play the learner pass it to `SeatedController`.
 os.environ["ASYNCRL_LEARNER_SECRET"] = os.environ.get("ASYNCRL_LEARNER_SECRET") or new_token()
 TEST_LEARNER_SECRET = os.environ["ASYNCRL_LEARNER_SECRET"].encode()
@@ -46,7 +46,7 @@ class TinyModelDir:
 
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory) -> TinyModelDir:
-    from asyncrl.core.config import AsyncRLConfig
+    from asyncrl.core.config.schema import AsyncRLConfig
     from asyncrl.tools.tiny_model import make_tiny_model
 
     root = tmp_path_factory.mktemp("tiny-model")

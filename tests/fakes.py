@@ -9,10 +9,10 @@ import threading
 from asyncrl.controller.held_request import hold
 from asyncrl.controller.results import LeaseDecision
 from asyncrl.controller.state import ControllerState
-from asyncrl.core.config import ControllerConfig
-from asyncrl.core.events import MemoryEvents
-from asyncrl.core.grpc_aio import Wakeup
-from asyncrl.push.manifest import TensorMeta
+from asyncrl.core.config.schema import ControllerConfig
+from asyncrl.core.runtime.events import MemoryEvents
+from asyncrl.core.wire.grpc_aio import Wakeup
+from asyncrl.core.wire.push_contract import TensorMeta
 from asyncrl.push.plan import PushPlan
 from asyncrl.push.session import ReceiverAnswer, ReceiverUnreachable
 

@@ -10,7 +10,7 @@ import sys
 import time
 from pathlib import Path
 
-from asyncrl.core.events import read_events
+from asyncrl.core.runtime.events import read_events
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -131,6 +131,6 @@ def kill_learner_after(run_dir: Path, steps: int, timeout_s: float = 600) -> Non
 
 def replica_records(run_dir: Path) -> list:
     """Every rollout replica's typed event records of a run, replica after replica."""
-    from asyncrl.core.events import read_records
+    from asyncrl.core.runtime.events import read_records
 
     return [ev for path in sorted((run_dir / "events").glob("rollout-*.jsonl")) for ev in read_records(run_dir, path.stem)]

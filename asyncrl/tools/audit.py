@@ -18,7 +18,6 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from asyncrl.core.events import read_records
 from asyncrl.core.records import Record
 from asyncrl.core.records.controller import (
     ControllerStarted,
@@ -31,6 +30,7 @@ from asyncrl.core.records.controller import (
 )
 from asyncrl.core.records.learner import Eval, FinalBuffer, LearnerDied, LearnerLost, Resumed, Step, Trained
 from asyncrl.core.records.rollout import GroupRejected, GroupSkipped, GroupWritten
+from asyncrl.core.runtime.events import read_records
 
 
 @dataclass

@@ -11,10 +11,10 @@ import sys
 
 from pydantic import ValidationError
 
-from asyncrl.core.config import AsyncRLConfig
-from asyncrl.core.config_file import load_config
-from asyncrl.core.metrics import package_version
-from asyncrl.core.preflight import ConfigError, refusal_line
+from asyncrl.core.checks.config_error import ConfigError, refusal_line
+from asyncrl.core.config.file import load_config
+from asyncrl.core.config.schema import AsyncRLConfig
+from asyncrl.core.runtime.metrics import package_version
 from asyncrl.tools.torch_logs import quiet_torch_cpp_logs
 
 LOG_LEVEL_ENV = "ASYNCRL_LOG_LEVEL"
@@ -111,7 +111,7 @@ def _exit_now(code: int = 0) -> None:
 
 
 def _check(args):
-    from asyncrl.core.preflight import preflight
+    from asyncrl.core.config.preflight import preflight
 
     preflight(_config(args))
     print(f"asyncrl check: {args.config} can run (checkpoints, task, reward)", flush=True)

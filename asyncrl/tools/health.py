@@ -12,11 +12,11 @@ import argparse
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from asyncrl.core.auth import resolve_auth
-from asyncrl.core.config import AsyncRLConfig
-from asyncrl.core.config_file import load_config
-from asyncrl.core.grpc_util import channel
-from asyncrl.core.preflight import ConfigError
+from asyncrl.core.checks.config_error import ConfigError
+from asyncrl.core.config.file import load_config
+from asyncrl.core.config.schema import AsyncRLConfig
+from asyncrl.core.wire.auth import resolve_auth
+from asyncrl.core.wire.grpc_util import channel
 from asyncrl.tools.processes import process_argv
 
 ROLES = ("controller", "rollout", "teacher", "learner")

@@ -18,13 +18,14 @@ import time
 from datetime import datetime
 from pathlib import Path
 
-from asyncrl.core.config import AsyncRLConfig
-from asyncrl.core.config_file import dump_config, load_config
-from asyncrl.core.events import EventLog, read_records
-from asyncrl.core.grpc_util import wait_for_channel
-from asyncrl.core.preflight import ConfigError, preflight, preflight_files, refusal_of
+from asyncrl.core.checks.config_error import ConfigError, refusal_of
+from asyncrl.core.config.file import dump_config, load_config
+from asyncrl.core.config.preflight import preflight, preflight_files
+from asyncrl.core.config.schema import AsyncRLConfig
 from asyncrl.core.records import Record
 from asyncrl.core.records.learner import Eval, Step
+from asyncrl.core.runtime.events import EventLog, read_records
+from asyncrl.core.wire.grpc_util import wait_for_channel
 from asyncrl.tools.plot_later import plot_later
 from asyncrl.tools.port_plan import REPLICA_PORTS, check_ports, planned_ports, replica_port
 from asyncrl.tools.processes import Child, ProcessGroup, free_port

@@ -20,9 +20,9 @@ from dataclasses import dataclass, field
 
 import grpc
 
-from asyncrl.core.auth import METADATA_KEY, SCHEME, Auth
-from asyncrl.core.grpc_util import MESSAGE_OPTIONS
-from asyncrl.core.learner_secret import new_nonce, seat_proof
+from asyncrl.core.wire.auth import METADATA_KEY, SCHEME, Auth
+from asyncrl.core.wire.grpc_util import MESSAGE_OPTIONS
+from asyncrl.core.wire.learner_secret import new_nonce, seat_proof
 from asyncrl.v1 import controller_pb2 as pb
 from asyncrl.v1 import controller_pb2_grpc, weights_pb2
 
@@ -209,7 +209,7 @@ class _Stub:
 
 def _serve(raw_config: dict, ports, stop) -> None:
     """A controller process whose weight fan-out acks at once (simulated replicas hold no weights)."""
-    from asyncrl.core.config import AsyncRLConfig
+    from asyncrl.core.config.schema import AsyncRLConfig
     from asyncrl.push.session import ReceiverAnswer
     from asyncrl.services.controller_service import create_server
 

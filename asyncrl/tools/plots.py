@@ -12,8 +12,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
-from asyncrl.core.events import read_records
 from asyncrl.core.records.learner import Eval, Step, WeightsPushed
+from asyncrl.core.runtime.events import read_records
 from asyncrl.tools.audit import surviving
 from asyncrl.tools.plot_later import run_plot_path
 

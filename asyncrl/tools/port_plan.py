@@ -13,9 +13,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from asyncrl.core.config import AsyncRLConfig
-from asyncrl.core.ports import why_not_listenable
-from asyncrl.core.preflight import ConfigError
+from asyncrl.core.checks.config_error import ConfigError
+from asyncrl.core.config.schema import AsyncRLConfig
+from asyncrl.core.wire.ports import why_not_listenable
 
 WILDCARDS = frozenset({"", "0.0.0.0", "::"})
 

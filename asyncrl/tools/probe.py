@@ -21,8 +21,8 @@ import torch
 from asyncrl.core.determinism.invariant_model import use_invariant_kernels
 from asyncrl.core.determinism.modes import invariant_learner
 from asyncrl.core.engines.factory import make_engine
-from asyncrl.core.modeling import load_causal_lm, pad_token_id, sequence_logprobs
-from asyncrl.core.sampling import SamplingParams
+from asyncrl.core.model.modeling import load_causal_lm, pad_token_id, sequence_logprobs
+from asyncrl.core.model.sampling import SamplingParams
 from asyncrl.core.tasks import task_for_run
 
 

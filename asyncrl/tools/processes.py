@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from asyncrl.core.ports import why_not_listenable
+from asyncrl.core.wire.ports import why_not_listenable
 from asyncrl.tools.spawners import ForkedProcess, Spawner, SubprocessSpawner, child_env, reap_orphans
 
 

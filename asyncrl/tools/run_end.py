@@ -19,8 +19,8 @@ import time
 from pathlib import Path
 
 from asyncrl.core.buffer import make_buffer
-from asyncrl.core.events import EventLog
 from asyncrl.core.records.learner import FinalBuffer, LearnerLost
+from asyncrl.core.runtime.events import EventLog
 from asyncrl.learner.checkpoint_index import latest_checkpoint, read_meta
 
 log = logging.getLogger(__name__)

@@ -1,5 +1,5 @@
 """The secrets `asyncrl up` makes for a run when none are configured: the gRPC access token, the learner secret
-(`asyncrl.core.learner_secret`) and the password of the redis-server it starts. Each is written owner-only into the run directory (so a user's own clients,
+(`asyncrl.core.wire.learner_secret`) and the password of the redis-server it starts. Each is written owner-only into the run directory (so a user's own clients,
 and `up --resume`, find it) and put into the environment the run's processes inherit."""
 
 from __future__ import annotations
@@ -7,10 +7,10 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from asyncrl.core.auth import Auth, MissingToken, new_token, resolve_auth
 from asyncrl.core.buffer.redis_connection import redis_password
-from asyncrl.core.config import AsyncRLConfig
-from asyncrl.core.learner_secret import MissingLearnerSecret, resolve_learner_secret
+from asyncrl.core.config.schema import AsyncRLConfig
+from asyncrl.core.wire.auth import Auth, MissingToken, new_token, resolve_auth
+from asyncrl.core.wire.learner_secret import MissingLearnerSecret, resolve_learner_secret
 
 
 def run_auth(cfg: AsyncRLConfig) -> Auth:

@@ -26,9 +26,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from asyncrl.core.config_file import load_config
-from asyncrl.core.events import read_records
+from asyncrl.core.config.file import load_config
 from asyncrl.core.records.learner import Step
+from asyncrl.core.runtime.events import read_records
 from asyncrl.tools.audit import surviving
 
 PROGRESS_STEPS = 3

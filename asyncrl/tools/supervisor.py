@@ -17,9 +17,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from asyncrl.core.config import AsyncRLConfig
-from asyncrl.core.events import EventLog, EventTail
+from asyncrl.core.config.schema import AsyncRLConfig
 from asyncrl.core.records.learner import Eval, LearnerDied, Step
+from asyncrl.core.runtime.events import EventLog, EventTail
 from asyncrl.learner.checkpoint_index import latest_checkpoint
 from asyncrl.tools.learner_deaths import MEMORY_SETTINGS, judge, oom_kills
 from asyncrl.tools.processes import Child, ProcessGroup

@@ -23,10 +23,10 @@ import torch
 
 from asyncrl.core.agents.factory import Episodes
 from asyncrl.core.agents.reference import reference_episode
-from asyncrl.core.modeling import sequence_logprobs
+from asyncrl.core.model.modeling import sequence_logprobs
+from asyncrl.core.model.tokenizer import ARITH_ALPHABET, ModelTokenizer, build_char_tokenizer, save_tokenizer
 from asyncrl.core.tasks import Task, get_task
 from asyncrl.core.tasks.registry import TASKS
-from asyncrl.core.tokenizer import ARITH_ALPHABET, ModelTokenizer, build_char_tokenizer, save_tokenizer
 from asyncrl.tools.tiny_model_stamp import (
     SFT_BATCH_SIZE,
     SFT_TEACHER_FINAL_LR,

@@ -282,42 +282,27 @@ class CommitWeightPushResponse(_message.Message):
     def __init__(self, committed: _Optional[bool] = ..., current_version: _Optional[int] = ..., acked: _Optional[_Iterable[str]] = ..., dropped: _Optional[_Iterable[str]] = ..., next_push: _Optional[_Union[BeginWeightPushResponse, _Mapping]] = ...) -> None: ...
 
 class LearnerHeartbeatRequest(_message.Message):
-    __slots__ = ("step", "version", "consumed", "total_steps", "reward_mean", "eval_accuracy", "staleness_mean", "step_seconds", "busy_fraction", "learner_key", "length_correct_mean", "length_incorrect_mean", "truncated_fraction", "episode_turns_mean", "observation_tokens_mean", "environment_share", "tool_failure_fraction")
+    __slots__ = ("step", "version", "consumed", "total_steps", "learner_key", "figures")
+    class FiguresEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
     STEP_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     CONSUMED_FIELD_NUMBER: _ClassVar[int]
     TOTAL_STEPS_FIELD_NUMBER: _ClassVar[int]
-    REWARD_MEAN_FIELD_NUMBER: _ClassVar[int]
-    EVAL_ACCURACY_FIELD_NUMBER: _ClassVar[int]
-    STALENESS_MEAN_FIELD_NUMBER: _ClassVar[int]
-    STEP_SECONDS_FIELD_NUMBER: _ClassVar[int]
-    BUSY_FRACTION_FIELD_NUMBER: _ClassVar[int]
     LEARNER_KEY_FIELD_NUMBER: _ClassVar[int]
-    LENGTH_CORRECT_MEAN_FIELD_NUMBER: _ClassVar[int]
-    LENGTH_INCORRECT_MEAN_FIELD_NUMBER: _ClassVar[int]
-    TRUNCATED_FRACTION_FIELD_NUMBER: _ClassVar[int]
-    EPISODE_TURNS_MEAN_FIELD_NUMBER: _ClassVar[int]
-    OBSERVATION_TOKENS_MEAN_FIELD_NUMBER: _ClassVar[int]
-    ENVIRONMENT_SHARE_FIELD_NUMBER: _ClassVar[int]
-    TOOL_FAILURE_FRACTION_FIELD_NUMBER: _ClassVar[int]
+    FIGURES_FIELD_NUMBER: _ClassVar[int]
     step: int
     version: int
     consumed: int
     total_steps: int
-    reward_mean: float
-    eval_accuracy: float
-    staleness_mean: float
-    step_seconds: float
-    busy_fraction: float
     learner_key: bytes
-    length_correct_mean: float
-    length_incorrect_mean: float
-    truncated_fraction: float
-    episode_turns_mean: float
-    observation_tokens_mean: float
-    environment_share: float
-    tool_failure_fraction: float
-    def __init__(self, step: _Optional[int] = ..., version: _Optional[int] = ..., consumed: _Optional[int] = ..., total_steps: _Optional[int] = ..., reward_mean: _Optional[float] = ..., eval_accuracy: _Optional[float] = ..., staleness_mean: _Optional[float] = ..., step_seconds: _Optional[float] = ..., busy_fraction: _Optional[float] = ..., learner_key: _Optional[bytes] = ..., length_correct_mean: _Optional[float] = ..., length_incorrect_mean: _Optional[float] = ..., truncated_fraction: _Optional[float] = ..., episode_turns_mean: _Optional[float] = ..., observation_tokens_mean: _Optional[float] = ..., environment_share: _Optional[float] = ..., tool_failure_fraction: _Optional[float] = ...) -> None: ...
+    figures: _containers.ScalarMap[str, float]
+    def __init__(self, step: _Optional[int] = ..., version: _Optional[int] = ..., consumed: _Optional[int] = ..., total_steps: _Optional[int] = ..., learner_key: _Optional[bytes] = ..., figures: _Optional[_Mapping[str, float]] = ...) -> None: ...
 
 class LearnerHeartbeatResponse(_message.Message):
     __slots__ = ("sync_requested", "current_version")

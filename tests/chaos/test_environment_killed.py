@@ -17,7 +17,7 @@ import time
 
 import pytest
 
-from asyncrl.core.events import read_events
+from asyncrl.core.runtime.events import read_events
 from asyncrl.tools.processes import free_port
 from tests.run_helpers import REPO, running_up, steps_done, wait_for
 

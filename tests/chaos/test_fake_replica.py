@@ -16,9 +16,9 @@ import grpc
 import pytest
 import yaml
 
-from asyncrl.core.auth import liveness_mac
-from asyncrl.core.events import read_events
-from asyncrl.core.grpc_util import build_server, channel
+from asyncrl.core.runtime.events import read_events
+from asyncrl.core.wire.auth import liveness_mac
+from asyncrl.core.wire.grpc_util import build_server, channel
 from asyncrl.v1 import controller_pb2 as pb
 from asyncrl.v1 import controller_pb2_grpc, rollout_pb2, rollout_pb2_grpc
 from tests.conftest import TEST_AUTH

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from asyncrl.core.events import read_events, read_records
 from asyncrl.core.records.learner import Eval, Step
+from asyncrl.core.runtime.events import read_events, read_records
 from asyncrl.tools.audit import surviving
 from tests.run_helpers import demo_args, running_up, steps_done, wait_for
 

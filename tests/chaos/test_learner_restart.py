@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import pytest
 
-from asyncrl.core.events import read_events, read_records
 from asyncrl.core.records.learner import Step
+from asyncrl.core.runtime.events import read_events, read_records
 from asyncrl.tools.audit import surviving
 from asyncrl.tools.processes import free_port
 from tests.chaos.test_kill import kill

@@ -13,7 +13,7 @@ import redis
 import torch
 import yaml
 
-from asyncrl.core.events import read_events
+from asyncrl.core.runtime.events import read_events
 from asyncrl.v1 import trajectory_pb2
 from tests.run_helpers import demo_args, listening_sockets, process_tree, running_up, steps_done, wait_for
 

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from asyncrl.core.events import read_events
+from asyncrl.core.runtime.events import read_events
 from tests.chaos.test_kill import kill
 from tests.run_helpers import demo_args, running_up, steps_done, wait_for
 

@@ -13,8 +13,8 @@ import grpc
 import pytest
 import yaml
 
-from asyncrl.core.events import read_events
-from asyncrl.core.grpc_util import channel
+from asyncrl.core.runtime.events import read_events
+from asyncrl.core.wire.grpc_util import channel
 from asyncrl.v1 import controller_pb2 as pb
 from asyncrl.v1 import controller_pb2_grpc, weights_pb2
 from tests.chaos.test_kill import kill

@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from asyncrl.core.events import read_events
+from asyncrl.core.runtime.events import read_events
 from tests.run_helpers import REPO, demo_args, running_up, steps_done, wait_for
 
 pytestmark = pytest.mark.chaos

@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from asyncrl.core.sampling import SamplingParams, processed_logprobs
-from asyncrl.push.manifest import tensor_metas
+from asyncrl.core.model.sampling import SamplingParams, processed_logprobs
+from asyncrl.core.wire.push_contract import tensor_metas
+from asyncrl.push.broadcast import host_store, make_group, send_weights
 from asyncrl.push.plan import PushPlan
-from asyncrl.push.transport.broadcast import host_store, make_group, send_weights
 
 # Characters of the toy vocabulary; ids 0 and 1 are the special tokens.
 TINY_SYMBOLS = list("0123456789+-*=") + [" "]

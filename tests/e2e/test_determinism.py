@@ -15,7 +15,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from asyncrl.core.events import read_events
+from asyncrl.core.runtime.events import read_events
 from tests.e2e.test_system import REPO, asyncrl_up, no_process_left
 
 pytestmark = pytest.mark.e2e

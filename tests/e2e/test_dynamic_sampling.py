@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import pytest
 
-from asyncrl.core.events import read_records
 from asyncrl.core.records.controller import LeaseCompleted
 from asyncrl.core.records.learner import Trained
 from asyncrl.core.records.rollout import GroupSkipped, GroupWritten
+from asyncrl.core.runtime.events import read_records
 from tests.e2e.test_system import asyncrl_up, no_process_left
 from tests.run_helpers import replica_records
 

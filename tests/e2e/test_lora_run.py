@@ -15,8 +15,8 @@ import pytest
 import torch
 import yaml
 
-from asyncrl.core.events import read_events
-from asyncrl.core.modeling import load_causal_lm, named_weights, sequence_logprobs
+from asyncrl.core.model.modeling import load_causal_lm, named_weights, sequence_logprobs
+from asyncrl.core.runtime.events import read_events
 from tests.e2e.test_system import DEMO_CONFIG, REPO, asyncrl_up
 from tests.run_helpers import kill_learner_after
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from asyncrl.core.events import read_events
+from asyncrl.core.runtime.events import read_events
 
 pytestmark = pytest.mark.e2e
 

@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from asyncrl.core.events import read_events, read_records
 from asyncrl.core.records.learner import Eval, Step
+from asyncrl.core.runtime.events import read_events, read_records
 from asyncrl.tools.audit import surviving
 from tests.run_helpers import kill_learner_after
 
@@ -100,7 +100,7 @@ def final_checkpoint(run_dir: Path) -> Path:
 def test_the_exported_checkpoint_is_the_final_policy(resumed_run):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from asyncrl.core.modeling import load_causal_lm, sequence_logprobs
+    from asyncrl.core.model.modeling import load_causal_lm, sequence_logprobs
     from asyncrl.learner.checkpoint import load_checkpoint
 
     run_dir = resumed_run[0]
@@ -127,10 +127,10 @@ def test_the_exported_checkpoint_is_the_final_policy(resumed_run):
 @pytest.mark.vllm
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm is not installed")
 def test_vllm_loads_the_exported_checkpoint_and_generates(resumed_run):
-    from asyncrl.core.config import EngineConfig
+    from asyncrl.core.config.schema import EngineConfig
     from asyncrl.core.engines.factory import make_engine
-    from asyncrl.core.sampling import SamplingParams
-    from asyncrl.core.tokenizer import ModelTokenizer
+    from asyncrl.core.model.sampling import SamplingParams
+    from asyncrl.core.model.tokenizer import ModelTokenizer
 
     hf_dir = final_checkpoint(resumed_run[0]) / "hf"
     tokenizer = ModelTokenizer.load(hf_dir)

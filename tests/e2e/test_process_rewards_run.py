@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import pytest
 
-from asyncrl.core.events import read_records
 from asyncrl.core.records.learner import Step
 from asyncrl.core.records.rollout import ProcessRewardsScored
+from asyncrl.core.runtime.events import read_records
 from tests.e2e.test_agent_run import AGENT_CONFIG
 from tests.e2e.test_system import asyncrl_up, no_process_left
 from tests.run_helpers import replica_records

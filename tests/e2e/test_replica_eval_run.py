@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from asyncrl.core.events import read_events
+from asyncrl.core.runtime.events import read_events
 from tests.e2e.test_system import asyncrl_up, no_process_left
 
 pytestmark = pytest.mark.e2e

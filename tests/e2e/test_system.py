@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from asyncrl.core.events import read_events
+from asyncrl.core.runtime.events import read_events
 from tests.run_helpers import wait_for
 
 pytestmark = pytest.mark.e2e

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from asyncrl.core.events import read_events
+from asyncrl.core.runtime.events import read_events
 from tests.e2e.test_system import asyncrl_up, no_process_left
 from tests.tls_certs import make_pki
 

@@ -14,10 +14,11 @@ import time
 import pytest
 import torch
 
-from asyncrl.core.config import EngineConfig
-from asyncrl.core.sampling import SamplingParams
-from asyncrl.push.manifest import TensorMeta, tensor_metas
+from asyncrl.core.config.schema import EngineConfig
+from asyncrl.core.model.sampling import SamplingParams
+from asyncrl.core.wire.push_contract import TensorMeta, tensor_metas
 from asyncrl.push.plan import PushPlan
+from asyncrl.push.receiving import BroadcastReceiving
 from tests.e2e.conftest import logits_of, perturbed, push, reference_logp
 
 pytestmark = [
@@ -48,7 +49,7 @@ def engine(tiny_qwen2_path):
     from asyncrl.core.engines.vllm_engine import VLLMEngine
 
     cfg = EngineConfig(type="vllm", max_model_len=128, max_batch_size=32)
-    eng = VLLMEngine(cfg, tiny_qwen2_path, "float32", seed=0, version=0)
+    eng = VLLMEngine(cfg, tiny_qwen2_path, "float32", seed=0, version=0, weights=BroadcastReceiving())
     print(f"vLLM engine started in {eng.start_s:.1f} s (update mode {eng.update_mode})")
     yield eng
     eng.close()

@@ -16,10 +16,11 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from asyncrl.core.config import EngineConfig
+from asyncrl.core.config.schema import EngineConfig
 from asyncrl.core.lora.checksum import adapter_checksum
 from asyncrl.core.lora.versions import AdapterServing
-from asyncrl.core.sampling import SamplingParams
+from asyncrl.core.model.sampling import SamplingParams
+from asyncrl.push.receiving import BroadcastReceiving
 from tests.e2e.conftest import push_named, reference_logp
 
 pytestmark = [
@@ -51,7 +52,8 @@ def engine(tiny_qwen2_path):
     from asyncrl.core.engines.vllm_engine import VLLMEngine
 
     cfg = EngineConfig(type="vllm", max_model_len=128, max_batch_size=32)
-    eng = VLLMEngine(cfg, tiny_qwen2_path, "float32", seed=0, version=0, adapters=AdapterServing(8, 2))
+    eng = VLLMEngine(cfg, tiny_qwen2_path, "float32", seed=0, version=0, adapters=AdapterServing(8, 2),
+                     weights=BroadcastReceiving())
     yield eng
     eng.close()
 
@@ -156,7 +158,7 @@ def test_the_merged_export_loads_in_vllm(learner, tiny_qwen2_path, tmp_path):
         shutil.copy(file, out / file.name)
     exported = AutoModelForCausalLM.from_pretrained(str(out), dtype=torch.float32).eval()
     cfg = EngineConfig(type="vllm", max_model_len=128, max_batch_size=8)
-    eng = VLLMEngine(cfg, str(out), "float32", seed=0)
+    eng = VLLMEngine(cfg, str(out), "float32", seed=0, weights=BroadcastReceiving())
     try:
         scores_match(eng, exported)
         scores_match(eng, model)  # the export is the adapted policy

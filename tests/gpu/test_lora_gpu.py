@@ -10,9 +10,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from asyncrl.core.config import EngineConfig
+from asyncrl.core.config.schema import EngineConfig
 from asyncrl.core.lora.checksum import adapter_checksum
 from asyncrl.core.lora.versions import AdapterServing
+from asyncrl.push.receiving import BroadcastReceiving
 from tests.e2e.conftest import build_tiny_qwen2, reference_logp
 from tests.e2e.test_vllm_lora import SEQUENCES, STARTS, TARGETS, new_adapter, push_adapter
 
@@ -46,7 +47,7 @@ def test_the_torch_engine_merges_an_adapter_on_the_gpu(tiny):
     from asyncrl.core.engines.torch_engine import TorchEngine
 
     model, spec = adapted(tiny)
-    engine = TorchEngine(EngineConfig(device="cuda"), tiny)
+    engine = TorchEngine(EngineConfig(device="cuda"), tiny, weights=BroadcastReceiving())
     try:
         named = new_adapter(model, 1)
         stats = push_adapter(engine, named, spec, 1)
@@ -63,7 +64,8 @@ def test_vllm_loads_an_adapter_on_the_gpu(tiny):
 
     model, spec = adapted(tiny)
     cfg = EngineConfig(type="vllm", max_model_len=128, max_batch_size=32, gpu_memory_utilization=0.2)
-    engine = VLLMEngine(cfg, tiny, "float32", seed=0, version=0, adapters=AdapterServing(8, 2))
+    engine = VLLMEngine(cfg, tiny, "float32", seed=0, version=0, adapters=AdapterServing(8, 2),
+                        weights=BroadcastReceiving())
     try:
         named = new_adapter(model, 2)
         stats = push_adapter(engine, named, spec, 1)

@@ -1,4 +1,4 @@
-"""Shared-prompt forwards (`asyncrl.core.prompt_sharing`) on CUDA: the kernels differ from the CPU's (SDPA's
+"""Shared-prompt forwards (`asyncrl.core.model.prompt_sharing`) on CUDA: the kernels differ from the CPU's (SDPA's
 flash / memory-efficient paths under left padding, where a padded prompt position attends to nothing), so
 the equality with the one-forward path that tests/unit/test_prompt_sharing.py shows on CPU is checked here
 again for both layouts (KV copy, packed rows under a boolean mask), with gradients, in float32 and bfloat16. Skipped without a CUDA GPU (CI never has one)."""
@@ -6,9 +6,9 @@ again for both layouts (KV copy, packed rows under a boolean mask), with gradien
 import pytest
 import torch
 
-from asyncrl.core.modeling import load_causal_lm, sequence_logprobs
-from asyncrl.core.packing import packed_logprobs
-from asyncrl.core.prompt_sharing import kv_copy_logprobs
+from asyncrl.core.model.modeling import load_causal_lm, sequence_logprobs
+from asyncrl.core.model.packing import packed_logprobs
+from asyncrl.core.model.prompt_sharing import kv_copy_logprobs
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 

@@ -12,8 +12,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from asyncrl.core.events import read_events, read_records
 from asyncrl.core.records.learner import Eval, Step
+from asyncrl.core.runtime.events import read_events, read_records
 from asyncrl.tools.audit import surviving
 from tests.chaos.test_kill import checkpoint_of_step, kill, surviving_steps
 from tests.gpu.test_system_gpu import ON_GPU

@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from asyncrl.core.engines.torch_decode import generate_with_model
-from asyncrl.core.modeling import sequence_logprobs
-from asyncrl.core.routing import install_hooks, routing_mismatch
-from asyncrl.core.sampling import SamplingParams
+from asyncrl.core.model.modeling import sequence_logprobs
+from asyncrl.core.model.routing import install_hooks, routing_mismatch
+from asyncrl.core.model.sampling import SamplingParams
 from tests.unit.test_routing import TOP_K, padded, tiny_moe
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]

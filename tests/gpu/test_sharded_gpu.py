@@ -24,7 +24,7 @@ def _rank(rank: int, port: int, model_path: str, learner: dict, mixed_precision:
 
     import torch.distributed as dist
 
-    from asyncrl.core.modeling import load_causal_lm
+    from asyncrl.core.model.modeling import load_causal_lm
     from asyncrl.learner.sharding import Mirror, Ranks, leave, shard, train_step
     from tests.integration.test_sharded_learner import batches, trainer_for
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from asyncrl.core.events import read_events
+from asyncrl.core.runtime.events import read_events
 from tests.e2e.test_system import asyncrl_up, check_run
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]

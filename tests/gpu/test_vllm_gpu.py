@@ -12,8 +12,9 @@ import importlib.util
 import pytest
 import torch
 
-from asyncrl.core.config import EngineConfig
-from asyncrl.core.sampling import SamplingParams
+from asyncrl.core.config.schema import EngineConfig
+from asyncrl.core.model.sampling import SamplingParams
+from asyncrl.push.receiving import BroadcastReceiving
 from tests.e2e.conftest import build_tiny_qwen2, build_tiny_qwen3_moe, perturbed, push, reference_logp
 
 pytestmark = [
@@ -32,7 +33,7 @@ def start_engine(path: str):
     from asyncrl.core.engines.vllm_engine import VLLMEngine
 
     cfg = EngineConfig(type="vllm", max_model_len=128, max_batch_size=32, gpu_memory_utilization=0.2)
-    return VLLMEngine(cfg, path, "float32", seed=0, version=0)
+    return VLLMEngine(cfg, path, "float32", seed=0, version=0, weights=BroadcastReceiving())
 
 
 def reference_model(path: str):
@@ -93,8 +94,8 @@ def assert_r3_reproduces_logp_behav(model, prompt, gen):
     """vLLM's routed experts through the trajectory proto and the learner's batch, forced in the learner's
     forward (R3): the learner's log-probs match the engine's logp_behav."""
     from asyncrl.core.buffer import BufferEntry
-    from asyncrl.core.modeling import sequence_logprobs
-    from asyncrl.core.routing import install_hooks
+    from asyncrl.core.model.modeling import sequence_logprobs
+    from asyncrl.core.model.routing import install_hooks
     from asyncrl.learner.batch import assemble
     from asyncrl.rollout.trajectories import build_group
 

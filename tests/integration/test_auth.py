@@ -11,7 +11,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from asyncrl.core.auth import MissingToken
+from asyncrl.core.wire.auth import MissingToken
 from asyncrl.services import controller_service, learner_service, rollout_service, teacher_service
 from asyncrl.v1 import controller_pb2, learner_pb2, rollout_pb2, teacher_pb2
 from tests.conftest import TEST_AUTH
@@ -107,7 +107,7 @@ def test_a_live_replica_id_cannot_be_taken_over(tiny_model_dir, tmp_path):
     """RegisterReplica under the id of a live replica (which proves it holds the registration's key through
     Rollout.GetStatus) answers ALREADY_EXISTS; once that replica is gone, its id can be registered again (a
     restart)."""
-    from asyncrl.core.grpc_util import channel
+    from asyncrl.core.wire.grpc_util import channel
     from asyncrl.v1 import controller_pb2_grpc
 
     config = local_config(tiny_model_dir)

@@ -12,8 +12,8 @@ import contextlib
 import pytest
 import torch
 
-from asyncrl.core.grpc_util import channel as grpc_channel
-from asyncrl.core.modeling import load_causal_lm, sequence_logprobs
+from asyncrl.core.model.modeling import load_causal_lm, sequence_logprobs
+from asyncrl.core.wire.grpc_util import channel as grpc_channel
 from asyncrl.learner.seat import SeatedController
 from asyncrl.push.sender import WeightPublisher
 from asyncrl.services import controller_service, rollout_service

@@ -1,7 +1,7 @@
 import pytest
 
 from asyncrl.core.buffer import make_buffer
-from asyncrl.core.config import BufferConfig
+from asyncrl.core.config.schema import BufferConfig
 from tests import buffer_contract as contract
 
 pytestmark = pytest.mark.integration

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 
-from asyncrl.core.events import read_records
+from asyncrl.core.runtime.events import read_records
 from asyncrl.tools.audit import AuditReport, check_eta
 from asyncrl.tools.lease_load import controller_process, run_load
 from tests.conftest import TEST_AUTH, TEST_LEARNER_SECRET

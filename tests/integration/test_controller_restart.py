@@ -12,8 +12,8 @@ import redis
 
 from asyncrl.controller.persistence import StateOfAnotherRun
 from asyncrl.core.buffer.redis_buffer import RedisBuffer
-from asyncrl.core.events import read_events
-from asyncrl.core.grpc_util import channel as grpc_channel
+from asyncrl.core.runtime.events import read_events
+from asyncrl.core.wire.grpc_util import channel as grpc_channel
 from asyncrl.learner.seat import SeatedController
 from asyncrl.services.controller_service import create_server
 from asyncrl.v1 import controller_pb2 as pb

@@ -28,17 +28,17 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from asyncrl.controller.state import ControllerState
 from asyncrl.controller.status_page import StatusPage
-from asyncrl.core.auth import liveness_mac
-from asyncrl.core.config import AsyncRLConfig
-from asyncrl.core.config_file import dump_config
-from asyncrl.core.events import read_events
-from asyncrl.core.grpc_util import channel as grpc_channel
+from asyncrl.core.config.file import dump_config
+from asyncrl.core.config.schema import AsyncRLConfig
+from asyncrl.core.runtime.events import read_events
+from asyncrl.core.wire.auth import liveness_mac
+from asyncrl.core.wire.grpc_util import channel as grpc_channel
 from asyncrl.learner.seat import SeatedController
+from asyncrl.push.broadcast import host_store, make_group, receive_weights, send_weights
 from asyncrl.push.fanout import STORE_CLIENT_MODULE, TELL_SENDER_TIMEOUT_S, ReplicaChannels
 from asyncrl.push.plan import PushPlan
+from asyncrl.push.rendezvous import ReceiversMissing
 from asyncrl.push.session import ReceiverUnreachable
-from asyncrl.push.transport.broadcast import host_store, make_group, receive_weights, send_weights
-from asyncrl.push.transport.rendezvous import ReceiversMissing
 from asyncrl.services.controller_service import SERVICE_NAME, create_server
 from asyncrl.v1 import controller_pb2 as pb
 from asyncrl.v1 import controller_pb2_grpc, rollout_pb2, rollout_pb2_grpc, weights_pb2
@@ -277,11 +277,12 @@ INVALID = [
     ("CommitWeightPush", pb.CommitWeightPushRequest(push_id="p", acks=[weights_pb2.PushAck(rank=1, error="e" * 4097)]), "acks[0].error: at most 4096 characters"),
     ("LearnerHeartbeat", pb.LearnerHeartbeatRequest(step=-1), "step: must be in [0, 9007199254740992], got -1"),
     ("LearnerHeartbeat", pb.LearnerHeartbeatRequest(consumed=-5), "consumed: must be in [0, 9007199254740992], got -5"),
-    ("LearnerHeartbeat", pb.LearnerHeartbeatRequest(step=1, busy_fraction=1.5), "busy_fraction: must be in [0.0, 1.0], got 1.5"),
-    ("LearnerHeartbeat", pb.LearnerHeartbeatRequest(step=1, environment_share=2.0), "environment_share: must be in [0.0, 1.0]"),
-    ("LearnerHeartbeat", pb.LearnerHeartbeatRequest(step=1, tool_failure_fraction=-0.1), "tool_failure_fraction: must be in"),
-    ("LearnerHeartbeat", pb.LearnerHeartbeatRequest(step=1, truncated_fraction=-0.5), "truncated_fraction: must be in [0.0, 1.0], got -0.5"),
-    ("LearnerHeartbeat", pb.LearnerHeartbeatRequest(step=1, length_correct_mean=float("nan")), "length_correct_mean: must be"),
+    ("LearnerHeartbeat", pb.LearnerHeartbeatRequest(step=1, figures={"busy_fraction": 1.5}), "figures['busy_fraction']: must be in [0.0, 1.0], got 1.5"),
+    ("LearnerHeartbeat", pb.LearnerHeartbeatRequest(step=1, figures={"environment_share": 2.0}), "figures['environment_share']: must be in [0.0, 1.0]"),
+    ("LearnerHeartbeat", pb.LearnerHeartbeatRequest(step=1, figures={"tool_failure_fraction": -0.1}), "figures['tool_failure_fraction']: must be in"),
+    ("LearnerHeartbeat", pb.LearnerHeartbeatRequest(step=1, figures={"truncated_fraction": -0.5}), "figures['truncated_fraction']: must be in [0.0, 1.0], got -0.5"),
+    ("LearnerHeartbeat", pb.LearnerHeartbeatRequest(step=1, figures={"length_correct_mean": float("nan")}), "figures['length_correct_mean']: must be"),
+    ("LearnerHeartbeat", pb.LearnerHeartbeatRequest(step=1, figures={"made_up": 1.0}), "figures['made_up']: is not a figure the learner reports"),
 ]  # fmt: skip
 
 

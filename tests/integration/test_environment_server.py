@@ -14,7 +14,7 @@ import pytest
 from asyncrl.core.agents.episode import DONE, TIMEOUT
 from asyncrl.core.agents.tool_env import ToolEnvironment
 from asyncrl.core.agents.tools import load_tools
-from asyncrl.core.tokenizer import ModelTokenizer
+from asyncrl.core.model.tokenizer import ModelTokenizer
 from asyncrl.tools.processes import free_port
 from tests.unit.test_agents import CALL, Scripted, exact, runner_for, sums
 

@@ -12,7 +12,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from asyncrl.core.grpc_util import channel as grpc_channel
+from asyncrl.core.wire.grpc_util import channel as grpc_channel
 from asyncrl.v1 import (
     controller_pb2,
     controller_pb2_grpc,

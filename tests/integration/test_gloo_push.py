@@ -5,9 +5,9 @@ import multiprocessing as mp
 import pytest
 import torch
 
-from asyncrl.push.manifest import tensor_metas
+from asyncrl.core.wire.push_contract import tensor_metas
+from asyncrl.push.broadcast import host_store, make_group, receive_weights, send_weights
 from asyncrl.push.plan import PushPlan
-from asyncrl.push.transport.broadcast import host_store, make_group, receive_weights, send_weights
 
 pytestmark = pytest.mark.integration
 
@@ -63,7 +63,7 @@ def test_a_receiver_that_never_joins_calls_the_push_off_quickly():
     import threading
     import time
 
-    from asyncrl.push.transport.rendezvous import PushAborted, ReceiversMissing
+    from asyncrl.push.rendezvous import PushAborted, ReceiversMissing
 
     store = host_store("127.0.0.1", 0, 60)
     named = weights(0)
@@ -95,8 +95,8 @@ def test_a_receiver_that_joins_then_vanishes_costs_the_formation_timeout():
     import threading
     import time
 
-    from asyncrl.push.transport.broadcast import connect_store, push_store
-    from asyncrl.push.transport.rendezvous import receiver_join
+    from asyncrl.push.broadcast import connect_store, push_store
+    from asyncrl.push.rendezvous import receiver_join
 
     store = host_store("127.0.0.1", 0, 60)
     named = weights(0)
@@ -114,8 +114,8 @@ def test_a_receiver_that_joins_then_vanishes_costs_the_formation_timeout():
 
 def kept_group_receiver(rank, plans, results):
     """A replica's side with a kept group: resolve each plan's manifest, join, receive; report what came."""
-    from asyncrl.push.transport.groups import BroadcastGroups, ManifestCache
-    from asyncrl.push.transport.rendezvous import PushAborted
+    from asyncrl.push.groups import BroadcastGroups, ManifestCache
+    from asyncrl.push.rendezvous import PushAborted
 
     groups, manifests = BroadcastGroups(), ManifestCache()
     while (plan := plans.get(timeout=60)) is not None:
@@ -137,8 +137,8 @@ def test_a_kept_group_carries_many_pushes_and_a_receiver_without_it_calls_one_of
     on a new group, reaches everyone."""
     import dataclasses
 
-    from asyncrl.push.transport.groups import BroadcastGroups, publish_manifest
-    from asyncrl.push.transport.rendezvous import ReceiversMissing
+    from asyncrl.push.groups import BroadcastGroups, publish_manifest
+    from asyncrl.push.rendezvous import ReceiversMissing
 
     store = host_store("127.0.0.1", 0, 30)
     metas = tensor_metas(weights(0))
@@ -194,9 +194,9 @@ def test_a_kept_group_carries_many_pushes_and_a_receiver_without_it_calls_one_of
 
 
 def test_a_manifest_that_does_not_match_its_digest_is_refused():
-    from asyncrl.core.validation import InvalidArgument
+    from asyncrl.core.checks.validation import InvalidArgument
+    from asyncrl.push.groups import MANIFEST_KEY, ManifestCache, publish_manifest
     from asyncrl.push.manifest import manifest_bytes
-    from asyncrl.push.transport.groups import MANIFEST_KEY, ManifestCache, publish_manifest
 
     store = host_store("127.0.0.1", 0, 30)
     digest = publish_manifest(store, tensor_metas(weights(0)))
@@ -215,9 +215,9 @@ def test_a_pushs_verdict_outlives_its_broadcast_until_the_next_push():
     A receiver that reads the verdict only after the sender finished still gets "go"."""
     import threading
 
-    from asyncrl.push.transport.broadcast import push_store
-    from asyncrl.push.transport.groups import BroadcastGroups
-    from asyncrl.push.transport.rendezvous import receiver_join
+    from asyncrl.push.broadcast import push_store
+    from asyncrl.push.groups import BroadcastGroups
+    from asyncrl.push.rendezvous import receiver_join
 
     store = host_store("127.0.0.1", 0, 30)
     sender, receiver = BroadcastGroups(store), BroadcastGroups()
@@ -251,9 +251,9 @@ def test_an_order_that_comes_late_gives_up_when_the_sender_moves_on():
     import threading
     import time
 
-    from asyncrl.push.transport.broadcast import connect_store, push_store
-    from asyncrl.push.transport.groups import BroadcastGroups
-    from asyncrl.push.transport.rendezvous import PushAborted, ReceiversMissing, receiver_join
+    from asyncrl.push.broadcast import connect_store, push_store
+    from asyncrl.push.groups import BroadcastGroups
+    from asyncrl.push.rendezvous import PushAborted, ReceiversMissing, receiver_join
 
     store = host_store("127.0.0.1", 0, 60)
     sender = BroadcastGroups(store)
@@ -293,7 +293,7 @@ def test_a_receiver_follows_a_sender_restarted_at_the_same_address():
     import dataclasses
     import gc
 
-    from asyncrl.push.transport.groups import BroadcastGroups, publish_manifest
+    from asyncrl.push.groups import BroadcastGroups, publish_manifest
 
     metas = tensor_metas(weights(0))
     ctx = mp.get_context("spawn")
@@ -336,8 +336,8 @@ def test_a_receiver_whose_sender_dies_mid_push_lets_go_at_once():
     import threading
     import time
 
-    from asyncrl.push.transport.groups import BroadcastGroups
-    from asyncrl.push.transport.rendezvous import SenderLost
+    from asyncrl.push.groups import BroadcastGroups
+    from asyncrl.push.rendezvous import SenderLost
 
     named = weights(0)
     metas = tensor_metas(named)
@@ -391,8 +391,8 @@ def test_an_order_from_a_sender_that_is_gone_is_refused_at_once():
     import gc
     import time
 
-    from asyncrl.push.transport.broadcast import SenderGone
-    from asyncrl.push.transport.groups import BroadcastGroups
+    from asyncrl.push.broadcast import SenderGone
+    from asyncrl.push.groups import BroadcastGroups
 
     gone = host_store("127.0.0.1", 0, 60)
     plan = PushPlan(push_id="late", version=1, store_address=f"127.0.0.1:{gone.port}", world_size=2,

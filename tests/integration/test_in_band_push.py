@@ -8,8 +8,8 @@ import contextlib
 
 import pytest
 
-from asyncrl.core.events import read_events
-from asyncrl.core.modeling import load_causal_lm
+from asyncrl.core.model.modeling import load_causal_lm
+from asyncrl.core.runtime.events import read_events
 from asyncrl.push.in_band import WAKE, publish_order
 from asyncrl.push.plan import PushPlan
 from asyncrl.push.sender import WeightPublisher

@@ -7,9 +7,9 @@ import sys
 
 import pytest
 
-from asyncrl.core.config import AsyncRLConfig
-from asyncrl.core.events import read_records
+from asyncrl.core.config.schema import AsyncRLConfig
 from asyncrl.core.records.learner import LearnerDied
+from asyncrl.core.runtime.events import read_records
 from asyncrl.tools.processes import ProcessGroup
 from asyncrl.tools.supervisor import Restartable, Supervisor
 

@@ -11,9 +11,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from asyncrl.core.events import read_events
 from asyncrl.core.lora.checksum import adapter_checksum
-from asyncrl.core.modeling import load_causal_lm, named_weights
+from asyncrl.core.model.modeling import load_causal_lm, named_weights
+from asyncrl.core.runtime.events import read_events
 from asyncrl.learner.adapters import inject_adapters, lora_parameters
 from asyncrl.push.sender import WeightPublisher
 from asyncrl.v1 import controller_pb2

@@ -15,8 +15,8 @@ import pytest
 
 from asyncrl.core.agents.episode import DONE, ENVIRONMENT_ERROR, TIMEOUT
 from asyncrl.core.agents.openenv_env import OpenEnvEnvironment
-from asyncrl.core.environment_config import OpenEnvConfig
-from asyncrl.core.tokenizer import ModelTokenizer
+from asyncrl.core.config.environment import OpenEnvConfig
+from asyncrl.core.model.tokenizer import ModelTokenizer
 from asyncrl.tools.processes import free_port
 from tests.unit.test_agents import CALL, Scripted, runner_for, sums
 

@@ -10,7 +10,7 @@ import time
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from asyncrl.core.grpc_util import build_server, channel
+from asyncrl.core.wire.grpc_util import build_server, channel
 from tests.conftest import TEST_AUTH
 
 pytestmark = pytest.mark.integration

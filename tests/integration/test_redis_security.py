@@ -11,8 +11,8 @@ import redis
 
 from asyncrl.controller.persistence import make_store
 from asyncrl.core.buffer import make_buffer
-from asyncrl.core.config import AsyncRLConfig, BufferConfig
-from asyncrl.core.preflight import ConfigError
+from asyncrl.core.checks.config_error import ConfigError
+from asyncrl.core.config.schema import AsyncRLConfig, BufferConfig
 from asyncrl.tools.processes import ProcessGroup, free_port
 from asyncrl.tools.redis_local import start_local_redis
 from tests import buffer_contract as contract

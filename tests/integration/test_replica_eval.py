@@ -13,9 +13,9 @@ import time
 import pytest
 
 from asyncrl.core.engines.factory import make_engine
-from asyncrl.core.grpc_util import channel as grpc_channel
 from asyncrl.core.tasks import task_for_run
 from asyncrl.core.tasks.evaluate import greedy_accuracy
+from asyncrl.core.wire.grpc_util import channel as grpc_channel
 from asyncrl.learner.replica_eval import BackgroundEvaluations, ReplicaEvaluator
 from asyncrl.v1 import controller_pb2, controller_pb2_grpc
 from tests.conftest import TEST_AUTH

@@ -9,8 +9,8 @@ import json
 import pytest
 
 from asyncrl.core.buffer import make_buffer
-from asyncrl.core.config import AsyncRLConfig
-from asyncrl.core.events import read_events
+from asyncrl.core.config.schema import AsyncRLConfig
+from asyncrl.core.runtime.events import read_events
 from asyncrl.learner.checkpoint_index import COVERED
 from asyncrl.tools.launcher import from_checkpoint
 from tests.unit.test_learner_loop import group

@@ -7,8 +7,8 @@ import grpc
 import pytest
 from prometheus_client import generate_latest
 
-from asyncrl.core.auth import Auth
-from asyncrl.core.grpc_util import channel
+from asyncrl.core.wire.auth import Auth
+from asyncrl.core.wire.grpc_util import channel
 from asyncrl.services import controller_service, teacher_service
 from asyncrl.v1 import controller_pb2, controller_pb2_grpc, teacher_pb2, teacher_pb2_grpc
 from tests.conftest import TEST_AUTH

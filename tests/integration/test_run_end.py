@@ -8,9 +8,9 @@ import json
 import pytest
 
 from asyncrl.core.buffer import make_buffer
-from asyncrl.core.config import AsyncRLConfig
-from asyncrl.core.events import EventLog, read_events
+from asyncrl.core.config.schema import AsyncRLConfig
 from asyncrl.core.records.learner import FinalBuffer, Resumed, Step
+from asyncrl.core.runtime.events import EventLog, read_events
 from asyncrl.tools.run_end import close_learner_log
 from asyncrl.v1 import trajectory_pb2
 

@@ -14,15 +14,15 @@ import torch
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-from asyncrl.core.auth import new_push_key, push_order_mac
-from asyncrl.core.grpc_util import channel as grpc_channel
-from asyncrl.core.metrics import serve_metrics
-from asyncrl.core.modeling import load_causal_lm, named_weights, sequence_logprobs
+from asyncrl.core.model.modeling import load_causal_lm, named_weights, sequence_logprobs
+from asyncrl.core.runtime.metrics import serve_metrics
+from asyncrl.core.wire.auth import new_push_key, push_order_mac
+from asyncrl.core.wire.grpc_util import channel as grpc_channel
+from asyncrl.core.wire.push_contract import tensor_metas
 from asyncrl.learner.learner_metrics import LearnerMetrics
 from asyncrl.learner.progress import LearnerProgress
-from asyncrl.push.manifest import tensor_metas
+from asyncrl.push.broadcast import host_store, make_group, send_weights
 from asyncrl.push.plan import PushPlan
-from asyncrl.push.transport.broadcast import host_store, make_group, send_weights
 from asyncrl.services import learner_service, rollout_service, teacher_service
 from asyncrl.v1 import (
     learner_pb2,
@@ -265,7 +265,7 @@ def test_teacher_scores_response_tokens_and_validates(tiny_model_dir, started):
 
 
 def test_learner_status_health_and_metrics(tiny_model_dir, started):
-    progress = LearnerProgress(step=3, version=3, consumed=192, last_reward_mean=0.25, last_eval_accuracy=0.4)
+    progress = LearnerProgress(step=3, version=3, consumed=192, step_figures={"reward_mean": 0.25}, last_eval_accuracy=0.4)
     _server, channel = started(learner_service.create_server(local_config(tiny_model_dir), progress))
     assert_healthy_and_reflected(channel, learner_service.SERVICE)
     status = learner_pb2_grpc.LearnerStub(channel).GetStatus(learner_pb2.LearnerStatusRequest())

@@ -29,9 +29,9 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from asyncrl.core.config import LearnerConfig, SamplingConfig
-from asyncrl.core.modeling import load_causal_lm, named_weights
-from asyncrl.core.sampling import SamplingParams
+from asyncrl.core.config.schema import LearnerConfig, SamplingConfig
+from asyncrl.core.model.modeling import load_causal_lm, named_weights
+from asyncrl.core.model.sampling import SamplingParams
 from asyncrl.tools.processes import free_port
 from tests.unit.test_trainer import batch as make_batch
 

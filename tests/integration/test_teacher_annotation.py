@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import torch
 
+from asyncrl.core.buffer.trajectory_checks import TrajectoryLimits, check_trajectory_group
 from asyncrl.core.engines.base import Generation
-from asyncrl.core.modeling import load_causal_lm, sequence_logprobs
-from asyncrl.core.trajectory_checks import TrajectoryLimits, check_trajectory_group
+from asyncrl.core.model.modeling import load_causal_lm, sequence_logprobs
 from asyncrl.rollout.annotation import TeacherAnnotator
 from asyncrl.rollout.rollout_metrics import RolloutMetrics
 from asyncrl.rollout.trajectories import build_group
@@ -65,7 +65,7 @@ def test_a_replica_waits_for_a_teacher_that_is_still_starting_before_it_takes_le
     import threading
     import time
 
-    from asyncrl.core.grpc_util import channel as grpc_channel
+    from asyncrl.core.wire.grpc_util import channel as grpc_channel
     from asyncrl.tools.processes import free_port
     from tests.conftest import TEST_AUTH
 

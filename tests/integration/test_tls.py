@@ -6,10 +6,10 @@ from __future__ import annotations
 import grpc
 import pytest
 
-from asyncrl.core.auth import resolve_auth
-from asyncrl.core.config import SecurityConfig
-from asyncrl.core.grpc_util import channel
-from asyncrl.core.preflight import ConfigError
+from asyncrl.core.checks.config_error import ConfigError
+from asyncrl.core.config.schema import SecurityConfig
+from asyncrl.core.wire.auth import resolve_auth
+from asyncrl.core.wire.grpc_util import channel
 from asyncrl.services import controller_service, learner_service, rollout_service, teacher_service
 from asyncrl.v1 import controller_pb2, controller_pb2_grpc
 from tests.conftest import TEST_AUTH

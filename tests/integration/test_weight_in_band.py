@@ -5,7 +5,8 @@ import time
 
 import pytest
 
-from asyncrl.core.validation import InvalidArgument
+from asyncrl.core.checks.validation import InvalidArgument
+from asyncrl.push.broadcast import host_store, push_store
 from asyncrl.push.in_band import (
     collect_acks,
     forget_acks,
@@ -16,7 +17,6 @@ from asyncrl.push.in_band import (
     write_ack,
 )
 from asyncrl.push.plan import PushPlan
-from asyncrl.push.transport.broadcast import host_store, push_store
 
 PLAN = PushPlan(push_id="push-v2-ab", version=2, store_address="127.0.0.1:29500", world_size=3, transport="gloo", tensors=(), bucket_bytes=1 << 20, timeout_s=30.0, group_id="group-1",
                 new_group=False, manifest_digest="a" * 64)

@@ -27,11 +27,11 @@ from asyncrl.core.agents.runner import EnvironmentWorkersHung, EpisodeLimits, Ep
 from asyncrl.core.agents.tool_calls import ToolCall, parse_tool_calls
 from asyncrl.core.agents.tool_env import ToolEnvironment
 from asyncrl.core.agents.tools import load_tools
+from asyncrl.core.buffer.trajectory_checks import BadGroup, TrajectoryLimits, check_trajectory_group
 from asyncrl.core.engines.base import Generation
-from asyncrl.core.sampling import SamplingParams
+from asyncrl.core.model.sampling import SamplingParams
+from asyncrl.core.model.tokenizer import ModelTokenizer
 from asyncrl.core.tasks.base import Prompt
-from asyncrl.core.tokenizer import ModelTokenizer
-from asyncrl.core.trajectory_checks import BadGroup, TrajectoryLimits, check_trajectory_group
 from asyncrl.learner.batch import assemble, staleness_stats, trained_width
 from asyncrl.rollout.trajectories import build_group
 
@@ -436,8 +436,8 @@ def test_a_weight_push_between_turns_shows_in_the_episodes_versions():
 
 def test_a_reference_episode_plays_the_target_turns_against_the_environment():
     from asyncrl.core.agents.factory import Episodes
-    from asyncrl.core.data_config import TaskConfig
-    from asyncrl.core.environment_config import EnvironmentConfig
+    from asyncrl.core.config.data import TaskConfig
+    from asyncrl.core.config.environment import EnvironmentConfig
     from asyncrl.core.tasks import get_task
 
     task = get_task(TaskConfig(name="tool_sum", num_digits=2, num_terms=3, eval_size=10))
@@ -502,6 +502,6 @@ def test_every_tool_call_format_the_config_accepts_has_a_parser():
     from typing import get_args
 
     from asyncrl.core.agents.tool_calls import FORMATS
-    from asyncrl.core.environment_config import EnvironmentConfig
+    from asyncrl.core.config.environment import EnvironmentConfig
 
     assert set(get_args(EnvironmentConfig.model_fields["tool_call_format"].annotation)) == set(FORMATS)

@@ -120,7 +120,7 @@ def test_every_field_has_a_description():
 
 
 def test_top_level_config_reads_opd_enabled():
-    asyncrl_config = pytest.importorskip("asyncrl.core.config")
+    asyncrl_config = pytest.importorskip("asyncrl.core.config.schema")
     cfg = asyncrl_config.AsyncRLConfig()
     assert cfg.learner.algo.opd.enabled is False
     assert isinstance(cfg.learner.algo, AlgoConfig)

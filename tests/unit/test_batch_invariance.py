@@ -15,9 +15,9 @@ from asyncrl.core.determinism.invariant_ops import (
     invariant_silu,
 )
 from asyncrl.core.engines.torch_decode import generate_with_model
-from asyncrl.core.modeling import sequence_logprobs
-from asyncrl.core.prompt_sharing import shared_prompt_logprobs
-from asyncrl.core.sampling import SamplingParams, inverse_cdf_tokens
+from asyncrl.core.model.modeling import sequence_logprobs
+from asyncrl.core.model.prompt_sharing import shared_prompt_logprobs
+from asyncrl.core.model.sampling import SamplingParams, inverse_cdf_tokens
 
 VOCAB = 61
 PAD, EOS = 0, 1
@@ -254,7 +254,7 @@ def test_a_model_the_invariant_kernels_cannot_run_is_refused_by_name():
 def test_bitwise_refuses_what_cannot_be_bitwise_naming_the_key(overrides, key):
     from pydantic import ValidationError
 
-    from asyncrl.core.config import AsyncRLConfig
+    from asyncrl.core.config.schema import AsyncRLConfig
 
     with pytest.raises(ValidationError, match=f"model.determinism bitwise.*{key}"):
         AsyncRLConfig.model_validate({"model": {"determinism": "bitwise"}, **overrides})

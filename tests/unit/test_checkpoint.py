@@ -5,10 +5,10 @@ from __future__ import annotations
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from asyncrl.core.modeling import load_causal_lm, named_weights, sequence_logprobs
+from asyncrl.core.model.modeling import load_causal_lm, named_weights, sequence_logprobs
 from asyncrl.learner.checkpoint import Checkpointer, load_checkpoint
 from asyncrl.learner.checkpoint_index import CheckpointMeta, latest_checkpoint, list_checkpoints, read_meta
-from asyncrl.push.transport.flat import bind_parameters
+from asyncrl.push.flat import bind_parameters
 
 SEQUENCES, STARTS = [[1, 5, 6, 14, 7, 8, 15, 9, 2], [1, 9, 14, 9, 15, 5, 12, 2]], [7, 6]
 

@@ -14,7 +14,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from asyncrl.core.buffer.memory import MemoryBuffer
-from asyncrl.core.events import MemoryEvents
+from asyncrl.core.runtime.events import MemoryEvents
 from asyncrl.learner.checkpoint import Checkpointer, load_checkpoint
 from asyncrl.learner.checkpoint_index import (
     CheckpointMeta,

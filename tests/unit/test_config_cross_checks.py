@@ -3,7 +3,7 @@
 import pytest
 from pydantic import ValidationError
 
-from asyncrl.core.config import AsyncRLConfig
+from asyncrl.core.config.schema import AsyncRLConfig
 
 
 def config(**sections) -> AsyncRLConfig:

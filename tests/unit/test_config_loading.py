@@ -1,5 +1,5 @@
 """A config file or `--set` that cannot be read is a config error naming `--config` or `--set`, never a
-traceback (`asyncrl.core.config_file.load_config`)."""
+traceback (`asyncrl.core.config.file.load_config`)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from asyncrl.core.config_file import load_config
-from asyncrl.core.preflight import ConfigError
+from asyncrl.core.checks.config_error import ConfigError
+from asyncrl.core.config.file import load_config
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "tiny-arith.yaml"
 

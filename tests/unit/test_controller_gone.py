@@ -8,8 +8,8 @@ from __future__ import annotations
 import time
 
 from asyncrl.controller.state import ControllerState
-from asyncrl.core.auth import liveness_mac
-from asyncrl.core.config import ControllerConfig
+from asyncrl.core.config.schema import ControllerConfig
+from asyncrl.core.wire.auth import liveness_mac
 from tests.fakes import FakeClock, FakeNotifier, MemoryEvents
 
 

@@ -7,7 +7,7 @@ import hmac
 
 import pytest
 
-from asyncrl.core.auth import push_ack_mac, push_order_mac
+from asyncrl.core.wire.auth import push_ack_mac, push_order_mac
 from asyncrl.push.plan import PushOffer
 from asyncrl.push.protocol import PushRefused
 from asyncrl.push.session import ReceiverAck

@@ -7,8 +7,8 @@ import pytest
 from asyncrl.controller.errors import LearnerSeatTaken, LearnerSeatUnconfirmed, NotTheLearner
 from asyncrl.controller.persistence import MemoryStore
 from asyncrl.controller.state import ControllerState
-from asyncrl.core.auth import liveness_mac
-from asyncrl.core.config import ControllerConfig
+from asyncrl.core.config.schema import ControllerConfig
+from asyncrl.core.wire.auth import liveness_mac
 from tests.fakes import FakeClock, FakeNotifier, MemoryEvents, make_state
 
 
@@ -106,7 +106,7 @@ def test_the_seat_needs_the_learner_secret_fresh_and_once():
     """With a learner secret the seat goes only to a registration that proves it: a fresh proof, made with the
     secret, for that address, never used before. A token holder without the secret is refused even when the
     seat is empty (a dead learner's), and nothing changes hands."""
-    from asyncrl.core.learner_secret import PROOF_WINDOW_S, seat_proof
+    from asyncrl.core.wire.learner_secret import PROOF_WINDOW_S, seat_proof
 
     n1, n2 = b"1" * 16, b"2" * 16
 

@@ -378,7 +378,7 @@ def test_a_completion_counts_at_most_what_reached_the_buffer():
     controller takes what reached the buffer (nothing), the quota returns and admission goes on; an honest
     replica's completion is taken as it is, and a claim above the count is cut to it."""
     from asyncrl.controller.state import ControllerState
-    from asyncrl.core.config import ControllerConfig
+    from asyncrl.core.config.schema import ControllerConfig
     from tests.fakes import FakeClock, FakeNotifier, MemoryEvents
 
     writes, events = CountedWrites(), MemoryEvents()

@@ -260,7 +260,7 @@ def test_an_unreachable_receiver_is_dead_at_once_and_the_retry_skips_it():
 
 
 def test_every_push_order_is_signed_with_the_receivers_key():
-    from asyncrl.core.auth import push_order_mac
+    from asyncrl.core.wire.auth import push_order_mac
 
     state, _, notifier, _ = make_state()
     first = state.register("127.0.0.1:7001", "a", 0, "torch")
@@ -329,7 +329,7 @@ def test_the_push_order_mac_is_the_documented_text_under_the_key():
     import hashlib
     import hmac
 
-    from asyncrl.core.auth import push_order_mac
+    from asyncrl.core.wire.auth import push_order_mac
     from asyncrl.push.plan import PushPlan
 
     plan = PushPlan(push_id="push-v3-ab", version=3, store_address="10.0.0.1:29500", world_size=3, transport="gloo", tensors=(), bucket_bytes=1024, timeout_s=60.0, group_id="group-1",
@@ -452,7 +452,7 @@ def test_an_adapter_push_commits_only_receivers_that_serve_the_adapter_sent():
     """LoRA: the commit names the checksum of the adapter sent; a receiver answering with another one (or none:
     an engine that never took it) failed the push, and the snapshot shows who serves what."""
     from asyncrl.core.lora.spec import AdapterSpec
-    from asyncrl.push.manifest import TensorMeta
+    from asyncrl.core.wire.push_contract import TensorMeta
 
     state, _, notifier, events = make_state()
     good, stale = register(state, 7001), register(state, 7002)

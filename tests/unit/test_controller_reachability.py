@@ -8,8 +8,8 @@ import time
 from asyncrl.controller.persistence import MemoryStore
 from asyncrl.controller.reachability import QUICK_RETRIES_S, ReachabilityChecks
 from asyncrl.controller.state import ControllerState
-from asyncrl.core.auth import liveness_mac
-from asyncrl.core.config import ControllerConfig
+from asyncrl.core.config.schema import ControllerConfig
+from asyncrl.core.wire.auth import liveness_mac
 from asyncrl.push.coordinator import PushOffer
 from tests.fakes import TINY_TENSORS, FakeClock, FakeNotifier, MemoryEvents
 

@@ -115,7 +115,7 @@ def test_dead_replicas_are_forgotten_and_the_registry_is_bounded():
 def _state_with_probe(answers):
     """A state whose liveness probe answers from `answers` (address -> callable(challenge) -> bytes)."""
     from asyncrl.controller.state import ControllerState
-    from asyncrl.core.config import ControllerConfig
+    from asyncrl.core.config.schema import ControllerConfig
     from tests.fakes import FakeClock, FakeNotifier
 
     calls = []
@@ -130,7 +130,7 @@ def _state_with_probe(answers):
 
 def test_a_live_holder_that_proves_its_key_keeps_its_id():
     from asyncrl.controller.errors import ReplicaIdInUse
-    from asyncrl.core.auth import liveness_mac
+    from asyncrl.core.wire.auth import liveness_mac
 
     answers = {}
     state, calls = _state_with_probe(answers)
@@ -143,7 +143,7 @@ def test_a_live_holder_that_proves_its_key_keeps_its_id():
 
 
 def test_an_id_whose_holder_is_gone_or_cannot_prove_it_is_taken_over():
-    from asyncrl.core.auth import liveness_mac
+    from asyncrl.core.wire.auth import liveness_mac
 
     answers = {"127.0.0.1:7001": lambda challenge: liveness_mac(b"some other key", challenge)}
     state, calls = _state_with_probe(answers)
@@ -156,7 +156,7 @@ def test_an_id_whose_holder_is_gone_or_cannot_prove_it_is_taken_over():
 
 
 def test_the_holder_itself_may_register_again_with_its_key():
-    from asyncrl.core.auth import liveness_mac
+    from asyncrl.core.wire.auth import liveness_mac
 
     answers = {}
     state, calls = _state_with_probe(answers)

@@ -4,7 +4,7 @@ right: used, named unused, superseded, voided by a receiver's new registration, 
 
 import pytest
 
-from asyncrl.core.auth import push_order_mac
+from asyncrl.core.wire.auth import push_order_mac
 from asyncrl.push.plan import PushOffer
 from asyncrl.push.protocol import PushRefused
 from tests.fakes import TINY_TENSORS, make_state

@@ -37,9 +37,10 @@ def test_the_learner_reports_every_step_and_the_page_shows_progress_charts_and_e
     state, _, _, _ = make_state()
     for step in range(1, 6):
         accuracy = 0.4 + 0.02 * step if step % 2 == 0 else None
-        state.learner_heartbeat(step, step, step * 8, LearnerFigures(
-            total_steps=100, reward_mean=0.1 * step, eval_accuracy=accuracy, staleness_mean=1.5, step_seconds=0.5,
-            busy_fraction=0.9))
+        values = {"reward_mean": 0.1 * step, "staleness_mean": 1.5, "step_seconds": 0.5, "busy_fraction": 0.9}
+        if accuracy is not None:
+            values["eval_accuracy"] = accuracy
+        state.learner_heartbeat(step, step, step * 8, LearnerFigures(total_steps=100, values=values))
     state.learner_heartbeat(5, 5, 40)  # a heartbeat while waiting for data adds no point
     snap = state.snapshot()
     assert [h["step"] for h in snap["history"]] == [1, 2, 3, 4, 5]
@@ -74,11 +75,11 @@ def test_the_page_shows_the_length_dynamics_of_the_last_batch():
 
     state, _, _, _ = make_state()
     for step in (1, 2):
-        state.learner_heartbeat(step, step, step * 8, LearnerFigures(
-            total_steps=10, reward_mean=0.5, length_correct_mean=10.0 + step, length_incorrect_mean=40.0 + step,
-            truncated_fraction=0.125 * step))
+        state.learner_heartbeat(step, step, step * 8, LearnerFigures(total_steps=10, values={
+            "reward_mean": 0.5, "length_correct_mean": 10.0 + step, "length_incorrect_mean": 40.0 + step,
+            "truncated_fraction": 0.125 * step}))
     snap = state.snapshot()
-    assert [h["length_incorrect"] for h in snap["history"]] == [41.0, 42.0]
+    assert [h["length_incorrect_mean"] for h in snap["history"]] == [41.0, 42.0]
     page = render_html(snap)
     assert "correct length <b>12 tokens</b>" in page and "incorrect length <b>42 tokens</b>" in page
     assert "truncated <b>25%</b>" in page
@@ -90,9 +91,9 @@ def test_the_page_shows_where_the_episodes_time_went_and_the_tool_calls_that_fai
     from asyncrl.controller.results import LearnerFigures
 
     state, _, _, _ = make_state()
-    state.learner_heartbeat(1, 1, 8, LearnerFigures(total_steps=10, reward_mean=0.5, episode_turns_mean=2.5,
-                                                     observation_tokens_mean=12.0, environment_share=0.625,
-                                                     tool_failure_fraction=0.1))
+    state.learner_heartbeat(1, 1, 8, LearnerFigures(total_steps=10, values={
+        "reward_mean": 0.5, "episode_turns_mean": 2.5, "observation_tokens_mean": 12.0, "environment_share": 0.625,
+        "tool_failure_fraction": 0.1}))
     page = render_html(state.snapshot())
     assert "turns per episode <b>2.50</b>" in page and "environment tokens per episode <b>12</b>" in page
     assert "episode time in the environment <b>62%</b>" in page and "tool calls failed <b>10%</b>" in page

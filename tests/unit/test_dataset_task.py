@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from asyncrl.core.data_config import DatasetConfig, RewardConfig, TaskConfig
+from asyncrl.core.config.data import DatasetConfig, RewardConfig, TaskConfig
+from asyncrl.core.model.tokenizer import ModelTokenizer
 from asyncrl.core.tasks import get_task
-from asyncrl.core.tokenizer import ModelTokenizer
 
 TOKENIZER = Path(__file__).resolve().parents[2] / "examples" / "word_problems" / "tokenizer"
 

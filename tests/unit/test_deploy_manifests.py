@@ -19,7 +19,7 @@ import tomllib
 import yaml
 from compose_spec import PyCompose
 
-from asyncrl.core.config_file import load_config
+from asyncrl.core.config.file import load_config
 from asyncrl.tools.cli import build_parser
 from asyncrl.tools.dashboard import DATASOURCE, render
 
@@ -101,7 +101,7 @@ def test_controller_runs_without_the_model_stack():
     """What the controller image relies on: its service, its health check and the store client it reports
     unreachable push receivers with import nothing of transformers, peft or datasets."""
     code = ("import sys, asyncrl.tools.cli, asyncrl.services.controller_service, asyncrl.tools.health, "
-            "asyncrl.push.transport.broadcast; "
+            "asyncrl.push.broadcast; "
             "print(sorted(m for m in ('transformers', 'peft', 'datasets', 'matplotlib') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"

@@ -10,7 +10,7 @@ import pytest
 
 from asyncrl.controller.difficulty import DifficultyBook
 from asyncrl.controller.persistence import MemoryStore
-from asyncrl.core.controller_config import DifficultyConfig
+from asyncrl.core.config.controller import DifficultyConfig
 from tests.fakes import make_state
 
 

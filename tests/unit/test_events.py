@@ -4,10 +4,10 @@ import json
 
 import pytest
 
-from asyncrl.core.events import EventLog, EventTail, read_events, read_records
 from asyncrl.core.records import KINDS, BadRecord, Record, UnknownRecord, parse
 from asyncrl.core.records.controller import LeaseCompleted, LeaseGranted
 from asyncrl.core.records.learner import Eval, Step
+from asyncrl.core.runtime.events import EventLog, EventTail, read_events, read_records
 
 
 def test_tail_returns_new_complete_records_once(tmp_path):

@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from asyncrl.core.config import LearnerConfig, SamplingConfig
-from asyncrl.core.modeling import load_causal_lm, sequence_logprobs
-from asyncrl.core.sampling import SamplingParams
+from asyncrl.core.config.schema import LearnerConfig, SamplingConfig
+from asyncrl.core.model.modeling import load_causal_lm, sequence_logprobs
+from asyncrl.core.model.sampling import SamplingParams
 from asyncrl.learner.half_precision import HalfForwards, LossScale
 from asyncrl.learner.trainer import Trainer
 from tests.unit.test_trainer import batch
@@ -90,7 +90,7 @@ def test_bfloat16_scales_no_loss():
 def test_a_float16_learner_without_master_weights_is_refused_naming_the_keys(learner, key):
     from pydantic import ValidationError
 
-    from asyncrl.core.config import AsyncRLConfig
+    from asyncrl.core.config.schema import AsyncRLConfig
 
     with pytest.raises(ValidationError, match=f"model.dtype float16 with {key}"):
         AsyncRLConfig.model_validate({"model": {"dtype": "float16"}, "learner": learner})
@@ -105,7 +105,7 @@ def test_a_float16_learner_without_master_weights_is_refused_naming_the_keys(lea
     ({"model": {"dtype": "bfloat16"}, "learner": {"world_size": 2}}, None),
 ])
 def test_master_weights_are_kept_for_a_half_full_weight_learner_on_one_rank(overrides, half):
-    from asyncrl.core.config import AsyncRLConfig
+    from asyncrl.core.config.schema import AsyncRLConfig
     from asyncrl.learner.builder import master_weights_for
 
     assert master_weights_for(AsyncRLConfig.model_validate(overrides)) == half

@@ -6,7 +6,8 @@
   takes part in, in one room) <- roles (controller, rollout, teacher, learner) <- services <-
   roof (asyncrl.tools, asyncrl.__main__, bench/). A module imports only its own floor or lower ones; a role never imports
   another role; nothing imports the roof. Imports inside functions count: they run too.
-- No import cycles between modules.
+- No import cycles between modules, nor between folders (rooms): no two folders import each other, directly
+  or round a loop.
 """
 
 from __future__ import annotations
@@ -114,8 +115,8 @@ def test_imports_point_down_only(graph):
     assert not wrong, "imports that point up or across roles:\n" + "\n".join(sorted(wrong))
 
 
-def test_no_import_cycles(graph):
-    # Tarjan's strongly connected components; any component of more than one module is a cycle.
+def cycles_of(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Tarjan's strongly connected components of `graph`; every component of more than one node is a cycle."""
     index: dict[str, int] = {}
     low: dict[str, int] = {}
     stack: list[str] = []
@@ -146,7 +147,27 @@ def test_no_import_cycles(graph):
     for node in sorted(graph):
         if node not in index:
             visit(node)
+    return cycles
+
+
+def room_of(module: str, modules: dict[str, Path]) -> str:
+    """The folder a module lives in (a package is its own folder's door)."""
+    return module if modules[module].name == "__init__.py" else module.rpartition(".")[0]
+
+
+def test_no_import_cycles(graph):
+    cycles = cycles_of(graph)
     assert not cycles, f"import cycles: {cycles}"
+
+
+def test_no_two_folders_import_each_other(graph):
+    modules = project_modules()
+    rooms: dict[str, set[str]] = {}
+    for module, targets in graph.items():
+        here = room_of(module, modules)
+        rooms.setdefault(here, set()).update(room_of(t, modules) for t in targets if room_of(t, modules) != here)
+    cycles = cycles_of(rooms)
+    assert not cycles, f"folders that import each other: {cycles}"
 
 
 def test_the_checker_sees_a_violation(tmp_path):

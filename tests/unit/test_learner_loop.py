@@ -8,8 +8,8 @@ from types import SimpleNamespace
 import grpc
 import pytest
 
-from asyncrl.core.config import AsyncRLConfig
-from asyncrl.core.events import MemoryEvents
+from asyncrl.core.config.schema import AsyncRLConfig
+from asyncrl.core.runtime.events import MemoryEvents
 from asyncrl.learner.checkpoint_saver import CheckpointSaver
 from asyncrl.learner.intake import lookahead_groups
 from asyncrl.learner.learner_metrics import LearnerMetrics
@@ -85,7 +85,7 @@ def prefetching_loop(oldest_first: bool = False, controller_stub=None, eta=None,
     from types import SimpleNamespace
 
     from asyncrl.core.buffer.memory import MemoryBuffer
-    from asyncrl.core.trajectory_checks import TrajectoryLimits
+    from asyncrl.core.buffer.trajectory_checks import TrajectoryLimits
 
     config = AsyncRLConfig.model_validate({"sampling": {"group_size": 2}, "controller": {"eta": 2},
                                            "learner": {"batch_size": 4, "oldest_first": oldest_first,
@@ -294,17 +294,20 @@ def test_status_reports_go_in_the_background_and_their_failures_surface_at_the_n
 
     controller, gauges = Controller(), []
     reporter = StatusReporter(controller, total_steps=10, observe_gauges=lambda: gauges.append(1), interval_s=0)
-    progress = LearnerProgress(step=3, version=3, consumed=192, last_reward_mean=0.5, busy_fraction=0.75,
-                               length_correct_mean=11.0, truncated_fraction=0.25)
+    progress = LearnerProgress(step=3, version=3, consumed=192, busy_fraction=0.75)
+    # The step's metrics as the trainer writes them: the figures are read by their declared metric keys.
+    progress.take_figures({"time/step_s": 0.5, "reward/mean": 0.5, "length/correct_mean": 11.0,
+                           "length/truncated_frac": 0.25, "loss/total": 1.0})
     controller.sync = True
     reporter.after_step(progress)
     assert controller.sent.wait(10)
     reporter._sent.result()
-    assert controller.requests[-1].step == 3 and controller.requests[-1].HasField("reward_mean") and gauges
-    assert controller.requests[-1].busy_fraction == 0.75
-    # The length figures the step had go out; one it lacked (no incorrect response) stays unset.
-    assert controller.requests[-1].length_correct_mean == 11.0 and controller.requests[-1].truncated_fraction == 0.25
-    assert not controller.requests[-1].HasField("length_incorrect_mean")
+    # The figures the step had go out by name, with the loop's own (wall time, busy share); one it lacked (no
+    # incorrect response, no evaluation yet) is absent.
+    assert controller.requests[-1].step == 3 and gauges
+    assert dict(controller.requests[-1].figures) == {"reward_mean": 0.5, "length_correct_mean": 11.0,
+                                                     "truncated_fraction": 0.25, "step_seconds": 0.0,
+                                                     "busy_fraction": 0.75}
     assert reporter.take_sync_request() and not reporter.take_sync_request()
 
     controller.fail = Failure(grpc.StatusCode.UNAVAILABLE)
@@ -641,7 +644,7 @@ def test_batches_hold_exactly_b_trajectories_when_hard_prompts_come_in_larger_gr
     cannot share a batch (6 trajectories). Holding both, the learner trains the hard group, a whole batch, at
     once (it never waits while it holds one); the group of 2 waits for the next, which the group after it
     completes."""
-    from asyncrl.core.trajectory_checks import TrajectoryLimits
+    from asyncrl.core.buffer.trajectory_checks import TrajectoryLimits
 
     loop, _, _ = prefetching_loop(oldest_first)
     loop.intake.limits = TrajectoryLimits(20, 16, 5, 2, 10.0, hard_group_size=4)

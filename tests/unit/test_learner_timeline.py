@@ -3,8 +3,8 @@ dead-lettered, N_r and the prompt cursor are computed from what survives, late g
 kept out."""
 
 from asyncrl.core.buffer import make_buffer
-from asyncrl.core.config import BufferConfig
-from asyncrl.core.events import MemoryEvents
+from asyncrl.core.config.schema import BufferConfig
+from asyncrl.core.runtime.events import MemoryEvents
 from asyncrl.learner.timeline import rejoin
 from asyncrl.v1 import controller_pb2
 from tests.buffer_contract import group

@@ -11,15 +11,16 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from asyncrl.core.config import AsyncRLConfig, LearnerConfig, SamplingConfig
+from asyncrl.core.checks.validation import InvalidArgument
+from asyncrl.core.config.schema import AsyncRLConfig, LearnerConfig, SamplingConfig
 from asyncrl.core.lora.checksum import adapter_checksum
 from asyncrl.core.lora.merge import merged_weight
 from asyncrl.core.lora.spec import AdapterSpec, match_adapter, parse_adapter_name
 from asyncrl.core.lora.versions import AdapterServing, AdapterVersions, Served
-from asyncrl.core.modeling import load_causal_lm
-from asyncrl.core.sampling import SamplingParams
-from asyncrl.core.validation import InvalidArgument
-from asyncrl.push.manifest import TensorMeta, manifest_bytes, parse_manifest
+from asyncrl.core.model.modeling import load_causal_lm
+from asyncrl.core.model.sampling import SamplingParams
+from asyncrl.core.wire.push_contract import TensorMeta
+from asyncrl.push.manifest import manifest_bytes, parse_manifest
 from asyncrl.push.plan import PushPlan
 from asyncrl.push.session import Outcome, judge_adapter
 from asyncrl.v1 import weights_pb2
@@ -178,7 +179,7 @@ def lora_cfg(**kw):
 
 
 def test_injection_freezes_the_base_and_names_the_adapters_as_peft_saves_them(tiny_model_dir):
-    from asyncrl.core.preflight import ConfigError
+    from asyncrl.core.checks.config_error import ConfigError
     from asyncrl.learner.adapters import inject_adapters, lora_parameters
 
     model = load_causal_lm(tiny_model_dir.policy)
@@ -215,7 +216,7 @@ def test_a_lora_step_trains_the_adapters_only_with_the_base_as_kl_reference(tiny
     assert all(torch.equal(p, frozen[n]) for n, p in model.named_parameters() if n in frozen)
     assert all(p.abs().sum() > 0 for n, p in lora_parameters(model) if ".lora_B." in n)
     seqs, starts = [[1, 5, 6, 14, 3, 4]], [4]
-    from asyncrl.core.modeling import sequence_logprobs
+    from asyncrl.core.model.modeling import sequence_logprobs
 
     with torch.no_grad(), adapters_disabled(model):
         base_logp, _ = sequence_logprobs(model.eval(), seqs, starts, None, pad_id=0)

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from asyncrl.core.algo.config import AlgoConfig
-from asyncrl.core.config import LearnerConfig
+from asyncrl.core.config.schema import LearnerConfig
 from asyncrl.learner.algos import objective_units, policy_objective
 from asyncrl.learner.algos.aggregation import aggregate_loss, aggregation_units
 from asyncrl.learner.sharding import SINGLE, Ranks

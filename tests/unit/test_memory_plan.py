@@ -3,8 +3,8 @@ in order, to fit; the memory it reads (MemAvailable, cgroup v1 and v2); and the 
 
 import pytest
 
-from asyncrl.core.modeling import load_causal_lm
-from asyncrl.core.preflight import ConfigError
+from asyncrl.core.checks.config_error import ConfigError
+from asyncrl.core.model.modeling import load_causal_lm
 from asyncrl.learner import builder
 from asyncrl.learner.memory_plan import (
     MeasuredFit,
@@ -120,8 +120,8 @@ class Watch:
 
 
 def test_the_loop_gives_up_the_background_copies_the_first_step_showed_do_not_fit():
-    from asyncrl.core.config import AsyncRLConfig
-    from asyncrl.core.events import MemoryEvents
+    from asyncrl.core.config.schema import AsyncRLConfig
+    from asyncrl.core.runtime.events import MemoryEvents
     from asyncrl.learner.learner_metrics import LearnerMetrics
     from asyncrl.learner.loop import LearnerLoop
 

@@ -3,15 +3,15 @@
 import pytest
 import torch
 
-from asyncrl.core.modeling import (
+from asyncrl.core.model.modeling import (
     check_weight_metas,
     copy_weights_,
     named_weights,
     padded_rows,
     sequence_logprobs,
 )
-from asyncrl.core.sampling import SamplingParams, processed_logprobs
-from asyncrl.push.manifest import TensorMeta, tensor_metas
+from asyncrl.core.model.sampling import SamplingParams, processed_logprobs
+from asyncrl.core.wire.push_contract import TensorMeta, tensor_metas
 
 PAD = 0
 
@@ -88,7 +88,7 @@ def test_logprobs_are_differentiable(model):
 
 
 def test_chunked_vocab_projection_matches(model, monkeypatch):
-    from asyncrl.core import modeling
+    from asyncrl.core.model import modeling
 
     full, _ = sequence_logprobs(model, SEQUENCES, STARTS, None, pad_id=PAD)
     # 16-token vocabulary, 48 elements -> chunks of 3 response tokens (with grad: checkpointed chunks).

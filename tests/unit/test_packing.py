@@ -1,11 +1,11 @@
-"""Packed rows (`asyncrl.core.packing`): plans and costs against hand-computed values, the layout of a row, its
+"""Packed rows (`asyncrl.core.model.packing`): plans and costs against hand-computed values, the layout of a row, its
 mask, and the choice among the layouts (`prompt_sharing.choose_layout`)."""
 
 import pytest
 import torch
 
-from asyncrl.core.modeling import load_causal_lm, sequence_logprobs
-from asyncrl.core.packing import (
+from asyncrl.core.model.modeling import load_causal_lm, sequence_logprobs
+from asyncrl.core.model.packing import (
     attention_mask,
     lay_out,
     least_filled,
@@ -16,7 +16,7 @@ from asyncrl.core.packing import (
     tree_parts,
     why_not_packed,
 )
-from asyncrl.core.prompt_sharing import choose_layout, layout_costs
+from asyncrl.core.model.prompt_sharing import choose_layout, layout_costs
 
 
 def test_a_pair_costs_one_sixth_of_the_width_of_a_token():
@@ -103,7 +103,7 @@ def test_padding_attends_to_itself_alone():
 def test_eager_and_sdpa_attention_score_packed_rows_as_whole_sequences(tiny_model_dir, attention):
     """sdpa takes the boolean mask, eager an additive one: the same log-probs as one forward of each whole
     sequence."""
-    from asyncrl.core.packing import packed_logprobs
+    from asyncrl.core.model.packing import packed_logprobs
 
     model = load_causal_lm(tiny_model_dir.teacher)
     model.set_attn_implementation(attention)

@@ -9,7 +9,7 @@ import pytest
 import torch
 from pydantic import ValidationError
 
-from asyncrl.core.config import AsyncRLConfig
+from asyncrl.core.config.schema import AsyncRLConfig
 from asyncrl.learner.algos import AlgoConfig, build_advantages
 from asyncrl.learner.algos.evaluation import BetaFit, bernoulli_pass_at_k, fit_beta_binomial, pass_at_k_scores
 from asyncrl.learner.algos.groups import Groups

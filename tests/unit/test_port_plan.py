@@ -1,5 +1,5 @@
 """Fixed ports: `asyncrl up` refuses a run whose ports collide or are taken, naming the key, before it starts
-anything; a service that cannot listen on its configured port says which key (`asyncrl.core.ports`)."""
+anything; a service that cannot listen on its configured port says which key (`asyncrl.core.wire.ports`)."""
 
 from __future__ import annotations
 
@@ -8,11 +8,11 @@ import socket
 import pytest
 from prometheus_client import CollectorRegistry
 
-from asyncrl.core.config import AsyncRLConfig
-from asyncrl.core.grpc_util import build_server
-from asyncrl.core.metrics import serve_metrics
-from asyncrl.core.ports import listening, why_not_listenable
-from asyncrl.core.preflight import ConfigError
+from asyncrl.core.checks.config_error import ConfigError
+from asyncrl.core.config.schema import AsyncRLConfig
+from asyncrl.core.runtime.metrics import serve_metrics
+from asyncrl.core.wire.grpc_util import build_server
+from asyncrl.core.wire.ports import listening, why_not_listenable
 from asyncrl.tools.port_plan import check_ports, planned_ports
 from asyncrl.tools.processes import free_port_run
 from tests.conftest import TEST_AUTH

@@ -4,8 +4,9 @@ push needs a GPU of its own; the error names the key. Pure config logic: no GPU 
 
 import pytest
 
-from asyncrl.core.config import AsyncRLConfig
-from asyncrl.core.preflight import ConfigError, check_local_nccl
+from asyncrl.core.checks.config_error import ConfigError
+from asyncrl.core.config.preflight import check_local_nccl
+from asyncrl.core.config.schema import AsyncRLConfig
 
 
 def config(**learner_and_rollout) -> AsyncRLConfig:

@@ -8,9 +8,9 @@ import threading
 import pytest
 import torch
 
-from asyncrl.core.rollout_config import ProcessRewardConfig
+from asyncrl.core.buffer.trajectory_checks import BadGroup, check_trajectory_group
+from asyncrl.core.config.rollout import ProcessRewardConfig
 from asyncrl.core.tasks.base import Prompt
-from asyncrl.core.trajectory_checks import BadGroup, check_trajectory_group
 from asyncrl.learner.algos import AlgoConfig, build_advantages
 from asyncrl.learner.algos.advantages import process_advantages
 from asyncrl.learner.algos.groups import Groups

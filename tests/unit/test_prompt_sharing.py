@@ -1,20 +1,20 @@
-"""Forwards with shared prompts (`asyncrl.core.prompt_sharing`): each distinct prompt runs once, in either
+"""Forwards with shared prompts (`asyncrl.core.model.prompt_sharing`): each distinct prompt runs once, in either
 layout (KV copy, packed rows) and in the one chosen by cost, and the log-probs, and with grad the gradients,
 equal the one-forward `sequence_logprobs` to float rounding."""
 
 import pytest
 import torch
 
-from asyncrl.core.config import SamplingConfig
-from asyncrl.core.modeling import load_causal_lm, sequence_logprobs
-from asyncrl.core.packing import packed_logprobs, why_not_packed
-from asyncrl.core.prompt_sharing import (
+from asyncrl.core.config.schema import SamplingConfig
+from asyncrl.core.model.modeling import load_causal_lm, sequence_logprobs
+from asyncrl.core.model.packing import packed_logprobs, why_not_packed
+from asyncrl.core.model.prompt_sharing import (
     choose_layout,
     kv_copy_logprobs,
     shared_prompt_logprobs,
     why_not_shared,
 )
-from asyncrl.core.sampling import SamplingParams
+from asyncrl.core.model.sampling import SamplingParams
 
 # Prompts of different lengths (left padding), responses of different lengths (right padding).
 PROMPTS = [[1, 5, 6, 14, 7, 8, 15], [1, 9, 14, 9, 15], [1, 12, 13, 14, 4, 15]]

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from asyncrl.core.data_config import RewardConfig
-from asyncrl.core.rewards import (
+from asyncrl.core.config.data import RewardConfig
+from asyncrl.core.tasks.rewards import (
     build_reward,
     exact_match,
     math_equivalence,

@@ -1,4 +1,4 @@
-"""MoE routing capture, forced routing and the wire format (`asyncrl.core.routing`), on a one-layer Qwen3-MoE
+"""MoE routing capture, forced routing and the wire format (`asyncrl.core.model.routing`), on a one-layer Qwen3-MoE
 built here: forcing reproduces the given experts exactly with gates recomputed from the current router logits,
 the torch engine's captured routing replays to its own log-probs, and gradients still reach the router."""
 
@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from asyncrl.core.engines.torch_decode import generate_with_model
-from asyncrl.core.modeling import sequence_logprobs
-from asyncrl.core.routing import (
+from asyncrl.core.model.modeling import sequence_logprobs
+from asyncrl.core.model.routing import (
     RoutedExperts,
     UnsupportedRouter,
     find_routers,
@@ -18,7 +18,7 @@ from asyncrl.core.routing import (
     routing_shape,
     write_proto,
 )
-from asyncrl.core.sampling import SamplingParams
+from asyncrl.core.model.sampling import SamplingParams
 from asyncrl.v1 import trajectory_pb2
 
 NUM_EXPERTS, TOP_K = 8, 2

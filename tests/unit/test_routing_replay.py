@@ -5,10 +5,10 @@ import pytest
 import torch
 
 from asyncrl.core.buffer import BufferEntry
-from asyncrl.core.config import AsyncRLConfig, LearnerConfig, SamplingConfig
+from asyncrl.core.config.schema import AsyncRLConfig, LearnerConfig, SamplingConfig
 from asyncrl.core.engines.torch_decode import generate_with_model
-from asyncrl.core.routing import install_hooks
-from asyncrl.core.sampling import SamplingParams
+from asyncrl.core.model.routing import install_hooks
+from asyncrl.core.model.sampling import SamplingParams
 from asyncrl.learner.batch import MalformedGroup, assemble
 from asyncrl.learner.routing_replay import RoutingReplay
 from asyncrl.learner.trainer import Trainer
@@ -94,7 +94,7 @@ def test_r3_lowers_the_rollout_training_mismatch_of_a_drifted_router():
             layer.mlp.gate.weight.add_(0.15 * torch.randn_like(layer.mlp.gate.weight))
     replay = RoutingReplay(model, learner_cfg("r3", measure_unreplayed=True).routing_replay)
     batch = assemble(entries, replay.shape)
-    from asyncrl.core.modeling import sequence_logprobs
+    from asyncrl.core.model.modeling import sequence_logprobs
 
     def forward():
         return sequence_logprobs(model, batch.sequences, batch.response_starts, PARAMS)[0]
@@ -112,7 +112,7 @@ def test_r2_forces_the_proximal_routing_on_later_minibatches():
     replay = RoutingReplay(model, learner_cfg("r2").routing_replay)
     batch = assemble(rollout_entries(tiny_moe(layers=2, seed=1)), replay.shape)
     seen = spy_expert_inputs(model)
-    from asyncrl.core.modeling import sequence_logprobs
+    from asyncrl.core.model.modeling import sequence_logprobs
 
     with torch.no_grad():
         replay.proximal(batch, lambda: sequence_logprobs(model, batch.sequences, batch.response_starts, PARAMS)[0])

@@ -4,9 +4,9 @@ written before the busy share existed still show and plot."""
 
 import pytest
 
-from asyncrl.core.config import AsyncRLConfig
-from asyncrl.core.events import EventLog
+from asyncrl.core.config.schema import AsyncRLConfig
 from asyncrl.core.records.learner import Eval, Step
+from asyncrl.core.runtime.events import EventLog
 from asyncrl.tools import plots
 from asyncrl.tools.supervisor import Progress
 

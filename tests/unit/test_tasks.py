@@ -4,7 +4,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from asyncrl.core.config import TaskConfig
+from asyncrl.core.config.schema import TaskConfig
 from asyncrl.core.engines.base import Generation
 from asyncrl.core.tasks import Prompt, get_reward, get_task
 from asyncrl.core.tasks.arith import arith_exact
@@ -24,7 +24,7 @@ def test_prompt_format_and_answer():
 
 def test_hand_checked_encoding():
     task = get_task(TaskConfig())
-    # <bos>=1, digits 0..9 = 4..13, '+'=14, '='=15 (the vocabulary order of asyncrl.core.tokenizer).
+    # <bos>=1, digits 0..9 = 4..13, '+'=14, '='=15 (the vocabulary order of asyncrl.core.model.tokenizer).
     assert task.tokenizer.encode_prompt("12+34=") == [1, 5, 6, 14, 7, 8, 15]
 
 

@@ -5,8 +5,8 @@ import json
 import pytest
 import torch
 
-from asyncrl.core.config import AsyncRLConfig, TinyModelConfig
-from asyncrl.core.tokenizer import ModelTokenizer, build_char_tokenizer, save_tokenizer
+from asyncrl.core.config.schema import AsyncRLConfig, TinyModelConfig
+from asyncrl.core.model.tokenizer import ModelTokenizer, build_char_tokenizer, save_tokenizer
 from asyncrl.tools.tiny_model import make_tiny_model, model_config
 from asyncrl.tools.tiny_model_stamp import STAMP_FILE, config_stamp, sft_peak_lr
 
@@ -108,7 +108,7 @@ def test_teacher_must_train_at_least_as_long(tmp_path):
 def test_moe_architecture_builds_a_qwen3_moe_with_routers():
     from transformers import AutoModelForCausalLM
 
-    from asyncrl.core.routing import routing_shape
+    from asyncrl.core.model.routing import routing_shape
 
     codec = ModelTokenizer.arith()
     shape = TinyModelConfig(architecture="qwen3_moe", num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32)

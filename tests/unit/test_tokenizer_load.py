@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from asyncrl.core.tokenizer import ROUND_TRIP_SAMPLES, ModelTokenizer
+from asyncrl.core.model.tokenizer import ROUND_TRIP_SAMPLES, ModelTokenizer
 
 TEXTS = ["Tom has 3 apples and buys 4 more. How many apples?", "A train leaves at 5 and arrives at 9.",
          "Hello, World! naive cafe"] * 40

@@ -6,13 +6,14 @@ import threading
 import pytest
 import torch
 
-from asyncrl.core.config import EngineConfig
+from asyncrl.core.config.schema import EngineConfig
 from asyncrl.core.engines.torch_engine import TorchEngine
-from asyncrl.core.modeling import load_causal_lm, named_weights, sequence_logprobs
-from asyncrl.core.sampling import SamplingParams
-from asyncrl.push.manifest import TensorMeta, tensor_metas
+from asyncrl.core.model.modeling import load_causal_lm, named_weights, sequence_logprobs
+from asyncrl.core.model.sampling import SamplingParams
+from asyncrl.core.wire.push_contract import TensorMeta, tensor_metas
+from asyncrl.push.broadcast import host_store, make_group, send_weights
 from asyncrl.push.plan import PushPlan
-from asyncrl.push.transport.broadcast import host_store, make_group, send_weights
+from asyncrl.push.receiving import BroadcastReceiving
 
 # Variable prompt lengths on purpose: left padding must not change anything.
 PROMPTS = [[1, 5, 6, 14, 7, 8, 15], [1, 9, 14, 9, 15], [1, 12, 13, 14, 4, 15], [1, 4, 15]]
@@ -21,7 +22,8 @@ PROMPTS = [[1, 5, 6, 14, 7, 8, 15], [1, 9, 14, 9, 15], [1, 12, 13, 14, 4, 15], [
 @pytest.fixture()
 def engine(tiny_model_dir):
     eng = TorchEngine(
-        EngineConfig(threads=1, max_batch_size=5), str(tiny_model_dir.policy), seed=3, version=7
+        EngineConfig(threads=1, max_batch_size=5), str(tiny_model_dir.policy), seed=3, version=7,
+        weights=BroadcastReceiving(),
     )
     yield eng
     eng.close()
@@ -73,7 +75,7 @@ def test_sampling_is_seeded(tiny_model_dir):
     params = SamplingParams(max_new_tokens=5)
     runs = []
     for seed in (11, 11, 12):
-        eng = TorchEngine(EngineConfig(threads=1), str(tiny_model_dir.policy), seed=seed)
+        eng = TorchEngine(EngineConfig(threads=1), str(tiny_model_dir.policy), seed=seed, weights=BroadcastReceiving())
         runs.append([g.token_ids for g in _flat(eng.generate(PROMPTS, params, n=4))])
     assert runs[0] == runs[1] != runs[2]
 

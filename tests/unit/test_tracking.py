@@ -6,7 +6,7 @@ import importlib.util
 
 import pytest
 
-from asyncrl.core.config import AsyncRLConfig
+from asyncrl.core.config.schema import AsyncRLConfig
 from asyncrl.learner.tracking import MetricSinks
 
 

@@ -4,9 +4,9 @@ model (logp_prox, logp_ref from the frozen initial policy, the OPD mask, mini-ba
 import pytest
 import torch
 
-from asyncrl.core.config import LearnerConfig, SamplingConfig
-from asyncrl.core.modeling import load_causal_lm
-from asyncrl.core.sampling import SamplingParams
+from asyncrl.core.config.schema import LearnerConfig, SamplingConfig
+from asyncrl.core.model.modeling import load_causal_lm
+from asyncrl.core.model.sampling import SamplingParams
 from asyncrl.learner.batch import TrainBatch
 from asyncrl.learner.trainer import Trainer
 

@@ -1,9 +1,9 @@
-"""Every kind of bad trajectory group is refused with the field it breaks (`asyncrl.core.trajectory_checks`)."""
+"""Every kind of bad trajectory group is refused with the field it breaks (`asyncrl.core.buffer.trajectory_checks`)."""
 
 import pytest
 
-from asyncrl.core import trajectory_checks
-from asyncrl.core.trajectory_checks import BadGroup, TrajectoryLimits, check_trajectory_group
+from asyncrl.core.buffer import trajectory_checks
+from asyncrl.core.buffer.trajectory_checks import BadGroup, TrajectoryLimits, check_trajectory_group
 from asyncrl.v1 import trajectory_pb2
 
 LIMITS = TrajectoryLimits(vocab_size=20, max_sequence_tokens=16, max_response_tokens=5, group_size=2,

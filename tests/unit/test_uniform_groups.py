@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from asyncrl.core.config import AsyncRLConfig
+from asyncrl.core.config.schema import AsyncRLConfig
 from asyncrl.rollout.uniform_groups import is_uniform
 
 

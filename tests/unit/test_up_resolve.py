@@ -2,7 +2,7 @@
 
 import pytest
 
-from asyncrl.core.config_file import load_config
+from asyncrl.core.config.file import load_config
 from asyncrl.tools.cli import main
 from asyncrl.tools.launcher import claim_run_dir, resolve
 
@@ -45,7 +45,7 @@ def test_version(capsys):
 
 
 def test_a_run_without_a_configured_token_gets_one_and_a_resumed_run_keeps_it(tmp_path, capsys, monkeypatch):
-    from asyncrl.core.config import AsyncRLConfig
+    from asyncrl.core.config.schema import AsyncRLConfig
     from asyncrl.tools.run_secrets import run_auth
 
     cfg = AsyncRLConfig.model_validate({"run_dir": str(tmp_path)})

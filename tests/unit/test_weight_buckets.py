@@ -1,9 +1,9 @@
 import pytest
 import torch
 
-from asyncrl.push.manifest import TensorMeta
+from asyncrl.core.wire.push_contract import TensorMeta
+from asyncrl.push.buckets import pack, plan_buckets, unpack
 from asyncrl.push.plan import PushPlan
-from asyncrl.push.transport.buckets import pack, plan_buckets, unpack
 
 
 def metas(*specs):
@@ -49,7 +49,7 @@ def test_plan_proto_round_trip():
 
 
 def test_a_plan_naming_a_manifest_and_a_kept_group_round_trips_and_is_checked():
-    from asyncrl.core.validation import InvalidArgument
+    from asyncrl.core.checks.validation import InvalidArgument
     from asyncrl.push.manifest import manifest_bytes
 
     _, digest = manifest_bytes(metas(("a", (2, 3), "float32")))
@@ -79,7 +79,7 @@ def test_a_plan_naming_a_manifest_and_a_kept_group_round_trips_and_is_checked():
 
 def test_the_torch_free_dtype_table_is_torchs_own():
     # The controller checks plans without torch; the names it accepts and their sizes must be torch's.
-    from asyncrl.push.manifest import DTYPE_BYTES
+    from asyncrl.core.wire.push_contract import DTYPE_BYTES
 
     torch_dtypes = {name: value for name in dir(torch) if isinstance(value := getattr(torch, name), torch.dtype)}
     assert set(DTYPE_BYTES) == set(torch_dtypes)
@@ -95,6 +95,6 @@ def test_the_controller_and_the_config_load_without_torch():
     import subprocess
     import sys
 
-    code = ("import sys, services.controller_service, asyncrl.core.config, asyncrl.push.manifest; "
+    code = ("import sys, services.controller_service, asyncrl.core.config.schema, asyncrl.push.manifest; "
             "sys.exit('torch' in sys.modules)")
     assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0

@@ -3,15 +3,10 @@
 import pytest
 import torch
 
-from asyncrl.push.manifest import tensor_metas
-from asyncrl.push.transport.buckets import pack, plan_buckets
-from asyncrl.push.transport.flat import (
-    FlatWeights,
-    adjacent_run,
-    bind_parameters,
-    rebind_parameters,
-    weight_slots,
-)
+from asyncrl.core.model.modeling import rebind_parameters, weight_slots
+from asyncrl.core.wire.push_contract import tensor_metas
+from asyncrl.push.buckets import pack, plan_buckets
+from asyncrl.push.flat import FlatWeights, adjacent_run, bind_parameters
 
 
 def model():
@@ -66,7 +61,7 @@ def test_rebind_refuses_a_mismatched_layout():
     named = [(n, p.detach().double()) for n, p in m.named_parameters()]
     flat = FlatWeights(tensor_metas(named), 1 << 20)
     with pytest.raises(ValueError, match="cannot rebind '0.weight'.*float32.*float64"):
-        rebind_parameters(m, flat)
+        rebind_parameters(m, flat.views)
 
 
 def test_weight_slots_name_every_weight_and_a_rebind_with_them_equals_one_without():
@@ -81,8 +76,8 @@ def test_weight_slots_name_every_weight_and_a_rebind_with_them_equals_one_withou
     flat = FlatWeights(tensor_metas(named), 1 << 20)
     for name, tensor in named:
         flat.views[name].copy_(tensor)
-    rebind_parameters(m, flat, slots)
+    rebind_parameters(m, flat.views, slots)
     assert all(torch.equal(m.state_dict()[n], t) for n, t in named)
     assert m[1].weight.data_ptr() == m[0].weight.data_ptr() == flat.views["0.weight"].data_ptr()
     with pytest.raises(ValueError, match="no weight of that name"):
-        rebind_parameters(m, flat, {})
+        rebind_parameters(m, flat.views, {})

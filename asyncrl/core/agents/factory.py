@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from asyncrl.core.agents.environment import Environment
 from asyncrl.core.agents.render import TurnRenderer
 from asyncrl.core.agents.runner import EpisodeLimits, EpisodeRunner, GenerateTurns, RunnerHooks
-from asyncrl.core.sampling import SamplingParams
+from asyncrl.core.model.sampling import SamplingParams
 
 
 def make_environment(cfg, reward_fn) -> Environment | None:
@@ -69,6 +69,10 @@ class Episodes:
                              decode=self.tokenizer.decode_response, generate=generate, params=params,
                              limits=EpisodeLimits.from_config(self.config, self.max_context),
                              workers=self.config.workers or max(1, in_flight), hooks=hooks)
+
+    def runner_over(self, generate_groups, params: SamplingParams, in_flight: int) -> EpisodeRunner:
+        """`runner` over an engine-style `generate(prompts, params, n) -> list[list[Generation]]` (`turns_of`)."""
+        return self.runner(turns_of(generate_groups), params, in_flight)
 
 
 def turns_of(generate_groups) -> GenerateTurns:

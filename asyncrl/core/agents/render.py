@@ -9,8 +9,8 @@ difference, so any template that renders a conversation as a prefix of its conti
 
 from __future__ import annotations
 
+from asyncrl.core.model.tokenizer import ModelTokenizer
 from asyncrl.core.tasks.base import Prompt
-from asyncrl.core.tokenizer import ModelTokenizer
 
 _PROBE = [{"role": "user", "content": "1"}, {"role": "assistant", "content": "2"}]
 """The conversation the observations are rendered after (only the tokens past it are kept)."""

@@ -30,8 +30,8 @@ from asyncrl.core.agents.episode import (
 )
 from asyncrl.core.agents.render import TurnRenderer
 from asyncrl.core.determinism.seeds import derive_seed
-from asyncrl.core.log_once import FirstOfKind
-from asyncrl.core.sampling import SamplingParams
+from asyncrl.core.model.sampling import SamplingParams
+from asyncrl.core.runtime.log_once import FirstOfKind
 
 log = logging.getLogger(__name__)
 _ERRORS = FirstOfKind()

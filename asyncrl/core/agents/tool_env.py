@@ -11,7 +11,7 @@ import math
 from asyncrl.core.agents.environment import Environment, Session, StepResult, ToolOutcome
 from asyncrl.core.agents.tool_calls import parse_tool_calls
 from asyncrl.core.agents.tools import Tool
-from asyncrl.core.log_once import FirstOfKind
+from asyncrl.core.runtime.log_once import FirstOfKind
 from asyncrl.core.tasks.base import Prompt
 
 log = logging.getLogger(__name__)

@@ -7,7 +7,7 @@ import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from asyncrl.core.rewards import load_function
+from asyncrl.core.tasks.rewards import load_function
 
 
 @dataclass(frozen=True)

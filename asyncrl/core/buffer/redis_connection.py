@@ -10,7 +10,7 @@ import redis
 from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
 
-from asyncrl.core.preflight import ConfigError
+from asyncrl.core.checks.config_error import ConfigError
 
 
 def redis_password(cfg) -> str | None:

@@ -1,19 +1,20 @@
 """The engine seam: generation (rollout) and scoring (teacher, probe) over one model.
 
 Two implementations, chosen by `EngineConfig.type` through `make_engine`: the project's torch engine and
-real vLLM. Both take token ids (no text), sample from `asyncrl.core.sampling.processed_logprobs`, tag every
+real vLLM. Both take token ids (no text), sample from `asyncrl.core.model.sampling.processed_logprobs`, tag every
 generated token with the weight version that produced it, and load new weights from a broadcast without
-restarting.
+restarting through the `WeightSource` they are built with (`asyncrl.core.wire.push_contract`; the weight
+push implements it), so no engine imports a transport.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from asyncrl.core.routing import RoutedExperts
-from asyncrl.core.sampling import SamplingParams
-from asyncrl.push.plan import PushPlan
+from asyncrl.core.model.routing import RoutedExperts
+from asyncrl.core.model.sampling import SamplingParams
+from asyncrl.core.wire.push_contract import PushOrder, WeightSource, WeightUpdateStats
 
 
 @dataclass
@@ -40,17 +41,12 @@ class Generation:
         return 0
 
 
-@dataclass
-class WeightUpdateStats:
-    version: int
-    load_s: float
-    """From the start of the receive to the weights being live."""
-    pause_s: float
-    """Time generation was blocked by the update."""
-    bytes_received: int = 0
-    extra: dict = field(default_factory=dict)
-    adapter_checksum: str = ""
-    """An adapter push: the checksum of the adapter the engine serves now (`asyncrl.core.lora.checksum`)."""
+def weight_source(weights: WeightSource | None, plan: PushOrder) -> WeightSource:
+    """The source an engine was built with, or the error of an engine built to take no pushes."""
+    if weights is None:
+        raise RuntimeError(f"weight push {plan.push_id}: this engine was built without a weight source "
+                           "(make_engine(..., weights=...)) and takes no pushes")
+    return weights
 
 
 class Engine(ABC):
@@ -78,8 +74,9 @@ class Engine(ABC):
         """Per-token log-probs (raw, temperature 1) of sequences[i][t] for t >= response_starts[i]."""
 
     @abstractmethod
-    def update_weights(self, plan: PushPlan, rank: int) -> WeightUpdateStats:
-        """Join the broadcast `plan` as `rank`, receive all tensors, make them live, set the version.
+    def update_weights(self, plan: PushOrder, rank: int) -> WeightUpdateStats:
+        """Join the push `plan` as `rank` through the engine's `WeightSource`, receive all tensors, make them
+        live, set the version.
 
         May be called from another thread while generate() runs: generation pauses only for the swap,
         and tokens sampled after it carry the new version.

@@ -5,7 +5,7 @@ left-padded under an attention mask with position ids counted from each prompt's
 prompt decodes the same whatever it is batched with. A prompt sampled several times in one batch (a group's
 G samples) is prefilled once and its KV cache copied to each of its rows, as vLLM's prefix cache does (where
 `prompt_sharing.why_not_shared` allows). Every
-token is sampled with `asyncrl.core.sampling.sample_tokens`, so `logp_behav` is the processed log-prob the
+token is sampled with `asyncrl.core.model.sampling.sample_tokens`, so `logp_behav` is the processed log-prob the
 learner recomputes.
 With `router_hooks` (a MoE model) every forward also records the experts each input token was routed to, and
 each generation carries them for its prompt and all its response tokens but the last (never fed back).
@@ -22,10 +22,10 @@ import torch
 
 from asyncrl.core.determinism.seeds import sample_seed
 from asyncrl.core.engines.base import Generation
-from asyncrl.core.modeling import distinct_prompts
-from asyncrl.core.prompt_sharing import left_pad, why_not_shared
-from asyncrl.core.routing import RoutedExperts, RouterHooks, id_dtype
-from asyncrl.core.sampling import SamplingParams, sample_tokens
+from asyncrl.core.model.modeling import distinct_prompts
+from asyncrl.core.model.prompt_sharing import left_pad, why_not_shared
+from asyncrl.core.model.routing import RoutedExperts, RouterHooks, id_dtype
+from asyncrl.core.model.sampling import SamplingParams, sample_tokens
 
 StepGuard = Callable[[], AbstractContextManager[int]]
 """Called around every forward; the context value is the weight version that forward runs with. The torch

@@ -1,8 +1,8 @@
 """The project's own generation engine: an HF causal LM decoded in torch, with in-flight weight updates.
 
 Generation holds the weight lock only for each forward pass (see `torch_decode.StepGuard`). `update_weights`
-runs in another thread: the broadcast lands in a spare set of bucket-shaped buffers (`push.transport.flat`) while
-generation goes on with the live set, then it takes the lock between two decode steps and points the
+runs in another thread: the push lands whole in a spare set of buffers its `WeightSource` keeps (`WeightStream.whole`)
+while generation goes on with the live set, then it takes the lock between two decode steps and points the
 parameters at the new buffers -- a pointer swap, so generation pauses for microseconds. (A push whose dtypes
 differ from the model's is staged and copied, casting, instead.) Tokens sampled from a forward after the
 swap carry the new version, and the KV cache computed with the old weights is kept (vLLM's pause mode
@@ -20,31 +20,30 @@ import torch
 
 from asyncrl.core.determinism.invariant_model import use_invariant_kernels
 from asyncrl.core.determinism.modes import invariant_engines
-from asyncrl.core.engines.base import Engine, Generation, WeightUpdateStats
+from asyncrl.core.engines.base import Engine, Generation, weight_source
+from asyncrl.core.engines.merged_adapter import MergedAdapter
 from asyncrl.core.engines.torch_decode import generate_with_model
 from asyncrl.core.lora.checksum import adapter_checksum
-from asyncrl.core.lora.merged import MergedAdapter
-from asyncrl.core.modeling import (
+from asyncrl.core.model.modeling import (
     check_weight_metas,
     copy_weights_,
     eos_token_ids,
     load_causal_lm,
     pad_token_id,
+    rebind_parameters,
+    weight_slots,
 )
-from asyncrl.core.prompt_sharing import shared_prompt_logprobs
-from asyncrl.core.routing import install_hooks
-from asyncrl.core.sampling import SamplingParams
-from asyncrl.push.plan import PushPlan
-from asyncrl.push.transport.broadcast import receive_weights
-from asyncrl.push.transport.flat import FlatWeights, rebind_parameters, weight_slots
-from asyncrl.push.transport.groups import BroadcastGroups
+from asyncrl.core.model.prompt_sharing import shared_prompt_logprobs
+from asyncrl.core.model.routing import install_hooks
+from asyncrl.core.model.sampling import SamplingParams
+from asyncrl.core.wire.push_contract import PushOrder, WeightSource, WeightUpdateStats
 
 log = logging.getLogger(__name__)
 
 
 class TorchEngine(Engine):
     def __init__(self, engine_cfg, model_path: str, dtype: str = "float32", seed: int = 0, version: int = 0,
-                 determinism: str = "off"):
+                 determinism: str = "off", weights: WeightSource | None = None):
         if engine_cfg.threads > 0:
             torch.set_num_threads(engine_cfg.threads)
         self.max_batch_size = engine_cfg.max_batch_size
@@ -63,17 +62,14 @@ class TorchEngine(Engine):
         self._weights_lock = threading.Lock()
         # One update at a time (two overlapping broadcasts would interleave their swaps).
         self._update_lock = threading.Lock()
-        # The broadcast group kept between pushes while the membership holds.
-        self._groups = BroadcastGroups()
-        # Double buffer of the zero-copy update path: parameters are views into `_live_flat` after the first
-        # update; the next one is received into `_spare_flat`, then the two swap roles.
-        self._live_flat: FlatWeights | None = None
-        self._spare_flat: FlatWeights | None = None
+        # Where pushes come from (the broadcast group and the receive buffers kept between pushes); None: an
+        # engine that takes no pushes.
+        self._weights = weights
         # The model's weight objects by name (rebinding keeps the objects), and the last manifest checked
         # against the model: a push with the same manifest (every push while the membership holds) skips both.
         self._slots = weight_slots(self.model)
         self._checked_metas: tuple = ()
-        # LoRA runs: every push is an adapter, merged onto the base weights (`asyncrl.core.lora.merged`).
+        # LoRA runs: every push is an adapter, merged onto the base weights (`asyncrl.core.engines.merged_adapter`).
         self._adapter = MergedAdapter(self._slots)
 
     @property
@@ -120,11 +116,11 @@ class TorchEngine(Engine):
             out.extend(row[: len(seq) - start] for row, seq, start in zip(rows, seqs, starts))
         return out
 
-    def update_weights(self, plan: PushPlan, rank: int) -> WeightUpdateStats:
+    def update_weights(self, plan: PushOrder, rank: int) -> WeightUpdateStats:
         with self._update_lock:
             return self._update_weights(plan, rank)
 
-    def _update_adapter(self, plan: PushPlan, rank: int) -> WeightUpdateStats:
+    def _update_adapter(self, plan: PushOrder, rank: int) -> WeightUpdateStats:
         """An adapter push: received (a few MB), merged onto the base weights off the lock, swapped in."""
         started = time.perf_counter()
         try:
@@ -133,8 +129,8 @@ class TorchEngine(Engine):
             self._drain(plan, rank)
             raise
         received: dict[str, torch.Tensor] = {}
-        with self._groups.member(plan, rank) as group:
-            for bucket in receive_weights(group, plan):
+        with weight_source(self._weights, plan).open(plan, rank) as stream:
+            for bucket in stream.buckets():
                 received.update((name, tensor.clone()) for name, tensor in bucket)
         received_at = time.perf_counter()
         checksum = adapter_checksum((meta.name, received[meta.name]) for meta in plan.tensors)
@@ -151,7 +147,7 @@ class TorchEngine(Engine):
                                  bytes_received=plan.total_bytes, adapter_checksum=checksum,
                                  extra={"receive_s": received_at - started, "merge_s": merge_done - received_at})
 
-    def _update_weights(self, plan: PushPlan, rank: int) -> WeightUpdateStats:
+    def _update_weights(self, plan: PushOrder, rank: int) -> WeightUpdateStats:
         if plan.adapter is not None:
             return self._update_adapter(plan, rank)
         started = time.perf_counter()
@@ -165,19 +161,17 @@ class TorchEngine(Engine):
                 raise
             self._checked_metas = plan.tensors
         staged: list[tuple[str, torch.Tensor]] = []
-        with self._groups.member(plan, rank) as group:
+        with weight_source(self._weights, plan).open(plan, rank) as stream:
             # Receiving straight into parameter storage needs the transport to deliver the model's own dtypes
             # on the model's device; anything else is staged and copied (casting, moving).
-            zero_copy = group.device == self.device and all(
+            zero_copy = stream.device == self.device and all(
                 m.torch_dtype == self._slots[m.name].dtype for m in plan.tensors
             )
             if zero_copy:
-                # The broadcast lands in the spare buffers; the live ones stay untouched for generation.
-                spare = self._spare_weights(plan)
-                for _ in receive_weights(group, plan, into=spare):
-                    pass
+                # The push lands in the source's spare buffers; the live ones stay untouched for generation.
+                whole = stream.whole()
             else:
-                for bucket in receive_weights(group, plan):
+                for bucket in stream.buckets():
                     # The bucket views live in reused staging buffers: keep copies until the swap (which
                     # casts them to the model's dtypes).
                     staged.extend((name, tensor.clone()) for name, tensor in bucket)
@@ -185,8 +179,8 @@ class TorchEngine(Engine):
         with self._weights_lock:
             swap_start = time.perf_counter()
             if zero_copy:
-                rebind_parameters(self.model, spare, self._slots)
-                self._live_flat, self._spare_flat = spare, self._live_flat
+                rebind_parameters(self.model, whole, self._slots)
+                stream.adopted()
                 nbytes = plan.total_bytes
             else:
                 nbytes = copy_weights_(self._slots, staged)
@@ -210,22 +204,15 @@ class TorchEngine(Engine):
             extra={"receive_s": received - started, "zero_copy": float(zero_copy)},
         )
 
-    def _spare_weights(self, plan: PushPlan) -> FlatWeights:
-        """Receive buffers with the plan's layout that generation is not reading (allocated on first use
-        and whenever the layout changes; afterwards live and spare alternate)."""
-        if self._spare_flat is None or not self._spare_flat.matches(plan.tensors, plan.bucket_bytes):
-            self._spare_flat = FlatWeights(plan.tensors, plan.bucket_bytes, self.device)
-        return self._spare_flat
-
-    def _drain(self, plan: PushPlan, rank: int) -> None:
+    def _drain(self, plan: PushOrder, rank: int) -> None:
         try:
-            with self._groups.member(plan, rank) as group:
-                for _ in receive_weights(group, plan):
-                    pass
+            with weight_source(self._weights, plan).open(plan, rank) as stream:
+                stream.drain()
         except Exception as err:  # noqa: BLE001 - the plan error raised by the caller matters more
             log.warning("could not drain the rejected push %s: %s", plan.push_id, err)
 
     def close(self) -> None:
-        self._groups.close()
+        if self._weights is not None:
+            self._weights.close()
         with self._weights_lock:
             self.model = None

@@ -3,7 +3,7 @@ to the newest when it starts, the η + 1 newest (and any a running batch uses) k
 (`asyncrl.core.lora.versions`).
 
 A push needs no pause: the worker receives the adapter over the push's group and writes it in peft's format
-into a directory of this replica's (`vllm_worker.AsyncRLWorkerExtension.asyncrl_receive_adapter`); the engine
+into a directory of this replica's (`asyncrl.push.vllm_worker.AsyncRLWorkerExtension.asyncrl_receive_adapter`); the engine
 then loads it with vLLM's own `add_lora`, and only once vLLM lists it as loaded does the version count as
 served. Its checksum is the one the worker computed over the tensors it wrote: what the controller compares
 with the learner's. Running requests keep their adapter; the base weights never change, so nothing cached is
@@ -21,7 +21,7 @@ from pathlib import Path
 
 from asyncrl.core.lora.spec import match_adapter
 from asyncrl.core.lora.versions import AdapterServing, AdapterVersions, Served
-from asyncrl.push.plan import PushPlan
+from asyncrl.core.wire.push_contract import PushOrder
 
 
 def lora_id(version: int) -> int:
@@ -58,7 +58,7 @@ class VLLMAdapters:
         with self._lock:
             return self._versions.loaded
 
-    def check(self, plan: PushPlan) -> None:
+    def check(self, plan: PushOrder) -> None:
         """Refuse an adapter that does not fit the model or the rank this engine was set up for (ValueError)."""
         if plan.adapter.rank > self.serving.vllm_rank:
             raise ValueError(f"adapter push {plan.push_id}: rank {plan.adapter.rank} is above the rank "
@@ -66,7 +66,7 @@ class VLLMAdapters:
         if self._shapes is not None:
             match_adapter(plan.tensors, plan.adapter, self._shapes, where=f"adapter push {plan.push_id}")
 
-    def load(self, plan: PushPlan, rank: int, plan_data: dict) -> tuple[str, dict]:
+    def load(self, plan: PushOrder, rank: int, plan_data: dict) -> tuple[str, dict]:
         """Receive the adapter (worker) and load it (vLLM); returns its checksum and figures. Raises when vLLM
         does not list it afterwards: a push that did not take effect is an error."""
         from vllm.lora.request import LoRARequest

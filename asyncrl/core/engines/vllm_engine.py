@@ -2,7 +2,7 @@
 
 - Sampling log-probs come from vLLM's `logprobs_mode="processed_logprobs"`: the sampled token's log-prob under
   the distribution actually sampled (temperature, then top-k, then top-p, renormalised), which is what
-  `asyncrl.core.sampling.processed_logprobs` computes in the learner.
+  `asyncrl.core.model.sampling.processed_logprobs` computes in the learner.
 - Scoring uses `prompt_logprobs`, which vLLM always reports raw (temperature 1, no truncation).
 - Weight pushes go through vLLM's RL hooks: `collective_rpc` runs `AsyncRLWorkerExtension` in the workers,
   which receive the tensors over the push's broadcast group. By default the update is in flight: the engine
@@ -28,18 +28,13 @@ import time
 import numpy as np
 
 from asyncrl.core.determinism.modes import invariant_engines
-from asyncrl.core.engines.base import Engine, Generation, WeightUpdateStats
+from asyncrl.core.engines.base import Engine, Generation, weight_source
 from asyncrl.core.engines.vllm_adapters import VLLMAdapters
-from asyncrl.core.engines.vllm_worker import (
-    WORKER_EXTENSION,
-    check_plan_against_checkpoint,
-    checkpoint_tensor_shapes,
-    plan_to_dict,
-)
+from asyncrl.core.engines.vllm_checks import check_plan_against_checkpoint, checkpoint_tensor_shapes
 from asyncrl.core.lora.versions import AdapterServing
-from asyncrl.core.routing import RoutedExperts, checkpoint_num_experts
-from asyncrl.core.sampling import SamplingParams
-from asyncrl.push.plan import PushPlan
+from asyncrl.core.model.routing import RoutedExperts, checkpoint_num_experts
+from asyncrl.core.model.sampling import SamplingParams
+from asyncrl.core.wire.push_contract import PushOrder, WeightSource, WeightUpdateStats
 
 UPDATE_MODES = ("inflight", "between")
 log = logging.getLogger(__name__)
@@ -60,11 +55,13 @@ def _batch_invariant(on_gpu: bool) -> None:
 
 class VLLMEngine(Engine):
     def __init__(self, engine_cfg, model_path: str, dtype: str, seed: int = 0, version: int = 0,
-                 adapters: AdapterServing | None = None, determinism: str = "off"):  # fmt: skip
+                 adapters: AdapterServing | None = None, determinism: str = "off",
+                 weights: WeightSource | None = None):  # fmt: skip
         from vllm import LLM
         from vllm.platforms import current_platform
 
         self.model_path = model_path
+        self._weights = weights
         self._version = version
         self._request_seeds = random.Random(seed)
         self._checkpoint_shapes = checkpoint_tensor_shapes(model_path)
@@ -84,7 +81,7 @@ class VLLMEngine(Engine):
             max_model_len=engine_cfg.max_model_len,
             max_num_seqs=engine_cfg.max_batch_size,
             logprobs_mode="processed_logprobs",
-            worker_extension_cls=WORKER_EXTENSION,
+            worker_extension_cls=None if weights is None else weights.vllm_worker_extension,
             enable_return_routed_experts=self.returns_routed_experts,
             **(VLLMAdapters.engine_args(adapters) if adapters is not None else {}),
             **({} if self._on_gpu else _whole_prefills(engine_cfg)),
@@ -215,7 +212,7 @@ class VLLMEngine(Engine):
 
     # ---- weight updates --------------------------------------------------------------------------------
 
-    def update_weights(self, plan: PushPlan, rank: int) -> WeightUpdateStats:
+    def update_weights(self, plan: PushOrder, rank: int) -> WeightUpdateStats:
         if self.update_mode not in UPDATE_MODES:
             raise ValueError(f"update_mode {self.update_mode!r} not in {UPDATE_MODES}")
         if self._closed:
@@ -237,7 +234,10 @@ class VLLMEngine(Engine):
         with self._control_lock:
             return self._swap_weights(plan, rank, pause_scheduler=True)
 
-    def _load_adapter(self, plan: PushPlan, rank: int) -> WeightUpdateStats:
+    def _source(self, plan: PushOrder) -> WeightSource:
+        return weight_source(self._weights, plan)
+
+    def _load_adapter(self, plan: PushOrder, rank: int) -> WeightUpdateStats:
         """An adapter push (`vllm_adapters`): no pause, running batches keep their adapter."""
         if self.adapters is None:
             raise ValueError(f"adapter push {plan.push_id}: this engine was not set up for LoRA adapters "
@@ -245,7 +245,7 @@ class VLLMEngine(Engine):
         self.adapters.check(plan)
         started = time.perf_counter()
         try:
-            checksum, figures = self.adapters.load(plan, rank, plan_to_dict(plan))
+            checksum, figures = self.adapters.load(plan, rank, self._source(plan).worker_args(plan))
         except Exception as err:  # the worker's error arrives as a bare Exception with its message
             raise RuntimeError(f"adapter push {plan.push_id} (version {plan.version}) failed: {err}") from err
         with self._control_lock:
@@ -255,7 +255,7 @@ class VLLMEngine(Engine):
                                  bytes_received=figures["bytes"], adapter_checksum=checksum,
                                  extra={**figures, "mode": "adapter"})
 
-    def _swap_weights(self, plan: PushPlan, rank: int, pause_scheduler: bool) -> WeightUpdateStats:
+    def _swap_weights(self, plan: PushOrder, rank: int, pause_scheduler: bool) -> WeightUpdateStats:
         """Receive and load the push; caller holds the control lock (and, between generations, the batch)."""
         exclusive_from = time.perf_counter()
         frozen_batch = self._batch_running
@@ -266,7 +266,7 @@ class VLLMEngine(Engine):
             load_from = time.perf_counter()
             try:
                 (figures,) = self._llm.collective_rpc(
-                    "asyncrl_receive_weights", args=(plan_to_dict(plan), rank)
+                    "asyncrl_receive_weights", args=(self._source(plan).worker_args(plan), rank)
                 )
             except Exception as err:  # the worker's error arrives as a bare Exception with its message
                 raise RuntimeError(

@@ -10,7 +10,7 @@ import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from asyncrl.core.validation import require, shown
+from asyncrl.core.checks.validation import require, shown
 from asyncrl.v1 import weights_pb2
 
 PEFT_PREFIX = "base_model.model."

@@ -1,4 +1,4 @@
-"""The typed records of the event logs (`asyncrl.core.events`): one class per kind, shared by the processes
+"""The typed records of the event logs (`asyncrl.core.runtime.events`): one class per kind, shared by the processes
 that write them and the tools that read them. `base` has the record type and the parser; `controller`,
 `learner` and `rollout` the records of each log."""
 

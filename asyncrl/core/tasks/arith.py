@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from asyncrl.core.model.tokenizer import ARITH_ALPHABET, EOS, ModelTokenizer
 from asyncrl.core.tasks.base import Prompt, Task
 from asyncrl.core.tasks.registry import register_reward, register_task
-from asyncrl.core.tokenizer import ARITH_ALPHABET, EOS, ModelTokenizer
 
 # Sub-streams of the seeded generator, so eval and train draws never share random numbers.
 _EVAL_STREAM, _TRAIN_STREAM = 0, 1

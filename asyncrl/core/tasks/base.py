@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from asyncrl.core.tokenizer import ModelTokenizer
+from asyncrl.core.model.tokenizer import ModelTokenizer
 
 RewardFn = Callable[[str, dict[str, Any]], float]
 """`fn(response_text, metadata) -> reward`."""

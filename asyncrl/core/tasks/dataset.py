@@ -16,9 +16,9 @@ from pathlib import Path
 
 import numpy as np
 
+from asyncrl.core.model.tokenizer import ModelTokenizer
 from asyncrl.core.tasks.base import Prompt, Task
 from asyncrl.core.tasks.registry import register_task
-from asyncrl.core.tokenizer import ModelTokenizer
 
 log = logging.getLogger(__name__)
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from asyncrl.core.sampling import SamplingParams
+from asyncrl.core.model.sampling import SamplingParams
 from asyncrl.core.tasks.base import Prompt, Task
 
 
@@ -29,9 +29,7 @@ def greedy_rewards(
     prompts = task.eval_prompts() if prompts is None else prompts
     params = SamplingParams(max_new_tokens=max_new_tokens or task.max_response_tokens, greedy=True)
     if episodes is not None:
-        from asyncrl.core.agents.factory import turns_of
-
-        runner = episodes.runner(turns_of(_generate_fn(generator)), params, in_flight=len(prompts))
+        runner = episodes.runner_over(_generate_fn(generator), params, in_flight=len(prompts))
         try:
             return [result.reward for result in runner.run(prompts)]
         finally:

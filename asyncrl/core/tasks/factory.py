@@ -5,10 +5,10 @@ from __future__ import annotations
 import asyncrl.core.tasks.arith
 import asyncrl.core.tasks.dataset
 import asyncrl.core.tasks.tool_sum  # noqa: F401  (registers the "dataset" and "tool_sum" tasks)
-from asyncrl.core.rewards import build_reward
+from asyncrl.core.model.tokenizer import ModelTokenizer
 from asyncrl.core.tasks.base import RewardFn, Task
 from asyncrl.core.tasks.registry import REWARDS, TASKS
-from asyncrl.core.tokenizer import ModelTokenizer
+from asyncrl.core.tasks.rewards import build_reward
 
 
 def get_task(task_cfg, tokenizer: ModelTokenizer | None = None, reward_cfg=None) -> Task:

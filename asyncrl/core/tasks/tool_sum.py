@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import json
 
+from asyncrl.core.model.tokenizer import CHAT_ALPHABET, CHAT_SPECIALS, CHAT_TEMPLATE, ModelTokenizer
 from asyncrl.core.tasks.arith import ArithTask
 from asyncrl.core.tasks.base import Prompt
 from asyncrl.core.tasks.registry import register_task
-from asyncrl.core.tokenizer import CHAT_ALPHABET, CHAT_SPECIALS, CHAT_TEMPLATE, ModelTokenizer
 
 
 class ToolSumTask(ArithTask):

@@ -1,0 +1,1 @@
+"""Security and wire: who may call (token, TLS, the learner's secret, signed push orders), gRPC servers and channels, listening ports, the teacher's client, and the push contract the engines and the weight push share."""

@@ -1,0 +1,294 @@
+"""The weight-transport seam: broadcast groups with rank 0 = the learner, and the bucketed send/receive.
+
+Groups are not the global `torch.distributed` process group: each forms under its own key prefix in the
+learner's rendezvous TCPStore (the group id the controller assigns, or a push's own id). That lets replicas
+join and leave between pushes (the controller picks the receivers of each push) and lets one process hold
+several groups, which a single default process group would not. `form_group` picks gloo (CPU tensors) or
+nccl (GPU tensors) by the plan's `transport` field; `make_group` forms one for a single push, and
+`push.groups.BroadcastGroups` keeps one across pushes while the membership holds.
+"""
+
+from __future__ import annotations
+
+import datetime
+import ipaddress
+import socket
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterable, Iterator
+
+import torch
+from torch.distributed import PrefixStore, TCPStore
+
+from asyncrl.core.wire.grpc_util import address_refuses
+from asyncrl.core.wire.push_contract import TRANSPORTS, TensorMeta
+from asyncrl.push.buckets import pack, plan_buckets, unpack
+from asyncrl.push.flat import FlatWeights, adjacent_run
+from asyncrl.push.plan import PushPlan
+from asyncrl.push.rendezvous import announce, mark_unreachable, receiver_join, sender_join
+from asyncrl.push.staging import STAGING
+
+
+class BroadcastGroup(ABC):
+    """A process group of `world_size` ranks that can broadcast from rank 0."""
+
+    device: torch.device
+
+    def __init__(self, rank: int, world_size: int):
+        self.rank, self.world_size = rank, world_size
+
+    @abstractmethod
+    def broadcast_async(self, tensor: torch.Tensor):
+        """Start a broadcast from rank 0 (in place on the others); returns a handle with `.wait()`."""
+
+    def broadcast(self, tensor: torch.Tensor) -> None:
+        """Rank 0 sends `tensor`; every other rank receives into it in place."""
+        self.broadcast_async(tensor).wait()
+
+    def close(self) -> None:
+        """Drop the group's connections."""
+
+
+def store_client(address: str, timeout_s: float) -> TCPStore:
+    """A client connection to the rendezvous store at `address` (host:port, [v6]:port)."""
+    host, _, port = address.rpartition(":")
+    return TCPStore(host.strip("[]"), int(port), is_master=False, timeout=datetime.timedelta(seconds=timeout_s))
+
+
+class SenderGone(ConnectionRefusedError):
+    """Nothing listens at the sender's store any more: its process is gone, and so is every push it ordered."""
+
+
+REFUSAL_CHECK_S = 0.5
+"""How long a receiver waits to learn whether the sender's store refuses connections."""
+
+
+def sender_store_client(address: str, timeout_s: float) -> TCPStore:
+    """A receiver's client connection to a sender's store. A store that refuses the connection raises
+    `SenderGone` at once: the store client would keep trying for the whole time-out, and then once more, while
+    the receiver holds its one push at a time and the pushes of a new sender (a learner restarted elsewhere)
+    time out behind it."""
+    if address_refuses(address, min(REFUSAL_CHECK_S, timeout_s)):
+        raise SenderGone(f"nothing listens at the sender's store {address}")
+    return store_client(address, timeout_s)
+
+
+def connect_store(plan: PushPlan, timeout_s: float | None = None) -> TCPStore:
+    """A receiver's client connection to the sender's rendezvous store, within the plan's time-out."""
+    return sender_store_client(plan.store_address, plan.timeout_s if timeout_s is None else timeout_s)
+
+
+def push_store(root: TCPStore, plan: PushPlan) -> PrefixStore:
+    """The keys of one push (its join handshake)."""
+    return PrefixStore(f"push/{plan.push_id}/", root)
+
+
+def report_unreachable(plan: PushPlan, rank: int, timeout_s: float) -> None:
+    """The controller, for a receiver of `plan` whose process is gone: tell the sender through its store, so
+    its join wait ends now (`rendezvous.mark_unreachable`). A store that refuses the connection (the sender is
+    gone too) raises `SenderGone` at once."""
+    mark_unreachable(push_store(connect_store(plan, timeout_s), plan), rank)
+
+
+def is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(socket.gethostbyname(host)).is_loopback
+    except (OSError, ValueError):
+        return False
+
+
+class GlooGroup(BroadcastGroup):
+    def __init__(self, plan: PushPlan, rank: int, store: PrefixStore):
+        super().__init__(rank, plan.world_size)
+        from torch.distributed.distributed_c10d import ProcessGroupGloo
+
+        opts = ProcessGroupGloo._Options()
+        # The group's own time-out bounds its formation (all ranks are present after the join handshake, so
+        # a member that died in between costs this); each broadcast carries the push's data time-out.
+        opts._timeout = datetime.timedelta(seconds=plan.formation_timeout_s)
+        self._broadcast_timeout = datetime.timedelta(seconds=plan.timeout_s)
+        # On one machine, bind loopback explicitly: the default device resolves the hostname, which in
+        # containers and sandboxes may point at an interface peers cannot reach.
+        device = (
+            ProcessGroupGloo.create_device(hostname="127.0.0.1")
+            if is_loopback(plan.store_host)
+            else ProcessGroupGloo.create_default_device()
+        )
+        opts._devices = [device]
+        self._pg = ProcessGroupGloo(store, rank, plan.world_size, opts)
+        self.device = torch.device("cpu")
+
+    def broadcast_async(self, tensor: torch.Tensor):
+        from torch.distributed import BroadcastOptions
+
+        opts = BroadcastOptions()
+        opts.rootRank = 0
+        opts.timeout = self._broadcast_timeout
+        return self._pg.broadcast([tensor], opts)
+
+    def close(self) -> None:
+        self._pg = None
+
+
+class NcclGroup(BroadcastGroup):
+    """GPU data plane. Needs CUDA on every rank; tensors live on `device`."""
+
+    def __init__(self, plan: PushPlan, rank: int, store: PrefixStore, device: str | None = None):
+        super().__init__(rank, plan.world_size)
+        if not torch.cuda.is_available():
+            raise RuntimeError("nccl weight transport needs a CUDA device; use weight_transport.type=gloo on CPU")
+        from torch.distributed.distributed_c10d import ProcessGroupNCCL
+
+        self.device = torch.device(device or f"cuda:{torch.cuda.current_device()}")
+        opts = ProcessGroupNCCL.Options()
+        opts._timeout = datetime.timedelta(seconds=plan.timeout_s)
+        self._pg = ProcessGroupNCCL(store, rank, plan.world_size, opts)
+
+    def broadcast_async(self, tensor: torch.Tensor):
+        from torch.distributed import BroadcastOptions
+
+        opts = BroadcastOptions()
+        opts.rootRank = 0
+        return _SyncedWork(self._pg.broadcast([tensor], opts), self.device)
+
+    def close(self) -> None:
+        if self._pg is not None:
+            try:
+                self._pg.shutdown()
+            except Exception:  # noqa: BLE001, S110 - best effort on teardown
+                pass
+        self._pg = None
+
+
+class _SyncedWork:
+    """NCCL work whose wait() also waits for the stream, so the data is usable on return."""
+
+    def __init__(self, work, device):
+        self._work, self._device = work, device
+
+    def wait(self):
+        self._work.wait()
+        torch.cuda.current_stream(self._device).synchronize()
+
+
+def form_group(plan: PushPlan, rank: int, root: TCPStore) -> BroadcastGroup:
+    """Form the plan's group (type by `plan.transport`) under its store prefix; every rank must call it."""
+    prefixed = PrefixStore(plan.group_key, root)
+    if plan.transport == "gloo":
+        return GlooGroup(plan, rank, prefixed)
+    return NcclGroup(plan, rank, prefixed)
+
+
+def check_transport_here(plan: PushPlan) -> None:
+    """Refuse, before joining, a plan this process cannot take part in (a rank that cannot must not announce
+    itself ready)."""
+    if plan.transport not in TRANSPORTS:
+        raise ValueError(f"unknown weight transport {plan.transport!r} (expected one of {TRANSPORTS})")
+    if plan.transport == "nccl" and not torch.cuda.is_available():
+        raise RuntimeError("nccl weight transport needs a CUDA device; use weight_transport.type=gloo on CPU")
+
+
+def make_group(
+    plan: PushPlan, rank: int, store: TCPStore | None = None, join_timeout_s: float | None = None
+) -> BroadcastGroup:
+    """A group for this one push (the caller closes it), formed after the join handshake
+    (`push.rendezvous`): rank 0 waits at most `join_timeout_s` (default: the plan's) for the
+    receivers and raises `ReceiversMissing` if some never come; receivers then raise `PushAborted`.
+    Groups kept across pushes: `push.groups.BroadcastGroups`."""
+    check_transport_here(plan)
+    if rank == 0 and store is None:
+        raise ValueError("rank 0 (the sender) hosts the rendezvous store and must pass it")
+    root = store if store is not None else connect_store(plan)
+    join_push(plan, rank, root, join_timeout_s)
+    return form_group(plan, rank, root)
+
+
+def join_push(plan: PushPlan, rank: int, root: TCPStore, join_timeout_s: float | None = None,
+              has_group: bool = True, gone: Callable[[int], bool] | None = None) -> PrefixStore:
+    """The push's join handshake (`push.rendezvous`) as `rank`; returns the push's store (its keys).
+    `gone`: the sender's check of a receiver that does not join (`push.rendezvous.sender_join`)."""
+    handshake = push_store(root, plan)
+    if rank == 0:
+        announce(root, plan.push_id)
+        sender_join(handshake, plan.push_id, plan.world_size, join_timeout_s or plan.formation_timeout_s, gone)
+    else:
+        receiver_join(handshake, plan.push_id, rank, plan.timeout_s, has_group, root=root)
+    return handshake
+
+
+def host_store(host: str, port: int, timeout_s: float) -> TCPStore:
+    """The learner's long-lived rendezvous store (port 0 = any free port; read `.port`), listening on `host`
+    only: TCPStore by itself listens on every interface whatever host it is given, so the socket is bound
+    here and handed over."""
+    family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    listener = socket.socket(family, kind, proto)
+    try:
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(address)
+        listener.listen(1024)
+        bound_port = listener.getsockname()[1]
+    except OSError:
+        listener.close()
+        raise
+    # The store owns the descriptor from here on (detach: closing the Python object must not close it).
+    return TCPStore(host, bound_port, is_master=True, wait_for_workers=False,
+                    timeout=datetime.timedelta(seconds=timeout_s), master_listen_fd=listener.detach())
+
+
+
+def send_weights(group: BroadcastGroup, named_tensors: Iterable[tuple[str, torch.Tensor]], plan: PushPlan) -> int:
+    """Rank 0: broadcast all tensors bucket by bucket, in plan order; packing bucket k+1 overlaps the
+    transfer of bucket k. Returns bytes sent."""
+    tensors = [t for _, t in named_tensors]
+    if len(tensors) != len(plan.tensors):
+        raise ValueError(f"plan lists {len(plan.tensors)} tensors, got {len(tensors)}")
+    sent, in_flight = 0, []
+    with STAGING.lease() as staging:
+        for k, bucket in enumerate(plan_buckets(plan.tensors, plan.bucket_bytes)):
+            dtype = plan.tensors[bucket.members[0]].torch_dtype
+            # .to() is a no-op for tensors already on the group's device (the CPU/gloo case).
+            members = {i: tensors[i].detach().to(group.device) for i in bucket.members}
+            flat = adjacent_run([members[i] for i in bucket.members])
+            if flat is None or flat.dtype != dtype:
+                flat = pack(bucket, members, out=staging.get(group.device, dtype, bucket.numel, k % 2))
+            for work, _ in in_flight:
+                work.wait()
+            # Each tensor stays referenced here until its broadcast is waited for.
+            in_flight = [(group.broadcast_async(flat), flat)]
+            sent += flat.numel() * flat.element_size()
+        for work, _ in in_flight:
+            work.wait()
+    return sent
+
+
+def receive_weights(
+    group: BroadcastGroup, plan: PushPlan, into: FlatWeights | None = None
+) -> Iterator[list[tuple[str, torch.Tensor]]]:
+    """Other ranks: yield the named tensors of each bucket. The next bucket is already arriving while the
+    caller handles this one.
+
+    Without `into` the tensors are views into a reused staging buffer, valid until the next iteration (copy
+    them out). With `into` (a `FlatWeights` with the plan's layout, on the group's device) every bucket lands
+    directly in its buffers and the views stay valid: no copy at all.
+    """
+    metas: tuple[TensorMeta, ...] = plan.tensors
+    buckets = plan_buckets(metas, plan.bucket_bytes)
+    if into is not None and not into.matches(metas, plan.bucket_bytes):
+        raise ValueError(f"push {plan.push_id}: the receive buffers do not have the plan's layout")
+    with STAGING.lease() as staging:
+
+        def target(k):
+            bucket = buckets[k]
+            if into is not None:
+                return into.buffers[k]
+            return staging.get(group.device, metas[bucket.members[0]].torch_dtype, bucket.numel, k % 2)
+
+        def start(k):
+            incoming = target(k)
+            return incoming, group.broadcast_async(incoming)
+
+        pending = start(0) if buckets else None
+        for k, bucket in enumerate(buckets):
+            flat, work = pending
+            work.wait()
+            pending = start(k + 1) if k + 1 < len(buckets) else None
+            yield unpack(bucket, flat, metas)
