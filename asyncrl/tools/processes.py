@@ -90,6 +90,8 @@ class ProcessGroup:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.children: list[Child] = []
         self.spawner = spawner or SubprocessSpawner()
+        self._exits_seen: set[int] = set()
+        """Pids of children whose exit a wait already returned for (or saw)."""
 
     def start(self, name: str, argv: list[str], env: dict | None = None) -> Child:
         log_path = self.log_dir / f"{name}.log"
@@ -104,25 +106,36 @@ class ProcessGroup:
         return [c for c in self.children if c.proc.poll() not in (None, 0)]
 
     def wait_for_an_exit(self, timeout_s: float) -> None:
-        """Return as soon as a running child exits, or after `timeout_s` (a supervisor that only looked once a
-        second left a dead process unnoticed for half a second on average before restarting it)."""
+        """Return as soon as a child exits, or after `timeout_s` (a supervisor that only looked once a second left
+        a dead process unnoticed for half a second on average before restarting it). A child that exited since
+        the last wait returns at once: it may have died before this call looked (a kill just before it), and a
+        wait on the others alone would sleep the whole time-out."""
         fds = []
         try:
-            for child in self.children:
-                if child.alive():
-                    try:
-                        fds.append(os.pidfd_open(child.proc.pid))
-                    except (OSError, AttributeError):  # not Linux >= 5.3: a plain sleep below
-                        pass
-            if fds:
-                select.select(fds, [], [], timeout_s)
-            else:
-                time.sleep(timeout_s)
+            if not self._new_exits():
+                for child in self.children:
+                    if child.alive():
+                        try:
+                            fds.append(os.pidfd_open(child.proc.pid))
+                        except (OSError, AttributeError):  # not Linux >= 5.3: a plain sleep below
+                            pass
+                if fds:
+                    select.select(fds, [], [], timeout_s)
+                else:
+                    time.sleep(timeout_s)
+                self._new_exits()  # what woke this wait does not wake the next
         finally:
             for fd in fds:
                 os.close(fd)
         if self.spawner.adopts:
             reap_orphans({c.proc.pid for c in self.children} | self.spawner.own_pids())
+
+    def _new_exits(self) -> bool:
+        """Whether a child exited that no wait has seen yet (they are seen now)."""
+        gone = {c.proc.pid for c in self.children if not c.alive()}
+        new = gone - self._exits_seen
+        self._exits_seen |= gone
+        return bool(new)
 
     def stop(self, names: tuple[str, ...], grace_s: float = 15.0) -> None:
         """Stop (and wait for) only the children named in `names`; the others keep running."""

@@ -28,6 +28,25 @@ def test_the_wait_ends_when_a_child_is_killed_not_at_its_time_out(tmp_path):
         group.stop_all(grace_s=2.0)
 
 
+def test_a_child_dead_before_the_wait_looks_ends_the_wait_at_once(tmp_path):
+    # The flake this pins down: a child killed just before the wait found no process to watch (its poll reaped
+    # it) and the wait slept its whole time-out on the others.
+    group = ProcessGroup(tmp_path)
+    try:
+        group.start("long", ["sleep", "60"])
+        victim = group.start("victim", ["sleep", "60"])
+        victim.proc.send_signal(signal.SIGKILL)
+        victim.proc.wait()  # dead (and reaped) before the wait looks
+        t0 = time.monotonic()
+        group.wait_for_an_exit(10.0)
+        assert time.monotonic() - t0 < 2.0
+        t0 = time.monotonic()
+        group.wait_for_an_exit(0.3)  # seen once: it does not wake the next wait
+        assert time.monotonic() - t0 >= 0.25
+    finally:
+        group.stop_all(grace_s=2.0)
+
+
 def _gone(pid: int) -> bool:
     """No such process, or only its zombie (whoever adopted it has not reaped it yet)."""
     try:
