@@ -78,7 +78,7 @@ def render_html(snap: dict) -> str:
         else f"{esc(push['push_id'])} ({push['mode']}, version {push['version']}, "
         f"{len(push['receivers'])} receivers, {push['age_s']:.1f} s)"
     )
-    if reserved is not None:  # the learner orders it without a Begin (docs/architecture.md, weight push step 12)
+    if reserved is not None:  # the learner orders it without a Begin (docs/architecture.md, "Weight push", in-band)
         push_line += (f" &middot; next reserved: {esc(reserved['push_id'])} (version {reserved['version']}, "
                       f"{len(reserved['receivers'])} receivers, {reserved['age_s']:.1f} s)")
     learner = snap["learner"]

@@ -70,16 +70,17 @@ class BroadcastReceiving:
     vllm_worker_extension = WORKER_EXTENSION
 
     def __init__(self) -> None:
-        self._groups = BroadcastGroups()
+        self.groups = BroadcastGroups()
+        """The group kept between pushes (`formed` counts the groups this receiver formed)."""
         self._storage = _Storage()
 
     @contextlib.contextmanager
     def open(self, plan: PushPlan, rank: int) -> Iterator[BroadcastStream]:
-        with self._groups.member(plan, rank) as group:
+        with self.groups.member(plan, rank) as group:
             yield BroadcastStream(group, plan, self._storage)
 
     def worker_args(self, plan: PushPlan) -> dict:
         return plan_to_dict(plan)
 
     def close(self) -> None:
-        self._groups.close()
+        self.groups.close()

@@ -3,10 +3,14 @@
 #   unit (pure, no network) -> integration (real Redis, real gRPC, real processes) -> e2e (whole system,
 #   real vLLM on CPU) -> chaos (the whole system under faults). GPU-only tests skip with a reason when no
 #   CUDA device is present.
-# Extra arguments go to pytest (e.g. `scripts/test.sh -m "not e2e"` for the fast tiers only).
+# Extra arguments go to pytest: test paths run those instead of every tier (`scripts/test.sh tests/unit`),
+# options are added (`scripts/test.sh -m "not e2e and not chaos"` for the fast tiers only).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 # Tiers in order, fastest first, so a broken unit fails before the slow runs start.
-exec .venv/bin/python -m pytest tests/unit tests/integration tests/e2e tests/chaos tests/gpu -p no:cacheprovider \
-  --durations=15 "$@"
+tiers=(tests/unit tests/integration tests/e2e tests/chaos tests/gpu)
+for arg in "$@"; do
+  case "$arg" in tests/*) tiers=() ;; esac
+done
+exec .venv/bin/python -m pytest "${tiers[@]}" -p no:cacheprovider --durations=20 "$@"

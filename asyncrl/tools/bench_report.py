@@ -51,8 +51,8 @@ def render(results: Path = RESULTS) -> str:
         prov = data.get("provenance") if isinstance(data, dict) else None
         if prov:
             machine = ", ".join(f"{k} {v}" for k, v in prov["machine"].items())
-            at = f" at {prov['commit']}" if prov.get("commit") else ""
-            lines += [f"`{prov['command']}` ({prov['date']}{at}; {machine})", ""]
+            # The commit stays in the JSON (git has the history); the page says what was run, when and where.
+            lines += [f"`{prov['command']}` ({prov['date']}; {machine})", ""]
         else:
             lines += ["(recorded before results kept their command and machine: docs/benchmarks.md gives both)", ""]
         rows = flatten(data)

@@ -90,8 +90,6 @@ class ProcessGroup:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.children: list[Child] = []
         self.spawner = spawner or SubprocessSpawner()
-        self._exits_seen: set[int] = set()
-        """Pids of children whose exit a wait already returned for (or saw)."""
 
     def start(self, name: str, argv: list[str], env: dict | None = None) -> Child:
         log_path = self.log_dir / f"{name}.log"
@@ -107,35 +105,32 @@ class ProcessGroup:
 
     def wait_for_an_exit(self, timeout_s: float) -> None:
         """Return as soon as a child exits, or after `timeout_s` (a supervisor that only looked once a second left
-        a dead process unnoticed for half a second on average before restarting it). A child that exited since
-        the last wait returns at once: it may have died before this call looked (a kill just before it), and a
-        wait on the others alone would sleep the whole time-out."""
+        a dead process unnoticed for half a second on average before restarting it). Every child not reaped yet
+        is watched, a dead one too: its pidfd is readable at once, so a child that died just before this call
+        ends it (polling first would reap it unseen and sleep the whole time-out on the others). The exits it
+        returns for are reaped before it returns, so they do not wake the next wait."""
         fds = []
         try:
-            if not self._new_exits():
-                for child in self.children:
-                    if child.alive():
-                        try:
-                            fds.append(os.pidfd_open(child.proc.pid))
-                        except (OSError, AttributeError):  # not Linux >= 5.3: a plain sleep below
-                            pass
-                if fds:
-                    select.select(fds, [], [], timeout_s)
-                else:
-                    time.sleep(timeout_s)
-                self._new_exits()  # what woke this wait does not wake the next
+            for child in self.children:
+                if child.proc.returncode is None:
+                    try:
+                        fds.append(os.pidfd_open(child.proc.pid))
+                    except ProcessLookupError:  # reaped elsewhere meanwhile
+                        pass
+                    except (OSError, AttributeError):  # not Linux >= 5.3: a plain sleep below
+                        fds.clear()
+                        break
+            if fds:
+                select.select(fds, [], [], timeout_s)
+            else:
+                time.sleep(timeout_s)
         finally:
             for fd in fds:
                 os.close(fd)
+        for child in self.children:
+            child.alive()  # reaps what exited
         if self.spawner.adopts:
             reap_orphans({c.proc.pid for c in self.children} | self.spawner.own_pids())
-
-    def _new_exits(self) -> bool:
-        """Whether a child exited that no wait has seen yet (they are seen now)."""
-        gone = {c.proc.pid for c in self.children if not c.alive()}
-        new = gone - self._exits_seen
-        self._exits_seen |= gone
-        return bool(new)
 
     def stop(self, names: tuple[str, ...], grace_s: float = 15.0) -> None:
         """Stop (and wait for) only the children named in `names`; the others keep running."""

@@ -109,7 +109,7 @@ def test_background_pushes_reuse_one_group_and_send_their_snapshot(system, tiny_
             assert torch.allclose(replica_logprobs(engine), model_logprobs(learner), atol=1e-5)
         # Every rank formed the group once; the replicas read the manifest once.
         assert publisher.groups.formed == 1
-        assert all(engine._groups.formed == 1 for engine in engines)
+        assert all(engine._weights.groups.formed == 1 for engine in engines)
         assert [r.servicer.receiver.listener.taken for r in replicas] == ([2, 2] if in_band else [0, 0])
         with pytest.raises(RuntimeError, match="in flight"):
             publisher.start(4)

@@ -29,14 +29,17 @@ def test_the_wait_ends_when_a_child_is_killed_not_at_its_time_out(tmp_path):
 
 
 def test_a_child_dead_before_the_wait_looks_ends_the_wait_at_once(tmp_path):
-    # The flake this pins down: a child killed just before the wait found no process to watch (its poll reaped
-    # it) and the wait slept its whole time-out on the others.
+    # The flake this pins down: a child that died just before the wait looked was reaped by the wait's own poll
+    # and left unwatched, and the wait slept its whole time-out on the others.
     group = ProcessGroup(tmp_path)
     try:
         group.start("long", ["sleep", "60"])
         victim = group.start("victim", ["sleep", "60"])
         victim.proc.send_signal(signal.SIGKILL)
-        victim.proc.wait()  # dead (and reaped) before the wait looks
+        deadline = time.monotonic() + 10
+        while not _gone(victim.proc.pid):  # dead, not reaped, before the wait looks
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
         t0 = time.monotonic()
         group.wait_for_an_exit(10.0)
         assert time.monotonic() - t0 < 2.0
