@@ -5,11 +5,16 @@ process) and serves it on /metrics on its own port.
 collectors, and `asyncrl_service_info{service, version}`. `RpcMetrics` are the per-RPC series every gRPC server
 keeps (through the guard interceptor, `asyncrl.core.wire.auth`), named as the gRPC ecosystem names them:
 `grpc_server_started_total`, `grpc_server_handled_total{grpc_code}` and `grpc_server_handling_seconds`, each
-labelled `grpc_service` and `grpc_method`; refused calls (UNAUTHENTICATED, INVALID_ARGUMENT) count too.
+labelled `grpc_service` and `grpc_method`; refused calls (UNAUTHENTICATED, INVALID_ARGUMENT) count too. Only
+methods some server of the project serves get labels of their own (`known_methods`): any other path a caller
+names, with or without the token, counts under `grpc_service="unknown", grpc_method="unknown"`, so made-up
+method names cannot grow the registry.
 """
 
 from __future__ import annotations
 
+import functools
+import importlib
 import importlib.metadata
 
 import grpc
@@ -40,6 +45,24 @@ def service_registry(service: str) -> CollectorRegistry:
     return registry
 
 
+UNKNOWN = ("unknown", "unknown")
+"""The labels of every call to a method no server of the project serves."""
+
+_SERVICE_DESCRIPTORS = ("asyncrl.v1.controller_pb2", "asyncrl.v1.rollout_pb2", "asyncrl.v1.teacher_pb2",
+                        "asyncrl.v1.learner_pb2", "grpc_health.v1.health_pb2",
+                        "grpc_reflection.v1alpha.reflection_pb2")
+
+
+@functools.cache
+def known_methods() -> frozenset[tuple[str, str]]:
+    """(service, method) of every RPC the project's servers serve: its four services, health, reflection."""
+    known = set()
+    for module in _SERVICE_DESCRIPTORS:
+        for service in importlib.import_module(module).DESCRIPTOR.services_by_name.values():
+            known.update((service.full_name, method.name) for method in service.methods)
+    return frozenset(known)
+
+
 class RpcMetrics:
     def __init__(self, registry: CollectorRegistry):
         labels = ["grpc_service", "grpc_method"]
@@ -51,8 +74,9 @@ class RpcMetrics:
 
     def start(self, method: str) -> tuple[str, str]:
         service, _, name = method.lstrip("/").partition("/")
-        self.started.labels(service, name).inc()
-        return service, name
+        labels = (service, name) if (service, name) in known_methods() else UNKNOWN
+        self.started.labels(*labels).inc()
+        return labels
 
     def done(self, labels: tuple[str, str], code: grpc.StatusCode | None, seconds: float) -> None:
         self.handled.labels(*labels, (code or grpc.StatusCode.OK).name).inc()
