@@ -13,4 +13,6 @@ tiers=(tests/unit tests/integration tests/e2e tests/chaos tests/gpu)
 for arg in "$@"; do
   case "$arg" in tests/*) tiers=() ;; esac
 done
-exec .venv/bin/python -m pytest "${tiers[@]}" -p no:cacheprovider --durations=20 "$@"
+# Two workers, a test file each at a time (its module fixtures built once); tests marked `alone` run with
+# nothing beside them (tests/conftest.py). `-n 0` runs one test at a time.
+exec .venv/bin/python -m pytest "${tiers[@]}" -p no:cacheprovider -n 2 --dist loadfile --durations=20 "$@"

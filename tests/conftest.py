@@ -11,7 +11,9 @@ learner, vLLM) point at `tiny_model_dir.policy` / `.teacher` or use `tiny_model_
 
 from __future__ import annotations
 
+import fcntl
 import os
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,6 +31,22 @@ TEST_AUTH = Auth(os.environ["ASYNCRL_TOKEN"])
 # proves it; test clients that play the learner pass it to `SeatedController`.
 os.environ["ASYNCRL_LEARNER_SECRET"] = os.environ.get("ASYNCRL_LEARNER_SECRET") or new_token()
 TEST_LEARNER_SECRET = os.environ["ASYNCRL_LEARNER_SECRET"].encode()
+
+
+
+@pytest.fixture(autouse=True)
+def _alone_when_marked(request):
+    """Under `pytest -n` (scripts/test.sh runs two workers): a test marked `alone` runs with no other test beside
+    it (what it asserts is a timing the other worker's load would move); every other test may share the
+    machine. A shared lock per test, exclusive for `alone`, held on a file of this test run's."""
+    run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
+    if run is None:
+        yield
+        return
+    with open(Path(tempfile.gettempdir()) / f"asyncrl-tests-{run}.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX if request.node.get_closest_marker("alone") else fcntl.LOCK_SH)
+        yield
+
 
 TEST_WARMSTART_STEPS = 6
 TEST_TEACHER_STEPS = 12

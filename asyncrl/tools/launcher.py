@@ -10,6 +10,7 @@ stopped run from its latest checkpoint.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shutil
@@ -98,12 +99,20 @@ def claim_run_dir(template: str) -> str:
 
 def ensure_models(cfg: AsyncRLConfig) -> None:
     """Build the tiny demo model when the config asks for it (model.build_tiny) and the checkpoints are
-    missing or were built from another tiny_model/task config (a no-op otherwise)."""
+    missing or were built from another tiny_model/task config (a no-op otherwise). One build at a time per
+    model folder: two `up`s started together on a fresh machine would otherwise write the same checkpoint
+    twice at once; the second waits for the first and finds the model built."""
     if not cfg.model.build_tiny or (cfg.model.path and tiny_models_current(cfg)):
         return
     from asyncrl.tools.tiny_model import make_tiny_model  # torch and the task: only to build
 
-    paths = make_tiny_model(cfg)
+    folder = Path(cfg.model.path).parent
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / ".build.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if tiny_models_current(cfg):
+            return
+        paths = make_tiny_model(cfg)
     if paths.built:
         print(f"[up] built the tiny model into {paths.policy} (cached for later runs)", flush=True)
 

@@ -35,11 +35,11 @@ def check_agent_run(run_dir, summary: dict, steps: int, spans_versions: bool = T
 
 def test_the_agent_demo_trains_on_multi_turn_episodes(tmp_path):
     run_dir = tmp_path / "run"
-    summary = asyncrl_up(run_dir, "learner.total_steps=60", "learner.eval_every=20", timeout_s=900,
+    summary = asyncrl_up(run_dir, "learner.total_steps=30", "learner.eval_every=10", timeout_s=900,
                          config=AGENT_CONFIG)
-    check_agent_run(run_dir, summary, steps=60)
+    check_agent_run(run_dir, summary, steps=30)
     evals = [ev["step"] for ev in read_events(run_dir, "learner") if ev["kind"] == "eval"]
-    assert evals == [0, 20, 40, 60], evals
+    assert evals == [0, 10, 20, 30], evals
 
 
 @pytest.mark.vllm

@@ -28,7 +28,7 @@ pytestmark = pytest.mark.e2e
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "word-problems.yaml"
-STEPS, SAVE_EVERY, KILL_AFTER = 150, 25, 90
+STEPS, SAVE_EVERY, KILL_AFTER = 60, 20, 35
 
 
 def cli(*args: str) -> list[str]:
