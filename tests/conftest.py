@@ -34,18 +34,20 @@ TEST_LEARNER_SECRET = os.environ["ASYNCRL_LEARNER_SECRET"].encode()
 
 
 
-@pytest.fixture(autouse=True)
-def _alone_when_marked(request):
-    """Under `pytest -n` (scripts/test.sh runs two workers): a test marked `alone` runs with no other test beside
-    it (what it asserts is a timing the other worker's load would move); every other test may share the
-    machine. A shared lock per test, exclusive for `alone`, held on a file of this test run's."""
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """Under `pytest -n` (scripts/test.sh runs two workers): a whole-system test (e2e, chaos) or one marked
+    `alone` runs with no other test beside it, its fixtures' set-up and tear-down included; unit and
+    integration tests share the machine. A whole run keeps both cores busy with its own processes: two side by
+    side took longer than one after the other (load 7 on two cores), and timings they assert moved. A shared
+    lock per test, exclusive for those, on a file of this test run's."""
     run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
     if run is None:
-        yield
-        return
+        return (yield)
+    alone = any(item.get_closest_marker(name) for name in ("alone", "e2e", "chaos"))
     with open(Path(tempfile.gettempdir()) / f"asyncrl-tests-{run}.lock", "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX if request.node.get_closest_marker("alone") else fcntl.LOCK_SH)
-        yield
+        fcntl.flock(lock, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
+        return (yield)
 
 
 TEST_WARMSTART_STEPS = 6

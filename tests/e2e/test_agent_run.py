@@ -48,6 +48,6 @@ def test_the_agent_demo_runs_on_vllm_replicas(tmp_path):
     """One vLLM replica (a core of the suite's budget) plays the episodes turn by turn. (Whether a push lands
     between two turns of an episode depends on timing; in 20 steps on one replica it may not.)"""
     run_dir = tmp_path / "run"
-    summary = asyncrl_up(run_dir, "rollout.engine.type=vllm", "rollout.replicas=1", "learner.total_steps=20",
-                         "learner.eval_every=10", timeout_s=1200, config=AGENT_CONFIG)
-    check_agent_run(run_dir, summary, steps=20, spans_versions=False)
+    summary = asyncrl_up(run_dir, "rollout.engine.type=vllm", "rollout.replicas=1", "learner.total_steps=10",
+                         "learner.eval_every=0", timeout_s=1200, config=AGENT_CONFIG)
+    check_agent_run(run_dir, summary, steps=10, spans_versions=False)
