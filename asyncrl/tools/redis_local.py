@@ -14,9 +14,13 @@ from asyncrl.tools.processes import ProcessGroup, free_port
 def start_local_redis(group: ProcessGroup, data_dir: Path, host: str = "127.0.0.1", port: int = 0,
                       password: str | None = None) -> str:
     """Start redis-server as a child of `group`; returns its URL once it answers PING. Persistence: an
-    append-only file in `data_dir` fsynced every second (a restart on the same directory, e.g. `up --resume`,
+    append-only file in `data_dir`, written and fsynced before each reply (a restart on the same directory, e.g. `up --resume`,
     finds the stream, its consumer group and the pending entries again). `port` 0: any free port. With a
-    `password`, clients must AUTH; it goes into an owner-only config file, not onto the command line."""
+    `password`, clients must AUTH; it goes into an owner-only config file, not onto the command line.
+
+    Not `everysec`: it postpones the write while a background fsync runs (up to 2 s under I/O load) yet
+    replies at once, so a kill -9 lost groups the writers had seen acknowledged. `always` costs 0.4 ms per
+    20 KB append here (0.16 ms everysec), far below a group's generation time."""
     binary = shutil.which("redis-server")
     if binary is None:
         raise RuntimeError("redis-server not found: run scripts/setup.sh (installs Debian's redis-server)")
@@ -27,7 +31,7 @@ def start_local_redis(group: ProcessGroup, data_dir: Path, host: str = "127.0.0.
     quoted = (password or "").replace("\\", "\\\\").replace('"', '\\"')  # a double-quoted redis.conf string
     conf.write_text(f'requirepass "{quoted}"\n' if password else "")
     child = group.start("redis", [binary, str(conf), "--port", str(port), "--bind", host, "--save", "",
-                                  "--appendonly", "yes", "--appendfsync", "everysec", "--dir", str(data_dir)])
+                                  "--appendonly", "yes", "--appendfsync", "always", "--dir", str(data_dir)])
     url = f"redis://{host}:{port}/0"
     client = redis.Redis.from_url(url, password=password)
     deadline = time.time() + 20

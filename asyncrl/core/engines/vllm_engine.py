@@ -81,7 +81,7 @@ class VLLMEngine(Engine):
             max_model_len=engine_cfg.max_model_len,
             max_num_seqs=engine_cfg.max_batch_size,
             logprobs_mode="processed_logprobs",
-            worker_extension_cls=None if weights is None else weights.vllm_worker_extension,
+            worker_extension_cls="" if weights is None else weights.vllm_worker_extension,
             enable_return_routed_experts=self.returns_routed_experts,
             **(VLLMAdapters.engine_args(adapters) if adapters is not None else {}),
             **({} if self._on_gpu else _whole_prefills(engine_cfg)),
