@@ -186,9 +186,9 @@ class PushListener:
             write_ack(handshake, rank, 0, error=f"{type(err).__name__}: {err}"[:1000])
             return self._forget_if(target)
         checksum = stats.adapter_checksum
+        self.taken += 1  # before the ack: whoever the ack wakes sees the count
         write_ack(handshake, rank, stats.version, push_ack_mac(key, plan.push_id, rank, stats.version, checksum),
                   adapter_checksum=checksum)
-        self.taken += 1
         with self._cond:
             if self._followed == target:
                 self._followed = dataclasses.replace(target, after_push_id=plan.push_id)

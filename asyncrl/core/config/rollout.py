@@ -51,6 +51,10 @@ class EngineConfig(Section):
     """vLLM only: no CUDA graphs / compilation (faster start, needed on CPU)."""
     max_model_len: int = Field(64, ge=8)
     """vLLM only: longest prompt + response."""
+    kv_cache_gib: float | None = Field(None, gt=0)
+    """vLLM only: memory for the KV cache, GiB. null: on CPU, what `max_batch_size` sequences of
+    `max_model_len` tokens need, four times over, at most `gpu_memory_utilization` of host memory (vLLM then
+    skips its memory profile: half the start-up); on GPU, vLLM sizes it from `gpu_memory_utilization`."""
     capture_routing: bool = True
     """MoE models: record the experts every token was routed to and send them with the trajectory (what
     `learner.routing_replay.mode: r3` replays; num_layers * top_k bytes per token). The torch engine captures

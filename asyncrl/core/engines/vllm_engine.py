@@ -29,6 +29,7 @@ import numpy as np
 
 from asyncrl.core.determinism.modes import invariant_engines
 from asyncrl.core.engines.base import Engine, Generation, weight_source
+from asyncrl.core.engines.kv_cache_size import cpu_kv_cache_bytes
 from asyncrl.core.engines.vllm_adapters import VLLMAdapters
 from asyncrl.core.engines.vllm_checks import check_plan_against_checkpoint, checkpoint_tensor_shapes
 from asyncrl.core.lora.versions import AdapterServing
@@ -78,6 +79,7 @@ class VLLMEngine(Engine):
             seed=seed,
             enforce_eager=engine_cfg.enforce_eager,
             gpu_memory_utilization=engine_cfg.gpu_memory_utilization,
+            kv_cache_memory_bytes=self._kv_cache_bytes(engine_cfg, model_path, dtype),
             max_model_len=engine_cfg.max_model_len,
             max_num_seqs=engine_cfg.max_batch_size,
             logprobs_mode="processed_logprobs",
@@ -102,6 +104,14 @@ class VLLMEngine(Engine):
                                                                    self._control_lock)
         """A LoRA run's adapters (`vllm_adapters`); None: pushes carry full weights."""
         self._closed = False
+
+    def _kv_cache_bytes(self, engine_cfg, model_path: str, dtype: str) -> int | None:
+        if engine_cfg.kv_cache_gib is not None:
+            return int(engine_cfg.kv_cache_gib * (1 << 30))
+        if self._on_gpu:
+            return None
+        return cpu_kv_cache_bytes(model_path, dtype, engine_cfg.max_batch_size, engine_cfg.max_model_len,
+                                  engine_cfg.gpu_memory_utilization)
 
     @property
     def weight_version(self) -> int:
