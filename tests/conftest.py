@@ -11,6 +11,7 @@ learner, vLLM) point at `tiny_model_dir.policy` / `.teacher` or use `tiny_model_
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import tempfile
@@ -36,17 +37,21 @@ TEST_LEARNER_SECRET = os.environ["ASYNCRL_LEARNER_SECRET"].encode()
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_protocol(item, nextitem):
-    """Under `pytest -n` (scripts/test.sh runs two workers): a whole-system test (e2e, chaos) or one marked
-    `alone` runs with no other test beside it, its fixtures' set-up and tear-down included; unit and
-    integration tests share the machine. A whole run keeps both cores busy with its own processes: two side by
-    side took longer than one after the other (load 7 on two cores), and timings they assert moved. A shared
-    lock per test, exclusive for those, on a file of this test run's."""
+    """Under `pytest -n` (scripts/test.sh runs two workers): whole-system tests (e2e, chaos) run one at a time,
+    a unit or integration test beside them; a test marked `alone` runs with nothing beside it. Fixtures'
+    set-up and tear-down count as the test's. Two whole runs side by side took longer than one after the
+    other (each keeps both cores busy: load 7 on two cores); a timing a test asserts would move. File locks
+    of this test run's, always taken in the same order (system, then alone)."""
     run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
     if run is None:
         return (yield)
-    alone = any(item.get_closest_marker(name) for name in ("alone", "e2e", "chaos"))
-    with open(Path(tempfile.gettempdir()) / f"asyncrl-tests-{run}.lock", "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
+    whole = any(item.get_closest_marker(name) for name in ("e2e", "chaos"))
+    alone = item.get_closest_marker("alone") is not None
+    with contextlib.ExitStack() as locks:
+        for name, exclusive, needed in (("system", True, whole), ("alone", alone, True)):
+            if needed:
+                lock = locks.enter_context(open(Path(tempfile.gettempdir()) / f"asyncrl-tests-{run}.{name}", "a"))
+                fcntl.flock(lock, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
         return (yield)
 
 
