@@ -9,6 +9,8 @@ import random
 from collections import OrderedDict
 from dataclasses import dataclass
 
+from asyncrl.core.config.controller import DifficultyConfig
+
 
 @dataclass
 class PromptRecord:
@@ -35,7 +37,7 @@ class DifficultyBook:
     """Pass rates by prompt index (the stream prompt a group was generated for), and the pool of hard prompts
     that may be sampled again. `changes()` hands the records to persist since the last call."""
 
-    def __init__(self, cfg, seed: int = 0):
+    def __init__(self, cfg: DifficultyConfig, seed: int = 0):
         self.cfg = cfg
         self._records: OrderedDict[int, PromptRecord] = OrderedDict()
         self._pool: list[int] = []

@@ -25,6 +25,8 @@ from dataclasses import dataclass, field
 from asyncrl.controller.leases import Lease
 from asyncrl.controller.registry import Replica
 from asyncrl.core.checks.config_error import ConfigError
+from asyncrl.core.config.controller import ControllerConfig
+from asyncrl.core.config.schema import BufferConfig
 
 
 class StateOfAnotherRun(ConfigError):
@@ -265,13 +267,13 @@ def _state(meta: dict, leases: list[SavedLease], replicas: list[SavedReplica],
                       regenerate=[int(p) for p in meta.get("regenerate", "").split(",") if p])
 
 
-def make_store(config) -> ControllerStore:
-    """Factory: the store `controller.state_store` names (`config` is the whole `AsyncRLConfig`)."""
-    kind = config.controller.state_store
+def make_store(cfg: ControllerConfig, buffer: BufferConfig) -> ControllerStore:
+    """Factory: the store `cfg.state_store` names, in the Redis of `buffer` for "redis"."""
+    kind = cfg.state_store
     if kind == "none":
         return NoStore()
     if kind == "redis":
         from asyncrl.core.buffer.redis_connection import redis_client
 
-        return RedisStore(redis_client(config.buffer), config.controller.state_key)
+        return RedisStore(redis_client(buffer), cfg.state_key)
     raise ValueError(f"controller.state_store: unknown store {kind!r} (expected 'redis' or 'none')")

@@ -17,12 +17,13 @@ from pathlib import Path
 import torch
 
 from asyncrl.core.checks.config_error import ConfigError
+from asyncrl.core.config.learner import LoraConfig
 from asyncrl.core.lora.files import write_adapter
 from asyncrl.core.lora.merge import merged_weight
 from asyncrl.core.lora.spec import AdapterSpec, adapter_name
 
 
-def inject_adapters(model: torch.nn.Module, cfg) -> AdapterSpec:
+def inject_adapters(model: torch.nn.Module, cfg: LoraConfig) -> AdapterSpec:
     """Put LoRA adapters of `cfg` (`learner.lora`) into `model` in place (peft), freeze everything else; returns
     the adapter's shape. ConfigError when a target module matches nothing or is tied to the embeddings."""
     from peft import LoraConfig, inject_adapter_in_model

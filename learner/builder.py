@@ -128,7 +128,8 @@ def build_learner(config) -> Leader | Follower:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     sampling = SamplingParams.from_config(config.sampling)
     trainer = Trainer(model, config.learner, sampling, pad_token_id(model), ranks, half=half)
-    path = ranks.broadcast(resume_path(config))  # the leader's view of the run directory
+    # The leader's view of the run directory.
+    path = ranks.broadcast(resume_path(config.learner.checkpoint, config.run_dir))
     meta = load_checkpoint(path, model, trainer.optimizer) if path else None
     if mirror is not None:
         mirror.refresh(model)

@@ -7,6 +7,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from asyncrl.core.config.learner import CheckpointConfig
 from asyncrl.core.records.learner import CoveredAcked
 
 PREFIX = "step-"
@@ -50,13 +51,13 @@ def latest_checkpoint(run_dir: str | Path) -> Path | None:
     return found[-1] if found else None
 
 
-def resume_path(config) -> str:
-    """The checkpoint `learner.checkpoint.resume_from` names: a path, "latest" (the newest complete one under
-    the run directory, "" when there is none yet), or "" (start from model.path)."""
-    wanted = config.learner.checkpoint.resume_from
+def resume_path(cfg: CheckpointConfig, run_dir: str | Path) -> str:
+    """The checkpoint `cfg.resume_from` names: a path, "latest" (the newest complete one under `run_dir`, ""
+    when there is none yet), or "" (start from model.path)."""
+    wanted = cfg.resume_from
     if wanted != "latest":
         return wanted
-    found = latest_checkpoint(config.run_dir)
+    found = latest_checkpoint(run_dir)
     return str(found) if found is not None else ""
 
 

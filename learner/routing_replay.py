@@ -24,13 +24,14 @@ from collections.abc import Callable, Iterator
 
 import torch
 
+from asyncrl.core.config.learner import RoutingReplayConfig
 from asyncrl.core.model.routing import RoutingShape, install_hooks, routing_mismatch
 from asyncrl.learner.algos.masked import masked_mean
 from asyncrl.learner.batch import TrainBatch
 
 
 class RoutingReplay:
-    def __init__(self, model: torch.nn.Module, cfg):
+    def __init__(self, model: torch.nn.Module, cfg: RoutingReplayConfig):
         self.mode = cfg.mode
         self.measure_unreplayed = cfg.measure_unreplayed
         self.hooks = install_hooks(model)

@@ -13,13 +13,16 @@ from pathlib import Path
 from tensorboard.compat.proto.event_pb2 import Event
 from tensorboard.compat.proto.summary_pb2 import Summary
 
+from asyncrl.core.config.schema import AsyncRLConfig
+
 log = logging.getLogger(__name__)
 
 FLUSH_S = 2
 
 
 class MetricSinks:
-    def __init__(self, config):
+    def __init__(self, config: AsyncRLConfig):
+        """The whole config: W&B records it with the run."""
         cfg = config.tracking
         self._tensorboard = None
         self._wandb = None

@@ -11,6 +11,7 @@ import threading
 import time
 from dataclasses import dataclass
 
+from asyncrl.core.config.rollout import ProcessRewardConfig
 from asyncrl.rollout.episodes import (
     episode_ends,
     marginal_utilities,
@@ -32,7 +33,7 @@ class ProcessScoring:
 
 
 class ProcessRewardScorer:
-    def __init__(self, cfg, engine, engine_lock: threading.Lock, tokenizer):
+    def __init__(self, cfg: ProcessRewardConfig, engine, engine_lock: threading.Lock, tokenizer):
         """`cfg`: the `rollout.process_rewards` section; `tokenizer`: the task's `ModelTokenizer`."""
         self.cfg, self.engine, self.engine_lock, self.tokenizer = cfg, engine, engine_lock, tokenizer
         self.force = tokenizer.encode_text(cfg.force_answer)

@@ -13,6 +13,8 @@ tiers=(tests/unit tests/integration tests/e2e tests/chaos tests/gpu)
 for arg in "$@"; do
   case "$arg" in tests/*) tiers=() ;; esac
 done
-# Two workers, a test file each at a time (its module fixtures built once); tests marked `alone` run with
-# nothing beside them (tests/conftest.py). `-n 0` runs one test at a time.
-exec .venv/bin/python -m pytest "${tiers[@]}" -p no:cacheprovider -n 2 --dist loadfile --durations=20 "$@"
+# Two workers: one runs the whole-system tests (e2e, chaos) in order, the other the example models' builds,
+# then the unit and integration tests a file at a time; tests marked `alone` run with nothing beside them
+# (tests/conftest.py). `-n 0` runs one test at a time.
+exec .venv/bin/python -m pytest "${tiers[@]}" -p no:cacheprovider -n 2 --no-loadscope-reorder \
+  --durations=20 "$@"

@@ -332,7 +332,7 @@ def create_server(
     run_dir = run_dir or config.run_dir
     events = EventLog(run_dir, "controller")
     channels = ReplicaChannels(auth)
-    store = make_store(config)
+    store = make_store(config.controller, config.buffer)
     state = ControllerState(
         config.controller, config.learner.batch_size, events=events,
         notify=notify or channels.update_weights,

@@ -11,7 +11,6 @@ learner, vLLM) point at `tiny_model_dir.policy` / `.teacher` or use `tiny_model_
 
 from __future__ import annotations
 
-import contextlib
 import fcntl
 import os
 import tempfile
@@ -35,23 +34,44 @@ TEST_LEARNER_SECRET = os.environ["ASYNCRL_LEARNER_SECRET"].encode()
 
 
 
+WHOLE_SYSTEM = ("tests/e2e/", "tests/chaos/")
+"""The tiers of whole-system tests (folders relative to the repository root, as node ids name them)."""
+BUILDS_FILE = "tests/integration/test_example_models.py"
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """Under `pytest -n` (scripts/test.sh): the whole-system tests (e2e, chaos) are one work unit, run in order
+    on one worker; every other test file is a unit of its own (its module's fixtures built once). Two whole runs
+    side by side took longer than one after the other: each keeps both cores busy (load 7 on two cores)."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class WholeSystemOnOneWorker(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return "whole-system" if nodeid.startswith(WHOLE_SYSTEM) else nodeid.split("::", 1)[0]
+
+    return WholeSystemOnOneWorker(config, log)
+
+
+def pytest_collection_modifyitems(config, items):
+    """The whole-system unit is the suite's long pole: it goes first, to one worker from the start; the example
+    models' builds go to the other, then the unit and integration tests (scripts/test.sh passes
+    `--no-loadscope-reorder`, which keeps this order)."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        items.sort(key=lambda item: 0 if item.nodeid.startswith(WHOLE_SYSTEM) else 1
+                   if item.nodeid.startswith(BUILDS_FILE) else 2)
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_protocol(item, nextitem):
-    """Under `pytest -n` (scripts/test.sh runs two workers): whole-system tests (e2e, chaos) run one at a time,
-    a unit or integration test beside them; a test marked `alone` runs with nothing beside it. Fixtures'
-    set-up and tear-down count as the test's. Two whole runs side by side took longer than one after the
-    other (each keeps both cores busy: load 7 on two cores); a timing a test asserts would move. File locks
-    of this test run's, always taken in the same order (system, then alone)."""
+    """A test marked `alone` (it asserts a timing the other worker would move) runs with nothing beside it under
+    `pytest -n`, its fixtures' set-up and tear-down included: a lock of this test run's, exclusive for it and
+    shared for the others."""
     run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
     if run is None:
         return (yield)
-    whole = any(item.get_closest_marker(name) for name in ("e2e", "chaos"))
     alone = item.get_closest_marker("alone") is not None
-    with contextlib.ExitStack() as locks:
-        for name, exclusive, needed in (("system", True, whole), ("alone", alone, True)):
-            if needed:
-                lock = locks.enter_context(open(Path(tempfile.gettempdir()) / f"asyncrl-tests-{run}.{name}", "a"))
-                fcntl.flock(lock, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+    with open(Path(tempfile.gettempdir()) / f"asyncrl-tests-{run}.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
         return (yield)
 
 
@@ -86,3 +106,4 @@ def tiny_model_dir(tmp_path_factory) -> TinyModelDir:
     )
     paths = make_tiny_model(config)
     return TinyModelDir(policy=paths.policy, teacher=paths.teacher, config=config)
+

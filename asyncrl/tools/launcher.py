@@ -213,7 +213,8 @@ def from_checkpoint(cfg: AsyncRLConfig, ckpt: Path) -> AsyncRLConfig:
     survivors = drop_dead_timeline(buffer, buffered, meta.version, events)
     events.close()
     buffer.close()
-    store = make_store(cfg)  # the controller's saved state belongs to the timeline that did not survive
+    # The controller's saved state belongs to the timeline that did not survive.
+    store = make_store(cfg.controller, cfg.buffer)
     store.clear()
     store.close()
     cfg.controller.start_version = meta.version

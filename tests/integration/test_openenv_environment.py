@@ -101,3 +101,27 @@ def test_a_server_killed_mid_call_ends_its_episodes_and_serves_again_once_restar
     procs.append(start())
     (served,), _ = play(url, [((1, 1), [CALL % (1, 1), "2"])])
     assert (served.end_reason, served.reward) == (DONE, 1.0)
+
+
+def test_a_warm_start_reference_episode_plays_its_target_turns_against_the_server(openenv_server):
+    """What a tiny model's warm start over OpenEnv trains on: the task's target turns, the server's answers
+    between them, out of the loss."""
+    from asyncrl.core.agents.factory import Episodes
+    from asyncrl.core.agents.reference import reference_episode
+    from asyncrl.core.config.data import TaskConfig
+    from asyncrl.core.config.environment import EnvironmentConfig
+    from asyncrl.core.tasks import get_task
+
+    url, _, _ = openenv_server
+    task = get_task(TaskConfig(name="tool_sum", num_digits=2, num_terms=3, eval_size=10))
+    openenv = OpenEnvConfig(url=url, observation_field="text", observation_role="tool", reset_fields=["answer"])
+    episodes = Episodes.for_task(EnvironmentConfig(type="openenv", openenv=openenv), task, 256)
+    prompt = task.train_prompt(0)
+    try:
+        _, response, mask = reference_episode(episodes, task, prompt)
+    finally:
+        episodes.environment.close()
+    text = task.tokenizer.hf.decode(response)
+    assert text.count("<tool_call>") == 2 and text.endswith(prompt.metadata["answer"] + "<eos>")
+    masked = "".join(task.tokenizer.hf.decode([t]) for t, m in zip(response, mask) if m == 0)
+    assert masked.startswith("<tool>") and masked.count("<assistant>") == 2

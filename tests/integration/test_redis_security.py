@@ -80,7 +80,7 @@ def test_tls_buffer_and_controller_store(redis_with_tls, monkeypatch, tmp_path):
         stream="mtls")))
     config = AsyncRLConfig.model_validate({"run_dir": str(tmp_path), "buffer": {"redis_url": url,
                                                                                 "tls_ca_file": str(pki.ca)}})
-    store = make_store(config)
+    store = make_store(config.controller, config.buffer)
     assert store.load() is None
     store.clear()
     store.close()

@@ -6,7 +6,12 @@ import json
 
 import pytest
 
-from asyncrl.core.engines.kv_cache_size import FLOOR_BYTES, cpu_kv_cache_bytes, host_memory_bytes, kv_bytes_per_token
+from asyncrl.core.engines.kv_cache_size import (
+    FLOOR_BYTES,
+    cpu_kv_cache_bytes,
+    host_memory_bytes,
+    kv_bytes_per_token,
+)
 
 QWEN_LIKE = {"num_hidden_layers": 30, "num_attention_heads": 9, "num_key_value_heads": 3, "hidden_size": 576}
 

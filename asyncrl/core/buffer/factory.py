@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from asyncrl.core.buffer.base import TrajectoryBuffer
+from asyncrl.core.config.schema import BufferConfig
 
 
-def make_buffer(cfg, consumer: str = "learner-0") -> TrajectoryBuffer:
+def make_buffer(cfg: BufferConfig, consumer: str = "learner-0") -> TrajectoryBuffer:
     """Factory: the buffer named by `cfg.type`."""
     if cfg.type == "redis":
         from asyncrl.core.buffer.redis_buffer import RedisBuffer

@@ -11,9 +11,10 @@ from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
 
 from asyncrl.core.checks.config_error import ConfigError
+from asyncrl.core.config.schema import BufferConfig
 
 
-def redis_password(cfg) -> str | None:
+def redis_password(cfg: BufferConfig) -> str | None:
     """The password of `cfg` (a BufferConfig): `password_file`, else the environment variable `password_env`."""
     if cfg.password_file:
         path = Path(cfg.password_file)
@@ -34,7 +35,7 @@ class _Retry(Retry):
         return super().call_with_retry(do, fail, retryable, with_failure_count)
 
 
-def redis_client(cfg) -> redis.Redis:
+def redis_client(cfg: BufferConfig) -> redis.Redis:
     """A client of `cfg.redis_url` that reconnects and retries for about `cfg.retry_s` (exponential backoff
     0.05 s doubling to 1 s), authenticates with the configured password and, for `rediss://` URLs, verifies
     the server against `tls_ca_file` and presents `tls_cert_file` when given."""
