@@ -18,8 +18,8 @@ pytestmark = pytest.mark.integration
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
-# In the order the whole-system tests first need them after the agent demo's (which its own test builds).
-@pytest.mark.parametrize("example", ["tiny-arith", "tiny-moe", "word-problems", "tool-agent"])
+# In the order the whole-system tests first need them (tests/conftest.py orders those).
+@pytest.mark.parametrize("example", ["tiny-arith", "tool-agent", "tiny-moe", "word-problems"])
 def test_an_example_model_builds_once_and_its_stamp_keeps_it(example, capsys):
     config = load_config(EXAMPLES / f"{example}.yaml")
     ensure_models(config)
