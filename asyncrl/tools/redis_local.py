@@ -14,8 +14,8 @@ from asyncrl.tools.processes import ProcessGroup, free_port
 def start_local_redis(group: ProcessGroup, data_dir: Path, host: str = "127.0.0.1", port: int = 0,
                       password: str | None = None) -> str:
     """Start redis-server as a child of `group`; returns its URL once it answers PING. Persistence: an
-    append-only file in `data_dir`, written and fsynced before each reply (a restart on the same directory, e.g. `up --resume`,
-    finds the stream, its consumer group and the pending entries again). `port` 0: any free port. With a
+    append-only file in `data_dir`, written and fsynced before each reply (a restart on the same directory,
+    e.g. `up --resume`, finds the stream, its consumer group and the pending entries again). `port` 0: any free port. With a
     `password`, clients must AUTH; it goes into an owner-only config file, not onto the command line.
 
     Not `everysec`: it postpones the write while a background fsync runs (up to 2 s under I/O load) yet
