@@ -100,8 +100,9 @@ def test_an_openenv_server_killed_mid_run(tmp_path):
     """The agent demo's model trained over OpenEnv through a kill (the server answers as the demo's `add` tool
     does, so the demo's warm-started model plays it; a warm start over OpenEnv:
     tests/integration/test_openenv_environment.py)."""
-    ensure_models(load_config(AGENT_EXAMPLE))  # built once for the agent tests; reused as it is here
-    policy = load_config(AGENT_EXAMPLE).model.path
+    example = load_config(AGENT_EXAMPLE)
+    ensure_models(example)  # built once for the agent tests; reused as it is here
+    policy = example.model.path
     audit = kill_the_server_mid_run(tmp_path, start_openenv_server, [
         "environment.type=openenv", "environment.openenv.url=http://127.0.0.1:{port}",
         "environment.openenv.observation_field=text", "environment.openenv.observation_role=tool",
