@@ -61,8 +61,9 @@ def pytest_collection_modifyitems(config, items):
     integration tests (scripts/test.sh passes `--no-loadscope-reorder`, which keeps this order). Two builds
     side by side (torch's threads on two cores) took 3.5 times as long as one."""
     if os.environ.get("PYTEST_XDIST_WORKER"):
-        items.sort(key=lambda item: 0 if item.nodeid.startswith(CHAIN_OPENERS) else 1
-                   if item.nodeid.startswith(WHOLE_SYSTEM) else 2 if item.nodeid.startswith(BUILDS_FILE) else 3)
+        order = (CHAIN_OPENERS, WHOLE_SYSTEM, (BUILDS_FILE,))
+        items.sort(key=lambda item: next((rank for rank, prefixes in enumerate(order)
+                                          if item.nodeid.startswith(prefixes)), len(order)))
 
 
 @pytest.hookimpl(wrapper=True)

@@ -20,12 +20,12 @@ def test_bytes_per_token_count_keys_and_values_of_every_layer():
     # 2 (K, V) x 30 layers x 3 KV heads x 64 (576 / 9) x 4 bytes
     assert kv_bytes_per_token(QWEN_LIKE, "float32") == 46_080
     assert kv_bytes_per_token({**QWEN_LIKE, "head_dim": 128}, "bfloat16") == 2 * 30 * 3 * 128 * 2
-    # No num_key_value_heads: multi-head attention, one KV head per head; a nested text config is read.
-    assert kv_bytes_per_token({"text_config": {**QWEN_LIKE, "num_key_value_heads": None}}, "float16") == 2 * 30 * 9 * 64 * 2
+    # No num_key_value_heads: multi-head attention, one KV head per head.
+    assert kv_bytes_per_token({**QWEN_LIKE, "num_key_value_heads": None}, "float16") == 2 * 30 * 9 * 64 * 2
 
 
 def test_the_cache_holds_the_batch_four_times_over_within_its_share_of_the_host(tmp_path):
-    (tmp_path / "config.json").write_text(json.dumps(QWEN_LIKE))
+    (tmp_path / "config.json").write_text(json.dumps({"text_config": QWEN_LIKE}))  # a multimodal layout
     # 8 sequences of 200 tokens take 2 blocks of 128 each: 4 x 46,080 x 8 x 256
     assert cpu_kv_cache_bytes(str(tmp_path), "float32", 8, 200, 1.0) == 4 * 46_080 * 8 * 256
     assert cpu_kv_cache_bytes(str(tmp_path), "float32", 1, 8, 1.0) == FLOOR_BYTES

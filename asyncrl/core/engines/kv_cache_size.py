@@ -7,9 +7,9 @@ and eager mode, it skips the profile: the engine starts in half the time and hol
 
 from __future__ import annotations
 
-import json
 import os
-from pathlib import Path
+
+from asyncrl.core.model.modeling import checkpoint_config
 
 BLOCK_TOKENS = 128
 """Tokens per KV block rounded up to (vLLM's CPU block size is at most this): a sequence takes whole blocks."""
@@ -20,13 +20,13 @@ FLOOR_BYTES = 64 << 20
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 
 
-def kv_bytes_per_token(model_config: dict, dtype: str) -> int:
-    """Bytes of keys and values one token takes over all layers, from a checkpoint's `config.json`."""
-    text = model_config.get("text_config") or model_config
-    heads = text["num_attention_heads"]
-    kv_heads = text.get("num_key_value_heads") or heads
-    head_dim = text.get("head_dim") or text["hidden_size"] // heads
-    return 2 * text["num_hidden_layers"] * kv_heads * head_dim * DTYPE_BYTES[dtype]
+def kv_bytes_per_token(text_config: dict, dtype: str) -> int:
+    """Bytes of keys and values one token takes over all layers, from a language model's config
+    (`checkpoint_config`)."""
+    heads = text_config["num_attention_heads"]
+    kv_heads = text_config.get("num_key_value_heads") or heads
+    head_dim = text_config.get("head_dim") or text_config["hidden_size"] // heads
+    return 2 * text_config["num_hidden_layers"] * kv_heads * head_dim * DTYPE_BYTES[dtype]
 
 
 def cpu_kv_cache_bytes(model_path: str, dtype: str, max_batch_size: int, max_model_len: int,
@@ -34,11 +34,10 @@ def cpu_kv_cache_bytes(model_path: str, dtype: str, max_batch_size: int, max_mod
     """KV-cache bytes for `max_batch_size` sequences of `max_model_len` tokens (HEADROOM times over, at least
     FLOOR_BYTES), capped at `memory_fraction` of the host's memory. None when the checkpoint has no readable
     `config.json` or an unknown dtype: vLLM then sizes the cache itself."""
-    config_file = Path(model_path) / "config.json"
-    if dtype not in DTYPE_BYTES or not config_file.is_file():
+    if dtype not in DTYPE_BYTES:
         return None
     try:
-        per_token = kv_bytes_per_token(json.loads(config_file.read_text()), dtype)
+        per_token = kv_bytes_per_token(checkpoint_config(model_path), dtype)
     except (KeyError, TypeError, ValueError):
         return None
     blocks = -(-max_model_len // BLOCK_TOKENS)
