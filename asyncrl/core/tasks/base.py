@@ -35,7 +35,13 @@ class Task(ABC):
     reward_name: str
     tokenizer: ModelTokenizer
     reward_fn: RewardFn
-    """The function registered under `reward_name`; `asyncrl.core.tasks.factory.get_task` binds it."""
+    """The reward in use: the task's own (`own_reward`) or the one the `reward` section names;
+    `asyncrl.core.tasks.factory.get_task` binds it."""
+
+    def own_reward(self) -> RewardFn | None:
+        """The task's own reward (`reward.type: task`) when its scoring needs the task's state (its datasets,
+        its answer format); None: the function registered under `reward_name`."""
+        return None
 
     @abstractmethod
     def train_prompt(self, index: int) -> Prompt:

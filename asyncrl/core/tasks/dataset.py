@@ -5,8 +5,8 @@ everywhere without any process talking to another:
 - prompts longer than `max_prompt_tokens` (after the chat template) are dropped at load and counted;
 - without `eval_files`, a seeded permutation of the remaining rows puts the last `eval_size` aside as the
   held-out set (never trained on);
-- training prompt k is row `perm_e[k mod n]` of epoch `e = k div n`, `perm_e` a permutation seeded by
-  (seed, e): every epoch visits every row once, in a new order.
+- training prompt k is row `perm_e[k mod n]` of epoch `e = k div n` (`EpochOrder`): every epoch visits every
+  row once, in a new order.
 """
 
 from __future__ import annotations
@@ -18,12 +18,13 @@ import numpy as np
 
 from asyncrl.core.model.tokenizer import ModelTokenizer
 from asyncrl.core.tasks.base import Prompt, Task
+from asyncrl.core.tasks.epochs import EpochOrder
 from asyncrl.core.tasks.registry import register_task
 
 log = logging.getLogger(__name__)
 
-# Sub-streams of the seeded generator: the held-out split and each epoch's order never share draws.
-_SPLIT_STREAM, _EPOCH_STREAM = 0, 1
+# Sub-stream of the seeded generator for the held-out split (the epochs' orders draw from another).
+_SPLIT_STREAM = 0
 
 
 def load_rows(files: list[str], key: str) -> list[dict]:
@@ -68,7 +69,7 @@ class DatasetTask(Task):
             held_out = [train[i] for i in order[len(train) - cfg.eval_size :]]
             train = [train[i] for i in sorted(order[: len(train) - cfg.eval_size])]
         self._train, self._eval = train, held_out
-        self._orders: dict[int, np.ndarray] = {}
+        self._order = EpochOrder(cfg.seed, len(train))
         if any(self.skipped.values()):
             log.warning("prompts longer than %d tokens skipped: %s", cfg.max_prompt_tokens, self.skipped)
 
@@ -108,14 +109,7 @@ class DatasetTask(Task):
 
     def position(self, index: int) -> tuple[int, int]:
         """(epoch, row) of training prompt `index`."""
-        if index < 0:
-            raise ValueError(f"prompt index must be >= 0, got {index}")
-        epoch, k = divmod(index, len(self._train))
-        order = self._orders.get(epoch)
-        if order is None:
-            order = np.random.default_rng([self.cfg.seed, _EPOCH_STREAM, epoch]).permutation(len(self._train))
-            self._orders = {epoch: order}  # one epoch at a time: replicas move forward through the stream
-        return epoch, int(order[k])
+        return self._order.position(index)
 
     def train_prompt(self, index: int) -> Prompt:
         return self._train[self.position(index)[1]]

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import asyncrl.core.tasks.arith
 import asyncrl.core.tasks.dataset
-import asyncrl.core.tasks.tool_sum  # noqa: F401  (registers the "dataset" and "tool_sum" tasks)
+import asyncrl.core.tasks.reasoning_gym
+import asyncrl.core.tasks.tool_sum  # noqa: F401  (registers the "dataset", "reasoning_gym" and "tool_sum" tasks)
 from asyncrl.core.model.tokenizer import ModelTokenizer
 from asyncrl.core.tasks.base import RewardFn, Task
 from asyncrl.core.tasks.registry import REWARDS, TASKS
@@ -18,7 +19,7 @@ def get_task(task_cfg, tokenizer: ModelTokenizer | None = None, reward_cfg=None)
     if task_cfg.name not in TASKS:
         raise ValueError(f"unknown task {task_cfg.name!r}; registered: {sorted(TASKS)}")
     task = TASKS[task_cfg.name](task_cfg, tokenizer)
-    own = REWARDS.get(task.reward_name)
+    own = task.own_reward() or REWARDS.get(task.reward_name)
     task.reward_fn = own if reward_cfg is None else build_reward(reward_cfg, own)
     if task.reward_fn is None:
         raise ValueError(f"task {task.name!r} has no reward of its own: set the reward section (reward.type)")
