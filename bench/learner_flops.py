@@ -20,6 +20,7 @@ trains as the learner trains it (`learner.trainer.Trainer`, decoupled PPO, a bat
   of this vocabulary) against 2^26 (441 rows), the chunk the learner uses.
 
     .venv/bin/python bench/learner_flops.py [--batch 8] [--prompt 32] [--response 96] [--steps 3] [--threads 2]
+        [--model-path DIR --tag T]   (another checkpoint, e.g. artifacts/smollm2-135m-instruct, into learner_flops-T)
 """
 
 from __future__ import annotations
@@ -84,6 +85,8 @@ def main() -> None:
     parser.add_argument("--response", type=int, default=96)
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--model-path", default="", help="a checkpoint to train instead (e.g. the real-model example's)")
+    parser.add_argument("--tag", default="", help="suffix of the result files (docs/results/learner_flops-TAG.*)")
     args = parser.parse_args()
 
     import transformers  # noqa: F401 - loaded before the runtime's memory is read
@@ -95,7 +98,8 @@ def main() -> None:
 
     torch.set_num_threads(args.threads)
     runtime = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    model_dir = qwen2_half_billion(Path(tempfile.gettempdir()) / "asyncrl-bench-qwen2-0.5b")
+    model_dir = Path(args.model_path) if args.model_path else qwen2_half_billion(
+        Path(tempfile.gettempdir()) / "asyncrl-bench-qwen2-0.5b")
     model = load_causal_lm(str(model_dir))
     parameters = sum(p.numel() for p in model.parameters())
     cfg = LearnerConfig.model_validate({"lr": 1e-6, "algo": {"preset": "decoupled_token_is"}})
@@ -132,7 +136,7 @@ def main() -> None:
     chunks = {f"2^{bits} ({(1 << bits) // model.config.vocab_size} rows)":
               lm_head_gflops(model.config, (1 << bits) // model.config.vocab_size) for bits in (24, 26)}
     result = {
-        "model": "Qwen2.5-0.5B shape, random weights, float32", "parameters": parameters,
+        "model": args.model_path or "Qwen2.5-0.5B shape, random weights, float32", "parameters": parameters,
         "batch": args.batch, "prompt_tokens": args.prompt, "response_tokens": args.response, "threads": args.threads,
         "step_s": round(step, 3), "step_gflop": round(flops / 1e9, 1), "step_gflops_per_s": round(achieved, 1),
         "matmul_gflops_per_s_model_shapes": round(shaped, 1), "matmul_gflops_per_s_square_2048": round(square, 1),
@@ -144,9 +148,9 @@ def main() -> None:
         "adamw_update": adamw, "lm_head_chunk_gflops_per_s": chunks,
         "gemms": gemm_rows,
     }
-    emit("learner_flops", result,
+    emit("learner_flops" + (f"-{args.tag}" if args.tag else ""), result,
          {"learner step": achieved, "matmul, model shapes": shaped, "matmul, square 2048": square}, "GFLOP/s",
-         f"0.5B learner step: {100 * achieved / shaped:.0f}% of the matmul throughput at its shapes")
+         f"{parameters / 1e6:.0f}M learner step: {100 * achieved / shaped:.0f}% of the matmul throughput at its shapes")
 
 
 if __name__ == "__main__":

@@ -79,7 +79,9 @@ def main() -> None:
     os.chdir(REPO)
     import_s = fetch_model()
     runs = []
-    with tempfile.TemporaryDirectory(prefix="asyncrl-bench-") as tmp:
+    # A run's plot is drawn by a process of its own, which may still write into the run's folder as the
+    # folder goes: the clean-up leaves what it cannot remove.
+    with tempfile.TemporaryDirectory(prefix="asyncrl-bench-", ignore_cleanup_errors=True) as tmp:
         for seed in range(args.seeds):
             runs.append(run_seed(Path(tmp) / f"seed-{seed}", seed, args.engine))
             print({k: v for k, v in runs[-1].items() if k != "curve"}, flush=True)
@@ -93,7 +95,6 @@ def main() -> None:
     title = f"SmolLM2-135M-Instruct, reasoning-gym basic_arithmetic, {args.engine} replica, 30 steps, 2 cores"
     emit(name, result, {f"seed {r['seed']}": r["gain_points"] for r in runs}, "held-out accuracy gain (points)", title)
     draw_curves(runs, RESULTS / f"{name}-curve.png", title)
-
 
 if __name__ == "__main__":
     main()

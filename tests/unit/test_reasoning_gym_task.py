@@ -62,6 +62,15 @@ def test_held_out_questions_are_never_trained_on_and_every_process_agrees(tokeni
                                                                        for k in (0, 17, 5000)]
 
 
+def test_different_seeds_draw_different_streams(tokenizer):
+    # reasoning-gym seeds entry i with seed + i: without spacing, seed 1 would be seed 0 shifted by one entry.
+    three_digits = {"name": "basic_arithmetic", "config": {**SUMS["config"], "min_digits": 3, "max_digits": 3}}
+    questions = [[p.metadata["question"] for p in task_of(tokenizer, datasets=[three_digits], size=300,
+                                                          eval_size=100, seed=seed).eval_prompts()]
+                 for seed in (0, 1)]  # fmt: skip
+    assert len(set(questions[0]) & set(questions[1])) <= 2  # 810,000 possible sums: a shared one is chance
+
+
 def test_a_weighted_mixture_draws_each_dataset_by_its_weight(tokenizer):
     chain = {"name": "chain_sum", "weight": 3.0, "config": {"min_terms": 2, "max_terms": 3}}
     task = task_of(tokenizer, datasets=[SUMS, chain], size=2000, eval_size=50)

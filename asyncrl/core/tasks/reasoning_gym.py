@@ -2,7 +2,7 @@
 verifiers.
 
 One reasoning-gym composite dataset (one dataset or a weighted mixture, each with its options) seeded by
-`task.reasoning_gym.seed` is the stream of entries: entries `[0, size)` are the training pool and entries
+`task.reasoning_gym.seed` (`SEED_SPACING` apart) is the stream of entries: entries `[0, size)` are the training pool and entries
 `[size, size + eval_size)` the held-out set, and any training entry whose question is also a held-out one is
 dropped, so no held-out prompt is ever trained on. Training prompt k is pool entry `perm_e[k mod n]` of epoch
 `e = k div n` (`EpochOrder`). Every process builds the same entries from the config: the entry (question,
@@ -26,6 +26,10 @@ from asyncrl.core.tasks.epochs import EpochOrder
 from asyncrl.core.tasks.registry import register_task
 
 RESERVED_OPTIONS = ("seed", "size")
+SEED_SPACING = 1 << 32
+"""reasoning-gym draws entry i of a dataset seeded s from Random(s + i), and seeds a mixture's datasets s + 1,
+s + 2, ...: seeds k and k + 1 would give the same entries shifted by one. The task seeds the mixture with
+seed x 2^32, so different seeds never share a stream."""
 """Dataset options the task sets itself (from task.reasoning_gym.seed and size)."""
 
 _NUMBER = re.compile(r"-?\d+(?:[.,]\d+)*(?:/\d+)?")
@@ -61,7 +65,7 @@ def composite(cfg, size: int):
     from reasoning_gym.composite import CompositeConfig, CompositeDataset, DatasetSpec
 
     specs = [DatasetSpec(name=d.name, weight=d.weight, config=dict(d.config)) for d in cfg.datasets]
-    return CompositeDataset(CompositeConfig(size=size, seed=cfg.seed, datasets=specs))
+    return CompositeDataset(CompositeConfig(size=size, seed=cfg.seed * SEED_SPACING, datasets=specs))
 
 
 def extract_answer(response: str, tag: str | None, fallback: str) -> str | None:

@@ -1,0 +1,184 @@
+"""asyncrl against Hugging Face TRL's `GRPOTrainer` on a real model: SmolLM2-135M-Instruct on reasoning-gym's
+basic_arithmetic (examples/smollm2-arithmetic.yaml), settings matched, same sitting.
+
+Both train the converted checkpoint on the example's training prompts in the same order (4 prompts a step,
+G = 8, 32 samples), the same reward (the answer in <answer> tags, else the last number, scored as reasoning-gym
+scores it), lr 3e-6 constant, clip 0.2, no KL, a token-mean loss, gradient clipping at 1.0, temperature 1,
+at most 24 new tokens, float32. asyncrl runs the example as a user does (one torch replica, η = 2, the
+learner evaluating every 10 steps in line). TRL (`bench/peers.py`'s virtual environment) generates with the
+model it trains, in one process; its policy is saved every 10 steps (the save time is taken off its clock)
+and evaluated afterwards by the same evaluation: asyncrl's torch engine, greedy, the example's 100 held-out
+prompts.
+
+Per arm and seed: the wall seconds per learner step (median), the whole run, the held-out accuracy curve (every
+10 steps, against the seconds since the command started and the samples trained), and the seconds to reach
+`--target` held-out accuracy (start-up and, for asyncrl, its in-line evaluations included; the model was
+converted before, for both).
+
+    .venv/bin/python bench/peers_real.py [--seeds 1] [--steps 30] [--target 0.5]   (or: asyncrl bench peers_real)
+    results: docs/results/peers-real.json and .png
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from common import RESULTS, emit, run_demo, sample_cpu
+from peers import peer_python
+from real_model import EXAMPLE, fetch_model
+
+REPO = Path(__file__).resolve().parents[1]
+EVAL_EVERY = 10
+
+
+def example_config(seed: int = 0):
+    from asyncrl.core.config.file import load_config
+
+    return load_config(REPO / "examples" / f"{EXAMPLE}.yaml", [f"seed={seed}"])
+
+
+def held_out_accuracy(model_dir: Path, config, task) -> float:
+    from asyncrl.core.config.schema import EngineConfig
+    from asyncrl.core.engines.torch_engine import TorchEngine
+    from asyncrl.core.tasks.evaluate import greedy_accuracy
+
+    engine = TorchEngine(EngineConfig(threads=2, max_model_len=config.rollout.engine.max_model_len), str(model_dir))
+    try:
+        return greedy_accuracy(engine, task, max_new_tokens=config.sampling.max_new_tokens)
+    finally:
+        engine.close()
+
+
+def time_to(curve: list[dict], target: float) -> float | None:
+    """Seconds since the start at the first evaluation at or above `target` (None: never)."""
+    return next((p["since_start_s"] for p in curve if p["accuracy"] >= target), None)
+
+
+def run_asyncrl(run_dir: Path, seed: int, steps: int) -> dict:
+    t0 = time.time()
+    learner = run_demo(run_dir, [f"seed={seed}", f"learner.total_steps={steps}", f"learner.eval_every={EVAL_EVERY}"],
+                       example=EXAMPLE)
+    exited = time.time()
+    step_events = [e for e in learner if e["kind"] == "step"]
+    samples = {e["step"]: 32 * e["step"] for e in step_events}
+    curve = [{"step": e["step"], "accuracy": e["accuracy"], "since_start_s": e["t"] - t0,
+              "samples": samples.get(e["step"], 0)} for e in learner if e["kind"] == "eval"]
+    return {"per_step_s": statistics.median(e["time/wall_s"] for e in step_events[1:]), "run_s": exited - t0,
+            "curve": curve}
+
+
+def run_trl(out: Path, seed: int, steps: int, data: Path, config, task, base_accuracy: float) -> dict:
+    t0 = time.time()
+    with tempfile.TemporaryFile("w+") as stdout, tempfile.TemporaryFile("w+") as stderr:
+        proc = subprocess.Popen([str(peer_python()), str(REPO / "bench" / "peers_trl.py"), "--data", str(data),
+                                 "--model", str(REPO / config.model.path), "--out", str(out), "--steps", str(steps),
+                                 "--seed", str(seed)], stdout=stdout, stderr=stderr, text=True)  # fmt: skip
+        while proc.poll() is None:
+            sample_cpu(proc.pid)
+            time.sleep(0.5)
+        exited = time.time()
+        stdout.seek(0)
+        stderr.seek(0)
+        out_text, err_text = stdout.read(), stderr.read()
+    if proc.returncode != 0:
+        raise SystemExit(f"TRL failed:\n{out_text[-3000:]}\n{err_text[-3000:]}")
+    report = json.loads(out_text.strip().splitlines()[-1])
+    ends, saves = report["step_ends"], report["save_s"]
+    # The saves every EVAL_EVERY steps are the bench's, not TRL's: their seconds come off every later time.
+
+    def clock(step: int) -> float:
+        return ends[step - 1] - t0 - sum(saves[: (step - 1) // EVAL_EVERY])
+
+    curve = [{"step": 0, "accuracy": base_accuracy, "since_start_s": 0.0, "samples": 0}]
+    for step in range(EVAL_EVERY, steps + 1, EVAL_EVERY):
+        policy = out / ("final" if step == steps else f"step-{step}")
+        curve.append({"step": step, "accuracy": held_out_accuracy(policy, config, task), "since_start_s": clock(step),
+                      "samples": 32 * step})
+    per_step = statistics.median(b - a for a, b in itertools.pairwise(ends))
+    return {"per_step_s": per_step, "run_s": exited - t0 - sum(saves), "curve": curve}
+
+
+def draw(arms: dict, target: float, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.5, 3.8))
+    for (name, runs), color in zip(arms.items(), ["#1f77b4", "#d62728"]):
+        for i, run in enumerate(runs):
+            ax.plot([p["since_start_s"] for p in run["curve"]], [p["accuracy"] for p in run["curve"]], marker="o",
+                    color=color, alpha=0.8, label=name if i == 0 else None)
+    ax.axhline(target, color="grey", linestyle=":", label=f"target {target}")
+    ax.set_xlabel("seconds since the command started")
+    ax.set_ylabel("held-out greedy accuracy")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    ax.set_title("SmolLM2-135M-Instruct, reasoning-gym basic_arithmetic, 2 CPU cores", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--seeds", type=int, default=1)
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--target", type=float, default=0.5)
+    args = parser.parse_args()
+    os.chdir(REPO)
+    fetch_model()
+    peer_python()
+    from asyncrl.core.tasks import task_for_run
+
+    config = example_config()
+    task = task_for_run(config)
+    prompts = [task.train_prompt(i) for i in range(args.steps * 4)]
+    base = held_out_accuracy(REPO / config.model.path, config, task)
+    arms: dict[str, list[dict]] = {"asyncrl eta=2": [], "TRL GRPOTrainer": []}
+    # A run's plot process may still write into its folder as the folder goes: what it cannot remove stays.
+    with tempfile.TemporaryDirectory(prefix="asyncrl-peers-real-", ignore_cleanup_errors=True) as tmp:
+        data = Path(tmp) / "prompts.json"
+        data.write_text(json.dumps({"prompts": [p.text for p in prompts], "answers": [p.metadata["answer"] for p in prompts],
+                                    "reward": "reasoning_gym", "lr": config.learner.lr,
+                                    "batch_size": config.learner.batch_size, "group_size": config.sampling.group_size,
+                                    "max_new_tokens": config.sampling.max_new_tokens,
+                                    "temperature": config.sampling.temperature, "save_every": EVAL_EVERY}))
+        for seed in range(args.seeds):
+            arms["asyncrl eta=2"].append(run_asyncrl(Path(tmp) / f"asyncrl-{seed}", seed, args.steps))
+            print("asyncrl", seed, {k: v for k, v in arms["asyncrl eta=2"][-1].items()}, file=sys.stderr, flush=True)
+            arms["TRL GRPOTrainer"].append(run_trl(Path(tmp) / f"trl-{seed}", seed, args.steps, data, config, task, base))
+            print("TRL", seed, arms["TRL GRPOTrainer"][-1], file=sys.stderr, flush=True)
+    summary = {}
+    for name, runs in arms.items():
+        reached = [time_to(r["curve"], args.target) for r in runs]
+        summary[name] = {"per_step_s": round(statistics.median(r["per_step_s"] for r in runs), 2),
+                         "run_s": round(statistics.median(r["run_s"] for r in runs), 1),
+                         "final_accuracy": [r["curve"][-1]["accuracy"] for r in runs],
+                         "time_to_target_s": [None if t is None else round(t, 1) for t in reached], "runs": runs}
+    ours, trl = summary["asyncrl eta=2"], summary["TRL GRPOTrainer"]
+    ours_t = [t for t in ours["time_to_target_s"] if t is not None]
+    trl_t = [t for t in trl["time_to_target_s"] if t is not None]
+    result = {"model": "SmolLM2-135M-Instruct", "task": "reasoning-gym basic_arithmetic (2 terms, 1-2 digits, +)",
+              "steps": args.steps, "seeds": args.seeds, "target_accuracy": args.target,
+              "base_accuracy": base, "peer": "trl==1.16.0 GRPOTrainer (CPU, 2 threads, float32)", "arms": summary,
+              "per_step_speedup_vs_trl": round(trl["per_step_s"] / ours["per_step_s"], 2),
+              "time_to_target_speedup_vs_trl": (round(statistics.median(trl_t) / statistics.median(ours_t), 2)
+                                                if ours_t and trl_t else None)}
+    emit("peers-real", result, {f"{name}: s per step": s["per_step_s"] for name, s in summary.items()}, "seconds",
+         f"{args.steps} steps, SmolLM2-135M-Instruct, median of {args.seeds} seeds")
+    draw({name: s["runs"] for name, s in summary.items()}, args.target,
+         RESULTS / "peers-real-curve.png")
+
+
+if __name__ == "__main__":
+    main()
