@@ -46,7 +46,7 @@ BLOCK = 5
 
 def demo_config(run_dir: str):
     from asyncrl.core.config.file import load_config
-    from asyncrl.tools.launcher import ensure_models
+    from asyncrl.tools.models_ready import ensure_models
 
     cfg = load_config(REPO / "examples" / "tiny-arith.yaml", [f"run_dir={run_dir}", "controller.port=0",
                                                                "rollout.port=0", "controller.host=127.0.0.1"])

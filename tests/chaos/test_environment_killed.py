@@ -19,7 +19,7 @@ import pytest
 
 from asyncrl.core.config.file import load_config
 from asyncrl.core.runtime.events import read_events
-from asyncrl.tools.launcher import ensure_models
+from asyncrl.tools.models_ready import ensure_models
 from asyncrl.tools.processes import free_port
 from tests.run_helpers import REPO, running_up, steps_done, wait_for
 

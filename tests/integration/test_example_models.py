@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from asyncrl.core.config.file import load_config
-from asyncrl.tools.launcher import ensure_models
+from asyncrl.tools.models_ready import ensure_models
 from asyncrl.tools.tiny_model_stamp import tiny_models_current
 
 pytestmark = pytest.mark.integration
