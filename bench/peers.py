@@ -128,11 +128,13 @@ def run_asyncrl(run_dir: Path, seed: int, steps: int, eta: int, task, size: str)
     return {**timings(t0, ends, exited, samples), "accuracy": accuracy(final, task)}
 
 
-def run_trl(out: Path, seed: int, steps: int, data: Path, task, size: str) -> dict:
+def run_peer(data: Path, model: Path, out: Path, steps: int, seed: int) -> tuple[dict, float, float, list]:
+    """`bench/peers_trl.py` in TRL's venv on `data`: (its JSON report, start and exit times, CPU samples of its
+    process every half second). SystemExit with its output's tail when it fails."""
     t0, samples = time.time(), []
     with tempfile.TemporaryFile("w+") as stdout, tempfile.TemporaryFile("w+") as stderr:
         proc = subprocess.Popen([str(peer_python()), str(REPO / "bench" / "peers_trl.py"), "--data", str(data),
-                                 "--model", str(model_dir(size)), "--out", str(out), "--steps", str(steps),
+                                 "--model", str(model), "--out", str(out), "--steps", str(steps),
                                  "--seed", str(seed)], stdout=stdout, stderr=stderr, text=True)  # fmt: skip
         while proc.poll() is None:
             samples.append(sample_cpu(proc.pid))
@@ -143,9 +145,12 @@ def run_trl(out: Path, seed: int, steps: int, data: Path, task, size: str) -> di
         out_text, err_text = stdout.read(), stderr.read()
     if proc.returncode != 0:
         raise SystemExit(f"TRL failed:\n{out_text[-3000:]}\n{err_text[-3000:]}")
-    ends = json.loads(out_text.strip().splitlines()[-1])["step_ends"]
-    return {**timings(t0, ends, exited, samples), "accuracy": accuracy(out / "final", task)}
+    return json.loads(out_text.strip().splitlines()[-1]), t0, exited, samples
 
+
+def run_trl(out: Path, seed: int, steps: int, data: Path, task, size: str) -> dict:
+    report, t0, exited, samples = run_peer(data, model_dir(size), out, steps, seed)
+    return {**timings(t0, report["step_ends"], exited, samples), "accuracy": accuracy(out / "final", task)}
 
 def main() -> None:
     parser = argparse.ArgumentParser()

@@ -26,18 +26,19 @@ import itertools
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from common import RESULTS, emit, run_demo, sample_cpu
-from peers import peer_python
-from real_model import EXAMPLE, fetch_model
+from common import RESULTS, emit, run_demo
+from peers import peer_python, run_peer
+from real_model import EXAMPLE, draw_curves, fetch_model
 
 REPO = Path(__file__).resolve().parents[1]
 EVAL_EVERY = 10
+SAMPLES_PER_STEP = 32
+"""The example's learner.batch_size."""
 
 
 def example_config(seed: int = 0):
@@ -69,29 +70,14 @@ def run_asyncrl(run_dir: Path, seed: int, steps: int) -> dict:
                        example=EXAMPLE)
     exited = time.time()
     step_events = [e for e in learner if e["kind"] == "step"]
-    samples = {e["step"]: 32 * e["step"] for e in step_events}
     curve = [{"step": e["step"], "accuracy": e["accuracy"], "since_start_s": e["t"] - t0,
-              "samples": samples.get(e["step"], 0)} for e in learner if e["kind"] == "eval"]
+              "samples": SAMPLES_PER_STEP * e["step"]} for e in learner if e["kind"] == "eval"]
     return {"per_step_s": statistics.median(e["time/wall_s"] for e in step_events[1:]), "run_s": exited - t0,
             "curve": curve}
 
 
 def run_trl(out: Path, seed: int, steps: int, data: Path, config, task, base_accuracy: float) -> dict:
-    t0 = time.time()
-    with tempfile.TemporaryFile("w+") as stdout, tempfile.TemporaryFile("w+") as stderr:
-        proc = subprocess.Popen([str(peer_python()), str(REPO / "bench" / "peers_trl.py"), "--data", str(data),
-                                 "--model", str(REPO / config.model.path), "--out", str(out), "--steps", str(steps),
-                                 "--seed", str(seed)], stdout=stdout, stderr=stderr, text=True)  # fmt: skip
-        while proc.poll() is None:
-            sample_cpu(proc.pid)
-            time.sleep(0.5)
-        exited = time.time()
-        stdout.seek(0)
-        stderr.seek(0)
-        out_text, err_text = stdout.read(), stderr.read()
-    if proc.returncode != 0:
-        raise SystemExit(f"TRL failed:\n{out_text[-3000:]}\n{err_text[-3000:]}")
-    report = json.loads(out_text.strip().splitlines()[-1])
+    report, t0, exited, _ = run_peer(data, REPO / config.model.path, out, steps, seed)
     ends, saves = report["step_ends"], report["save_s"]
     # The saves every EVAL_EVERY steps are the bench's, not TRL's: their seconds come off every later time.
 
@@ -102,31 +88,9 @@ def run_trl(out: Path, seed: int, steps: int, data: Path, config, task, base_acc
     for step in range(EVAL_EVERY, steps + 1, EVAL_EVERY):
         policy = out / ("final" if step == steps else f"step-{step}")
         curve.append({"step": step, "accuracy": held_out_accuracy(policy, config, task), "since_start_s": clock(step),
-                      "samples": 32 * step})
+                      "samples": SAMPLES_PER_STEP * step})
     per_step = statistics.median(b - a for a, b in itertools.pairwise(ends))
     return {"per_step_s": per_step, "run_s": exited - t0 - sum(saves), "curve": curve}
-
-
-def draw(arms: dict, target: float, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6.5, 3.8))
-    for (name, runs), color in zip(arms.items(), ["#1f77b4", "#d62728"]):
-        for i, run in enumerate(runs):
-            ax.plot([p["since_start_s"] for p in run["curve"]], [p["accuracy"] for p in run["curve"]], marker="o",
-                    color=color, alpha=0.8, label=name if i == 0 else None)
-    ax.axhline(target, color="grey", linestyle=":", label=f"target {target}")
-    ax.set_xlabel("seconds since the command started")
-    ax.set_ylabel("held-out greedy accuracy")
-    ax.grid(alpha=0.3)
-    ax.legend()
-    ax.set_title("SmolLM2-135M-Instruct, reasoning-gym basic_arithmetic, 2 CPU cores", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
 
 
 def main() -> None:
@@ -176,8 +140,10 @@ def main() -> None:
                                                 if ours_t and trl_t else None)}
     emit("peers-real", result, {f"{name}: s per step": s["per_step_s"] for name, s in summary.items()}, "seconds",
          f"{args.steps} steps, SmolLM2-135M-Instruct, median of {args.seeds} seeds")
-    draw({name: s["runs"] for name, s in summary.items()}, args.target,
-         RESULTS / "peers-real-curve.png")
+    draw_curves({f"{name}, seed {i}": [(p["since_start_s"], p["accuracy"]) for p in run["curve"]]
+                 for name, s in summary.items() for i, run in enumerate(s["runs"])},
+                RESULTS / "peers-real-curve.png", "SmolLM2-135M-Instruct, reasoning-gym basic_arithmetic, 2 CPU cores",
+                "seconds since the command started", target=args.target)
 
 
 if __name__ == "__main__":

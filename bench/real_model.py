@@ -50,21 +50,23 @@ def run_seed(run_dir: Path, seed: int, engine: str) -> dict:
             "busy_mean": round(statistics.mean(e["time/busy"] for e in steps[1:]), 3)}
 
 
-def draw_curves(runs: list[dict], path: Path, title: str) -> None:
+def draw_curves(series: dict[str, list[tuple[float, float]]], path: Path, title: str, xlabel: str,
+                target: float | None = None) -> None:
+    """Held-out accuracy curves, one line per label of (seconds, accuracy) points; `target` as a dotted line."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(6, 3.5))
-    for run in runs:
-        ax.plot([p["wall_s"] for p in run["curve"]], [p["accuracy"] for p in run["curve"]], marker="o",
-                label=f"seed {run['seed']}")
-    ax.set_xlabel("seconds since the first rollout")
+    fig, ax = plt.subplots(figsize=(6.5, 3.8))
+    for label, points in series.items():
+        ax.plot([x for x, _ in points], [y for _, y in points], marker="o", label=label)
+    if target is not None:
+        ax.axhline(target, color="grey", linestyle=":", label=f"target {target}")
+    ax.set_xlabel(xlabel)
     ax.set_ylabel("held-out greedy accuracy")
-    ax.set_ylim(0, 1)
     ax.grid(alpha=0.3)
-    ax.legend()
+    ax.legend(fontsize=8)
     ax.set_title(title, fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
@@ -94,7 +96,8 @@ def main() -> None:
               "run_s_median": statistics.median(r["run_s"] for r in runs), "runs": runs}
     title = f"SmolLM2-135M-Instruct, reasoning-gym basic_arithmetic, {args.engine} replica, 30 steps, 2 cores"
     emit(name, result, {f"seed {r['seed']}": r["gain_points"] for r in runs}, "held-out accuracy gain (points)", title)
-    draw_curves(runs, RESULTS / f"{name}-curve.png", title)
+    draw_curves({f"seed {r['seed']}": [(p["wall_s"], p["accuracy"]) for p in r["curve"]] for r in runs},
+                RESULTS / f"{name}-curve.png", title, "seconds since the first rollout")
 
 if __name__ == "__main__":
     main()
