@@ -40,6 +40,7 @@ from asyncrl.core.records.controller import ControllerStarted
 from asyncrl.core.runtime.events import EventLog
 from asyncrl.core.wire.auth import resolve_auth
 from asyncrl.core.wire.grpc_aio import Wakeup, build_aio_server
+from asyncrl.core.wire.limits import controller_calls_in_flight
 from asyncrl.core.wire.grpc_util import address_refuses, wait_until_stopped
 from asyncrl.core.wire.learner_secret import resolve_learner_secret
 from asyncrl.core.wire.ports import listening
@@ -353,6 +354,7 @@ def create_server(
             auth,
             migration_workers=_WORKERS,
             registry=state.metrics.registry,
+            calls_in_flight=controller_calls_in_flight(config.controller.max_replicas),
         )
     servicer.wakeup = Wakeup(server.loop)
     state.admission.add_waker(servicer.wakeup.notify)

@@ -25,7 +25,8 @@ from grpc_reflection.v1alpha import reflection
 
 from asyncrl.core.runtime.metrics import RpcMetrics
 from asyncrl.core.wire.auth import AioGuardInterceptor, Auth
-from asyncrl.core.wire.grpc_util import MESSAGE_OPTIONS, add_port
+from asyncrl.core.wire.grpc_util import add_port, server_options
+from asyncrl.core.wire.limits import CALLS_IN_FLIGHT
 
 
 class AioServerThread:
@@ -84,9 +85,11 @@ class Wakeup:
 
 
 def build_aio_server(host: str, port: int, register: list, service_names: list[str], auth: Auth,
-                     migration_workers: int = 32, registry=None) -> tuple[AioServerThread, int]:
+                     migration_workers: int = 32, registry=None,
+                     calls_in_flight: int = CALLS_IN_FLIGHT) -> tuple[AioServerThread, int]:
     """Like `grpc_util.build_server`: `register` callbacks applied, grpc.health.v1 (SERVING for
-    `service_names`) and reflection, every call guarded by `AioGuardInterceptor`; not yet started. Returns
+    `service_names`) and reflection, every call guarded by `AioGuardInterceptor`, requests bounded by method,
+    at most `calls_in_flight` at once (held ones included); not yet started. Returns
     the server and the bound port; `register` callbacks may use `server.loop`."""
     loop = asyncio.new_event_loop()
     thread = threading.Thread(target=loop.run_forever, name=f"grpc-aio-{port}", daemon=True)
@@ -95,7 +98,7 @@ def build_aio_server(host: str, port: int, register: list, service_names: list[s
 
     async def build() -> int:
         server = grpc.aio.server(migration_thread_pool=futures.ThreadPoolExecutor(max_workers=migration_workers),
-                                 options=MESSAGE_OPTIONS,
+                                 options=server_options(service_names), maximum_concurrent_rpcs=calls_in_flight,
                                  interceptors=[AioGuardInterceptor(auth, RpcMetrics(registry) if registry is not None else None)])
         handle._server = server
         for add in register:
