@@ -21,6 +21,7 @@ from asyncrl.core.records.learner import (
     EvalFallback,
     EvalSkipped,
     FinalBuffer,
+    LearnerStarted,
     MemoryMeasured,
     RecoveredPending,
     Resumed,
@@ -237,6 +238,7 @@ class LearnerLoop:
             self.intake.timeline = rejoin(self.buffer, self.stub, start_step, start_version,
                                           self.config.batch_size, self.events)
         self.progress.version = start_version
+        self.events.write(LearnerStarted(total_steps=cfg.total_steps, from_step=start_step))
         # Entries delivered to us before a restart and never acked come first (all of them, in order):
         # trained after the last checkpoint or not at all, they are trained again from it.
         carry = self.buffer.all_pending()

@@ -2,7 +2,9 @@
 more than η versions after its oldest token), versions only grew, every
 trajectory group written was trained exactly once (or is still in the buffer, or dead-lettered with its
 reason: none lost, none twice), every lease was completed by its holder, and the policy never fell back (a
-learner starting over without resuming from a checkpoint).
+learner starting over without resuming from a checkpoint). A run passes only when it is also whole: it reached
+the steps its learner was started for, and the controller reset its timeline only when a learner resuming
+from a checkpoint asked for it (a reset nobody resumed for is someone else moving the run back).
 
 A resumed run (`up --resume`, or a learner restarted alone) appends to the same logs. Its learner continues
 from a checkpoint at step s and trains again what it had trained after s: the audit counts against the
@@ -28,7 +30,16 @@ from asyncrl.core.records.controller import (
     QuotaReturned,
     TimelineReset,
 )
-from asyncrl.core.records.learner import Eval, FinalBuffer, LearnerDied, LearnerLost, Resumed, Step, Trained
+from asyncrl.core.records.learner import (
+    Eval,
+    FinalBuffer,
+    LearnerDied,
+    LearnerLost,
+    LearnerStarted,
+    Resumed,
+    Step,
+    Trained,
+)
 from asyncrl.core.records.rollout import GroupRejected, GroupSkipped, GroupWritten
 from asyncrl.core.runtime.events import read_records
 
@@ -70,14 +81,30 @@ class AuditReport:
     """Leases granted for such a prompt (the rest were still queued when the run stopped)."""
     regenerated_unasked: list = field(default_factory=list)
     """Leases granted as a dropped prompt generated again that no drop asked for: {lease_id, prompt}."""
+    resets_unasked: list = field(default_factory=list)
+    """Timeline resets of the controller that no learner resuming from that version asked for."""
+    last_step: int = 0
+    """The last learner step of the surviving timeline."""
+    total_steps: int | None = None
+    """The steps the run's last learner was started for (None: a log from before learners recorded it)."""
 
     @property
     def ok(self) -> bool:
         return not self.failures()
 
+    @property
+    def intact(self) -> bool:
+        """Nothing lost, nothing twice, η held, no one else moved the run, however far it got."""
+        return not self.broken()
+
     def failures(self) -> list[str]:
-        """Why the audit fails, one line per reason (empty: it passes); a learner death that ended the run is
-        named with its cause."""
+        """Why the audit fails, one line per reason (empty: it passes): what broke, then a run that ended short
+        of its steps."""
+        short = self.total_steps is not None and self.last_step < self.total_steps
+        return self.broken() + ([f"the run ended at step {self.last_step} of {self.total_steps}"] if short else [])
+
+    def broken(self) -> list[str]:
+        """What broke, one line per reason; a learner death that ended the run is named with its cause."""
         checks = [(self.eta_violations, "admissions broke the η rule"), (self.version_errors, "versions went back"),
                   (self.trained_twice, "groups trained twice"),
                   (self.trained_unwritten, "groups trained that no one wrote"), (self.lost, "groups lost"),
@@ -87,10 +114,14 @@ class AuditReport:
                   (self.regenerated_unasked, "prompts generated again that no dropped group asked for"),
                   ]  # fmt: skip
         out = [f"{len(found)} {what}" for found, what in checks if found]
+        if self.resets_unasked:
+            out.append(f"{len(self.resets_unasked)} timeline resets no resuming learner asked for "
+                       f"(the first: {self.resets_unasked[0]})")
         if self.groups_trained == 0:
             out.append("no group was trained")
         final = [d for d in self.learner_deaths if d["action"].startswith("not restarted")]
-        if out and final:
+        short = self.total_steps is not None and self.last_step < self.total_steps
+        if (out or short) and final:
             out.append(f"the learner died (exit {final[-1]['exit_code']}, {final[-1]['cause']}), "
                        f"{final[-1]['action']}")
         return out
@@ -109,7 +140,7 @@ class AuditReport:
                    "generated again" if self.prompts_dropped else ""))
 
     def as_dict(self) -> dict:
-        return {"ok": self.ok, "headline": self.headline(), "leases_granted": self.leases_granted,
+        return {"ok": self.ok, "intact": self.intact, "headline": self.headline(), "leases_granted": self.leases_granted,
                 "eta_violations": self.eta_violations[:20], "versions_committed": self.versions_committed[-5:],
                 "version_errors": self.version_errors[:20], "groups_written": self.groups_written,
                 "groups_trained": self.groups_trained, "trained_twice": self.trained_twice[:20],
@@ -121,7 +152,8 @@ class AuditReport:
                 "stolen_leases": self.stolen_leases[:20], "open_leases": self.open_leases,
                 "trained_beyond_eta": self.trained_beyond_eta[:20], "learner_deaths": self.learner_deaths,
                 "prompts_dropped": self.prompts_dropped, "prompts_regenerated": self.prompts_regenerated,
-                "regenerated_unasked": self.regenerated_unasked[:20], "failures": self.failures()}
+                "regenerated_unasked": self.regenerated_unasked[:20], "resets_unasked": self.resets_unasked[:20],
+                "last_step": self.last_step, "total_steps": self.total_steps, "failures": self.failures()}
 
 
 def check_eta(report: AuditReport, controller: list[Record]) -> None:
@@ -189,6 +221,29 @@ def check_regenerated(report: AuditReport, controller: list[Record]) -> None:
 RESTARTS = (Resumed, LearnerLost)
 """Learner records that take the run back to a checkpoint's step: a learner process starting from it, and
 `up` recording that the last learner process ended without its closing records (`asyncrl.tools.run_end`)."""
+
+
+def check_resets(report: AuditReport, controller: list[Record], learner: list[Record]) -> None:
+    """Each reset of the controller's timeline to a version answers a learner that started from that version
+    (its `resumed` record, written before it asks); one learner start answers one reset."""
+    asked = Counter(ev.version for ev in learner if isinstance(ev, Resumed))
+    for ev in controller:
+        if not isinstance(ev, TimelineReset):
+            continue
+        if asked[ev.version]:
+            asked[ev.version] -= 1
+        else:
+            report.resets_unasked.append(f"version {ev.previous_version} -> {ev.version}")
+
+
+def check_whole(report: AuditReport, learner_log: list[Record], learner: list[Record]) -> None:
+    """How far the surviving timeline got (its last step, or the checkpoint a restart went back to), against
+    the steps its last learner was started for."""
+    ends = [ev.step for ev in learner if isinstance(ev, Step)] + [ev.from_step for ev in learner
+                                                                 if isinstance(ev, RESTARTS)]
+    report.last_step = max(ends, default=0)
+    goals = [ev.total_steps for ev in learner_log if isinstance(ev, LearnerStarted)]
+    report.total_steps = goals[-1] if goals else None
 
 
 def check_fall_back(report: AuditReport, learner: list[Record]) -> None:
@@ -270,6 +325,8 @@ def audit_run(run_dir: str | Path) -> AuditReport:
     check_leases(report, controller)
     check_regenerated(report, controller)
     check_fall_back(report, learner_log)
+    check_resets(report, controller, learner_log)
+    check_whole(report, learner_log, learner)
     report.learner_deaths = [{"exit_code": ev.exit_code, "cause": ev.cause, "action": ev.action}
                              for ev in learner_log if isinstance(ev, LearnerDied)]
 

@@ -330,9 +330,10 @@ def finish(cfg: AsyncRLConfig) -> None:
     Path(cfg.run_dir, "summary.json").write_text(json.dumps(summary, indent=2))
     if line:
         print(f"[up] {line}", flush=True)
-    print(f"[up] audit {'OK' if report.ok else 'FAILED'}: {report.headline()}", flush=True)
+    verdict = "OK" if report.ok else "INCOMPLETE" if report.intact else "FAILED"
+    print(f"[up] audit {verdict}: {report.headline()}", flush=True)
     for reason in report.failures():
-        print(f"[up]   failed: {reason}", flush=True)
+        print(f"[up]   {'failed' if verdict == 'FAILED' else 'why'}: {reason}", flush=True)
     print(f"[up] plot {plot} (drawn in the next seconds; {Path(cfg.run_dir) / 'logs' / 'plot.log'} says why "
           "if it does not appear)", flush=True)
 

@@ -10,8 +10,17 @@ from asyncrl.core.records.controller import (
     LeaseGranted,
     PushCommitted,
     QuotaReturned,
+    TimelineReset,
 )
-from asyncrl.core.records.learner import CheckpointSaved, FinalBuffer, LearnerLost, Resumed, Step, Trained
+from asyncrl.core.records.learner import (
+    CheckpointSaved,
+    FinalBuffer,
+    LearnerLost,
+    LearnerStarted,
+    Resumed,
+    Step,
+    Trained,
+)
 from asyncrl.core.records.rollout import GroupWritten
 from asyncrl.tools.audit import audit_run
 
@@ -259,3 +268,38 @@ def test_a_prompt_generated_again_must_follow_a_drop_of_that_prompt(tmp_path):
     append(tmp_path, "controller", regenerated("l10", 1))
     report = audit_run(tmp_path)
     assert report.regenerated_unasked == [{"lease_id": "l10", "prompt": 1}] and not report.ok
+
+
+def test_a_run_that_ends_short_of_its_steps_fails_and_says_where(tmp_path):
+    """The good run's learner was started for 2 steps and made them; started for 3, it ended short. A
+    restart back to a checkpoint counts from there: the voided steps are not reached."""
+    good_run(tmp_path)
+    log = (tmp_path / "events" / "learner.jsonl").read_text()
+    for goal, failures in [(2, []), (3, ["the run ended at step 2 of 3"])]:
+        write(tmp_path, "learner", [LearnerStarted(t=0, total_steps=goal, from_step=0)])
+        with (tmp_path / "events" / "learner.jsonl").open("a") as f:
+            f.write(log)
+        report = audit_run(tmp_path)
+        assert report.failures() == failures and (report.last_step, report.total_steps) == (2, goal)
+    append(tmp_path, "learner", LearnerLost(t=6, from_step=1, checkpoint="step-1"))
+    report = audit_run(tmp_path)
+    assert report.last_step == 1 and "the run ended at step 1 of 3" in report.failures()
+
+
+def reset(t, version, previous):
+    return TimelineReset(t=t, version=version, admitted=0, prompt_index=0, leases_expired=0,
+                         previous_version=previous)
+
+
+def test_a_timeline_reset_no_resuming_learner_asked_for_fails(tmp_path):
+    """A learner restarted from version 1 asks for one reset to 1; a second reset to 1, or one to 0, is someone
+    else moving the run back (a caller holding the learner's key)."""
+    good_run(tmp_path)
+    append(tmp_path, "learner", Resumed(t=6, from_step=1, version=1, path="step-1"))
+    append(tmp_path, "controller", reset(6.1, 1, 2))
+    assert audit_run(tmp_path).resets_unasked == []
+    append(tmp_path, "controller", reset(7, 1, 2))
+    append(tmp_path, "controller", reset(8, 0, 2))
+    report = audit_run(tmp_path)
+    assert report.resets_unasked == ["version 2 -> 1", "version 2 -> 0"]
+    assert "2 timeline resets no resuming learner asked for (the first: version 2 -> 1)" in report.failures()

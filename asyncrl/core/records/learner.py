@@ -109,6 +109,15 @@ class TeacherUnavailable(Record):
 
 
 @dataclass(frozen=True, kw_only=True)
+class LearnerStarted(Record):
+    """A learner process began training toward `total_steps` (the audit's measure of a run that ended short)."""
+
+    KIND = "learner_started"
+    total_steps: int
+    from_step: int
+
+
+@dataclass(frozen=True, kw_only=True)
 class Resumed(Record):
     """A learner process started from a checkpoint at `from_step` (0: from the model)."""
 
