@@ -79,6 +79,16 @@ def test_compose_file_follows_the_compose_spec_and_its_commands_are_valid():
     redis = services["redis"]["command"]
     assert redis[redis.index("--appendonly") + 1] == "yes" and "--requirepass" in redis
     assert services["redis"]["healthcheck"]["test"][0] == "CMD-SHELL"
+    # A container holds what its job writes: the models are written by make-model alone, the runs volume (the
+    # checkpoints a resumed learner loads) is the learner's alone; every service appends its event log.
+    mounts = {name: dict(v.split(":", 1) for v in services[name]["volumes"])
+              for name in ["make-model", *ROLES]}
+    for name, by_source in mounts.items():
+        assert by_source["models"] == ("/models" if name == "make-model" else "/models:ro"), name
+        assert ("runs" in by_source) == (name == "learner"), name
+        if name != "make-model":
+            assert by_source["events"] == "/runs/compose/events", name
+    assert mounts["learner"]["runs"] == "/runs"
     learner = services["learner"]
     assert learner["restart"] == "on-failure"
     assert _check(learner["command"], DEPLOY / "config.yaml").learner.checkpoint.resume_from == "latest"
