@@ -9,7 +9,7 @@ from typing import Any, Literal
 from pydantic import Field, model_validator
 
 from asyncrl.core.config.base import Section
-from asyncrl.core.tasks.reasoning_gym import spec_problem
+from asyncrl.core.tasks.reasoning_gym_options import spec_problem
 from asyncrl.core.tasks.rewards import resolve_function
 
 

@@ -14,8 +14,6 @@ the last `<answer_tag>...</answer_tag>`, else what `fallback` names.
 
 from __future__ import annotations
 
-import dataclasses
-import difflib
 import json
 import re
 from typing import Any
@@ -25,39 +23,12 @@ from asyncrl.core.tasks.base import Prompt, RewardFn, Task
 from asyncrl.core.tasks.epochs import EpochOrder
 from asyncrl.core.tasks.registry import register_task
 
-RESERVED_OPTIONS = ("seed", "size")
 SEED_SPACING = 1 << 32
 """reasoning-gym draws entry i of a dataset seeded s from Random(s + i), and seeds a mixture's datasets s + 1,
 s + 2, ...: seeds k and k + 1 would give the same entries shifted by one. The task seeds the mixture with
 seed x 2^32, so different seeds never share a stream."""
-"""Dataset options the task sets itself (from task.reasoning_gym.seed and size)."""
 
 _NUMBER = re.compile(r"-?\d+(?:[.,]\d+)*(?:/\d+)?")
-
-
-def spec_problem(name: str, options: dict[str, Any]) -> tuple[str, str] | None:
-    """(key under the dataset's entry, message) when reasoning-gym has no dataset `name` or refuses `options`;
-    None when it accepts them. The key is "name" or "config.<option>" ("config" for a value it refuses)."""
-    from reasoning_gym.factory import DATASETS
-
-    if name == "composite" or name not in DATASETS:
-        close = difflib.get_close_matches(name, [n for n in DATASETS if n != "composite"], n=3)
-        hint = f"; did you mean {', '.join(close)}?" if close else " (reasoning_gym.factory.DATASETS lists them)"
-        return "name", f"{name!r} is not a reasoning-gym dataset{hint}"
-    config_cls = DATASETS[name][1]
-    known = [f.name for f in dataclasses.fields(config_cls) if f.name not in RESERVED_OPTIONS]
-    for option in options:
-        if option in RESERVED_OPTIONS:
-            return f"config.{option}", f"set by the task (task.reasoning_gym.{option}), not per dataset"
-        if option not in known:
-            return f"config.{option}", f"not an option of {name}; its options: {', '.join(known)}"
-    try:
-        config = config_cls(**options)
-        if hasattr(config, "validate"):
-            config.validate()
-    except (AssertionError, TypeError, ValueError) as err:
-        return "config", f"{name} refuses these options: {err or type(err).__name__}"
-    return None
 
 
 def composite(cfg, size: int):
