@@ -113,9 +113,12 @@ NOT_IN_THE_CONTROLLER_IMAGE = ("transformers", "tokenizers", "peft", "datasets",
 
 
 def test_controller_runs_without_the_model_stack():
-    """What the controller image relies on: its service, its health check and the store client it reports
-    unreachable push receivers with, and loading the configs users give it (the real-model example's
-    reasoning-gym task included), with every package the image lacks made unimportable, as there."""
+    """What the controller image relies on: the import check its build runs (the Dockerfile's own line: its
+    service, its health check, the store client it reports unreachable push receivers with), and loading the
+    configs users give it (the real-model example's reasoning-gym task included), with every package the image
+    lacks made unimportable, as there."""
+    dockerfile = (DEPLOY / "docker" / "Dockerfile").read_text().replace("\\\n", "")
+    image_check = re.search(r'python -I -c "([^"]+)"', dockerfile).group(1)
     code = f"""
 import sys
 class Absent:
@@ -123,7 +126,7 @@ class Absent:
         if name.partition(".")[0] in {NOT_IN_THE_CONTROLLER_IMAGE!r}:
             raise ModuleNotFoundError(f"not in the controller image: {{name}}")
 sys.meta_path.insert(0, Absent())
-import asyncrl.tools.cli, asyncrl.services.controller_service, asyncrl.tools.health, asyncrl.push.broadcast
+{image_check}
 from asyncrl.core.config.file import load_config
 for path in ("deploy/config.yaml", "examples/smollm2-arithmetic.yaml", "examples/tiny-arith.yaml"):
     load_config(path, [])
