@@ -40,9 +40,9 @@ from asyncrl.core.records.controller import ControllerStarted
 from asyncrl.core.runtime.events import EventLog
 from asyncrl.core.wire.auth import resolve_auth
 from asyncrl.core.wire.grpc_aio import Wakeup, build_aio_server
-from asyncrl.core.wire.limits import controller_calls_in_flight
 from asyncrl.core.wire.grpc_util import address_refuses, wait_until_stopped
 from asyncrl.core.wire.learner_secret import resolve_learner_secret
+from asyncrl.core.wire.limits import controller_calls_in_flight
 from asyncrl.core.wire.ports import listening
 from asyncrl.push.fanout import ReplicaChannels, preload_store_client
 from asyncrl.push.manifest import check_digest

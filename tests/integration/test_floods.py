@@ -60,7 +60,7 @@ def replica_server_process(_tmp_path: Path):
 
 def memory_mb(pid: int, field: str) -> int:
     text = Path(f"/proc/{pid}/status").read_text()
-    return int(re.search(rf"^{field}:\s+(\d+) kB", text, re.M).group(1)) // 1024
+    return int(re.search(rf"^{field}:\s+(\d+) kB", text, re.MULTILINE).group(1)) // 1024
 
 
 def flood(port: int, method: str, metadata) -> list[grpc.StatusCode]:

@@ -7,7 +7,7 @@ import importlib
 
 _EXPORTS = {"Prompt": "base", "Task": "base", "get_reward": "factory", "get_task": "factory",
             "task_for_run": "factory", "register_reward": "registry", "register_task": "registry"}
-__all__ = sorted(_EXPORTS)
+__all__ = ["Prompt", "Task", "get_reward", "get_task", "register_reward", "register_task", "task_for_run"]
 
 
 def __getattr__(name: str):
