@@ -110,7 +110,7 @@ class ReplicaRuntime:
                                           or cfg.rollout.leases_per_batch * cfg.sampling.group_size}
         worker = kind(
             **extra, sampling=cfg.sampling, leases_per_batch=cfg.rollout.leases_per_batch, hold_s=cfg.controller.max_hold_s,
-            engine=self.engine, engine_lock=self.engine_lock, buffer=make_buffer(cfg.buffer),
+            engine=self.engine, engine_lock=self.engine_lock, buffer=make_buffer(cfg.buffer, reads=False),
             controller_stub=controller_stub, session=self.session, task=task, rewards=self.rewards,
             events=EventLog(cfg.run_dir, f"rollout-{self.session.replica_id}"), metrics=self.metrics,
             limits=limits, annotator=annotator,

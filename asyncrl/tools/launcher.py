@@ -30,9 +30,8 @@ from asyncrl.tools.models_ready import ensure_models
 from asyncrl.tools.plot_later import plot_later
 from asyncrl.tools.port_plan import REPLICA_PORTS, check_ports, planned_ports, replica_port
 from asyncrl.tools.processes import Child, ProcessGroup, free_port
-from asyncrl.tools.redis_local import start_local_redis
 from asyncrl.tools.run_end import close_learner_log
-from asyncrl.tools.run_secrets import local_redis_password, run_auth, run_learner_secret
+from asyncrl.tools.run_secrets import redis_role_env, run_auth, run_learner_secret, start_run_redis
 from asyncrl.tools.spawners import child_env, make_spawner
 from asyncrl.tools.supervisor import Restartable, Supervisor
 
@@ -130,7 +129,7 @@ def run(config: AsyncRLConfig, config_path: str | None = None) -> int:
     group = ProcessGroup(run_dir / "logs", make_spawner(cfg.launch.services, child_env()))
     try:
         if cfg.buffer.type == "redis" and not cfg.buffer.redis_url:
-            cfg.buffer.redis_url = start_local_redis(group, run_dir / "redis", password=local_redis_password(cfg))
+            cfg.buffer.redis_url = start_run_redis(group, cfg)
         # The task is checked while the services start: a task that cannot work stops them before anything
         # ran, and the start leaves nothing behind.
         return launch(cfg, group, check_task=True)
@@ -160,7 +159,7 @@ def resume(run_dir: str, overrides: list[str]) -> int:
     preflight(cfg)
     group = ProcessGroup(Path(run_dir) / "logs", make_spawner(cfg.launch.services, child_env()))
     if (Path(run_dir) / "redis").is_dir():  # `up` ran this run's Redis: start it again on the same files
-        cfg.buffer.redis_url = start_local_redis(group, Path(run_dir) / "redis", password=local_redis_password(cfg))
+        cfg.buffer.redis_url = start_run_redis(group, cfg)
     try:
         cfg = from_checkpoint(cfg, ckpt)
         check_ports(cfg)
@@ -263,11 +262,12 @@ def start_and_supervise(cfg: AsyncRLConfig, group: ProcessGroup, check_task: boo
     # Everything starts at once: the replicas and the learner wait for the controller themselves, and their
     # start-up (loading torch, transformers and a model) is most of a run's first seconds.
     argv = ["controller", *args]
-    restartable = {"controller": Restartable(group.start_cli("controller", argv), argv, None,
+    env = redis_role_env(cfg, "controller")
+    restartable = {"controller": Restartable(group.start_cli("controller", argv, env), argv, env,
                                              cfg.controller.max_restarts)}
     engines = 0
     if cfg.teacher.enabled:
-        env = vllm_cpu_binding(cfg.teacher.engine, engines)
+        env = {**vllm_cpu_binding(cfg.teacher.engine, engines), **redis_role_env(cfg, "teacher")}
         argv = ["teacher", *args]
         restartable["teacher"] = Restartable(group.start_cli("teacher", argv, env), argv, env,
                                              cfg.teacher.max_restarts)
@@ -277,17 +277,18 @@ def start_and_supervise(cfg: AsyncRLConfig, group: ProcessGroup, check_task: boo
         for field in REPLICA_PORTS:  # fixed ports: one per replica, counting up from the configured one
             if port := replica_port(cfg.rollout, field, i):
                 argv += ["--set", f"rollout.{field}={port}"]
-        env = vllm_cpu_binding(cfg.rollout.engine, engines)
+        env = {**vllm_cpu_binding(cfg.rollout.engine, engines), **redis_role_env(cfg, "rollout")}
         engines += cfg.rollout.engine.type == "vllm"
         restartable[f"rollout-{i}"] = Restartable(group.start_cli(f"rollout-{i}", argv, env), argv, env,
                                                   cfg.rollout.max_restarts)
     argv = ["learner", *args]
     # A learner that dies comes back from its latest checkpoint (the base model when there is none yet) and
     # takes the run back there.
-    learner = Restartable(group.start_cli("learner", argv), [*argv, "--set", "learner.checkpoint.resume_from=latest"],
-                          None, cfg.learner.max_restarts)
+    env = redis_role_env(cfg, "learner")
+    learner = Restartable(group.start_cli("learner", argv, env),
+                          [*argv, "--set", "learner.checkpoint.resume_from=latest"], env, cfg.learner.max_restarts)
     if check_task:
-        checked(group, group.start_cli("check", ["check", *args]))
+        checked(group, group.start_cli("check", ["check", *args], redis_role_env(cfg, "check")))
     print(f"[up] started the controller, {'the teacher, ' if cfg.teacher.enabled else ''}{cfg.rollout.replicas} "
           f"rollout replicas and the learner (logs in {run_dir / 'logs'})", flush=True)
     wait_for_channel(cfg.controller.address, 60, auth)

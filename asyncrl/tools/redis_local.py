@@ -12,11 +12,12 @@ from asyncrl.tools.processes import ProcessGroup, free_port
 
 
 def start_local_redis(group: ProcessGroup, data_dir: Path, host: str = "127.0.0.1", port: int = 0,
-                      password: str | None = None) -> str:
+                      password: str | None = None, users: list[str] | tuple = ()) -> str:
     """Start redis-server as a child of `group`; returns its URL once it answers PING. Persistence: an
     append-only file in `data_dir`, written and fsynced before each reply (a restart on the same directory,
     e.g. `up --resume`, finds the stream, its consumer group and the pending entries again). `port` 0: any free port. With a
-    `password`, clients must AUTH; it goes into an owner-only config file, not onto the command line.
+    `password`, clients must AUTH; it goes into an owner-only config file, not onto the command line, with
+`users` (ACL `user` directives, `asyncrl.core.buffer.redis_users.acl_line`).
 
     Not `everysec`: it postpones the write while a background fsync runs (up to 2 s under I/O load) yet
     replies at once, so a kill -9 lost groups the writers had seen acknowledged. `always` costs 0.4 ms per
@@ -29,7 +30,7 @@ def start_local_redis(group: ProcessGroup, data_dir: Path, host: str = "127.0.0.
     conf = data_dir / "redis.conf"
     conf.touch(mode=0o600)
     quoted = (password or "").replace("\\", "\\\\").replace('"', '\\"')  # a double-quoted redis.conf string
-    conf.write_text(f'requirepass "{quoted}"\n' if password else "")
+    conf.write_text((f'requirepass "{quoted}"\n' if password else "") + "".join(f"{line}\n" for line in users))
     child = group.start("redis", [binary, str(conf), "--port", str(port), "--bind", host, "--save", "",
                                   "--appendonly", "yes", "--appendfsync", "always", "--dir", str(data_dir)])
     url = f"redis://{host}:{port}/0"

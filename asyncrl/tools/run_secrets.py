@@ -1,6 +1,7 @@
 """The secrets `asyncrl up` makes for a run when none are configured: the gRPC access token, the learner secret
-(`asyncrl.core.wire.learner_secret`) and the password of the redis-server it starts. Each is written owner-only into the run directory (so a user's own clients,
-and `up --resume`, find it) and put into the environment the run's processes inherit."""
+(`asyncrl.core.wire.learner_secret`) and the admin password of the redis-server it starts. Each is written
+owner-only into the run directory (so a user's own clients, and `up --resume`, find it) and put into the
+environment the run's processes inherit; of Redis, each role gets only its own user (`redis_role_env`)."""
 
 from __future__ import annotations
 
@@ -8,9 +9,11 @@ import os
 from pathlib import Path
 
 from asyncrl.core.buffer.redis_connection import redis_password
+from asyncrl.core.buffer.redis_users import ROLES, acl_line, role_password, user_name
 from asyncrl.core.config.schema import AsyncRLConfig
 from asyncrl.core.wire.auth import Auth, MissingToken, new_token, resolve_auth
 from asyncrl.core.wire.learner_secret import MissingLearnerSecret, resolve_learner_secret
+from asyncrl.tools.redis_local import start_local_redis
 
 
 def run_auth(cfg: AsyncRLConfig) -> Auth:
@@ -36,6 +39,26 @@ def run_learner_secret(cfg: AsyncRLConfig) -> None:
         resolve_learner_secret(cfg.security)
     except MissingLearnerSecret:
         os.environ[cfg.security.learner_secret_env], _made = _secret(Path(cfg.run_dir) / "learner-secret")
+
+
+def start_run_redis(group, cfg: AsyncRLConfig, host: str = "127.0.0.1", port: int = 0) -> str:
+    """The redis-server of a run `up` starts (its URL): the run's admin password (`local_redis_password`) and
+    one user per role (`asyncrl.core.buffer.redis_users`), whose passwords `redis_role_env` hands out."""
+    admin = local_redis_password(cfg)
+    users = [acl_line(role, role_password(admin, role), cfg.buffer, cfg.controller.state_key) for role in ROLES]
+    return start_local_redis(group, Path(cfg.run_dir) / "redis", host=host, port=port, password=admin, users=users)
+
+
+def redis_role_env(cfg: AsyncRLConfig, role: str) -> dict[str, str]:
+    """What a process of `role` is told about the run's Redis when `up` runs it: its own user and password for
+    the roles that use Redis, nothing (not the admin password `up` holds) for the others. Empty for a Redis
+    the user runs (`buffer.redis_url` given): the configured credentials then go to every role as they are."""
+    if not (Path(cfg.run_dir) / "redis").is_dir():
+        return {}
+    if role not in ROLES:
+        return {cfg.buffer.username_env: "", cfg.buffer.password_env: ""}
+    return {cfg.buffer.username_env: user_name(role),
+            cfg.buffer.password_env: role_password(local_redis_password(cfg), role)}
 
 
 def local_redis_password(cfg: AsyncRLConfig) -> str:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 from asyncrl.core.config.schema import AsyncRLConfig
 from asyncrl.core.records.learner import Eval, LearnerDied, Step
@@ -23,8 +22,7 @@ from asyncrl.core.runtime.events import EventLog, EventTail
 from asyncrl.learner.checkpoint_index import latest_checkpoint
 from asyncrl.tools.learner_deaths import MEMORY_SETTINGS, judge, oom_kills
 from asyncrl.tools.processes import Child, ProcessGroup
-from asyncrl.tools.redis_local import start_local_redis
-from asyncrl.tools.run_secrets import local_redis_password
+from asyncrl.tools.run_secrets import start_run_redis
 
 
 @dataclass
@@ -131,8 +129,7 @@ def restart_local_redis(group: ProcessGroup, cfg: AsyncRLConfig) -> None:
     """The run's redis-server again, on the same port and data directory (the clients reconnect)."""
     host_port = cfg.buffer.redis_url.split("//", 1)[1].split("/", 1)[0]
     host, port = host_port.rsplit(":", 1)
-    start_local_redis(group, Path(cfg.run_dir) / "redis", host=host, port=int(port),
-                      password=local_redis_password(cfg))
+    start_run_redis(group, cfg, host=host, port=int(port))
 
 
 def _busy(ev: Step) -> str:

@@ -30,11 +30,13 @@ def _entry(entry_id: bytes, fields: dict) -> BufferEntry:
 
 class RedisBuffer(TrajectoryBuffer):
     def __init__(self, client: redis.Redis, stream: str, group: str, consumer: str, delete_after_ack: bool = True,
-                 dead_letter_stream: str = "asyncrl:dead-letters"):
+                 dead_letter_stream: str = "asyncrl:dead-letters", reads: bool = True):
         self._r = client  # `asyncrl.core.buffer.redis_connection.redis_client`: retries, password, TLS
         self.stream, self.group, self.consumer = stream, group, consumer
         self.delete_after_ack = delete_after_ack
         self.dead_stream = dead_letter_stream
+        if not reads:  # a writer (a replica) only appends; its Redis user may do nothing else
+            return
         try:
             # "0": a group created after data arrived still sees everything already in the stream.
             self._r.xgroup_create(stream, group, id="0", mkstream=True)

@@ -37,7 +37,7 @@ class _Retry(Retry):
 
 def redis_client(cfg: BufferConfig) -> redis.Redis:
     """A client of `cfg.redis_url` that reconnects and retries for about `cfg.retry_s` (exponential backoff
-    0.05 s doubling to 1 s), authenticates with the configured password and, for `rediss://` URLs, verifies
+    0.05 s doubling to 1 s), authenticates as the configured user with its password and, for `rediss://` URLs, verifies
     the server against `tls_ca_file` and presents `tls_cert_file` when given."""
     if not cfg.redis_url:
         raise ConfigError("buffer.redis_url is empty: start Redis (or use `asyncrl up`, which does)")
@@ -46,6 +46,9 @@ def redis_client(cfg: BufferConfig) -> redis.Redis:
     password = redis_password(cfg)
     if password:
         options["password"] = password
+    username = os.environ.get(cfg.username_env, "").strip()
+    if username:
+        options["username"] = username
     if cfg.redis_url.startswith("rediss://"):
         options.update(ssl_ca_certs=cfg.tls_ca_file, ssl_certfile=cfg.tls_cert_file, ssl_keyfile=cfg.tls_key_file,
                        ssl_cert_reqs="required")

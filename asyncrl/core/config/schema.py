@@ -133,6 +133,10 @@ class BufferConfig(Section):
     password_env: str = "ASYNCRL_REDIS_PASSWORD"
     """Environment variable holding the Redis password when `password_file` is empty; unset = no password.
     `asyncrl up` sets one for the redis-server it starts."""
+    username_env: str = "ASYNCRL_REDIS_USER"
+    """Environment variable naming the Redis user (ACL) this process logs in as, with its password in
+    `password_env`; unset = the default user. `asyncrl up` gives each role a user of its own
+    (`asyncrl-controller`, `asyncrl-learner`, `asyncrl-rollout`) allowed only what its job needs."""
     tls_ca_file: str | None = None
     """CA certificate that signed the Redis server's certificate (a `rediss://` URL turns TLS on)."""
     tls_cert_file: str | None = None

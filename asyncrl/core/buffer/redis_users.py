@@ -1,0 +1,54 @@
+"""One Redis user per role, each allowed the keys and commands its job needs (Redis ACLs), so the password a
+replica holds cannot read the controller's state or keys, write the controller's records, or flush the store.
+
+| user | keys | commands |
+|---|---|---|
+| `asyncrl-rollout` | the stream, its write counters, the dead letters | append (XADD) and count (INCRBY, EXPIRE) in one transaction |
+| `asyncrl-learner` | the stream, the dead letters | stream commands (read, ack, delete, dead-letter) |
+| `asyncrl-controller` | its state (`controller.state_key`), the write counters | hashes, MGET and DEL of counters |
+
+The default user keeps the run's admin password (`asyncrl up` and the operator's tools). A process logs in as
+the user its environment names (`buffer.username_env`) with that user's password (`buffer.password_env`); `up`
+derives each user's password from the admin one (`role_password`) and gives each role only its own.
+Appending is a replica's job, so a replica can still append a group no lease granted or raise a lease's write
+counter; it cannot read or change anything else.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+
+from asyncrl.core.config.schema import BufferConfig
+
+ROLES = ("controller", "learner", "rollout")
+CONNECTION = "+ping +multi +exec +discard"
+"""What every user may do on a connection: liveness and transactions. (redis-py's CLIENT SETINFO, refused, it
+ignores: Redis 7.0 has no such command to allow.)"""
+
+
+def user_name(role: str) -> str:
+    return f"asyncrl-{role}"
+
+
+def rules(role: str, buffer: BufferConfig, state_key: str) -> str:
+    """The ACL rules of `role`'s user (keys, channels, commands), without its password."""
+    stream, dead, counters = buffer.stream, buffer.dead_letter_stream, f"{buffer.stream}:written:*"
+    keys = {"rollout": [stream, counters, dead], "learner": [stream, dead],
+            "controller": [f"{state_key}:*", counters]}[role]
+    commands = {"rollout": "+xadd +incrby +expire", "learner": "+@stream",
+                "controller": "+@hash +mget +del"}[role]
+    return " ".join(["resetkeys", *(f"~{k}" for k in keys), "resetchannels", "-@all", CONNECTION, commands])
+
+
+def role_password(admin_password: str, role: str) -> str:
+    """A role's password, derived from the admin password: holding it gives no way back to the admin's or
+    another role's."""
+    return hmac.new(admin_password.encode(), f"asyncrl-redis-user\n{role}".encode(), "sha256").hexdigest()
+
+
+def acl_line(role: str, password: str, buffer: BufferConfig, state_key: str) -> str:
+    """`role`'s `user` directive for redis.conf (or `--user` on redis-server's command line): the password as
+    its SHA-256, so the file holds no secret that logs in."""
+    digest = hashlib.sha256(password.encode()).hexdigest()
+    return f"user {user_name(role)} reset on #{digest} {rules(role, buffer, state_key)}"
