@@ -6,6 +6,7 @@ with promtool, and, in all of them, that each container command is a valid `asyn
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import shutil
@@ -19,6 +20,7 @@ import tomllib
 import yaml
 from compose_spec import PyCompose
 
+from asyncrl.core.buffer.redis_users import rules, user_name
 from asyncrl.core.config.file import load_config
 from asyncrl.tools.cli import build_parser
 from asyncrl.tools.dashboard import DATASOURCE, render
@@ -26,6 +28,7 @@ from asyncrl.tools.dashboard import DATASOURCE, render
 REPO = Path(__file__).resolve().parents[2]
 DEPLOY = REPO / "deploy"
 ROLES = {"controller", "teacher", "rollout", "learner"}
+REDIS_ROLES = {"controller", "learner", "rollout"}
 
 
 def _check(args: list[str], config_file: Path):
@@ -59,9 +62,15 @@ def test_compose_file_follows_the_compose_spec_and_its_commands_are_valid():
         if name in ("rollout", "learner"):
             assert cfg.controller.host == "controller"
             assert cfg.teacher.host == "teacher"  # the replicas annotate groups, the learner falls back
-        # Secrets from the environment, refused when unset; hardened containers.
+        # Secrets from the environment, refused when unset; hardened containers. Of Redis, a role that uses it
+        # holds its own user's password, the others none (the admin password is Redis's alone).
         assert "${ASYNCRL_TOKEN:?" in svc["environment"]["ASYNCRL_TOKEN"], name
-        assert "${ASYNCRL_REDIS_PASSWORD:?" in svc["environment"]["ASYNCRL_REDIS_PASSWORD"], name
+        if name in REDIS_ROLES:
+            assert svc["environment"]["ASYNCRL_REDIS_USER"] == user_name(name), name
+            password = svc["environment"]["ASYNCRL_REDIS_PASSWORD"]
+            assert password.startswith(f"${{ASYNCRL_REDIS_{name.upper()}_PASSWORD:?"), name
+        else:
+            assert not any(key.startswith("ASYNCRL_REDIS") for key in svc["environment"]), name
         # The learner secret seats the learner: the controller and the learner hold it, nobody else.
         holds = "ASYNCRL_LEARNER_SECRET" in svc["environment"]
         assert holds == (name in ("controller", "learner")), name
@@ -78,6 +87,10 @@ def test_compose_file_follows_the_compose_spec_and_its_commands_are_valid():
     assert services["controller"]["image"] == "asyncrl:0.1.0-controller"
     redis = services["redis"]["command"]
     assert redis[redis.index("--appendonly") + 1] == "yes" and "--requirepass" in redis
+    # Redis's users are exactly what asyncrl.core.buffer.redis_users allows each role, under the config's keys.
+    config = load_config(DEPLOY / "config.yaml", [])
+    hashed = "#${{ASYNCRL_REDIS_{}_SHA256:?run deploy/make-compose-env.sh}}"
+    assert redis_users(redis, hashed) == expected_redis_users(hashed, config)
     assert services["redis"]["healthcheck"]["test"][0] == "CMD-SHELL"
     # A container holds what its job writes: the models are written by make-model alone, the runs volume (the
     # checkpoints a resumed learner loads) is the learner's alone; every service appends its event log.
@@ -95,6 +108,23 @@ def test_compose_file_follows_the_compose_spec_and_its_commands_are_valid():
     # Prometheus reads deploy/prometheus, Grafana its provisioning and the dashboard.
     assert "./prometheus:/etc/prometheus:ro" in services["prometheus"]["volumes"]
     assert "${GRAFANA_ADMIN_PASSWORD:?" in services["grafana"]["environment"]["GF_SECURITY_ADMIN_PASSWORD"]
+
+
+def redis_users(args: list[str], hashed: str) -> dict[str, tuple[str, str]]:
+    """The `--user NAME reset on PASSWORD RULES...` groups of redis-server's arguments: name -> (password, rules)."""
+    starts = [i for i, word in enumerate(args) if word == "--user"]
+    defined = {}
+    for start, end in zip(starts, [*starts[1:], len(args)], strict=True):
+        name, reset, on, password, *user_rules = args[start + 1:end]
+        assert (reset, on) == ("reset", "on"), name
+        defined[name] = (password, " ".join(user_rules))
+    return defined
+
+
+def expected_redis_users(hashed: str, config) -> dict[str, tuple[str, str]]:
+    """What `asyncrl.core.buffer.redis_users` allows each role under `config`'s keys, its password `hashed`."""
+    return {user_name(role): (hashed.format(role.upper()), rules(role, config.buffer, config.controller.state_key))
+            for role in sorted(REDIS_ROLES)}
 
 
 def test_controller_image_requirements_are_pyprojects_own():
@@ -127,6 +157,7 @@ class Absent:
             raise ModuleNotFoundError(f"not in the controller image: {{name}}")
 sys.meta_path.insert(0, Absent())
 {image_check}
+from asyncrl.core.buffer.redis_users import rules, user_name
 from asyncrl.core.config.file import load_config
 for path in ("deploy/config.yaml", "examples/smollm2-arithmetic.yaml", "examples/tiny-arith.yaml"):
     load_config(path, [])
@@ -156,13 +187,16 @@ needs_kustomize = pytest.mark.skipif(_kustomize_command() is None,
                                      reason="renders with `kubectl kustomize` or `kustomize build`: neither on PATH")
 
 
+K8S_SECRET_FILES = ("secrets.env", "learner-secret.env", "redis-secrets.env", "redis-users.env")
+
+
 def render_overlay(tmp_path: Path, overlay: str, components: tuple[str, ...] = ()) -> list[dict]:
     """The overlay rendered from a copy of deploy/k8s with a generated secrets.env (as make-secrets.sh
     writes it), plus extra components."""
     tree = tmp_path / "k8s"
-    shutil.copytree(DEPLOY / "k8s", tree, ignore=shutil.ignore_patterns("secrets.env", "learner-secret.env"))
+    shutil.copytree(DEPLOY / "k8s", tree, ignore=shutil.ignore_patterns(*K8S_SECRET_FILES))
     subprocess.run([str(tree / "make-secrets.sh")], check=True, capture_output=True)
-    for written in ("secrets.env", "learner-secret.env"):
+    for written in K8S_SECRET_FILES:
         assert (tree / "base" / written).stat().st_mode & 0o077 == 0  # readable by its owner only
     target = tree / "overlays" / overlay
     if components:
@@ -194,10 +228,16 @@ def test_overlay_renders_valid_hardened_resources(tmp_path, overlay):
     assert {"asyncrl-models", "asyncrl-runs"} <= names["PersistentVolumeClaim"]
     [config_map] = by_kind["ConfigMap"]
     secrets = {s["metadata"]["name"].rsplit("-", 1)[0]: s for s in by_kind["Secret"]}
-    assert set(secrets["asyncrl-secrets"]["data"]) == {"ASYNCRL_TOKEN", "ASYNCRL_REDIS_PASSWORD"}
+    assert set(secrets["asyncrl-secrets"]["data"]) == {"ASYNCRL_TOKEN"}
     assert set(secrets["asyncrl-learner-secret"]["data"]) == {"ASYNCRL_LEARNER_SECRET"}
+    assert set(secrets["asyncrl-redis"]["data"]) == {"ASYNCRL_REDIS_PASSWORD", *(
+        f"ASYNCRL_REDIS_{role.upper()}_SHA256" for role in REDIS_ROLES)}
+    assert set(secrets["asyncrl-redis-users"]["data"]) == {f"ASYNCRL_REDIS_{r.upper()}_PASSWORD" for r in REDIS_ROLES}
     config_file = tmp_path / "config.yaml"
     config_file.write_text(config_map["data"]["config.yaml"])
+    redis_args = by_kind["StatefulSet"][0]["spec"]["template"]["spec"]["containers"][0]["args"]
+    hashed = "#$(ASYNCRL_REDIS_{}_SHA256)"
+    assert redis_users(redis_args, hashed) == expected_redis_users(hashed, load_config(config_file, []))
 
     for name, pod in _pods(docs).items():
         assert pod["securityContext"]["runAsNonRoot"] is True and pod["automountServiceAccountToken"] is False
@@ -218,6 +258,16 @@ def test_overlay_renders_valid_hardened_resources(tmp_path, overlay):
             # The learner secret seats the learner: its Secret goes to the controller and the learner alone.
             holds = secrets["asyncrl-learner-secret"]["metadata"]["name"] in refs
             assert holds == (c["name"] in ("controller", "learner")), where
+            # Of Redis, a role's pods hold their own user's password; no asyncrl pod holds Redis's admin one.
+            env = {e["name"]: e for e in c.get("env", [])}
+            if c["name"] in REDIS_ROLES:
+                assert env["ASYNCRL_REDIS_USER"]["value"] == user_name(c["name"]), where
+                assert env["ASYNCRL_REDIS_PASSWORD"]["valueFrom"]["secretKeyRef"] == {
+                    "name": secrets["asyncrl-redis-users"]["metadata"]["name"],
+                    "key": f"ASYNCRL_REDIS_{c['name'].upper()}_PASSWORD"}, where
+            elif c["name"] != "redis":
+                assert not any(name.startswith("ASYNCRL_REDIS") for name in env), where
+                assert secrets["asyncrl-redis"]["metadata"]["name"] not in refs, where
             if c in pod["containers"]:
                 assert "livenessProbe" in c and "readinessProbe" in c or c["name"] == "make-model", where
             if c["image"].startswith("asyncrl:") and c.get("args"):
@@ -359,9 +409,14 @@ def test_the_compose_secrets_are_made_once_into_the_env_file_every_compose_comma
     env_file = tmp_path / ".env"
     values = dict(line.split("=", 1) for line in env_file.read_text().splitlines() if not line.startswith("#"))
     required = set(re.findall(r"\$\{(\w+):\?", (DEPLOY / "compose.yaml").read_text()))
+    users = {f"ASYNCRL_REDIS_{role}_{what}" for role in ("CONTROLLER", "LEARNER", "ROLLOUT")
+             for what in ("PASSWORD", "SHA256")}
     assert required == set(values) == {"ASYNCRL_TOKEN", "ASYNCRL_REDIS_PASSWORD", "ASYNCRL_LEARNER_SECRET",
-                                       "GRAFANA_ADMIN_PASSWORD"}
-    assert all(len(v) >= 32 for v in values.values()) and len(set(values.values())) == 4
+                                       "GRAFANA_ADMIN_PASSWORD", *users}
+    assert all(len(v) >= 32 for v in values.values()) and len(set(values.values())) == len(values)
+    for role in ("CONTROLLER", "LEARNER", "ROLLOUT"):
+        password = values[f"ASYNCRL_REDIS_{role}_PASSWORD"]
+        assert values[f"ASYNCRL_REDIS_{role}_SHA256"] == hashlib.sha256(password.encode()).hexdigest()
     assert stat.S_IMODE(env_file.stat().st_mode) == 0o600
     before = env_file.read_text()
     kept = subprocess.run(["bash", str(script)], check=True, capture_output=True, text=True)
