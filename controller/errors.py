@@ -3,7 +3,7 @@
 Kept free of grpc so the logic stays testable without a server: `InvalidRequest` becomes INVALID_ARGUMENT
 (the request itself is wrong: more written than leased), `UnknownReplica` NOT_FOUND, `RegistryFull`
 RESOURCE_EXHAUSTED, `ReplicaIdInUse` and `LearnerSeatTaken` ALREADY_EXISTS, `LearnerSeatUnconfirmed` UNAVAILABLE
-(retry later), `NotTheLearner` PERMISSION_DENIED, `ControllerStopping` UNAVAILABLE (ask the next controller),
+(retry later), `NotTheLearner` and `NotTheReplica` PERMISSION_DENIED, `ControllerStopping` UNAVAILABLE (ask the next controller),
 `PreconditionFailed` becomes FAILED_PRECONDITION (the request is well formed but the controller's state forbids it: an expired
 lease, a push already open, a version that is neither current nor current+1).
 """
@@ -50,6 +50,10 @@ class LearnerSeatUnconfirmed(ControllerError):
 
 class NotTheLearner(ControllerError):
     """A learner-only call without the seated learner's key (PERMISSION_DENIED)."""
+
+
+class NotTheReplica(ControllerError):
+    """A replica's call without its registration's proof (PERMISSION_DENIED)."""
 
 
 class ControllerStopping(ControllerError):

@@ -33,7 +33,7 @@ from asyncrl.controller import staleness
 from asyncrl.controller.admission import Admission
 from asyncrl.controller.books import StateBooks
 from asyncrl.controller.controller_metrics import ControllerMetrics
-from asyncrl.controller.errors import PreconditionFailed, ReplicaIdInUse
+from asyncrl.controller.errors import NotTheReplica, PreconditionFailed, ReplicaIdInUse
 from asyncrl.controller.learner_seat import Probe
 from asyncrl.controller.liveness import Liveness
 from asyncrl.controller.persistence import (
@@ -58,6 +58,7 @@ from asyncrl.controller.seating import LearnerSeating
 from asyncrl.controller.views import learner_view, replica_view
 from asyncrl.core.buffer.lease_writes import LeaseWriteCounts
 from asyncrl.core.config.schema import ControllerConfig
+from asyncrl.core.wire.auth import replica_call_mac
 from asyncrl.core.records import controller as records
 from asyncrl.core.runtime.events import EventSink, NoEvents
 from asyncrl.core.wire.learner_secret import SeatProofs
@@ -160,6 +161,16 @@ class ControllerState:
                 return None
             replica = books.registry.get(replica_id)
             return replica if replica.alive else None
+
+    def check_replica(self, replica_id: str, proof: bytes) -> None:
+        """The call speaks for `replica_id` only with its registration's proof (`replica_call_mac` under the
+        push key it was given): UnknownReplica for an id nobody holds (it registers again), NotTheReplica for
+        a caller that cannot prove the id."""
+        with self.books.cond:
+            key = self.books.registry.get(replica_id).push_key
+        if not hmac.compare_digest(proof, replica_call_mac(key, replica_id)):
+            raise NotTheReplica(f"replica_proof: the call does not prove the registration of {replica_id!r} "
+                                "(HMAC of 'replica\\n' + replica_id under its push_key)")
 
     def heartbeat(self, replica_id: str, weight_version: int, held_leases: list[str] | None = None,
                   adapter_checksum: str = "") -> ReplicaPulse:  # fmt: skip

@@ -32,6 +32,7 @@ from asyncrl.push.receiving import BroadcastReceiving
 from asyncrl.rollout.annotation import TeacherAnnotator
 from asyncrl.rollout.episode_worker import EpisodeWorker
 from asyncrl.rollout.process_scorer import ProcessRewardScorer
+from asyncrl.rollout.registration_calls import RegisteredReplica
 from asyncrl.rollout.replica import ReplicaSession
 from asyncrl.rollout.reward_pool import RewardPool
 from asyncrl.rollout.rollout_metrics import RolloutMetrics
@@ -89,6 +90,7 @@ class ReplicaRuntime:
         follows the groups it joins), then heartbeat and roll out until `stop`."""
         cfg = self.config
         address = f"{advertised_host(cfg.rollout)}:{port}"
+        controller_stub = RegisteredReplica(controller_stub)  # its calls prove the registration they name
         self.session = ReplicaSession(controller_stub, address, self.engine, cfg.rollout.engine.type, self.requested_id,
                                       on_registered=self.metrics.bind, lease_deadline_s=cfg.rollout.lease_deadline_s,
                                       in_band_pushes=in_band_pushes)

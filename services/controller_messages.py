@@ -13,6 +13,7 @@ from asyncrl.controller.errors import (
     LearnerSeatTaken,
     LearnerSeatUnconfirmed,
     NotTheLearner,
+    NotTheReplica,
     PreconditionFailed,
     RegistryFull,
     ReplicaIdInUse,
@@ -83,7 +84,8 @@ def _push_status(view: dict | None) -> controller_pb2.PushStatus | None:
 
 
 ERRORS = (UnknownReplica, InvalidArgument, InvalidRequest, RegistryFull, PreconditionFailed, PushRefused,
-          ReplicaIdInUse, LearnerSeatTaken, LearnerSeatUnconfirmed, NotTheLearner, ControllerStopping)
+          ReplicaIdInUse, LearnerSeatTaken, LearnerSeatUnconfirmed, NotTheLearner, NotTheReplica,
+          ControllerStopping)
 
 
 def status_of(err: Exception) -> tuple[grpc.StatusCode, str]:
@@ -98,7 +100,7 @@ def status_of(err: Exception) -> tuple[grpc.StatusCode, str]:
         return grpc.StatusCode.ALREADY_EXISTS, str(err)
     if isinstance(err, (LearnerSeatUnconfirmed, ControllerStopping)):
         return grpc.StatusCode.UNAVAILABLE, str(err)
-    if isinstance(err, NotTheLearner):
+    if isinstance(err, (NotTheLearner, NotTheReplica)):
         return grpc.StatusCode.PERMISSION_DENIED, str(err)
     return grpc.StatusCode.FAILED_PRECONDITION, str(err)
 

@@ -120,6 +120,7 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
                 for i, lease_id in enumerate(held):
                     check_name(lease_id, f"held_leases.lease_ids[{i}]")
             check_digest(request.adapter_checksum, "adapter_checksum", optional=True)
+            self._check_replica(request)
             pulse = self.state.heartbeat(request.replica_id, request.weight_version, held, request.adapter_checksum)
             return controller_pb2.HeartbeatResponse(
                 current_version=pulse.current_version, needs_sync=pulse.needs_sync,
@@ -147,6 +148,7 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
             check_name(request.replica_id, "replica_id")
             check_name(request.lease_id, "lease_id")
             check_range(request.num_written, 0, self.state.batch_size, "num_written")
+            self._check_replica(request)
             self.state.admission.complete(request.replica_id, request.lease_id, request.num_written)
             return controller_pb2.CompleteLeaseResponse()
 
@@ -175,6 +177,12 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
         check_name(request.replica_id, "replica_id")
         check_range(request.num_trajectories, 1, self.state.batch_size, "num_trajectories")
         check_range(request.wait_s, 0.0, MAX_TIMEOUT_S, "wait_s")
+        self._check_replica(request)
+
+    def _check_replica(self, request) -> None:
+        """A replica's call that moves the run is its registration's own (`replica_proof`)."""
+        require(len(request.replica_proof) <= 64, "replica_proof", f"at most 64 bytes, got {len(request.replica_proof)}")
+        self.state.check_replica(request.replica_id, request.replica_proof)
 
     async def _held(self, context, wait_s: float, check, look):
         """Answer a lease request with `look(started, final, first)`'s first answer, held without a thread
@@ -198,6 +206,7 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
                 check_range(c.num_written, 0, self.state.batch_size, f"completions[{i}].num_written")
                 if c.HasField("reward_mean"):
                     check_range(c.reward_mean, -MAX_REWARD, MAX_REWARD, f"completions[{i}].reward_mean")
+            self._check_replica(request)
             errors = self.state.admission.complete_many(request.replica_id, [
                 (c.lease_id, c.num_written, c.reward_mean if c.HasField("reward_mean") else None)
                 for c in request.completions])

@@ -23,6 +23,7 @@ import grpc
 from asyncrl.core.wire.auth import METADATA_KEY, SCHEME, Auth
 from asyncrl.core.wire.grpc_util import MESSAGE_OPTIONS
 from asyncrl.core.wire.learner_secret import new_nonce, seat_proof
+from asyncrl.rollout.registration_calls import RegisteredReplica
 from asyncrl.v1 import controller_pb2 as pb
 from asyncrl.v1 import controller_pb2_grpc, weights_pb2
 
@@ -75,7 +76,7 @@ async def run_load(address: str, auth: Auth, *, replicas: int, seconds: float, g
     metadata = () if auth.token is None else ((METADATA_KEY, SCHEME + auth.token),)
     result = LoadResult(replicas, seconds)
     async with grpc.aio.insecure_channel(address, options=MESSAGE_OPTIONS) as ch:
-        stub = _Stub(controller_pb2_grpc.ControllerStub(ch), metadata)
+        stub = RegisteredReplica(_Stub(controller_pb2_grpc.ControllerStub(ch), metadata))
         ids = [(await stub.RegisterReplica(pb.RegisterReplicaRequest(
             address=f"127.0.0.1:{20000 + i}", replica_id=f"sim-{i}", weight_version=0, engine="sim"))).replica_id
             for i in range(replicas)]  # fmt: skip

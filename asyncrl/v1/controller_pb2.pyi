@@ -38,16 +38,18 @@ class RegisterReplicaResponse(_message.Message):
     def __init__(self, replica_id: _Optional[str] = ..., current_version: _Optional[int] = ..., needs_sync: _Optional[bool] = ..., heartbeat_interval_s: _Optional[float] = ..., push_key: _Optional[bytes] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
-    __slots__ = ("replica_id", "weight_version", "held_leases", "adapter_checksum")
+    __slots__ = ("replica_id", "weight_version", "held_leases", "adapter_checksum", "replica_proof")
     REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
     WEIGHT_VERSION_FIELD_NUMBER: _ClassVar[int]
     HELD_LEASES_FIELD_NUMBER: _ClassVar[int]
     ADAPTER_CHECKSUM_FIELD_NUMBER: _ClassVar[int]
+    REPLICA_PROOF_FIELD_NUMBER: _ClassVar[int]
     replica_id: str
     weight_version: int
     held_leases: HeldLeases
     adapter_checksum: str
-    def __init__(self, replica_id: _Optional[str] = ..., weight_version: _Optional[int] = ..., held_leases: _Optional[_Union[HeldLeases, _Mapping]] = ..., adapter_checksum: _Optional[str] = ...) -> None: ...
+    replica_proof: bytes
+    def __init__(self, replica_id: _Optional[str] = ..., weight_version: _Optional[int] = ..., held_leases: _Optional[_Union[HeldLeases, _Mapping]] = ..., adapter_checksum: _Optional[str] = ..., replica_proof: _Optional[bytes] = ...) -> None: ...
 
 class HeldLeases(_message.Message):
     __slots__ = ("lease_ids",)
@@ -68,14 +70,16 @@ class HeartbeatResponse(_message.Message):
     def __init__(self, current_version: _Optional[int] = ..., needs_sync: _Optional[bool] = ..., held_back_s: _Optional[float] = ..., push_problem: _Optional[str] = ...) -> None: ...
 
 class AcquireLeaseRequest(_message.Message):
-    __slots__ = ("replica_id", "num_trajectories", "wait_s")
+    __slots__ = ("replica_id", "num_trajectories", "wait_s", "replica_proof")
     REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
     NUM_TRAJECTORIES_FIELD_NUMBER: _ClassVar[int]
     WAIT_S_FIELD_NUMBER: _ClassVar[int]
+    REPLICA_PROOF_FIELD_NUMBER: _ClassVar[int]
     replica_id: str
     num_trajectories: int
     wait_s: float
-    def __init__(self, replica_id: _Optional[str] = ..., num_trajectories: _Optional[int] = ..., wait_s: _Optional[float] = ...) -> None: ...
+    replica_proof: bytes
+    def __init__(self, replica_id: _Optional[str] = ..., num_trajectories: _Optional[int] = ..., wait_s: _Optional[float] = ..., replica_proof: _Optional[bytes] = ...) -> None: ...
 
 class AcquireLeaseResponse(_message.Message):
     __slots__ = ("granted", "lease_id", "prompt_index", "version", "reason", "expires_unix_s", "sample_index", "num_trajectories")
@@ -98,30 +102,34 @@ class AcquireLeaseResponse(_message.Message):
     def __init__(self, granted: _Optional[bool] = ..., lease_id: _Optional[str] = ..., prompt_index: _Optional[int] = ..., version: _Optional[int] = ..., reason: _Optional[str] = ..., expires_unix_s: _Optional[float] = ..., sample_index: _Optional[int] = ..., num_trajectories: _Optional[int] = ...) -> None: ...
 
 class CompleteLeaseRequest(_message.Message):
-    __slots__ = ("replica_id", "lease_id", "num_written")
+    __slots__ = ("replica_id", "lease_id", "num_written", "replica_proof")
     REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
     LEASE_ID_FIELD_NUMBER: _ClassVar[int]
     NUM_WRITTEN_FIELD_NUMBER: _ClassVar[int]
+    REPLICA_PROOF_FIELD_NUMBER: _ClassVar[int]
     replica_id: str
     lease_id: str
     num_written: int
-    def __init__(self, replica_id: _Optional[str] = ..., lease_id: _Optional[str] = ..., num_written: _Optional[int] = ...) -> None: ...
+    replica_proof: bytes
+    def __init__(self, replica_id: _Optional[str] = ..., lease_id: _Optional[str] = ..., num_written: _Optional[int] = ..., replica_proof: _Optional[bytes] = ...) -> None: ...
 
 class CompleteLeaseResponse(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
 class AcquireLeasesRequest(_message.Message):
-    __slots__ = ("replica_id", "num_trajectories", "wait_s", "max_leases")
+    __slots__ = ("replica_id", "num_trajectories", "wait_s", "max_leases", "replica_proof")
     REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
     NUM_TRAJECTORIES_FIELD_NUMBER: _ClassVar[int]
     WAIT_S_FIELD_NUMBER: _ClassVar[int]
     MAX_LEASES_FIELD_NUMBER: _ClassVar[int]
+    REPLICA_PROOF_FIELD_NUMBER: _ClassVar[int]
     replica_id: str
     num_trajectories: int
     wait_s: float
     max_leases: int
-    def __init__(self, replica_id: _Optional[str] = ..., num_trajectories: _Optional[int] = ..., wait_s: _Optional[float] = ..., max_leases: _Optional[int] = ...) -> None: ...
+    replica_proof: bytes
+    def __init__(self, replica_id: _Optional[str] = ..., num_trajectories: _Optional[int] = ..., wait_s: _Optional[float] = ..., max_leases: _Optional[int] = ..., replica_proof: _Optional[bytes] = ...) -> None: ...
 
 class Lease(_message.Message):
     __slots__ = ("lease_id", "prompt_index", "version", "expires_unix_s", "sample_index", "num_trajectories")
@@ -158,12 +166,14 @@ class LeaseCompletion(_message.Message):
     def __init__(self, lease_id: _Optional[str] = ..., num_written: _Optional[int] = ..., reward_mean: _Optional[float] = ...) -> None: ...
 
 class CompleteLeasesRequest(_message.Message):
-    __slots__ = ("replica_id", "completions")
+    __slots__ = ("replica_id", "completions", "replica_proof")
     REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
     COMPLETIONS_FIELD_NUMBER: _ClassVar[int]
+    REPLICA_PROOF_FIELD_NUMBER: _ClassVar[int]
     replica_id: str
     completions: _containers.RepeatedCompositeFieldContainer[LeaseCompletion]
-    def __init__(self, replica_id: _Optional[str] = ..., completions: _Optional[_Iterable[_Union[LeaseCompletion, _Mapping]]] = ...) -> None: ...
+    replica_proof: bytes
+    def __init__(self, replica_id: _Optional[str] = ..., completions: _Optional[_Iterable[_Union[LeaseCompletion, _Mapping]]] = ..., replica_proof: _Optional[bytes] = ...) -> None: ...
 
 class LeaseOutcome(_message.Message):
     __slots__ = ("lease_id", "completed", "error")

@@ -19,6 +19,7 @@ import yaml
 from asyncrl.core.runtime.events import read_events
 from asyncrl.core.wire.auth import liveness_mac
 from asyncrl.core.wire.grpc_util import build_server, channel
+from asyncrl.rollout.registration_calls import RegisteredReplica
 from asyncrl.v1 import controller_pb2 as pb
 from asyncrl.v1 import controller_pb2_grpc, rollout_pb2, rollout_pb2_grpc
 from tests.conftest import TEST_AUTH
@@ -90,7 +91,7 @@ def test_a_fake_replica_that_never_joins_costs_a_few_pushes_not_every_other(tmp_
         wait_for(lambda: steps_done(run_dir) >= 3, 300, "3 learner steps")
         config = yaml.safe_load((run_dir / "config.resolved.yaml").read_text())["controller"]
         with channel(f"{config['host']}:{config['port']}", TEST_AUTH) as ch:
-            stub = controller_pb2_grpc.ControllerStub(ch)
+            stub = RegisteredReplica(controller_pb2_grpc.ControllerStub(ch))
             attacker = futures.ThreadPoolExecutor(1).submit(fake_replica, stub, stop, servers, registered)
             started = time.time()
             try:

@@ -15,6 +15,7 @@ import yaml
 
 from asyncrl.core.runtime.events import read_events
 from asyncrl.core.wire.grpc_util import channel
+from asyncrl.rollout.registration_calls import RegisteredReplica
 from asyncrl.v1 import controller_pb2 as pb
 from asyncrl.v1 import controller_pb2_grpc, weights_pb2
 from tests.chaos.test_kill import kill
@@ -33,7 +34,7 @@ def test_a_token_holder_cannot_move_a_live_run(tmp_path):
         config = yaml.safe_load((run_dir / "config.resolved.yaml").read_text())["controller"]
         # The run's token (the test session's, which `up` and its processes take from the environment).
         with channel(f"{config['host']}:{config['port']}", TEST_AUTH) as ch:
-            stub = controller_pb2_grpc.ControllerStub(ch)
+            stub = RegisteredReplica(controller_pb2_grpc.ControllerStub(ch))
             version = stub.GetStatus(pb.GetStatusRequest(), timeout=10).current_version
             tensor = weights_pb2.TensorSpec(name="w", shape=[2], dtype="float32")
             attacks = [
@@ -71,7 +72,7 @@ def test_a_token_holder_cannot_take_the_seat_while_the_learner_restarts(tmp_path
 
     def hammer(address: str) -> None:
         with channel(address, TEST_AUTH) as ch:
-            stub = controller_pb2_grpc.ControllerStub(ch)
+            stub = RegisteredReplica(controller_pb2_grpc.ControllerStub(ch))
             while not stop.is_set():
                 try:
                     stub.RegisterLearner(pb.RegisterLearnerRequest(address="127.0.0.1:1"), timeout=5)

@@ -12,6 +12,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from asyncrl.core.wire.auth import MissingToken
+from asyncrl.rollout.registration_calls import RegisteredReplica
 from asyncrl.services import controller_service, learner_service, rollout_service, teacher_service
 from asyncrl.v1 import controller_pb2, learner_pb2, rollout_pb2, teacher_pb2
 from tests.conftest import TEST_AUTH
@@ -119,7 +120,7 @@ def test_a_live_replica_id_cannot_be_taken_over(tiny_model_dir, tmp_path):
     replica.start()
     try:
         with channel(f"127.0.0.1:{ctl_port}", TEST_AUTH) as ch:
-            stub = controller_pb2_grpc.ControllerStub(ch)
+            stub = RegisteredReplica(controller_pb2_grpc.ControllerStub(ch))
 
             def register(address):
                 return stub.RegisterReplica(controller_pb2.RegisterReplicaRequest(

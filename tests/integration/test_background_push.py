@@ -16,6 +16,7 @@ from asyncrl.core.model.modeling import load_causal_lm, sequence_logprobs
 from asyncrl.core.wire.grpc_util import channel as grpc_channel
 from asyncrl.learner.seat import SeatedController
 from asyncrl.push.sender import WeightPublisher
+from asyncrl.rollout.registration_calls import RegisteredReplica
 from asyncrl.services import controller_service, rollout_service
 from asyncrl.v1 import controller_pb2, controller_pb2_grpc
 from tests.conftest import TEST_AUTH, TEST_LEARNER_SECRET
@@ -48,7 +49,7 @@ def push_system(tiny_model_dir, tmp_path, in_band: bool, **transport):
     controller.start()
     servers.append(controller)
     ch = grpc_channel(f"127.0.0.1:{port}", TEST_AUTH)
-    stub = SeatedController(controller_pb2_grpc.ControllerStub(ch), TEST_LEARNER_SECRET)
+    stub = SeatedController(RegisteredReplica(controller_pb2_grpc.ControllerStub(ch)), TEST_LEARNER_SECRET)
     stub.take_seat("127.0.0.1:1", patience_s=0)  # this test plays the learner
     engines, keys = [], {}
     for i in range(2):

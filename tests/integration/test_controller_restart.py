@@ -15,6 +15,7 @@ from asyncrl.core.buffer.redis_buffer import RedisBuffer
 from asyncrl.core.runtime.events import read_events
 from asyncrl.core.wire.grpc_util import channel as grpc_channel
 from asyncrl.learner.seat import SeatedController
+from asyncrl.rollout.registration_calls import RegisteredReplica
 from asyncrl.services.controller_service import create_server
 from asyncrl.v1 import controller_pb2 as pb
 from asyncrl.v1 import controller_pb2_grpc, trajectory_pb2, weights_pb2
@@ -52,7 +53,7 @@ def stop(server):
 def test_restarted_controller_continues_and_patient_clients_wait_for_it(clean_redis, tmp_path):
     server, port = start(redis_config(clean_redis, tmp_path))
     ch = grpc_channel(f"127.0.0.1:{port}", TEST_AUTH, patient=True)
-    stub = controller_pb2_grpc.ControllerStub(ch)
+    stub = RegisteredReplica(controller_pb2_grpc.ControllerStub(ch))
     rid = stub.RegisterReplica(pb.RegisterReplicaRequest(address="127.0.0.1:9", engine="torch")).replica_id
     leases = [stub.AcquireLease(pb.AcquireLeaseRequest(replica_id=rid, num_trajectories=4, wait_s=0))
               for _ in range(3)]
@@ -100,7 +101,7 @@ def begin_request():
 def test_a_push_open_when_the_controller_died_is_refused_at_commit(clean_redis, tmp_path):
     server, port = start(redis_config(clean_redis, tmp_path))
     with grpc_channel(f"127.0.0.1:{port}", TEST_AUTH, patient=True) as ch:
-        stub = SeatedController(controller_pb2_grpc.ControllerStub(ch), TEST_LEARNER_SECRET)
+        stub = SeatedController(RegisteredReplica(controller_pb2_grpc.ControllerStub(ch)), TEST_LEARNER_SECRET)
         stub.take_seat("127.0.0.1:1", patience_s=0)
         begun = stub.BeginWeightPush(begin_request())
         stop(server)
@@ -137,7 +138,7 @@ def test_a_lease_completed_as_written_counts_only_what_reached_the_buffer(clean_
     server, port = start(redis_config(clean_redis, tmp_path))
     try:
         with grpc_channel(f"127.0.0.1:{port}", TEST_AUTH) as ch:
-            stub = controller_pb2_grpc.ControllerStub(ch)
+            stub = RegisteredReplica(controller_pb2_grpc.ControllerStub(ch))
             rid = stub.RegisterReplica(pb.RegisterReplicaRequest(address="127.0.0.1:9", engine="torch")).replica_id
 
             def take_all():

@@ -31,7 +31,7 @@ from asyncrl.controller.status_page import StatusPage
 from asyncrl.core.config.file import dump_config
 from asyncrl.core.config.schema import AsyncRLConfig
 from asyncrl.core.runtime.events import read_events
-from asyncrl.core.wire.auth import liveness_mac
+from asyncrl.core.wire.auth import liveness_mac, replica_call_mac
 from asyncrl.core.wire.grpc_util import channel as grpc_channel
 from asyncrl.learner.seat import SeatedController
 from asyncrl.push.broadcast import host_store, make_group, receive_weights, send_weights
@@ -39,6 +39,7 @@ from asyncrl.push.fanout import STORE_CLIENT_MODULE, TELL_SENDER_TIMEOUT_S, Repl
 from asyncrl.push.plan import PushPlan
 from asyncrl.push.rendezvous import ReceiversMissing
 from asyncrl.push.session import ReceiverUnreachable
+from asyncrl.rollout.registration_calls import RegisteredReplica
 from asyncrl.services.controller_service import SERVICE_NAME, create_server
 from asyncrl.v1 import controller_pb2 as pb
 from asyncrl.v1 import controller_pb2_grpc, rollout_pb2, rollout_pb2_grpc, weights_pb2
@@ -73,7 +74,7 @@ def controller(tmp_path):
     server.start()
     address = f"127.0.0.1:{port}"
     with grpc_channel(address, TEST_AUTH) as channel:
-        stub = SeatedController(controller_pb2_grpc.ControllerStub(channel), TEST_LEARNER_SECRET)
+        stub = SeatedController(RegisteredReplica(controller_pb2_grpc.ControllerStub(channel)), TEST_LEARNER_SECRET)
         # Nothing listens there, so nothing answers its challenges: any learner may take the seat over.
         stub.take_seat("127.0.0.1:1", patience_s=0)
         yield Controller(stub, channel, server.controller_state, address, tmp_path)
@@ -135,7 +136,7 @@ def test_a_lease_names_the_hard_prompt_it_samples_again_over_the_wire(tmp_path, 
     server.start()
     try:
         with grpc_channel(f"127.0.0.1:{port}", TEST_AUTH) as channel:
-            stub = controller_pb2_grpc.ControllerStub(channel)
+            stub = RegisteredReplica(controller_pb2_grpc.ControllerStub(channel))
             rid = register(stub)
             first = stub.AcquireLeases(pb.AcquireLeasesRequest(replica_id=rid, num_trajectories=4, max_leases=1,
                                                                wait_s=0)).leases[0]
@@ -336,7 +337,7 @@ LEARNER_ONLY = [("ResetTimeline", pb.ResetTimelineRequest()), ("BeginWeightPush"
 def test_learner_only_calls_need_the_seated_learners_key(controller, method, request_):
     """A caller with the access token but not the seat's key is refused, and nothing changes: the call that
     used to take a live run back to version 0 (an empty ResetTimeline) among them."""
-    raw = controller_pb2_grpc.ControllerStub(controller.channel)
+    raw = RegisteredReplica(controller_pb2_grpc.ControllerStub(controller.channel))
     controller.stub.LearnerHeartbeat(pb.LearnerHeartbeatRequest(step=3, version=0, consumed=24))
     for key, message in [(b"", "learner_key: missing"), (b"k" * 32, "learner_key: not the key")]:
         request_.learner_key = key
@@ -352,7 +353,7 @@ def test_the_seat_stays_with_a_live_learner_and_passes_on_when_it_is_gone(contro
     key; the holder that lost it is refused from its next call on."""
     from asyncrl.services.learner_service import create_server as learner_server
 
-    raw = lambda: SeatedController(controller_pb2_grpc.ControllerStub(controller.channel), TEST_LEARNER_SECRET)
+    raw = lambda: SeatedController(RegisteredReplica(controller_pb2_grpc.ControllerStub(controller.channel)), TEST_LEARNER_SECRET)
     first = raw()
     server, port = learner_server(make_config(), seat=first)
     server.start()
@@ -389,7 +390,7 @@ def test_a_learner_out_of_the_controllers_reach_keeps_its_seat_while_it_heartbea
     hung_address = f"127.0.0.1:{hung.getsockname()[1]}"
     try:
         with grpc_channel(f"127.0.0.1:{port}", TEST_AUTH) as channel:
-            first, second = (SeatedController(controller_pb2_grpc.ControllerStub(channel), TEST_LEARNER_SECRET) for _ in range(2))
+            first, second = (SeatedController(RegisteredReplica(controller_pb2_grpc.ControllerStub(channel)), TEST_LEARNER_SECRET) for _ in range(2))
             first.take_seat(hung_address, patience_s=0)
             first.LearnerHeartbeat(pb.LearnerHeartbeatRequest(step=1))
             with pytest.raises(grpc.RpcError) as refused:
@@ -673,7 +674,7 @@ def test_a_replica_that_heartbeats_but_never_completes_its_leases_loses_them_at_
     server.start()
     try:
         with grpc_channel(f"127.0.0.1:{port}", TEST_AUTH) as channel:
-            stub = controller_pb2_grpc.ControllerStub(channel)
+            stub = RegisteredReplica(controller_pb2_grpc.ControllerStub(channel))
             hoarder, other = register(stub, "127.0.0.1:9"), register(stub, "127.0.0.1:10")
             taken = stub.AcquireLeases(pb.AcquireLeasesRequest(replica_id=hoarder, num_trajectories=4, max_leases=2))
             assert len(taken.leases) == 2  # B = 8 at η = 0: all the quota there is
@@ -751,8 +752,9 @@ def test_a_stopping_controller_answers_held_lease_requests_at_once(tmp_path):
     server.start()
     try:
         with grpc_channel(f"127.0.0.1:{port}", TEST_AUTH) as channel:
-            stub = controller_pb2_grpc.ControllerStub(channel)
-            call = hold_one(stub, register(stub))
+            stub = RegisteredReplica(controller_pb2_grpc.ControllerStub(channel))
+            rid = register(stub)
+            call = hold_one(stub, rid)
             started = time.monotonic()
             server.release_held()
             with pytest.raises(grpc.RpcError) as info:
@@ -760,7 +762,7 @@ def test_a_stopping_controller_answers_held_lease_requests_at_once(tmp_path):
             assert info.value.code() == grpc.StatusCode.UNAVAILABLE and "stopping" in info.value.details()
             assert time.monotonic() - started < 2
             with pytest.raises(grpc.RpcError) as info:  # a new request is not held either
-                stub.AcquireLeases(pb.AcquireLeasesRequest(replica_id="r", num_trajectories=4, max_leases=1,
+                stub.AcquireLeases(pb.AcquireLeasesRequest(replica_id=rid, num_trajectories=4, max_leases=1,
                                                            wait_s=30), timeout=5)
             assert info.value.code() == grpc.StatusCode.UNAVAILABLE
         assert server.stop(5).wait(2)
@@ -893,3 +895,37 @@ def test_a_forged_groups_prompt_or_lease_never_stops_the_learners_quota_return(c
     assert controller.state.admitted == 0 and controller.state.snapshot()["prompts_to_regenerate"] == 0
     (record,) = [e for e in read_events(controller.run_dir, "controller") if e["kind"] == "quota_returned"]
     assert record["prompt_index"] is None and record["returned"] == 4
+
+
+def test_a_token_holder_cannot_speak_for_another_replicas_id(controller):
+    """Heartbeats, lease requests and completions name a replica id; without the proof of that registration
+    (`replica_proof` under its push key) they are PERMISSION_DENIED and change nothing. Before, a forged
+    heartbeat at version 2^53 marked a live victim as needing a sync (33 withdrawn pushes when sent fast), and a
+    forged completion could complete the victim's leases."""
+    victim = controller.stub  # the replica's own calls carry its proof (RegisteredReplica)
+    rid = register(victim)
+    lease = victim.AcquireLease(pb.AcquireLeaseRequest(replica_id=rid, num_trajectories=4, wait_s=0))
+    assert lease.granted
+    raw = controller_pb2_grpc.ControllerStub(controller.channel)  # the token, not the registration
+    # Another registration's (the attacker's own) is no proof for this id either.
+    other = raw.RegisterReplica(pb.RegisterReplicaRequest(address="127.0.0.1:8", engine="torch"))
+    wrong = (b"", replica_call_mac(b"", rid), replica_call_mac(other.push_key, rid), other.push_key,
+             replica_call_mac(other.push_key, other.replica_id))
+    forged = [
+        ("Heartbeat", pb.HeartbeatRequest(replica_id=rid, weight_version=2**53)),
+        ("AcquireLease", pb.AcquireLeaseRequest(replica_id=rid, num_trajectories=4)),
+        ("AcquireLeases", pb.AcquireLeasesRequest(replica_id=rid, num_trajectories=4, max_leases=1)),
+        ("CompleteLease", pb.CompleteLeaseRequest(replica_id=rid, lease_id=lease.lease_id, num_written=4)),
+        ("CompleteLeases", pb.CompleteLeasesRequest(replica_id=rid, completions=[
+            pb.LeaseCompletion(lease_id=lease.lease_id, num_written=4)])),
+    ]
+    for method, request in forged:
+        for proof in wrong:
+            request.replica_proof = proof
+            err = rpc_error(getattr(raw, method), request)
+            assert err.code() == grpc.StatusCode.PERMISSION_DENIED and "replica_proof" in err.details(), method
+    status = victim.GetStatus(pb.GetStatusRequest())
+    mine = next(r for r in status.replicas if r.replica_id == rid)
+    assert mine.weight_version == 0 and mine.active_leases == 1 and status.admitted == 4
+    reply = victim.Heartbeat(pb.HeartbeatRequest(replica_id=rid, weight_version=0))
+    assert not reply.needs_sync

@@ -17,6 +17,7 @@ from asyncrl.core.tasks import task_for_run
 from asyncrl.core.tasks.evaluate import greedy_accuracy
 from asyncrl.core.wire.grpc_util import channel as grpc_channel
 from asyncrl.learner.replica_eval import BackgroundEvaluations, ReplicaEvaluator
+from asyncrl.rollout.registration_calls import RegisteredReplica
 from asyncrl.v1 import controller_pb2, controller_pb2_grpc
 from tests.conftest import TEST_AUTH
 from tests.integration.test_services import local_config
@@ -44,7 +45,7 @@ def fleet(tiny_model_dir, tmp_path):
     rollout.start()
     channel = grpc_channel(f"127.0.0.1:{controller_port}", TEST_AUTH)
     try:
-        yield config, controller_pb2_grpc.ControllerStub(channel), f"127.0.0.1:{rollout_port}", engine
+        yield config, RegisteredReplica(controller_pb2_grpc.ControllerStub(channel)), f"127.0.0.1:{rollout_port}", engine
     finally:
         channel.close()
         rollout.stop(0).wait()

@@ -9,6 +9,7 @@ from prometheus_client import generate_latest
 
 from asyncrl.core.wire.auth import Auth
 from asyncrl.core.wire.grpc_util import channel
+from asyncrl.rollout.registration_calls import RegisteredReplica
 from asyncrl.services import controller_service, teacher_service
 from asyncrl.v1 import controller_pb2, controller_pb2_grpc, teacher_pb2, teacher_pb2_grpc
 from tests.conftest import TEST_AUTH
@@ -34,7 +35,7 @@ def test_controller_and_teacher_count_their_rpcs(tiny_model_dir, tmp_path):
     teacher.start()
     try:
         with channel(f"127.0.0.1:{ctl_port}", TEST_AUTH) as ch:
-            stub = controller_pb2_grpc.ControllerStub(ch)
+            stub = RegisteredReplica(controller_pb2_grpc.ControllerStub(ch))
             rid = stub.RegisterReplica(controller_pb2.RegisterReplicaRequest(address="127.0.0.1:9",
                                                                              engine="torch")).replica_id
             stub.AcquireLease(controller_pb2.AcquireLeaseRequest(replica_id=rid, num_trajectories=8, wait_s=0))

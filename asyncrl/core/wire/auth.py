@@ -17,6 +17,7 @@ A replica takes a weight push only when its controller ordered it: registration 
 `push_key`, and every `Rollout.UpdateWeights` the controller sends carries `push_order_mac` of the order under
 that key (a caller with the token but not the key cannot replace a replica's weights). The same key proves a
 registration's holder alive (`liveness_mac`): an id whose holder still answers cannot be registered again.
+The replica's calls that move the run (heartbeat, leases, completions) carry `replica_call_mac` under it.
 The learner holds the run's seat the same way (`Controller.RegisterLearner` hands it a `learner_key`): the
 calls that push weights or move the timeline need that key, so a caller with the token cannot make them.
 """
@@ -103,6 +104,13 @@ def push_ack_mac(key: bytes, push_id: str, rank: int, weight_version: int, adapt
     push's ack also signs the checksum of the adapter the replica serves (a fifth line)."""
     fields = ("ack", push_id, rank, weight_version) + ((adapter_checksum,) if adapter_checksum else ())
     return hmac.new(key, "\n".join(map(str, fields)).encode(), "sha256").digest()
+
+
+def replica_call_mac(key: bytes, replica_id: str) -> bytes:
+    """A replica's proof, on every call that moves the run (heartbeat, leases, completions), that it holds the
+    registration of `replica_id` (HMAC-SHA256 under its push key): a token holder cannot speak for another
+    replica's id."""
+    return hmac.new(key, f"replica\n{replica_id}".encode(), "sha256").digest()
 
 
 def liveness_mac(key: bytes, challenge: bytes) -> bytes:
