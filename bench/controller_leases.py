@@ -30,7 +30,8 @@ from asyncrl.tools.lease_load import controller_process, run_load
 
 def scenario(replicas: int, eta, seconds: float, run_dir: str, **load) -> dict:
     raw = {"run_dir": run_dir, "learner": {"batch_size": 64}, "sampling": {"group_size": 8},
-           "controller": {"port": 0, "status_port": 0, "eta": eta, "state_store": "none", "max_replicas": 4096}}
+           "controller": {"port": 0, "status_port": 0, "eta": eta, "state_store": "none", "max_replicas": 4096,
+                          "max_replicas_per_host": 0}}  # every simulated replica calls from this host
     with controller_process(raw) as port:
         result = asyncio.run(run_load(f"127.0.0.1:{port}", Auth(os.environ["ASYNCRL_TOKEN"]), replicas=replicas,
                                       seconds=seconds, group_size=8,

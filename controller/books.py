@@ -40,7 +40,8 @@ class StateBooks:
         """Unix seconds: lease expiries told to replicas, the status page's history."""
         self.cond = threading.Condition()
         """The one lock over everything here; held requests wait on it."""
-        self.registry = ReplicaRegistry(config.heartbeat_timeout_s, config.max_replicas, config.forget_dead_after_s)
+        self.registry = ReplicaRegistry(config.heartbeat_timeout_s, config.max_replicas, config.forget_dead_after_s,
+                                        config.max_replicas_per_host)
         self.leases = LeaseBook(config.lease_ttl_s, config.start_admitted, config.start_prompt_index,
                                 config.lease_max_s)
         self.pushes = PushCoordinator(timing=PushTiming(config.push_timeout_s, config.push_backoff_s),

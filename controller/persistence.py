@@ -58,6 +58,8 @@ class SavedReplica:
     in_band: bool = False
     """It follows the broadcast groups it joins (False in states saved before this was kept: pushes then
     reach it through UpdateWeights until it registers again)."""
+    caller_host: str = ""
+    """Where its registration came from (`controller.max_replicas_per_host`; "" in older states: uncounted)."""
 
 
 @dataclass
@@ -229,7 +231,8 @@ class StateWriter:
         changed, forgotten, saved = [], [], self._replicas
         if replicas is not None:
             saved = {r.replica_id: SavedReplica(r.replica_id, r.address, r.engine, r.push_key, r.weight_version,
-                                                r.force_sync, seq, r.reachable, r.in_band) for seq, r in enumerate(replicas)}  # fmt: skip
+                                                r.force_sync, seq, r.reachable, r.in_band, r.caller_host)
+                     for seq, r in enumerate(replicas)}  # fmt: skip
             changed = [r for rid, r in saved.items() if self._replicas.get(rid) != r]
             forgotten = [rid for rid in self._replicas if rid not in saved]
         if meta == self._meta and not (new or ended or changed or forgotten or changed_prompts or forgotten_prompts):
@@ -254,7 +257,7 @@ def restore_books(saved: SavedState, leases, registry, now: float) -> None:
     for r in saved.replicas:
         registry.restore(Replica(r.replica_id, r.address, r.weight_version, r.engine, registered_at=now,
                                  last_heartbeat=now, push_key=r.push_key, force_sync=r.force_sync,
-                                 reachable=r.reachable, in_band=r.in_band))
+                                 reachable=r.reachable, in_band=r.in_band, caller_host=r.caller_host))
 
 
 def _state(meta: dict, leases: list[SavedLease], replicas: list[SavedReplica],

@@ -59,6 +59,8 @@ class Replica:
     in_band: bool = False
     """It follows the broadcast groups it joins (`push.in_band`): a push that reuses one may reach it
     through the learner's store instead of an UpdateWeights call."""
+    caller_host: str = ""
+    """The host its registration came from (the peer, not the address it names): `max_replicas_per_host`."""
 
     def needs_sync(self, current_version: int) -> bool:
         return self.force_sync or self.weight_version != current_version
@@ -131,23 +133,32 @@ def host_of(address: str) -> str:
 
 
 class ReplicaRegistry:
-    def __init__(self, heartbeat_timeout_s: float, max_replicas: int = 1024, forget_dead_after_s: float = 600.0):
+    def __init__(self, heartbeat_timeout_s: float, max_replicas: int = 1024, forget_dead_after_s: float = 600.0,
+                 max_per_host: int = 0):
         self.heartbeat_timeout_s = heartbeat_timeout_s
         self.max_replicas = max_replicas
         self.forget_dead_after_s = forget_dead_after_s
+        self.max_per_host = max_per_host
         self._replicas: dict[str, Replica] = {}  # insertion order = registration order = rank order
         self.penalties = HostPenalties()
         self._next_number = 1
 
     def register(
-        self, address: str, replica_id: str, weight_version: int, engine: str, now: float, in_band: bool = False
+        self, address: str, replica_id: str, weight_version: int, engine: str, now: float, in_band: bool = False,
+        caller_host: str = "",
     ) -> Replica:
-        """Add a replica, or refresh one that registers again under its id (a restart: new address and weights)."""
+        """Add a replica, or refresh one that registers again under its id (a restart: new address and weights).
+        A new one must find room (`make_room` first) and stay within its caller host's cap."""
         replica_id = replica_id or self._fresh_id()
         existing = self._replicas.get(replica_id)
+        if existing is None and self.max_per_host and caller_host:
+            from_host = sum(r.caller_host == caller_host for r in self.live())
+            if from_host >= self.max_per_host:
+                raise RegistryFull(f"{from_host} live replicas registered from {caller_host} "
+                                   "(controller.max_replicas_per_host)")
         if existing is not None:
             existing.address, existing.weight_version, existing.engine = address, weight_version, engine
-            existing.in_band = in_band
+            existing.in_band, existing.caller_host = in_band, caller_host
             existing.last_heartbeat, existing.alive, existing.force_sync = now, True, False
             existing.dead_reason = ""
             existing.push_key = new_push_key()  # its push failures and hold-back stay: a push it acks clears them
@@ -157,7 +168,7 @@ class ReplicaRegistry:
         if len(self._replicas) >= self.max_replicas:
             raise RegistryFull(f"{len(self._replicas)} replicas registered (controller.max_replicas)")
         replica = Replica(replica_id, address, weight_version, engine, registered_at=now, last_heartbeat=now,
-                          push_key=new_push_key(), in_band=in_band)
+                          push_key=new_push_key(), in_band=in_band, caller_host=caller_host)
         self.penalties.apply(replica, now)
         self._replicas[replica_id] = replica
         return replica
@@ -196,6 +207,19 @@ class ReplicaRegistry:
             replica.dead_reason = (f"silent for {now - replica.last_heartbeat:.0f} s (controller.heartbeat_timeout_s "
                                    f"{self.heartbeat_timeout_s:g} s)")
         return dead
+
+    def make_room(self, replica_id: str) -> Replica | None:
+        """For a registration of `replica_id` into a full registry: forget the replica dead the longest (its
+        leases expired when it died) and return it, so dead fakes do not hold their slots for
+        `forget_dead_after_s`; None when there is room, or the id is registered already, or none is dead."""
+        if len(self._replicas) < self.max_replicas or replica_id in self._replicas:
+            return None
+        dead = [r for r in self._replicas.values() if not r.alive]
+        if not dead:
+            return None
+        oldest = min(dead, key=lambda r: r.last_heartbeat)
+        del self._replicas[oldest.replica_id]
+        return oldest
 
     def forget(self, now: float) -> list[Replica]:
         """Remove replicas dead for longer than `forget_dead_after_s` (their leases expired when they died):

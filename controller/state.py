@@ -58,9 +58,9 @@ from asyncrl.controller.seating import LearnerSeating
 from asyncrl.controller.views import learner_view, replica_view
 from asyncrl.core.buffer.lease_writes import LeaseWriteCounts
 from asyncrl.core.config.schema import ControllerConfig
-from asyncrl.core.wire.auth import replica_call_mac
 from asyncrl.core.records import controller as records
 from asyncrl.core.runtime.events import EventSink, NoEvents
+from asyncrl.core.wire.auth import replica_call_mac
 from asyncrl.core.wire.learner_secret import SeatProofs
 from asyncrl.push.coordinator import NEW
 from asyncrl.push.plan import PushOffer
@@ -121,11 +121,11 @@ class ControllerState:
     # ---- replicas -------------------------------------------------------------------------------------
 
     def register(self, address: str, replica_id: str, weight_version: int, engine: str,
-                 push_key: bytes = b"", in_band: bool = False) -> Registration:
+                 push_key: bytes = b"", in_band: bool = False, caller_host: str = "") -> Registration:
         """Add a replica, or register one again: its own process (it presents its current `push_key`), or a
         new process taking the id over from a holder that is gone (a restart). An id whose holder still proves
         itself alive (`probe`, outside the lock) is refused: one caller cannot redirect another replica's
-        pushes to itself."""
+        pushes to itself. `caller_host`: where the call came from (`controller.max_replicas_per_host`)."""
         books = self.books
         holder = self._live_holder(replica_id)
         if holder is not None and push_key and hmac.compare_digest(push_key, holder.push_key):
@@ -139,7 +139,12 @@ class ControllerState:
             if reregistered:
                 # A restarted replica lost whatever it was generating: its old leases return their quota.
                 self.liveness.log_expired(books.leases.expire_replica(replica_id, "reregistered"), "reregistered")
-            replica = books.registry.register(address, replica_id, weight_version, engine, books.clock(), in_band)
+            evicted = books.registry.make_room(replica_id)
+            if evicted is not None:
+                self.events.write(records.ReplicaForgotten(replica_id=evicted.replica_id,
+                                                           silent_s=evicted.heartbeat_age(books.clock())))
+            replica = books.registry.register(address, replica_id, weight_version, engine, books.clock(), in_band,
+                                              caller_host)
             replica.force_sync = books.reset_to is not None and weight_version > books.reset_to
             if reregistered:
                 books.pushes.replica_registered(replica.replica_id)

@@ -40,7 +40,7 @@ from asyncrl.core.records.controller import ControllerStarted
 from asyncrl.core.runtime.events import EventLog
 from asyncrl.core.wire.auth import resolve_auth
 from asyncrl.core.wire.grpc_aio import Wakeup, build_aio_server
-from asyncrl.core.wire.grpc_util import address_refuses, wait_until_stopped
+from asyncrl.core.wire.grpc_util import address_refuses, peer_host, wait_until_stopped
 from asyncrl.core.wire.learner_secret import resolve_learner_secret
 from asyncrl.core.wire.limits import controller_calls_in_flight
 from asyncrl.core.wire.ports import listening
@@ -97,7 +97,7 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
             check_name(request.engine, "engine", optional=True)
             require(len(request.push_key) <= 64, "push_key", f"at most 64 bytes, got {len(request.push_key)}")
             r = self.state.register(request.address, request.replica_id, request.weight_version, request.engine,
-                                    request.push_key, request.in_band_pushes)
+                                    request.push_key, request.in_band_pushes, caller_host=peer_host(context.peer()))
             return controller_pb2.RegisterReplicaResponse(
                 replica_id=r.replica_id,
                 current_version=r.current_version,

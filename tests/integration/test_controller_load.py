@@ -19,7 +19,8 @@ REPLICAS, SECONDS = 500, 15.0
 
 def test_hundreds_of_held_replicas_leave_heartbeats_responsive_and_admission_exact(tmp_path):
     raw = {"run_dir": str(tmp_path), "learner": {"batch_size": 64}, "sampling": {"group_size": 8},
-           "controller": {"port": 0, "status_port": 0, "eta": 2, "state_store": "none", "max_replicas": 2048}}
+           "controller": {"port": 0, "status_port": 0, "eta": 2, "state_store": "none", "max_replicas": 2048,
+                          "max_replicas_per_host": 0}}  # every simulated replica calls from this host
     with controller_process(raw) as port:
         result = asyncio.run(run_load(f"127.0.0.1:{port}", TEST_AUTH, replicas=REPLICAS, seconds=SECONDS,
                                       group_size=8, push_every_s=1.0, learner_secret=TEST_LEARNER_SECRET))

@@ -929,3 +929,21 @@ def test_a_token_holder_cannot_speak_for_another_replicas_id(controller):
     assert mine.weight_version == 0 and mine.active_leases == 1 and status.admitted == 4
     reply = victim.Heartbeat(pb.HeartbeatRequest(replica_id=rid, weight_version=0))
     assert not reply.needs_sync
+
+
+def test_registrations_are_capped_per_calling_host_not_per_named_address(tmp_path):
+    """The cap counts where the call came from: registrations naming three different hosts, all sent from
+    this one, stop at max_replicas_per_host with RESOURCE_EXHAUSTED naming the caller's host."""
+    server, port = create_server(make_config(max_replicas_per_host=2), run_dir=str(tmp_path))
+    server.start()
+    try:
+        with grpc_channel(f"127.0.0.1:{port}", TEST_AUTH) as channel:
+            stub = RegisteredReplica(controller_pb2_grpc.ControllerStub(channel))
+            register(stub, "10.0.0.1:7000")
+            register(stub, "10.0.0.2:7000")
+            err = rpc_error(stub.RegisterReplica, pb.RegisterReplicaRequest(address="10.0.0.3:7000", engine="torch"))
+            assert err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert "from 127.0.0.1" in err.details() and "max_replicas_per_host" in err.details()
+    finally:
+        server.stop(0).wait()
+        server.controller_state.close()

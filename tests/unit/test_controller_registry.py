@@ -112,6 +112,38 @@ def test_dead_replicas_are_forgotten_and_the_registry_is_bounded():
     state.register("127.0.0.1:7003", "c", 0, "torch")  # room again
 
 
+def test_a_full_registry_takes_a_dead_replicas_slot_and_each_caller_host_is_capped():
+    """Fakes cannot keep real replicas out: one caller host holds at most max_replicas_per_host live
+    registrations (counted by where the call came from, not the address it names), and a registration into a
+    full registry takes the slot of the replica dead the longest instead of waiting forget_dead_after_s."""
+    from asyncrl.controller.errors import RegistryFull
+
+    state, clock, _, events = make_state(heartbeat_timeout_s=3.0, forget_dead_after_s=600.0, max_replicas=3,
+                                         max_replicas_per_host=2)
+    state.register("10.9.9.9:1", "a", 0, "torch", caller_host="10.0.0.1")
+    state.register("10.9.9.9:2", "b", 0, "torch", caller_host="10.0.0.1")
+    with pytest.raises(RegistryFull, match="2 live replicas registered from 10.0.0.1 .*max_replicas_per_host"):
+        state.register("10.0.0.2:1", "x", 0, "torch", caller_host="10.0.0.1")
+    state.register("10.0.0.1:1", "a", 0, "torch", caller_host="10.0.0.1")  # a restart of one of its own: allowed
+    state.register("10.0.0.2:1", "c", 0, "torch", caller_host="10.0.0.2")
+    with pytest.raises(RegistryFull, match="3 replicas registered .*max_replicas"):
+        state.register("10.0.0.3:1", "d", 0, "torch", caller_host="10.0.0.3")
+    clock.advance(2.0)
+    state.heartbeat("b", 0)
+    clock.advance(2.0)
+    state.heartbeat("c", 0)
+    state.liveness.reap()  # "a" silent for 4 s: dead, and the registry is still full
+    state.register("10.0.0.3:1", "d", 0, "torch", caller_host="10.0.0.3")
+    assert [r["replica_id"] for r in state.snapshot()["replicas"]] == ["b", "c", "d"]
+    assert [e["replica_id"] for e in events.of_kind("replica_forgotten")] == ["a"]
+    clock.advance(4.0)
+    for rid in ("c", "d"):
+        state.heartbeat(rid, 0)
+    state.liveness.reap()  # "b" dead now: 10.0.0.1 has no live replica, and the full registry has a dead one
+    state.register("10.0.0.1:2", "e", 0, "torch", caller_host="10.0.0.1")
+    assert [r["replica_id"] for r in state.snapshot()["replicas"]] == ["c", "d", "e"]
+
+
 def _state_with_probe(answers):
     """A state whose liveness probe answers from `answers` (address -> callable(challenge) -> bytes)."""
     from asyncrl.controller.state import ControllerState

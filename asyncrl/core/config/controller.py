@@ -61,7 +61,12 @@ class ControllerConfig(PinnedSection):
     forget_dead_after_s: float = Field(600.0, gt=0)
     """A replica dead this long is removed from the registry (it registers again if it comes back)."""
     max_replicas: int = Field(1024, ge=1)
-    """Replicas registered at most (live, or dead and not yet forgotten); more get RESOURCE_EXHAUSTED."""
+    """Replicas registered at most (live, or dead and not yet forgotten). When full, a new registration
+    takes the slot of the replica dead the longest; with none dead it gets RESOURCE_EXHAUSTED."""
+    max_replicas_per_host: int = Field(64, ge=0)
+    """Live replicas registered at most from one caller's host (the address the registration came from,
+    not the one it names), so one host holding the token cannot fill the registry and keep other hosts'
+    replicas out; more get RESOURCE_EXHAUSTED. 0 = no cap."""
     lease_report_grace_s: float = Field(5.0, gt=0)
     """A lease missing from its replica's heartbeat (HeartbeatRequest.held_leases) is abandoned once it is
     older than this (the grace covers a grant whose reply crossed a heartbeat); it expires and returns its

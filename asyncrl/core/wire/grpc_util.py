@@ -136,6 +136,15 @@ def wait_until_stopped(server: grpc.Server, on_stop=None, grace_s: float = 5.0) 
     server.stop(grace_s).wait()
 
 
+def peer_host(peer: str) -> str:
+    """The host of a gRPC peer string: "ipv4:10.0.0.5:41234" -> "10.0.0.5", "ipv6:[::1]:41234" -> "[::1]";
+    anything else (a unix socket) whole."""
+    kind, _, rest = peer.partition(":")
+    if kind in ("ipv4", "ipv6") and ":" in rest:
+        return rest.rpartition(":")[0]
+    return peer
+
+
 def dial(address: str, timeout_s: float) -> bool | None:
     """Whether something accepts a TCP connection at `address` (host:port, [v6]:port): True, False when it is
     refused (the host is there, the port closed: no process listens there any more), None when there is no
