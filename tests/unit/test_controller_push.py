@@ -326,16 +326,30 @@ def test_a_membership_change_or_a_failure_forms_a_new_group():
 
 def test_the_push_order_mac_is_the_documented_text_under_the_key():
     """rollout.proto documents the signed text (an outside controller must produce it byte for byte)."""
+    import dataclasses
     import hashlib
     import hmac
 
     from asyncrl.core.wire.auth import push_order_mac
+    from asyncrl.core.wire.push_contract import TensorMeta
     from asyncrl.push.plan import PushPlan
 
     plan = PushPlan(push_id="push-v3-ab", version=3, store_address="10.0.0.1:29500", world_size=3, transport="gloo", tensors=(), bucket_bytes=1024, timeout_s=60.0, group_id="group-1",
-                    new_group=False, manifest_digest="f" * 64)
-    text = "\n".join(["order", "push-v3-ab", "3", "2", "3", "10.0.0.1:29500", "gloo", "group-1", "0", "f" * 64])
+                    new_group=False, manifest_digest="f" * 64, join_timeout_s=2.5)
+    text = "\n".join(["order", "push-v3-ab", "3", "2", "3", "10.0.0.1:29500", "gloo", "group-1", "0", "f" * 64,
+                      "1024", "60000", "2500", ""])
     assert push_order_mac(b"key", plan, 2) == hmac.new(b"key", text.encode(), hashlib.sha256).digest()
+    inline = dataclasses.replace(plan, manifest_digest="", tensors=(TensorMeta("w", (2, 3), "float32"),
+                                                                    TensorMeta("b", (), "bfloat16")))
+    listed = hashlib.sha256(b"w float32 2x3\nb bfloat16 ").hexdigest()
+    fields = ["order", "push-v3-ab", "3", "2", "3", "10.0.0.1:29500", "gloo", "group-1", "0", "", "1024", "60000",
+              "2500", listed]
+    text = "\n".join(fields)
+    assert push_order_mac(b"key", inline, 2) == hmac.new(b"key", text.encode(), hashlib.sha256).digest()
+    # Every field a receiver acts on is signed: changing any one changes the signature.
+    for change in ({"bucket_bytes": 2048}, {"timeout_s": 61.0}, {"join_timeout_s": 3.0},
+                   {"tensors": (TensorMeta("w", (3, 2), "float32"),)}):
+        assert push_order_mac(b"key", dataclasses.replace(inline, **change), 2) != push_order_mac(b"key", inline, 2)
 
 
 def test_receivers_that_never_joined_sit_out_the_retry_and_come_back_after_their_back_off():

@@ -24,6 +24,7 @@ calls that push weights or move the timeline need that key, so a caller with the
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 import inspect
 import os
@@ -89,13 +90,24 @@ def new_push_key() -> bytes:
 
 def push_order_mac(key: bytes, plan, rank: int) -> bytes:
     """The controller's signature on one push order (a `push.plan.PushPlan`) for one replica (HMAC-SHA256
-    under its push key): the push, the replica's rank, where to join (store, transport, group) and which
-    manifest to load."""
+    under its push key): the push, the replica's rank, where to join (store, transport, group), which manifest
+    or tensors to load, the bucket size and the time-outs (every field a receiver acts on; rollout.proto has
+    the text)."""
     fields = ("order", plan.push_id, plan.version, rank, plan.world_size, plan.store_address, plan.transport,
-              plan.group_id, int(plan.new_group), plan.manifest_digest)
+              plan.group_id, int(plan.new_group), plan.manifest_digest, plan.bucket_bytes,
+              round(plan.timeout_s * 1000), round(plan.join_timeout_s * 1000), tensors_digest(plan.tensors))
     if plan.adapter is not None:  # an adapter push signs its shape too (a plan naming a manifest has none here)
         fields += (plan.adapter.rank, plan.adapter.alpha, ",".join(plan.adapter.target_modules))
     return hmac.new(key, "\n".join(map(str, fields)).encode(), "sha256").digest()
+
+
+def tensors_digest(tensors) -> str:
+    """SHA-256 (hex) of a plan's tensor list as text, one "name dtype shape" line per tensor (shape as
+    dimensions joined by "x"; "" for a scalar); "" for no tensors (a plan that names a manifest)."""
+    if not tensors:
+        return ""
+    lines = (f"{t.name} {t.dtype} {'x'.join(map(str, t.shape))}" for t in tensors)
+    return hashlib.sha256("\n".join(lines).encode()).hexdigest()
 
 
 def push_ack_mac(key: bytes, push_id: str, rank: int, weight_version: int, adapter_checksum: str = "") -> bytes:
