@@ -71,13 +71,15 @@ def replica_process(cfg, controller_address: str, ready, stop) -> None:
     from asyncrl.core.wire.auth import resolve_auth
     from asyncrl.core.wire.grpc_util import wait_for_channel
     from asyncrl.push.receiving import BroadcastReceiving
+    from asyncrl.rollout.registration_calls import RegisteredReplica
     from asyncrl.rollout.replica import ReplicaSession
     from asyncrl.services import rollout_service
     from asyncrl.v1 import controller_pb2_grpc
 
     torch.set_num_threads(1)
     engine = make_engine(cfg.rollout.engine, cfg.model.path, cfg.model.dtype, seed=0, weights=BroadcastReceiving())
-    stub = controller_pb2_grpc.ControllerStub(wait_for_channel(controller_address, 60, resolve_auth(cfg.security)))
+    stub = RegisteredReplica(controller_pb2_grpc.ControllerStub(
+        wait_for_channel(controller_address, 60, resolve_auth(cfg.security))))  # its calls prove its registration
     holder: list[ReplicaSession] = []
     server, port = rollout_service.create_server(cfg, engine, push_key=lambda: holder[0].push_key if holder else b"")
     server.start()

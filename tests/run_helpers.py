@@ -134,3 +134,10 @@ def replica_records(run_dir: Path) -> list:
     from asyncrl.core.runtime.events import read_records
 
     return [ev for path in sorted((run_dir / "events").glob("rollout-*.jsonl")) for ev in read_records(run_dir, path.stem)]
+
+
+def stopped_intact(out: str) -> bool:
+    """`up`'s output of a run stopped before its last step with nothing broken: the audit says INCOMPLETE, why
+    (the step it ended at), and that nothing was lost."""
+    return ("[up] audit INCOMPLETE" in out and "[up]   why: the run ended at step" in out and " 0 lost" in out
+            and "failed:" not in out)

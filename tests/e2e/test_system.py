@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from asyncrl.core.runtime.events import read_events
-from tests.run_helpers import wait_for
+from tests.run_helpers import stopped_intact, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -135,7 +135,7 @@ def test_demo_with_vllm_rollout_trains_through_inflight_updates(tmp_path):
 def test_a_replica_killed_mid_run_rejoins_with_current_weights(tmp_path):
     """SIGKILL one of the two replicas mid-run: the other keeps the learner fed, `up` restarts the dead one
     under its id, it re-registers with the initial weights, a push brings it to the current version before it
-    gets a lease again, it writes groups again, and the run (then stopped with SIGTERM) audits clean. The run
+    gets a lease again, it writes groups again, and the run (then stopped with SIGTERM) loses nothing. The run
     is long enough for any restart time: it is stopped once the replica is back, not when its steps run out."""
     run_dir = tmp_path / "run"
     argv = [sys.executable, "-m", "asyncrl", "up", "--config", str(DEMO_CONFIG), "--set", f"run_dir={run_dir}",
@@ -160,7 +160,7 @@ def test_a_replica_killed_mid_run_rejoins_with_current_weights(tmp_path):
         proc.kill()
     assert proc.returncode == 130, out[-4000:]
     assert "[up] rollout-1 exited with -9; restarting it (1/3)" in out
-    assert "[up] audit OK" in out and " 0 lost" in out and " 0 twice" in out, out[-3000:]
+    assert stopped_intact(out) and " 0 twice" in out, out[-3000:]
 
     controller = read_events(run_dir, "controller")
     rejoin = next(e for e in controller if e["kind"] == "replica_registered" and e["replica_id"] == "replica-1"

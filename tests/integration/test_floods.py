@@ -63,6 +63,22 @@ def memory_mb(pid: int, field: str) -> int:
     return int(re.search(rf"^{field}:\s+(\d+) kB", text, re.MULTILINE).group(1)) // 1024
 
 
+def settled(pid: int) -> None:
+    """Until the server's start-up has stopped growing its memory: the controller imports torch on a thread
+    of its own after it listens (about 75 MB, `push.fanout.preload_store_client`), so once torch is mapped
+    (when the process loads it at all), four readings half a second apart within 1 MB."""
+    maps = Path(f"/proc/{pid}/maps")
+    loads_torch = "controller" in Path(f"/proc/{pid}/cmdline").read_text()
+    wait_for(lambda: not loads_torch or "libtorch_python" in maps.read_text(), 60, "torch to be loaded")
+    readings = [memory_mb(pid, "VmRSS")]
+
+    def steady() -> bool:
+        readings.append(memory_mb(pid, "VmRSS"))
+        return max(readings[-4:]) - min(readings[-4:]) <= 1 and len(readings) >= 4
+
+    wait_for(steady, 30, "the server's memory to settle", poll_s=0.5)
+
+
 def flood(port: int, method: str, metadata) -> list[grpc.StatusCode]:
     payload, codes = b"x" * FLOOD_BYTES, []
 
@@ -91,7 +107,7 @@ def flood(port: int, method: str, metadata) -> list[grpc.StatusCode]:
 def test_a_flood_of_large_requests_is_refused_before_it_is_read(tmp_path, server, method, token, refused):
     proc, port = server(tmp_path)
     try:
-        wait_for(lambda: memory_mb(proc.pid, "VmRSS") > 0, 10, "the server's memory figures")
+        settled(proc.pid)
         Path(f"/proc/{proc.pid}/clear_refs").write_text("5")  # the peak (VmHWM) starts again from now
         before = memory_mb(proc.pid, "VmRSS")
         metadata = [("authorization", "Bearer " + token)] if token else None
