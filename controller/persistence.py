@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 
 from asyncrl.controller.leases import Lease
 from asyncrl.controller.registry import Replica
+from asyncrl.core.buffer.lease_writes import LeaseWriteCounts
 from asyncrl.core.checks.config_error import ConfigError
 from asyncrl.core.config.controller import ControllerConfig
 from asyncrl.core.config.schema import BufferConfig
@@ -280,3 +281,11 @@ def make_store(cfg: ControllerConfig, buffer: BufferConfig) -> ControllerStore:
 
         return RedisStore(redis_client(buffer), cfg.state_key)
     raise ValueError(f"controller.state_store: unknown store {kind!r} (expected 'redis' or 'none')")
+
+
+def lease_write_counts(buffer: BufferConfig, store: ControllerStore) -> LeaseWriteCounts | None:
+    """The counter of what reached the Redis buffer under each lease, read over the controller's own Redis
+    connection (its state store's); None without one (`controller.state_store: none`) or for another buffer."""
+    if buffer.type != "redis" or not isinstance(store, RedisStore):
+        return None
+    return LeaseWriteCounts(store.client, buffer.stream)

@@ -105,6 +105,13 @@ def status_of(err: Exception) -> tuple[grpc.StatusCode, str]:
     return grpc.StatusCode.FAILED_PRECONDITION, str(err)
 
 
+def check_replica_call(state, request) -> None:
+    """A replica's call that moves the run is its registration's own (`replica_proof`; `state` a
+    `ControllerState`)."""
+    require(len(request.replica_proof) <= 64, "replica_proof", f"at most 64 bytes, got {len(request.replica_proof)}")
+    state.check_replica(request.replica_id, request.replica_proof)
+
+
 def answer(context: grpc.ServicerContext, run):
     """Run one RPC body (on a worker thread); controller and validation errors become status codes naming
     the field."""

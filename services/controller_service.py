@@ -22,10 +22,9 @@ import logging
 import grpc
 
 from asyncrl.controller.held_request import await_lease_ends, hold
-from asyncrl.controller.persistence import RedisStore, make_store
+from asyncrl.controller.persistence import lease_write_counts, make_store
 from asyncrl.controller.state import ControllerState
 from asyncrl.controller.status_page import StatusPage
-from asyncrl.core.buffer.lease_writes import LeaseWriteCounts
 from asyncrl.core.checks.validation import (
     MAX_COUNT,
     MAX_REWARD,
@@ -53,6 +52,7 @@ from asyncrl.services.controller_messages import (
     MAX_ERROR,
     answer,
     begin_response,
+    check_replica_call,
     learner_figures,
     receiver_acks,
     status_message,
@@ -120,7 +120,7 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
                 for i, lease_id in enumerate(held):
                     check_name(lease_id, f"held_leases.lease_ids[{i}]")
             check_digest(request.adapter_checksum, "adapter_checksum", optional=True)
-            self._check_replica(request)
+            check_replica_call(self.state, request)
             pulse = self.state.heartbeat(request.replica_id, request.weight_version, held, request.adapter_checksum)
             return controller_pb2.HeartbeatResponse(
                 current_version=pulse.current_version, needs_sync=pulse.needs_sync,
@@ -148,7 +148,7 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
             check_name(request.replica_id, "replica_id")
             check_name(request.lease_id, "lease_id")
             check_range(request.num_written, 0, self.state.batch_size, "num_written")
-            self._check_replica(request)
+            check_replica_call(self.state, request)
             self.state.admission.complete(request.replica_id, request.lease_id, request.num_written)
             return controller_pb2.CompleteLeaseResponse()
 
@@ -177,12 +177,7 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
         check_name(request.replica_id, "replica_id")
         check_range(request.num_trajectories, 1, self.state.batch_size, "num_trajectories")
         check_range(request.wait_s, 0.0, MAX_TIMEOUT_S, "wait_s")
-        self._check_replica(request)
-
-    def _check_replica(self, request) -> None:
-        """A replica's call that moves the run is its registration's own (`replica_proof`)."""
-        require(len(request.replica_proof) <= 64, "replica_proof", f"at most 64 bytes, got {len(request.replica_proof)}")
-        self.state.check_replica(request.replica_id, request.replica_proof)
+        check_replica_call(self.state, request)
 
     async def _held(self, context, wait_s: float, check, look):
         """Answer a lease request with `look(started, final, first)`'s first answer, held without a thread
@@ -206,7 +201,7 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
                 check_range(c.num_written, 0, self.state.batch_size, f"completions[{i}].num_written")
                 if c.HasField("reward_mean"):
                     check_range(c.reward_mean, -MAX_REWARD, MAX_REWARD, f"completions[{i}].reward_mean")
-            self._check_replica(request)
+            check_replica_call(self.state, request)
             errors = self.state.admission.complete_many(request.replica_id, [
                 (c.lease_id, c.num_written, c.reward_mean if c.HasField("reward_mean") else None)
                 for c in request.completions])
@@ -349,7 +344,7 @@ def create_server(
         probe=functools.partial(grpc_liveness_answer, auth=auth) if check_replicas else None,
         learner_probe=functools.partial(grpc_learner_liveness_answer, auth=auth),
         learner_secret=resolve_learner_secret(config.security),
-        lease_writes=_lease_writes(config, store) if check_replicas else None,
+        lease_writes=lease_write_counts(config.buffer, store) if check_replicas else None,
         gone=address_refuses if check_replicas else None,
         store=store, run_id=str(run_dir),
     )
@@ -401,11 +396,3 @@ def serve(config: AsyncRLConfig) -> None:
     wait_until_stopped(server, on_stop=lambda: (server.release_held(), page.stop()))
     state.close()
     server.replica_channels.close()
-
-
-def _lease_writes(config: AsyncRLConfig, store) -> LeaseWriteCounts | None:
-    """The counter of what reached the Redis buffer under each lease, read over the controller's own Redis
-    connection (its state store's); None without one (`controller.state_store: none`) or for another buffer."""
-    if config.buffer.type != "redis" or not isinstance(store, RedisStore):
-        return None
-    return LeaseWriteCounts(store.client, config.buffer.stream)
