@@ -90,7 +90,7 @@ def test_compose_file_follows_the_compose_spec_and_its_commands_are_valid():
     # Redis's users are exactly what asyncrl.core.buffer.redis_users allows each role, under the config's keys.
     config = load_config(DEPLOY / "config.yaml", [])
     hashed = "#${{ASYNCRL_REDIS_{}_SHA256:?run deploy/make-compose-env.sh}}"
-    assert redis_users(redis, hashed) == expected_redis_users(hashed, config)
+    assert redis_users(redis) == expected_redis_users(hashed, config)
     assert services["redis"]["healthcheck"]["test"][0] == "CMD-SHELL"
     # A container holds what its job writes: the models are written by make-model alone, the runs volume (the
     # checkpoints a resumed learner loads) is the learner's alone; every service appends its event log.
@@ -110,7 +110,7 @@ def test_compose_file_follows_the_compose_spec_and_its_commands_are_valid():
     assert "${GRAFANA_ADMIN_PASSWORD:?" in services["grafana"]["environment"]["GF_SECURITY_ADMIN_PASSWORD"]
 
 
-def redis_users(args: list[str], hashed: str) -> dict[str, tuple[str, str]]:
+def redis_users(args: list[str]) -> dict[str, tuple[str, str]]:
     """The `--user NAME reset on PASSWORD RULES...` groups of redis-server's arguments: name -> (password, rules)."""
     starts = [i for i, word in enumerate(args) if word == "--user"]
     defined = {}
@@ -237,7 +237,7 @@ def test_overlay_renders_valid_hardened_resources(tmp_path, overlay):
     config_file.write_text(config_map["data"]["config.yaml"])
     redis_args = by_kind["StatefulSet"][0]["spec"]["template"]["spec"]["containers"][0]["args"]
     hashed = "#$(ASYNCRL_REDIS_{}_SHA256)"
-    assert redis_users(redis_args, hashed) == expected_redis_users(hashed, load_config(config_file, []))
+    assert redis_users(redis_args) == expected_redis_users(hashed, load_config(config_file, []))
 
     for name, pod in _pods(docs).items():
         assert pod["securityContext"]["runAsNonRoot"] is True and pod["automountServiceAccountToken"] is False
