@@ -353,6 +353,8 @@ class FaultySession(Session):
             self.env.released.wait(30)
         if kind == "raises":
             raise RuntimeError("boom")
+        if kind == "gives_up":  # the environment's own client timed out before the runner's limit
+            raise TimeoutError
         if kind == "garbage":
             return {"observation": "not a StepResult"}
         if kind == "nan":
@@ -362,7 +364,7 @@ class FaultySession(Session):
 
 @pytest.mark.parametrize("kind, reason", [
     ("start_raises", ENVIRONMENT_ERROR), ("raises", ENVIRONMENT_ERROR), ("garbage", ENVIRONMENT_ERROR),
-    ("nan", ENVIRONMENT_ERROR), ("hang", TIMEOUT), ("forever", MAX_TURNS),
+    ("nan", ENVIRONMENT_ERROR), ("hang", TIMEOUT), ("gives_up", TIMEOUT), ("forever", MAX_TURNS),
 ])
 def test_an_environment_that_fails_ends_its_episode_with_the_reason(kind, reason):
     chars = ModelTokenizer.chat_chars()

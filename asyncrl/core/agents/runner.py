@@ -3,8 +3,9 @@ ready in one call, while the others wait on their environment calls, which run o
 
 All of an episode's state changes on the caller's thread (`poll`); the workers only run the environment's
 `start` and `step` and hand the answer back through a queue. A call past `step_timeout_s` ends its episode
-(`timeout`) and its answer, if it ever comes, is ignored; a call that raises or answers garbage ends it
-(`environment_error`, logged once per distinct error). A call that never returns keeps its thread: once every
+(`timeout`) and its answer, if it ever comes, is ignored; so does a call whose environment gave up waiting itself
+(it raised `TimeoutError`), whichever of the two comes first. A call that raises anything else or answers garbage
+ends it (`environment_error`, logged once per distinct error). A call that never returns keeps its thread: once every
 worker is kept so, `EnvironmentWorkersHung` is raised (the rollout replica exits and is restarted).
 """
 
@@ -231,6 +232,8 @@ class EpisodeRunner:
         self.hooks.environment_call(elapsed)
         try:
             then(episode, future.result())
+        except TimeoutError:  # the environment's own time limit (a client's message time-out) ran out first
+            self._end(episode, TIMEOUT)
         except Exception as err:  # noqa: BLE001 - the environment's failure ends its episode, never the run
             key = f"{type(err).__name__}: {err}"
             if _ERRORS.first(key):
