@@ -31,6 +31,7 @@ from asyncrl.learner.adapters import adapters_disabled
 from asyncrl.learner.algos import build_advantages, objective_units, policy_objective
 from asyncrl.learner.algos.diagnostics import to_floats
 from asyncrl.learner.batch import TrainBatch, staleness_stats, trained_width
+from asyncrl.learner.gradient_rows import gradient_rows, split_logprobs, splits_rows
 from asyncrl.learner.half_precision import HalfForwards, LossScale
 from asyncrl.learner.routing_replay import RoutingReplay
 from asyncrl.learner.sharding import SINGLE, Ranks
@@ -86,6 +87,8 @@ class Trainer:
         """One mini-batch trained whole, no routing replay, no DASH filter: the proximal policy is the policy
         before this step's only update, so the training forward's detached log-probs *are* logp_prox and the
         separate no-grad forward of the batch is skipped."""
+        self.splits_rows = self.fuses_proximal and splits_rows(self.algo)
+        """The fused forward runs the rows that carry no gradient without one (`learner.gradient_rows`)."""
 
     def _why_not_shared(self, model: torch.nn.Module, ranks: Ranks) -> str | None:
         """Why the policy's forwards cannot share prompts (None: they can); logged when asked for."""
@@ -193,8 +196,12 @@ class Trainer:
             batch = batch.to(device)
         routing_metrics: dict = {}
         logp_fused = None
+        gradient_free = 0
         if self.fuses_proximal:
-            logp_fused = self._logprobs(batch)  # with grad; trained on below as the one mini-batch
+            rows = gradient_rows(batch, self.algo) if self.splits_rows else []
+            gradient_free = len(batch) - len(rows) if 0 < len(rows) < len(batch) else 0
+            # With grad (where a row carries one); trained on below as the one mini-batch.
+            logp_fused = split_logprobs(batch, rows, self._logprobs) if gradient_free else self._logprobs(batch)
             logp_prox = logp_fused.detach()
         elif self.algo.needs_prox_forward:
             with torch.no_grad(), self._without_dropout():
@@ -264,6 +271,7 @@ class Trainer:
                 "batch/sequences": len(batch),
                 "batch/response_tokens": int(lengths.sum().item()),
                 "batch/trained_sequences": int(adv.keep.sum().item()),
+                "batch/gradient_free_sequences": gradient_free,
                 "time/prox_s": t_prox,
                 "time/step_s": time.perf_counter() - t0,
             }

@@ -154,6 +154,47 @@ def test_the_proximal_forward_is_fused_only_where_it_is_exact(tiny_model_dir):
     assert not fuses(algo={"preset": "bypass_ppo_clip"})  # no proximal forward to save
 
 
+@pytest.mark.parametrize("reward", [0.0, 1.0])
+def test_rows_without_gradient_forward_without_it_and_the_step_is_the_same(tiny_model_dir, reward):
+    """A group whose rewards are all equal has zero advantage: the fused forward runs it without gradient, and
+    the step's weights and every metric are those of one forward of the whole batch with gradient."""
+    b = batch(groups=3)
+    b.rewards[4:8] = reward  # the second group: every sample right, or every one wrong
+    cfg = LearnerConfig.model_validate({"lr": 1e-3, "minibatches": 1, "algo": ALGOS["decoupled_ppo"]})
+    results = []
+    for split in (True, False):
+        model = load_causal_lm(tiny_model_dir.policy)
+        trainer = Trainer(model, cfg, SamplingParams.from_config(SamplingConfig()), pad_id=0)
+        assert trainer.splits_rows
+        trainer.splits_rows = split
+        grads, update = [], trainer.optimizer.step
+        trainer.optimizer.step = lambda: grads.extend(p.grad.clone() for p in model.parameters()) or update()
+        metrics = trainer.step(b, version=3)
+        results.append((metrics, grads))
+    (split_metrics, split_grads), (plain_metrics, plain_grads) = results
+    assert (split_metrics["batch/gradient_free_sequences"], plain_metrics["batch/gradient_free_sequences"]) == (4, 0)
+    for key, value in plain_metrics.items():
+        if not key.startswith(("time/", "batch/gradient_free")) and isinstance(value, float):
+            assert split_metrics[key] == pytest.approx(value, rel=1e-4, abs=1e-6), key
+    # The gradients, not the weights: AdamW's first update divides by |g|, so rounding in a tiny gradient
+    # moves its weight by up to lr.
+    assert split_grads and all(torch.allclose(a, b, rtol=1e-4, atol=1e-8) for a, b in zip(split_grads, plain_grads))
+
+
+def test_rows_are_split_only_where_a_rows_gradient_is_known_from_its_advantage(tiny_model_dir):
+    model = load_causal_lm(tiny_model_dir.policy)
+    sampling = SamplingParams.from_config(SamplingConfig())
+
+    def splits(name: str, **fields) -> bool:
+        cfg = LearnerConfig.model_validate({"minibatches": 1, "algo": ALGOS[name], **fields})
+        return Trainer(model, cfg, sampling, pad_id=0).splits_rows
+
+    assert splits("decoupled_ppo") and splits("gspo")
+    for name in ("kl_loss", "kl_reward", "opd_loss", "opd_advantage"):  # a term beside the advantage's
+        assert not splits(name), name
+    assert not splits("decoupled_ppo", minibatches=2)  # no fused forward to split
+
+
 def two_prompt_batch() -> TrainBatch:
     """`batch()` with the second group's prompt longer and different: prompts of two lengths (left padding)."""
     b = batch()

@@ -1,0 +1,47 @@
+"""Rows that carry no gradient: forwarded once without one.
+
+Under group-normalised advantages a group whose rewards are all equal has advantage 0 on every token, and
+with no KL-in-loss or distillation term its loss terms are 0 whatever the policy: the backward through them
+computes zeros. The fused proximal forward (`Trainer.fuses_proximal`) then runs with gradient on the rows
+that carry one and without it on the rest, and puts the two back in batch order, so the objective, its
+denominator and every metric see the whole batch as before; only the backward's work shrinks. On the
+real-model example a third of the groups are such (the prompts the policy always or never solves).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+
+from asyncrl.learner.algos import build_advantages
+from asyncrl.learner.batch import TrainBatch
+
+
+def splits_rows(algo) -> bool:
+    """Whether a row's gradient is known from its advantages before the forward: the advantages need no
+    log-probs (no OPD, no KL in the reward) and the loss has no term beside the advantage-weighted one (no KL
+    in the loss, no distillation loss)."""
+    return not algo.opd.enabled and algo.kl.mode == "none"
+
+
+def gradient_rows(batch: TrainBatch, algo) -> list[int]:
+    """The rows whose advantage is non-zero on some response token (those DASH drops carry none either)."""
+    adv = build_advantages(batch.rewards, batch.group_index, batch.response_mask, algo, finished=batch.finished,
+                           process_rewards=batch.process_rewards, process_mask=batch.process_mask)
+    carries = ((adv.advantages != 0) & batch.response_mask.bool()).any(dim=1)
+    return carries.nonzero().flatten().tolist()
+
+
+def split_logprobs(batch: TrainBatch, rows: list[int], logprobs: Callable[[TrainBatch], torch.Tensor]) -> torch.Tensor:
+    """[N, T] log-probs of `batch` (T its response width): `rows` forwarded with gradient, the others without,
+    in batch order. Positions past a row's own response are 0."""
+    n, width = batch.response_mask.shape
+    rest = sorted(set(range(n)) - set(rows))
+    parts = [logprobs(batch.rows(rows))]
+    with torch.no_grad():
+        parts.append(logprobs(batch.rows(rest)))
+    padded = torch.cat([F.pad(p.float(), (0, width - p.shape[1])) for p in parts])
+    order = torch.tensor(rows + rest, device=padded.device)
+    return padded[torch.argsort(order)]
