@@ -103,9 +103,10 @@ def best_seconds(work, repeats: int, warmup: int = 1) -> float:
     return best
 
 
-def best_gflops(m: int, k: int, n: int, repeats: int = 5) -> float:
-    """Best GFLOP/s of a float32 [m, k] x [k, n] product over `repeats` runs (after one warm-up)."""
-    a, b = torch.randn(m, k), torch.randn(k, n)
+def best_gflops(m: int, k: int, n: int, repeats: int = 5, dtype: torch.dtype = torch.float32) -> float:
+    """Best GFLOP/s of a `dtype` (float32 unless named) [m, k] x [k, n] product over `repeats` runs (after one
+    warm-up)."""
+    a, b = torch.randn(m, k, dtype=dtype), torch.randn(k, n, dtype=dtype)
     return 2 * m * k * n / best_seconds(lambda: torch.mm(a, b), repeats) / 1e9
 
 

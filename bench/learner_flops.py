@@ -7,9 +7,9 @@ trains as the learner trains it (`learner.trainer.Trainer`, decoupled PPO, a bat
 - the FLOPs of one step, counted by torch's `FlopCounterMode` over a whole `Trainer.step` (every matrix
   product, attention's too, the backward and what it recomputes included): what the step asks of the machine;
 - the step's FLOP/s: those FLOPs over the median time of the steps run without the counter;
-- the machine's matmul throughput: float32 GEMMs of the step's own shapes (each projection of a layer at the
-  step's token count, forward and both backward products, and the LM head on the response tokens), best of
-  several runs each, on the same threads; their FLOP-weighted throughput is what the step could reach if it
+- the machine's matmul throughput: GEMMs of the step's own shapes in the forwards' dtype (each projection of
+  a layer at the step's token count, forward and both backward products, and the LM head on the response
+  tokens), best of several runs each, on the same threads; their FLOP-weighted throughput is what the step could reach if it
   were all matmul at those shapes. A square 2048 GEMM is reported beside it;
 - where the time goes: `torch.profiler`'s self CPU time of the step's top operators, and the share in matrix
   products;
@@ -19,8 +19,12 @@ trains as the learner trains it (`learner.trainer.Trainer`, decoupled PPO, a bat
   the fused one the learner uses, and the LM head's three products at a logit chunk of 2^24 elements (110 rows
   of this vocabulary) against 2^26 (441 rows), the chunk the learner uses.
 
+`--dtype bfloat16` runs the forwards in bfloat16 over float32 master weights, as a `model.dtype: bfloat16`
+learner does, and measures the bound in bfloat16.
+
     .venv/bin/python bench/learner_flops.py [--batch 8] [--prompt 32] [--response 96] [--steps 3] [--threads 2]
-        [--model-path DIR --tag T]   (another checkpoint, e.g. artifacts/smollm2-135m-instruct, into learner_flops-T)
+        [--dtype bfloat16] [--model-path DIR --tag T]
+    (--model-path: another checkpoint, e.g. artifacts/smollm2-135m-instruct; results into learner_flops-T)
 """
 
 from __future__ import annotations
@@ -51,12 +55,13 @@ def model_gemms(config, tokens: int, response_tokens: int) -> list[tuple[int, in
     return out
 
 
-def shaped_throughput(gemms) -> tuple[float, list[dict]]:
-    """FLOP-weighted GFLOP/s of `gemms` (total FLOPs over the total time at each one's best throughput)."""
+def shaped_throughput(gemms, dtype: torch.dtype) -> tuple[float, list[dict]]:
+    """FLOP-weighted GFLOP/s of `gemms` in `dtype` (total FLOPs over the total time at each one's best
+    throughput)."""
     total_flops = total_s = 0.0
     rows = []
     for m, k, n, count in gemms:
-        gflops = best_gflops(m, k, n)
+        gflops = best_gflops(m, k, n, dtype=dtype)
         flops = 2.0 * m * k * n * count
         total_flops += flops
         total_s += flops / (gflops * 1e9)
@@ -71,11 +76,12 @@ def adamw_update_s(params: list, fused: bool, repeats: int = 3) -> float:
     return best_seconds(optimizer.step, repeats)
 
 
-def lm_head_gflops(config, rows: int) -> dict:
+def lm_head_gflops(config, rows: int, dtype: torch.dtype) -> dict:
     """GFLOP/s of the LM head's forward and two backward products on a `rows`-row chunk."""
     h, v = config.hidden_size, config.vocab_size
-    return {"forward": round(best_gflops(rows, h, v), 1), "input_grad": round(best_gflops(rows, v, h), 1),
-            "weight_grad": round(best_gflops(v, rows, h), 1)}
+    return {"forward": round(best_gflops(rows, h, v, dtype=dtype), 1),
+            "input_grad": round(best_gflops(rows, v, h, dtype=dtype), 1),
+            "weight_grad": round(best_gflops(v, rows, h, dtype=dtype), 1)}
 
 
 def main() -> None:
@@ -86,6 +92,9 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--model-path", default="", help="a checkpoint to train instead (e.g. the real-model example's)")
+    parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
+                        help="the forwards' dtype (model.dtype): bfloat16 runs them over float32 master weights, "
+                             "as the learner does, and measures the bound in bfloat16")
     parser.add_argument("--tag", default="", help="suffix of the result files (docs/results/learner_flops-TAG.*)")
     args = parser.parse_args()
 
@@ -103,7 +112,9 @@ def main() -> None:
     model = load_causal_lm(str(model_dir))
     parameters = sum(p.numel() for p in model.parameters())
     cfg = LearnerConfig.model_validate({"lr": 1e-6, "algo": {"preset": "decoupled_token_is"}})
-    trainer = Trainer(model, cfg, SamplingParams.from_config(SamplingConfig()), pad_id=0)
+    dtype = getattr(torch, args.dtype)
+    trainer = Trainer(model, cfg, SamplingParams.from_config(SamplingConfig()), pad_id=0,
+                      half=None if dtype == torch.float32 else dtype)
     batch = train_batch(args.batch, args.prompt, args.response, model.config.vocab_size)
 
     step_s = timed_steps(trainer, batch, args.steps)
@@ -125,8 +136,8 @@ def main() -> None:
     top = [{"op": e.key, "share": round(e.self_cpu_time_total / total_us, 3)} for e in ops[:10]]
 
     tokens, response_tokens = args.batch * (args.prompt + args.response), args.batch * args.response
-    shaped, gemm_rows = shaped_throughput(model_gemms(model.config, tokens, response_tokens))
-    square = best_gflops(2048, 2048, 2048)
+    shaped, gemm_rows = shaped_throughput(model_gemms(model.config, tokens, response_tokens), dtype)
+    square = best_gflops(2048, 2048, 2048, dtype=dtype)
     achieved = flops / step / 1e9
     for p in model.parameters():  # a gradient for every weight, as after a step
         p.grad = torch.randn_like(p) * 1e-3
@@ -134,9 +145,10 @@ def main() -> None:
     adamw = {"for_loop_s": round(adamw_update_s(params, fused=False), 3),
              "fused_s": round(adamw_update_s(params, fused=True), 3)}
     chunks = {f"2^{bits} ({(1 << bits) // model.config.vocab_size} rows)":
-              lm_head_gflops(model.config, (1 << bits) // model.config.vocab_size) for bits in (24, 26)}
+              lm_head_gflops(model.config, (1 << bits) // model.config.vocab_size, dtype) for bits in (24, 26)}
     result = {
-        "model": args.model_path or "Qwen2.5-0.5B shape, random weights, float32", "parameters": parameters,
+        "model": args.model_path or "Qwen2.5-0.5B shape, random weights", "dtype": args.dtype,
+        "parameters": parameters,
         "batch": args.batch, "prompt_tokens": args.prompt, "response_tokens": args.response, "threads": args.threads,
         "step_s": round(step, 3), "step_gflop": round(flops / 1e9, 1), "step_gflops_per_s": round(achieved, 1),
         "matmul_gflops_per_s_model_shapes": round(shaped, 1), "matmul_gflops_per_s_square_2048": round(square, 1),
@@ -150,7 +162,7 @@ def main() -> None:
     }
     emit("learner_flops" + (f"-{args.tag}" if args.tag else ""), result,
          {"learner step": achieved, "matmul, model shapes": shaped, "matmul, square 2048": square}, "GFLOP/s",
-         f"{parameters / 1e6:.0f}M learner step: {100 * achieved / shaped:.0f}% of the matmul throughput at its shapes")
+         f"{parameters / 1e6:.0f}M learner step, {args.dtype}: {100 * achieved / shaped:.0f}% of the matmul throughput at its shapes")
 
 
 if __name__ == "__main__":

@@ -4,8 +4,9 @@ basic_arithmetic (examples/smollm2-arithmetic.yaml), settings matched, same sitt
 Both train the converted checkpoint on the example's training prompts in the same order (4 prompts a step,
 G = 8, 32 samples), the same reward (the answer in <answer> tags, else the last number, scored as reasoning-gym
 scores it), lr 3e-6 constant, clip 0.2, no KL, a token-mean loss, gradient clipping at 1.0, temperature 1,
-at most 24 new tokens, float32. asyncrl runs the example as a user does (one torch replica, η = 2, the
-learner evaluating every 10 steps in line). TRL (`bench/peers.py`'s virtual environment) generates with the
+at most 24 new tokens, float32 (`--dtype bfloat16`: asyncrl with `model.dtype: bfloat16`, TRL with its `bf16`
+autocast; both keep float32 master weights). asyncrl runs the example as a user does (one torch replica,
+η = 2, the learner evaluating every 10 steps in line). TRL (`bench/peers.py`'s virtual environment) generates with the
 model it trains, in one process; its policy is saved every 10 steps (the save time is taken off its clock)
 and evaluated afterwards by the same evaluation: asyncrl's torch engine, greedy, the example's 100 held-out
 prompts.
@@ -15,8 +16,9 @@ Per arm and seed: the wall seconds per learner step (median), the whole run, the
 `--target` held-out accuracy (start-up and, for asyncrl, its in-line evaluations included; the model was
 converted before, for both).
 
-    .venv/bin/python bench/peers_real.py [--seeds 1] [--steps 30] [--target 0.5]   (or: asyncrl bench peers_real)
-    results: docs/results/peers-real.json and .png
+    .venv/bin/python bench/peers_real.py [--seeds 1] [--steps 30] [--target 0.5] [--dtype bfloat16]
+    (or: asyncrl bench peers_real)
+    results: docs/results/peers-real.json and .png (bfloat16: peers-real-bfloat16.*)
 """
 
 from __future__ import annotations
@@ -47,12 +49,13 @@ def example_config(seed: int = 0):
     return load_config(REPO / "examples" / f"{EXAMPLE}.yaml", [f"seed={seed}"])
 
 
-def held_out_accuracy(model_dir: Path, config, task) -> float:
+def held_out_accuracy(model_dir: Path, config, task, dtype: str = "float32") -> float:
     from asyncrl.core.config.schema import EngineConfig
     from asyncrl.core.engines.torch_engine import TorchEngine
     from asyncrl.core.tasks.evaluate import greedy_accuracy
 
-    engine = TorchEngine(EngineConfig(threads=2, max_model_len=config.rollout.engine.max_model_len), str(model_dir))
+    engine = TorchEngine(EngineConfig(threads=2, max_model_len=config.rollout.engine.max_model_len), str(model_dir),
+                         dtype=dtype)
     try:
         return greedy_accuracy(engine, task, max_new_tokens=config.sampling.max_new_tokens)
     finally:
@@ -64,10 +67,10 @@ def time_to(curve: list[dict], target: float) -> float | None:
     return next((p["since_start_s"] for p in curve if p["accuracy"] >= target), None)
 
 
-def run_asyncrl(run_dir: Path, seed: int, steps: int) -> dict:
+def run_asyncrl(run_dir: Path, seed: int, steps: int, dtype: str) -> dict:
     t0 = time.time()
-    learner = run_demo(run_dir, [f"seed={seed}", f"learner.total_steps={steps}", f"learner.eval_every={EVAL_EVERY}"],
-                       example=EXAMPLE)
+    learner = run_demo(run_dir, [f"seed={seed}", f"learner.total_steps={steps}", f"learner.eval_every={EVAL_EVERY}",
+                                 f"model.dtype={dtype}"], example=EXAMPLE)
     exited = time.time()
     step_events = [e for e in learner if e["kind"] == "step"]
     curve = [{"step": e["step"], "accuracy": e["accuracy"], "since_start_s": e["t"] - t0,
@@ -76,7 +79,7 @@ def run_asyncrl(run_dir: Path, seed: int, steps: int) -> dict:
             "curve": curve}
 
 
-def run_trl(out: Path, seed: int, steps: int, data: Path, config, task, base_accuracy: float) -> dict:
+def run_trl(out: Path, seed: int, steps: int, data: Path, config, task, base_accuracy: float, dtype: str) -> dict:
     report, t0, exited, _ = run_peer(data, REPO / config.model.path, out, steps, seed)
     ends, saves = report["step_ends"], report["save_s"]
     # The saves every EVAL_EVERY steps are the bench's, not TRL's: their seconds come off every later time.
@@ -87,8 +90,8 @@ def run_trl(out: Path, seed: int, steps: int, data: Path, config, task, base_acc
     curve = [{"step": 0, "accuracy": base_accuracy, "since_start_s": 0.0, "samples": 0}]
     for step in range(EVAL_EVERY, steps + 1, EVAL_EVERY):
         policy = out / ("final" if step == steps else f"step-{step}")
-        curve.append({"step": step, "accuracy": held_out_accuracy(policy, config, task), "since_start_s": clock(step),
-                      "samples": SAMPLES_PER_STEP * step})
+        curve.append({"step": step, "accuracy": held_out_accuracy(policy, config, task, dtype),
+                      "since_start_s": clock(step), "samples": SAMPLES_PER_STEP * step})
     per_step = statistics.median(b - a for a, b in itertools.pairwise(ends))
     return {"per_step_s": per_step, "run_s": exited - t0 - sum(saves), "curve": curve}
 
@@ -98,6 +101,8 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=1)
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--target", type=float, default=0.5)
+    parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
+                        help="both arms' forwards (float32 master weights either way)")
     args = parser.parse_args()
     os.chdir(REPO)
     fetch_model()
@@ -107,7 +112,7 @@ def main() -> None:
     config = example_config()
     task = task_for_run(config)
     prompts = [task.train_prompt(i) for i in range(args.steps * 4)]
-    base = held_out_accuracy(REPO / config.model.path, config, task)
+    base = held_out_accuracy(REPO / config.model.path, config, task, args.dtype)
     arms: dict[str, list[dict]] = {"asyncrl eta=2": [], "TRL GRPOTrainer": []}
     # A run's plot process may still write into its folder as the folder goes: what it cannot remove stays.
     with tempfile.TemporaryDirectory(prefix="asyncrl-peers-real-", ignore_cleanup_errors=True) as tmp:
@@ -116,11 +121,13 @@ def main() -> None:
                                     "reward": "reasoning_gym", "lr": config.learner.lr,
                                     "batch_size": config.learner.batch_size, "group_size": config.sampling.group_size,
                                     "max_new_tokens": config.sampling.max_new_tokens,
-                                    "temperature": config.sampling.temperature, "save_every": EVAL_EVERY}))
+                                    "temperature": config.sampling.temperature, "save_every": EVAL_EVERY,
+                                    "bf16": args.dtype == "bfloat16"}))
         for seed in range(args.seeds):
-            arms["asyncrl eta=2"].append(run_asyncrl(Path(tmp) / f"asyncrl-{seed}", seed, args.steps))
+            arms["asyncrl eta=2"].append(run_asyncrl(Path(tmp) / f"asyncrl-{seed}", seed, args.steps, args.dtype))
             print("asyncrl", seed, {k: v for k, v in arms["asyncrl eta=2"][-1].items()}, file=sys.stderr, flush=True)
-            arms["TRL GRPOTrainer"].append(run_trl(Path(tmp) / f"trl-{seed}", seed, args.steps, data, config, task, base))
+            arms["TRL GRPOTrainer"].append(run_trl(Path(tmp) / f"trl-{seed}", seed, args.steps, data, config, task, base,
+                                                    args.dtype))
             print("TRL", seed, arms["TRL GRPOTrainer"][-1], file=sys.stderr, flush=True)
     summary = {}
     for name, runs in arms.items():
@@ -134,15 +141,18 @@ def main() -> None:
     trl_t = [t for t in trl["time_to_target_s"] if t is not None]
     result = {"model": "SmolLM2-135M-Instruct", "task": "reasoning-gym basic_arithmetic (2 terms, 1-2 digits, +)",
               "steps": args.steps, "seeds": args.seeds, "target_accuracy": args.target,
-              "base_accuracy": base, "peer": "trl==1.16.0 GRPOTrainer (CPU, 2 threads, float32)", "arms": summary,
+              "base_accuracy": base, "dtype": args.dtype,
+              "peer": f"trl==1.16.0 GRPOTrainer (CPU, 2 threads, {args.dtype})", "arms": summary,
               "per_step_speedup_vs_trl": round(trl["per_step_s"] / ours["per_step_s"], 2),
               "time_to_target_speedup_vs_trl": (round(statistics.median(trl_t) / statistics.median(ours_t), 2)
                                                 if ours_t and trl_t else None)}
-    emit("peers-real", result, {f"{name}: s per step": s["per_step_s"] for name, s in summary.items()}, "seconds",
-         f"{args.steps} steps, SmolLM2-135M-Instruct, median of {args.seeds} seeds")
+    name = "peers-real" + ("" if args.dtype == "float32" else f"-{args.dtype}")
+    emit(name, result, {f"{name}: s per step": s["per_step_s"] for name, s in summary.items()}, "seconds",
+         f"{args.steps} steps, SmolLM2-135M-Instruct, {args.dtype}, median of {args.seeds} seeds")
     draw_curves({f"{name}, seed {i}": [(p["since_start_s"], p["accuracy"]) for p in run["curve"]]
                  for name, s in summary.items() for i, run in enumerate(s["runs"])},
-                RESULTS / "peers-real-curve.png", "SmolLM2-135M-Instruct, reasoning-gym basic_arithmetic, 2 CPU cores",
+                RESULTS / f"{name}-curve.png",
+                f"SmolLM2-135M-Instruct ({args.dtype}), reasoning-gym basic_arithmetic, 2 CPU cores",
                 "seconds since the command started", target=args.target)
 
 

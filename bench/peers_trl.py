@@ -91,7 +91,7 @@ def main() -> None:
         max_completion_length=data["max_new_tokens"], temperature=data.get("temperature", 1.0), beta=0.0, epsilon=0.2, loss_type="dapo",
         max_steps=args.steps, logging_steps=10, save_strategy="no", report_to="none", use_cpu=True, seed=args.seed,
         shuffle_dataset=False, max_grad_norm=1.0, weight_decay=0.0, disable_dropout=True,
-        bf16=False,  # float32, as asyncrl trains: TRL's default autocasts to bfloat16
+        bf16=data.get("bf16", False),  # float32 unless asked: TRL's own default autocasts to bfloat16
     )  # fmt: skip
     trainer = GRPOTrainer(model=model, reward_funcs=reward, args=config, train_dataset=dataset,
                           processing_class=tokenizer, callbacks=[Clock()])
