@@ -5,7 +5,7 @@ with no KL-in-loss or distillation term its loss terms are 0 whatever the policy
 computes zeros. The fused proximal forward (`Trainer.fuses_proximal`) then runs with gradient on the rows
 that carry one and without it on the rest, and puts the two back in batch order, so the objective, its
 denominator and every metric see the whole batch as before; only the backward's work shrinks. On the
-real-model example a third of the groups are such (the prompts the policy always or never solves).
+real-model example 38-45% of the sequences are such (the prompts the policy always or never solves).
 """
 
 from __future__ import annotations
