@@ -15,7 +15,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from asyncrl.learner.algos import build_advantages
+from asyncrl.learner.algos import AdvantageResult, build_advantages
 from asyncrl.learner.batch import TrainBatch
 
 
@@ -26,12 +26,15 @@ def splits_rows(algo) -> bool:
     return not algo.opd.enabled and algo.kl.mode == "none"
 
 
-def gradient_rows(batch: TrainBatch, algo) -> list[int]:
-    """The rows whose advantage is non-zero on some response token (those DASH drops carry none either)."""
-    adv = build_advantages(batch.rewards, batch.group_index, batch.response_mask, algo, finished=batch.finished,
-                           process_rewards=batch.process_rewards, process_mask=batch.process_mask)
-    carries = ((adv.advantages != 0) & batch.response_mask.bool()).any(dim=1)
-    return carries.nonzero().flatten().tolist()
+def advantages_before_forward(batch: TrainBatch, algo) -> AdvantageResult:
+    """The step's advantages, computed before its forward: where `splits_rows(algo)`, they need no log-probs."""
+    return build_advantages(batch.rewards, batch.group_index, batch.response_mask, algo, finished=batch.finished,
+                            process_rewards=batch.process_rewards, process_mask=batch.process_mask)
+
+
+def gradient_rows(advantages: torch.Tensor, response_mask: torch.Tensor) -> list[int]:
+    """The rows whose advantage is non-zero on some response token."""
+    return ((advantages != 0) & response_mask.bool()).any(dim=1).nonzero().flatten().tolist()
 
 
 def split_logprobs(batch: TrainBatch, rows: list[int], logprobs: Callable[[TrainBatch], torch.Tensor]) -> torch.Tensor:

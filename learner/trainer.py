@@ -31,7 +31,12 @@ from asyncrl.learner.adapters import adapters_disabled
 from asyncrl.learner.algos import build_advantages, objective_units, policy_objective
 from asyncrl.learner.algos.diagnostics import to_floats
 from asyncrl.learner.batch import TrainBatch, staleness_stats, trained_width
-from asyncrl.learner.gradient_rows import gradient_rows, split_logprobs, splits_rows
+from asyncrl.learner.gradient_rows import (
+    advantages_before_forward,
+    gradient_rows,
+    split_logprobs,
+    splits_rows,
+)
 from asyncrl.learner.half_precision import HalfForwards, LossScale
 from asyncrl.learner.routing_replay import RoutingReplay
 from asyncrl.learner.sharding import SINGLE, Ranks
@@ -197,8 +202,9 @@ class Trainer:
         routing_metrics: dict = {}
         logp_fused = None
         gradient_free = 0
+        adv = advantages_before_forward(batch, self.algo) if self.splits_rows else None
         if self.fuses_proximal:
-            rows = gradient_rows(batch, self.algo) if self.splits_rows else []
+            rows = [] if adv is None else gradient_rows(adv.advantages, batch.response_mask)
             gradient_free = len(batch) - len(rows) if 0 < len(rows) < len(batch) else 0
             # With grad (where a row carries one); trained on below as the one mini-batch.
             logp_fused = split_logprobs(batch, rows, self._logprobs) if gradient_free else self._logprobs(batch)
@@ -223,10 +229,11 @@ class Trainer:
         algo = self.algo
         if algo.opd.enabled and batch.logp_teacher is None:
             algo = self.algo_without_teacher
-        adv = build_advantages(batch.rewards, batch.group_index, batch.response_mask, algo,
-                               logp_prox=logp_prox, logp_teacher=batch.logp_teacher, logp_ref=logp_ref,
-                               finished=batch.finished, process_rewards=batch.process_rewards,
-                               process_mask=batch.process_mask)
+        if adv is None:  # else computed before the forward, needing no log-probs
+            adv = build_advantages(batch.rewards, batch.group_index, batch.response_mask, algo,
+                                   logp_prox=logp_prox, logp_teacher=batch.logp_teacher, logp_ref=logp_ref,
+                                   finished=batch.finished, process_rewards=batch.process_rewards,
+                                   process_mask=batch.process_mask)
         metrics: dict[str, float] = dict(adv.metrics)
         metrics.update(to_floats(routing_metrics))
         sums: dict[str, float] = defaultdict(float)
