@@ -65,6 +65,8 @@ class Host:
 
 @dataclass
 class Lab:
+    """The hosts, their links and what runs on them; a context manager that tears it all down."""
+
     prefix: str = field(default_factory=lambda: "arl" + secrets.token_hex(2))
     """Namespace and interface names start with it (interface names are at most 15 characters)."""
     hosts: dict[str, Host] = field(default_factory=dict)
@@ -100,9 +102,9 @@ class Lab:
                     device=f"{self.prefix}h{index}", bridge_port=f"{self.prefix}b{index}")
         _sh("ip", "netns", "add", host.netns)
         self.hosts[name] = host
-        _sh("ip", "link", "add", host.device, "type", "veth", "peer", "name", host.bridge_port)
-        _sh("ip", "link", "set", host.device, "netns", host.netns)
-        _sh("ip", "link", "set", host.bridge_port, "netns", self.hub)
+        # Both ends made in their namespaces at once: nothing is ever left on the machine's own interfaces.
+        _sh("ip", "link", "add", host.device, "netns", host.netns, "type", "veth", "peer", "name", host.bridge_port,
+            "netns", self.hub)
         _sh("ip", "-n", self.hub, "link", "set", host.bridge_port, "master", "br0", "up")
         _sh("ip", "-n", host.netns, "addr", "add", f"{host.address}/24", "dev", host.device)
         _sh("ip", "-n", host.netns, "link", "set", host.device, "up")
