@@ -9,8 +9,8 @@ trains as the learner trains it (`learner.trainer.Trainer`, decoupled PPO, a bat
 - the step's FLOP/s: those FLOPs over the median time of the steps run without the counter;
 - the machine's matmul throughput: GEMMs of the step's own shapes in the forwards' dtype (each projection of
   a layer at the step's token count, forward and both backward products, and the LM head on the response
-  tokens), best of several runs each, on the same threads; their FLOP-weighted throughput is what the step could reach if it
-  were all matmul at those shapes. A square 2048 GEMM is reported beside it;
+  tokens), best of several runs each, on the same threads; their FLOP-weighted throughput is what the step
+  could reach if it were all matmul at those shapes. A square 2048 GEMM is reported beside it;
 - where the time goes: `torch.profiler`'s self CPU time of the step's top operators, and the share in matrix
   products;
 - memory: peak resident memory less the runtime before the model, per parameter (weights, gradients and
