@@ -74,19 +74,26 @@ def qwen2_half_billion_config():
                        tie_word_embeddings=True, eos_token_id=2, pad_token_id=0)
 
 
-def train_batch(batch: int, prompt: int, response: int, vocab: int):
-    """A learner batch of `batch` random sequences (`prompt` + `response` tokens, groups of 4, rewards 0/1)."""
+def train_batch(batch: int, prompt: int, response: int, vocab: int, group: int = 4, shared_prompts: bool = False,
+                rewards: list[float] | None = None):
+    """A learner batch of `batch` random sequences (`prompt` + `response` tokens) in groups of `group`, each
+    sequence with a prompt of its own or, `shared_prompts`, one per group (as a group's samples share it);
+    `rewards` per sequence (default: 0/1 alternating, every group mixed)."""
     from asyncrl.learner.batch import TrainBatch
 
     g = torch.Generator().manual_seed(0)
-    n, group = batch, 4
-    sequences = torch.randint(3, vocab, (n, prompt + response), generator=g).tolist()
-    mask = torch.ones(n, response)
+    n = batch
+    if shared_prompts:
+        prompts = [torch.randint(3, vocab, (prompt,), generator=g).tolist() for _ in range(n // group)]
+        sequences = [prompts[r // group] + torch.randint(3, vocab, (response,), generator=g).tolist() for r in range(n)]
+    else:
+        sequences = torch.randint(3, vocab, (n, prompt + response), generator=g).tolist()
     return TrainBatch(
         entry_ids=[f"{i}-0" for i in range(n // group)], group_ids=[f"g{r // group}" for r in range(n)],
         trajectory_ids=[f"t{r}" for r in range(n)], sequences=sequences, response_starts=[prompt] * n,
         logp_behav=-torch.rand(n, response, generator=g) * 3, token_versions=torch.zeros(n, response, dtype=torch.long),
-        response_mask=mask, rewards=torch.tensor([float(r % 2) for r in range(n)]),
+        response_mask=torch.ones(n, response),
+        rewards=torch.tensor(rewards if rewards is not None else [float(r % 2) for r in range(n)]),
         group_index=torch.tensor([r // group for r in range(n)]),
     )  # fmt: skip
 

@@ -17,7 +17,7 @@ import statistics
 import time
 
 import torch
-from common import emit
+from common import emit, train_batch
 
 GROUPS, GROUP_SIZE, PROMPT, RESPONSE = 4, 8, 48, 24
 
@@ -25,21 +25,9 @@ GROUPS, GROUP_SIZE, PROMPT, RESPONSE = 4, 8, 48, 24
 def example_batch(vocab: int, uniform_groups: int):
     """The example's batch shape with random tokens: groups below `uniform_groups` all rewarded 0, the others
     mixed."""
-    from asyncrl.learner.batch import TrainBatch
-
-    g = torch.Generator().manual_seed(0)
     n = GROUPS * GROUP_SIZE
-    prompts = [torch.randint(3, vocab, (PROMPT,), generator=g).tolist() for _ in range(GROUPS)]
     rewards = [0.0 if r // GROUP_SIZE < uniform_groups else float(r % 3 == 0) for r in range(n)]
-    return TrainBatch(
-        entry_ids=[f"{i}-0" for i in range(GROUPS)], group_ids=[f"g{r // GROUP_SIZE}" for r in range(n)],
-        trajectory_ids=[f"t{r}" for r in range(n)],
-        sequences=[prompts[r // GROUP_SIZE] + torch.randint(3, vocab, (RESPONSE,), generator=g).tolist()
-                   for r in range(n)],
-        response_starts=[PROMPT] * n, logp_behav=-torch.rand(n, RESPONSE, generator=g) * 3,
-        token_versions=torch.zeros(n, RESPONSE, dtype=torch.long), response_mask=torch.ones(n, RESPONSE),
-        rewards=torch.tensor(rewards), group_index=torch.tensor([r // GROUP_SIZE for r in range(n)]),
-    )  # fmt: skip
+    return train_batch(n, PROMPT, RESPONSE, vocab, group=GROUP_SIZE, shared_prompts=True, rewards=rewards)
 
 
 def main() -> None:
