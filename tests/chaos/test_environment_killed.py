@@ -23,7 +23,7 @@ from asyncrl.tools.models_ready import ensure_models
 from asyncrl.tools.processes import free_port
 from tests.run_helpers import REPO, running_up, steps_done, wait_for
 
-pytestmark = pytest.mark.chaos
+pytestmark = [pytest.mark.chaos, pytest.mark.example_model("tool-agent")]
 
 STEPS, KILL_AT, DOWN_S = 24, 8, 6.0
 AGENT_EXAMPLE = REPO / "examples" / "tool-agent.yaml"

@@ -13,7 +13,7 @@ import pytest
 from asyncrl.core.runtime.events import read_events
 from tests.e2e.test_system import REPO, asyncrl_up, no_process_left
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.example_model("tool-agent")]
 
 AGENT_CONFIG = REPO / "examples" / "tool-agent.yaml"
 

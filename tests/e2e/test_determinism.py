@@ -27,7 +27,9 @@ def _steps(run_dir: Path) -> list[dict]:
     return [ev for ev in read_events(run_dir, "learner") if ev["kind"] == "step"]
 
 
-@pytest.mark.parametrize("config, dtype", [("tiny-arith.yaml", "float32"), ("tiny-moe.yaml", "float32"),
+@pytest.mark.parametrize("config, dtype", [("tiny-arith.yaml", "float32"),
+                                           pytest.param("tiny-moe.yaml", "float32",
+                                                        marks=pytest.mark.example_model("tiny-moe")),
                                            ("tiny-arith.yaml", "float16")])
 def test_bitwise_at_eta_0_trains_exactly_on_policy(tmp_path, config, dtype):
     """float16: engines in float16, the learner's float32 master weights rounded for every forward and every

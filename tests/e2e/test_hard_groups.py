@@ -22,7 +22,9 @@ pytestmark = pytest.mark.e2e
 B, G, HARD = 64, 8, 16
 
 
-@pytest.mark.parametrize(("config", "steps"), [(DEMO_CONFIG, 30), (AGENT_CONFIG, 12)], ids=["demo", "agent"])
+@pytest.mark.parametrize(("config", "steps"), [
+    pytest.param(DEMO_CONFIG, 30, id="demo"),
+    pytest.param(AGENT_CONFIG, 12, id="agent", marks=pytest.mark.example_model("tool-agent"))])
 def test_hard_prompts_get_larger_groups_within_each_steps_budget(tmp_path, config, steps):
     run_dir = tmp_path / "run"
     summary = asyncrl_up(run_dir, f"learner.total_steps={steps}", "learner.eval_every=0",

@@ -19,7 +19,7 @@ import pytest
 
 from asyncrl.core.runtime.events import read_events
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.example_model("tiny-moe")]
 
 REPO = Path(__file__).resolve().parents[2]
 STEPS = 60

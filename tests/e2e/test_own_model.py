@@ -24,7 +24,7 @@ from asyncrl.core.runtime.events import read_events, read_records
 from asyncrl.tools.audit import surviving
 from tests.run_helpers import kill_learner_after
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.example_model("word-problems")]
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "word-problems.yaml"

@@ -38,6 +38,7 @@ def test_replicas_score_process_rewards_and_the_learner_trains_on_them(tmp_path)
     no_process_left(run_dir)
 
 
+@pytest.mark.example_model("tool-agent")
 def test_agent_turns_are_scored_after_each_tool_answer(tmp_path):
     run_dir = tmp_path / "agent"
     # The observation's rendering opens the model's next turn, where it writes the answer bare: force "".

@@ -12,14 +12,14 @@ import pytest
 from asyncrl.core.config.file import load_config
 from asyncrl.tools.models_ready import ensure_models
 from asyncrl.tools.tiny_model_stamp import tiny_models_current
+from tests.conftest import EXAMPLE_MODELS
 
 pytestmark = pytest.mark.integration
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
-# In the order the whole-system tests first need them (tests/conftest.py orders those).
-@pytest.mark.parametrize("example", ["tiny-arith", "tool-agent", "tiny-moe", "word-problems"])
+@pytest.mark.parametrize("example", EXAMPLE_MODELS)
 def test_an_example_model_builds_once_and_its_stamp_keeps_it(example, capsys):
     config = load_config(EXAMPLES / f"{example}.yaml")
     ensure_models(config)
