@@ -47,13 +47,27 @@ def replica_seed(base_seed: int, replica_id: str) -> int:
     return base_seed + zlib.crc32(replica_id.encode()) % 100_000
 
 
-def advertised_host(rollout_cfg) -> str:
-    """The host the controller (and its weight pushes) should reach this replica at."""
+def advertised_host(rollout_cfg, controller_host: str) -> str:
+    """The host the controller (and its weight pushes) should reach this replica at. Bound to every interface:
+    the address of the one this host routes the controller's traffic through (the name of the host resolves
+    to 127.0.1.1 on Debian, and a host with several networks has one address per network), else the host
+    name's address."""
     if rollout_cfg.advertise_host:
         return rollout_cfg.advertise_host
     if rollout_cfg.host in ("0.0.0.0", "::", ""):
-        return socket.gethostbyname(socket.gethostname())
+        return route_address(controller_host) or socket.gethostbyname(socket.gethostname())
     return rollout_cfg.host
+
+
+def route_address(peer_host: str) -> str | None:
+    """This host's address on the route to `peer_host` (a UDP socket's connect sends nothing); None when there
+    is no route or the name does not resolve."""
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            probe.connect((peer_host, 9))
+            return probe.getsockname()[0]
+    except OSError:
+        return None
 
 
 class ReplicaRuntime:
@@ -89,7 +103,7 @@ class ReplicaRuntime:
         """Register with the controller as `<advertised host>:port` (`in_band_pushes`: its Rollout service
         follows the groups it joins), then heartbeat and roll out until `stop`."""
         cfg = self.config
-        address = f"{advertised_host(cfg.rollout)}:{port}"
+        address = f"{advertised_host(cfg.rollout, cfg.controller.host)}:{port}"
         controller_stub = RegisteredReplica(controller_stub)  # its calls prove the registration they name
         self.session = ReplicaSession(controller_stub, address, self.engine, cfg.rollout.engine.type, self.requested_id,
                                       on_registered=self.metrics.bind, lease_deadline_s=cfg.rollout.lease_deadline_s,

@@ -5,10 +5,12 @@ heartbeats would keep that lease, and the run's quota, alive forever)."""
 
 from __future__ import annotations
 
+import socket
 import threading
 
 import pytest
 
+from asyncrl.core.config.rollout import RolloutConfig
 from asyncrl.rollout import runtime
 from asyncrl.rollout.runtime import ReplicaRuntime
 
@@ -80,3 +82,19 @@ def test_a_lease_held_past_the_deadline_ends_the_process_from_the_heartbeat_thre
     assert "the heartbeats died" in caplog.text and "past rollout.lease_deadline_s (60 s)" in caplog.text
     session.lease_deadline_s = 0  # 0 = never
     session.check_not_stuck()
+
+
+@pytest.mark.parametrize(("host", "advertise", "controller", "expected"), [
+    ("10.1.2.3", "", "127.0.0.1", "10.1.2.3"),             # bound to one address: that one
+    ("0.0.0.0", "replica-7", "127.0.0.1", "replica-7"),     # told what to register: that
+    ("0.0.0.0", "", "127.0.0.1", "127.0.0.1"),              # every interface: the one toward the controller
+], ids=["bound", "told", "routed"])
+def test_the_registered_host(host, advertise, controller, expected):
+    cfg = RolloutConfig(host=host, advertise_host=advertise or None)
+    assert runtime.advertised_host(cfg, controller) == expected
+
+
+def test_no_route_to_the_controller_falls_back_to_the_host_name(monkeypatch):
+    monkeypatch.setattr(socket, "gethostbyname", lambda name: "192.0.2.9")
+    assert runtime.route_address("no-such-host.invalid") is None
+    assert runtime.advertised_host(RolloutConfig(host="0.0.0.0"), "no-such-host.invalid") == "192.0.2.9"

@@ -93,8 +93,9 @@ class RolloutConfig(PinnedSection):
     host: str = "127.0.0.1"
     """Interface a replica binds."""
     advertise_host: str | None = None
-    """Host registered with the controller (what the controller dials). Empty: `host`, or this machine's
-    IP address when `host` is 0.0.0.0 (containers, pods)."""
+    """Host registered with the controller (what the controller dials). Empty: `host`, or, when `host` is
+    0.0.0.0 (containers, pods, hosts of their own), the address of the interface this machine routes the
+    controller's traffic through."""
     port: int = Field(0, ge=0, le=65535)
     """gRPC port (0 = any free port; the replica tells the controller which). Under `asyncrl up`, replica i
     listens on this port + i; `up` refuses to start when one of those ports is taken or is also another
