@@ -44,12 +44,13 @@ CHAIN_OPENERS = ("tests/e2e/test_vllm_engine.py", "tests/e2e/test_vllm_lora.py")
 the chain while the other worker builds the example models, so no build runs beside a build."""
 
 
-def example_rank(item) -> int:
-    """Where the model a whole-system test runs on comes in EXAMPLE_MODELS (the demo's unless it is marked
-    `example_model(name)`): the chain takes its tests in this order, so none waits for a build that a test on
-    an earlier model could have run beside."""
+def chain_rank(item) -> tuple[bool, int]:
+    """Where a whole-system test comes in the chain: by the model it runs on, in EXAMPLE_MODELS order (the
+    demo's unless it is marked `example_model(name)`), so none waits for a build that a test on an earlier
+    model could have run beside; tests marked `alone` last, when the other worker has nothing left (one that
+    came earlier waited for the build beside it to end, then left that worker idle while it ran)."""
     marker = item.get_closest_marker("example_model")
-    return EXAMPLE_MODELS.index(marker.args[0]) if marker else 0
+    return item.get_closest_marker("alone") is not None, EXAMPLE_MODELS.index(marker.args[0]) if marker else 0
 
 
 def pytest_xdist_make_scheduler(config, log):
@@ -67,15 +68,14 @@ def pytest_xdist_make_scheduler(config, log):
 
 def pytest_collection_modifyitems(config, items):
     """The whole-system unit is the suite's long pole: it goes first, to one worker from the start, opened by
-    the tests that need no example model, then the others by the model they need, in build order; the example
-    models' builds go to the other worker, then the unit and integration tests (scripts/test.sh passes
-    `--no-loadscope-reorder`, which keeps this order). Two builds side by side (torch's threads on two cores)
-    took 3.5 times as long as one."""
+    the tests that need no example model, then the others (`chain_rank`); the example models' builds go to the
+    other worker, then the unit and integration tests (scripts/test.sh passes `--no-loadscope-reorder`, which
+    keeps this order). Two builds side by side (torch's threads on two cores) took 3.5 times as long as one."""
     if os.environ.get("PYTEST_XDIST_WORKER"):
         order = (CHAIN_OPENERS, WHOLE_SYSTEM, (BUILDS_FILE,))
         items.sort(key=lambda item: (next((rank for rank, prefixes in enumerate(order)
                                            if item.nodeid.startswith(prefixes)), len(order)),
-                                     example_rank(item) if item.nodeid.startswith(WHOLE_SYSTEM) else 0))
+                                     chain_rank(item) if item.nodeid.startswith(WHOLE_SYSTEM) else (False, 0)))
 
 
 @pytest.hookimpl(wrapper=True)
