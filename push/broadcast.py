@@ -21,6 +21,7 @@ from torch.distributed import PrefixStore, TCPStore
 
 from asyncrl.core.wire.grpc_util import address_refuses
 from asyncrl.core.wire.push_contract import TRANSPORTS, TensorMeta
+from asyncrl.core.wire.routes import route_address
 from asyncrl.push.buckets import pack, plan_buckets, unpack
 from asyncrl.push.flat import FlatWeights, adjacent_run
 from asyncrl.push.plan import PushPlan
@@ -106,14 +107,13 @@ class GlooGroup(BroadcastGroup):
         # a member that died in between costs this); each broadcast carries the push's data time-out.
         opts._timeout = datetime.timedelta(seconds=plan.formation_timeout_s)
         self._broadcast_timeout = datetime.timedelta(seconds=plan.timeout_s)
-        # On one machine, bind loopback explicitly: the default device resolves the hostname, which in
-        # containers and sandboxes may point at an interface peers cannot reach.
-        device = (
-            ProcessGroupGloo.create_device(hostname="127.0.0.1")
-            if is_loopback(plan.store_host)
-            else ProcessGroupGloo.create_default_device()
-        )
-        opts._devices = [device]
+        # Each member announces the address its device binds, and the others connect to it. The default
+        # device resolves the host's name: 127.0.1.1 on Debian, or an interface peers cannot reach in
+        # containers and on hosts with several networks. So: loopback on one machine, else the address that
+        # routes to the sender's store (every member reaches the sender's host, so the sender reaches it).
+        address = "127.0.0.1" if is_loopback(plan.store_host) else route_address(plan.store_host)
+        opts._devices = [ProcessGroupGloo.create_device(hostname=address) if address
+                         else ProcessGroupGloo.create_default_device()]
         self._pg = ProcessGroupGloo(store, rank, plan.world_size, opts)
         self.device = torch.device("cpu")
 

@@ -28,6 +28,7 @@ from asyncrl.core.runtime.events import EventLog
 from asyncrl.core.tasks import task_for_run
 from asyncrl.core.wire.auth import resolve_auth
 from asyncrl.core.wire.grpc_util import channel
+from asyncrl.core.wire.routes import route_address
 from asyncrl.push.receiving import BroadcastReceiving
 from asyncrl.rollout.annotation import TeacherAnnotator
 from asyncrl.rollout.episode_worker import EpisodeWorker
@@ -58,16 +59,6 @@ def advertised_host(rollout_cfg, controller_host: str) -> str:
         return route_address(controller_host) or socket.gethostbyname(socket.gethostname())
     return rollout_cfg.host
 
-
-def route_address(peer_host: str) -> str | None:
-    """This host's address on the route to `peer_host` (a UDP socket's connect sends nothing); None when there
-    is no route or the name does not resolve."""
-    try:
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
-            probe.connect((peer_host, 9))
-            return probe.getsockname()[0]
-    except OSError:
-        return None
 
 
 class ReplicaRuntime:

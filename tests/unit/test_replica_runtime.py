@@ -11,6 +11,7 @@ import threading
 import pytest
 
 from asyncrl.core.config.rollout import RolloutConfig
+from asyncrl.core.wire.routes import route_address
 from asyncrl.rollout import runtime
 from asyncrl.rollout.runtime import ReplicaRuntime
 
@@ -96,5 +97,5 @@ def test_the_registered_host(host, advertise, controller, expected):
 
 def test_no_route_to_the_controller_falls_back_to_the_host_name(monkeypatch):
     monkeypatch.setattr(socket, "gethostbyname", lambda name: "192.0.2.9")
-    assert runtime.route_address("no-such-host.invalid") is None
+    assert route_address("no-such-host.invalid") is None
     assert runtime.advertised_host(RolloutConfig(host="0.0.0.0"), "no-such-host.invalid") == "192.0.2.9"
