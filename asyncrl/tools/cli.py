@@ -6,7 +6,6 @@ import argparse
 import json
 import logging
 import os
-import signal
 import sys
 
 from pydantic import ValidationError
@@ -25,19 +24,9 @@ def _config(args) -> AsyncRLConfig:
 
 
 def _up(args):
-    from asyncrl.tools.launcher import resume, run
+    from asyncrl.tools.launcher import resume, run, stop_on_signals
 
-    def stop(_signum, _frame):
-        # SIGTERM stops the run like Ctrl-C: children stopped in order, then the audit. Once: a second signal
-        # (a second Ctrl-C, a supervisor forwarding it again) must not cut the clean-up short; whatever does
-        # not stop within its grace period is killed anyway.
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(sig, signal.SIG_IGN)
-        raise KeyboardInterrupt
-
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, stop)
-
+    stop_on_signals()
     if args.resume:
         _exit_now(resume(args.resume, args.set))
     if not args.config:

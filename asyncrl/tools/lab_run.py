@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -125,6 +126,13 @@ class LabRun:
         summary = json.loads(path.read_text()) if path.is_file() else {}
         return {**summary, "exit_code": code}
 
+    def stop(self, timeout_s: float = 180) -> dict:
+        """End the run as Ctrl-C ends `up` (its learner's step finished, everything stopped, then the audit, which
+        says how far the run got); its summary, as `wait` returns it."""
+        if self.operator.poll() is None:
+            self.operator.send_signal(signal.SIGTERM)
+        return self.wait(timeout_s)
+
     def operator_log(self, lines: int = 40) -> str:
         path = self.run_dir / "operator.log"
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:]) if path.is_file() else ""
@@ -162,6 +170,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--addresses", required=True, help="JSON: lab host -> address")
     parser.add_argument("--set", action="append", default=[], dest="overrides")
     args = parser.parse_args(argv)
+    from asyncrl.tools.launcher import stop_on_signals
+
+    stop_on_signals()
     return operate(args.config, args.overrides, args.run_dir, json.loads(args.netns), json.loads(args.addresses))
 
 

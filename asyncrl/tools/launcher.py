@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import time
 from datetime import datetime
@@ -105,6 +106,20 @@ def vllm_cpu_binding(engine_cfg, index: int) -> dict[str, str]:
     if engine_cfg.type != "vllm" or engine_cfg.device != "cpu" or "VLLM_CPU_OMP_THREADS_BIND" in os.environ:
         return {}
     return {"VLLM_CPU_OMP_THREADS_BIND": str(index % (os.cpu_count() or 1))}
+
+
+def stop_on_signals() -> None:
+    """SIGTERM stops the run like Ctrl-C (a KeyboardInterrupt in `launch`): children stopped in order, then the
+    audit. Once: a second signal (a second Ctrl-C, a supervisor forwarding it again) must not cut the clean-up
+    short; whatever does not stop within its grace period is killed anyway."""
+
+    def stop(_signum, _frame):
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, signal.SIG_IGN)
+        raise KeyboardInterrupt
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, stop)
 
 
 def run(config: AsyncRLConfig, config_path: str | None = None) -> int:

@@ -1,30 +1,38 @@
 """The demo with every service on a host of its own (Redis, controller, teacher, learner, three replicas, and
-the operator that launches, supervises and audits them), over links that are shaped or cut mid-run. Each run
-is judged by its audit: nothing lost, nothing trained twice, nothing beyond η."""
+the operator that launches, supervises and audits them), over links that are shaped, cut or flapped mid-run.
+
+A fault scenario runs the demo for as long as it needs: a few steps, the fault for FAULT_S, the heal, then
+steps again (the run resumes within a bound), then the run is stopped as Ctrl-C stops `up`. Its audit must be
+intact: nothing lost, nothing trained twice, nothing beyond η, no one else moved the run."""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import pytest
 
-from asyncrl.core.records.controller import PushCommitted, ReplicaRegistered
+from asyncrl.core.records.controller import LeaseExpired, LeaseGranted, PushCommitted, ReplicaRegistered
 from asyncrl.core.runtime.events import read_records
-from asyncrl.tools.lab_run import replica_host, start_lab_run
+from asyncrl.tools.lab_run import LabRun, replica_host, start_lab_run
 from asyncrl.tools.netlab import Lab
 from tests.run_helpers import REPO, steps_done, wait_for
 
 DEMO = REPO / "examples" / "tiny-arith.yaml"
 REPLICAS = 3
+FAULT_S = 20.0
+RESUMED_STEPS = 20
+"""Steps the run makes after a heal before it is stopped."""
+RESUME_BOUND_S = 120.0
 
 
 def demo(steps: int, *overrides: str) -> tuple[str, ...]:
     return (f"rollout.replicas={REPLICAS}", f"learner.total_steps={steps}", "learner.eval_every=0", *overrides)
 
 
-def clean(summary: dict) -> dict:
+def intact(summary: dict) -> dict:
     audit = summary["audit"]
-    assert summary["exit_code"] == 0 and audit["ok"], summary
+    assert audit["intact"], summary
     assert audit["lost"] == [] and audit["trained_twice"] == [] and audit["trained_beyond_eta"] == [], audit
     return audit
 
@@ -35,56 +43,82 @@ def lab():
         yield lab
 
 
+def controller_records(run: LabRun, kind: type) -> list:
+    return [ev for ev in read_records(run.run_dir, "controller") if isinstance(ev, kind)]
+
+
 def test_every_service_on_its_own_host_trains_and_audits_clean(lab, tmp_path):
     steps = 10
     run = start_lab_run(lab, DEMO, tmp_path / "run", demo(steps))
-    clean(run.wait(600))
-    controller = read_records(run.run_dir, "controller")
-    registered = {ev.replica_id: ev.address.rsplit(":", 1)[0] for ev in controller if isinstance(ev, ReplicaRegistered)}
+    summary = run.wait(600)
+    assert summary["exit_code"] == 0 and summary["audit"]["ok"], summary
+    registered = {ev.replica_id: ev.address.rsplit(":", 1)[0] for ev in controller_records(run, ReplicaRegistered)}
     assert sorted(registered.values()) == sorted(lab.hosts[replica_host(i)].address for i in range(REPLICAS))
-    last = [ev for ev in controller if isinstance(ev, PushCommitted)][-1]
+    last = controller_records(run, PushCommitted)[-1]
     assert (last.version, sorted(last.acked)) == (steps, sorted(registered))
 
 
+def fault_scenario(lab: Lab, tmp_path, fault: Callable[[], None], heal: Callable[[], None],
+                   after_heal: Callable[[LabRun, float], bool] = lambda run, healed: True) -> tuple[LabRun, dict]:
+    """The demo (steps enough for any machine) on its hosts: 5 steps, `fault()`, FAULT_S, `heal()`; then it
+    must make RESUMED_STEPS more steps and `after_heal(run, heal time)` must hold within RESUME_BOUND_S;
+    then it is stopped. Returns the run and its summary, audit intact."""
+    run = start_lab_run(lab, DEMO, tmp_path / "run", demo(100_000))
+    try:
+        wait_for(lambda: steps_done(run.run_dir) >= 5, 300, "5 steps", run_dir=run.run_dir)
+        fault()
+        time.sleep(FAULT_S)
+        heal()
+        healed, at_heal = time.time(), steps_done(run.run_dir)
+        wait_for(lambda: steps_done(run.run_dir) >= at_heal + RESUMED_STEPS and after_heal(run, healed),
+                 RESUME_BOUND_S, f"{RESUMED_STEPS} steps after the heal", run_dir=run.run_dir)
+    finally:
+        summary = run.stop()
+    intact(summary)
+    return run, summary
+
+
 def test_a_replica_cut_from_the_learner_is_left_out_of_pushes_and_resyncs_after_the_heal(lab, tmp_path):
-    steps, cut_at, heal_at = 16, 3, 8
-    run = start_lab_run(lab, DEMO, tmp_path / "run", demo(steps))
-    wait_for(lambda: steps_done(run.run_dir) >= cut_at, 300, f"{cut_at} steps", run_dir=run.run_dir)
-    lab.cut("learner", replica_host(2))
-    wait_for(lambda: steps_done(run.run_dir) >= heal_at, 300, f"{heal_at} steps", run_dir=run.run_dir)
-    lab.heal("learner", replica_host(2))
-    clean(run.wait(600))
-    pushes = [ev for ev in read_records(run.run_dir, "controller") if isinstance(ev, PushCommitted)]
     cut = replica_host(2)  # `up` gives replica i the id its host has
+
+    def resynced(run, healed):
+        return any(cut in ev.acked and ev.t > healed for ev in controller_records(run, PushCommitted))
+
+    run, _ = fault_scenario(lab, tmp_path, lambda: lab.cut("learner", cut), lambda: lab.heal("learner", cut),
+                            after_heal=resynced)
+    pushes = controller_records(run, PushCommitted)
     assert any(ev.mode == "new" and cut not in ev.acked for ev in pushes)  # the others went on without it
-    assert cut in pushes[-1].acked and pushes[-1].version == steps  # back on the current weights
+
+
+def test_a_replica_cut_from_the_controller_loses_its_leases_and_gets_new_ones_after_the_heal(lab, tmp_path):
+    cut = replica_host(1)
+
+    def leased_again(run, healed):
+        return any(ev.replica_id == cut and ev.t > healed for ev in controller_records(run, LeaseGranted))
+
+    run, _ = fault_scenario(lab, tmp_path, lambda: lab.cut("controller", cut), lambda: lab.heal("controller", cut),
+                            after_heal=leased_again)
+    assert any(ev.replica_id == cut for ev in controller_records(run, LeaseExpired))  # its quota came back
 
 
 @pytest.mark.parametrize(("a", "b", "how"), [
-    ("controller", replica_host(1), "drop"),   # its leases expire, their quota returns
     ("learner", "redis", "drop"),              # the learner waits for data and says so
     ("learner", "controller", "drop"),         # the learner can neither push nor be challenged
     ("redis", replica_host(0), "drop"),        # its writes wait and are retried
     ("redis", replica_host(0), "reject"),      # ... refused at once instead
     (replica_host(0), "controller", "one_way"),  # it reaches the controller, the controller not it
 ], ids=lambda v: v)
-def test_a_cut_mid_run_ends_with_a_clean_audit_after_the_heal(lab, tmp_path, a, b, how):
-    steps, cut_at, cut_s = 12, 3, 20.0
-    run = start_lab_run(lab, DEMO, tmp_path / "run", demo(steps))
-    wait_for(lambda: steps_done(run.run_dir) >= cut_at, 300, f"{cut_at} steps", run_dir=run.run_dir)
-    lab.cut(a, b, reject=how == "reject", one_way=how == "one_way")
-    time.sleep(cut_s)
-    lab.heal(a, b)
-    clean(run.wait(600))
+def test_a_cut_mid_run_heals_and_the_run_resumes_intact(lab, tmp_path, a, b, how):
+    fault_scenario(lab, tmp_path, lambda: lab.cut(a, b, reject=how == "reject", one_way=how == "one_way"),
+                   lambda: lab.heal(a, b))
 
 
-def test_a_flapping_link_ends_with_a_clean_audit(lab, tmp_path):
-    steps, flaps = 12, 5
-    run = start_lab_run(lab, DEMO, tmp_path / "run", demo(steps))
-    wait_for(lambda: steps_done(run.run_dir) >= 2, 300, "2 steps", run_dir=run.run_dir)
-    for _ in range(flaps):
-        lab.link(replica_host(1), up=False)
-        time.sleep(3)
-        lab.link(replica_host(1))
-        time.sleep(3)
-    clean(run.wait(600))
+def test_a_flapping_link_heals_and_the_run_resumes_intact(lab, tmp_path):
+    def flap():  # down and up every 2 s for FAULT_S, the fault's own time included
+        for _ in range(int(FAULT_S / 4)):
+            lab.link(replica_host(1), up=False)
+            time.sleep(2)
+            lab.link(replica_host(1))
+            time.sleep(2)
+
+    fault_scenario(lab, tmp_path, flap, lambda: None)
