@@ -78,3 +78,59 @@ def test_a_redis_restart_on_its_append_only_file_loses_nothing_and_stops_nobody(
         assert reader.ack(written) == 3 and reader.pending() == 1
     finally:
         group.stop_all()
+
+
+class ReplyEater:
+    """A TCP relay in front of Redis that can lose one reply on the way back (`eat_next`): the command reaches
+    Redis and is done there, its answer never comes, as over a link cut right after the request went out."""
+
+    def __init__(self, url: str):
+        import socket
+        import threading
+
+        host_port = url.split("//", 1)[1].split("/", 1)[0]
+        self.target = (host_port.rsplit(":", 1)[0], int(host_port.rsplit(":", 1)[1]))
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.url = f"redis://127.0.0.1:{self.listener.getsockname()[1]}/0"
+        self.eat_next = threading.Event()
+        self.eaten = 0
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self):
+        import socket
+        import threading
+
+        while True:
+            client, _ = self.listener.accept()
+            upstream = socket.create_connection(self.target)
+            threading.Thread(target=self._pump, args=(client, upstream, False), daemon=True).start()
+            threading.Thread(target=self._pump, args=(upstream, client, True), daemon=True).start()
+
+    def _pump(self, source, sink, replies: bool):
+        try:
+            while chunk := source.recv(1 << 16):
+                if replies and self.eat_next.is_set():
+                    self.eat_next.clear()
+                    self.eaten += 1
+                    continue
+                sink.sendall(chunk)
+        except OSError:
+            pass
+
+
+def test_a_read_whose_reply_was_lost_on_the_way_hands_out_its_entries_once(clean_redis):
+    """Redis delivered three entries to a read whose reply never came: they are pending under the learner's
+    consumer, and a read of new entries never returns them. The read times out, is retried, and hands them
+    out from the pending list; nothing twice, nothing left behind."""
+    writer = make_buffer(BufferConfig(type="redis", redis_url=clean_redis), consumer="writer")
+    relay = ReplyEater(clean_redis)
+    reader = make_buffer(BufferConfig(type="redis", redis_url=relay.url, socket_timeout_s=2.0, retry_s=10))
+    held = [writer.put(contract.group(0))]
+    assert [e.entry_id for e in reader.get(1, timeout_s=0)] == held  # in hand, not acknowledged yet
+    written = [writer.put(contract.group(i)) for i in (1, 2, 3)]
+    relay.eat_next.set()
+    got = reader.get(8, timeout_s=0)
+    assert relay.eaten == 1
+    assert [e.entry_id for e in got] == written  # not the one in hand a second time
+    assert reader.get(8, timeout_s=0) == []
+    assert reader.ack(held + written) == 4 and reader.pending() == 0

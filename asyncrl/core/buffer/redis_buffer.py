@@ -1,7 +1,9 @@
 """Redis Streams buffer: XADD by replicas, XREADGROUP + XACK by the learner's consumer group.
 
-Every command reconnects and retries for up to `buffer.retry_s` when Redis is unreachable (redis-py's Retry with
-exponential backoff), so a Redis restart costs a pause, not a crash. XADD is retried too: a write whose
+Every command reconnects and retries for up to `buffer.retry_s` when Redis is unreachable or silent past
+`buffer.socket_timeout_s` (redis-py's Retry with exponential backoff), so a Redis restart or a cut link costs a
+pause, not a crash. A read whose reply was lost on the way is made good: what Redis delivered to it is read
+back from this consumer's pending entries. XADD is retried too: a write whose
 reply was lost can land twice; the learner's exactly-once bookkeeping is per group id, and the audit shows
 such a duplicate as a group trained twice.
 """
@@ -35,6 +37,8 @@ class RedisBuffer(TrajectoryBuffer):
         self.stream, self.group, self.consumer = stream, group, consumer
         self.delete_after_ack = delete_after_ack
         self.dead_stream = dead_letter_stream
+        self._held: set[str] = set()
+        """Entries this reader returned and has not acknowledged or dead-lettered."""
         if not reads:  # a writer (a replica) only appends; its Redis user may do nothing else
             return
         try:
@@ -71,16 +75,32 @@ class RedisBuffer(TrajectoryBuffer):
         # ">" = never delivered (this consumer's delivered-but-unacked entries: `all_pending`). No BLOCK at
         # all for timeout_s 0 (BLOCK 0 would wait forever).
         block = max(1, int(timeout_s * 1000)) if timeout_s > 0 else None
+        failures = self._failures()
         reply = self._r.xreadgroup(self.group, self.consumer, {self.stream: ">"}, count=max_groups, block=block)
         entries = []
         for _stream, items in reply or []:
             # An entry deleted after delivery comes back without fields: nothing to train on.
             entries.extend(_entry(entry_id, fields) for entry_id, fields in items if fields)
+        if self._failures() != failures:
+            entries += self._lost_on_the_way(entries)
+        self._held.update(entry.entry_id for entry in entries)
         return entries
+
+    def _failures(self) -> int:
+        """Attempts of this client's calls that failed and were retried (`redis_connection._Retry`)."""
+        return getattr(self._r.get_retry(), "failures", 0)
+
+    def _lost_on_the_way(self, got: list[BufferEntry]) -> list[BufferEntry]:
+        """After a read that was retried: Redis may have delivered entries to the attempt whose reply never
+        came (a time-out, a cut). They are pending under this consumer, and no read of new entries returns
+        them again: until a restart (`all_pending`) nobody would train them. Those not in hand yet."""
+        known = self._held | {entry.entry_id for entry in got}
+        return [entry for entry in self._own_pending() if entry.entry_id not in known]
 
     def ack(self, entry_ids: list[str]) -> int:
         if not entry_ids:
             return 0
+        self._held.difference_update(entry_ids)
         pipe = self._r.pipeline()
         pipe.xack(self.stream, self.group, *entry_ids)
         if self.delete_after_ack:
@@ -96,6 +116,7 @@ class RedisBuffer(TrajectoryBuffer):
         pipe.xack(self.stream, self.group, entry_id)
         pipe.xdel(self.stream, entry_id)
         pipe.execute()
+        self._held.discard(entry_id)
 
     def put_dead_letter(self, payload: bytes, reason: str) -> str:
         return self._r.xadd(self.dead_stream, {b"entry_id": b"", b"reason": reason, PAYLOAD: payload}).decode()
@@ -128,6 +149,12 @@ class RedisBuffer(TrajectoryBuffer):
         return [_entry(entry_id, fields) for entry_id, fields in self._range() if fields]
 
     def all_pending(self) -> list[BufferEntry]:
+        entries = self._own_pending()
+        self._held = {entry.entry_id for entry in entries}
+        return entries
+
+    def _own_pending(self) -> list[BufferEntry]:
+        """Every entry delivered to this consumer and not acknowledged yet."""
         entries, after = [], "0"
         while True:
             reply = self._r.xreadgroup(self.group, self.consumer, {self.stream: after}, count=PAGE)

@@ -124,6 +124,10 @@ class BufferConfig(Section):
     retry_s: float = Field(30.0, ge=0)
     """How long a buffer call keeps reconnecting (exponential backoff up to 1 s) when Redis is unreachable,
     e.g. restarting, before it fails: a Redis restart on its append-only file loses nothing and stops nobody."""
+    socket_timeout_s: float = Field(5.0, ge=2.0)
+    """How long a Redis call (or a connect) waits before the connection counts as broken and the call is retried
+    on a new one, within `retry_s`: what a silent partition (packets dropped, no reset) costs a call before the
+    retries begin. At least 2 s: the learner's reads block up to 1 s for data."""
     dead_letter_stream: str = "asyncrl:dead-letters"
     """Stream key where entries that must not be trained on go, with the reason and the original bytes
     (undecodable payloads, failed validation); they are acked in the main stream."""
