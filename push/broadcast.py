@@ -45,6 +45,9 @@ class BroadcastGroup(ABC):
         """Rank 0 sends `tensor`; every other rank receives into it in place."""
         self.broadcast_async(tensor).wait()
 
+    def finish(self) -> None:
+        """Wait for whatever this rank still sends of the push it received (a relay's last bucket)."""
+
     def close(self) -> None:
         """Drop the group's connections."""
 
@@ -129,6 +132,55 @@ class GlooGroup(BroadcastGroup):
         self._pg = None
 
 
+class RelayGroup(GlooGroup):
+    """gloo, relayed along the ranks: rank r receives each bucket from r - 1 and passes it on to r + 1 while the
+    next one arrives. Every link, the learner's included, carries the weights once, where a broadcast's root
+    sends them once per receiver (or once per level of a tree): over links as thin as the learner's own, a
+    push to N replicas takes about one replica's time plus a bucket per hop. A rank that fails stops the
+    relay for the ranks after it, which time out, as a broadcast's would."""
+
+    def __init__(self, plan: PushPlan, rank: int, store: PrefixStore):
+        super().__init__(plan, rank, store)
+        self._passing_on = None
+        """The send of the last bucket this rank received to the next rank, until waited for."""
+
+    def broadcast_async(self, tensor: torch.Tensor):
+        if self.rank == 0:
+            return _TimedWork(self._pg.send([tensor], 1, 0), self._broadcast_timeout)
+        return _Relayed(self, tensor, self._pg.recv([tensor], self.rank - 1, 0))
+
+    def pass_on(self, tensor: torch.Tensor) -> None:
+        """Start sending a received bucket to the next rank, once the previous one has left (its buffer may be
+        reused from now on)."""
+        self.finish()
+        if self.rank + 1 < self.world_size:
+            self._passing_on = self._pg.send([tensor], self.rank + 1, 0)
+
+    def finish(self) -> None:
+        if self._passing_on is not None:
+            work, self._passing_on = self._passing_on, None
+            work.wait(self._broadcast_timeout)
+
+
+class _TimedWork:
+    def __init__(self, work, timeout: datetime.timedelta):
+        self._work, self._timeout = work, timeout
+
+    def wait(self):
+        self._work.wait(self._timeout)
+
+
+class _Relayed:
+    """A relayed bucket: waiting for it waits for its receipt and starts passing it on."""
+
+    def __init__(self, group: RelayGroup, tensor: torch.Tensor, receipt):
+        self._group, self._tensor, self._receipt = group, tensor, receipt
+
+    def wait(self):
+        self._receipt.wait(self._group._broadcast_timeout)
+        self._group.pass_on(self._tensor)
+
+
 class NcclGroup(BroadcastGroup):
     """GPU data plane. Needs CUDA on every rank; tensors live on `device`."""
 
@@ -175,6 +227,8 @@ def form_group(plan: PushPlan, rank: int, root: TCPStore) -> BroadcastGroup:
     prefixed = PrefixStore(plan.group_key, root)
     if plan.transport == "gloo":
         return GlooGroup(plan, rank, prefixed)
+    if plan.transport == "gloo-relay":
+        return RelayGroup(plan, rank, prefixed)
     return NcclGroup(plan, rank, prefixed)
 
 
@@ -292,3 +346,4 @@ def receive_weights(
             work.wait()
             pending = start(k + 1) if k + 1 < len(buckets) else None
             yield unpack(bucket, flat, metas)
+        group.finish()

@@ -27,26 +27,31 @@ def receiver(plans, rank, queue):
         queue.put((plan.push_id, rank, got))
 
 
-def test_two_receivers_get_identical_tensors_over_successive_pushes():
-    """Two pushes on one store (groups are per push), many small buckets then one big one."""
+@pytest.mark.parametrize(("transport", "receivers"), [("gloo", 2), ("gloo-relay", 3)])
+def test_every_receiver_gets_identical_tensors_over_successive_pushes(transport, receivers):
+    """Two pushes on one store (groups are per push), many small buckets then one big one; relayed, the middle
+    ranks pass on what they receive (rank 1 to 2, 2 to 3)."""
     store = host_store("127.0.0.1", 0, 30)
     named = weights(0)
-    plans = [PushPlan(push_id=push_id, version=1, store_address=f"127.0.0.1:{store.port}", world_size=3, transport="gloo", tensors=tensor_metas(named), bucket_bytes=bucket_bytes, timeout_s=30)
+    plans = [PushPlan(push_id=push_id, version=1, store_address=f"127.0.0.1:{store.port}",
+                      world_size=receivers + 1, transport=transport, tensors=tensor_metas(named),
+                      bucket_bytes=bucket_bytes, timeout_s=30)
              for push_id, bucket_bytes in (("push-a", 256), ("push-b", 1 << 20))]
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
-    procs = [ctx.Process(target=receiver, args=(plans, r, queue)) for r in (1, 2)]
+    procs = [ctx.Process(target=receiver, args=(plans, r, queue)) for r in range(1, receivers + 1)]
     for p in procs:
         p.start()
     for plan in plans:
         assert send_weights(make_group(plan, 0, store), named, plan) == plan.total_bytes
-    results = {(push_id, rank): got for push_id, rank, got in (queue.get(timeout=90) for _ in range(4))}
+    results = {(push_id, rank): got for push_id, rank, got in (queue.get(timeout=90)
+                                                                for _ in range(2 * receivers))}
     for p in procs:
         p.join(timeout=30)
     for (push_id, rank), got in results.items():
         for name, tensor in named:
             assert torch.equal(torch.from_numpy(got[name]), tensor), (push_id, rank, name)
-    assert len(results) == 4
+    assert len(results) == 2 * receivers
 
 
 def test_sender_refuses_a_tensor_count_mismatch():

@@ -16,7 +16,9 @@ from asyncrl.core.wire.push_contract import Transport
 
 class WeightTransportConfig(Section):
     type: Transport = "gloo"
-    """Data plane of the weight push: gloo (CPU tensors) or nccl (GPU tensors)."""
+    """Data plane of the weight push: gloo (CPU tensors, broadcast from the learner), gloo-relay (CPU tensors
+    passed on from replica to replica bucket by bucket, so the learner's link carries each push once: for
+    replicas on other hosts behind links as thin as the learner's) or nccl (GPU tensors)."""
     host: str = "127.0.0.1"
     """Address receivers use to reach the learner's rendezvous store; the controller also sends the learner's
     liveness challenges there (its status service's gRPC port: the learner's seat, docs/architecture.md)."""

@@ -5,7 +5,7 @@ a transport.
 
 - `TensorMeta`: one tensor of a push (name, shape, dtype); `match_model` holds a push's tensors against a
   model and raises ValueError naming the tensor.
-- `Transport`: the data planes (gloo on CPUs, nccl on GPUs), as the config names them.
+- `Transport`: the data planes (gloo or gloo-relay on CPUs, nccl on GPUs), as the config names them.
 - `PushOrder`: the fields of a push plan a receiver reads (`asyncrl.push.plan.PushPlan` has them).
 - `WeightSource` / `WeightStream`: how an engine receives one push's bytes.
 - `WeightUpdateStats`: what a receiver reports of one push it loaded.
@@ -25,8 +25,9 @@ if TYPE_CHECKING:
 
     from asyncrl.core.lora.spec import AdapterSpec
 
-Transport = Literal["gloo", "nccl"]
-"""Data planes of the weight push: gloo (CPU tensors) or nccl (GPU tensors)."""
+Transport = Literal["gloo", "gloo-relay", "nccl"]
+"""Data planes of the weight push: gloo (CPU tensors) broadcast from the learner, gloo-relay (CPU tensors passed
+from receiver to receiver, bucket by bucket: every link carries the weights once), or nccl (GPU tensors)."""
 TRANSPORTS: tuple[str, ...] = get_args(Transport)
 
 DTYPE_BYTES: dict[str, int] = {
