@@ -1,5 +1,5 @@
 """A replica that registers an address nothing answers at (a wrong `rollout.advertise_host`, the commonest
-deployment mistake) joins a running demo. Before, every push picked it, waited for it, failed, and after three
+deployment mistake) joins the demo as it starts. Before, every push picked it, waited for it, failed, and after three
 attempts the learner died (twice, and the run with it). Now it joins no push at all: the controller never
 reaches it at its address, so it sits out pushes for `controller.push_backoff_s` (doubling) and is told why,
 no push is aborted for it, the healthy replicas keep training, and the run completes with a clean audit and
@@ -26,7 +26,10 @@ def test_a_replica_nobody_can_reach_does_not_stop_the_run(tmp_path):
     args = demo_args(run_dir, STEPS, "learner.eval_every=0", "controller.push_backoff_s=2",
                      "learner.weight_transport.join_timeout_s=1")
     with running_up(*args) as proc:
-        wait_for(lambda: steps_done(run_dir) >= 10, 300, "10 learner steps")
+        # Started with the run, not after some steps: its start-up (torch, the model) took longer than the
+        # demo's 300 steps on a loaded machine, and the run ended before the controller had held it back.
+        wait_for(lambda: (run_dir / "config.resolved.yaml").exists() and (run_dir / "redis-password").exists(),
+                 300, "the run's config and Redis")
         # It binds loopback (127.0.0.1) but tells the controller 127.0.0.2: UpdateWeights finds nobody there.
         env = {**os.environ, "ASYNCRL_REDIS_PASSWORD": (run_dir / "redis-password").read_text().strip()}
         stray_log = (tmp_path / "stray.log").open("w")
@@ -37,6 +40,7 @@ def test_a_replica_nobody_can_reach_does_not_stop_the_run(tmp_path):
         try:
             held = lambda: [e for e in read_events(run_dir, "controller") if e["kind"] == "replica_held_back"]
             wait_for(lambda: len(held()) >= 2, 300, "the stray replica held back twice")
+            assert proc.poll() is None, "the run ended before the stray replica was held back twice"
             out, _ = proc.communicate(timeout=600)
         finally:
             stray.kill()
