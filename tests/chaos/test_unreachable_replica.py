@@ -1,9 +1,9 @@
 """A replica that registers an address nothing answers at (a wrong `rollout.advertise_host`, the commonest
-deployment mistake) joins the demo as it starts. Before, every push picked it, waited for it, failed, and after three
-attempts the learner died (twice, and the run with it). Now it joins no push at all: the controller never
-reaches it at its address, so it sits out pushes for `controller.push_backoff_s` (doubling) and is told why,
-no push is aborted for it, the healthy replicas keep training, and the run completes with a clean audit and
-no learner restart."""
+deployment mistake) joins the demo as it starts. Before, every push picked it, waited for it, failed, and
+after three attempts the learner died (twice, and the run with it). Now it joins no push at all: the
+controller never reaches it at its address, so it sits out pushes for `controller.push_backoff_s` (doubling)
+and is told why, no push is aborted for it, the healthy replicas keep training, and the run completes with a
+clean audit and no learner restart."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import sys
 import pytest
 
 from asyncrl.core.runtime.events import read_events
-from tests.run_helpers import REPO, demo_args, running_up, steps_done, wait_for
+from tests.run_helpers import REPO, demo_args, running_up, wait_for
 
 pytestmark = pytest.mark.chaos
 
