@@ -43,10 +43,13 @@ def plan_for(push_id: str, store: str, world: int, transport: str, mb: float, bu
 
 def rank_main(args) -> None:
     """One rank of `--repeats` pushes (inside its host's namespace): prints a JSON line of its times."""
+    from asyncrl.core.wire.grpc_util import address_refuses
     from asyncrl.push.broadcast import host_store, make_group, receive_weights, send_weights
 
     host, port = args.store.rsplit(":", 1)
     store = host_store(host, int(port), 600) if args.rank == 0 else None
+    while args.rank > 0 and address_refuses(args.store):  # the sender's store starts with its rank
+        time.sleep(0.1)
     named = payload(args.mb) if args.rank == 0 else None
     times = []
     for repeat in range(args.repeats):
@@ -69,7 +72,8 @@ def one_setting(lab, transport: str, replicas: int, args, port: int) -> list[flo
               "--bucket-mb", str(args.bucket_mb), "--repeats", str(args.repeats)]
     hosts = ["learner", *(f"replica-{i}" for i in range(replicas))]
     procs = [lab.run(host, [sys.executable, __file__, "--role", "rank", "--rank", str(rank), *common],
-                     stdout=subprocess.PIPE, text=True) for rank, host in enumerate(hosts)]
+                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for rank, host in enumerate(hosts)]
     outs = []
     for proc in procs:
         out, _ = proc.communicate(timeout=1200)
