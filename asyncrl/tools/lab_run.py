@@ -110,7 +110,7 @@ class LabRun:
     run_dir: Path
     operator: subprocess.Popen
     config: AsyncRLConfig
-    """The run's config as its services see it (read from the run directory once written)."""
+    """The run's config as its services see it (placed on the lab's addresses)."""
 
     def wait(self, timeout_s: float) -> dict:
         """Wait for the run to end (its learner done, everything stopped, the audit written); its summary

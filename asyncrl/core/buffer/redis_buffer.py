@@ -1,11 +1,11 @@
 """Redis Streams buffer: XADD by replicas, XREADGROUP + XACK by the learner's consumer group.
 
 Every command reconnects and retries for up to `buffer.retry_s` when Redis is unreachable or silent past
-`buffer.socket_timeout_s` (redis-py's Retry with exponential backoff), so a Redis restart or a cut link costs a
-pause, not a crash. A read whose reply was lost on the way is made good: what Redis delivered to it is read
-back from this consumer's pending entries. XADD is retried too: a write whose
-reply was lost can land twice; the learner's exactly-once bookkeeping is per group id, and the audit shows
-such a duplicate as a group trained twice.
+`buffer.socket_timeout_s` (redis-py's Retry with exponential backoff), so a Redis restart or a cut link costs
+a pause, not a crash. A read whose reply was lost on the way is made good: what Redis delivered to it is read
+back from this consumer's pending entries. XADD is retried too: a write whose reply was lost can land twice;
+the learner's exactly-once bookkeeping is per group id, and the audit shows such a duplicate as a group
+trained twice.
 """
 
 from __future__ import annotations
