@@ -11,7 +11,6 @@ nccl (GPU tensors) by the plan's `transport` field; `make_group` forms one for a
 from __future__ import annotations
 
 import datetime
-import ipaddress
 import socket
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator
@@ -93,13 +92,6 @@ def report_unreachable(plan: PushPlan, rank: int, timeout_s: float) -> None:
     mark_unreachable(push_store(connect_store(plan, timeout_s), plan), rank)
 
 
-def is_loopback(host: str) -> bool:
-    try:
-        return ipaddress.ip_address(socket.gethostbyname(host)).is_loopback
-    except (OSError, ValueError):
-        return False
-
-
 class GlooGroup(BroadcastGroup):
     def __init__(self, plan: PushPlan, rank: int, store: PrefixStore):
         super().__init__(rank, plan.world_size)
@@ -112,9 +104,9 @@ class GlooGroup(BroadcastGroup):
         self._broadcast_timeout = datetime.timedelta(seconds=plan.timeout_s)
         # Each member announces the address its device binds, and the others connect to it. The default
         # device resolves the host's name: 127.0.1.1 on Debian, or an interface peers cannot reach in
-        # containers and on hosts with several networks. So: loopback on one machine, else the address that
-        # routes to the sender's store (every member reaches the sender's host, so the sender reaches it).
-        address = "127.0.0.1" if is_loopback(plan.store_host) else route_address(plan.store_host)
+        # containers and on hosts with several networks. So: the address that routes to the sender's store
+        # (loopback on one machine; every member reaches the sender's host, so the sender reaches it).
+        address = route_address(plan.store_host)
         opts._devices = [ProcessGroupGloo.create_device(hostname=address) if address
                          else ProcessGroupGloo.create_default_device()]
         self._pg = ProcessGroupGloo(store, rank, plan.world_size, opts)
@@ -149,9 +141,10 @@ class RelayGroup(GlooGroup):
             return _TimedWork(self._pg.send([tensor], 1, 0), self._broadcast_timeout)
         return _Relayed(self, tensor, self._pg.recv([tensor], self.rank - 1, 0))
 
-    def pass_on(self, tensor: torch.Tensor) -> None:
-        """Start sending a received bucket to the next rank, once the previous one has left (its buffer may be
-        reused from now on)."""
+    def arrived(self, tensor: torch.Tensor, receipt) -> None:
+        """Wait for a bucket's `receipt`, then start sending it to the next rank, once the previous one has left
+        (its buffer may be reused from now on)."""
+        receipt.wait(self._broadcast_timeout)
         self.finish()
         if self.rank + 1 < self.world_size:
             self._passing_on = self._pg.send([tensor], self.rank + 1, 0)
@@ -177,8 +170,7 @@ class _Relayed:
         self._group, self._tensor, self._receipt = group, tensor, receipt
 
     def wait(self):
-        self._receipt.wait(self._group._broadcast_timeout)
-        self._group.pass_on(self._tensor)
+        self._group.arrived(self._tensor, self._receipt)
 
 
 class NcclGroup(BroadcastGroup):

@@ -60,7 +60,6 @@ def advertised_host(rollout_cfg, controller_host: str) -> str:
     return rollout_cfg.host
 
 
-
 class ReplicaRuntime:
     def __init__(self, config, replica_id: str = ""):
         self.config = config
