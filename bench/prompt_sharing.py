@@ -12,7 +12,7 @@ the 30M model of `bench/peers.py --size 30m`). The arms alternate inside one loo
 the model, so drift in machine load hits all alike; each reports the median of the timed steps after
 warm-up, and the positions (padding included) its training forward puts through the model.
 
-    .venv/bin/python bench/prompt_sharing.py [--repeats 30] [--warmup 5] [--threads 1]
+    .venv/bin/python bench/prompt_sharing.py [--repeats 30] [--warmup 5] [--threads 1] [--shapes demo ...]
     (or: asyncrl bench prompt_sharing)
 """
 
@@ -107,23 +107,25 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=30)
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--shapes", nargs="+", choices=list(SHAPES), default=list(SHAPES))
     args = parser.parse_args()
+    shapes = {name: SHAPES[name] for name in args.shapes}
     torch.set_num_threads(args.threads)
     results: dict = {"threads": args.threads, "repeats": args.repeats, "warmup": args.warmup,
                      "batch": {"groups": GROUPS, "group_size": G}}
     with tempfile.TemporaryDirectory() as tmp:
-        models = {name: load_causal_lm(build_random_qwen2(Path(tmp) / name, **shape))
-                  for name, shape in MODELS.items()}
-    for name, (model_name, shape) in SHAPES.items():
+        models = {name: load_causal_lm(build_random_qwen2(Path(tmp) / name, **MODELS[name]))
+                  for name in {model for model, _ in shapes.values()}}
+    for name, (model_name, shape) in shapes.items():
         model = models[model_name]
         results[name] = time_shape(model, shape, model.config.vocab_size, args.warmup, args.repeats)
         print(name, results[name], flush=True)
     emit("prompt_sharing", results,
-         {f"{name}, {arm}": results[name][f"{arm}_ms"] / results[name]["whole_ms"] for name in SHAPES for arm in ARMS},
+         {f"{name}, {arm}": results[name][f"{arm}_ms"] / results[name]["whole_ms"] for name in shapes for arm in ARMS},
          "step time, relative to every sequence whole",
          "prompts forwarded once: " + ", ".join(
              f"{name} {r['speedup_vs_whole']:.2f}x ({r['chosen_layout']}, {r['speedup_vs_kv_copy']:.2f}x KV copy)"
-             for name, r in ((n, results[n]) for n in SHAPES)))
+             for name, r in ((n, results[n]) for n in shapes)))
 
 
 if __name__ == "__main__":

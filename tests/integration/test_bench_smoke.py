@@ -26,7 +26,7 @@ CASES = {
     "buffer_throughput": (["--groups", "40", "--trials", "1"], ["ratio_total", "ratio_total_vs_raw_protobuf"]),
     "checkpoint_stall": (["--hidden", "64", "--layers", "2", "--steps", "2", "--trials", "1"], []),
     "learner_step": (["--repeats", "2", "--warmup", "1"], []),
-    "prompt_sharing": (["--repeats", "2", "--warmup", "1"], []),
+    "prompt_sharing": (["--repeats", "2", "--warmup", "1", "--shapes", "demo", "uneven"], []),
 }
 
 
