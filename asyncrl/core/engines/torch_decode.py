@@ -7,6 +7,8 @@ G samples) is prefilled once and its KV cache copied to each of its rows, as vLL
 `prompt_sharing.why_not_shared` allows). Every
 token is sampled with `asyncrl.core.model.sampling.sample_tokens`, so `logp_behav` is the processed log-prob the
 learner recomputes.
+With an adapter bank (`asyncrl.core.lora.row_adapters`) each prompt runs through the adapter of its slot, rows of
+different adapters in one batch (a prompt is prefilled once per adapter that samples it).
 With `router_hooks` (a MoE model) every forward also records the experts each input token was routed to, and
 each generation carries them for its prompt and all its response tokens but the last (never fed back).
 """
@@ -22,6 +24,7 @@ import torch
 
 from asyncrl.core.determinism.seeds import sample_seed
 from asyncrl.core.engines.base import Generation
+from asyncrl.core.lora.row_adapters import AdapterBank
 from asyncrl.core.model.modeling import distinct_prompts
 from asyncrl.core.model.prompt_sharing import left_pad, why_not_shared
 from asyncrl.core.model.routing import RoutedExperts, RouterHooks, id_dtype
@@ -64,7 +67,7 @@ class _RoutingTrace:
 
 @torch.no_grad()
 def _decode_batch(model, prompts, params, eos, pad_id, generator, step_guard, hooks,
-                  row_seeds=None) -> list[Generation]:
+                  row_seeds=None, bank: AdapterBank | None = None, row_slots=None) -> list[Generation]:
     device = eos.device
     # Seeded rows draw from generators of their own: a row's tokens then do not depend on its batch.
     row_generators = (None if row_seeds is None
@@ -72,7 +75,7 @@ def _decode_batch(model, prompts, params, eos, pad_id, generator, step_guard, ho
     # The same rule as the scoring's (`prompt_sharing.why_not_shared`): a model whose cache cannot be shared
     # that way prefills every row.
     if why_not_shared(model) is None:
-        distinct, prefill_rows = distinct_prompts(prompts)
+        distinct, prefill_rows = distinct_prompts(prompts, row_slots)
     else:
         distinct, prefill_rows = prompts, list(range(len(prompts)))
     input_ids, attention_mask, position_ids = left_pad(distinct, pad_id, device)
@@ -84,8 +87,16 @@ def _decode_batch(model, prompts, params, eos, pad_id, generator, step_guard, ho
     cache = None
     trace = _RoutingTrace(hooks) if hooks is not None else None
     steps: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]] = []
-    for _ in range(params.max_new_tokens):
-        with step_guard() as version:
+
+    def adapter_rows(prefill: bool):
+        if bank is None:
+            return contextlib.nullcontext()
+        if prefill and expand is not None:  # one row per distinct (adapter, prompt)
+            return bank.rows([row_slots[prefill_rows.index(d)] for d in range(len(distinct))])
+        return bank.rows(row_slots)
+
+    for step in range(params.max_new_tokens):
+        with step_guard() as version, adapter_rows(step == 0):
             out = (model if trace is None else partial(trace.forward, model))(
                 input_ids=input_ids,
                 attention_mask=attention_mask,
@@ -148,13 +159,16 @@ def generate_with_model(
     weight_version: int = 0,
     router_hooks: RouterHooks | None = None,
     seeds: list[int] | None = None,
+    bank: AdapterBank | None = None,
+    adapter_slots: list[int] | None = None,
 ) -> list[list[Generation]]:
     """`n` samples for each prompt (result[i][j] = sample j of prompt i), decoded in batches of at most
     `max_batch_size` sequences. Responses stop at any of `eos_ids` (included, finished=True) or after
     `params.max_new_tokens`. Tokens are tagged with the version `step_guard` yields (default:
     `weight_version`). With `router_hooks` (installed on `model`) each generation carries its routed experts.
     With `seeds` (one per prompt) sample j of prompt i draws from its own generator, seeded
-    `sample_seed(seeds[i], j)`, instead of `generator`. The model runs in eval mode and is put back in its
+    `sample_seed(seeds[i], j)`, instead of `generator`. With `bank` (installed on `model`) and `adapter_slots`
+    (one per prompt), prompt i's samples run through the adapter in slot `adapter_slots[i]`. The model runs in eval mode and is put back in its
     previous mode afterwards.
     """
     if n < 1:
@@ -170,11 +184,17 @@ def generate_with_model(
         raise ValueError("eos_ids is empty: generation could never stop early")
     if seeds is not None and len(seeds) != len(prompts):
         raise ValueError(f"{len(seeds)} seeds for {len(prompts)} prompts")
+    if (bank is None) != (adapter_slots is None):
+        raise ValueError("adapter_slots and bank come together")
+    if adapter_slots is not None and len(adapter_slots) != len(prompts):
+        raise ValueError(f"{len(adapter_slots)} adapter slots for {len(prompts)} prompts")
     guard = step_guard or (lambda: contextlib.nullcontext(weight_version))
     device = next(model.parameters()).device
     eos = torch.tensor(list(eos_ids), dtype=torch.long, device=device)
     flat = [(i, p, None if seeds is None else sample_seed(seeds[i], j))
             for i, p in enumerate(prompts) for j in range(n)]
+    if adapter_slots is not None:  # rows of one adapter together: the bank adds their update to a view
+        flat.sort(key=lambda row: adapter_slots[row[0]])
     results: list[list[Generation]] = [[] for _ in prompts]
     was_training = model.training
     if was_training:  # a full pass over the modules each way: an engine's model is in eval mode already
@@ -183,8 +203,10 @@ def generate_with_model(
         for lo in range(0, len(flat), max_batch_size):
             chunk = flat[lo : lo + max_batch_size]
             row_seeds = None if seeds is None else [seed for _, _, seed in chunk]
+            row_slots = None if adapter_slots is None else [adapter_slots[i] for i, _, _ in chunk]
             gens = _decode_batch(
-                model, [p for _, p, _ in chunk], params, eos, pad_id, generator, guard, router_hooks, row_seeds
+                model, [p for _, p, _ in chunk], params, eos, pad_id, generator, guard, router_hooks, row_seeds,
+                bank, row_slots,
             )
             for (i, _, _), gen in zip(chunk, gens):
                 results[i].append(gen)

@@ -88,11 +88,14 @@ def check_response_starts(sequences: list[list[int]], response_starts: list[int]
             )
 
 
-def distinct_prompts(prompts: list[list[int]]) -> tuple[list[list[int]], list[int]]:
-    """The distinct prompts in first-seen order, and for each row the index of its prompt among them."""
+def distinct_prompts(prompts: list[list[int]], tags: list[int] | None = None) -> tuple[list[list[int]], list[int]]:
+    """The distinct prompts in first-seen order, and for each row the index of its prompt among them. With
+    `tags` (one per row, e.g. the adapter a row runs through) two rows share a prompt only if their tags match."""
     index: dict[tuple[int, ...], int] = {}
-    rows = [index.setdefault(tuple(p), len(index)) for p in prompts]
-    return [list(p) for p in index], rows
+    keys = [tuple(p) if tags is None else (tags[i], *p) for i, p in enumerate(prompts)]
+    rows = [index.setdefault(key, len(index)) for key in keys]
+    skip = 0 if tags is None else 1
+    return [list(key[skip:]) for key in index], rows
 
 
 def padded_rows(rows: list[list[int]], pad_id: int, left: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
