@@ -7,11 +7,15 @@ the base frozen, only the adapters trained, pushed and checkpointed.
 - A push carries the adapter tensors only, under peft's saved names (`lora_parameters`).
 - A checkpoint holds the adapter in peft's format (`save_adapter`) and the merged policy as a plain Hugging
   Face checkpoint (`merged_state_dict`).
+- Several runs may share one base: each run's adapter is injected under the run's name (peft's adapter name),
+  with its own rank and targets, and `run_active` makes one run's adapter the one every forward uses (and the
+  only one with gradients) for the duration of that run's step.
 """
 
 from __future__ import annotations
 
 import contextlib
+import warnings
 from pathlib import Path
 
 import torch
@@ -23,9 +27,14 @@ from asyncrl.core.lora.merge import merged_weight
 from asyncrl.core.lora.spec import AdapterSpec, adapter_name
 
 
-def inject_adapters(model: torch.nn.Module, cfg: LoraConfig) -> AdapterSpec:
-    """Put LoRA adapters of `cfg` (`learner.lora`) into `model` in place (peft), freeze everything else; returns
-    the adapter's shape. ConfigError when a target module matches nothing or is tied to the embeddings."""
+DEFAULT_RUN = "default"
+"""The adapter name of a deployment's only run (peft's default name)."""
+
+
+def inject_adapters(model: torch.nn.Module, cfg: LoraConfig, run: str = DEFAULT_RUN) -> AdapterSpec:
+    """Put LoRA adapters of `cfg` (`learner.lora`) into `model` in place (peft) under the adapter name `run`,
+    freeze everything else; returns the adapter's shape. ConfigError when a target module matches nothing or is
+    tied to the embeddings. A second run's adapter joins the first's on the same base (`run_active` picks)."""
     from peft import LoraConfig, inject_adapter_in_model
 
     spec = AdapterSpec(cfg.rank, float(cfg.alpha), tuple(cfg.target_modules))
@@ -36,36 +45,71 @@ def inject_adapters(model: torch.nn.Module, cfg: LoraConfig) -> AdapterSpec:
             raise ConfigError(f"learner.lora.target_modules: no module of the model is named {target!r}")
         # Receivers merge and check W (out, in) + B A: a Conv1D (GPT-2's c_attn) stores its weight transposed.
         for name, module in matched.items():
+            module = getattr(module, "base_layer", module)  # another run's adapter is on it already
             if type(module) is not torch.nn.Linear:
                 raise ConfigError(f"learner.lora.target_modules: {target!r} matches {name}, a "
                                   f"{type(module).__name__}; adapters go on torch.nn.Linear modules only")
     peft_cfg = LoraConfig(r=cfg.rank, lora_alpha=cfg.alpha, lora_dropout=cfg.dropout,
                           target_modules=list(cfg.target_modules), bias="none")
+    if run in _runs(model):
+        raise ValueError(f"the model already holds an adapter named {run!r}")
     model.requires_grad_(False)
-    inject_adapter_in_model(peft_cfg, model)
-    for _, param in lora_parameters(model):
-        param.requires_grad_(True)
+    with warnings.catch_warnings():  # peft warns at a second adapter on one model: here that is the point
+        warnings.filterwarnings("ignore", message="Already found a `peft_config`")
+        inject_adapter_in_model(peft_cfg, model, adapter_name=run)
+    _activate(model, run)
     return spec
 
 
-def lora_parameters(model: torch.nn.Module) -> list[tuple[str, torch.nn.Parameter]]:
-    """The adapter's parameters under peft's saved names (`base_model.model.<module>.lora_A.weight`), in module
-    order: what a push carries and a checkpoint's adapter holds."""
+def lora_parameters(model: torch.nn.Module, run: str = DEFAULT_RUN) -> list[tuple[str, torch.nn.Parameter]]:
+    """Run `run`'s adapter parameters under peft's saved names (`base_model.model.<module>.lora_A.weight`), in
+    module order: what a push carries and a checkpoint's adapter holds."""
     out = []
     for name, param in model.named_parameters():
         for part in ("A", "B"):
-            marker = f".lora_{part}.default.weight"
+            marker = f".lora_{part}.{run}.weight"
             if name.endswith(marker):
                 out.append((adapter_name(name[: -len(marker)], part), param))
     return out
 
 
+def _lora_layers(model: torch.nn.Module) -> list:
+    from peft.tuners.lora import LoraLayer
+
+    return [m for m in model.modules() if isinstance(m, LoraLayer)]
+
+
+def _runs(model: torch.nn.Module) -> set[str]:
+    return {name for layer in _lora_layers(model) for name in layer.lora_A}
+
+
+def _activate(model: torch.nn.Module, run: str) -> None:
+    """`run`'s adapter is the one forwards use; only its parameters require gradients."""
+    for layer in _lora_layers(model):
+        layer.set_adapter(run)  # peft: the active adapter trainable, the others frozen
+    for _, param in lora_parameters(model, run):
+        param.requires_grad_(True)
+
+
+@contextlib.contextmanager
+def run_active(model: torch.nn.Module, run: str):
+    """Every forward and backward inside runs run `run`'s adapter (a module it does not target: the base), and
+    only its parameters get gradients; the run active before is active again afterwards."""
+    layers = _lora_layers(model)
+    if run not in _runs(model):
+        raise ValueError(f"the model holds no adapter named {run!r} (it holds {sorted(_runs(model))})")
+    before = layers[0].active_adapters[0]
+    _activate(model, run)
+    try:
+        yield
+    finally:
+        _activate(model, before)
+
+
 @contextlib.contextmanager
 def adapters_disabled(model: torch.nn.Module):
     """The base policy for the duration (the KL reference): every LoRA layer skips its adapter."""
-    from peft.tuners.lora import LoraLayer
-
-    layers = [m for m in model.modules() if isinstance(m, LoraLayer)]
+    layers = _lora_layers(model)
     for layer in layers:
         layer.enable_adapters(False)
     try:

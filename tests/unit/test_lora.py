@@ -251,3 +251,60 @@ def test_the_merged_export_computes_what_the_adapted_policy_computes(tiny_model_
     peft_model = PeftModel.from_pretrained(load_causal_lm(tiny_model_dir.policy), str(tmp_path / "adapter")).eval()
     with torch.no_grad():
         assert torch.allclose(peft_model(ids).logits, want, atol=1e-5)
+
+
+def test_runs_on_one_base_each_train_as_if_alone(tiny_model_dir):
+    """Two runs' adapters (other ranks, targets and learning rates) on one base, their steps interleaved: each
+    run's adapter ends bit for bit where the same run trained alone on its own copy of the base ends; the base
+    never moves; each run's optimizer holds its own adapter only."""
+    from asyncrl.learner.adapters import inject_adapters, lora_parameters, run_active
+    from asyncrl.learner.trainer import Trainer
+    from tests.unit.test_trainer import batch
+
+    runs = {"sums": (lora_cfg(), 1e-2, (1, 5, 6, 14)),
+            "words": (lora_cfg(rank=8, target_modules=["q_proj", "k_proj", "o_proj"]), 5e-3, (1, 7, 8, 9))}
+    sampling = SamplingParams.from_config(SamplingConfig())
+
+    def trainer(model, run):
+        lora, lr, _ = runs[run]
+        cfg = LearnerConfig.model_validate({"lr": lr, "lora": {"enabled": True, **vars(lora)},
+                                            "algo": {"preset": "decoupled_token_is",
+                                                     "kl": {"mode": "loss", "coef": 0.1}}})
+        with run_active(model, run):
+            return Trainer(model, cfg, sampling, pad_id=0)
+
+    shared = load_causal_lm(tiny_model_dir.policy)
+    frozen = {n: p.detach().clone() for n, p in shared.named_parameters()}
+    trainers = {}
+    for seed, run in enumerate(runs):
+        torch.manual_seed(seed)  # peft draws A at random
+        inject_adapters(shared, runs[run][0], run)
+        trainers[run] = trainer(shared, run)
+    for run, t in trainers.items():
+        assert {id(p) for g in t.optimizer.param_groups for p in g["params"]} == {
+            id(p) for _, p in lora_parameters(shared, run)}
+    for step in range(3):
+        for run, t in trainers.items():
+            with run_active(shared, run):
+                t.step(batch(prompt=runs[run][2]), version=step + 1)
+    assert all(torch.equal(p, frozen[n]) for n, p in shared.named_parameters() if n in frozen)
+
+    ids = torch.tensor([[1, 5, 6, 14, 3, 4]])
+    outputs = {}
+    for seed, run in enumerate(runs):
+        alone = load_causal_lm(tiny_model_dir.policy)
+        torch.manual_seed(seed)
+        inject_adapters(alone, runs[run][0], run)
+        t = trainer(alone, run)
+        for step in range(3):
+            t.step(batch(prompt=runs[run][2]), version=step + 1)
+        for (name, got), (_, want) in zip(lora_parameters(shared, run), lora_parameters(alone, run), strict=True):
+            assert torch.equal(got, want), (run, name)
+        with torch.no_grad(), run_active(shared, run):
+            outputs[run] = shared.eval()(ids).logits
+            assert torch.equal(outputs[run], alone.eval()(ids).logits)
+    assert not torch.allclose(outputs["sums"], outputs["words"], atol=1e-4)
+    with pytest.raises(ValueError, match="no adapter named 'x'"), run_active(shared, "x"):
+        pass
+    with pytest.raises(ValueError, match="already holds an adapter named 'sums'"):
+        inject_adapters(shared, runs["sums"][0], "sums")
