@@ -21,6 +21,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import grpc
 
+from asyncrl.core.wire.slow_calls import said_if_slow
 from asyncrl.v1 import controller_pb2
 
 log = logging.getLogger("asyncrl.learner")
@@ -56,7 +57,8 @@ class StatusReporter:
 
     def now(self, progress) -> bool:
         """Report in line; True when the controller asks for a resync push."""
-        return self._stub.LearnerHeartbeat(heartbeat_request(progress, self._total_steps), timeout=30).sync_requested
+        with said_if_slow("the controller's LearnerHeartbeat", logger=log):
+            return self._stub.LearnerHeartbeat(heartbeat_request(progress, self._total_steps), timeout=30).sync_requested
 
     def after_step(self, progress) -> None:
         """Report the step just finished in the background: at once when the last report went out at least the
@@ -115,5 +117,7 @@ class StatusReporter:
             self._observe_gauges()
         except Exception as err:  # noqa: BLE001 - a gauge must never stop the learner (Redis reconnecting, say)
             log.warning("buffer depth not read: %s: %s", type(err).__name__, err)
-        if self._stub.LearnerHeartbeat(request, timeout=30).sync_requested:
+        with said_if_slow("the controller's LearnerHeartbeat", logger=log):
+            reply = self._stub.LearnerHeartbeat(request, timeout=30)
+        if reply.sync_requested:
             self._sync_requested = True

@@ -33,6 +33,7 @@ from asyncrl.core.runtime.one_at_a_time import OneAtATime
 from asyncrl.core.wire.grpc_util import address_refuses
 from asyncrl.core.wire.ports import listening
 from asyncrl.core.wire.push_contract import tensor_metas
+from asyncrl.core.wire.slow_calls import said_if_slow
 from asyncrl.push.broadcast import host_store, push_store, send_weights
 from asyncrl.push.flat import FlatWeights, bind_parameters
 from asyncrl.push.groups import BroadcastGroups, publish_manifest
@@ -210,7 +211,8 @@ class WeightPublisher:
         if held is not None and held.plan.version == version and self.cfg.in_band:
             return held
         request = self.offer.to_proto(version=version, unused_push_id=held.plan.push_id if held is not None else "")
-        return self.stub.BeginWeightPush(request, timeout=self.cfg.timeout_s + 30)
+        with said_if_slow(f"the controller's BeginWeightPush (version {version})", logger=log):
+            return self.stub.BeginWeightPush(request, timeout=self.cfg.timeout_s + 30)
 
     def _send(self, ticket: controller_pb2.BeginWeightPushResponse, weights: FlatWeights) -> Sent:
         """Order the push (in-band: into the store), broadcast it, and collect the in-band acks."""
@@ -246,7 +248,8 @@ class WeightPublisher:
             adapter_checksum=checksum,
         )  # fmt: skip
         try:
-            return self.stub.CommitWeightPush(request, timeout=self.commit_deadline_s)
+            with said_if_slow(f"the controller's CommitWeightPush (version {ticket.plan.version})", logger=log):
+                return self.stub.CommitWeightPush(request, timeout=self.commit_deadline_s)
         except grpc.RpcError as err:
             if err.code() != grpc.StatusCode.FAILED_PRECONDITION:
                 raise

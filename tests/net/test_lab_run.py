@@ -113,8 +113,11 @@ def test_a_replica_cut_from_the_controller_loses_its_leases_and_gets_new_ones_af
     (replica_host(0), "controller", "one_way"),  # it reaches the controller, the controller not it
 ], ids=lambda v: v)
 def test_a_cut_mid_run_heals_and_the_run_resumes_intact(lab, tmp_path, a, b, how):
-    fault_scenario(lab, tmp_path, lambda: lab.cut(a, b, reject=how == "reject", one_way=how == "one_way"),
-                   lambda: lab.heal(a, b))
+    run, _ = fault_scenario(lab, tmp_path, lambda: lab.cut(a, b, reject=how == "reject", one_way=how == "one_way"),
+                            lambda: lab.heal(a, b))
+    if (a, b) == ("learner", "controller"):  # it waited, and said so, naming the call
+        learner_log = (run.run_dir / "logs" / "learner.log").read_text()
+        assert "the controller's" in learner_log and "no answer for 5 s, still waiting" in learner_log
 
 
 def test_a_flapping_link_heals_and_the_run_resumes_intact(lab, tmp_path):
