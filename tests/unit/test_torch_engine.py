@@ -283,7 +283,7 @@ def test_a_prompt_sampled_n_times_is_prefilled_once_and_decodes_as_if_it_were_no
                                                       generator=torch.Generator().manual_seed(11)))
 
     shared, shared_widths = run(), list(widths)
-    monkeypatch.setattr(torch_decode, "distinct_prompts", lambda prompts: (prompts, list(range(len(prompts)))))
+    monkeypatch.setattr(torch_decode, "distinct_prompts", lambda prompts, tags=None: (prompts, list(range(len(prompts)))))
     separate, separate_widths = run(), list(widths)
     monkeypatch.undo()
     monkeypatch.setattr(model, "forward", counting)
