@@ -102,8 +102,8 @@ class FleetCollector(Collector):
                                     labels=["replica"])
         leases = GaugeMetricFamily(PREFIX + "replica_active_leases", "Leases the replica holds.", labels=["replica"])
         adapter = GaugeMetricFamily(PREFIX + "replica_adapter_verified",
-                                    "LoRA runs: 1 when the adapter the replica reports serving is the one the learner "
-                                    "pushed for its version, 0 when not.", labels=["replica"])
+                                    "1 when the weights (adapter or full) the replica reports serving are the ones "
+                                    "the learner pushed for its version, 0 when not.", labels=["replica"])
         for replica in snap["replicas"]:
             if replica["alive"]:
                 lag.add_metric([replica["replica_id"]], current - replica["weight_version"])

@@ -45,12 +45,13 @@ def make_app(state: ControllerState) -> FastAPI:
 
 
 def _adapter(replica: dict) -> str:
-    """An adapter-serving replica's version cell: the checksum it reports, and whether it is the one pushed."""
+    """A replica's version cell: the checksum of the weights it reports serving, and whether it is the one
+    pushed."""
     served = replica.get("adapter_checksum", "")
     if not served:
         return ""
-    verdict = "verified" if replica.get("adapter_verified") else "NOT the pushed adapter"
-    return f" <small>adapter {html.escape(served[:12])} ({verdict})</small>"
+    verdict = "verified" if replica.get("adapter_verified") else "NOT the pushed weights"
+    return f" <small>checksum {html.escape(served[:12])} ({verdict})</small>"
 
 
 def render_html(snap: dict) -> str:

@@ -9,8 +9,9 @@ from asyncrl.controller.results import LearnerReport
 def replica_view(replica: Replica, now: float, current: int, active_leases: int, pushed_adapter: str = "") -> dict:
     """`held_back_s`: how much longer it sits out pushes after failing some, or failing to answer at its
     address (`push_problem`: why); `reachable`: it answered there (until then it joins no push);
-    `dead_reason`: why it was declared dead ("" while alive); `adapter_checksum`: the adapter it reports
-    serving, `adapter_verified`: it is the one the learner pushed for its version (`pushed_adapter`)."""
+    `dead_reason`: why it was declared dead ("" while alive); `adapter_checksum`: the checksum of the weights
+    (adapter or full) it reports serving, `adapter_verified`: they are the ones the learner pushed for its
+    version (`pushed_adapter`)."""
     return {
         "replica_id": replica.replica_id,
         "address": replica.address,

@@ -26,7 +26,6 @@ from dataclasses import dataclass
 import grpc
 import torch
 
-from asyncrl.core.lora.checksum import adapter_checksum
 from asyncrl.core.lora.spec import AdapterSpec
 from asyncrl.core.model.modeling import named_weights
 from asyncrl.core.runtime.one_at_a_time import OneAtATime
@@ -34,6 +33,7 @@ from asyncrl.core.wire.grpc_util import address_refuses
 from asyncrl.core.wire.ports import listening
 from asyncrl.core.wire.push_contract import tensor_metas
 from asyncrl.core.wire.slow_calls import said_if_slow
+from asyncrl.core.wire.weights_checksum import weights_checksum
 from asyncrl.push.broadcast import host_store, push_store, send_weights
 from asyncrl.push.flat import FlatWeights, bind_parameters
 from asyncrl.push.groups import BroadcastGroups, publish_manifest
@@ -181,8 +181,9 @@ class WeightPublisher:
 
     def _push(self, version: int, weights: FlatWeights, background: bool, last: bool) -> PushResult:
         start = time.perf_counter()
-        # What every receiver must end up serving (an adapter push; the weights sent do not change meanwhile).
-        checksum = adapter_checksum(weights.named()) if self.adapter is not None else ""
+        # What every receiver must end up serving, full weights or an adapter (the weights sent do not change
+        # meanwhile): a receiver whose checksum differs failed the push.
+        checksum = weights_checksum(weights.named())
         for attempt in range(1, self.max_attempts + 1):
             t_begin = time.perf_counter()
             ticket = self._ticket(version)

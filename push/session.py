@@ -83,17 +83,18 @@ class Outcome:
     unreachable: bool = False
     """The replica could not be reached at all (its process is gone): treat it as dead right away."""
     adapter_checksum: str = ""
-    """The checksum of the adapter the receiver says it serves ("" for full weights)."""
+    """The checksum of the weights (adapter or full) the receiver says it received and serves."""
 
 
 def judge_adapter(outcome: Outcome, pushed: str) -> Outcome:
-    """An adapter push took effect only where the receiver serves the adapter the learner sent (`pushed`, its
-    checksum): a receiver that answers with another checksum, or none, failed the push."""
+    """A push took effect only where the receiver serves what the learner sent (`pushed`: the checksum of the
+    adapter or of the full weights): a receiver that answers with another checksum, or none, failed the push
+    (altered on the way, or never loaded). A commit that names no checksum is not judged."""
     if not pushed or not outcome.ok or outcome.adapter_checksum == pushed:
         return outcome
     served = outcome.adapter_checksum[:12] or "none"
-    return dataclasses.replace(outcome, ok=False, error=f"serves adapter checksum {served}, the learner pushed "
-                                                        f"{pushed[:12]}: the adapter did not take effect")
+    return dataclasses.replace(outcome, ok=False, error=f"serves weights checksum {served}, the learner pushed "
+                                                        f"{pushed[:12]}: the push did not take effect as sent")
 
 
 class PushSession:

@@ -20,6 +20,7 @@ import torch
 
 from asyncrl.core.lora.spec import AdapterSpec
 from asyncrl.core.wire.push_contract import TensorMeta
+from asyncrl.core.wire.weights_checksum import WeightsChecksum
 from asyncrl.push.broadcast import receive_weights
 from asyncrl.push.groups import BroadcastGroups
 from asyncrl.push.plan import PushPlan
@@ -91,8 +92,11 @@ class AsyncRLWorkerExtension:
             # second load must go through its layerwise reload: each layer is rebuilt in checkpoint layout,
             # filled by `load_weights`, then processed and copied into the live kernel tensors.
             initialize_layerwise_reload(model)
+            checksum = WeightsChecksum()  # of what arrives, as it arrives: the controller judges it
             try:
                 for views in receive_weights(group, plan):
+                    for name, tensor in views:
+                        checksum.update(name, tensor)
                     # The views point into staging buffers that the next bucket overwrites, while the reload
                     # keeps a layer's tensors until the whole layer has arrived (q, k and v may sit in
                     # different buckets): copy them out.
@@ -110,6 +114,7 @@ class AsyncRLWorkerExtension:
             torch.cuda.synchronize(group.device)
         return {
             "bytes": received,
+            "checksum": checksum.hexdigest(),
             "buckets": buckets,
             "join_s": joined - start,
             "receive_load_s": time.perf_counter() - joined,

@@ -462,6 +462,24 @@ def test_a_replica_that_never_joins_cannot_shed_its_hold_back_by_registering_aga
     assert state.books.registry.get("fake").push_failures == 0
 
 
+def test_a_full_weight_push_commits_only_receivers_that_received_what_was_sent():
+    """The learner names the checksum of the full weights it sent; a receiver answering with another one (the
+    bytes altered on the way) or none failed the push and needs a resync. A commit naming none is not judged
+    (a learner built from the proto alone may not compute one)."""
+    state, _, notifier, events = make_state()
+    good, altered = register(state, 7001), register(state, 7002)
+    sent = "a" * 64
+    notifier.adapter_checksums.update({"127.0.0.1:7001": sent, "127.0.0.1:7002": "e" * 64})
+    result = state.commit_push(begin(state, 1).push_id, sender_ok=True, adapter_checksum=sent)
+    assert result.committed and result.acked == [good] and result.dropped == [altered]
+    (dropped,) = events.of_kind("replica_dropped")
+    assert "serves weights checksum eeeeeeeeeeee, the learner pushed aaaaaaaaaaaa" in dropped["error"]
+    replicas = {r["replica_id"]: r for r in state.snapshot()["replicas"]}
+    assert replicas[good]["adapter_verified"] and replicas[altered]["needs_sync"]
+    unjudged = state.commit_push(begin(state, 2).push_id, sender_ok=True)
+    assert unjudged.committed and sorted(unjudged.acked) == sorted([good, altered])
+
+
 def test_an_adapter_push_commits_only_receivers_that_serve_the_adapter_sent():
     """LoRA: the commit names the checksum of the adapter sent; a receiver answering with another one (or none:
     an engine that never took it) failed the push, and the snapshot shows who serves what."""
@@ -483,7 +501,7 @@ def test_an_adapter_push_commits_only_receivers_that_serve_the_adapter_sent():
     result = state.commit_push(session.push_id, sender_ok=True, adapter_checksum=sent)
     assert result.committed and result.acked == [good] and result.dropped == [stale]
     (dropped,) = events.of_kind("replica_dropped")
-    assert "serves adapter checksum bbbbbbbbbbbb, the learner pushed aaaaaaaaaaaa" in dropped["error"]
+    assert "serves weights checksum bbbbbbbbbbbb, the learner pushed aaaaaaaaaaaa" in dropped["error"]
     replicas = {r["replica_id"]: r for r in state.snapshot()["replicas"]}
     assert (replicas[good]["adapter_checksum"], replicas[good]["adapter_verified"]) == (sent, True)
     assert replicas[stale]["needs_sync"] and not replicas[stale]["adapter_verified"]

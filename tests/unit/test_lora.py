@@ -154,14 +154,14 @@ def test_a_run_keeps_eta_plus_two_adapter_versions_and_rounds_the_rank_up_for_vl
 
 @pytest.mark.parametrize(("outcome", "ok", "error"), [
     (Outcome(True, "", 0.1, adapter_checksum="c" * 64), True, ""),
-    (Outcome(True, "", 0.1, adapter_checksum="d" * 64), False, "serves adapter checksum dddddddddddd"),
-    (Outcome(True, "", 0.1), False, "serves adapter checksum none"),
+    (Outcome(True, "", 0.1, adapter_checksum="d" * 64), False, "serves weights checksum dddddddddddd"),
+    (Outcome(True, "", 0.1), False, "serves weights checksum none"),
     (Outcome(False, "boom", 0.1), False, "boom"),
 ])
 def test_a_receiver_that_serves_another_adapter_failed_the_push(outcome, ok, error):
     judged = judge_adapter(outcome, "c" * 64)
     assert judged.ok == ok and judged.error.startswith(error)
-    assert judge_adapter(outcome, "") == outcome  # a full-weight push: nothing to compare
+    assert judge_adapter(outcome, "") == outcome  # a commit that names no checksum: nothing to compare
 
 
 def test_config_refuses_untargetable_modules_naming_the_key():

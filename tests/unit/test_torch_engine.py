@@ -11,6 +11,7 @@ from asyncrl.core.engines.torch_engine import TorchEngine
 from asyncrl.core.model.modeling import load_causal_lm, named_weights, sequence_logprobs
 from asyncrl.core.model.sampling import SamplingParams
 from asyncrl.core.wire.push_contract import TensorMeta, tensor_metas
+from asyncrl.core.wire.weights_checksum import weights_checksum
 from asyncrl.push.broadcast import host_store, make_group, send_weights
 from asyncrl.push.plan import PushPlan
 from asyncrl.push.receiving import BroadcastReceiving
@@ -220,6 +221,8 @@ def test_successive_zero_copy_updates_alternate_buffers(engine, tiny_model_dir):
         named = [(n, t + 0.01 * version) for n, t in base]
         stats = _push(engine, named, version, bucket_bytes=64 * 1024)
         assert stats.extra["zero_copy"] == 1.0 and engine.weight_version == version
+        # It answers with the checksum of what it received: the sender's, as the learner names it at commit.
+        assert stats.adapter_checksum == engine.adapter_checksum == weights_checksum(named)
         assert all(torch.equal(a, b) for (_, a), (_, b) in zip(named_weights(engine.model), named))
         gens = _flat(engine.generate(PROMPTS[:1], SamplingParams(max_new_tokens=2), n=1))
         assert set(gens[0].weight_version) == {version}
@@ -257,6 +260,7 @@ def test_a_push_in_another_dtype_is_cast_by_copy(engine, tiny_model_dir):
     named = [(n, t.to(torch.bfloat16)) for n, t in named_weights(load_causal_lm(tiny_model_dir.teacher))]
     stats = _push(engine, named, 8)
     assert stats.extra["zero_copy"] == 0.0 and engine.weight_version == 8
+    assert stats.adapter_checksum == weights_checksum(named)  # of the bytes as sent, before the cast
     for (_, got), (_, sent) in zip(named_weights(engine.model), named):
         assert got.dtype == torch.float32 and torch.equal(got, sent.float())
 

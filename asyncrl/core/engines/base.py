@@ -59,7 +59,8 @@ class Engine(ABC):
 
     @property
     def adapter_checksum(self) -> str:
-        """The checksum of the LoRA adapter generating right now ("" for full weights, or before one arrived)."""
+        """The checksum of the weights the last push brought, generating right now: the LoRA adapter's, or the
+        full weights' ("" before a push arrived)."""
         return ""
 
     @abstractmethod
@@ -79,7 +80,9 @@ class Engine(ABC):
         live, set the version.
 
         May be called from another thread while generate() runs: generation pauses only for the swap,
-        and tokens sampled after it carry the new version.
+        and tokens sampled after it carry the new version. The stats name the checksum of what arrived
+        (`asyncrl.core.wire.weights_checksum`, in the plan's tensor order): the controller fails a receiver
+        whose checksum is not the learner's.
         """
 
     @abstractmethod

@@ -24,6 +24,7 @@ from asyncrl.core.engines.base import Engine, Generation, weight_source
 from asyncrl.core.engines.merged_adapter import MergedAdapter
 from asyncrl.core.engines.torch_decode import generate_with_model
 from asyncrl.core.lora.checksum import adapter_checksum
+from asyncrl.core.wire.weights_checksum import weights_checksum
 from asyncrl.core.model.modeling import (
     check_weight_metas,
     copy_weights_,
@@ -71,6 +72,8 @@ class TorchEngine(Engine):
         self._checked_metas: tuple = ()
         # LoRA runs: every push is an adapter, merged onto the base weights (`asyncrl.core.engines.merged_adapter`).
         self._adapter = MergedAdapter(self._slots)
+        self._weights_checksum = ""
+        """The checksum of the full weights the last full push brought ("" before one)."""
 
     @property
     def weight_version(self) -> int:
@@ -78,7 +81,7 @@ class TorchEngine(Engine):
 
     @property
     def adapter_checksum(self) -> str:
-        return self._adapter.checksum
+        return self._adapter.checksum or self._weights_checksum
 
     @contextlib.contextmanager
     def _forward_step(self):
@@ -175,6 +178,9 @@ class TorchEngine(Engine):
                     # The bucket views live in reused staging buffers: keep copies until the swap (which
                     # casts them to the model's dtypes).
                     staged.extend((name, tensor.clone()) for name, tensor in bucket)
+        # What arrived, off the lock: the controller fails this receiver if it is not what the learner sent.
+        arrived = whole if zero_copy else dict(staged)
+        checksum = weights_checksum((meta.name, arrived[meta.name]) for meta in plan.tensors)
         received = time.perf_counter()
         with self._weights_lock:
             swap_start = time.perf_counter()
@@ -185,6 +191,7 @@ class TorchEngine(Engine):
             else:
                 nbytes = copy_weights_(self._slots, staged)
             self._adapter.reset()
+            self._weights_checksum = checksum
             self._version = plan.version
             pause_s = time.perf_counter() - swap_start
         load_s = time.perf_counter() - started
@@ -201,6 +208,7 @@ class TorchEngine(Engine):
             load_s=load_s,
             pause_s=pause_s,
             bytes_received=nbytes,
+            adapter_checksum=checksum,
             extra={"receive_s": received - started, "zero_copy": float(zero_copy)},
         )
 

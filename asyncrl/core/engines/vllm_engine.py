@@ -64,6 +64,7 @@ class VLLMEngine(Engine):
         self.model_path = model_path
         self._weights = weights
         self._version = version
+        self._weights_checksum = ""  # of the full weights the last full push brought
         self._request_seeds = random.Random(seed)
         self._checkpoint_shapes = checkpoint_tensor_shapes(model_path)
         self._num_experts = checkpoint_num_experts(model_path)
@@ -119,7 +120,7 @@ class VLLMEngine(Engine):
 
     @property
     def adapter_checksum(self) -> str:
-        return "" if self.adapters is None else self.adapters.checksum
+        return self._weights_checksum if self.adapters is None else self.adapters.checksum
 
     # ---- generation and scoring ------------------------------------------------------------------------
 
@@ -261,6 +262,7 @@ class VLLMEngine(Engine):
         with self._control_lock:
             self._llm.update_weight_version(str(plan.version))
             self._version = plan.version
+            self._weights_checksum = figures["checksum"]
         return WeightUpdateStats(version=plan.version, load_s=time.perf_counter() - started, pause_s=0.0,
                                  bytes_received=figures["bytes"], adapter_checksum=checksum,
                                  extra={**figures, "mode": "adapter"})
@@ -288,6 +290,7 @@ class VLLMEngine(Engine):
                 raise RuntimeError(f"weight push {plan.push_id}: vLLM could not drop its prefix cache")
             self._llm.update_weight_version(str(plan.version))
             self._version = plan.version
+            self._weights_checksum = figures["checksum"]
             load_s = time.perf_counter() - load_from
         finally:
             if pause_scheduler:
@@ -298,7 +301,9 @@ class VLLMEngine(Engine):
             load_s=load_s,
             pause_s=self._blocked_time(exclusive_from, released, frozen_batch),
             bytes_received=figures["bytes"],
-            extra={**figures, "mode": self.update_mode, "exclusive_s": released - exclusive_from},
+            adapter_checksum=figures["checksum"],
+            extra={"mode": self.update_mode, "exclusive_s": released - exclusive_from,
+                   **{k: v for k, v in figures.items() if k != "checksum"}},
         )
 
     def _blocked_time(self, exclusive_from: float, released: float, frozen_batch: bool) -> float:

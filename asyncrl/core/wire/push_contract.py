@@ -181,4 +181,5 @@ class WeightUpdateStats:
     bytes_received: int = 0
     extra: dict = field(default_factory=dict)
     adapter_checksum: str = ""
-    """An adapter push: the checksum of the adapter the engine serves now (`asyncrl.core.lora.checksum`)."""
+    """The checksum of what the push brought and the engine serves now, the adapter's or the full weights'
+    (`asyncrl.core.wire.weights_checksum`)."""
