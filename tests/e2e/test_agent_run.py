@@ -2,7 +2,9 @@
 turns trains on its episodes, with the torch engines and with real vLLM replicas (how much it learns moves with
 the CPU's rounding: `bench/process_rewards.py --example tool-agent` measures it with seeds). The runs audit
 clean (admission and consumption staleness included), train multi-turn episodes (the tool's results out of the
-loss) and carry weight pushes that land between an episode's turns."""
+loss) and carry weight pushes that land between an episode's turns. The torch run is checked several ways in
+one: it also scores process rewards after each tool answer (tests/e2e/test_process_rewards_run.py) and samples
+the prompts it fails again in larger groups (tests/e2e/test_hard_groups.py)."""
 
 from __future__ import annotations
 
@@ -11,11 +13,11 @@ import importlib.util
 import pytest
 
 from asyncrl.core.runtime.events import read_events
-from tests.e2e.test_system import REPO, asyncrl_up, no_process_left
+from tests.e2e.test_hard_groups import HARD_GROUPS, check_hard_groups
+from tests.e2e.test_process_rewards_run import AGENT_TURN_SCORES, check_turn_scores
+from tests.e2e.test_system import AGENT_CONFIG, asyncrl_up, no_process_left
 
 pytestmark = [pytest.mark.e2e, pytest.mark.example_model("tool-agent")]
-
-AGENT_CONFIG = REPO / "examples" / "tool-agent.yaml"
 
 
 def check_agent_run(run_dir, summary: dict, steps: int, spans_versions: bool = True) -> list[dict]:
@@ -33,13 +35,15 @@ def check_agent_run(run_dir, summary: dict, steps: int, spans_versions: bool = T
     return trained
 
 
-def test_the_agent_demo_trains_on_multi_turn_episodes(tmp_path):
+def test_the_agent_demo_trains_on_multi_turn_episodes_with_turn_scores_and_hard_groups(tmp_path):
     run_dir = tmp_path / "run"
-    summary = asyncrl_up(run_dir, "learner.total_steps=30", "learner.eval_every=10", timeout_s=900,
-                         config=AGENT_CONFIG)
+    summary = asyncrl_up(run_dir, "learner.total_steps=30", "learner.eval_every=10", *AGENT_TURN_SCORES,
+                         *HARD_GROUPS, timeout_s=900, config=AGENT_CONFIG)
     check_agent_run(run_dir, summary, steps=30)
     evals = [ev["step"] for ev in read_events(run_dir, "learner") if ev["kind"] == "eval"]
     assert evals == [0, 10, 20, 30], evals
+    check_turn_scores(run_dir, steps=30)
+    check_hard_groups(run_dir, steps=30)
 
 
 @pytest.mark.vllm

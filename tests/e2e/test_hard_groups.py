@@ -2,8 +2,9 @@
 stream's get 8 (G), within the same budget of B = 64 trajectories per learner step. The controller grants a
 larger group only within one step's share of N_r, the replicas write it as one group, the learner makes every
 batch of exactly B trajectories from groups of both sizes, and the run completes with a clean audit (η held at
-admission and at training, every written group trained once). The same with the agent demo's multi-turn
-episodes, where a replica plays a hard prompt's 16 episodes side by side."""
+admission and at training, every written group trained once). The agent demo's run
+(tests/e2e/test_agent_run.py) is checked the same way, a replica playing a hard prompt's 16 episodes side by
+side."""
 
 from __future__ import annotations
 
@@ -13,7 +14,6 @@ from asyncrl.core.records.controller import LeaseGranted
 from asyncrl.core.records.learner import Trained
 from asyncrl.core.records.rollout import GroupWritten
 from asyncrl.core.runtime.events import read_records
-from tests.e2e.test_agent_run import AGENT_CONFIG
 from tests.e2e.test_system import DEMO_CONFIG, asyncrl_up, no_process_left
 from tests.run_helpers import replica_records
 
@@ -22,15 +22,23 @@ pytestmark = pytest.mark.e2e
 B, G, HARD = 64, 8, 16
 
 
-@pytest.mark.parametrize(("config", "steps"), [
-    pytest.param(DEMO_CONFIG, 30, id="demo"),
-    pytest.param(AGENT_CONFIG, 12, id="agent", marks=pytest.mark.example_model("tool-agent"))])
-def test_hard_prompts_get_larger_groups_within_each_steps_budget(tmp_path, config, steps):
+HARD_GROUPS = ("controller.difficulty.replay_share=0.5", f"controller.difficulty.hard_group_size={HARD}")
+"""The overrides that sample the prompts a run fails again, in groups of HARD."""
+
+
+def test_hard_prompts_get_larger_groups_within_each_steps_budget(tmp_path):
     run_dir = tmp_path / "run"
-    summary = asyncrl_up(run_dir, f"learner.total_steps={steps}", "learner.eval_every=0",
-                         "controller.difficulty.replay_share=0.5", f"controller.difficulty.hard_group_size={HARD}",
-                         timeout_s=900, config=config)
+    steps = 30
+    summary = asyncrl_up(run_dir, f"learner.total_steps={steps}", "learner.eval_every=0", *HARD_GROUPS,
+                         timeout_s=900, config=DEMO_CONFIG)
     assert summary["audit"]["ok"], summary["audit"]
+    check_hard_groups(run_dir, steps)
+    no_process_left(run_dir)
+
+
+def check_hard_groups(run_dir, steps: int) -> None:
+    """A run with HARD_GROUPS: hard prompts got groups of HARD within one step's share, every step trained
+    exactly B trajectories, some from groups of both sizes."""
     grants = [ev for ev in read_records(run_dir, "controller") if isinstance(ev, LeaseGranted)]
     hard = [ev for ev in grants if ev.n == HARD]
     assert hard, "the demo has prompts it fails from the start: some must be sampled again"
@@ -47,4 +55,3 @@ def test_hard_prompts_get_larger_groups_within_each_steps_budget(tmp_path, confi
     assert all(ev.trajectories == B for ev in trained)  # every step: the same budget, groups of both sizes
     mixed = [ev for ev in trained if {written[g].trajectories for g in ev.group_ids} == {G, HARD}]
     assert mixed, "some batch must hold groups of both sizes"
-    no_process_left(run_dir)

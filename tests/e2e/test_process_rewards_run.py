@@ -1,7 +1,8 @@
 """`rollout.process_rewards` on the demo: the replicas score V(prefix) at each episode end with the weights they
 hold (their version recorded), the groups carry the utilities to the learner, which trains on
-them (the `process/*` figures of its steps), and the run completes with a clean audit. On the agent demo the
-episodes are its turns: V scored after each tool answer, the utility on the call that asked for it."""
+them (the `process/*` figures of its steps), and the run completes with a clean audit. On the agent demo
+(tests/e2e/test_agent_run.py, checked by `check_turn_scores`) the episodes are its turns: V scored after each
+tool answer, the utility on the call that asked for it."""
 
 from __future__ import annotations
 
@@ -10,7 +11,6 @@ import pytest
 from asyncrl.core.records.learner import Step
 from asyncrl.core.records.rollout import ProcessRewardsScored
 from asyncrl.core.runtime.events import read_records
-from tests.e2e.test_agent_run import AGENT_CONFIG
 from tests.e2e.test_system import asyncrl_up, no_process_left
 from tests.run_helpers import replica_records
 
@@ -38,20 +38,18 @@ def test_replicas_score_process_rewards_and_the_learner_trains_on_them(tmp_path)
     no_process_left(run_dir)
 
 
-@pytest.mark.example_model("tool-agent")
-def test_agent_turns_are_scored_after_each_tool_answer(tmp_path):
-    run_dir = tmp_path / "agent"
-    # The observation's rendering opens the model's next turn, where it writes the answer bare: force "".
-    summary = asyncrl_up(run_dir, "learner.total_steps=10", "learner.eval_every=0",
-                         "rollout.process_rewards.enabled=true", 'rollout.process_rewards.force_answer=""',
-                         timeout_s=900, config=AGENT_CONFIG)
-    assert summary["audit"]["ok"], summary["audit"]
+AGENT_TURN_SCORES = ("rollout.process_rewards.enabled=true", 'rollout.process_rewards.force_answer=""')
+"""Process rewards on the agent demo: the observation's rendering opens the model's next turn, where it writes
+the answer bare, so nothing is forced."""
+
+
+def check_turn_scores(run_dir, steps: int) -> None:
+    """An agent run with AGENT_TURN_SCORES: replicas scored turns, and every step trained on turn utilities."""
     scored = [ev for ev in replica_records(run_dir) if isinstance(ev, ProcessRewardsScored)]
     assert scored and sum(ev.episodes for ev in scored) > 0
-    steps = [ev for ev in read_records(run_dir, "learner") if isinstance(ev, Step)]
-    assert len(steps) == 10
+    trained = [ev for ev in read_records(run_dir, "learner") if isinstance(ev, Step)]
+    assert len(trained) == steps
     # The warm-started model calls the tool in most episodes: most sequences carry a turn utility, about one per
     # tool answer (two calls for three terms), never more than the turns answered (max_turns 4: 3 at most).
-    assert all(s.metrics["process/seq_frac"] > 0.3 for s in steps)
-    assert all(0.3 < s.metrics["process/episodes_per_seq"] <= 3.0 for s in steps)
-    no_process_left(run_dir)
+    assert all(s.metrics["process/seq_frac"] > 0.3 for s in trained)
+    assert all(0.3 < s.metrics["process/episodes_per_seq"] <= 3.0 for s in trained)

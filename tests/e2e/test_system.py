@@ -26,6 +26,7 @@ pytestmark = pytest.mark.e2e
 
 REPO = Path(__file__).resolve().parents[2]
 DEMO_CONFIG = REPO / "examples" / "tiny-arith.yaml"
+AGENT_CONFIG = REPO / "examples" / "tool-agent.yaml"
 
 
 def asyncrl_up(run_dir: Path, *overrides: str, timeout_s: int, config: Path = DEMO_CONFIG) -> dict:

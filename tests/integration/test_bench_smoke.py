@@ -20,7 +20,7 @@ pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]
 
 CASES = {
-    "push_fixed_cost": (["--pushes", "3"], ["fixed_cost_s", "controller_ordered_over_in_band",
+    "push_fixed_cost": (["--pushes", "3", "--replicas", "1"], ["fixed_cost_s", "controller_ordered_over_in_band",
                                             "rebuild_push_s", "push_after_rebuild_s"]),
     "weight_push": (["--mb", "8", "--trials", "1"], ["push_fraction_of_raw"]),
     "buffer_throughput": (["--groups", "40", "--trials", "1"], ["ratio_total", "ratio_total_vs_raw_protobuf"]),
