@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import grpc
@@ -88,9 +89,9 @@ class Sent:
 
 
 class WeightPublisher:
-    """`named`/`adapter`: a LoRA learner's adapter parameters (peft's saved names) and the adapter's shape: only
-    those travel, and every commit names their checksum (a receiver serving another adapter failed the push).
-    Default: every weight of `model` (`modeling.named_weights`). `wire_dtype`: the dtype the weights travel in
+    """Every commit names the checksum of what the push carried (a receiver that received something else failed
+    the push). `named`/`adapter`: a LoRA learner's adapter parameters (peft's saved names) and the adapter's
+    shape: only those travel. Default: every weight of `model` (`modeling.named_weights`). `wire_dtype`: the dtype the weights travel in
     when it is not theirs (float32 master weights of a half-precision run: the engines' dtype, half the bytes,
     and the rounding the learner's forwards use)."""
 
@@ -130,6 +131,9 @@ class WeightPublisher:
         )  # fmt: skip
         self._snapshot: FlatWeights | None = None
         self._background = OneAtATime("push")
+        self._hasher = ThreadPoolExecutor(1, thread_name_prefix="push-checksum")
+        """Hashes a push's weights while they travel (hashlib lets go of the GIL): the commit needs the
+        checksum, the broadcast does not."""
         self._keys = OrderKeys(self.store)
         self._reserved: controller_pb2.BeginWeightPushResponse | None = None
         """The next push's plan, reserved by the controller at the last commit; unused until a push of its
@@ -177,20 +181,21 @@ class WeightPublisher:
         """Wait for the background push and leave the group. A reservation still held stays with the controller
         until the next Begin, a new learner's included, aborts it (its receivers then get a resync)."""
         self._background.shutdown()
+        self._hasher.shutdown()
         self.groups.close()
 
     def _push(self, version: int, weights: FlatWeights, background: bool, last: bool) -> PushResult:
         start = time.perf_counter()
         # What every receiver must end up serving, full weights or an adapter (the weights sent do not change
-        # meanwhile): a receiver whose checksum differs failed the push.
-        checksum = weights_checksum(weights.named())
+        # meanwhile): a receiver whose checksum differs failed the push. Hashed while the push travels.
+        hashing = self._hasher.submit(weights_checksum, weights.named())
         for attempt in range(1, self.max_attempts + 1):
             t_begin = time.perf_counter()
             ticket = self._ticket(version)
             begin_s = 0.0 if ticket.in_band else time.perf_counter() - t_begin
             sent = self._send(ticket, weights) if ticket.plan.world_size > 1 else Sent()
             t_commit = time.perf_counter()
-            commit = self._commit(ticket, sent, last, t_commit - start, checksum)
+            commit = self._commit(ticket, sent, last, t_commit - start, hashing.result())
             if commit is None or not commit.committed:
                 continue
             now = time.perf_counter()
