@@ -26,7 +26,6 @@ from asyncrl.core.lora.files import write_adapter
 from asyncrl.core.lora.merge import merged_weight
 from asyncrl.core.lora.spec import AdapterSpec, adapter_name
 
-
 DEFAULT_RUN = "default"
 """The adapter name of a deployment's only run (peft's default name)."""
 
@@ -93,8 +92,8 @@ def _activate(model: torch.nn.Module, run: str) -> None:
 
 @contextlib.contextmanager
 def run_active(model: torch.nn.Module, run: str):
-    """Every forward and backward inside runs run `run`'s adapter (a module it does not target: the base), and
-    only its parameters get gradients; the run active before is active again afterwards."""
+    """Inside, every forward and backward uses run `run`'s adapter (a module it does not target: the base),
+    and only its parameters get gradients; the run active before is active again afterwards."""
     layers = _lora_layers(model)
     if run not in _runs(model):
         raise ValueError(f"the model holds no adapter named {run!r} (it holds {sorted(_runs(model))})")

@@ -12,9 +12,9 @@ log = logging.getLogger("test_slow_calls")
 
 
 def test_a_slow_call_says_it_waits_and_when_it_ended(caplog):
-    with caplog.at_level(logging.WARNING, logger="test_slow_calls"):
-        with said_if_slow("the controller's CommitWeightPush", after_s=0.05, logger=log):
-            time.sleep(0.15)
+    with caplog.at_level(logging.WARNING, logger="test_slow_calls"), \
+            said_if_slow("the controller's CommitWeightPush", after_s=0.05, logger=log):
+        time.sleep(0.15)
     lines = [r.getMessage() for r in caplog.records]
     assert lines[0] == "the controller's CommitWeightPush: no answer for 0.05 s, still waiting"
     assert lines[1].startswith("the controller's CommitWeightPush: ended after 0.")

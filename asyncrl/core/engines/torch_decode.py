@@ -168,8 +168,8 @@ def generate_with_model(
     `weight_version`). With `router_hooks` (installed on `model`) each generation carries its routed experts.
     With `seeds` (one per prompt) sample j of prompt i draws from its own generator, seeded
     `sample_seed(seeds[i], j)`, instead of `generator`. With `bank` (installed on `model`) and `adapter_slots`
-    (one per prompt), prompt i's samples run through the adapter in slot `adapter_slots[i]`. The model runs in eval mode and is put back in its
-    previous mode afterwards.
+    (one per prompt), prompt i's samples run through the adapter in slot `adapter_slots[i]`. The model runs
+    in eval mode and is put back in its previous mode afterwards.
     """
     if n < 1:
         raise ValueError(f"n must be >= 1, got {n}")

@@ -24,7 +24,6 @@ from asyncrl.core.engines.base import Engine, Generation, weight_source
 from asyncrl.core.engines.merged_adapter import MergedAdapter
 from asyncrl.core.engines.torch_decode import generate_with_model
 from asyncrl.core.lora.checksum import adapter_checksum
-from asyncrl.core.wire.weights_checksum import weights_checksum
 from asyncrl.core.model.modeling import (
     check_weight_metas,
     copy_weights_,
@@ -38,6 +37,7 @@ from asyncrl.core.model.prompt_sharing import shared_prompt_logprobs
 from asyncrl.core.model.routing import install_hooks
 from asyncrl.core.model.sampling import SamplingParams
 from asyncrl.core.wire.push_contract import PushOrder, WeightSource, WeightUpdateStats
+from asyncrl.core.wire.weights_checksum import weights_checksum
 
 log = logging.getLogger(__name__)
 

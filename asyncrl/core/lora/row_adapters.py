@@ -80,8 +80,8 @@ class AdapterBank:
         self.slots, self.max_rank = slots, max_rank
         self.ranks = [0] * (slots + 1)
         """Per slot, the rank of the adapter it holds (0: empty)."""
-        self.groups: contextvars.ContextVar[list[tuple[int, tuple[int, int] | torch.Tensor]]] = (
-            contextvars.ContextVar(f"adapter_rows_{id(self)}", default=[]))
+        self.groups: contextvars.ContextVar[tuple[tuple[int, tuple[int, int] | torch.Tensor], ...]] = (
+            contextvars.ContextVar(f"adapter_rows_{id(self)}", default=()))
         """The forward's (slot, rows) with an adapter, rows (lo, hi) when they are consecutive, else their
         indices: a context variable, so batches decoding in threads of their own (or tasks) each see theirs."""
         reach = AdapterSpec(1, 1.0, tuple(target_modules))
@@ -100,7 +100,8 @@ class AdapterBank:
     @property
     def bytes(self) -> int:
         """What the slots hold in memory, all slots together."""
-        return sum(t.numel() * t.element_size() for layer in self.layers.values() for t in (layer.lora_a, layer.lora_b))
+        return sum(t.numel() * t.element_size()
+                   for layer in self.layers.values() for t in (layer.lora_a, layer.lora_b))
 
     @torch.no_grad()
     def load(self, slot: int, spec: AdapterSpec, tensors: Mapping[str, torch.Tensor], where: str = "adapter") -> None:
@@ -142,7 +143,7 @@ class AdapterBank:
                 groups.append((slot, (rows[0], rows[-1] + 1)))
             else:
                 groups.append((slot, torch.tensor(rows, dtype=torch.long, device=device)))
-        token = self.groups.set(groups)
+        token = self.groups.set(tuple(groups))
         try:
             yield
         finally:
