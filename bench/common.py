@@ -74,6 +74,20 @@ def qwen2_half_billion_config():
                        tie_word_embeddings=True, eos_token_id=2, pad_token_id=0)
 
 
+def random_adapter(model, spec, seed: int, std: float = 0.02) -> dict[str, torch.Tensor]:
+    """A LoRA adapter of `spec` (an `AdapterSpec`) for every linear module of `model` its targets name, under
+    peft's saved names, A and B drawn from N(0, std) with `seed`."""
+    from asyncrl.core.lora.spec import adapter_name
+
+    gen = torch.Generator().manual_seed(seed)
+    out = {}
+    for name, module in model.named_modules():
+        if type(module) is torch.nn.Linear and name.rsplit(".", 1)[-1] in spec.target_modules:
+            out[adapter_name(name, "A")] = torch.randn(spec.rank, module.in_features, generator=gen) * std
+            out[adapter_name(name, "B")] = torch.randn(module.out_features, spec.rank, generator=gen) * std
+    return out
+
+
 def train_batch(batch: int, prompt: int, response: int, vocab: int, group: int = 4, shared_prompts: bool = False,
                 rewards: list[float] | None = None):
     """A learner batch of `batch` random sequences (`prompt` + `response` tokens) in groups of `group`, each

@@ -26,7 +26,7 @@ import statistics
 import time
 
 import torch
-from common import emit
+from common import emit, random_adapter
 
 from asyncrl.core.engines.torch_decode import generate_with_model
 from asyncrl.core.lora.merge import merged_weight
@@ -52,16 +52,6 @@ def random_model(shape: dict):
     cfg = Qwen2Config(**shape, head_dim=64, max_position_embeddings=512, tie_word_embeddings=False,
                       pad_token_id=0, eos_token_id=2, bos_token_id=1)
     return Qwen2ForCausalLM(cfg).eval()
-
-
-def random_adapter(model, spec: AdapterSpec, seed: int) -> dict[str, torch.Tensor]:
-    gen = torch.Generator().manual_seed(seed)
-    out = {}
-    for name, module in model.named_modules():
-        if type(module) is torch.nn.Linear and name.rsplit(".", 1)[-1] in spec.target_modules:
-            out[adapter_name(name, "A")] = torch.randn(spec.rank, module.in_features, generator=gen) * 0.02
-            out[adapter_name(name, "B")] = torch.randn(module.out_features, spec.rank, generator=gen) * 0.02
-    return out
 
 
 def merge_into(model, base: dict[str, torch.Tensor], spec: AdapterSpec, tensors) -> None:

@@ -30,7 +30,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import torch
-from common import emit, train_batch
+from common import emit, random_adapter, train_batch
 
 MIB = 1 << 20
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
@@ -97,18 +97,6 @@ def learner_case(model, runs: int, args, trim: bool) -> int:
     return tensor_bytes(model.parameters()) + tensor_bytes(optimizer) + tensor_bytes(copies)
 
 
-def random_adapter(model, seed: int) -> dict[str, torch.Tensor]:
-    from asyncrl.core.lora.spec import adapter_name
-
-    gen = torch.Generator().manual_seed(seed)
-    out = {}
-    for name, module in model.named_modules():
-        if type(module) is torch.nn.Linear and name.rsplit(".", 1)[-1] in TARGETS:
-            out[adapter_name(name, "A")] = torch.randn(RANK, module.in_features, generator=gen) * 0.02
-            out[adapter_name(name, "B")] = torch.randn(module.out_features, RANK, generator=gen) * 0.02
-    return out
-
-
 def merged_case(model, runs: int, args, trim: bool) -> int:
     from asyncrl.core.engines.merged_adapter import MergedAdapter
     from asyncrl.core.lora.spec import AdapterSpec
@@ -118,10 +106,10 @@ def merged_case(model, runs: int, args, trim: bool) -> int:
     slots = weight_slots(model)
     served = MergedAdapter(slots)
     plan = SimpleNamespace(tensors=[SimpleNamespace(name=n, shape=tuple(t.shape)) for n, t in
-                                    random_adapter(model, 0).items()], adapter=spec, push_id="bench")
+                                    random_adapter(model, spec, 0).items()], adapter=spec, push_id="bench")
     layers = served.layers(plan)
     for version in (1, 2):  # the second push merges into the spares the first one left
-        served.swap_in(served.merge(plan, layers, random_adapter(model, version)), f"v{version}")
+        served.swap_in(served.merge(plan, layers, random_adapter(model, spec, version)), f"v{version}")
     return tensor_bytes(model.parameters()) + tensor_bytes(served._base.values()) + tensor_bytes(served._spare.values())
 
 
@@ -132,7 +120,7 @@ def bank_case(model, runs: int, args, trim: bool) -> int:
     from asyncrl.core.model.sampling import SamplingParams
 
     spec = AdapterSpec(RANK, 2.0 * RANK, tuple(TARGETS))
-    adapters = [random_adapter(model, run) for run in range(runs)]
+    adapters = [random_adapter(model, spec, run) for run in range(runs)]
     bank = AdapterBank(model, TARGETS, slots=2 * runs, max_rank=RANK)
     for run, tensors in enumerate(adapters):
         bank.load(1 + run, spec, tensors)
