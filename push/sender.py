@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import grpc
 import torch
 
+from asyncrl.core.checks.weights_checksum import weights_checksum
 from asyncrl.core.lora.spec import AdapterSpec
 from asyncrl.core.model.modeling import named_weights
 from asyncrl.core.runtime.one_at_a_time import OneAtATime
@@ -34,7 +35,6 @@ from asyncrl.core.wire.grpc_util import address_refuses
 from asyncrl.core.wire.ports import listening
 from asyncrl.core.wire.push_contract import tensor_metas
 from asyncrl.core.wire.slow_calls import said_if_slow
-from asyncrl.core.wire.weights_checksum import weights_checksum
 from asyncrl.push.broadcast import host_store, push_store, send_weights
 from asyncrl.push.flat import FlatWeights, bind_parameters
 from asyncrl.push.groups import BroadcastGroups, publish_manifest

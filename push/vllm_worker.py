@@ -18,9 +18,9 @@ from pathlib import Path
 
 import torch
 
+from asyncrl.core.checks.weights_checksum import WeightsChecksum
 from asyncrl.core.lora.spec import AdapterSpec
 from asyncrl.core.wire.push_contract import TensorMeta
-from asyncrl.core.wire.weights_checksum import WeightsChecksum
 from asyncrl.push.broadcast import receive_weights
 from asyncrl.push.groups import BroadcastGroups
 from asyncrl.push.plan import PushPlan

@@ -6,12 +6,12 @@ import threading
 import pytest
 import torch
 
+from asyncrl.core.checks.weights_checksum import weights_checksum
 from asyncrl.core.config.schema import EngineConfig
 from asyncrl.core.engines.torch_engine import TorchEngine
 from asyncrl.core.model.modeling import load_causal_lm, named_weights, sequence_logprobs
 from asyncrl.core.model.sampling import SamplingParams
 from asyncrl.core.wire.push_contract import TensorMeta, tensor_metas
-from asyncrl.core.wire.weights_checksum import weights_checksum
 from asyncrl.push.broadcast import host_store, make_group, send_weights
 from asyncrl.push.plan import PushPlan
 from asyncrl.push.receiving import BroadcastReceiving

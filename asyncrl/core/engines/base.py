@@ -81,7 +81,7 @@ class Engine(ABC):
 
         May be called from another thread while generate() runs: generation pauses only for the swap,
         and tokens sampled after it carry the new version. The stats name the checksum of what arrived
-        (`asyncrl.core.wire.weights_checksum`, in the plan's tensor order): the controller fails a receiver
+        (`asyncrl.core.checks.weights_checksum`, in the plan's tensor order): the controller fails a receiver
         whose checksum is not the learner's.
         """
 

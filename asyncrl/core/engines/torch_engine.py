@@ -18,6 +18,7 @@ import time
 
 import torch
 
+from asyncrl.core.checks.weights_checksum import weights_checksum
 from asyncrl.core.determinism.invariant_model import use_invariant_kernels
 from asyncrl.core.determinism.modes import invariant_engines
 from asyncrl.core.engines.base import Engine, Generation, weight_source
@@ -37,7 +38,6 @@ from asyncrl.core.model.prompt_sharing import shared_prompt_logprobs
 from asyncrl.core.model.routing import install_hooks
 from asyncrl.core.model.sampling import SamplingParams
 from asyncrl.core.wire.push_contract import PushOrder, WeightSource, WeightUpdateStats
-from asyncrl.core.wire.weights_checksum import weights_checksum
 
 log = logging.getLogger(__name__)
 

@@ -262,7 +262,6 @@ class VLLMEngine(Engine):
         with self._control_lock:
             self._llm.update_weight_version(str(plan.version))
             self._version = plan.version
-            self._weights_checksum = figures["checksum"]
         return WeightUpdateStats(version=plan.version, load_s=time.perf_counter() - started, pause_s=0.0,
                                  bytes_received=figures["bytes"], adapter_checksum=checksum,
                                  extra={**figures, "mode": "adapter"})

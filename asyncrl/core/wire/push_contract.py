@@ -182,4 +182,4 @@ class WeightUpdateStats:
     extra: dict = field(default_factory=dict)
     adapter_checksum: str = ""
     """The checksum of what the push brought and the engine serves now, the adapter's or the full weights'
-    (`asyncrl.core.wire.weights_checksum`)."""
+    (`asyncrl.core.checks.weights_checksum`)."""
