@@ -16,8 +16,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from asyncrl.core.checks.weights_checksum import weights_checksum
 from asyncrl.core.config.schema import EngineConfig
-from asyncrl.core.lora.checksum import adapter_checksum
 from asyncrl.core.lora.versions import AdapterServing
 from asyncrl.core.model.sampling import SamplingParams
 from asyncrl.push.receiving import BroadcastReceiving
@@ -84,7 +84,7 @@ def test_an_adapter_push_loads_at_run_time_and_serves_the_adapted_policy(engine,
     named = new_adapter(model, 1)
     stats = push_adapter(engine, named, spec, 1)
     assert stats.version == engine.weight_version == 1
-    assert stats.adapter_checksum == engine.adapter_checksum == adapter_checksum(named)
+    assert stats.adapter_checksum == engine.adapter_checksum == weights_checksum(named)
     assert stats.pause_s == 0.0 and stats.bytes_received == sum(t.numel() * 4 for _, t in named)
     scores_match(engine, model)
     params = SamplingParams(temperature=0.8, max_new_tokens=6)

@@ -10,8 +10,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from asyncrl.core.checks.weights_checksum import weights_checksum
 from asyncrl.core.config.schema import EngineConfig
-from asyncrl.core.lora.checksum import adapter_checksum
 from asyncrl.core.lora.versions import AdapterServing
 from asyncrl.push.receiving import BroadcastReceiving
 from tests.e2e.conftest import build_tiny_qwen2, reference_logp
@@ -51,7 +51,7 @@ def test_the_torch_engine_merges_an_adapter_on_the_gpu(tiny):
     try:
         named = new_adapter(model, 1)
         stats = push_adapter(engine, named, spec, 1)
-        assert stats.adapter_checksum == adapter_checksum(named) == engine.adapter_checksum
+        assert stats.adapter_checksum == weights_checksum(named) == engine.adapter_checksum
         assert_scores_match(engine, model)
     finally:
         engine.close()
@@ -69,7 +69,7 @@ def test_vllm_loads_an_adapter_on_the_gpu(tiny):
     try:
         named = new_adapter(model, 2)
         stats = push_adapter(engine, named, spec, 1)
-        assert stats.adapter_checksum == adapter_checksum(named) and stats.pause_s == 0.0
+        assert stats.adapter_checksum == weights_checksum(named) and stats.pause_s == 0.0
         assert_scores_match(engine, model)
     finally:
         engine.close()

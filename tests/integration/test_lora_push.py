@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from asyncrl.core.lora.checksum import adapter_checksum
+from asyncrl.core.checks.weights_checksum import weights_checksum
 from asyncrl.core.model.modeling import load_causal_lm, named_weights
 from asyncrl.core.runtime.events import read_events
 from asyncrl.learner.adapters import inject_adapters, lora_parameters
@@ -65,7 +65,7 @@ def test_only_the_adapter_travels_and_every_replica_serves_the_adapted_policy(ti
                 adapter_bytes = sum(p.numel() * p.element_size() for _, p in lora_parameters(learner))
                 assert result.bytes_sent == adapter_bytes < full_bytes / 20
                 want = model_logprobs(learner)
-                checksum = adapter_checksum(lora_parameters(learner))
+                checksum = weights_checksum(lora_parameters(learner))
                 for engine in engines:
                     assert engine.weight_version == version and engine.adapter_checksum == checksum
                     assert torch.allclose(replica_logprobs(engine), want, atol=1e-5)
@@ -107,4 +107,4 @@ def test_a_replica_whose_engine_did_not_take_the_adapter_is_dropped_and_resynced
             perturb(learner, 2)
             second = publisher.push(2)
             assert second.committed and len(second.acked) == 2
-            assert silent.adapter_checksum == adapter_checksum(lora_parameters(learner))
+            assert silent.adapter_checksum == weights_checksum(lora_parameters(learner))

@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from asyncrl.core.checks.validation import InvalidArgument
+from asyncrl.core.checks.weights_checksum import weights_checksum
 from asyncrl.core.config.schema import AsyncRLConfig, LearnerConfig, SamplingConfig
-from asyncrl.core.lora.checksum import adapter_checksum
 from asyncrl.core.lora.merge import merged_weight
 from asyncrl.core.lora.spec import AdapterSpec, match_adapter, parse_adapter_name
 from asyncrl.core.lora.versions import AdapterServing, AdapterVersions, Served
@@ -114,13 +114,13 @@ def test_the_merge_is_base_plus_scaled_b_times_a():
 
 def test_the_checksum_covers_names_shapes_and_bytes():
     t = torch.arange(6, dtype=torch.float32).reshape(2, 3)
-    one = adapter_checksum([("x", t)])
-    assert one == adapter_checksum([("x", t.clone())]) and len(one) == 64
-    assert one != adapter_checksum([("y", t)])
-    assert one != adapter_checksum([("x", t.reshape(3, 2))])
+    one = weights_checksum([("x", t)])
+    assert one == weights_checksum([("x", t.clone())]) and len(one) == 64
+    assert one != weights_checksum([("y", t)])
+    assert one != weights_checksum([("x", t.reshape(3, 2))])
     bumped = t.clone()
     bumped[1, 2] = torch.nextafter(bumped[1, 2], torch.tensor(100.0))
-    assert one != adapter_checksum([("x", bumped)])
+    assert one != weights_checksum([("x", bumped)])
 
 
 def served(v: int) -> Served:

@@ -24,7 +24,6 @@ from asyncrl.core.determinism.modes import invariant_engines
 from asyncrl.core.engines.base import Engine, Generation, weight_source
 from asyncrl.core.engines.merged_adapter import MergedAdapter
 from asyncrl.core.engines.torch_decode import generate_with_model
-from asyncrl.core.lora.checksum import adapter_checksum
 from asyncrl.core.model.modeling import (
     check_weight_metas,
     copy_weights_,
@@ -136,7 +135,7 @@ class TorchEngine(Engine):
             for bucket in stream.buckets():
                 received.update((name, tensor.clone()) for name, tensor in bucket)
         received_at = time.perf_counter()
-        checksum = adapter_checksum((meta.name, received[meta.name]) for meta in plan.tensors)
+        checksum = weights_checksum((meta.name, received[meta.name]) for meta in plan.tensors)
         merged = self._adapter.merge(plan, layers, received)
         merge_done = time.perf_counter()
         with self._weights_lock:

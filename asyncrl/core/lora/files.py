@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from asyncrl.core.lora.checksum import adapter_checksum
+from asyncrl.core.checks.weights_checksum import weights_checksum
 from asyncrl.core.lora.spec import AdapterSpec
 
 ADAPTER_FILE = "adapter_model.safetensors"
@@ -26,4 +26,4 @@ def write_adapter(directory: Path, spec: AdapterSpec, named: list[tuple[str, tor
     save_file({name: t.detach().to("cpu").contiguous() for name, t in named}, str(directory / ADAPTER_FILE),
               metadata={"format": "pt"})
     (directory / CONFIG_FILE).write_text(json.dumps(spec.peft_config(base_model_path), indent=2))
-    return adapter_checksum(named)
+    return weights_checksum(named)
