@@ -17,7 +17,7 @@ from asyncrl.core.determinism.invariant_ops import (
 from asyncrl.core.engines.torch_decode import generate_with_model
 from asyncrl.core.model.modeling import sequence_logprobs
 from asyncrl.core.model.prompt_sharing import shared_prompt_logprobs
-from asyncrl.core.model.sampling import SamplingParams, inverse_cdf_tokens
+from asyncrl.core.model.sampling import SamplingParams, inverse_cdf_tokens, uniform_draws
 
 VOCAB = 61
 PAD, EOS = 0, 1
@@ -209,18 +209,21 @@ def test_seeded_samples_do_not_depend_on_the_batch_or_its_order():
     assert [g.token_ids for g in other[0]] != [t for t, _ in whole[0]]
 
 
-def test_inverse_cdf_sampling_draws_the_distribution_and_never_a_removed_token():
+def test_inverse_cdf_sampling_draws_the_distribution_and_never_a_removed_token_from_either_generator():
     probs = torch.tensor([0.5, 0.0, 0.3, 0.2, 0.0])
     logp = torch.log(probs).expand(20000, -1)
     gens = [torch.Generator().manual_seed(i) for i in range(20000)]
-    tokens = inverse_cdf_tokens(logp, gens)
+    tokens = inverse_cdf_tokens(logp, uniform_draws(logp, row_generators=gens))
     counts = torch.bincount(tokens, minlength=5).float() / 20000
     assert counts[1] == 0 and counts[4] == 0
     assert torch.allclose(counts, probs, atol=0.015)  # 4.5 standard errors
-    again = inverse_cdf_tokens(logp[:3], [torch.Generator().manual_seed(i) for i in range(3)])
+    again = inverse_cdf_tokens(logp[:3], uniform_draws(logp[:3], row_generators=[torch.Generator().manual_seed(i)
+                                                                                  for i in range(3)]))
     assert torch.equal(again, tokens[:3])
+    shared = inverse_cdf_tokens(logp, uniform_draws(logp, torch.Generator().manual_seed(0)))
+    assert torch.allclose(torch.bincount(shared, minlength=5).float() / 20000, probs, atol=0.015)
     with pytest.raises(ValueError, match="2 generators for 3 rows"):
-        inverse_cdf_tokens(logp[:3], gens[:2])
+        uniform_draws(logp[:3], row_generators=gens[:2])
 
 
 def test_a_seed_comes_from_what_is_sampled_only():

@@ -164,3 +164,16 @@ def test_copy_weights_counts_bytes(model):
     nbytes = copy_weights_(targets, named_weights(model))
     assert nbytes == sum(p.numel() * 4 for p in model.parameters())
     assert all(torch.equal(a, b) for (_, a), (_, b) in zip(named_weights(clone), named_weights(model)))
+
+
+def test_a_loaded_model_gives_its_head_a_contiguous_input(tiny_model_dir):
+    """A prefill keeps only the last position's logits: a strided slice, which torch's CPU linear would take as
+    one matrix-vector product per row (`modeling._contiguous_input`)."""
+    from asyncrl.core.model.modeling import load_causal_lm
+
+    model = load_causal_lm(tiny_model_dir.policy)
+    seen = []
+    model.get_output_embeddings().register_forward_pre_hook(lambda module, args: seen.append(args[0].is_contiguous()))
+    with torch.no_grad():
+        model(input_ids=torch.tensor([[1, 5, 6], [1, 7, 8]]), logits_to_keep=1)
+    assert seen == [True]

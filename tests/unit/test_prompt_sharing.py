@@ -6,11 +6,13 @@ import pytest
 import torch
 
 from asyncrl.core.config.schema import SamplingConfig
+from asyncrl.core.engines.torch_decode import generate_with_model
 from asyncrl.core.model.modeling import load_causal_lm, sequence_logprobs
 from asyncrl.core.model.packing import packed_logprobs, why_not_packed
 from asyncrl.core.model.prompt_sharing import (
     choose_layout,
     kv_copy_logprobs,
+    shared_head,
     shared_prompt_logprobs,
     why_not_shared,
 )
@@ -99,7 +101,7 @@ def _forwards(model) -> list[tuple[int, int]]:
     shapes, forward = [], model.base_model.forward
 
     def counting(*args, **kwargs):
-        shapes.append(tuple(kwargs["input_ids"].shape))
+        shapes.append(tuple((args[0] if args else kwargs["input_ids"]).shape))
         return forward(*args, **kwargs)
 
     model.base_model.forward = counting
@@ -169,11 +171,8 @@ PACKABLE = {"llama", "qwen3", "gpt2 (absolute positions)"}
 """The others have sliding windows, which a packed row's full-attention mask would not apply."""
 
 
-@pytest.mark.parametrize("layout", sorted(LAYOUTS))
-@pytest.mark.parametrize("name", sorted(ARCHITECTURES))
-def test_other_architectures_share_exactly(name, layout):
-    """A user's model is not the demo's Qwen2: other position schemes, sliding windows and logit soft-capping
-    give the one-forward log-probs and gradients too (tiny random models, dropout off as in RL training)."""
+def _architecture(name: str):
+    """A tiny random model of `name` (ARCHITECTURES), dropout off as in RL training."""
     import transformers
 
     cls, fields = ARCHITECTURES[name]
@@ -181,7 +180,15 @@ def test_other_architectures_share_exactly(name, layout):
              "num_key_value_heads": 1, "max_position_embeddings": 128} if cls != "GPT2Config" else {}
     config = getattr(transformers, cls)(vocab_size=32, **shape, **fields)
     torch.manual_seed(0)
-    model = transformers.AutoModelForCausalLM.from_config(config).float().train()
+    return transformers.AutoModelForCausalLM.from_config(config).float()
+
+
+@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+@pytest.mark.parametrize("name", sorted(ARCHITECTURES))
+def test_other_architectures_share_exactly(name, layout):
+    """A user's model is not the demo's Qwen2: other position schemes, sliding windows and logit soft-capping
+    give the one-forward log-probs and gradients too (tiny random models, dropout off as in RL training)."""
+    model = _architecture(name).train()
     assert why_not_shared(model) is None
     assert (why_not_packed(model) is None) is (name in PACKABLE), why_not_packed(model)
     if layout == "packed" and name not in PACKABLE:
@@ -192,3 +199,38 @@ def test_other_architectures_share_exactly(name, layout):
     assert torch.allclose(logp, expected, atol=2e-5)
     for grad, want in zip(grads, expected_grads):
         assert torch.allclose(grad, want, rtol=1e-4, atol=1e-5)
+
+
+HEAD = [1] + [3 + i % 12 for i in range(17)]
+"""18 tokens every prompt of `test_a_shared_head...` starts with (a chat template's system turn)."""
+
+
+@pytest.mark.parametrize("name", sorted(ARCHITECTURES))
+def test_a_shared_head_is_prefilled_once_and_each_prompt_decodes_as_alone(name):
+    """Prompts that start alike share one prefill of their head, padding after it; each then decodes what it
+    decodes alone (greedy: the same tokens, log-probs to rounding). Sliding windows do not share: padding
+    inside a window would hide real tokens."""
+    model = _architecture(name).eval()
+    prompts = [HEAD + p[1:] for p in PROMPTS]  # rests of 4 to 6 tokens: padding between head and rest
+    windowed = name not in PACKABLE
+    assert shared_head(model, prompts) == (0 if windowed else len(HEAD))
+    forwards = _forwards(model)
+    params = SamplingParams(max_new_tokens=6, greedy=True)
+    together = generate_with_model(model, prompts, params, 2, eos_ids=[2], pad_id=0)
+    # The head once, then each prompt's rest (else each prompt whole), then 2 samples of each at a time.
+    prefill = [(3, len(HEAD) + 6)] if windowed else [(1, len(HEAD)), (3, 6)]
+    assert forwards[: len(prefill) + 1] == prefill + [(6, 1)]
+    for prompt, group in zip(prompts, together):
+        alone = generate_with_model(model, [prompt], params, 1, eos_ids=[2], pad_id=0)[0][0]
+        for generation in group:
+            assert generation.token_ids == alone.token_ids
+            assert generation.logp_behav == pytest.approx(alone.logp_behav, abs=2e-5)
+
+
+def test_a_head_is_shared_only_where_it_saves_a_forward():
+    model = _architecture("llama")
+    assert shared_head(model, [HEAD + [5]]) == 0  # one prompt
+    assert shared_head(model, [HEAD + [5], HEAD + [6]]) == 0  # 18 tokens saved: below HEAD_TOKENS_SAVED
+    assert shared_head(model, [HEAD + [5], HEAD + [6], HEAD + [7]]) == 18
+    assert shared_head(model, [HEAD, HEAD + [6], HEAD + [7, 8]]) == 17  # each keeps its last token
+    assert shared_head(model, [HEAD + [5], [2] + HEAD, HEAD + [7]]) == 0

@@ -296,7 +296,37 @@ def test_a_prompt_sampled_n_times_is_prefilled_once_and_decodes_as_if_it_were_no
     unshared, unshared_widths = run(), list(widths)
     assert unshared_widths[0] == 4 * len(PROMPTS) and [g.token_ids for g in unshared] == [g.token_ids for g in separate]
     assert shared_widths[0] == len(PROMPTS) and separate_widths[0] == 4 * len(PROMPTS)
-    assert all(w == 4 * len(PROMPTS) for w in shared_widths[1:])
+    assert shared_widths[1] == 4 * len(PROMPTS) and shared_widths[1:] == separate_widths[1:]
     assert [g.token_ids for g in shared] == [g.token_ids for g in separate]
     for a, b in zip(shared, separate):
         assert a.logp_behav == pytest.approx(b.logp_behav, abs=1e-5)
+
+
+def test_rows_that_finish_leave_the_batch_and_the_others_decode_as_alone(tiny_model_dir, monkeypatch):
+    """Once a quarter of a batch's rows are finished the batch drops them (their cache rows go); what every
+    row decodes is what it decodes in a batch of its own (seeded rows: batch company changes no draw)."""
+    from asyncrl.core.engines import torch_decode
+
+    model = load_causal_lm(tiny_model_dir.policy)
+    params = SamplingParams(temperature=1.0, max_new_tokens=12)
+    seeds = [101, 202, 303, 404]
+    widths = []
+    forward = model.forward
+
+    def counting(*args, **kwargs):
+        widths.append(kwargs["input_ids"].shape[0])
+        return forward(*args, **kwargs)
+
+    monkeypatch.setattr(model, "forward", counting)
+    together = torch_decode.generate_with_model(model, PROMPTS, params, 4, eos_ids=[2], pad_id=0, seeds=seeds)
+    decode_widths = widths[1:]
+    lengths = sorted(len(g.token_ids) for g in _flat(together))
+    assert lengths[0] < lengths[-1]  # some rows finish first
+    assert decode_widths[0] == 16 and decode_widths[-1] < 16  # ... and the batch goes on without them
+    assert decode_widths == sorted(decode_widths, reverse=True)
+    for prompt, seed, group in zip(PROMPTS, seeds, together):
+        alone = torch_decode.generate_with_model(model, [prompt], params, 4, eos_ids=[2], pad_id=0, seeds=[seed])[0]
+        assert [g.token_ids for g in group] == [g.token_ids for g in alone]
+        assert [g.finished for g in group] == [g.finished for g in alone]
+        for a, b in zip(group, alone):
+            assert a.logp_behav == pytest.approx(b.logp_behav, abs=1e-5)

@@ -4,7 +4,8 @@ Used by `TorchEngine` and directly by the learner to evaluate its own in-process
 left-padded under an attention mask with position ids counted from each prompt's first real token, so a
 prompt decodes the same whatever it is batched with. A prompt sampled several times in one batch (a group's
 G samples) is prefilled once and its KV cache copied to each of its rows, as vLLM's prefix cache does (where
-`prompt_sharing.why_not_shared` allows). Every
+`prompt_sharing.why_not_shared` allows); a head all the batch's prompts start with (a chat template's system
+turn) is prefilled once for all (`prompt_sharing.shared_head`). Every
 token is sampled with `asyncrl.core.model.sampling.sample_tokens`, so `logp_behav` is the processed log-prob the
 learner recomputes.
 With an adapter bank (`asyncrl.core.lora.row_adapters`) each prompt runs through the adapter of its slot, rows of
@@ -22,13 +23,19 @@ from functools import partial
 
 import torch
 
+from asyncrl.core.determinism.invariant_model import is_invariant
 from asyncrl.core.determinism.seeds import sample_seed
 from asyncrl.core.engines.base import Generation
 from asyncrl.core.lora.row_adapters import AdapterBank
 from asyncrl.core.model.modeling import distinct_prompts
-from asyncrl.core.model.prompt_sharing import left_pad, why_not_shared
+from asyncrl.core.model.prompt_sharing import left_pad, shared_head, why_not_shared
 from asyncrl.core.model.routing import RoutedExperts, RouterHooks, id_dtype
 from asyncrl.core.model.sampling import SamplingParams, sample_tokens
+
+DROP_FINISHED_AT = 0.25
+"""A batch leaves its finished rows once this share of them is finished (one copy of the KV cache; up to then
+they decode padding). Greedy evaluations end most rows early: 0.83x the evaluation's time on the real-model
+example (`bench/torch_decode.py`)."""
 
 StepGuard = Callable[[], AbstractContextManager[int]]
 """Called around every forward; the context value is the weight version that forward runs with. The torch
@@ -78,25 +85,37 @@ def _decode_batch(model, prompts, params, eos, pad_id, generator, step_guard, ho
         distinct, prefill_rows = distinct_prompts(prompts, row_slots)
     else:
         distinct, prefill_rows = prompts, list(range(len(prompts)))
-    input_ids, attention_mask, position_ids = left_pad(distinct, pad_id, device)
+    # A head every distinct prompt starts with (a chat template's system turn) is prefilled once, as one row.
+    # (Not under the batch-invariant kernels: they promise the bits of a whole prompt's forward.)
+    head = 0 if bank is not None or hooks is not None or is_invariant(model) else shared_head(model, distinct)
+    input_ids, attention_mask, position_ids = left_pad([p[head:] for p in distinct], pad_id, device)
+    if head:  # the padding sits between the head and each prompt's rest, masked
+        position_ids = position_ids + head
+        attention_mask = torch.cat([attention_mask.new_ones(len(distinct), head), attention_mask], dim=-1)
     batch = len(prompts)
     # The prefill runs once per distinct prompt; its cache, logits and masks then go to every row of it.
     expand = None if len(distinct) == batch else torch.tensor(prefill_rows, dtype=torch.long, device=device)
     next_position = position_ids[:, -1] + 1
+    rows = torch.arange(batch, device=device)  # the batch row each decoded row is
+    slots = row_slots
     finished = torch.zeros(batch, dtype=torch.bool, device=device)
     cache = None
     trace = _RoutingTrace(hooks) if hooks is not None else None
-    steps: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]] = []
+    steps: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, int]] = []
 
     def adapter_rows(prefill: bool):
         if bank is None:
             return contextlib.nullcontext()
         if prefill and expand is not None:  # one row per distinct (adapter, prompt)
             return bank.rows([row_slots[prefill_rows.index(d)] for d in range(len(distinct))])
-        return bank.rows(row_slots)
+        return bank.rows(slots)
 
     for step in range(params.max_new_tokens):
         with step_guard() as version, adapter_rows(step == 0):
+            if step == 0 and head:  # under the same guard: the head's cache has the prompts' weights
+                cache = model(input_ids=torch.tensor([distinct[0][:head]], device=device), use_cache=True,
+                              logits_to_keep=1).past_key_values
+                cache.reorder_cache(torch.zeros(len(distinct), dtype=torch.long, device=device))
             out = (model if trace is None else partial(trace.forward, model))(
                 input_ids=input_ids,
                 attention_mask=attention_mask,
@@ -112,32 +131,35 @@ def _decode_batch(model, prompts, params, eos, pad_id, generator, step_guard, ho
             expand = None
         tokens, logp = sample_tokens(logits, params, generator, row_generators)
         active = ~finished
-        steps.append((tokens, logp, active, int(version)))
+        steps.append((rows, tokens, logp, active, int(version)))
         finished = finished | (active & torch.isin(tokens, eos))
-        if bool(finished.all()):
+        done = int(finished.sum())
+        if done == len(rows):
             break
-        # Finished rows keep decoding padding (cheaper than reshaping the cache); their tokens are dropped.
+        # Finished rows decode padding (their tokens are dropped) until DROP_FINISHED_AT of the rows are done;
+        # then the batch leaves them (the routing trace needs the batch whole).
+        if trace is None and done >= DROP_FINISHED_AT * len(rows):
+            keep = (~finished).nonzero().squeeze(1)
+            cache.reorder_cache(keep)
+            rows, tokens, finished = rows[keep], tokens[keep], finished[keep]
+            attention_mask, next_position = attention_mask[keep], next_position[keep]
+            keep_list = keep.tolist()
+            row_generators = None if row_generators is None else [row_generators[i] for i in keep_list]
+            slots = None if slots is None else [slots[i] for i in keep_list]
         input_ids = torch.where(finished, pad_id, tokens).unsqueeze(-1)
         attention_mask = torch.cat([attention_mask, torch.ones_like(attention_mask[:, :1])], dim=-1)
         position_ids = next_position.unsqueeze(-1)
         next_position = next_position + 1
 
-    tokens = torch.stack([s[0] for s in steps], dim=1).tolist()
-    logps = torch.stack([s[1] for s in steps], dim=1).tolist()
-    active = torch.stack([s[2] for s in steps], dim=1).tolist()
-    versions = [s[3] for s in steps]
-    finished_list = finished.tolist()
-    out_gens = []
-    for i in range(batch):
-        keep = [t for t, a in enumerate(active[i]) if a]
-        out_gens.append(
-            Generation(
-                token_ids=[tokens[i][t] for t in keep],
-                logp_behav=[logps[i][t] for t in keep],
-                weight_version=[versions[t] for t in keep],
-                finished=finished_list[i],
-            )
-        )
+    out_gens = [Generation(token_ids=[], logp_behav=[], weight_version=[], finished=True) for _ in range(batch)]
+    for step_rows, tokens, logp, active, version in steps:
+        for row, token, value, live in zip(step_rows.tolist(), tokens.tolist(), logp.tolist(), active.tolist()):
+            if live:
+                out_gens[row].token_ids.append(token)
+                out_gens[row].logp_behav.append(value)
+                out_gens[row].weight_version.append(version)
+    for row, done in zip(rows.tolist(), finished.tolist()):  # the rows decoded to the end; the others finished
+        out_gens[row].finished = done
     if trace is not None:
         routed = trace.per_row(prompts, [len(g.token_ids) for g in out_gens], prefill_rows)
         for gen, experts in zip(out_gens, routed):

@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 from torch.utils.checkpoint import checkpoint
 
+from asyncrl.core.model.attention import use_cpu_gqa
 from asyncrl.core.model.sampling import SamplingParams, processed_logprobs
 from asyncrl.core.wire.push_contract import TensorMeta, match_model
 
@@ -48,13 +49,26 @@ def checkpoint_config(path: str | Path) -> dict:
 
 
 def load_causal_lm(path: str | Path, dtype: str | torch.dtype = "float32", device: str = "cpu"):
-    """Load a Hugging Face causal LM checkpoint in eval mode (dropout off) on `device`."""
+    """Load a Hugging Face causal LM checkpoint in eval mode (dropout off) on `device`, attending with grouped
+    heads in place on CPU (`attention.use_cpu_gqa`)."""
     from transformers import AutoModelForCausalLM
 
+    use_cpu_gqa()
     if not (Path(path) / "config.json").is_file():
         raise ValueError(f"{path} is not a model checkpoint directory (no config.json)")
     model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch_dtype(dtype))
+    head = model.get_output_embeddings()
+    if head is not None:
+        head.register_forward_pre_hook(_contiguous_input)
     return model.to(device).eval()
+
+
+def _contiguous_input(module, args):
+    """A prefill keeps only its last position's logits: the head's input is then a strided slice, which
+    torch's CPU linear takes, for weights that need no gradient (an engine's), as one matrix-vector product
+    per row: 0.6 s instead of 0.06 s for 64 rows of SmolLM2's 49k-token head."""
+    hidden = args[0]
+    return None if hidden.is_contiguous() else (hidden.contiguous(), *args[1:])
 
 
 def eos_token_ids(model) -> list[int]:

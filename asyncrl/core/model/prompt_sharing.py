@@ -44,6 +44,32 @@ def left_pad(prompts: list[list[int]], pad_id: int, device) -> tuple[torch.Tenso
 ATTENTION_LAYERS = frozenset({"full_attention", "sliding_attention", "chunked_attention"})
 """Layer types (a Hugging Face config's `layer_types`) whose masked attention ignores left padding."""
 
+HEAD_TOKENS_SAVED = 32
+"""A shared head is prefilled once when that saves at least this many prompt tokens: a forward of its own has a
+fixed cost (a pass over every layer) that a few tokens do not pay back."""
+
+
+def shared_head(model, prompts: list[list[int]]) -> int:
+    """How many leading tokens all of `prompts` share that a decode can prefill once, as one row, and copy to
+    every prompt (0: none worth it, `HEAD_TOKENS_SAVED`). Each prompt keeps at least its last token, which
+    predicts its first response token. The rest of each prompt is left-padded after the head, so the model
+    must mask padding anywhere (`why_not_shared`) and attend to whole prompts (no sliding window, where
+    padding inside the window would hide real tokens)."""
+    if len(prompts) < 2 or why_not_shared(model) is not None or _windowed(model):
+        return 0
+    # Lists compare element by element: the common prefix of the smallest and largest is everyone's.
+    low, high = min(prompts), max(prompts)
+    head = next((i for i, (a, b) in enumerate(zip(low, high)) if a != b), min(len(low), len(high)))
+    head = min(head, min(map(len, prompts)) - 1)
+    return head if head * (len(prompts) - 1) >= HEAD_TOKENS_SAVED else 0
+
+
+def _windowed(model) -> bool:
+    config = getattr(model, "config", None)
+    layer_types = set(getattr(config, "layer_types", None) or ())
+    return bool(layer_types - {"full_attention"} or (getattr(config, "sliding_window", None)
+                                                     and getattr(config, "use_sliding_window", True)))
+
 
 def why_not_shared(model) -> str | None:
     """Why `model`'s forwards cannot share prompts (None: they can)."""

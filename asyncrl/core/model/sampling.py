@@ -53,27 +53,34 @@ def sample_tokens(
     row_generators: list[torch.Generator] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Sample one token per row of `logits` [N, V]; returns (token ids [N], their processed log-probs [N]).
-    With `row_generators` (one per row) each row draws from its own generator alone (`inverse_cdf_tokens`), so
-    its token does not depend on the other rows; else all rows draw from `generator`."""
+    With `row_generators` (one per row) each row draws from its own generator alone, so its token does not
+    depend on the other rows; else all rows draw from `generator`."""
     logp = processed_logprobs(logits, params)
     if params.greedy:
         tokens = torch.argmax(logp, dim=-1)
-    elif row_generators is not None:
-        tokens = inverse_cdf_tokens(logp, row_generators)
     else:
-        tokens = torch.multinomial(logp.exp(), 1, generator=generator).squeeze(-1)
+        tokens = inverse_cdf_tokens(logp, uniform_draws(logp, generator, row_generators))
     return tokens, logp.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
 
 
-def inverse_cdf_tokens(logp: torch.Tensor, row_generators: list[torch.Generator]) -> torch.Tensor:
-    """One token per row of the log-probs `logp` [N, V]: row i draws u from its generator and takes the first
-    token whose cumulative probability exceeds u times the row's total (a sequential sum per row: the same
-    bits whatever the other rows are)."""
+def uniform_draws(logp: torch.Tensor, generator: torch.Generator | None = None,
+                  row_generators: list[torch.Generator] | None = None) -> torch.Tensor:
+    """One uniform draw in [0, 1) per row of `logp` [N, V]: row i's from `row_generators[i]`, else all from
+    `generator`. One draw a row, not one per vocabulary entry: `torch.multinomial` draws an exponential for
+    every entry, 32 ms a step at 32 rows of SmolLM2's 49k on one core, 15% of a decode."""
+    if row_generators is None:
+        return torch.rand(logp.shape[0], generator=generator, device=logp.device)
     if len(row_generators) != logp.shape[0]:
         raise ValueError(f"{len(row_generators)} generators for {logp.shape[0]} rows")
+    return torch.cat([torch.rand(1, generator=g, device=g.device) for g in row_generators]).to(logp.device)
+
+
+def inverse_cdf_tokens(logp: torch.Tensor, draws: torch.Tensor) -> torch.Tensor:
+    """One token per row of the log-probs `logp` [N, V]: row i takes the first token whose cumulative
+    probability exceeds `draws[i]` (uniform in [0, 1)) times the row's total (a sequential sum per row: the
+    same bits whatever the other rows are)."""
     probs = logp.exp()
     cdf = probs.cumsum(-1)
-    draws = torch.cat([torch.rand(1, generator=g, device=g.device) for g in row_generators]).to(cdf.device)
     tokens = torch.searchsorted(cdf, (draws * cdf[:, -1]).unsqueeze(-1), right=True).squeeze(-1)
     # u * total can round up to the total itself: then the last token with any probability.
     last = probs.shape[-1] - 1 - torch.argmax((probs.flip(-1) > 0).to(torch.int8), dim=-1)
