@@ -1,10 +1,12 @@
-"""What forwarding the rows without gradient under no_grad buys (`learner/gradient_rows.py`), same run.
+"""What the rows without gradient cost (`learner/gradient_rows.py`), three ways in one run.
 
 The learner's `Trainer.step` on the real-model example's shape (SmolLM2-135M-Instruct, 4 groups of 8, a
 48-token prompt shared by each group, 24-token responses, float32, one thread), with a given share of the
-groups uniform (every reward equal: zero advantage), rows split (`Trainer.splits_rows`) against one forward of
-the whole batch with gradient. The two alternate step by step; each reports the median of its steps after one
-warm-up step. The example's runs have 38-45% of their sequences in such groups.
+groups uniform (every reward equal: zero advantage): those rows not forwarded at all (`skipped`,
+`Trainer.skips_rows`, the default where nothing rejects), forwarded under no_grad (`split`,
+`Trainer.splits_rows`), and one forward of the whole batch with gradient (`whole`). The arms alternate step by
+step; each reports the median of its steps after one warm-up step. The example's runs have 38-45% of their
+sequences in such groups.
 
     .venv/bin/python bench/gradient_rows.py [--model-path artifacts/smollm2-135m-instruct] [--repeats 4]
         [--uniform 0,1,2] [--threads 1]
@@ -47,28 +49,32 @@ def main() -> None:
     model = load_causal_lm(args.model_path)
     cfg = LearnerConfig.model_validate({"lr": 1e-6, "algo": {"preset": "decoupled_token_is"}})
     trainer = Trainer(model, cfg, SamplingParams.from_config(SamplingConfig()), pad_id=0)
+    arms = {"skipped": (True, True), "split": (True, False), "whole": (False, False)}
     rows = {}
     for uniform in (int(u) for u in args.uniform.split(",")):
         batch = example_batch(model.config.vocab_size, uniform)
-        seconds: dict[bool, list[float]] = {True: [], False: []}
+        seconds: dict[str, list[float]] = {arm: [] for arm in arms}
         for i in range(args.repeats + 1):
-            for split in (True, False):
-                trainer.splits_rows = split
+            for arm, (split, skip) in arms.items():
+                trainer.splits_rows, trainer.skips_rows = split, skip
                 t0 = time.perf_counter()
                 metrics = trainer.step(batch, version=1)
                 if i:  # the first of each is a warm-up
-                    seconds[split].append(time.perf_counter() - t0)
+                    seconds[arm].append(time.perf_counter() - t0)
                 if split:
                     free = metrics["batch/gradient_free_sequences"]
-        split_s, whole_s = statistics.median(seconds[True]), statistics.median(seconds[False])
+        median = {arm: statistics.median(s) for arm, s in seconds.items()}
         rows[f"{uniform} of {GROUPS} groups uniform"] = {
-            "gradient_free_sequences": free, "split_s": round(split_s, 3), "whole_s": round(whole_s, 3),
-            "split_over_whole": round(split_s / whole_s, 3), "steps": {str(k): [round(s, 3) for s in v]
-                                                                      for k, v in seconds.items()}}
+            "gradient_free_sequences": free, **{f"{arm}_s": round(m, 3) for arm, m in median.items()},
+            "skipped_over_whole": round(median["skipped"] / median["whole"], 3),
+            "split_over_whole": round(median["split"] / median["whole"], 3),
+            "skipped_over_split": round(median["skipped"] / median["split"], 3),
+            "steps": {arm: [round(x, 3) for x in s] for arm, s in seconds.items()}}
         print(uniform, rows[f"{uniform} of {GROUPS} groups uniform"], flush=True)
     emit("gradient_rows", {"model": args.model_path, "threads": args.threads, "arms": rows},
-         {f"{k}: {arm}": v[f"{arm}_s"] for k, v in rows.items() for arm in ("split", "whole")}, "seconds per step",
-         "learner step, rows without gradient forwarded under no_grad (split) or with the rest (whole)")
+         {f"{k}: {arm}": v[f"{arm}_s"] for k, v in rows.items() for arm in arms}, "seconds per step",
+         "learner step: rows without gradient not forwarded (skipped), forwarded under no_grad (split), "
+         "or with the rest (whole)")
 
 
 if __name__ == "__main__":

@@ -34,6 +34,7 @@ from asyncrl.learner.batch import TrainBatch, staleness_stats, trained_width
 from asyncrl.learner.gradient_rows import (
     advantages_before_forward,
     gradient_rows,
+    skips_rows,
     split_logprobs,
     splits_rows,
 )
@@ -94,6 +95,8 @@ class Trainer:
         separate no-grad forward of the batch is skipped."""
         self.splits_rows = self.fuses_proximal and splits_rows(self.algo)
         """The fused forward runs the rows that carry no gradient without one (`learner.gradient_rows`)."""
+        self.skips_rows = self.splits_rows and skips_rows(self.algo)
+        """... or not at all: their log-probs would change neither the loss nor its denominator."""
 
     def _why_not_shared(self, model: torch.nn.Module, ranks: Ranks) -> str | None:
         """Why the policy's forwards cannot share prompts (None: they can); logged when asked for."""
@@ -202,13 +205,17 @@ class Trainer:
         routing_metrics: dict = {}
         logp_fused = None
         gradient_free = 0
+        measured_rows = None  # the rows the diagnostics are over (None: all)
         adv = advantages_before_forward(batch, self.algo) if self.splits_rows else None
         if self.fuses_proximal:
             rows = [] if adv is None else gradient_rows(adv.advantages, batch.response_mask)
             gradient_free = len(batch) - len(rows) if 0 < len(rows) < len(batch) else 0
             # With grad (where a row carries one); trained on below as the one mini-batch.
-            logp_fused = split_logprobs(batch, rows, self._logprobs) if gradient_free else self._logprobs(batch)
+            logp_fused = (split_logprobs(batch, rows, self._logprobs, forward_rest=not self.skips_rows)
+                          if gradient_free else self._logprobs(batch))
             logp_prox = logp_fused.detach()
+            if gradient_free and self.skips_rows:
+                measured_rows = rows
         elif self.algo.needs_prox_forward:
             with torch.no_grad(), self._without_dropout():
                 if self.in_parts:
@@ -243,7 +250,8 @@ class Trainer:
         if logp_fused is not None and chunks != [list(range(len(batch)))]:
             raise AssertionError("a fused proximal forward needs the whole batch as its one mini-batch")
         for chunk in chunks:
-            loss, grad_norm, mb_metrics = self._train_chunk(batch, chunk, algo, adv, logp_prox, logp_ref, logp_fused)
+            loss, grad_norm, mb_metrics = self._train_chunk(batch, chunk, algo, adv, logp_prox, logp_ref, logp_fused,
+                                                            measured_rows)
             finite = bool(torch.isfinite(loss) and torch.isfinite(grad_norm))
             self.loss_scale.update(finite)
             if all(math.isfinite(float(v)) for v in mb_metrics.values()):
@@ -292,19 +300,27 @@ class Trainer:
         return metrics
 
     def _objective(self, batch: TrainBatch, rows: list[int], algo, adv, logp_prox, logp_ref, units=None,
-                   weight: float = 1.0, logp: torch.Tensor | None = None):
+                   weight: float = 1.0, logp: torch.Tensor | None = None, measured: list[int] | None = None):
         """Forward `rows` (unless their `logp` is given: the fused proximal forward), their loss, backward of
-        `weight` x loss (inside the routing-replay context)."""
+        `weight` x loss (inside the routing-replay context). With `measured` (the fused forward's rows that
+        carry a gradient, the others not forwarded) only those rows enter the objective and its diagnostics;
+        the loss still divides by every row's tokens."""
         mb = batch.rows(rows)
         width = mb.response_mask.shape[1]
         idx = torch.tensor(rows, dtype=torch.long)
+        response_mask = mb.response_mask
+        if measured is not None:
+            units = objective_units(logp_prox[idx, :width], mb.logp_behav, response_mask, algo)
+            forwarded = torch.zeros(len(rows), 1, dtype=response_mask.dtype, device=response_mask.device)
+            forwarded[[rows.index(r) for r in measured]] = 1
+            response_mask = response_mask * forwarded
         with self.replay.training(mb, rows, measure=not self.algo.needs_prox_forward) as mb_routing:
             if logp is None:
                 logp = self._logprobs(mb)
             else:  # the fused proximal forward's, over the whole batch's width: trimmed as `mb` is
                 logp = logp[:, :width]
             loss, mb_metrics = policy_objective(
-                logp, logp_prox[idx, :width], mb.logp_behav, adv.advantages[idx, :width], mb.response_mask,
+                logp, logp_prox[idx, :width], mb.logp_behav, adv.advantages[idx, :width], response_mask,
                 algo, logp_ref=None if logp_ref is None else logp_ref[idx, :width],
                 logp_teacher=mb.logp_teacher,
                 opd_mask=None if adv.opd_mask is None else adv.opd_mask[idx, :width], units=units,
@@ -313,12 +329,13 @@ class Trainer:
         return loss, {**mb_metrics, **to_floats(mb_routing)}
 
     def _train_chunk(self, batch: TrainBatch, chunk: list[int], algo, adv, logp_prox, logp_ref,
-                     logp: torch.Tensor | None = None):
+                     logp: torch.Tensor | None = None, measured: list[int] | None = None):
         """Gradients of one mini-batch, clipped: (its loss, the gradient norm, its metrics). Whole on one
         rank; else in parts, each rank its groups, each in micro-batches."""
         self.optimizer.zero_grad(set_to_none=True)
         if not self.in_parts:
-            loss, mb_metrics = self._objective(batch, chunk, algo, adv, logp_prox, logp_ref, logp=logp)
+            loss, mb_metrics = self._objective(batch, chunk, algo, adv, logp_prox, logp_ref, logp=logp,
+                                               measured=measured)
         else:
             idx = torch.tensor(chunk, dtype=torch.long)
             width = trained_width(batch.response_mask[idx])

@@ -155,30 +155,55 @@ def test_the_proximal_forward_is_fused_only_where_it_is_exact(tiny_model_dir):
 
 
 @pytest.mark.parametrize("reward", [0.0, 1.0])
-def test_rows_without_gradient_forward_without_it_and_the_step_is_the_same(tiny_model_dir, reward):
-    """A group whose rewards are all equal has zero advantage: the fused forward runs it without gradient, and
-    the step's weights and every metric are those of one forward of the whole batch with gradient."""
+@pytest.mark.parametrize("rows_without_gradient", ["forwarded without it", "not forwarded"])
+def test_rows_without_gradient_change_nothing_the_step_trains(tiny_model_dir, reward, rows_without_gradient):
+    """A group whose rewards are all equal has zero advantage: the fused forward runs it without gradient, or
+    (`skips_rows`: nothing rejects or rescales over the batch) not at all, and the step's gradients, loss and
+    advantages are those of one forward of the whole batch with gradient. Forwarded, every diagnostic is too;
+    not forwarded, the diagnostics are over the rows that carry a gradient."""
     b = batch(groups=3)
     b.rewards[4:8] = reward  # the second group: every sample right, or every one wrong
     cfg = LearnerConfig.model_validate({"lr": 1e-3, "minibatches": 1, "algo": ALGOS["decoupled_ppo"]})
+    skip = rows_without_gradient == "not forwarded"
     results = []
     for split in (True, False):
         model = load_causal_lm(tiny_model_dir.policy)
         trainer = Trainer(model, cfg, SamplingParams.from_config(SamplingConfig()), pad_id=0)
-        assert trainer.splits_rows
-        trainer.splits_rows = split
+        assert trainer.splits_rows and trainer.skips_rows
+        trainer.splits_rows, trainer.skips_rows = split, split and skip
         grads, update = [], trainer.optimizer.step
         trainer.optimizer.step = lambda: grads.extend(p.grad.clone() for p in model.parameters()) or update()
+        forwarded, policy_forward = [], trainer._logprobs
+        trainer._logprobs = lambda mb, m=None, seen=forwarded, run=policy_forward: seen.append(len(mb)) or run(mb, m)
         metrics = trainer.step(b, version=3)
-        results.append((metrics, grads))
-    (split_metrics, split_grads), (plain_metrics, plain_grads) = results
+        results.append((metrics, grads, forwarded))
+    (split_metrics, split_grads, split_rows), (plain_metrics, plain_grads, plain_rows) = results
     assert (split_metrics["batch/gradient_free_sequences"], plain_metrics["batch/gradient_free_sequences"]) == (4, 0)
-    for key, value in plain_metrics.items():
+    assert plain_rows == [12] and split_rows == ([8] if skip else [8, 4])
+    same = ("loss/total", "opt/grad_norm", "adv/mean", "reward/mean") if skip else plain_metrics
+    for key in same:
+        value = plain_metrics[key]
         if not key.startswith(("time/", "batch/gradient_free")) and isinstance(value, float):
             assert split_metrics[key] == pytest.approx(value, rel=1e-4, abs=1e-6), key
     # The gradients, not the weights: AdamW's first update divides by |g|, so rounding in a tiny gradient
     # moves its weight by up to lr.
     assert split_grads and all(torch.allclose(a, b, rtol=1e-4, atol=1e-8) for a, b in zip(split_grads, plain_grads))
+
+
+def test_rows_without_gradient_are_left_out_only_where_nothing_rejects_or_rescales(tiny_model_dir):
+    model = load_causal_lm(tiny_model_dir.policy)
+    sampling = SamplingParams.from_config(SamplingConfig())
+
+    def skips(algo: dict) -> bool:
+        cfg = LearnerConfig.model_validate({"minibatches": 1, "algo": algo})
+        return Trainer(model, cfg, sampling, pad_id=0).skips_rows
+
+    assert skips({"preset": "decoupled_token_is"}) and skips({"preset": "decoupled_seq_is"})
+    for preset in ("decoupled_geo_rs", "decoupled_seq_is_rs", "decoupled_k3_rs"):  # a row's ratio rejects it
+        assert not skips({"preset": preset}), preset
+    assert not skips({"preset": "decoupled_token_is", "rollout_correction": {"veto_threshold": 1e-4}})
+    assert not skips({"preset": "decoupled_token_is", "rollout_correction": {"batch_normalize": True}})
+    assert not skips(ALGOS["kl_loss"])  # no split at all
 
 
 def test_rows_are_split_only_where_a_rows_gradient_is_known_from_its_advantage(tiny_model_dir):
