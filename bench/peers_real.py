@@ -13,8 +13,11 @@ prompts.
 
 Per arm and seed: the wall seconds per learner step (median), the whole run, the held-out accuracy curve (every
 10 steps, against the seconds since the command started and the samples trained), and the seconds to reach
-`--target` held-out accuracy (start-up and, for asyncrl, its in-line evaluations included; the model was
-converted before, for both).
+`--target` held-out accuracy, start-up and evaluations included in both arms: asyncrl's evaluations run in
+line on the learner's thread (the replica keeps generating meanwhile); TRL's would stop its one process, so
+each of its evaluations (the base model's included, as asyncrl's step-0 one) adds the seconds it took here,
+on TRL's two threads. `time_to_target_speedup_vs_trl_without_its_evaluations` leaves TRL's off its clock
+(the stricter figure). The model was converted before, for both.
 
     .venv/bin/python bench/peers_real.py [--seeds 1] [--steps 30] [--target 0.5] [--dtype bfloat16]
     (or: asyncrl bench peers_real)
@@ -49,22 +52,25 @@ def example_config(seed: int = 0):
     return load_config(REPO / "examples" / f"{EXAMPLE}.yaml", [f"seed={seed}"])
 
 
-def held_out_accuracy(model_dir: Path, config, task, dtype: str = "float32") -> float:
+def held_out_accuracy(model_dir: Path, config, task, dtype: str = "float32") -> tuple[float, float]:
+    """(greedy held-out accuracy, the seconds the evaluation took, loading the model included)."""
     from asyncrl.core.config.schema import EngineConfig
     from asyncrl.core.engines.torch_engine import TorchEngine
     from asyncrl.core.tasks.evaluate import greedy_accuracy
 
+    start = time.perf_counter()
     engine = TorchEngine(EngineConfig(threads=2, max_model_len=config.rollout.engine.max_model_len), str(model_dir),
                          dtype=dtype)
     try:
-        return greedy_accuracy(engine, task, max_new_tokens=config.sampling.max_new_tokens)
+        return greedy_accuracy(engine, task, max_new_tokens=config.sampling.max_new_tokens), time.perf_counter() - start
     finally:
         engine.close()
 
 
-def time_to(curve: list[dict], target: float) -> float | None:
-    """Seconds since the start at the first evaluation at or above `target` (None: never)."""
-    return next((p["since_start_s"] for p in curve if p["accuracy"] >= target), None)
+def time_to(curve: list[dict], target: float, clock: str = "since_start_s") -> float | None:
+    """Seconds since the start (`clock`: one of the curve's clocks) at the first evaluation at or above `target`
+    (None: never)."""
+    return next((p[clock] for p in curve if p["accuracy"] >= target), None)
 
 
 def run_asyncrl(run_dir: Path, seed: int, steps: int, dtype: str) -> dict:
@@ -74,12 +80,14 @@ def run_asyncrl(run_dir: Path, seed: int, steps: int, dtype: str) -> dict:
     exited = time.time()
     step_events = [e for e in learner if e["kind"] == "step"]
     curve = [{"step": e["step"], "accuracy": e["accuracy"], "since_start_s": e["t"] - t0,
-              "samples": SAMPLES_PER_STEP * e["step"]} for e in learner if e["kind"] == "eval"]
+              "with_evaluations_s": e["t"] - t0, "samples": SAMPLES_PER_STEP * e["step"]}
+             for e in learner if e["kind"] == "eval"]  # its evaluations are in its clock already
     return {"per_step_s": statistics.median(e["time/wall_s"] for e in step_events[1:]), "run_s": exited - t0,
             "curve": curve}
 
 
-def run_trl(out: Path, seed: int, steps: int, data: Path, config, task, base_accuracy: float, dtype: str) -> dict:
+def run_trl(out: Path, seed: int, steps: int, data: Path, config, task, base: tuple[float, float],
+            dtype: str) -> dict:
     report, t0, exited, _ = run_peer(data, REPO / config.model.path, out, steps, seed)
     ends, saves = report["step_ends"], report["save_s"]
     # The saves every EVAL_EVERY steps are the bench's, not TRL's: their seconds come off every later time.
@@ -87,11 +95,15 @@ def run_trl(out: Path, seed: int, steps: int, data: Path, config, task, base_acc
     def clock(step: int) -> float:
         return ends[step - 1] - t0 - sum(saves[: (step - 1) // EVAL_EVERY])
 
-    curve = [{"step": 0, "accuracy": base_accuracy, "since_start_s": 0.0, "samples": 0}]
+    base_accuracy, evaluations_s = base
+    curve = [{"step": 0, "accuracy": base_accuracy, "since_start_s": 0.0, "with_evaluations_s": evaluations_s,
+              "samples": 0}]
     for step in range(EVAL_EVERY, steps + 1, EVAL_EVERY):
         policy = out / ("final" if step == steps else f"step-{step}")
-        curve.append({"step": step, "accuracy": held_out_accuracy(policy, config, task, dtype),
-                      "since_start_s": clock(step), "samples": SAMPLES_PER_STEP * step})
+        accuracy, seconds = held_out_accuracy(policy, config, task, dtype)
+        evaluations_s += seconds
+        curve.append({"step": step, "accuracy": accuracy, "since_start_s": clock(step),
+                      "with_evaluations_s": clock(step) + evaluations_s, "samples": SAMPLES_PER_STEP * step})
     per_step = statistics.median(b - a for a, b in itertools.pairwise(ends))
     return {"per_step_s": per_step, "run_s": exited - t0 - sum(saves), "curve": curve}
 
@@ -112,7 +124,7 @@ def main() -> None:
     config = example_config()
     task = task_for_run(config)
     prompts = [task.train_prompt(i) for i in range(args.steps * 4)]
-    base = held_out_accuracy(REPO / config.model.path, config, task, args.dtype)
+    base = held_out_accuracy(REPO / config.model.path, config, task, args.dtype)  # (accuracy, seconds)
     arms: dict[str, list[dict]] = {"asyncrl eta=2": [], "TRL GRPOTrainer": []}
     # A run's plot process may still write into its folder as the folder goes: what it cannot remove stays.
     with tempfile.TemporaryDirectory(prefix="asyncrl-peers-real-", ignore_cleanup_errors=True) as tmp:
@@ -131,29 +143,35 @@ def main() -> None:
             print("TRL", seed, arms["TRL GRPOTrainer"][-1], file=sys.stderr, flush=True)
     summary = {}
     for name, runs in arms.items():
-        reached = [time_to(r["curve"], args.target) for r in runs]
         summary[name] = {"per_step_s": round(statistics.median(r["per_step_s"] for r in runs), 2),
                          "run_s": round(statistics.median(r["run_s"] for r in runs), 1),
-                         "final_accuracy": [r["curve"][-1]["accuracy"] for r in runs],
-                         "time_to_target_s": [None if t is None else round(t, 1) for t in reached], "runs": runs}
+                         "final_accuracy": [r["curve"][-1]["accuracy"] for r in runs], "runs": runs}
+        for clock, key in (("with_evaluations_s", "time_to_target_s"),
+                           ("since_start_s", "time_to_target_without_evaluations_s")):
+            summary[name][key] = [None if t is None else round(t, 1)
+                                  for t in (time_to(r["curve"], args.target, clock) for r in runs)]
     ours, trl = summary["asyncrl eta=2"], summary["TRL GRPOTrainer"]
-    ours_t = [t for t in ours["time_to_target_s"] if t is not None]
-    trl_t = [t for t in trl["time_to_target_s"] if t is not None]
+
+    def speedup(trl_key: str) -> float | None:
+        ours_t = [t for t in ours["time_to_target_s"] if t is not None]
+        trl_t = [t for t in trl[trl_key] if t is not None]
+        return round(statistics.median(trl_t) / statistics.median(ours_t), 2) if ours_t and trl_t else None
+
     result = {"model": "SmolLM2-135M-Instruct", "task": "reasoning-gym basic_arithmetic (2 terms, 1-2 digits, +)",
               "steps": args.steps, "seeds": args.seeds, "target_accuracy": args.target,
-              "base_accuracy": base, "dtype": args.dtype,
+              "base_accuracy": base[0], "base_evaluation_s": round(base[1], 1), "dtype": args.dtype,
               "peer": f"trl==1.16.0 GRPOTrainer (CPU, 2 threads, {args.dtype})", "arms": summary,
               "per_step_speedup_vs_trl": round(trl["per_step_s"] / ours["per_step_s"], 2),
-              "time_to_target_speedup_vs_trl": (round(statistics.median(trl_t) / statistics.median(ours_t), 2)
-                                                if ours_t and trl_t else None)}
+              "time_to_target_speedup_vs_trl": speedup("time_to_target_s"),
+              "time_to_target_speedup_vs_trl_without_its_evaluations": speedup("time_to_target_without_evaluations_s")}
     name = "peers-real" + ("" if args.dtype == "float32" else f"-{args.dtype}")
     emit(name, result, {f"{name}: s per step": s["per_step_s"] for name, s in summary.items()}, "seconds",
          f"{args.steps} steps, SmolLM2-135M-Instruct, {args.dtype}, median of {args.seeds} seeds")
-    draw_curves({f"{name}, seed {i}": [(p["since_start_s"], p["accuracy"]) for p in run["curve"]]
+    draw_curves({f"{name}, seed {i}": [(p["with_evaluations_s"], p["accuracy"]) for p in run["curve"]]
                  for name, s in summary.items() for i, run in enumerate(s["runs"])},
                 RESULTS / f"{name}-curve.png",
                 f"SmolLM2-135M-Instruct ({args.dtype}), reasoning-gym basic_arithmetic, 2 CPU cores",
-                "seconds since the command started", target=args.target)
+                "seconds since the command started, evaluations included", target=args.target)
 
 
 if __name__ == "__main__":

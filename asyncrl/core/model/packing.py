@@ -58,11 +58,17 @@ def why_not_packed(model) -> str | None:
     attention = getattr(config, "_attn_implementation", None)
     if attention not in PACKABLE_ATTENTION:
         return f"attention implementation {attention!r} (packing needs one of {sorted(PACKABLE_ATTENTION)})"
+    windowed = why_windowed(config)
+    return None if windowed is None else f"{windowed} (a packed row's mask is full attention)"
+
+
+def why_windowed(config) -> str | None:
+    """What in a model `config` attends to less than the whole sequence so far (None: nothing)."""
     layer_types = set(getattr(config, "layer_types", None) or ())
     if layer_types - {"full_attention"}:
-        return f"layer types {sorted(layer_types - {'full_attention'})} (a packed row's mask is full attention)"
+        return f"layer types {sorted(layer_types - {'full_attention'})}"
     if getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", True):
-        return f"a sliding window of {config.sliding_window} (a packed row's mask is full attention)"
+        return f"a sliding window of {config.sliding_window}"
     return None
 
 

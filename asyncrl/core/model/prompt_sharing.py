@@ -55,20 +55,14 @@ def shared_head(model, prompts: list[list[int]]) -> int:
     predicts its first response token. The rest of each prompt is left-padded after the head, so the model
     must mask padding anywhere (`why_not_shared`) and attend to whole prompts (no sliding window, where
     padding inside the window would hide real tokens)."""
-    if len(prompts) < 2 or why_not_shared(model) is not None or _windowed(model):
+    if (len(prompts) < 2 or why_not_shared(model) is not None
+            or packing.why_windowed(getattr(model, "config", None)) is not None):
         return 0
     # Lists compare element by element: the common prefix of the smallest and largest is everyone's.
     low, high = min(prompts), max(prompts)
     head = next((i for i, (a, b) in enumerate(zip(low, high)) if a != b), min(len(low), len(high)))
     head = min(head, min(map(len, prompts)) - 1)
     return head if head * (len(prompts) - 1) >= HEAD_TOKENS_SAVED else 0
-
-
-def _windowed(model) -> bool:
-    config = getattr(model, "config", None)
-    layer_types = set(getattr(config, "layer_types", None) or ())
-    return bool(layer_types - {"full_attention"} or (getattr(config, "sliding_window", None)
-                                                     and getattr(config, "use_sliding_window", True)))
 
 
 def why_not_shared(model) -> str | None:
