@@ -265,6 +265,18 @@ def test_a_push_in_another_dtype_is_cast_by_copy(engine, tiny_model_dir):
         assert got.dtype == torch.float32 and torch.equal(got, sent.float())
 
 
+def _count_rows(model, monkeypatch) -> list[int]:
+    """The rows of every forward of `model` from now on, in order."""
+    widths, forward = [], model.forward
+
+    def counting(*args, **kwargs):
+        widths.append(kwargs["input_ids"].shape[0])
+        return forward(*args, **kwargs)
+
+    monkeypatch.setattr(model, "forward", counting)
+    return widths
+
+
 def test_a_prompt_sampled_n_times_is_prefilled_once_and_decodes_as_if_it_were_not(tiny_model_dir, monkeypatch):
     """A group's G samples share one prefill (its KV cache copied to each row): same seed, same samples and
     log-probs as prefilling every row, and the prefill forward sees only the distinct prompts."""
@@ -272,14 +284,7 @@ def test_a_prompt_sampled_n_times_is_prefilled_once_and_decodes_as_if_it_were_no
 
     model = load_causal_lm(tiny_model_dir.policy)
     params = SamplingParams(temperature=1.0, max_new_tokens=6)
-    widths = []
-    forward = model.forward
-
-    def counting(*args, **kwargs):
-        widths.append(kwargs["input_ids"].shape[0])
-        return forward(*args, **kwargs)
-
-    monkeypatch.setattr(model, "forward", counting)
+    widths = _count_rows(model, monkeypatch)
 
     def run():
         widths.clear()
@@ -290,7 +295,7 @@ def test_a_prompt_sampled_n_times_is_prefilled_once_and_decodes_as_if_it_were_no
     monkeypatch.setattr(torch_decode, "distinct_prompts", lambda prompts, tags=None: (prompts, list(range(len(prompts)))))
     separate, separate_widths = run(), list(widths)
     monkeypatch.undo()
-    monkeypatch.setattr(model, "forward", counting)
+    widths = _count_rows(model, monkeypatch)
     # A model that cannot share (`prompt_sharing.why_not_shared`, e.g. recurrent layers) prefills every row.
     monkeypatch.setattr(torch_decode, "why_not_shared", lambda _model: "recurrent layers")
     unshared, unshared_widths = run(), list(widths)
@@ -310,14 +315,7 @@ def test_rows_that_finish_leave_the_batch_and_the_others_decode_as_alone(tiny_mo
     model = load_causal_lm(tiny_model_dir.policy)
     params = SamplingParams(temperature=1.0, max_new_tokens=12)
     seeds = [101, 202, 303, 404]
-    widths = []
-    forward = model.forward
-
-    def counting(*args, **kwargs):
-        widths.append(kwargs["input_ids"].shape[0])
-        return forward(*args, **kwargs)
-
-    monkeypatch.setattr(model, "forward", counting)
+    widths = _count_rows(model, monkeypatch)
     together = torch_decode.generate_with_model(model, PROMPTS, params, 4, eos_ids=[2], pad_id=0, seeds=seeds)
     decode_widths = widths[1:]
     lengths = sorted(len(g.token_ids) for g in _flat(together))
