@@ -311,9 +311,8 @@ class Trainer:
         response_mask = mb.response_mask
         if measured is not None:
             units = objective_units(logp_prox[idx, :width], mb.logp_behav, response_mask, algo)
-            forwarded = torch.zeros(len(rows), 1, dtype=response_mask.dtype, device=response_mask.device)
-            forwarded[[rows.index(r) for r in measured]] = 1
-            response_mask = response_mask * forwarded
+            forwarded = torch.isin(idx, torch.tensor(measured, dtype=torch.long)).unsqueeze(1)
+            response_mask = response_mask * forwarded.to(response_mask.device, response_mask.dtype)
         with self.replay.training(mb, rows, measure=not self.algo.needs_prox_forward) as mb_routing:
             if logp is None:
                 logp = self._logprobs(mb)

@@ -91,9 +91,9 @@ class Sent:
 class WeightPublisher:
     """Every commit names the checksum of what the push carried (a receiver that received something else failed
     the push). `named`/`adapter`: a LoRA learner's adapter parameters (peft's saved names) and the adapter's
-    shape: only those travel. Default: every weight of `model` (`modeling.named_weights`). `wire_dtype`: the dtype the weights travel in
-    when it is not theirs (float32 master weights of a half-precision run: the engines' dtype, half the bytes,
-    and the rounding the learner's forwards use)."""
+    shape: only those travel. Default: every weight of `model` (`modeling.named_weights`). `wire_dtype`: the
+    dtype the weights travel in when it is not theirs (float32 master weights of a half-precision run: the
+    engines' dtype, half the bytes, and the rounding the learner's forwards use)."""
 
     def __init__(self, controller_stub, model, transport_cfg, push_timeout_s: float, max_attempts: int = 3,
                  named: list | None = None, adapter: AdapterSpec | None = None,
