@@ -26,6 +26,7 @@ import torch
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
+from asyncrl.controller import held_request
 from asyncrl.controller.state import ControllerState
 from asyncrl.controller.status_page import StatusPage
 from asyncrl.core.config.file import dump_config
@@ -856,10 +857,13 @@ def test_the_learner_returns_a_dropped_groups_quota_once_and_its_fields_are_chec
     assert not moved_on.HasField("sample_index") and moved_on.prompt_index == 2
 
 
-def test_await_leases_holds_the_learner_until_the_old_leases_have_ended(controller):
+def test_await_leases_holds_the_learner_until_the_old_leases_have_ended(controller, monkeypatch):
     """`AwaitLeases` (`learner.stale_groups: hold`): held while a lease granted at the version or below is
     active, answered as soon as its completion arrives (not at a poll); answered with what is outstanding when
     wait_s is up; a version beyond the one a push in flight would commit is INVALID_ARGUMENT naming it."""
+    # A poll far longer than the wait below, so an answer in time can only come from the lease's end (a
+    # threshold under the usual 0.25 s poll failed on a loaded CI machine by latency alone).
+    monkeypatch.setattr(held_request, "HOLD_POLL_S", 60.0)
     stub = controller.stub
     rid = stub.RegisterReplica(pb.RegisterReplicaRequest(address="127.0.0.1:7001", engine="torch")).replica_id
     lease = stub.AcquireLease(pb.AcquireLeaseRequest(replica_id=rid, num_trajectories=4))
@@ -879,7 +883,7 @@ def test_await_leases_holds_the_learner_until_the_old_leases_have_ended(controll
         completed_at = time.monotonic()
         stub.CompleteLease(pb.CompleteLeaseRequest(replica_id=rid, lease_id=lease.lease_id, num_written=4))
         assert held.result(timeout=10).outstanding == 0
-        assert time.monotonic() - completed_at < 0.2  # woken by the lease's end, not by a poll
+        assert time.monotonic() - completed_at < 5.0  # woken by the lease's end: the poll is 60 s, wait_s 20 s
 
 
 def test_a_forged_groups_prompt_or_lease_never_stops_the_learners_quota_return(controller):
