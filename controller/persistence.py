@@ -12,22 +12,27 @@ monotonic clocks do not survive a process) and the open push (the learner's comm
 controller never saw is refused, and the learner begins it again).
 
 Redis layout under `controller.state_key` K: hash `K:meta`, hash `K:leases` (lease id -> JSON), hash
-`K:replicas` (replica id -> JSON). Every change is one MULTI/EXEC transaction written under the
+`K:replicas` (replica id -> JSON). The learner's key and the push keys are stored sealed (`key_seal`): a
+reader of the store gets no key that signs. Every change is one MULTI/EXEC transaction written under the
 controller's lock before the answer leaves, so what a caller was told is what a restart finds.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 
+from asyncrl.controller.key_seal import BrokenSeal, KeySeal
 from asyncrl.controller.leases import Lease
 from asyncrl.controller.registry import Replica
 from asyncrl.core.buffer.lease_writes import LeaseWriteCounts
 from asyncrl.core.checks.config_error import ConfigError
 from asyncrl.core.config.controller import ControllerConfig
 from asyncrl.core.config.schema import BufferConfig
+
+log = logging.getLogger(__name__)
 
 
 class StateOfAnotherRun(ConfigError):
@@ -166,8 +171,9 @@ class MemoryStore(ControllerStore):
 
 
 class RedisStore(ControllerStore):
-    def __init__(self, client, key: str):
-        self._r, self.key = client, key
+    def __init__(self, client, key: str, seal: KeySeal | None):
+        """`seal`: how the keys are sealed; None for a caller that only clears the store (it cannot save)."""
+        self._r, self.key, self._seal = client, key, seal
         self.client = client
         """The Redis connection, for other readers of the buffer's Redis (the lease-write counters)."""
         self._meta, self._leases, self._replicas = f"{key}:meta", f"{key}:leases", f"{key}:replicas"
@@ -181,20 +187,40 @@ class RedisStore(ControllerStore):
         replicas = []
         for v in self._r.hvals(self._replicas):
             raw = json.loads(v)
-            replicas.append(SavedReplica(**{**raw, "push_key": bytes.fromhex(raw["push_key"])}))
+            push_key = self._open(raw["push_key"], f"replica {raw['replica_id']!r}: it registers again")
+            if push_key:
+                replicas.append(SavedReplica(**{**raw, "push_key": push_key}))
+        meta["learner_key"] = self._open(meta.get("learner_key", ""), "the learner's seat: it registers again").hex()
         prompts = {int(k): v.decode() for k, v in self._r.hgetall(self._prompts).items()}
         return _state(meta, leases, replicas, prompts)
 
+    def _open(self, text: str, dropped: str) -> bytes:
+        """The key sealed as `text`; b"" (logged: what is dropped) when it cannot be opened."""
+        try:
+            return self._sealer().open(text)
+        except BrokenSeal as e:
+            log.warning("controller.state_key: a stored key cannot be opened (%s); dropped %s", e, dropped)
+            return b""
+
+    def _sealer(self) -> KeySeal:
+        if self._seal is None:
+            raise RuntimeError("this RedisStore was made without a KeySeal: it can only clear the state")
+        return self._seal
+
     def save(self, changes: Changes) -> None:
         pipe = self._r.pipeline(transaction=True)
-        pipe.hset(self._meta, mapping={k: str(v) for k, v in changes.meta.items()})
+        meta = {k: str(v) for k, v in changes.meta.items()}
+        if "learner_key" in meta:
+            meta["learner_key"] = self._sealer().seal(bytes.fromhex(meta["learner_key"]))
+        pipe.hset(self._meta, mapping=meta)
         if changes.leases:
             pipe.hset(self._leases, mapping={x.lease_id: json.dumps(x.__dict__) for x in changes.leases})
         if changes.ended_leases:
             pipe.hdel(self._leases, *changes.ended_leases)
         if changes.replicas:
             pipe.hset(self._replicas, mapping={
-                r.replica_id: json.dumps({**r.__dict__, "push_key": r.push_key.hex()}) for r in changes.replicas
+                r.replica_id: json.dumps({**r.__dict__, "push_key": self._sealer().seal(r.push_key)})
+                for r in changes.replicas
             })  # fmt: skip
         if changes.forgotten_replicas:
             pipe.hdel(self._replicas, *changes.forgotten_replicas)
@@ -271,15 +297,16 @@ def _state(meta: dict, leases: list[SavedLease], replicas: list[SavedReplica],
                       regenerate=[int(p) for p in meta.get("regenerate", "").split(",") if p])
 
 
-def make_store(cfg: ControllerConfig, buffer: BufferConfig) -> ControllerStore:
-    """Factory: the store `cfg.state_store` names, in the Redis of `buffer` for "redis"."""
+def make_store(cfg: ControllerConfig, buffer: BufferConfig, seal: KeySeal | None = None) -> ControllerStore:
+    """Factory: the store `cfg.state_store` names, in the Redis of `buffer` for "redis". `seal`: how the
+    controller seals the keys it keeps (`KeySeal` of the learner secret); None only to clear the store."""
     kind = cfg.state_store
     if kind == "none":
         return NoStore()
     if kind == "redis":
         from asyncrl.core.buffer.redis_connection import redis_client
 
-        return RedisStore(redis_client(buffer), cfg.state_key)
+        return RedisStore(redis_client(buffer), cfg.state_key, seal)
     raise ValueError(f"controller.state_store: unknown store {kind!r} (expected 'redis' or 'none')")
 
 

@@ -22,6 +22,7 @@ import logging
 import grpc
 
 from asyncrl.controller.held_request import await_lease_ends, hold
+from asyncrl.controller.key_seal import KeySeal
 from asyncrl.controller.persistence import lease_write_counts, make_store
 from asyncrl.controller.state import ControllerState
 from asyncrl.controller.status_page import StatusPage
@@ -337,13 +338,14 @@ def create_server(
     run_dir = run_dir or config.run_dir
     events = EventLog(run_dir, "controller")
     channels = ReplicaChannels(auth)
-    store = make_store(config.controller, config.buffer)
+    learner_secret = resolve_learner_secret(config.security)
+    store = make_store(config.controller, config.buffer, KeySeal(learner_secret))
     state = ControllerState(
         config.controller, config.learner.batch_size, events=events,
         notify=notify or channels.update_weights,
         probe=functools.partial(grpc_liveness_answer, auth=auth) if check_replicas else None,
         learner_probe=functools.partial(grpc_learner_liveness_answer, auth=auth),
-        learner_secret=resolve_learner_secret(config.security),
+        learner_secret=learner_secret,
         lease_writes=lease_write_counts(config.buffer, store) if check_replicas else None,
         gone=address_refuses if check_replicas else None,
         store=store, run_id=str(run_dir),

@@ -162,3 +162,60 @@ def test_a_lease_completed_as_written_counts_only_what_reached_the_buffer(clean_
         stop(server)
     completed = [e for e in read_events(tmp_path, "controller") if e["kind"] == "lease_completed"]
     assert [(e["num_written"], e.get("claimed")) for e in completed] == [(0, 4)] * 4 + [(4, None)]
+
+
+def redis_dump(redis_url) -> bytes:
+    """Every value in the Redis (as its admin reads it), concatenated."""
+    client = redis.Redis.from_url(redis_url)
+    out = []
+    for key in client.scan_iter():
+        kind = client.type(key).decode()
+        if kind == "hash":
+            out += [b"%s=%s" % kv for kv in client.hgetall(key).items()]
+        elif kind == "string":
+            out.append(client.get(key))
+        elif kind == "stream":
+            out += [repr(entry).encode() for entry in client.xrange(key)]
+        else:
+            out.append(repr(client.dump(key)).encode())
+    return b"\n".join(out)
+
+
+def test_the_saved_state_holds_no_key_that_signs_and_another_secret_opens_none(clean_redis, tmp_path):
+    """The learner's key and a replica's push key are in the controller's Redis state only sealed under the
+    learner secret (`controller/key_seal.py`): the whole Redis content holds neither, a controller restarted
+    with the same secret still knows both, and one restarted under another secret knows neither (the replica
+    registers again, the learner takes the seat again)."""
+    server, port = start(redis_config(clean_redis, tmp_path))
+    with grpc_channel(f"127.0.0.1:{port}", TEST_AUTH, patient=True) as ch:
+        stub = SeatedController(RegisteredReplica(controller_pb2_grpc.ControllerStub(ch)), TEST_LEARNER_SECRET)
+        stub.take_seat("127.0.0.1:1", patience_s=0)
+        registered = stub.RegisterReplica(pb.RegisterReplicaRequest(address="127.0.0.1:9", engine="torch"))
+        rid = registered.replica_id
+        dump = redis_dump(clean_redis)
+        assert f"{rid}".encode() in dump and b"sealed1:" in dump
+        for key in (stub.key, registered.push_key):
+            assert len(key) >= 16 and key not in dump and key.hex().encode() not in dump
+        stop(server)
+
+        again, _ = start(redis_config(clean_redis, tmp_path, port=port))
+        try:
+            assert stub.Heartbeat(pb.HeartbeatRequest(replica_id=rid, weight_version=0)).current_version == 0
+            assert stub.BeginWeightPush(begin_request()).plan.push_id
+        finally:
+            stop(again)
+
+        other = redis_config(clean_redis, tmp_path, port=port)
+        (tmp_path / "other-secret").write_text("another learner secret\n")
+        other.security.learner_secret_file = str(tmp_path / "other-secret")
+        third, _ = start(other)
+        try:
+            with pytest.raises(grpc.RpcError) as unknown:
+                stub.Heartbeat(pb.HeartbeatRequest(replica_id=rid, weight_version=0))
+            assert unknown.value.code() == grpc.StatusCode.NOT_FOUND, unknown.value.details()
+            with pytest.raises(grpc.RpcError) as unseated:
+                stub.BeginWeightPush(begin_request())
+            assert unseated.value.code() == grpc.StatusCode.PERMISSION_DENIED
+            assert "no learner holds this run's seat" in unseated.value.details()
+        finally:
+            stop(third)
