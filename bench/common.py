@@ -216,7 +216,7 @@ def push_weights(engine, named: list[tuple[str, torch.Tensor]], version: int, bu
     from asyncrl.push.plan import PushPlan
 
     store = host_store("127.0.0.1", 0, 120)
-    plan = PushPlan(push_id=f"bench-{version}", version=version, store_address=f"127.0.0.1:{store.port}", world_size=2, transport="gloo", tensors=tensor_metas(named),
+    plan = PushPlan(push_id=f"bench-{version}", version=version, store_address=f"127.0.0.1:{store.port}", store_key=store.key, world_size=2, transport="gloo", tensors=tensor_metas(named),
                     bucket_bytes=bucket_bytes, timeout_s=120, adapter=adapter)
 
     def send():

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import secrets
 import statistics
 import subprocess
 import sys
@@ -32,11 +33,11 @@ def payload(mb: float, filled: bool = True) -> list:
     return [(f"w{i}", torch.full((numel,), float(i)) if filled else torch.empty(numel)) for i in range(count)]
 
 
-def plan_for(push_id: str, store: str, world: int, transport: str, mb: float, bucket_mb: float):
+def plan_for(push_id: str, store: str, store_key: bytes, world: int, transport: str, mb: float, bucket_mb: float):
     from asyncrl.core.wire.push_contract import tensor_metas
     from asyncrl.push.plan import PushPlan
 
-    return PushPlan(push_id=push_id, version=1, store_address=store, world_size=world, transport=transport,
+    return PushPlan(push_id=push_id, version=1, store_address=store, store_key=store_key, world_size=world, transport=transport,
                     tensors=tensor_metas(payload(mb, filled=False)), bucket_bytes=int(bucket_mb * 2**20),
                     timeout_s=600)
 
@@ -47,13 +48,14 @@ def rank_main(args) -> None:
     from asyncrl.push.broadcast import host_store, make_group, receive_weights, send_weights
 
     host, port = args.store.rsplit(":", 1)
-    store = host_store(host, int(port), 600) if args.rank == 0 else None
+    key = bytes.fromhex(args.store_key)
+    store = host_store(host, int(port), 600, key) if args.rank == 0 else None
     while args.rank > 0 and address_refuses(args.store):  # the sender's store starts with its rank
         time.sleep(0.1)
     named = payload(args.mb) if args.rank == 0 else None
     times = []
     for repeat in range(args.repeats):
-        plan = plan_for(f"push-{repeat}", args.store, args.world, args.transport, args.mb, args.bucket_mb)
+        plan = plan_for(f"push-{repeat}", args.store, key, args.world, args.transport, args.mb, args.bucket_mb)
         group = make_group(plan, args.rank, store)
         if args.rank == 0:
             times.append(time.time())
@@ -68,8 +70,8 @@ def rank_main(args) -> None:
 
 def one_setting(lab, transport: str, replicas: int, args, port: int) -> list[float]:
     store = f"{lab.hosts['learner'].address}:{port}"
-    common = ["--store", store, "--world", str(replicas + 1), "--transport", transport, "--mb", str(args.mb),
-              "--bucket-mb", str(args.bucket_mb), "--repeats", str(args.repeats)]
+    common = ["--store", store, "--store-key", secrets.token_hex(32), "--world", str(replicas + 1),
+              "--transport", transport, "--mb", str(args.mb), "--bucket-mb", str(args.bucket_mb), "--repeats", str(args.repeats)]
     hosts = ["learner", *(f"replica-{i}" for i in range(replicas))]
     procs = [lab.run(host, [sys.executable, __file__, "--role", "rank", "--rank", str(rank), *common],
                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -121,6 +123,7 @@ def main() -> None:
     parser.add_argument("--rank", type=int, default=0)
     parser.add_argument("--world", type=int, default=2)
     parser.add_argument("--store", default="")
+    parser.add_argument("--store-key", default="", help="the store's key in hex (the bench makes one per setting)")
     parser.add_argument("--transport", default="gloo")
     args = parser.parse_args()
     if args.role == "rank":

@@ -94,11 +94,11 @@ def replica_process(cfg, controller_address: str, ready, stop) -> None:
     server.stop(0)
 
 
-def raw_receiver(store_port: int, rank: int, world: int, numel: int, trials: int) -> None:
+def raw_receiver(store_port: int, store_key: bytes, rank: int, world: int, numel: int, trials: int) -> None:
     from asyncrl.push.broadcast import make_group
     from asyncrl.push.plan import PushPlan
 
-    plan = PushPlan(push_id="raw", version=0, store_address=f"127.0.0.1:{store_port}", world_size=world, transport="gloo", tensors=(), bucket_bytes=0, timeout_s=60)
+    plan = PushPlan(push_id="raw", version=0, store_address=f"127.0.0.1:{store_port}", store_key=store_key, world_size=world, transport="gloo", tensors=(), bucket_bytes=0, timeout_s=60)
     group = make_group(plan, rank)
     flat, flag = torch.empty(numel), torch.ones(1)
     for _ in range(trials):
@@ -113,10 +113,10 @@ def raw_broadcast_s(numel: int, receivers: int, trials: int) -> float:
     store = host_store("127.0.0.1", 0, 60)
     world = receivers + 1
     ctx = mp.get_context("spawn")
-    procs = [ctx.Process(target=raw_receiver, args=(store.port, r, world, numel, trials)) for r in range(1, world)]
+    procs = [ctx.Process(target=raw_receiver, args=(store.port, store.key, r, world, numel, trials)) for r in range(1, world)]
     for p in procs:
         p.start()
-    group = make_group(PushPlan(push_id="raw", version=0, store_address=f"127.0.0.1:{store.port}", world_size=world, transport="gloo", tensors=(), bucket_bytes=0, timeout_s=60), 0, store)
+    group = make_group(PushPlan(push_id="raw", version=0, store_address=f"127.0.0.1:{store.port}", store_key=store.key, world_size=world, transport="gloo", tensors=(), bucket_bytes=0, timeout_s=60), 0, store)
     flat, flag, times = torch.randn(numel), torch.ones(1), []
     for _ in range(trials):
         t0 = time.perf_counter()

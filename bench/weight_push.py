@@ -105,7 +105,7 @@ def main() -> None:
     torch.set_num_threads(1)
     metas = half_billion_metas() if args.size == "0.5b" else model_like_metas(args.mb)
     store = host_store("127.0.0.1", 0, 120)
-    plan = PushPlan(push_id="bench", version=1, store_address=f"127.0.0.1:{store.port}", world_size=args.receivers + 1, transport="gloo", tensors=metas,
+    plan = PushPlan(push_id="bench", version=1, store_address=f"127.0.0.1:{store.port}", store_key=store.key, world_size=args.receivers + 1, transport="gloo", tensors=metas,
                     bucket_bytes=int(args.bucket_mb * 2**20), timeout_s=120)
     ctx = mp.get_context("spawn")
     procs = [ctx.Process(target=receiver, args=(plan, r, args.trials + 1)) for r in range(1, args.receivers + 1)]

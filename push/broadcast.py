@@ -11,7 +11,6 @@ nccl (GPU tensors) by the plan's `transport` field; `make_group` forms one for a
 from __future__ import annotations
 
 import datetime
-import socket
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator
 
@@ -26,6 +25,7 @@ from asyncrl.push.flat import FlatWeights, adjacent_run
 from asyncrl.push.plan import PushPlan
 from asyncrl.push.rendezvous import announce, mark_unreachable, receiver_join, sender_join
 from asyncrl.push.staging import STAGING
+from asyncrl.push.store_gate import GatedStore, gated_client
 
 
 class BroadcastGroup(ABC):
@@ -51,10 +51,10 @@ class BroadcastGroup(ABC):
         """Drop the group's connections."""
 
 
-def store_client(address: str, timeout_s: float) -> TCPStore:
-    """A client connection to the rendezvous store at `address` (host:port, [v6]:port)."""
-    host, _, port = address.rpartition(":")
-    return TCPStore(host.strip("[]"), int(port), is_master=False, timeout=datetime.timedelta(seconds=timeout_s))
+def store_client(address: str, key: bytes, timeout_s: float) -> TCPStore:
+    """A client connection to the rendezvous store whose gate is at `address` (host:port, [v6]:port), proving
+    `key` there (`push.store_gate`)."""
+    return gated_client(address, key, timeout_s)
 
 
 class SenderGone(ConnectionRefusedError):
@@ -65,19 +65,20 @@ REFUSAL_CHECK_S = 0.5
 """How long a receiver waits to learn whether the sender's store refuses connections."""
 
 
-def sender_store_client(address: str, timeout_s: float) -> TCPStore:
+def sender_store_client(address: str, key: bytes, timeout_s: float) -> TCPStore:
     """A receiver's client connection to a sender's store. A store that refuses the connection raises
     `SenderGone` at once: the store client would keep trying for the whole time-out, and then once more, while
     the receiver holds its one push at a time and the pushes of a new sender (a learner restarted elsewhere)
     time out behind it."""
     if address_refuses(address, min(REFUSAL_CHECK_S, timeout_s)):
         raise SenderGone(f"nothing listens at the sender's store {address}")
-    return store_client(address, timeout_s)
+    return store_client(address, key, timeout_s)
 
 
 def connect_store(plan: PushPlan, timeout_s: float | None = None) -> TCPStore:
     """A receiver's client connection to the sender's rendezvous store, within the plan's time-out."""
-    return sender_store_client(plan.store_address, plan.timeout_s if timeout_s is None else timeout_s)
+    return sender_store_client(plan.store_address, plan.store_key,
+                               plan.timeout_s if timeout_s is None else timeout_s)
 
 
 def push_store(root: TCPStore, plan: PushPlan) -> PrefixStore:
@@ -261,23 +262,10 @@ def join_push(plan: PushPlan, rank: int, root: TCPStore, join_timeout_s: float |
     return handshake
 
 
-def host_store(host: str, port: int, timeout_s: float) -> TCPStore:
-    """The learner's long-lived rendezvous store (port 0 = any free port; read `.port`), listening on `host`
-    only: TCPStore by itself listens on every interface whatever host it is given, so the socket is bound
-    here and handed over."""
-    family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
-    listener = socket.socket(family, kind, proto)
-    try:
-        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        listener.bind(address)
-        listener.listen(1024)
-        bound_port = listener.getsockname()[1]
-    except OSError:
-        listener.close()
-        raise
-    # The store owns the descriptor from here on (detach: closing the Python object must not close it).
-    return TCPStore(host, bound_port, is_master=True, wait_for_workers=False,
-                    timeout=datetime.timedelta(seconds=timeout_s), master_listen_fd=listener.detach())
+def host_store(host: str, port: int, timeout_s: float, key: bytes | None = None) -> GatedStore:
+    """The learner's long-lived rendezvous store, reached through its gate on `host` only (port 0 = any free
+    port; read `.port`, and `.key`, which plans carry as `store_key`; a fresh key unless given): `push.store_gate`."""
+    return GatedStore(host, port, timeout_s, key)
 
 
 

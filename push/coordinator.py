@@ -120,7 +120,7 @@ class PushCoordinator:
     def begin(self, version: int, current: int, offer: PushOffer, now: float, unused_push_id: str = "") -> PushSession:
         """Pick the receivers, rank them 1..N, build the plan, start the fan-out. A reserved push is closed
         first: quietly when the learner names it unused, else as an aborted push (`close_reserved`)."""
-        self.close_reserved(unused_push_id, offer.store_address)
+        self.close_reserved(unused_push_id, offer)
         aborted_previous = self._clear_for(offer, now)
         mode, receivers = self._choose(version, current, now)
         membership, new_group = self._membership(receivers, offer)
@@ -142,7 +142,7 @@ class PushCoordinator:
         if session is None:
             return None
         age = now - session.begun_at
-        other_sender = session.plan.store_address != offer.store_address
+        other_sender = (session.plan.store_address, session.plan.store_key) != (offer.store_address, offer.store_key)
         committing = self.slot.phase is Phase.COMMITTING
         # A commit already waiting for its receivers is never superseded by its own learner: that wait is
         # itself bounded by push_timeout_s, so the learner just asks again a moment later.
@@ -170,14 +170,16 @@ class PushCoordinator:
         self._record_begun(session, current, None)
         return session
 
-    def close_reserved(self, unused_push_id: str = "", store_address: str = "", reason: str = "") -> None:
+    def close_reserved(self, unused_push_id: str = "", offer: PushOffer | None = None, reason: str = "") -> None:
         """Close the reserved push, if any. Its learner naming it unused (`unused_push_id`, from its store)
         closes it quietly (`push_withdrawn`): nobody was ordered to take it. Otherwise its receivers may have
         taken it (the learner orders a reservation without telling the controller), so it is aborted."""
         session = self.reserved
         if session is None:
             return
-        if unused_push_id == session.push_id and store_address == session.plan.store_address:
+        same_store = offer is not None and (offer.store_address, offer.store_key) == (
+            session.plan.store_address, session.plan.store_key)
+        if unused_push_id == session.push_id and same_store:
             self.slot.fire(Event.WITHDRAW)
             self._events.write(PushWithdrawn(push_id=session.push_id, version=session.plan.version,
                                              reason="the learner began another push instead"))  # fmt: skip
@@ -199,7 +201,7 @@ class PushCoordinator:
     def _membership(self, receivers: list[Receiver], offer: PushOffer) -> tuple[Membership, bool]:
         """The group the receivers would use (the kept one when they are its members) and whether it is new."""
         membership = Membership("", tuple((r.replica_id, r.address, r.push_key) for r in receivers),
-                                offer.store_address, offer.transport)
+                                offer.store_address, offer.store_key, offer.transport)
         if self.group is not None and self.group.membership.same(membership):
             return self.group.membership, False
         return dataclasses.replace(membership, group_id=f"group-{uuid.uuid4().hex[:12]}"), True

@@ -51,7 +51,7 @@ class BroadcastGroups:
 
     def __init__(self, host_store: TCPStore | None = None):
         self._host_store = host_store
-        self._client: tuple[str, TCPStore] | None = None
+        self._client: tuple[tuple[str, bytes], TCPStore] | None = None
         self._key: tuple | None = None
         self._group: BroadcastGroup | None = None
         self._lock = threading.Lock()
@@ -64,8 +64,9 @@ class BroadcastGroups:
     def _root(self, plan: PushPlan) -> TCPStore:
         if self._host_store is not None:
             return self._host_store
-        if self._client is None or self._client[0] != plan.store_address:
-            self._client = (plan.store_address, connect_store(plan))  # a new sender: drop the old connection
+        if self._client is None or self._client[0] != (plan.store_address, plan.store_key):
+            # A new sender: drop the old connection.
+            self._client = ((plan.store_address, plan.store_key), connect_store(plan))
         return self._client[1]
 
     @contextlib.contextmanager

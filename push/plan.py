@@ -30,6 +30,15 @@ def check_transport(value: str, field: str) -> None:
     require(value in TRANSPORTS, field, f"must be one of {TRANSPORTS}, got {shown(value)}")
 
 
+STORE_KEY_BYTES = 32
+"""Length of a store's key (`push.store_gate`)."""
+
+
+def check_store_key(value: bytes, field: str) -> None:
+    require(len(value) == STORE_KEY_BYTES, field,
+            f"must be the {STORE_KEY_BYTES}-byte key of the learner's store, got {len(value)} bytes")
+
+
 def check_optional_seconds(value: float, field: str) -> None:
     """A time-out where 0 means "the default"."""
     require(math.isfinite(value) and 0 <= value <= MAX_TIMEOUT_S, field,
@@ -42,7 +51,9 @@ class PushOffer:
     push id, the version, the receivers and the group."""
 
     store_address: str
-    """host:port of the learner's rendezvous store (rank 0 of every broadcast)."""
+    """host:port of the learner's rendezvous store (rank 0 of every broadcast): its gate (`push.store_gate`)."""
+    store_key: bytes
+    """What a member proves at the store's gate."""
     transport: str
     tensors: tuple[TensorMeta, ...] = ()
     bucket_bytes: int
@@ -61,9 +72,9 @@ class PushOffer:
     def to_proto(self, **request) -> controller_pb2.BeginWeightPushRequest:
         """The BeginWeightPush request carrying this offer; `request`: its other fields (version, ...)."""
         return controller_pb2.BeginWeightPushRequest(
-            store_address=self.store_address, transport=self.transport, tensors=encode_tensors(self.tensors),
-            bucket_bytes=self.bucket_bytes, timeout_s=self.timeout_s, join_timeout_s=self.join_timeout_s,
-            manifest_digest=self.manifest_digest, in_band=self.in_band,
+            store_address=self.store_address, store_key=self.store_key, transport=self.transport,
+            tensors=encode_tensors(self.tensors), bucket_bytes=self.bucket_bytes, timeout_s=self.timeout_s,
+            join_timeout_s=self.join_timeout_s, manifest_digest=self.manifest_digest, in_band=self.in_band,
             adapter=None if self.adapter is None else self.adapter.to_proto(), **request,
         )  # fmt: skip
 
@@ -71,6 +82,7 @@ class PushOffer:
     def from_proto(cls, msg: controller_pb2.BeginWeightPushRequest) -> PushOffer:
         """The offer in a BeginWeightPush request, every field checked (InvalidArgument naming it)."""
         check_host_port(msg.store_address, "store_address")
+        check_store_key(msg.store_key, "store_key")
         check_transport(msg.transport, "transport")
         check_digest(msg.manifest_digest, "manifest_digest", optional=True)
         if msg.manifest_digest:
@@ -82,7 +94,7 @@ class PushOffer:
         require(adapter is None or not msg.manifest_digest, "adapter",
                 "must be unset when manifest_digest is set (the manifest names its adapter)")
         return cls(
-            store_address=msg.store_address, transport=msg.transport,
+            store_address=msg.store_address, store_key=msg.store_key, transport=msg.transport,
             tensors=() if msg.manifest_digest else decode_tensors(msg.tensors, "tensors"),
             bucket_bytes=msg.bucket_bytes, timeout_s=msg.timeout_s, join_timeout_s=msg.join_timeout_s,
             manifest_digest=msg.manifest_digest, in_band=msg.in_band, adapter=adapter,
@@ -96,6 +108,8 @@ class PushPlan:
     push_id: str
     version: int
     store_address: str
+    store_key: bytes
+    """What a member proves at the store's gate (`push.store_gate`)."""
     world_size: int
     """1 (the sender) + the receivers."""
     transport: str
@@ -148,7 +162,7 @@ class PushPlan:
     def to_proto(self) -> weights_pb2.WeightPushPlan:
         return weights_pb2.WeightPushPlan(
             push_id=self.push_id, version=self.version, store_address=self.store_address,
-            world_size=self.world_size, transport=self.transport, tensors=encode_tensors(self.tensors),
+            store_key=self.store_key, world_size=self.world_size, transport=self.transport, tensors=encode_tensors(self.tensors),
             bucket_bytes=self.bucket_bytes, timeout_s=self.timeout_s, join_timeout_s=self.join_timeout_s,
             group_id=self.group_id, new_group=self.new_group, manifest_digest=self.manifest_digest,
             adapter=None if self.adapter is None or self.manifest_digest else self.adapter.to_proto(),
@@ -160,6 +174,7 @@ class PushPlan:
         check_name(msg.push_id, f"{field}.push_id")
         require(msg.version >= 0, f"{field}.version", f"must be >= 0, got {msg.version}")
         check_host_port(msg.store_address, f"{field}.store_address")
+        check_store_key(msg.store_key, f"{field}.store_key")
         check_range(msg.world_size, 2, 1 << 20, f"{field}.world_size")
         check_transport(msg.transport, f"{field}.transport")
         check_range(msg.bucket_bytes, 1, MAX_PUSH_BYTES, f"{field}.bucket_bytes")
@@ -177,7 +192,7 @@ class PushPlan:
                 "must be unset when manifest_digest is set (the manifest names its adapter)")
         return cls(
             push_id=msg.push_id, version=msg.version, store_address=msg.store_address,
-            world_size=msg.world_size, transport=msg.transport,
+            store_key=msg.store_key, world_size=msg.world_size, transport=msg.transport,
             tensors=() if msg.manifest_digest else decode_tensors(msg.tensors, f"{field}.tensors"),
             bucket_bytes=msg.bucket_bytes, timeout_s=msg.timeout_s, join_timeout_s=msg.join_timeout_s,
             group_id=msg.group_id, new_group=msg.new_group, manifest_digest=msg.manifest_digest, adapter=adapter,

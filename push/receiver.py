@@ -42,6 +42,7 @@ class Followed:
     """The group a replica follows, its rank there and the last push it took on it."""
 
     store_address: str
+    store_key: bytes
     group_id: str
     rank: int
     after_push_id: str
@@ -64,8 +65,9 @@ class PushListener:
         self._cond = threading.Condition()
         self._closed = False
         self._thread: threading.Thread | None = None
-        self._store: tuple[str, TCPStore, str] | None = None
-        """(address, client, the group it was made for) of the learner's store: this thread's own connection."""
+        self._store: tuple[tuple[str, bytes], TCPStore, str] | None = None
+        """((address, key), client, the group it was made for) of the learner's store: this thread's own
+        connection."""
         self._refused: tuple[Followed, bytes] | None = None
         """The last order refused, and where: not looked at again until something replaces it."""
         self._waiting_on: Followed | None = None
@@ -78,7 +80,8 @@ class PushListener:
         if not plan.group_id:
             return self.forget()
         with self._cond:
-            self._followed = Followed(plan.store_address, plan.group_id, rank, plan.push_id, plan.timeout_s)
+            self._followed = Followed(plan.store_address, plan.store_key, plan.group_id, rank, plan.push_id,
+                                      plan.timeout_s)
             if self._thread is None and not self._closed:
                 self._thread = threading.Thread(target=self._run, name="push-listener", daemon=True)
                 self._thread.start()
@@ -141,10 +144,11 @@ class PushListener:
                 self._forget_if(target)
 
     def _root(self, target: Followed) -> TCPStore:
-        """The connection to `target`'s store: the one kept, when it goes to the same address."""
-        if self._store is None or self._store[0] != target.store_address:
-            client = sender_store_client(target.store_address, min(target.timeout_s, 30.0))
-            self._store = (target.store_address, client, target.group_id)
+        """The connection to `target`'s store: the one kept, when it goes to the same store."""
+        store = (target.store_address, target.store_key)
+        if self._store is None or self._store[0] != store:
+            client = sender_store_client(target.store_address, target.store_key, min(target.timeout_s, 30.0))
+            self._store = (store, client, target.group_id)
         return self._store[1]
 
     @staticmethod
@@ -152,7 +156,7 @@ class PushListener:
         """Wake whoever waits at `target`'s key, over a connection of its own (best effort: a store that is gone
         ends that wait by itself)."""
         try:
-            wake_waiters(store_client(target.store_address, 2.0), target.key)
+            wake_waiters(store_client(target.store_address, target.store_key, 2.0), target.key)
         except DistError as err:
             log.info("could not wake the wait at %s: %s", target.key, err)
 

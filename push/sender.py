@@ -124,7 +124,7 @@ class WeightPublisher:
             self._wire = FlatWeights(self.metas, self.flat.bucket_bytes, self.flat.buffers[0].device)
         self.groups = BroadcastGroups(self.store)
         self.offer = PushOffer(
-            store_address=self.store_address, transport=transport_cfg.type,
+            store_address=self.store_address, store_key=self.store.key, transport=transport_cfg.type,
             manifest_digest=publish_manifest(self.store, self.metas, adapter),
             bucket_bytes=int(transport_cfg.bucket_mb * 2**20), timeout_s=transport_cfg.timeout_s,
             join_timeout_s=transport_cfg.join_timeout_s, in_band=transport_cfg.in_band,

@@ -48,11 +48,13 @@ class Membership:
     members: tuple[tuple[str, str, bytes], ...]
     """(replica id, address, push key) of ranks 1..N."""
     store_address: str
+    store_key: bytes
+    """A learner restarted at the same address has a store of a new key, and none of the old groups."""
     transport: str
 
     def same(self, other: Membership) -> bool:
-        return (self.members, self.store_address, self.transport) == (
-            other.members, other.store_address, other.transport)
+        return (self.members, self.store_address, self.store_key, self.transport) == (
+            other.members, other.store_address, other.store_key, other.transport)
 
 
 @dataclass(frozen=True)

@@ -31,6 +31,8 @@ TEST_AUTH = Auth(os.environ["ASYNCRL_TOKEN"])
 # proves it; test clients that play the learner pass it to `SeatedController`.
 os.environ["ASYNCRL_LEARNER_SECRET"] = os.environ.get("ASYNCRL_LEARNER_SECRET") or new_token()
 TEST_LEARNER_SECRET = os.environ["ASYNCRL_LEARNER_SECRET"].encode()
+TEST_STORE_KEY = bytes(range(32))
+"""The store key of plans whose store is never reached (`push.store_gate`; a real store makes its own)."""
 
 
 

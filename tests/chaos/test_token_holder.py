@@ -19,7 +19,7 @@ from asyncrl.rollout.registration_calls import RegisteredReplica
 from asyncrl.v1 import controller_pb2 as pb
 from asyncrl.v1 import controller_pb2_grpc, weights_pb2
 from tests.chaos.test_kill import kill
-from tests.conftest import TEST_AUTH
+from tests.conftest import TEST_AUTH, TEST_STORE_KEY
 from tests.run_helpers import demo_args, running_up, steps_done, wait_for
 
 pytestmark = pytest.mark.chaos
@@ -41,7 +41,7 @@ def test_a_token_holder_cannot_move_a_live_run(tmp_path):
                 ("ResetTimeline", pb.ResetTimelineRequest(), grpc.StatusCode.PERMISSION_DENIED),
                 ("ResetTimeline", pb.ResetTimelineRequest(learner_key=b"k" * 32), grpc.StatusCode.PERMISSION_DENIED),
                 ("BeginWeightPush", pb.BeginWeightPushRequest(
-                    version=version + 1, store_address="127.0.0.1:1", transport="gloo", bucket_bytes=1024,
+                    version=version + 1, store_address="127.0.0.1:1", store_key=TEST_STORE_KEY, transport="gloo", bucket_bytes=1024,
                     tensors=[tensor]), grpc.StatusCode.PERMISSION_DENIED),
                 ("LearnerHeartbeat", pb.LearnerHeartbeatRequest(), grpc.StatusCode.PERMISSION_DENIED),
                 ("RegisterLearner", pb.RegisterLearnerRequest(address="127.0.0.1:1"), grpc.StatusCode.PERMISSION_DENIED),

@@ -144,7 +144,7 @@ def push_named(engine, named, version: int, bucket_bytes: int = 64 * 1024, trans
     plan = PushPlan(
         push_id=f"test-push-{version}",
         version=version,
-        store_address=f"127.0.0.1:{store.port}",
+        store_address=f"127.0.0.1:{store.port}", store_key=store.key,
         world_size=2,
         transport=transport,
         tensors=tensor_metas(named),

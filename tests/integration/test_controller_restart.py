@@ -19,7 +19,7 @@ from asyncrl.rollout.registration_calls import RegisteredReplica
 from asyncrl.services.controller_service import create_server
 from asyncrl.v1 import controller_pb2 as pb
 from asyncrl.v1 import controller_pb2_grpc, trajectory_pb2, weights_pb2
-from tests.conftest import TEST_AUTH, TEST_LEARNER_SECRET
+from tests.conftest import TEST_AUTH, TEST_LEARNER_SECRET, TEST_STORE_KEY
 from tests.integration.test_controller_service import make_config
 
 
@@ -93,7 +93,7 @@ def test_restarted_controller_continues_and_patient_clients_wait_for_it(clean_re
 
 
 def begin_request():
-    return pb.BeginWeightPushRequest(version=1, store_address="127.0.0.1:1", transport="gloo", bucket_bytes=1024,
+    return pb.BeginWeightPushRequest(version=1, store_address="127.0.0.1:1", store_key=TEST_STORE_KEY, transport="gloo", bucket_bytes=1024,
                                      timeout_s=5, tensors=[weights_pb2.TensorSpec(name="w", shape=[2, 2],
                                                                                   dtype="float32")])
 

@@ -44,7 +44,7 @@ from asyncrl.rollout.registration_calls import RegisteredReplica
 from asyncrl.services.controller_service import SERVICE_NAME, create_server
 from asyncrl.v1 import controller_pb2 as pb
 from asyncrl.v1 import controller_pb2_grpc, rollout_pb2, rollout_pb2_grpc, weights_pb2
-from tests.conftest import TEST_AUTH, TEST_LEARNER_SECRET
+from tests.conftest import TEST_AUTH, TEST_LEARNER_SECRET, TEST_STORE_KEY
 
 pytestmark = pytest.mark.integration
 
@@ -216,7 +216,7 @@ def test_learner_rpcs_with_zero_receivers(controller):
     stub = controller.stub
     begun = stub.BeginWeightPush(
         pb.BeginWeightPushRequest(
-            version=1, store_address="127.0.0.1:1", transport="gloo", bucket_bytes=1024, timeout_s=5,
+            version=1, store_address="127.0.0.1:1", store_key=TEST_STORE_KEY, transport="gloo", bucket_bytes=1024, timeout_s=5,
             tensors=[weights_pb2.TensorSpec(name="w", shape=[2, 2], dtype="float32")],
         )
     )  # fmt: skip
@@ -235,7 +235,8 @@ TENSOR = weights_pb2.TensorSpec(name="w", shape=[2], dtype="float32")
 
 
 def push_request(**fields):
-    base = {"version": 1, "store_address": "127.0.0.1:1", "transport": "gloo", "bucket_bytes": 64}
+    base = {"version": 1, "store_address": "127.0.0.1:1", "store_key": TEST_STORE_KEY, "transport": "gloo",
+            "bucket_bytes": 64}
     return pb.BeginWeightPushRequest(**{**base, "tensors": [TENSOR], **fields})
 
 
@@ -260,6 +261,7 @@ INVALID = [
     ("CompleteLeases", pb.CompleteLeasesRequest(replica_id=VALID, completions=[pb.LeaseCompletion(lease_id="l", reward_mean=-2e6)]), "completions[0].reward_mean: must be in"),
     ("CompleteLeases", pb.CompleteLeasesRequest(replica_id=VALID, completions=[pb.LeaseCompletion(lease_id="l", num_written=9)]), "completions[0].num_written: must be in [0, 8], got 9"),
     ("BeginWeightPush", push_request(store_address="nowhere"), "store_address: must be host:port"),
+    ("BeginWeightPush", push_request(store_key=b"short"), "store_key: must be the 32-byte key of the learner's store"),
     ("BeginWeightPush", push_request(transport="tcp"), "transport: must be one of"),
     ("BeginWeightPush", push_request(tensors=[]), "tensors: must list 1 to"),
     ("BeginWeightPush", push_request(tensors=[weights_pb2.TensorSpec(name="w", dtype="float99")]), "tensors[0].dtype: unknown torch dtype"),
@@ -515,7 +517,7 @@ def push_as_learner(stub, store, version: int):
     named = named_weights(version)
     specs = [weights_pb2.TensorSpec(name=n, shape=list(t.shape), dtype=str(t.dtype)[6:]) for n, t in named]
     begun = stub.BeginWeightPush(
-        pb.BeginWeightPushRequest(version=version, store_address=f"127.0.0.1:{store.port}", transport="gloo",
+        pb.BeginWeightPushRequest(version=version, store_address=f"127.0.0.1:{store.port}", store_key=store.key, transport="gloo",
                                   tensors=specs, bucket_bytes=512, timeout_s=20)
     )  # fmt: skip
     plan = PushPlan.from_proto(begun.plan)
@@ -612,7 +614,7 @@ def test_a_receiver_whose_process_is_gone_is_left_out_at_once_not_after_the_join
     named = named_weights(1)
     specs = [weights_pb2.TensorSpec(name=n, shape=list(t.shape), dtype=str(t.dtype)[6:]) for n, t in named]
     begun = stub.BeginWeightPush(pb.BeginWeightPushRequest(
-        version=1, store_address=f"127.0.0.1:{store.port}", transport="gloo", tensors=specs, bucket_bytes=512,
+        version=1, store_address=f"127.0.0.1:{store.port}", store_key=store.key, transport="gloo", tensors=specs, bucket_bytes=512,
         timeout_s=20, join_timeout_s=15))  # fmt: skip
     assert list(begun.receivers) == [a, b]
     t0 = time.monotonic()
@@ -654,7 +656,7 @@ def test_a_lease_holder_whose_process_is_gone_returns_its_quota_before_its_heart
 def test_a_learner_store_the_controller_cannot_reach_costs_the_report_at_most_two_seconds(caplog):
     """Reporting a gone receiver is best effort: a learner store the controller cannot reach (nothing listens
     there) must not hold that receiver's outcome, and the commit waiting for it, for the push's time-out."""
-    plan = PushPlan(push_id="p-unreachable-store", version=1, store_address="127.0.0.1:1", world_size=3, transport="gloo", tensors=(), bucket_bytes=1 << 20, timeout_s=60.0)
+    plan = PushPlan(push_id="p-unreachable-store", version=1, store_address="127.0.0.1:1", store_key=TEST_STORE_KEY, world_size=3, transport="gloo", tensors=(), bucket_bytes=1 << 20, timeout_s=60.0)
     importlib.import_module(STORE_CLIENT_MODULE)  # as a controller does once it is up (preload_store_client)
     with socket.socket() as sock:  # a port nothing listens on: the receiver's process is gone
         sock.bind(("127.0.0.1", 0))

@@ -20,7 +20,7 @@ from asyncrl.v1 import (
     teacher_pb2,
     weights_pb2,
 )
-from tests.conftest import TEST_AUTH
+from tests.conftest import TEST_AUTH, TEST_STORE_KEY
 from tests.integration.test_auth import METHODS
 
 pytestmark = pytest.mark.integration
@@ -108,7 +108,7 @@ def controller_cases():
 
 def rollout_cases(vocab: int, context: int):
     r = rollout_pb2
-    plan = weights_pb2.WeightPushPlan(push_id="p", version=1, store_address="127.0.0.1:29500", world_size=2,
+    plan = weights_pb2.WeightPushPlan(push_id="p", version=1, store_address="127.0.0.1:29500", store_key=TEST_STORE_KEY, world_size=2,
                                       transport="gloo", bucket_bytes=1 << 20)
     cases = [("UpdateWeights", r.UpdateWeightsRequest(rank=1))]
     for rank in [0, -1, 2, I32]:

@@ -8,6 +8,7 @@ import torch
 from asyncrl.core.wire.push_contract import tensor_metas
 from asyncrl.push.broadcast import host_store, make_group, receive_weights, send_weights
 from asyncrl.push.plan import PushPlan
+from tests.conftest import TEST_STORE_KEY
 
 pytestmark = pytest.mark.integration
 
@@ -33,7 +34,7 @@ def test_every_receiver_gets_identical_tensors_over_successive_pushes(transport,
     ranks pass on what they receive (rank 1 to 2, 2 to 3)."""
     store = host_store("127.0.0.1", 0, 30)
     named = weights(0)
-    plans = [PushPlan(push_id=push_id, version=1, store_address=f"127.0.0.1:{store.port}",
+    plans = [PushPlan(push_id=push_id, version=1, store_address=f"127.0.0.1:{store.port}", store_key=store.key,
                       world_size=receivers + 1, transport=transport, tensors=tensor_metas(named),
                       bucket_bytes=bucket_bytes, timeout_s=30)
              for push_id, bucket_bytes in (("push-a", 256), ("push-b", 1 << 20))]
@@ -57,7 +58,7 @@ def test_every_receiver_gets_identical_tensors_over_successive_pushes(transport,
 def test_sender_refuses_a_tensor_count_mismatch():
     store = host_store("127.0.0.1", 0, 5)
     named = weights(0)
-    plan = PushPlan(push_id="p", version=1, store_address=f"127.0.0.1:{store.port}", world_size=1, transport="gloo", tensors=tensor_metas(named), bucket_bytes=1024, timeout_s=5)
+    plan = PushPlan(push_id="p", version=1, store_address=f"127.0.0.1:{store.port}", store_key=store.key, world_size=1, transport="gloo", tensors=tensor_metas(named), bucket_bytes=1024, timeout_s=5)
     with pytest.raises(ValueError, match="plan lists 4 tensors, got 3"):
         send_weights(make_group(plan, 0, store), named[:3], plan)
 
@@ -72,7 +73,7 @@ def test_a_receiver_that_never_joins_calls_the_push_off_quickly():
 
     store = host_store("127.0.0.1", 0, 60)
     named = weights(0)
-    plan = PushPlan(push_id="push-missing", version=1, store_address=f"127.0.0.1:{store.port}", world_size=3, transport="gloo", tensors=tensor_metas(named), bucket_bytes=1024, timeout_s=60)
+    plan = PushPlan(push_id="push-missing", version=1, store_address=f"127.0.0.1:{store.port}", store_key=store.key, world_size=3, transport="gloo", tensors=tensor_metas(named), bucket_bytes=1024, timeout_s=60)
     seen = {}
 
     def rank1():
@@ -105,7 +106,7 @@ def test_a_receiver_that_joins_then_vanishes_costs_the_formation_timeout():
 
     store = host_store("127.0.0.1", 0, 60)
     named = weights(0)
-    plan = PushPlan(push_id="push-vanish", version=1, store_address=f"127.0.0.1:{store.port}", world_size=2, transport="gloo", tensors=tensor_metas(named), bucket_bytes=1024, timeout_s=60,
+    plan = PushPlan(push_id="push-vanish", version=1, store_address=f"127.0.0.1:{store.port}", store_key=store.key, world_size=2, transport="gloo", tensors=tensor_metas(named), bucket_bytes=1024, timeout_s=60,
                     join_timeout_s=1.0)  # fmt: skip
     joined = threading.Thread(target=receiver_join, args=(push_store(connect_store(plan), plan), plan.push_id, 1, 10))
     joined.start()
@@ -149,7 +150,7 @@ def test_a_kept_group_carries_many_pushes_and_a_receiver_without_it_calls_one_of
     metas = tensor_metas(weights(0))
     digest = publish_manifest(store, metas)
     sender = BroadcastGroups(store)
-    base = PushPlan(push_id="p", version=1, store_address=f"127.0.0.1:{store.port}", world_size=3, transport="gloo", tensors=(), bucket_bytes=512, timeout_s=30, group_id="group-a",
+    base = PushPlan(push_id="p", version=1, store_address=f"127.0.0.1:{store.port}", store_key=store.key, world_size=3, transport="gloo", tensors=(), bucket_bytes=512, timeout_s=30, group_id="group-a",
                     manifest_digest=digest)  # fmt: skip
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
@@ -205,7 +206,7 @@ def test_a_manifest_that_does_not_match_its_digest_is_refused():
 
     store = host_store("127.0.0.1", 0, 30)
     digest = publish_manifest(store, tensor_metas(weights(0)))
-    plan = PushPlan(push_id="p", version=1, store_address=f"127.0.0.1:{store.port}", world_size=2, transport="gloo", tensors=(), bucket_bytes=512, timeout_s=5, group_id="g", manifest_digest=digest)
+    plan = PushPlan(push_id="p", version=1, store_address=f"127.0.0.1:{store.port}", store_key=store.key, world_size=2, transport="gloo", tensors=(), bucket_bytes=512, timeout_s=5, group_id="g", manifest_digest=digest)
     assert ManifestCache().resolve(plan).tensors == tensor_metas(weights(0))
     store.set(MANIFEST_KEY.format(digest=digest), manifest_bytes(tensor_metas(weights(0)[:2]))[0])
     with pytest.raises(InvalidArgument) as refused:
@@ -227,7 +228,7 @@ def test_a_pushs_verdict_outlives_its_broadcast_until_the_next_push():
     store = host_store("127.0.0.1", 0, 30)
     sender, receiver = BroadcastGroups(store), BroadcastGroups()
     named = weights(0)
-    plans = [PushPlan(push_id=f"v{k}", version=k, store_address=f"127.0.0.1:{store.port}", world_size=2, transport="gloo", tensors=tensor_metas(named), bucket_bytes=1 << 20, timeout_s=30,
+    plans = [PushPlan(push_id=f"v{k}", version=k, store_address=f"127.0.0.1:{store.port}", store_key=store.key, world_size=2, transport="gloo", tensors=tensor_metas(named), bucket_bytes=1 << 20, timeout_s=30,
                       group_id="g", new_group=k == 1) for k in (1, 2)]
 
     def receive(plan):
@@ -263,7 +264,7 @@ def test_an_order_that_comes_late_gives_up_when_the_sender_moves_on():
     store = host_store("127.0.0.1", 0, 60)
     sender = BroadcastGroups(store)
     named = weights(0)
-    plans = [PushPlan(push_id=f"v{k}", version=k, store_address=f"127.0.0.1:{store.port}", world_size=2, transport="gloo", tensors=tensor_metas(named), bucket_bytes=1 << 20, timeout_s=60)
+    plans = [PushPlan(push_id=f"v{k}", version=k, store_address=f"127.0.0.1:{store.port}", store_key=store.key, world_size=2, transport="gloo", tensors=tensor_metas(named), bucket_bytes=1 << 20, timeout_s=60)
              for k in (1, 2, 3)]  # fmt: skip
     for plan in plans[:2]:  # the receiver is paused: both pushes are called off without it
         with pytest.raises(ReceiversMissing), sender.member(plan, 0, join_timeout_s=0.3):
@@ -307,7 +308,7 @@ def test_a_receiver_follows_a_sender_restarted_at_the_same_address():
     proc.start()
 
     def push(store, sender, push_id, seed, group_id):
-        plan = PushPlan(push_id=push_id, version=seed, store_address=f"127.0.0.1:{store.port}", world_size=2,
+        plan = PushPlan(push_id=push_id, version=seed, store_address=f"127.0.0.1:{store.port}", store_key=store.key, world_size=2,
                         transport="gloo", bucket_bytes=512, timeout_s=30, group_id=group_id,
                         manifest_digest=publish_manifest(store, metas))
         inbox.put(plan)
@@ -347,12 +348,12 @@ def test_a_receiver_whose_sender_dies_mid_push_lets_go_at_once():
     named = weights(0)
     metas = tensor_metas(named)
     dead = host_store("127.0.0.1", 0, 60)
-    dead_address = f"127.0.0.1:{dead.port}"
+    dead_address, dead_key = f"127.0.0.1:{dead.port}", dead.key
     receiver_side = BroadcastGroups()
     outcome = {}
 
     def wait_in_dead_push():
-        plan = PushPlan(push_id="old", version=1, store_address=dead_address, world_size=2,
+        plan = PushPlan(push_id="old", version=1, store_address=dead_address, store_key=dead_key, world_size=2,
                         transport="gloo", tensors=metas, bucket_bytes=1 << 20, timeout_s=60)
         try:
             with receiver_side.member(plan, 1):
@@ -372,7 +373,7 @@ def test_a_receiver_whose_sender_dies_mid_push_lets_go_at_once():
     assert outcome["at"] - died < 2, outcome["at"] - died
 
     new = host_store("127.0.0.1", 0, 60)
-    plan = PushPlan(push_id="new", version=2, store_address=f"127.0.0.1:{new.port}", world_size=2,
+    plan = PushPlan(push_id="new", version=2, store_address=f"127.0.0.1:{new.port}", store_key=new.key, world_size=2,
                     transport="gloo", tensors=metas, bucket_bytes=1 << 20, timeout_s=60)
     got = {}
 
@@ -400,7 +401,7 @@ def test_an_order_from_a_sender_that_is_gone_is_refused_at_once():
     from asyncrl.push.groups import BroadcastGroups
 
     gone = host_store("127.0.0.1", 0, 60)
-    plan = PushPlan(push_id="late", version=1, store_address=f"127.0.0.1:{gone.port}", world_size=2,
+    plan = PushPlan(push_id="late", version=1, store_address=f"127.0.0.1:{gone.port}", store_key=gone.key, world_size=2,
                     transport="gloo", tensors=tensor_metas(weights(0)), bucket_bytes=1 << 20, timeout_s=60)
     del gone
     gc.collect()

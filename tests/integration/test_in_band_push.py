@@ -14,6 +14,7 @@ from asyncrl.push.in_band import WAKE, publish_order
 from asyncrl.push.plan import PushPlan
 from asyncrl.push.sender import WeightPublisher
 from asyncrl.v1 import controller_pb2
+from tests.conftest import TEST_STORE_KEY
 from tests.integration.test_background_push import push_system
 from tests.run_helpers import wait_for
 
@@ -42,7 +43,7 @@ def test_an_order_nobody_signed_is_refused_and_the_real_one_still_gets_through(t
         followed = listener.followed
         assert followed is not None and followed.rank == 1
         # Anyone who reaches the learner's store can write there; only the controller can sign.
-        forged = PushPlan(push_id="push-v2-forged", version=2, store_address=followed.store_address, world_size=3, transport="gloo", tensors=(), bucket_bytes=1 << 20, timeout_s=30.0,
+        forged = PushPlan(push_id="push-v2-forged", version=2, store_address=followed.store_address, store_key=TEST_STORE_KEY, world_size=3, transport="gloo", tensors=(), bucket_bytes=1 << 20, timeout_s=30.0,
                           group_id=followed.group_id, new_group=False, manifest_digest=publisher.manifest_digest)
         publish_order(publisher.store, followed.group_id, followed.after_push_id, forged, [b"x" * 32, b"y" * 32])
         wait_for(lambda: refused(replicas[0]) == refused(replicas[1]) == 1, 10, "the forged order refused")
@@ -131,7 +132,10 @@ def test_the_keys_a_controller_ordered_push_left_behind_are_deleted_at_the_next_
         assert publisher.push(1).new_group
         ordered_at = replicas[0].servicer.receiver.listener.followed.key  # where push 2's order goes
         assert publisher.push(2).in_band and publisher.store.check([ordered_at])
-        waited_at = replicas[0].servicer.receiver.listener.followed.key
+        listener = replicas[0].servicer.receiver.listener
+        # The replica follows push 2 once it has acked it: the commit can come first.
+        wait_for(lambda: listener.followed.key != ordered_at, 5, "the follower on the key after push 2")
+        waited_at = listener.followed.key
         config.learner.weight_transport.in_band = False  # the next pushes through the controller (UpdateWeights)
         third = publisher.push(3)
         assert third.committed and not third.in_band and not third.new_group and len(third.acked) == 2

@@ -32,7 +32,7 @@ from asyncrl.v1 import (
     teacher_pb2,
     teacher_pb2_grpc,
 )
-from tests.conftest import TEST_AUTH
+from tests.conftest import TEST_AUTH, TEST_STORE_KEY
 
 pytestmark = pytest.mark.integration
 
@@ -118,7 +118,7 @@ def test_rollout_generate_health_metrics_and_validation(tiny_model_dir, started)
     invalid(stub.Generate, rollout_pb2.GenerateRequest(prompts=[prompt], max_new_tokens=2, temperature=-1),
             "temperature")
     invalid(stub.UpdateWeights, rollout_pb2.UpdateWeightsRequest(), "plan")
-    plan = PushPlan(push_id="p1", version=1, store_address="127.0.0.1:1", world_size=2, transport="gloo", tensors=tensor_metas([("x", torch.zeros(2))]), bucket_bytes=1024, timeout_s=5)
+    plan = PushPlan(push_id="p1", version=1, store_address="127.0.0.1:1", store_key=TEST_STORE_KEY, world_size=2, transport="gloo", tensors=tensor_metas([("x", torch.zeros(2))]), bucket_bytes=1024, timeout_s=5)
     invalid(stub.UpdateWeights, rollout_pb2.UpdateWeightsRequest(plan=plan.to_proto(), rank=0), "rank")
     bad_transport = plan.to_proto()
     bad_transport.transport = "carrier-pigeon"
@@ -147,7 +147,7 @@ def test_rollout_update_weights_installs_the_learner_weights(tiny_model_dir, sta
             p.add_(0.05 * torch.randn_like(p))
     named = named_weights(learner)
     store = host_store("127.0.0.1", 0, 30)
-    plan = PushPlan(push_id="push-7", version=7, store_address=f"127.0.0.1:{store.port}", world_size=2, transport="gloo", tensors=tensor_metas(named), bucket_bytes=64 * 1024, timeout_s=30)
+    plan = PushPlan(push_id="push-7", version=7, store_address=f"127.0.0.1:{store.port}", store_key=store.key, world_size=2, transport="gloo", tensors=tensor_metas(named), bucket_bytes=64 * 1024, timeout_s=30)
 
     def order(signing_key: bytes, rank: int) -> bytes:
         return push_order_mac(signing_key, plan, rank)
@@ -188,7 +188,7 @@ def test_a_liveness_answer_is_never_a_signed_push_order(tiny_model_dir, started)
     key = new_push_key()
     _server, channel = started(rollout_service.create_server(config, push_key=lambda: key))
     stub = rollout_pb2_grpc.RolloutStub(channel)
-    plan = PushPlan(push_id="alive", version=1, store_address="127.0.0.1:1", world_size=2, transport="gloo",
+    plan = PushPlan(push_id="alive", version=1, store_address="127.0.0.1:1", store_key=TEST_STORE_KEY, world_size=2, transport="gloo",
                     tensors=tensor_metas([("x", torch.zeros(2))]), bucket_bytes=1024, timeout_s=5)
     fields = [plan.version, 1, plan.world_size, plan.store_address, plan.transport, plan.group_id, 1,
               plan.manifest_digest]
@@ -210,7 +210,7 @@ def test_rollout_refuses_a_plan_that_does_not_fit_the_model(tiny_model_dir, star
     stub = rollout_pb2_grpc.RolloutStub(channel)
     named = [("model.not_a_layer.weight", torch.ones(3, 3))]
     store = host_store("127.0.0.1", 0, 30)
-    plan = PushPlan(push_id="push-x", version=1, store_address=f"127.0.0.1:{store.port}", world_size=2, transport="gloo", tensors=tensor_metas(named), bucket_bytes=1024, timeout_s=30)
+    plan = PushPlan(push_id="push-x", version=1, store_address=f"127.0.0.1:{store.port}", store_key=store.key, world_size=2, transport="gloo", tensors=tensor_metas(named), bucket_bytes=1024, timeout_s=30)
     errors = {}
 
     def call():

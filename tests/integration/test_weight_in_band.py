@@ -17,8 +17,9 @@ from asyncrl.push.in_band import (
     write_ack,
 )
 from asyncrl.push.plan import PushPlan
+from tests.conftest import TEST_STORE_KEY
 
-PLAN = PushPlan(push_id="push-v2-ab", version=2, store_address="127.0.0.1:29500", world_size=3, transport="gloo", tensors=(), bucket_bytes=1 << 20, timeout_s=30.0, group_id="group-1",
+PLAN = PushPlan(push_id="push-v2-ab", version=2, store_address="127.0.0.1:29500", store_key=TEST_STORE_KEY, world_size=3, transport="gloo", tensors=(), bucket_bytes=1 << 20, timeout_s=30.0, group_id="group-1",
                 new_group=False, manifest_digest="a" * 64)
 
 
@@ -68,7 +69,7 @@ def test_an_order_that_does_not_parse_names_its_field(store, data, rank, field):
 
 
 def test_acks_are_collected_per_rank_a_silent_rank_has_none_and_garbage_says_so(store):
-    plan = PushPlan(push_id="push-v3", version=3, store_address="127.0.0.1:1", world_size=5, transport="gloo", tensors=(), bucket_bytes=1, timeout_s=30.0)
+    plan = PushPlan(push_id="push-v3", version=3, store_address="127.0.0.1:1", store_key=TEST_STORE_KEY, world_size=5, transport="gloo", tensors=(), bucket_bytes=1, timeout_s=30.0)
     handshake = push_store(store, plan)
     write_ack(handshake, 1, 3, b"mac")
     write_ack(handshake, 2, 0, error="RuntimeError: boom")
@@ -94,7 +95,7 @@ def test_an_ack_under_another_ranks_key_counts_for_nothing(store):
 
 
 def test_the_sender_stops_waiting_for_an_ack_from_a_receiver_that_is_gone(store):
-    plan = PushPlan(push_id="push-v4", version=4, store_address="127.0.0.1:1", world_size=3, transport="gloo", tensors=(), bucket_bytes=1, timeout_s=30.0)
+    plan = PushPlan(push_id="push-v4", version=4, store_address="127.0.0.1:1", store_key=TEST_STORE_KEY, world_size=3, transport="gloo", tensors=(), bucket_bytes=1, timeout_s=30.0)
     handshake = push_store(store, plan)
     write_ack(handshake, 1, 4, b"mac")
     asked = []

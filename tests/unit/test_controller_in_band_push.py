@@ -11,11 +11,12 @@ from asyncrl.core.wire.auth import push_ack_mac, push_order_mac
 from asyncrl.push.plan import PushOffer
 from asyncrl.push.protocol import PushRefused
 from asyncrl.push.session import ReceiverAck
+from tests.conftest import TEST_STORE_KEY
 from tests.fakes import TINY_TENSORS, make_state
 
 
 def begin(state, version, in_band=True):
-    return state.begin_push(version, PushOffer(store_address="127.0.0.1:29500", transport="gloo", tensors=TINY_TENSORS, bucket_bytes=1 << 20, timeout_s=5.0,
+    return state.begin_push(version, PushOffer(store_address="127.0.0.1:29500", store_key=TEST_STORE_KEY, transport="gloo", tensors=TINY_TENSORS, bucket_bytes=1 << 20, timeout_s=5.0,
                                                in_band=in_band))
 
 

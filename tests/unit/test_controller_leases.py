@@ -11,6 +11,7 @@ from asyncrl.controller.persistence import MemoryStore
 from asyncrl.controller.reaper import StallDetector
 from asyncrl.controller.staleness import admissible
 from asyncrl.push.coordinator import PushOffer
+from tests.conftest import TEST_STORE_KEY
 from tests.fakes import TINY_TENSORS, acquire, make_state
 
 
@@ -23,7 +24,7 @@ def wait_until(predicate, timeout_s=5.0):
 
 def publish(state, version):
     """Play the learner: push `version` (the fake notifier acks every receiver) and commit it."""
-    session = state.begin_push(version, PushOffer(store_address="127.0.0.1:1", transport="gloo", tensors=TINY_TENSORS, bucket_bytes=1 << 20, timeout_s=5.0))
+    session = state.begin_push(version, PushOffer(store_address="127.0.0.1:1", store_key=TEST_STORE_KEY, transport="gloo", tensors=TINY_TENSORS, bucket_bytes=1 << 20, timeout_s=5.0))
     return state.commit_push(session.push_id, sender_ok=True)
 
 

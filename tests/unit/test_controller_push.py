@@ -6,11 +6,12 @@ import pytest
 
 from asyncrl.push.plan import PushOffer
 from asyncrl.push.protocol import Phase, PushRefused
+from tests.conftest import TEST_STORE_KEY
 from tests.fakes import TINY_TENSORS, acquire, make_state
 
 
 def begin(state, version, timeout_s=5.0):
-    return state.begin_push(version, PushOffer(store_address="127.0.0.1:29500", transport="gloo", tensors=TINY_TENSORS, bucket_bytes=1 << 20, timeout_s=timeout_s))
+    return state.begin_push(version, PushOffer(store_address="127.0.0.1:29500", store_key=TEST_STORE_KEY, transport="gloo", tensors=TINY_TENSORS, bucket_bytes=1 << 20, timeout_s=timeout_s))
 
 
 def register(state, port, version=0):
@@ -140,7 +141,7 @@ def test_a_learner_at_another_store_supersedes_the_open_push_of_the_one_before()
     state, _, _, events = make_state(push_timeout_s=30.0)
     register(state, 7001)
     orphan = begin(state, 1)
-    replacement = state.begin_push(1, PushOffer(store_address="127.0.0.1:29600", transport="gloo", tensors=TINY_TENSORS, bucket_bytes=1 << 20, timeout_s=5.0))
+    replacement = state.begin_push(1, PushOffer(store_address="127.0.0.1:29600", store_key=TEST_STORE_KEY, transport="gloo", tensors=TINY_TENSORS, bucket_bytes=1 << 20, timeout_s=5.0))
     (aborted,) = events.of_kind("push_aborted")
     assert aborted["push_id"] == orphan.push_id and "superseded by a learner at 127.0.0.1:29600" in aborted["reason"]
     assert replacement.plan.new_group  # the new learner holds no group yet
@@ -266,7 +267,7 @@ def test_every_push_order_is_signed_with_the_receivers_key():
     first = state.register("127.0.0.1:7001", "a", 0, "torch")
     second = state.register("127.0.0.1:7002", "b", 0, "torch")
     assert len(first.push_key) == 32 and first.push_key != second.push_key
-    session = state.begin_push(1, PushOffer(store_address="127.0.0.1:1", transport="gloo", tensors=TINY_TENSORS, bucket_bytes=1 << 20, timeout_s=5.0))
+    session = state.begin_push(1, PushOffer(store_address="127.0.0.1:1", store_key=TEST_STORE_KEY, transport="gloo", tensors=TINY_TENSORS, bucket_bytes=1 << 20, timeout_s=5.0))
     state.commit_push(session.push_id, sender_ok=True)
     plan = session.plan
     for registration, address in ((first, "127.0.0.1:7001"), (second, "127.0.0.1:7002")):
@@ -334,20 +335,20 @@ def test_the_push_order_mac_is_the_documented_text_under_the_key():
     from asyncrl.core.wire.push_contract import TensorMeta
     from asyncrl.push.plan import PushPlan
 
-    plan = PushPlan(push_id="push-v3-ab", version=3, store_address="10.0.0.1:29500", world_size=3, transport="gloo", tensors=(), bucket_bytes=1024, timeout_s=60.0, group_id="group-1",
+    plan = PushPlan(push_id="push-v3-ab", version=3, store_address="10.0.0.1:29500", store_key=TEST_STORE_KEY, world_size=3, transport="gloo", tensors=(), bucket_bytes=1024, timeout_s=60.0, group_id="group-1",
                     new_group=False, manifest_digest="f" * 64, join_timeout_s=2.5)
-    text = "\n".join(["order", "push-v3-ab", "3", "2", "3", "10.0.0.1:29500", "gloo", "group-1", "0", "f" * 64,
-                      "1024", "60000", "2500", ""])
+    text = "\n".join(["order", "push-v3-ab", "3", "2", "3", "10.0.0.1:29500", TEST_STORE_KEY.hex(), "gloo", "group-1",
+                      "0", "f" * 64, "1024", "60000", "2500", ""])
     assert push_order_mac(b"key", plan, 2) == hmac.new(b"key", text.encode(), hashlib.sha256).digest()
     inline = dataclasses.replace(plan, manifest_digest="", tensors=(TensorMeta("w", (2, 3), "float32"),
                                                                     TensorMeta("b", (), "bfloat16")))
     listed = hashlib.sha256(b"w float32 2x3\nb bfloat16 ").hexdigest()
-    fields = ["order", "push-v3-ab", "3", "2", "3", "10.0.0.1:29500", "gloo", "group-1", "0", "", "1024", "60000",
-              "2500", listed]
+    fields = ["order", "push-v3-ab", "3", "2", "3", "10.0.0.1:29500", TEST_STORE_KEY.hex(), "gloo", "group-1", "0", "",
+              "1024", "60000", "2500", listed]
     text = "\n".join(fields)
     assert push_order_mac(b"key", inline, 2) == hmac.new(b"key", text.encode(), hashlib.sha256).digest()
     # Every field a receiver acts on is signed: changing any one changes the signature.
-    for change in ({"bucket_bytes": 2048}, {"timeout_s": 61.0}, {"join_timeout_s": 3.0},
+    for change in ({"bucket_bytes": 2048}, {"timeout_s": 61.0}, {"join_timeout_s": 3.0}, {"store_key": bytes(32)},
                    {"tensors": (TensorMeta("w", (3, 2), "float32"),)}):
         assert push_order_mac(b"key", dataclasses.replace(inline, **change), 2) != push_order_mac(b"key", inline, 2)
 
@@ -492,7 +493,7 @@ def test_an_adapter_push_commits_only_receivers_that_serve_the_adapter_sent():
     notifier.adapter_checksums.update({"127.0.0.1:7001": sent, "127.0.0.1:7002": other})
     tensors = (TensorMeta("base_model.model.layer.q_proj.lora_A.weight", (4, 8), "float32"),
                TensorMeta("base_model.model.layer.q_proj.lora_B.weight", (8, 4), "float32"))
-    offer = PushOffer(store_address="127.0.0.1:29500", transport="gloo", tensors=tensors, bucket_bytes=1 << 20,
+    offer = PushOffer(store_address="127.0.0.1:29500", store_key=TEST_STORE_KEY, transport="gloo", tensors=tensors, bucket_bytes=1 << 20,
                       timeout_s=5.0, adapter=AdapterSpec(4, 8.0, ("q_proj",)))
     session = state.begin_push(1, offer)
     assert session.plan.adapter == AdapterSpec(4, 8.0, ("q_proj",))

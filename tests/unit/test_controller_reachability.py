@@ -11,6 +11,7 @@ from asyncrl.controller.state import ControllerState
 from asyncrl.core.config.schema import ControllerConfig
 from asyncrl.core.wire.auth import liveness_mac
 from asyncrl.push.coordinator import PushOffer
+from tests.conftest import TEST_STORE_KEY
 from tests.fakes import TINY_TENSORS, FakeClock, FakeNotifier, MemoryEvents
 
 
@@ -44,7 +45,7 @@ def test_a_replica_that_answers_under_its_key_joins_pushes():
     state, _, events = state_with(addresses)
     reg = state.register("127.0.0.1:7001", "r-1", 0, "torch")
     assert not replica(state, "r-1")["reachable"]
-    session = state.begin_push(1, PushOffer(store_address="127.0.0.1:29500", transport="gloo", tensors=TINY_TENSORS, bucket_bytes=1 << 20, timeout_s=5.0))
+    session = state.begin_push(1, PushOffer(store_address="127.0.0.1:29500", store_key=TEST_STORE_KEY, transport="gloo", tensors=TINY_TENSORS, bucket_bytes=1 << 20, timeout_s=5.0))
     assert session.receivers == []  # not reached yet: left out
     assert state.commit_push(session.push_id, sender_ok=True).committed
     addresses.keys["127.0.0.1:7001"] = reg.push_key

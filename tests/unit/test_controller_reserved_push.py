@@ -7,6 +7,7 @@ import pytest
 from asyncrl.core.wire.auth import push_order_mac
 from asyncrl.push.plan import PushOffer
 from asyncrl.push.protocol import PushRefused
+from tests.conftest import TEST_STORE_KEY
 from tests.fakes import TINY_TENSORS, make_state
 from tests.unit.test_controller_in_band_push import following, signed_acks
 
@@ -14,7 +15,7 @@ STORE = "127.0.0.1:29500"
 
 
 def offer(in_band=True, store=STORE):
-    return PushOffer(store_address=store, transport="gloo", tensors=TINY_TENSORS, bucket_bytes=1 << 20, timeout_s=5.0, in_band=in_band)
+    return PushOffer(store_address=store, store_key=TEST_STORE_KEY, transport="gloo", tensors=TINY_TENSORS, bucket_bytes=1 << 20, timeout_s=5.0, in_band=in_band)
 
 
 def in_band_group(state, *ports):

@@ -24,6 +24,7 @@ from asyncrl.push.manifest import manifest_bytes, parse_manifest
 from asyncrl.push.plan import PushPlan
 from asyncrl.push.session import Outcome, judge_adapter
 from asyncrl.v1 import weights_pb2
+from tests.conftest import TEST_STORE_KEY
 
 SPEC = AdapterSpec(4, 8.0, ("q_proj", "v_proj"))
 SHAPES = {"model.layers.0.self_attn.q_proj.weight": (16, 12), "model.layers.0.self_attn.v_proj.weight": (8, 12),
@@ -60,7 +61,7 @@ def test_a_bad_spec_is_refused_naming_the_field(msg, field):
 
 
 def test_a_plan_carries_its_adapter_and_a_manifest_plan_may_not_name_one():
-    plan = PushPlan(push_id="p1", version=3, store_address="127.0.0.1:5", world_size=2, transport="gloo",
+    plan = PushPlan(push_id="p1", version=3, store_address="127.0.0.1:5", store_key=TEST_STORE_KEY, world_size=2, transport="gloo",
                     tensors=tuple(good_metas()), bucket_bytes=1 << 20, timeout_s=5.0, adapter=SPEC)
     assert PushPlan.from_proto(plan.to_proto()).adapter == SPEC
     msg = plan.to_proto()

@@ -5,6 +5,7 @@ happens. Then the coordinator drives the slot through each path a push takes."""
 import pytest
 
 from asyncrl.push.protocol import TRANSITIONS, Event, IllegalTransition, Phase, PushSlot
+from tests.conftest import TEST_STORE_KEY
 from tests.fakes import TINY_TENSORS, make_state
 
 I, O, R, C = Phase.IDLE, Phase.OPEN, Phase.RESERVED, Phase.COMMITTING
@@ -48,7 +49,7 @@ def test_a_begin_or_a_reservation_needs_the_push_it_puts_in_the_slot():
 def offer(in_band=True):
     from asyncrl.push.plan import PushOffer
 
-    return PushOffer(store_address="127.0.0.1:29500", transport="gloo", tensors=TINY_TENSORS,
+    return PushOffer(store_address="127.0.0.1:29500", store_key=TEST_STORE_KEY, transport="gloo", tensors=TINY_TENSORS,
                      bucket_bytes=1 << 20, timeout_s=5.0, in_band=in_band)
 
 

@@ -114,7 +114,7 @@ def _plan(named, version, store, push_id, metas=None):
     return PushPlan(
         push_id=push_id,
         version=version,
-        store_address=f"127.0.0.1:{store.port}",
+        store_address=f"127.0.0.1:{store.port}", store_key=store.key,
         world_size=2,
         transport="gloo",
         tensors=metas or tensor_metas(named),

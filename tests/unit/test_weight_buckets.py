@@ -4,6 +4,7 @@ import torch
 from asyncrl.core.wire.push_contract import TensorMeta
 from asyncrl.push.buckets import pack, plan_buckets, unpack
 from asyncrl.push.plan import PushPlan
+from tests.conftest import TEST_STORE_KEY
 
 
 def metas(*specs):
@@ -42,7 +43,7 @@ def test_bad_inputs_are_clear_errors():
 
 
 def test_plan_proto_round_trip():
-    plan = PushPlan(push_id="p1", version=3, store_address="127.0.0.1:1234", world_size=3, transport="gloo", tensors=metas(("a", (2, 3), "bfloat16")), bucket_bytes=1024, timeout_s=5.0)
+    plan = PushPlan(push_id="p1", version=3, store_address="127.0.0.1:1234", store_key=TEST_STORE_KEY, world_size=3, transport="gloo", tensors=metas(("a", (2, 3), "bfloat16")), bucket_bytes=1024, timeout_s=5.0)
     assert PushPlan.from_proto(plan.to_proto()) == plan
     assert plan.store_host == "127.0.0.1" and plan.store_port == 1234
     assert plan.total_bytes == 12
@@ -53,11 +54,11 @@ def test_a_plan_naming_a_manifest_and_a_kept_group_round_trips_and_is_checked():
     from asyncrl.push.manifest import manifest_bytes
 
     _, digest = manifest_bytes(metas(("a", (2, 3), "float32")))
-    plan = PushPlan(push_id="p2", version=4, store_address="127.0.0.1:1234", world_size=3, transport="gloo", tensors=(), bucket_bytes=1024, timeout_s=5.0, group_id="group-1", new_group=False,
+    plan = PushPlan(push_id="p2", version=4, store_address="127.0.0.1:1234", store_key=TEST_STORE_KEY, world_size=3, transport="gloo", tensors=(), bucket_bytes=1024, timeout_s=5.0, group_id="group-1", new_group=False,
                     manifest_digest=digest)
     assert PushPlan.from_proto(plan.to_proto()) == plan
     assert plan.group_key == "group/group-1/"
-    assert PushPlan(push_id="p3", version=1, store_address="h:1", world_size=2, transport="gloo", tensors=(), bucket_bytes=1, timeout_s=1.0).group_key == "push/p3/group/"
+    assert PushPlan(push_id="p3", version=1, store_address="h:1", store_key=TEST_STORE_KEY, world_size=2, transport="gloo", tensors=(), bucket_bytes=1, timeout_s=1.0).group_key == "push/p3/group/"
 
     def refused(**fields) -> str:
         msg = plan.to_proto()

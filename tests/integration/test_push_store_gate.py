@@ -1,0 +1,136 @@
+"""The learner's push store behind its gate (`push/store_gate.py`), attacked as someone who only reaches its port:
+no command reaches the store, a forged verdict never calls a push off, a proof seen once is worth nothing again,
+a flood of connections and bytes costs the learner a few MB, and the members' push goes through meanwhile."""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import hmac
+import os
+import socket
+import threading
+import time
+
+import psutil
+import pytest
+import torch
+from torch.distributed import DistError, TCPStore
+
+from asyncrl.core.wire.push_contract import tensor_metas
+from asyncrl.push.broadcast import host_store, make_group, push_store, receive_weights, send_weights
+from asyncrl.push.plan import PushPlan
+from asyncrl.push.store_gate import MAGIC, MAX_UNPROVEN, NONCE_BYTES, StoreRefused, gated_client
+
+NAMED = [("w", torch.arange(12, dtype=torch.float32).reshape(3, 4)), ("b", torch.ones(5))]
+
+
+def plan_of(store, push_id: str = "push-gated") -> PushPlan:
+    return PushPlan(push_id=push_id, version=1, store_address=f"127.0.0.1:{store.port}", store_key=store.key,
+                    world_size=2, transport="gloo", tensors=tensor_metas(NAMED), bucket_bytes=1 << 20,
+                    timeout_s=20)
+
+
+def push_once(store, plan: PushPlan) -> dict:
+    """One push, sender here, receiver on a thread: what the receiver got."""
+    got = {}
+
+    def receive():
+        group = make_group(plan, 1)
+        for bucket in receive_weights(group, plan):
+            got.update({name: t.clone() for name, t in bucket})
+        group.close()
+
+    thread = threading.Thread(target=receive)
+    thread.start()
+    group = make_group(plan, 0, store, join_timeout_s=10)
+    send_weights(group, NAMED, plan)
+    group.close()
+    thread.join(30)
+    return got
+
+
+def test_a_caller_without_the_key_gets_no_command_through():
+    store = host_store("127.0.0.1", 0, 10)
+    store.set("push/secret", b"kept")
+    # torch's own client at the gate: the gate hangs up on its first bytes.
+    with pytest.raises(DistError):
+        outsider = TCPStore("127.0.0.1", store.port, is_master=False, timeout=datetime.timedelta(seconds=3))
+        outsider.set("push/secret", b"overwritten")
+    assert store.get("push/secret") == b"kept"
+    # The key of another store: refused, saying so.
+    started = time.monotonic()
+    with pytest.raises(StoreRefused, match="does not hold this plan's store_key"):
+        gated_client(f"127.0.0.1:{store.port}", bytes(32), 5)
+    assert time.monotonic() - started < 2
+    member = gated_client(f"127.0.0.1:{store.port}", store.key, 5)
+    assert member.get("push/secret") == b"kept"
+
+
+def test_a_proof_is_good_once():
+    """The member's proof covers the gate's fresh nonce: sent again on a new connection, it is refused."""
+    store = host_store("127.0.0.1", 0, 10)
+    client_nonce = os.urandom(NONCE_BYTES)
+
+    def attempt(proof_for=None):
+        with socket.create_connection(("127.0.0.1", store.port), timeout=5) as sock:
+            sock.sendall(MAGIC + client_nonce)
+            gate_nonce = sock.recv(NONCE_BYTES + 32, socket.MSG_WAITALL)[:NONCE_BYTES]
+            nonce = proof_for or gate_nonce
+            sock.sendall(hmac.new(store.key, b"member\n" + client_nonce + nonce, hashlib.sha256).digest())
+            return gate_nonce, sock.recv(1)
+
+    first_nonce, accepted = attempt()
+    assert accepted == b"\x01"
+    _, replayed = attempt(proof_for=first_nonce)  # the recorded proof, on a connection with a new gate nonce
+    assert replayed == b""
+
+
+def test_a_forged_verdict_never_reaches_the_push():
+    """The attack that used to stop training: one key written under a push's prefix (its verdict) made the
+    receivers call the push off. Through the gate it is refused, and the push goes through."""
+    store = host_store("127.0.0.1", 0, 10)
+    plan = plan_of(store)
+    with socket.create_connection(("127.0.0.1", store.port), timeout=5) as sock:
+        # What torch's client would send to set "push/<id>/verdict": the gate reads a bad greeting and hangs up.
+        sock.sendall(b"\x02" + b"/push/push-gated/verdict" + b"abort: forged" * 100)
+        assert sock.recv(1) == b""
+    assert not push_store(store, plan).check(["verdict"])
+    got = push_once(store, plan)
+    assert all(torch.equal(got[name], tensor) for name, tensor in NAMED)
+
+
+def test_a_flood_of_connections_and_bytes_costs_the_learner_a_few_mb_and_members_still_push():
+    """8 callers send 64 MiB each, 200 connect and say nothing: the gate reads 37 bytes of each, holds at most
+    MAX_UNPROVEN silent ones (each for HANDSHAKE_S), and a member's push goes through meanwhile."""
+    store = host_store("127.0.0.1", 0, 10)
+    process = psutil.Process()
+    before = process.memory_info().rss
+    silent = []
+    for _ in range(200):
+        try:
+            silent.append(socket.create_connection(("127.0.0.1", store.port), timeout=5))
+        except OSError:
+            break
+    junk = os.urandom(1 << 20)
+
+    def flood():
+        try:
+            with socket.create_connection(("127.0.0.1", store.port), timeout=5) as sock:
+                for _ in range(64):
+                    sock.sendall(junk)
+        except OSError:
+            pass  # the gate hung up: what it should do
+
+    floods = [threading.Thread(target=flood) for _ in range(8)]
+    for thread in floods:
+        thread.start()
+    got = push_once(store, plan_of(store, "push-during-flood"))
+    for thread in floods:
+        thread.join(30)
+    assert all(torch.equal(got[name], tensor) for name, tensor in NAMED)
+    assert store.gate.refused >= 8 + len(silent) - MAX_UNPROVEN
+    grew_mb = (process.memory_info().rss - before) / 2**20
+    assert grew_mb < 64, grew_mb
+    for sock in silent:
+        sock.close()
