@@ -8,7 +8,6 @@ import torch
 from asyncrl.core.wire.push_contract import tensor_metas
 from asyncrl.push.broadcast import host_store, make_group, receive_weights, send_weights
 from asyncrl.push.plan import PushPlan
-from tests.conftest import TEST_STORE_KEY
 
 pytestmark = pytest.mark.integration
 

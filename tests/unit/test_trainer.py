@@ -172,7 +172,8 @@ def test_rows_without_gradient_change_nothing_the_step_trains(tiny_model_dir, re
         assert trainer.splits_rows and trainer.skips_rows
         trainer.splits_rows, trainer.skips_rows = split, split and skip
         grads, update = [], trainer.optimizer.step
-        trainer.optimizer.step = lambda: grads.extend(p.grad.clone() for p in model.parameters()) or update()
+        trainer.optimizer.step = lambda grads=grads, model=model, update=update: (
+            grads.extend(p.grad.clone() for p in model.parameters()) or update())
         forwarded, policy_forward = [], trainer._logprobs
         trainer._logprobs = lambda mb, m=None, seen=forwarded, run=policy_forward: seen.append(len(mb)) or run(mb, m)
         metrics = trainer.step(b, version=3)
