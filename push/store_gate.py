@@ -33,6 +33,7 @@ import hmac
 import logging
 import secrets
 import socket
+import sys
 import threading
 
 from torch.distributed import DistNetworkError, TCPStore
@@ -81,21 +82,47 @@ class _Loop:
         return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result(timeout_s)
 
 
-async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-    """Copy until either side ends, then close the writing side (the other pipe then ends too)."""
-    try:
-        while data := await reader.read(PIPE_CHUNK):
-            writer.write(data)
-            await writer.drain()
-    except (ConnectionError, OSError):
-        pass
-    finally:
-        writer.close()
+class _Relay(asyncio.Protocol):
+    """One end of a pipe: what arrives on this connection is written to `other` (the other connection's
+    transport) in the same callback, and `other`'s full write buffer pauses reading here. Cheaper than a pair
+    of stream coroutines by a loop round per message: a store command is small, and a push makes a few."""
+
+    def __init__(self, other: asyncio.Transport, done: asyncio.Future):
+        self.other, self.done = other, done
+
+    def data_received(self, data: bytes) -> None:
+        self.other.write(data)
+
+    def eof_received(self) -> bool:
+        self.other.close()
+        return False
+
+    def connection_lost(self, exc) -> None:
+        self.other.close()
+        if not self.done.done():
+            self.done.set_result(None)
+
+    def pause_writing(self) -> None:
+        self.other.pause_reading()
+
+    def resume_writing(self) -> None:
+        self.other.resume_reading()
 
 
-async def _splice(a: tuple, b: tuple) -> None:
-    (a_reader, a_writer), (b_reader, b_writer) = a, b
-    await asyncio.gather(_pipe(a_reader, b_writer), _pipe(b_reader, a_writer))
+def _join(a: asyncio.Transport, b: asyncio.Transport, buffered: bytes = b"") -> asyncio.Future:
+    """Pipe two open connections both ways from now on (`buffered`: what `a` already delivered, sent to `b`
+    first). The future is done when either ends."""
+    done = asyncio.get_running_loop().create_future()
+    a.set_protocol(_Relay(b, done))
+    b.set_protocol(_Relay(a, done))
+    if buffered:
+        b.write(buffered)
+    return done
+
+
+def _unread(reader: asyncio.StreamReader) -> bytes:
+    """What a stream received beyond what was read from it (nothing, from a member that waits for ACCEPTED)."""
+    return bytes(getattr(reader, "_buffer", b""))
 
 
 class StoreGate:
@@ -150,15 +177,15 @@ class StoreGate:
                 self._refuse(writer, "the key was not proved")
             return
         try:
-            store = await asyncio.open_connection("127.0.0.1", self._store_port)
+            _, store = await asyncio.open_connection("127.0.0.1", self._store_port)
         except OSError:
             writer.close()
             return
-        self._open.add(store[1])
+        self._open.add(store)
         try:
-            await _splice((reader, writer), store)
+            await _join(writer.transport, store.transport, _unread(reader))
         finally:
-            self._open.discard(store[1])
+            self._open.discard(store)
 
     async def _handshake(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
         hello = await reader.readexactly(len(MAGIC) + NONCE_BYTES)
@@ -238,7 +265,7 @@ class GatedStore(TCPStore):
     def __del__(self):
         # The store goes with its last reference (a learner's sender, a test's variable): so does its gate.
         gate = self.__dict__.get("gate")
-        if gate is not None:
+        if gate is not None and not sys.is_finalizing():  # at exit the daemon thread simply goes
             gate.close()
 
 
@@ -290,7 +317,7 @@ async def _forward(host: str, port: int, key: bytes, timeout_s: float) -> int:
             return
         taken.set_result(None)
         server.close()
-        await _splice((reader, writer), gate)
+        await _join(writer.transport, gate[1].transport, _unread(reader))
 
     server = await asyncio.start_server(accept, "127.0.0.1", 0)
 
