@@ -19,6 +19,7 @@ from asyncrl.core.model.sampling import SamplingParams
 from asyncrl.core.wire.push_contract import TensorMeta, tensor_metas
 from asyncrl.push.plan import PushPlan
 from asyncrl.push.receiving import BroadcastReceiving
+from tests.conftest import TEST_STORE_KEY
 from tests.e2e.conftest import logits_of, perturbed, push, reference_logp
 
 pytestmark = [
@@ -214,7 +215,8 @@ def test_between_generations_update_waits_for_generate(engine, live):
 
 def test_bad_plans_fail_clearly_and_the_engine_keeps_working(engine, live):
     good = [(name, p.detach()) for name, p in live.model.named_parameters()]
-    base = {"push_id": "bad", "store_address": "127.0.0.1:1", "world_size": 2, "bucket_bytes": 1 << 20}
+    base = {"push_id": "bad", "store_address": "127.0.0.1:1", "store_key": TEST_STORE_KEY, "world_size": 2,
+            "bucket_bytes": 1 << 20}
 
     def plan(tensors, transport="gloo"):
         return PushPlan(version=99, transport=transport, tensors=tuple(tensors), timeout_s=5, **base)

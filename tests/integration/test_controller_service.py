@@ -386,13 +386,14 @@ def test_a_learner_out_of_the_controllers_reach_keeps_its_seat_while_it_heartbea
     """A holder the controller cannot challenge (its address takes connections and never answers, as behind a
     firewall or with a TLS name mismatch) keeps the seat while it heartbeats: a second learner is told to
     retry (UNAVAILABLE, naming the address), and takes the seat once the holder has been silent for
-    controller.heartbeat_timeout_s."""
+    controller.heartbeat_timeout_s. Over the patient channel a learner uses: the UNAVAILABLE is not resent
+    with the same single-use proof (that came back PERMISSION_DENIED "already used", and the learner died)."""
     server, port = create_server(make_config(heartbeat_timeout_s=5.0), run_dir=str(tmp_path))
     server.start()
     hung = socket.create_server(("127.0.0.1", 0))  # the kernel accepts connections; nothing ever answers
     hung_address = f"127.0.0.1:{hung.getsockname()[1]}"
     try:
-        with grpc_channel(f"127.0.0.1:{port}", TEST_AUTH) as channel:
+        with grpc_channel(f"127.0.0.1:{port}", TEST_AUTH, patient=True) as channel:
             first, second = (SeatedController(RegisteredReplica(controller_pb2_grpc.ControllerStub(channel)), TEST_LEARNER_SECRET) for _ in range(2))
             first.take_seat(hung_address, patience_s=0)
             first.LearnerHeartbeat(pb.LearnerHeartbeatRequest(step=1))

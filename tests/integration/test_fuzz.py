@@ -69,10 +69,10 @@ def controller_cases():
                         [c.LeaseCompletion(lease_id="nope")]]:
         cases.append(("CompleteLeases", c.CompleteLeasesRequest(replica_id="nobody", completions=completions)))
     tensor = weights_pb2.TensorSpec(name="w", shape=[2, 2], dtype="float32")
-    good_push = {"version": 1, "store_address": "127.0.0.1:29500", "transport": "gloo", "bucket_bytes": 1 << 20,
-                     "tensors": [tensor]}
+    good_push = {"version": 1, "store_address": "127.0.0.1:29500", "store_key": TEST_STORE_KEY, "transport": "gloo",
+                 "bucket_bytes": 1 << 20, "tensors": [tensor]}
     for change in [{"version": -1}, {"version": I64}, {"version": 1_000}, *[{"store_address": a} for a in
-                   BAD_ADDRESSES], {"transport": ""}, {"transport": "tcp"}, {"transport": BIG}, {"bucket_bytes": 0},
+                   BAD_ADDRESSES], {"store_key": b""}, {"store_key": b"k" * 4096}, {"transport": ""}, {"transport": "tcp"}, {"transport": BIG}, {"bucket_bytes": 0},
                    {"bucket_bytes": -1}, {"bucket_bytes": 2**62}, *[{"timeout_s": f} for f in BAD_FLOATS],
                    *[{"join_timeout_s": f} for f in BAD_FLOATS], {"tensors": []},
                    {"tensors": [weights_pb2.TensorSpec(name="", shape=[2], dtype="float32")]},
@@ -114,7 +114,8 @@ def rollout_cases(vocab: int, context: int):
     for rank in [0, -1, 2, I32]:
         cases.append(("UpdateWeights", r.UpdateWeightsRequest(plan=plan, rank=rank)))
     for change in [{"world_size": 0}, {"world_size": -3}, {"version": -1}, {"store_address": BIG + ":1"},
-                   {"store_address": "x"}, {"transport": "tcp"}, {"bucket_bytes": 0}, {"push_id": ""},
+                   {"store_address": "x"}, {"store_key": b""}, {"store_key": b"k" * 31}, {"transport": "tcp"},
+                   {"bucket_bytes": 0}, {"push_id": ""},
                    {"push_id": BIG}]:
         bad = weights_pb2.WeightPushPlan()
         bad.CopyFrom(plan)

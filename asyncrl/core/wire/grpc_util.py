@@ -85,12 +85,17 @@ RECONNECT_OPTIONS = [
 ]
 
 # A patient channel's calls ride out a server restart: they wait for the server (within their deadline)
-# instead of failing at once, and a call cut off by the server's death (UNAVAILABLE) is sent again.
+# instead of failing at once, and a call cut off by the server's death (UNAVAILABLE) is sent again. Not
+# RegisterLearner: its seat proof is good once, so the same request sent again is refused as a replay; the
+# learner retries it itself, with a fresh proof (`learner/seat.py`).
 _PATIENT_SERVICE_CONFIG = json.dumps({"methodConfig": [{
     "name": [{}],
     "waitForReady": True,
     "retryPolicy": {"maxAttempts": 5, "initialBackoff": "0.5s", "maxBackoff": "4s", "backoffMultiplier": 2,
                     "retryableStatusCodes": ["UNAVAILABLE"]},
+}, {
+    "name": [{"service": "asyncrl.v1.Controller", "method": "RegisterLearner"}],
+    "waitForReady": True,
 }]})  # fmt: skip
 
 
