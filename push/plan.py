@@ -162,8 +162,8 @@ class PushPlan:
     def to_proto(self) -> weights_pb2.WeightPushPlan:
         return weights_pb2.WeightPushPlan(
             push_id=self.push_id, version=self.version, store_address=self.store_address,
-            store_key=self.store_key, world_size=self.world_size, transport=self.transport, tensors=encode_tensors(self.tensors),
-            bucket_bytes=self.bucket_bytes, timeout_s=self.timeout_s, join_timeout_s=self.join_timeout_s,
+            store_key=self.store_key, world_size=self.world_size, transport=self.transport,
+            tensors=encode_tensors(self.tensors), bucket_bytes=self.bucket_bytes, timeout_s=self.timeout_s, join_timeout_s=self.join_timeout_s,
             group_id=self.group_id, new_group=self.new_group, manifest_digest=self.manifest_digest,
             adapter=None if self.adapter is None or self.manifest_digest else self.adapter.to_proto(),
         )  # fmt: skip

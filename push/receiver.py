@@ -10,8 +10,8 @@ One thread, started at the first push it follows. Every push this replica takes 
 the controller or in-band, moves it on to wait for the push after that one; a push on another group replaces
 what it follows; a failure stops following (the controller then forms a new group, through UpdateWeights).
 
-The learner's store takes writes from anyone who reaches it, so an order found there counts only when the
-controller signed it for this replica's rank. One that is not signed is refused, and the listener waits on for
+Only the push's members get through the store's gate (`push.store_gate`), and any of them could write there,
+so an order found there counts only when the controller signed it for this replica's rank. One that is not signed is refused, and the listener waits on for
 the sender's own order to replace it: a forged order can delay a push by `poll_s`, not redirect it.
 """
 
