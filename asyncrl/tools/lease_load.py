@@ -180,8 +180,8 @@ async def _learner(stub, result: LoadResult, stop: asyncio.Event, every_s: float
             pass
         status = await stub.GetStatus(pb.GetStatusRequest())
         begun = await stub.BeginWeightPush(pb.BeginWeightPushRequest(
-            version=status.current_version + 1, store_address="127.0.0.1:1", store_key=bytes(32), transport="gloo", bucket_bytes=1024,
-            timeout_s=30, tensors=[spec], learner_key=key))  # fmt: skip
+            version=status.current_version + 1, store_address="127.0.0.1:1", store_key=bytes(32), transport="gloo",
+            bucket_bytes=1024, timeout_s=30, tensors=[spec], learner_key=key))  # fmt: skip
         commit = await stub.CommitWeightPush(pb.CommitWeightPushRequest(push_id=begun.plan.push_id, sender_ok=True,
                                                                         learner_key=key))
         result.versions_committed += bool(commit.committed)

@@ -90,12 +90,12 @@ def new_push_key() -> bytes:
 
 def push_order_mac(key: bytes, plan, rank: int) -> bytes:
     """The controller's signature on one push order (a `push.plan.PushPlan`) for one replica (HMAC-SHA256
-    under its push key): the push, the replica's rank, where to join (store and its key, transport, group), which manifest
-    or tensors to load, the bucket size and the time-outs (every field a receiver acts on; rollout.proto has
-    the text)."""
+    under its push key): the push, the replica's rank, where to join (store and its key, transport, group),
+    which manifest or tensors to load, the bucket size and the time-outs (every field a receiver acts on;
+    rollout.proto has the text)."""
     fields = ("order", plan.push_id, plan.version, rank, plan.world_size, plan.store_address,
-              plan.store_key.hex(), plan.transport, plan.group_id, int(plan.new_group), plan.manifest_digest, plan.bucket_bytes,
-              round(plan.timeout_s * 1000), round(plan.join_timeout_s * 1000), tensors_digest(plan.tensors))
+              plan.store_key.hex(), plan.transport, plan.group_id, int(plan.new_group), plan.manifest_digest,
+              plan.bucket_bytes, round(plan.timeout_s * 1000), round(plan.join_timeout_s * 1000), tensors_digest(plan.tensors))
     if plan.adapter is not None:  # an adapter push signs its shape too (a plan naming a manifest has none here)
         fields += (plan.adapter.rank, plan.adapter.alpha, ",".join(plan.adapter.target_modules))
     return hmac.new(key, "\n".join(map(str, fields)).encode(), "sha256").digest()
