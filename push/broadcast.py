@@ -17,7 +17,6 @@ from collections.abc import Callable, Iterable, Iterator
 import torch
 from torch.distributed import PrefixStore, TCPStore
 
-from asyncrl.core.wire.grpc_util import address_refuses
 from asyncrl.core.wire.push_contract import TRANSPORTS, TensorMeta
 from asyncrl.core.wire.routes import route_address
 from asyncrl.push.buckets import pack, plan_buckets, unpack
@@ -53,32 +52,13 @@ class BroadcastGroup(ABC):
 
 def store_client(address: str, key: bytes, timeout_s: float) -> TCPStore:
     """A client connection to the rendezvous store whose gate is at `address` (host:port, [v6]:port), proving
-    `key` there (`push.store_gate`)."""
+    `key` there (`push.store_gate`); `SenderGone` at once when nothing listens there."""
     return gated_client(address, key, timeout_s)
-
-
-class SenderGone(ConnectionRefusedError):
-    """Nothing listens at the sender's store any more: its process is gone, and so is every push it ordered."""
-
-
-REFUSAL_CHECK_S = 0.5
-"""How long a receiver waits to learn whether the sender's store refuses connections."""
-
-
-def sender_store_client(address: str, key: bytes, timeout_s: float) -> TCPStore:
-    """A receiver's client connection to a sender's store. A store that refuses the connection raises
-    `SenderGone` at once: the store client would keep trying for the whole time-out, and then once more, while
-    the receiver holds its one push at a time and the pushes of a new sender (a learner restarted elsewhere)
-    time out behind it."""
-    if address_refuses(address, min(REFUSAL_CHECK_S, timeout_s)):
-        raise SenderGone(f"nothing listens at the sender's store {address}")
-    return store_client(address, key, timeout_s)
 
 
 def connect_store(plan: PushPlan, timeout_s: float | None = None) -> TCPStore:
     """A receiver's client connection to the sender's rendezvous store, within the plan's time-out."""
-    return sender_store_client(plan.store_address, plan.store_key,
-                               plan.timeout_s if timeout_s is None else timeout_s)
+    return store_client(plan.store_address, plan.store_key, plan.timeout_s if timeout_s is None else timeout_s)
 
 
 def push_store(root: TCPStore, plan: PushPlan) -> PrefixStore:

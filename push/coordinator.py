@@ -142,7 +142,7 @@ class PushCoordinator:
         if session is None:
             return None
         age = now - session.begun_at
-        other_sender = (session.plan.store_address, session.plan.store_key) != (offer.store_address, offer.store_key)
+        other_sender = session.plan.store != offer.store
         committing = self.slot.phase is Phase.COMMITTING
         # A commit already waiting for its receivers is never superseded by its own learner: that wait is
         # itself bounded by push_timeout_s, so the learner just asks again a moment later.
@@ -177,9 +177,7 @@ class PushCoordinator:
         session = self.reserved
         if session is None:
             return
-        same_store = offer is not None and (offer.store_address, offer.store_key) == (
-            session.plan.store_address, session.plan.store_key)
-        if unused_push_id == session.push_id and same_store:
+        if unused_push_id == session.push_id and offer is not None and offer.store == session.plan.store:
             self.slot.fire(Event.WITHDRAW)
             self._events.write(PushWithdrawn(push_id=session.push_id, version=session.plan.version,
                                              reason="the learner began another push instead"))  # fmt: skip
@@ -201,7 +199,7 @@ class PushCoordinator:
     def _membership(self, receivers: list[Receiver], offer: PushOffer) -> tuple[Membership, bool]:
         """The group the receivers would use (the kept one when they are its members) and whether it is new."""
         membership = Membership("", tuple((r.replica_id, r.address, r.push_key) for r in receivers),
-                                offer.store_address, offer.store_key, offer.transport)
+                                offer.store, offer.transport)
         if self.group is not None and self.group.membership.same(membership):
             return self.group.membership, False
         return dataclasses.replace(membership, group_id=f"group-{uuid.uuid4().hex[:12]}"), True

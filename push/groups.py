@@ -64,9 +64,8 @@ class BroadcastGroups:
     def _root(self, plan: PushPlan) -> TCPStore:
         if self._host_store is not None:
             return self._host_store
-        if self._client is None or self._client[0] != (plan.store_address, plan.store_key):
-            # A new sender: drop the old connection.
-            self._client = ((plan.store_address, plan.store_key), connect_store(plan))
+        if self._client is None or self._client[0] != plan.store:
+            self._client = (plan.store, connect_store(plan))  # a new sender: drop the old connection
         return self._client[1]
 
     @contextlib.contextmanager

@@ -69,6 +69,11 @@ class PushOffer:
     adapter: AdapterSpec | None = None
     """The tensors are a LoRA adapter of this shape (with `tensors`; a manifest says so itself)."""
 
+    @property
+    def store(self) -> tuple[str, bytes]:
+        """Which learner's store: its address and key (a learner restarted at the address has a new key)."""
+        return self.store_address, self.store_key
+
     def to_proto(self, **request) -> controller_pb2.BeginWeightPushRequest:
         """The BeginWeightPush request carrying this offer; `request`: its other fields (version, ...)."""
         return controller_pb2.BeginWeightPushRequest(
@@ -146,6 +151,11 @@ class PushPlan:
     def group_key(self) -> str:
         """The store prefix the group forms under: the group's, or the push's own."""
         return f"group/{self.group_id}/" if self.group_id else f"push/{self.push_id}/group/"
+
+    @property
+    def store(self) -> tuple[str, bytes]:
+        """Which learner's store: its address and key (`PushOffer.store`)."""
+        return self.store_address, self.store_key
 
     @property
     def store_host(self) -> str:

@@ -28,11 +28,12 @@ from torch.distributed import DistError, TCPStore
 from asyncrl.core.checks.validation import InvalidArgument
 from asyncrl.core.wire.auth import push_ack_mac, push_order_mac
 from asyncrl.core.wire.push_contract import WeightUpdateStats
-from asyncrl.push.broadcast import SenderGone, push_store, sender_store_client, store_client
+from asyncrl.push.broadcast import push_store, store_client
 from asyncrl.push.groups import ManifestCache
 from asyncrl.push.in_band import order_key, parse_order, wait_for_order, wake_waiters, write_ack
 from asyncrl.push.plan import PushPlan
 from asyncrl.push.rendezvous import POLL_S, PushAborted
+from asyncrl.push.store_gate import SenderGone
 
 log = logging.getLogger(__name__)
 
@@ -41,8 +42,8 @@ log = logging.getLogger(__name__)
 class Followed:
     """The group a replica follows, its rank there and the last push it took on it."""
 
-    store_address: str
-    store_key: bytes
+    store: tuple[str, bytes]
+    """The learner's store: its address and key (`PushPlan.store`)."""
     group_id: str
     rank: int
     after_push_id: str
@@ -80,8 +81,7 @@ class PushListener:
         if not plan.group_id:
             return self.forget()
         with self._cond:
-            self._followed = Followed(plan.store_address, plan.store_key, plan.group_id, rank, plan.push_id,
-                                      plan.timeout_s)
+            self._followed = Followed(plan.store, plan.group_id, rank, plan.push_id, plan.timeout_s)
             if self._thread is None and not self._closed:
                 self._thread = threading.Thread(target=self._run, name="push-listener", daemon=True)
                 self._thread.start()
@@ -134,7 +134,7 @@ class PushListener:
                 if stale and not isinstance(err, SenderGone):
                     # A connection kept from an earlier group, to a learner since restarted at the same address:
                     # this group's learner is the new one. Once more, over a connection of its own.
-                    log.info("reconnecting to %s for group %s (%s)", target.store_address, target.group_id, err)
+                    log.info("reconnecting to %s for group %s (%s)", target.store[0], target.group_id, err)
                     continue
                 log.info("stopped following group %s: its store is gone (%s)", target.group_id, err)
                 self._forget_if(target)
@@ -145,10 +145,9 @@ class PushListener:
 
     def _root(self, target: Followed) -> TCPStore:
         """The connection to `target`'s store: the one kept, when it goes to the same store."""
-        store = (target.store_address, target.store_key)
-        if self._store is None or self._store[0] != store:
-            client = sender_store_client(target.store_address, target.store_key, min(target.timeout_s, 30.0))
-            self._store = (store, client, target.group_id)
+        if self._store is None or self._store[0] != target.store:
+            client = store_client(*target.store, min(target.timeout_s, 30.0))
+            self._store = (target.store, client, target.group_id)
         return self._store[1]
 
     @staticmethod
@@ -156,8 +155,8 @@ class PushListener:
         """Wake whoever waits at `target`'s key, over a connection of its own (best effort: a store that is gone
         ends that wait by itself)."""
         try:
-            wake_waiters(store_client(target.store_address, target.store_key, 2.0), target.key)
-        except DistError as err:
+            wake_waiters(store_client(*target.store, 2.0), target.key)
+        except (DistError, SenderGone) as err:
             log.info("could not wake the wait at %s: %s", target.key, err)
 
     def _forget_if(self, target: Followed) -> None:

@@ -47,14 +47,13 @@ class Membership:
     group_id: str
     members: tuple[tuple[str, str, bytes], ...]
     """(replica id, address, push key) of ranks 1..N."""
-    store_address: str
-    store_key: bytes
-    """A learner restarted at the same address has a store of a new key, and none of the old groups."""
+    store: tuple[str, bytes]
+    """The learner's store (address, key): a learner restarted at the same address has a new key, and none
+    of the old groups."""
     transport: str
 
     def same(self, other: Membership) -> bool:
-        return (self.members, self.store_address, self.store_key, self.transport) == (
-            other.members, other.store_address, other.store_key, other.transport)
+        return (self.members, self.store, self.transport) == (other.members, other.store, other.transport)
 
 
 @dataclass(frozen=True)

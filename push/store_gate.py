@@ -53,6 +53,12 @@ MAX_UNPROVEN = 64
 PIPE_CHUNK = 1 << 16
 
 
+class SenderGone(ConnectionRefusedError):
+    """Nothing listens at the sender's store any more: its process is gone, and so is every push it ordered.
+    Raised at once, from the refused connect: a receiver waiting out its time-out instead would hold its one
+    push at a time while the pushes of a new sender (a learner restarted elsewhere) time out behind it."""
+
+
 class StoreRefused(DistNetworkError):
     """The store's gate did not take this key, or what answered at the address is no gate of this key (a
     learner restarted there has a new store). A `DistNetworkError`, as a store that cannot be reached is."""
@@ -121,7 +127,8 @@ def _join(a: asyncio.Transport, b: asyncio.Transport, buffered: bytes = b"") -> 
 
 
 def _unread(reader: asyncio.StreamReader) -> bytes:
-    """What a stream received beyond what was read from it (nothing, from a member that waits for ACCEPTED)."""
+    """What a stream received beyond what was read from it before its pipe was joined: a client may send its
+    first bytes at once (the member's TCPStore client on the forwarder; a member right after ACCEPTED)."""
     return bytes(getattr(reader, "_buffer", b""))
 
 
@@ -164,7 +171,7 @@ class StoreGate:
         try:
             proved = await asyncio.wait_for(self._handshake(reader, writer), HANDSHAKE_S)
         except asyncio.IncompleteReadError as err:
-            # Nothing at all before the close: a check that the port listens (`address_refuses`).
+            # Nothing at all before the close: a check that the port listens (a TCP probe).
             proved = None if not err.partial else False
         except (TimeoutError, ConnectionError, OSError):
             proved = False
@@ -335,11 +342,13 @@ async def _forward(host: str, port: int, key: bytes, timeout_s: float) -> int:
 
 def gated_client(address: str, key: bytes, timeout_s: float) -> TCPStore:
     """A member's client of the store whose gate listens at `address` (host:port), proving `key`;
-    StoreRefused when the gate does not take it."""
+    SenderGone when nothing listens there, StoreRefused when the gate does not take the key."""
     host, port = address.rsplit(":", 1)
     try:
         local_port = _forwarders().run(_forward(host.strip("[]"), int(port), key, timeout_s),
                                        timeout_s + HANDSHAKE_S)
+    except ConnectionRefusedError as err:
+        raise SenderGone(f"nothing listens at the sender's store {address}") from err
     except (OSError, TimeoutError) as err:
         raise DistNetworkError(f"cannot reach the store gate at {address}: {err!r}") from err
     return TCPStore("127.0.0.1", local_port, is_master=False, timeout=datetime.timedelta(seconds=timeout_s))

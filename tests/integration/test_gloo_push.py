@@ -391,13 +391,13 @@ def test_a_receiver_whose_sender_dies_mid_push_lets_go_at_once():
 
 def test_an_order_from_a_sender_that_is_gone_is_refused_at_once():
     """An UpdateWeights order that reaches a replica after its learner died (queued behind a slow push, say)
-    names a store nothing listens at: the receiver gives it up in half a second (`SenderGone`) instead of
+    names a store nothing listens at: the receiver gives it up at its refused connect (`SenderGone`) instead of
     trying to connect for the push's time-out, twice."""
     import gc
     import time
 
-    from asyncrl.push.broadcast import SenderGone
     from asyncrl.push.groups import BroadcastGroups
+    from asyncrl.push.store_gate import SenderGone
 
     gone = host_store("127.0.0.1", 0, 60)
     plan = PushPlan(push_id="late", version=1, store_address=f"127.0.0.1:{gone.port}", store_key=gone.key, world_size=2,

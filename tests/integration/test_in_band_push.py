@@ -14,7 +14,6 @@ from asyncrl.push.in_band import WAKE, publish_order
 from asyncrl.push.plan import PushPlan
 from asyncrl.push.sender import WeightPublisher
 from asyncrl.v1 import controller_pb2
-from tests.conftest import TEST_STORE_KEY
 from tests.integration.test_background_push import push_system
 from tests.run_helpers import wait_for
 
@@ -42,8 +41,10 @@ def test_an_order_nobody_signed_is_refused_and_the_real_one_still_gets_through(t
         listener = replicas[0].servicer.receiver.listener
         followed = listener.followed
         assert followed is not None and followed.rank == 1
-        # Anyone who reaches the learner's store can write there; only the controller can sign.
-        forged = PushPlan(push_id="push-v2-forged", version=2, store_address=followed.store_address, store_key=TEST_STORE_KEY, world_size=3, transport="gloo", tensors=(), bucket_bytes=1 << 20, timeout_s=30.0,
+        # A member of the push (it holds the store's key) can write there; only the controller can sign.
+        address, key = followed.store
+        forged = PushPlan(push_id="push-v2-forged", version=2, store_address=address, store_key=key, world_size=3,
+                          transport="gloo", tensors=(), bucket_bytes=1 << 20, timeout_s=30.0,
                           group_id=followed.group_id, new_group=False, manifest_digest=publisher.manifest_digest)
         publish_order(publisher.store, followed.group_id, followed.after_push_id, forged, [b"x" * 32, b"y" * 32])
         wait_for(lambda: refused(replicas[0]) == refused(replicas[1]) == 1, 10, "the forged order refused")
