@@ -216,21 +216,30 @@ class StoreGate:
         writer.close()
 
     def close(self) -> None:
-        """Stop listening and hang up every connection (a member's pipe then ends as the store's would)."""
+        """Stop listening and hang up every connection (a member's pipe then ends as the store's would). The
+        port refuses connections when this returns (so a late member learns at once that the sender is gone),
+        unless called on the gate's own thread (by a garbage collection there), where it cannot wait."""
         loop = self._loop.loop
         if loop.is_closed():
             return
+
+        listening_stopped = threading.Event()
 
         async def shut():
             self._server.close()
             for writer in list(self._open):
                 writer.close()
+            listening_stopped.set()
             if self._tasks:
                 await asyncio.wait(list(self._tasks), timeout=HANDSHAKE_S)
             loop.stop()
 
-        with contextlib.suppress(RuntimeError):  # the loop is closing already
+        try:
             asyncio.run_coroutine_threadsafe(shut(), loop)
+        except RuntimeError:  # the loop is closing already
+            return
+        if threading.current_thread() is not self._loop.thread:
+            listening_stopped.wait(HANDSHAKE_S)
 
 
 def listening_socket(host: str, port: int) -> socket.socket:

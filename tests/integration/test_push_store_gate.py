@@ -134,3 +134,17 @@ def test_a_flood_of_connections_and_bytes_costs_the_learner_a_few_mb_and_members
     assert grew_mb < 64, grew_mb
     for sock in silent:
         sock.close()
+
+
+def test_a_closed_gate_refuses_at_once_even_while_its_thread_is_busy():
+    """A store dropped by its learner stops listening before `close` returns: a late member's connect is refused
+    (`SenderGone` at once) rather than accepted by the kernel and reset mid-handshake a moment later."""
+    store = host_store("127.0.0.1", 0, 10)
+    gate, port = store.gate, store.port
+    gate._loop.loop.call_soon_threadsafe(time.sleep, 0.5)  # the gate's thread is busy for a moment
+    started = time.monotonic()
+    del store
+    with pytest.raises(ConnectionRefusedError), socket.create_connection(("127.0.0.1", port), timeout=2):
+        pass
+    assert time.monotonic() - started >= 0.3  # close waited for the gate's thread to stop listening
+    assert gate._server.sockets == ()
