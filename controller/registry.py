@@ -17,6 +17,13 @@ place get no fresh chance either).
 A replica *needs sync* when the weights it holds are not the current version (a late join, a restart, a
 push it missed or failed) or when a failed/aborted push may have left its weights half-overwritten
 (`force_sync`). A replica that needs sync gets no leases until a push reaches it.
+
+A replica earns its leases: the version the controller holds for it is one it proved by acknowledging a
+push of it (under its registration's key, with the checksum of what it loaded), never one it claims. The
+one claim believed is version 0, the weights on disk every replica starts from; a registration claiming any
+other version is `UNPROVEN` and gets a resync push first, and heartbeats report no version. So a token
+holder's fake replica with no engine behind it gets leases only while the run is at version 0, or by taking
+in every push as a real replica does.
 """
 
 from __future__ import annotations
@@ -25,6 +32,15 @@ from dataclasses import dataclass
 
 from asyncrl.controller.errors import RegistryFull, UnknownReplica
 from asyncrl.core.wire.auth import new_push_key
+
+UNPROVEN = -1
+"""The weight version of a replica that claims weights no push of this controller gave it: it needs a sync."""
+
+
+def believed_version(claimed: int) -> int:
+    """The version the controller holds for a registration claiming `claimed`: version 0 (the weights on disk),
+    or `UNPROVEN`."""
+    return 0 if claimed == 0 else UNPROVEN
 
 
 @dataclass
@@ -148,7 +164,8 @@ class ReplicaRegistry:
         caller_host: str = "",
     ) -> Replica:
         """Add a replica, or refresh one that registers again under its id (a restart: new address and weights).
-        A new one must find room (`make_room` first) and stay within its caller host's cap."""
+        A new one must find room (`make_room` first) and stay within its caller host's cap. `weight_version` is
+        its claim (`believed_version`)."""
         replica_id = replica_id or self._fresh_id()
         existing = self._replicas.get(replica_id)
         if existing is None and self.max_per_host and caller_host:
@@ -156,6 +173,7 @@ class ReplicaRegistry:
             if from_host >= self.max_per_host:
                 raise RegistryFull(f"{from_host} live replicas registered from {caller_host} "
                                    "(controller.max_replicas_per_host)")
+        weight_version = believed_version(weight_version)
         if existing is not None:
             existing.address, existing.weight_version, existing.engine = address, weight_version, engine
             existing.in_band, existing.caller_host = in_band, caller_host
@@ -192,12 +210,6 @@ class ReplicaRegistry:
         revived = not replica.alive
         replica.alive, replica.dead_reason = True, ""
         return revived
-
-    def report_version(self, replica: Replica, weight_version: int) -> None:
-        """Take the version a replica reports in a heartbeat, but never move it backwards: a heartbeat sent
-        just before a push's swap can arrive after the controller recorded the ack. A replica that really
-        lost its weights (a restart) registers again, which does reset the version."""
-        replica.weight_version = max(replica.weight_version, weight_version)
 
     def reap(self, now: float) -> list[Replica]:
         """Declare dead every live replica silent for longer than the heartbeat timeout; returns them."""

@@ -188,9 +188,9 @@ class ControllerState:
             # Touch before reaping: a replica that speaks is alive, whatever its silence before.
             revived = self.liveness.touch(replica)
             self.liveness.reap_locked()
-            reported = replica.weight_version
-            books.registry.report_version(replica, weight_version)
-            if weight_version >= reported:  # not a heartbeat sent before the push its ack already reported
+            # The version is the last push it acknowledged, not what it says (`registry`: a replica earns its
+            # leases); the adapter it reports is shown only when it speaks of those weights.
+            if weight_version == replica.weight_version:
                 replica.adapter_checksum = adapter_checksum
             held = None if held_leases is None else set(held_leases)
             abandoned = books.leases.extend(replica_id, books.clock(), held, self.config.lease_report_grace_s)
@@ -199,7 +199,7 @@ class ControllerState:
                 books.changed()
             needs_sync = replica.needs_sync(books.current_version)
             # Wake held requests only when this replica's own eligibility may have changed.
-            books.changed(wake=revived or lagged != needs_sync, replicas=replica.weight_version != reported)
+            books.changed(wake=revived or lagged != needs_sync)
             held_back_s = max(0.0, replica.held_back_until - books.clock())
             return ReplicaPulse(books.current_version, needs_sync, held_back_s,
                                 replica.push_problem if held_back_s else "")

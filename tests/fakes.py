@@ -13,8 +13,9 @@ from asyncrl.core.config.schema import ControllerConfig
 from asyncrl.core.runtime.events import MemoryEvents
 from asyncrl.core.wire.grpc_aio import Wakeup
 from asyncrl.core.wire.push_contract import TensorMeta
-from asyncrl.push.plan import PushPlan
+from asyncrl.push.plan import PushOffer, PushPlan
 from asyncrl.push.session import ReceiverAnswer, ReceiverUnreachable
+from tests.conftest import TEST_STORE_KEY
 
 
 class FakeClock:
@@ -80,6 +81,13 @@ def make_state(
 
 TINY_TENSORS = (TensorMeta("w", (2, 2), "float32"),)
 """A one-tensor plan for pushes whose data plane a test does not exercise."""
+
+
+def begin(state: ControllerState, version: int, timeout_s: float = 5.0):
+    """A push of `version` opened on `state` as a learner's BeginWeightPush opens it (gloo, `TINY_TENSORS`)."""
+    return state.begin_push(version, PushOffer(store_address="127.0.0.1:29500", store_key=TEST_STORE_KEY,
+                                               transport="gloo", tensors=TINY_TENSORS, bucket_bytes=1 << 20,
+                                               timeout_s=timeout_s))
 
 
 def acquire(state: ControllerState, replica_id: str, num_trajectories: int, wait_s: float) -> LeaseDecision:

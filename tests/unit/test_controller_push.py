@@ -7,11 +7,7 @@ import pytest
 from asyncrl.push.plan import PushOffer
 from asyncrl.push.protocol import Phase, PushRefused
 from tests.conftest import TEST_STORE_KEY
-from tests.fakes import TINY_TENSORS, acquire, make_state
-
-
-def begin(state, version, timeout_s=5.0):
-    return state.begin_push(version, PushOffer(store_address="127.0.0.1:29500", store_key=TEST_STORE_KEY, transport="gloo", tensors=TINY_TENSORS, bucket_bytes=1 << 20, timeout_s=timeout_s))
+from tests.fakes import TINY_TENSORS, acquire, begin, make_state
 
 
 def register(state, port, version=0):

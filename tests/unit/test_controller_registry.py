@@ -3,8 +3,9 @@
 import pytest
 
 from asyncrl.controller.errors import InvalidRequest
+from asyncrl.controller.registry import UNPROVEN
 from asyncrl.controller.status_page import render_html
-from tests.fakes import acquire, make_state
+from tests.fakes import acquire, begin, make_state
 
 
 def test_ids_are_assigned_and_chosen_ids_are_kept():
@@ -60,11 +61,27 @@ def test_silent_replica_dies_and_a_heartbeat_revives_it():
     assert events.of_kind("replica_revived")[0]["replica_id"] == rid
 
 
-def test_reported_version_never_moves_backwards():
-    state, _, _, _ = make_state()
-    rid = state.register("127.0.0.1:7001", "", 2, "torch").replica_id
-    state.heartbeat(rid, 1)  # a heartbeat sent before the last swap, arriving late
-    assert state.snapshot()["replicas"][0]["weight_version"] == 2
+def test_a_replica_earns_its_leases_by_acknowledging_a_push_not_by_claiming_a_version():
+    """A token holder's replica with no engine behind it claimed the current version (registering, then in
+    every heartbeat) and got leases. The controller now holds the version of the last push a replica
+    acknowledged: a claim moves nothing, version 0 (the weights on disk) is the one claim it believes, and a
+    resync push is what lets a late or claiming replica in."""
+    state, _, _, _ = make_state(batch_size=4, eta=1)
+    real = state.register("127.0.0.1:7001", "", 0, "torch").replica_id
+    state.commit_push(begin(state, 1).push_id, sender_ok=True)
+    claimer = state.register("127.0.0.1:7002", "", 1, "torch")  # claims the current version
+    assert claimer.needs_sync
+    views = {r["replica_id"]: r for r in state.snapshot()["replicas"]}
+    assert views[claimer.replica_id]["weight_version"] == UNPROVEN and views[real]["weight_version"] == 1
+    for claim in (1, 2, 2**53):  # heartbeats claiming the current version, or beyond it
+        assert state.heartbeat(claimer.replica_id, claim).needs_sync
+    refused = acquire(state, claimer.replica_id, 4, 0)
+    assert not refused.granted and "needs a weight sync" in refused.reason
+    assert state.heartbeat(real, 0).needs_sync is False  # nor does a claim move an acknowledged version down
+    resync = begin(state, 1)
+    assert [r.replica_id for r in resync.receivers] == [claimer.replica_id]
+    assert state.commit_push(resync.push_id, sender_ok=True).acked == [claimer.replica_id]
+    assert acquire(state, claimer.replica_id, 4, 0).granted
 
 
 def test_heartbeat_of_an_unknown_replica_names_the_field():
