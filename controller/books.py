@@ -41,7 +41,7 @@ class StateBooks:
         self.cond = threading.Condition()
         """The one lock over everything here; held requests wait on it."""
         self.registry = ReplicaRegistry(config.heartbeat_timeout_s, config.max_replicas, config.forget_dead_after_s,
-                                        config.max_replicas_per_host)
+                                        config.max_replicas_per_host, config.trust_initial_weights)
         self.leases = LeaseBook(config.lease_ttl_s, config.start_admitted, config.start_prompt_index,
                                 config.lease_max_s)
         self.pushes = PushCoordinator(timing=PushTiming(config.push_timeout_s, config.push_backoff_s),

@@ -19,11 +19,11 @@ push it missed or failed) or when a failed/aborted push may have left its weight
 (`force_sync`). A replica that needs sync gets no leases until a push reaches it.
 
 A replica earns its leases: the version the controller holds for it is one it proved by acknowledging a
-push of it (under its registration's key, with the checksum of what it loaded), never one it claims. The
-one claim believed is version 0, the weights on disk every replica starts from; a registration claiming any
-other version is `UNPROVEN` and gets a resync push first, and heartbeats report no version. So a token
-holder's fake replica with no engine behind it gets leases only while the run is at version 0, or by taking
-in every push as a real replica does.
+push of it (under its registration's key, with the checksum of what it loaded), never one it claims. A
+registration is `UNPROVEN` and gets a push of the current version first (at the start of a fresh run, the
+learner's push of version 0), and heartbeats report no version. So a token holder's fake replica with no
+engine behind it gets leases only by taking in every push as a real replica does. With
+`controller.trust_initial_weights` a claim of version 0 (the weights on disk) is believed.
 """
 
 from __future__ import annotations
@@ -37,10 +37,10 @@ UNPROVEN = -1
 """The weight version of a replica that claims weights no push of this controller gave it: it needs a sync."""
 
 
-def believed_version(claimed: int) -> int:
-    """The version the controller holds for a registration claiming `claimed`: version 0 (the weights on disk),
-    or `UNPROVEN`."""
-    return 0 if claimed == 0 else UNPROVEN
+def believed_version(claimed: int, trust_initial_weights: bool) -> int:
+    """The version the controller holds for a registration claiming `claimed`: `UNPROVEN`, or version 0 (the
+    weights on disk) when `trust_initial_weights`."""
+    return 0 if trust_initial_weights and claimed == 0 else UNPROVEN
 
 
 @dataclass
@@ -150,8 +150,9 @@ def host_of(address: str) -> str:
 
 class ReplicaRegistry:
     def __init__(self, heartbeat_timeout_s: float, max_replicas: int = 1024, forget_dead_after_s: float = 600.0,
-                 max_per_host: int = 0):
+                 max_per_host: int = 0, trust_initial_weights: bool = False):
         self.heartbeat_timeout_s = heartbeat_timeout_s
+        self.trust_initial_weights = trust_initial_weights
         self.max_replicas = max_replicas
         self.forget_dead_after_s = forget_dead_after_s
         self.max_per_host = max_per_host
@@ -173,7 +174,7 @@ class ReplicaRegistry:
             if from_host >= self.max_per_host:
                 raise RegistryFull(f"{from_host} live replicas registered from {caller_host} "
                                    "(controller.max_replicas_per_host)")
-        weight_version = believed_version(weight_version)
+        weight_version = believed_version(weight_version, self.trust_initial_weights)
         if existing is not None:
             existing.address, existing.weight_version, existing.engine = address, weight_version, engine
             existing.in_band, existing.caller_host = in_band, caller_host

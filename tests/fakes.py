@@ -73,6 +73,9 @@ def make_state(
     where its state is saved (none by default)."""
     clock = clock or FakeClock()
     notifier, events = FakeNotifier(), MemoryEvents()
+    # Replicas registered at version 0 lease at once unless a test says otherwise: most tests here are about
+    # admission, pushes and liveness, not about how a replica earns its leases (test_controller_registry).
+    controller_fields.setdefault("trust_initial_weights", True)
     config = ControllerConfig(eta=eta, **controller_fields)
     state = ControllerState(config, batch_size, events=events, notify=notifier, clock=clock, store=store,
                             run_id=run_id)

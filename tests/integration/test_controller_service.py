@@ -52,8 +52,10 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def make_config(rollout: dict | None = None, **controller) -> AsyncRLConfig:
+    # Replicas registered at version 0 lease at once (most tests here are about the wire, not how a replica
+    # earns its leases: test_a_fresh_runs_replica_earns_its_leases_with_the_push_of_version_0).
     fields = {"port": 0, "status_port": 0, "eta": 0, "max_hold_s": 5.0, "push_timeout_s": 30.0,
-              "state_store": "none", **controller}
+              "state_store": "none", "trust_initial_weights": True, **controller}
     return AsyncRLConfig.model_validate(
         {"controller": fields, "learner": {"batch_size": 8}, "sampling": {"group_size": 4}, "rollout": rollout or {}}
     )
@@ -552,6 +554,31 @@ def test_held_acquire_is_released_by_a_commit_over_grpc(controller, receivers):
     assert commit.committed and list(commit.acked) == [rid]
     held.join(timeout=10)
     assert answer["r"].granted and answer["r"].version == 1
+
+
+def test_a_fresh_runs_replica_earns_its_leases_with_the_push_of_version_0(tmp_path, receivers):
+    """By default nothing a replica claims is believed, version 0 included: a fresh run's replica registers
+    needing a sync and gets no lease until it acknowledged the learner's push of version 0."""
+    server, port = create_server(make_config(trust_initial_weights=False), run_dir=str(tmp_path))
+    server.start()
+    try:
+        with grpc_channel(f"127.0.0.1:{port}", TEST_AUTH) as channel:
+            stub = SeatedController(RegisteredReplica(controller_pb2_grpc.ControllerStub(channel)),
+                                    TEST_LEARNER_SECRET)
+            stub.take_seat("127.0.0.1:1", patience_s=0)
+            controller = Controller(stub, channel, server.controller_state, f"127.0.0.1:{port}", tmp_path)
+            servicer = GlooReceiver()
+            rid = register_receiver(controller, receivers(servicer), servicer)
+            refused = stub.AcquireLease(pb.AcquireLeaseRequest(replica_id=rid, num_trajectories=4, wait_s=0))
+            assert not refused.granted and "needs a weight sync to version 0" in refused.reason
+            assert stub.LearnerHeartbeat(pb.LearnerHeartbeatRequest(step=0, version=0)).sync_requested
+            _, commit = push_as_learner(stub, host_store("127.0.0.1", 0, 30), version=0)
+            assert commit.committed and list(commit.acked) == [rid] and commit.current_version == 0
+            assert servicer.received[0]["steps"].tolist() == [0, 1, 2]
+            assert stub.AcquireLease(pb.AcquireLeaseRequest(replica_id=rid, num_trajectories=4, wait_s=0)).granted
+    finally:
+        server.stop(0).wait()
+        server.controller_state.close()
 
 
 def test_weight_push_reaches_two_receivers_and_commits(controller, receivers):

@@ -35,6 +35,7 @@ def fleet(tiny_model_dir, tmp_path):
 
     config = local_config(tiny_model_dir)
     config.controller.port = 0
+    config.controller.trust_initial_weights = True  # "r0" holds version 0 without a push (no learner here)
     controller, controller_port = controller_service.create_server(config, run_dir=str(tmp_path))
     engine = make_engine(config.rollout.engine, config.model.path, config.model.dtype, seed=config.seed)
     # It answers the controller's challenge with the key of its registration as "r0" (`register`).

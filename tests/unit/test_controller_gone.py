@@ -41,7 +41,8 @@ class Queued:
 def fleet(**fields):
     """A controller at η = 0 and B = 8 with two reachable replicas; r-a holds the batch's only lease."""
     clock, events, dialer = FakeClock(), MemoryEvents(), Dialer()
-    config = ControllerConfig(eta=0, heartbeat_interval_s=1.0, heartbeat_timeout_s=10.0, **fields)
+    config = ControllerConfig(eta=0, heartbeat_interval_s=1.0, heartbeat_timeout_s=10.0, trust_initial_weights=True,
+                              **fields)
     state = ControllerState(config, 8, events=events, notify=FakeNotifier(), clock=clock, gone=dialer,
                             probe=lambda address, challenge: liveness_mac(keys[address], challenge))
     state.reachability.close()

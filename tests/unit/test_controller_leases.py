@@ -383,7 +383,7 @@ def test_a_completion_counts_at_most_what_reached_the_buffer():
     from tests.fakes import FakeClock, FakeNotifier, MemoryEvents
 
     writes, events = CountedWrites(), MemoryEvents()
-    state = ControllerState(ControllerConfig(eta=0), 8, events=events, notify=FakeNotifier(), clock=FakeClock(),
+    state = ControllerState(ControllerConfig(eta=0, trust_initial_weights=True), 8, events=events, notify=FakeNotifier(), clock=FakeClock(),
                             lease_writes=writes)
     rid = state.register("127.0.0.1:7001", "", 0, "torch").replica_id
     stolen = [acquire(state, rid, 4, 0) for _ in range(2)]

@@ -30,8 +30,8 @@ class Addresses:
 
 def state_with(addresses: Addresses, **fields):
     clock, events = FakeClock(), MemoryEvents()
-    state = ControllerState(ControllerConfig(eta=None, push_backoff_s=10.0, **fields), 8, events=events,
-                            notify=FakeNotifier(), probe=addresses, clock=clock)
+    config = ControllerConfig(eta=None, push_backoff_s=10.0, trust_initial_weights=True, **fields)
+    state = ControllerState(config, 8, events=events, notify=FakeNotifier(), probe=addresses, clock=clock)
     state.reachability.close()  # the tests below run the checks themselves, one at a time
     return state, clock, events
 

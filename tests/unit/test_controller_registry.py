@@ -64,24 +64,34 @@ def test_silent_replica_dies_and_a_heartbeat_revives_it():
 def test_a_replica_earns_its_leases_by_acknowledging_a_push_not_by_claiming_a_version():
     """A token holder's replica with no engine behind it claimed the current version (registering, then in
     every heartbeat) and got leases. The controller now holds the version of the last push a replica
-    acknowledged: a claim moves nothing, version 0 (the weights on disk) is the one claim it believes, and a
-    resync push is what lets a late or claiming replica in."""
-    state, _, _, _ = make_state(batch_size=4, eta=1)
-    real = state.register("127.0.0.1:7001", "", 0, "torch").replica_id
+    acknowledged: a claim moves nothing, and a push of the current version (the learner's push of version 0
+    at a fresh run's start, a resync later) is what lets a replica in."""
+    state, _, _, _ = make_state(batch_size=4, eta=1, trust_initial_weights=False)
+    real = state.register("127.0.0.1:7001", "", 0, "torch")
+    assert real.needs_sync and not acquire(state, real.replica_id, 4, 0).granted
+    first = begin(state, 0)  # version 0, as the learner pushes it while it waits for its first batch
+    assert state.commit_push(first.push_id, sender_ok=True).acked == [real.replica_id]
+    assert acquire(state, real.replica_id, 4, 0).granted
     state.commit_push(begin(state, 1).push_id, sender_ok=True)
     claimer = state.register("127.0.0.1:7002", "", 1, "torch")  # claims the current version
     assert claimer.needs_sync
     views = {r["replica_id"]: r for r in state.snapshot()["replicas"]}
-    assert views[claimer.replica_id]["weight_version"] == UNPROVEN and views[real]["weight_version"] == 1
+    assert views[claimer.replica_id]["weight_version"] == UNPROVEN and views[real.replica_id]["weight_version"] == 1
     for claim in (1, 2, 2**53):  # heartbeats claiming the current version, or beyond it
         assert state.heartbeat(claimer.replica_id, claim).needs_sync
     refused = acquire(state, claimer.replica_id, 4, 0)
     assert not refused.granted and "needs a weight sync" in refused.reason
-    assert state.heartbeat(real, 0).needs_sync is False  # nor does a claim move an acknowledged version down
+    assert state.heartbeat(real.replica_id, 0).needs_sync is False  # nor does a claim move a proven version down
     resync = begin(state, 1)
     assert [r.replica_id for r in resync.receivers] == [claimer.replica_id]
     assert state.commit_push(resync.push_id, sender_ok=True).acked == [claimer.replica_id]
     assert acquire(state, claimer.replica_id, 4, 0).granted
+
+
+def test_with_trust_initial_weights_a_claim_of_version_0_is_believed_and_no_other():
+    state, _, _, _ = make_state(trust_initial_weights=True)
+    assert not state.register("127.0.0.1:7001", "", 0, "torch").needs_sync
+    assert state.register("127.0.0.1:7002", "", 3, "torch").needs_sync
 
 
 def test_heartbeat_of_an_unknown_replica_names_the_field():

@@ -67,6 +67,12 @@ class ControllerConfig(PinnedSection):
     """Live replicas registered at most from one caller's host (the address the registration came from,
     not the one it names), so one host holding the token cannot fill the registry and keep other hosts'
     replicas out; more get RESOURCE_EXHAUSTED. 0 = no cap."""
+    trust_initial_weights: bool = False
+    """Let a replica that registers holding version 0 take leases on the weights it loaded itself, before any
+    push reached it. Off: every replica earns its leases by acknowledging a push, the first included, so at
+    the start of a fresh run the learner pushes version 0 to each replica while it waits for its first batch,
+    and a token holder's replica with no engine behind it gets no lease at any version. On: saves that push
+    (replicas generate while the learner loads), for deployments where every token holder is trusted."""
     lease_report_grace_s: float = Field(5.0, gt=0)
     """A lease missing from its replica's heartbeat (HeartbeatRequest.held_leases) is abandoned once it is
     older than this (the grace covers a grant whose reply crossed a heartbeat); it expires and returns its
