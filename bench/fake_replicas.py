@@ -4,9 +4,9 @@ push, heartbeat claiming the current version with the leases they hold, and ask 
 Reported: the learner's steps per second from the attack's start against calm (same sitting), the leases the
 fakes were granted, and the pushes that named a fake as a receiver.
 
-A replica earns its leases by acknowledging a push (`controller/registry.py`), so the fakes get none; what is left is the pushes they are put in (each waits out the join time-out, and then
-holds them back, doubling: a cost that grows with the log of the run's length) and the attacker's CPU, taken
-from this machine's own cores.
+A replica earns its leases by acknowledging a push (`controller/registry.py`), so the fakes get none; what
+is left is the pushes they are put in (each waits out the join time-out, and then holds them back, doubling:
+a cost that grows with the log of the run's length) and the attacker's CPU, taken from this machine's cores.
 
     .venv/bin/python bench/fake_replicas.py [--steps 6000] [--fakes 8]
 """
