@@ -77,6 +77,9 @@ class Replica:
     through the learner's store instead of an UpdateWeights call."""
     caller_host: str = ""
     """The host its registration came from (the peer, not the address it names): `max_replicas_per_host`."""
+    joined_a_push: bool = False
+    """It joined a push's broadcast under this registration (it acknowledged one, or the sender saw it join
+    one that was called off): until then a hold-back at its host holds it back too (`note_hold_back`)."""
 
     def needs_sync(self, current_version: int) -> bool:
         return self.force_sync or self.weight_version != current_version
@@ -182,6 +185,7 @@ class ReplicaRegistry:
             existing.dead_reason = ""
             existing.push_key = new_push_key()  # its push failures and hold-back stay: a push it acks clears them
             existing.reachable, existing.reach_failures = False, 0  # a new key and perhaps a new address
+            existing.joined_a_push = False
             self.penalties.apply(existing, now)
             return existing
         if len(self._replicas) >= self.max_replicas:
@@ -191,6 +195,19 @@ class ReplicaRegistry:
         self.penalties.apply(replica, now)
         self._replicas[replica_id] = replica
         return replica
+
+    def note_hold_back(self, replica: Replica, now: float) -> list[Replica]:
+        """`replica` was just held back after a failed push: a new registration at its host starts held back
+        as long (`HostPenalties`), and so does every live one there that never joined a push and holds no
+        version (registered a moment earlier, it is no better proven: a token holder's fakes registered
+        together would otherwise cost a push each). Returns those it held back."""
+        self.penalties.note(replica)
+        host = host_of(replica.address)
+        peers = [r for r in self.live() if r is not replica and host_of(r.address) == host and not r.joined_a_push
+                 and r.weight_version == UNPROVEN and r.held_back_until < replica.held_back_until]
+        for peer in peers:
+            self.penalties.apply(peer, now)
+        return peers
 
     def restore(self, replica: Replica) -> None:
         """Add a replica saved by an earlier controller (a restart), keeping its id and push key."""

@@ -55,8 +55,8 @@ class ReplicaBook(Protocol):
 
     def get(self, replica_id: str): ...
 
-    penalties: object
-    """Notes each hold-back, so fresh registrations from the same host inherit it (`note(replica)`)."""
+    def note_hold_back(self, replica, now: float) -> list:
+        """`replica` was just held back: the registrations at its host that inherit it (returned)."""
 
 
 class PushMetrics(Protocol):
@@ -266,7 +266,7 @@ class PushCoordinator:
                 del self.adapter_checksums[old]
         for replica_id in acked:
             replica = self._replicas.get(replica_id)
-            replica.weight_version, replica.force_sync = session.plan.version, False
+            replica.weight_version, replica.force_sync, replica.joined_a_push = session.plan.version, False, True
             replica.adapter_checksum = outcomes[replica_id].adapter_checksum
             replica.clear_push_failures()
         for replica_id in dropped:
@@ -297,12 +297,22 @@ class PushCoordinator:
             if receiver.rank in missing_ranks:
                 problems.setdefault(receiver.replica_id, f"did not join the broadcast of {session.push_id} "
                                                          f"({error or 'no detail'})")
+        if missing_ranks:  # the sender saw every other receiver join
+            for receiver in session.receivers:
+                if receiver.replica_id not in problems:
+                    self._replicas.get(receiver.replica_id).joined_a_push = True
+        held = []
         for replica_id, problem in problems.items():
             replica = self._replicas.get(replica_id)
             seconds = replica.hold_back(now, self._timing.push_backoff_s, problem)
-            self._replicas.penalties.note(replica)
+            held.append(replica)
             self._events.write(ReplicaHeldBack(replica_id=replica_id, address=replica.address, seconds=seconds,
                                                failures=replica.push_failures, problem=problem))  # fmt: skip
+        for replica in held:  # after all of them: one held back by its own failure is not held back twice
+            for peer in self._replicas.note_hold_back(replica, now):
+                self._events.write(ReplicaHeldBack(
+                    replica_id=peer.replica_id, address=peer.address, seconds=peer.held_back_until - now,
+                    failures=peer.push_failures, problem=peer.push_problem))  # fmt: skip
 
     # ---- calling off ----------------------------------------------------------------------------------
 

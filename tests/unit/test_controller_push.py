@@ -459,6 +459,28 @@ def test_a_replica_that_never_joins_cannot_shed_its_hold_back_by_registering_aga
     assert state.books.registry.get("fake").push_failures == 0
 
 
+def test_fakes_registered_together_at_one_host_sit_out_together():
+    """A token holder's fakes at one host, some registered while a push was under way: when those in a push
+    fail to join it, the others there that never joined a push are held back as long, so the fakes cost one
+    push per back-off period, not one per batch of registrations. A replica there that joined, and replicas
+    elsewhere, are not touched."""
+    state, _, _, events = make_state(push_backoff_s=10.0, trust_initial_weights=False)
+    honest = register(state, 7001)
+    state.commit_push(begin(state, 0).push_id, sender_ok=True)  # honest acknowledges version 0
+    fake = state.register("10.9.9.9:7002", "", 0, "torch").replica_id
+    joiner = state.register("10.9.9.9:7006", "", 0, "torch").replica_id
+    session = begin(state, 1)
+    ranks = {r.replica_id: r.rank for r in session.receivers}
+    assert set(ranks) == {honest, fake, joiner}
+    late = state.register("10.9.9.9:7003", "", 0, "torch").replica_id  # while the push is under way
+    elsewhere = state.register("10.1.1.1:7004", "", 0, "torch").replica_id
+    state.commit_push(session.push_id, sender_ok=False, error="ReceiversMissing", missing_ranks=(ranks[fake],))
+    held = {e["replica_id"]: e["seconds"] for e in events.of_kind("replica_held_back")}
+    assert held == {fake: 10.0, late: 10.0}
+    assert "held back: a replica at 10.9.9.9 failed a push" in state.heartbeat(late, 0).push_problem
+    assert [r.replica_id for r in begin(state, 1).receivers] == [honest, joiner, elsewhere]
+
+
 def test_a_full_weight_push_commits_only_receivers_that_received_what_was_sent():
     """The learner names the checksum of the full weights it sent; a receiver answering with another one (the
     bytes altered on the way) or none failed the push and needs a resync. A commit naming none is not judged
