@@ -16,7 +16,7 @@ from asyncrl.controller import staleness
 from asyncrl.controller.books import StateBooks
 from asyncrl.controller.errors import InvalidRequest, PreconditionFailed
 from asyncrl.controller.liveness import Liveness
-from asyncrl.controller.registry import Replica
+from asyncrl.controller.registry import UNPROVEN, Replica
 from asyncrl.controller.results import LeaseBatch, LeaseDecision
 from asyncrl.core.buffer.lease_writes import LeaseWriteCounts
 from asyncrl.core.records.controller import LeaseCompleted, LeaseGranted, QuotaReturned
@@ -239,9 +239,9 @@ class Admission:
         if not replica.alive:
             return f"replica {replica.replica_id!r} was declared dead; register again"
         if replica.needs_sync(current):
-            why = (
-                "its last push failed" if replica.force_sync else f"it holds version {replica.weight_version}"
-            )
+            why = ("its last push failed" if replica.force_sync
+                   else "no push has reached it yet" if replica.weight_version == UNPROVEN
+                   else f"it holds version {replica.weight_version}")
             return f"replica needs a weight sync to version {current} ({why})"
         if not staleness.admissible(books.leases.admitted, n, books.batch_size, current, books.eta):
             limit = staleness.max_admissible(current, books.batch_size, books.eta)

@@ -98,7 +98,7 @@ class FleetCollector(Collector):
         current = snap["current_version"]
         lag = GaugeMetricFamily(PREFIX + "replica_version_lag",
                                 "Committed version minus the weight version the replica runs.", labels=["replica"])
-        version = GaugeMetricFamily(PREFIX + "replica_weight_version", "Weight version the replica runs.",
+        version = GaugeMetricFamily(PREFIX + "replica_weight_version", "Weight version the replica runs (-1 until a push reached it).",
                                     labels=["replica"])
         leases = GaugeMetricFamily(PREFIX + "replica_active_leases", "Leases the replica holds.", labels=["replica"])
         adapter = GaugeMetricFamily(PREFIX + "replica_adapter_verified",

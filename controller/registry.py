@@ -11,8 +11,8 @@ A replica that fails pushes (it never joins them, or nothing answers at its addr
 `controller.push_backoff_s`, doubling with each failure (`hold_back`). Only a push it acknowledges clears that:
 registering again does not (a token holder's fake replica that answers challenges but never joins a push
 used to re-register after each failure and cost every other push the join time-out), and a new registration
-at a host whose replicas are held back starts held back as long (`HostPenalties`: fresh ids from the same
-place get no fresh chance either).
+at a host whose replicas are held back starts held back as long, and so does one there that never joined a
+push (`HostPenalties`: fresh ids from the same place get no fresh chance either).
 
 A replica *needs sync* when the weights it holds are not the current version (a late join, a restart, a
 push it missed or failed) or when a failed/aborted push may have left its weights half-overwritten
@@ -120,8 +120,9 @@ class Replica:
 class HostPenalties:
     """The longest push hold-back of a replica at each host (the address without its port), so that a new
     registration there starts held back as long, with as many failures: a token holder's fake replica cannot
-    shed its hold-back by registering under a fresh id. Only new registrations are affected; a penalty ends
-    when its time does."""
+    shed its hold-back by registering under a fresh id. It applies to registrations made afterwards and
+    (`ReplicaRegistry.note_hold_back`) to those there that never joined a push; a penalty ends when its time
+    does."""
 
     def __init__(self):
         self._by_host: dict[str, tuple[float, int, str]] = {}  # host -> (until, failures, problem)

@@ -64,7 +64,7 @@ def render_html(snap: dict) -> str:
     rows = "".join(
         "<tr>"
         f"<td>{esc(r['replica_id'])}</td><td>{esc(r['address'])}</td><td>{esc(r['engine'])}</td>"
-        f"<td>{r['weight_version']}{_adapter(r)}</td>"
+        f"<td>{r['weight_version'] if r['weight_version'] >= 0 else 'none yet'}{_adapter(r)}</td>"
         f"<td>{'yes' if r['alive'] else 'dead: ' + esc(r['dead_reason'])}</td>"
         f"<td>{'yes' if r['needs_sync'] else ''}</td><td>{r['active_leases']}</td>"
         f"<td>{r['last_heartbeat_age_s']:.1f} s</td>"
