@@ -214,7 +214,10 @@ def _serve(raw_config: dict, ports, stop) -> None:
     from asyncrl.push.session import ReceiverAnswer
     from asyncrl.services.controller_service import create_server
 
-    server, port = create_server(AsyncRLConfig.model_validate(raw_config),
+    # The simulated replicas lease at version 0 at once, as real ones do once the learner's first push
+    # reached them: the load measures admission, not that push.
+    controller = {**raw_config.get("controller", {}), "trust_initial_weights": True}
+    server, port = create_server(AsyncRLConfig.model_validate({**raw_config, "controller": controller}),
                                  notify=lambda address, plan, rank, timeout_s, order=b"": ReceiverAnswer(plan.version),
                                  check_replicas=False)  # no server answers challenges for them
     server.start()
