@@ -244,13 +244,19 @@ class LearnerLoop:
         carry = self.buffer.all_pending()
         if carry:
             self.events.write(RecoveredPending(entries=[e.entry_id for e in carry]))
-        self.run_eval()
+        evaluated_start = False
         while self.progress.step < cfg.total_steps and not stop.is_set():
             t0 = time.perf_counter()
             entries, carry = self.intake.collect(carry, stop)
             collect_s = time.perf_counter() - t0
             if not entries:
                 break  # stopped while waiting for data
+            if not evaluated_start:
+                # The starting policy's evaluation waits for the first batch: replicas lease only once the
+                # learner's push of these weights reached them (`controller.trust_initial_weights`), which it
+                # makes while it waits for data; they generate during the evaluation, as they did before.
+                evaluated_start = True
+                self.run_eval()
             self.intake.start_prefetch(carry)
             self.train_on(entries, collect_s)
             carry += self.intake.take_prefetched()
