@@ -171,6 +171,31 @@ def run_demo(run_dir: Path, overrides: list[str], timeout_s: float = 1800,
     return [json.loads(line) for line in (run_dir / "events" / "learner.jsonl").read_text().splitlines()]
 
 
+class DemoInBackground:
+    """`run_demo` on a thread of its own, for a benchmark that acts on the run while it trains: `done` is set
+    once the run ended; `events()` waits for it and returns the learner's events (SystemExit when it failed)."""
+
+    def __init__(self, run_dir: Path, overrides: list[str]):
+        self.done = threading.Event()
+        self._result: dict = {}
+        self._thread = threading.Thread(target=self._run, args=(run_dir, overrides))
+        self._thread.start()
+
+    def _run(self, run_dir: Path, overrides: list[str]) -> None:
+        try:
+            self._result["events"] = run_demo(run_dir, overrides)
+        except SystemExit as failed:
+            self._result["error"] = str(failed)
+        finally:
+            self.done.set()
+
+    def events(self) -> list[dict]:
+        self._thread.join()
+        if "error" in self._result:
+            raise SystemExit(self._result["error"])
+        return self._result["events"]
+
+
 def sample_cpu(root_pid: int) -> tuple[float, dict[str, float]]:
     """(time, role -> CPU seconds used so far) over the process tree under `root_pid`, from /proc (Linux):
     roles are the `asyncrl` subcommands (learner, rollout, teacher, controller, check), `redis-server`, `up`'s fork

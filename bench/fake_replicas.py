@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 import grpc
-from common import WITHOUT_TEACHER, emit, run_demo
+from common import WITHOUT_TEACHER, DemoInBackground, emit
 
 from asyncrl.core.runtime.events import read_events
 from asyncrl.core.wire.auth import Auth, liveness_mac
@@ -83,23 +83,11 @@ def run(fakes: int, steps: int) -> dict:
     port = free_port("127.0.0.1")
     overrides = [*WITHOUT_TEACHER, f"learner.total_steps={steps}", "learner.eval_every=0",
                  f"controller.port={port}"]
-    result: dict = {}
-    done = threading.Event()
-
-    def train():
-        try:
-            result["events"] = run_demo(run_dir, overrides)
-        except SystemExit as failed:
-            result["error"] = str(failed)
-        finally:
-            done.set()
-
-    trainer = threading.Thread(target=train)
-    trainer.start()
+    demo = DemoInBackground(run_dir, overrides)
     stop, tally, ids = threading.Event(), {"granted": 0, "asked": 0, "errors": []}, []
     attackers: list[threading.Thread] = []
     started = None
-    while not done.is_set() and started is None:
+    while not demo.done.is_set() and started is None:
         events = run_dir / "events" / "learner.jsonl"
         if events.exists() and events.read_text().count('"kind":"step"') >= ATTACK_AFTER_STEPS:
             started = time.time()
@@ -112,13 +100,11 @@ def run(fakes: int, steps: int) -> dict:
                 for attacker in attackers:
                     attacker.start()
         time.sleep(0.1)
-    trainer.join()
+    demo.done.wait()
     stop.set()
     for attacker in attackers:
         attacker.join(30)
-    if "error" in result:
-        raise SystemExit(result["error"])
-    steps_t = [e["t"] for e in result["events"] if e["kind"] == "step"]
+    steps_t = [e["t"] for e in demo.events() if e["kind"] == "step"]
     measured = [t for t in steps_t if started is not None and t >= started]
     rate = (len(measured) - 1) / (measured[-1] - measured[0]) if len(measured) > 1 else 0.0
     begun = [e for e in read_events(run_dir, "controller") if e["kind"] == "push_begun" and e["receivers"]]

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import grpc
 import psutil
-from common import WITHOUT_TEACHER, emit, run_demo
+from common import WITHOUT_TEACHER, DemoInBackground, emit
 
 from asyncrl.tools.processes import free_port
 
@@ -100,21 +100,9 @@ def run(mode: str, steps: int) -> dict:
         targets = {"controller": decoy_port, "rollout": decoy_port}
     overrides = [*WITHOUT_TEACHER, f"learner.total_steps={steps}", "learner.eval_every=0",
                  f"controller.port={ports['controller']}", f"rollout.port={ports['rollout']}", "rollout.replicas=1"]
-    result: dict = {}
-    done = threading.Event()
-
-    def train():
-        try:
-            result["events"] = run_demo(run_dir, overrides)
-        except SystemExit as failed:
-            result["error"] = str(failed)
-        finally:
-            done.set()
-
-    trainer = threading.Thread(target=train)
-    trainer.start()
+    demo = DemoInBackground(run_dir, overrides)
     found: dict[str, psutil.Process] = {}
-    while len(found) < len(TARGETS) and not done.is_set():
+    while len(found) < len(TARGETS) and not demo.done.is_set():
         found = services(run_dir)
         time.sleep(0.2)
     memory = {role: [] for role in found}
@@ -122,7 +110,7 @@ def run(mode: str, steps: int) -> dict:
     stop, counts = threading.Event(), {"controller": 0, "rollout": 0, "made_up": 0}
     flooder = None
     flood_started = None
-    while not done.is_set():
+    while not demo.done.is_set():
         events = run_dir / "events" / "learner.jsonl"
         step_lines = events.read_text().count('"kind":"step"') if events.exists() else 0
         for role, proc in found.items():
@@ -138,15 +126,12 @@ def run(mode: str, steps: int) -> dict:
                 flooder.start()
         time.sleep(0.25)
     stop.set()
-    trainer.join()
     if flooder is not None:
         flooder.join(60)
     if decoy is not None:
         decoy.kill()
         decoy.wait()
-    if "error" in result:
-        raise SystemExit(result["error"])
-    steps_t = [e["t"] for e in result["events"] if e["kind"] == "step"]
+    steps_t = [e["t"] for e in demo.events() if e["kind"] == "step"]
     measured = [t for t in steps_t if flood_started is not None and t >= flood_started]
     rate = (len(measured) - 1) / (measured[-1] - measured[0]) if len(measured) > 1 else 0.0
     return {"steps_per_s": round(rate, 3), "steps_measured": len(measured),
