@@ -24,7 +24,8 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from common import emit, rollout_events, run_demo
+from common import emit, rollout_events
+from demo_runs import run_demo
 
 from asyncrl.core.runtime.events import read_events
 

@@ -32,7 +32,8 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from common import cpu_ms_per_step, emit, run_demo
+from common import emit
+from demo_runs import cpu_ms_per_step, run_demo
 
 WARMUP = 10
 

@@ -20,8 +20,6 @@ from pathlib import Path
 
 import torch
 
-from asyncrl.tools.processes import process_argv
-
 RESULTS = Path(os.environ.get("ASYNCRL_RESULTS_DIR") or Path(__file__).resolve().parents[1] / "docs" / "results")
 
 
@@ -141,95 +139,6 @@ def timed_steps(trainer, batch, steps: int) -> list[float]:
         trainer.step(batch, version=1)
         seconds.append(time.perf_counter() - t0)
     return seconds
-
-
-def run_demo(run_dir: Path, overrides: list[str], timeout_s: float = 1800,
-             cpu_samples: list | None = None, example: str = "tiny-arith") -> list[dict]:
-    """`asyncrl up` on examples/<example>.yaml (the demo's) with `--set` overrides, into `run_dir`; returns the learner's
-    events (raises SystemExit with the output's tail when the run fails). With `cpu_samples` (a list), the CPU
-    time of every process of the run is sampled into it every half second (`sample_cpu`)."""
-    import subprocess
-
-    repo = Path(__file__).resolve().parents[1]
-    argv = [sys.executable, "-m", "asyncrl", "--log-level", "WARNING", "up",
-            "--config", str(repo / "examples" / f"{example}.yaml"), "--set", f"run_dir={run_dir}"]
-    for override in overrides:
-        argv += ["--set", override]
-    with tempfile.TemporaryFile("w+") as output:
-        proc = subprocess.Popen(argv, cwd=repo, stdout=output, stderr=subprocess.STDOUT, text=True)
-        deadline = time.monotonic() + timeout_s
-        while proc.poll() is None and time.monotonic() < deadline:
-            if cpu_samples is not None:
-                cpu_samples.append(sample_cpu(proc.pid))
-            time.sleep(0.5)
-        if proc.poll() is None:
-            proc.kill()
-        output.seek(0)
-        tail = output.read()[-3000:]
-    if proc.wait() != 0:
-        raise SystemExit(f"asyncrl up {' '.join(overrides)} failed:\n{tail}")
-    return [json.loads(line) for line in (run_dir / "events" / "learner.jsonl").read_text().splitlines()]
-
-
-class DemoInBackground:
-    """`run_demo` on a thread of its own, for a benchmark that acts on the run while it trains: `done` is set
-    once the run ended; `events()` waits for it and returns the learner's events (SystemExit when it failed)."""
-
-    def __init__(self, run_dir: Path, overrides: list[str]):
-        self.done = threading.Event()
-        self._result: dict = {}
-        self._thread = threading.Thread(target=self._run, args=(run_dir, overrides))
-        self._thread.start()
-
-    def _run(self, run_dir: Path, overrides: list[str]) -> None:
-        try:
-            self._result["events"] = run_demo(run_dir, overrides)
-        except SystemExit as failed:
-            self._result["error"] = str(failed)
-        finally:
-            self.done.set()
-
-    def events(self) -> list[dict]:
-        self._thread.join()
-        if "error" in self._result:
-            raise SystemExit(self._result["error"])
-        return self._result["events"]
-
-
-def sample_cpu(root_pid: int) -> tuple[float, dict[str, float]]:
-    """(time, role -> CPU seconds used so far) over the process tree under `root_pid`, from /proc (Linux):
-    roles are the `asyncrl` subcommands (learner, rollout, teacher, controller, check), `redis-server`, `up`'s fork
-    server and `up`."""
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            children.setdefault(parent, []).append(int(entry.name))
-    ticks, used, todo = os.sysconf("SC_CLK_TCK"), {}, [root_pid]
-    while todo:
-        pid = todo.pop()
-        todo += children.get(pid, [])
-        try:
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-            argv = process_argv(pid) or [""]  # a zombie's is empty
-        except OSError:
-            continue  # exited meanwhile
-        role = next((argv[i + 1] for i, a in enumerate(argv[:-1]) if a.endswith("asyncrl.tools.cli")), "")
-        if "asyncrl.tools.fork_server" in argv:
-            role = "fork-server"
-        role = "redis-server" if "redis-server" in argv[0] else role if role not in ("", "--log-level") else "up"
-        used[role] = used.get(role, 0.0) + (int(fields[11]) + int(fields[12])) / ticks
-    return time.time(), used
-
-
-def cpu_ms_per_step(samples: list, start_t: float, end_t: float, steps: int) -> dict[str, float]:
-    """Each role's CPU milliseconds per learner step between two instants (the nearest samples)."""
-    first = min(samples, key=lambda s: abs(s[0] - start_t))[1]
-    last = min(samples, key=lambda s: abs(s[0] - end_t))[1]
-    return {role: round(1000 * (cpu - first.get(role, 0.0)) / steps, 1) for role, cpu in sorted(last.items())}
 
 
 def push_weights(engine, named: list[tuple[str, torch.Tensor]], version: int, bucket_bytes: int = 64 << 20,

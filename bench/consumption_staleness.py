@@ -20,7 +20,8 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from common import emit, run_demo
+from common import emit
+from demo_runs import run_demo
 
 WARMUP = 10
 ORDERS = {"written": "false", "oldest_first": "true"}

@@ -24,7 +24,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from common import emit, run_demo
+from common import emit
+from demo_runs import run_demo
 
 ARMS = {
     "baseline": ["rollout.leases_per_batch=1"],

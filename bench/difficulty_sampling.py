@@ -37,9 +37,9 @@ from common import (
     accuracy_figures,
     emit,
     rollout_events,
-    run_demo,
     run_seeded,
 )
+from demo_runs import run_demo
 
 from asyncrl.core.runtime.events import read_events
 

@@ -23,7 +23,8 @@ import time
 from pathlib import Path
 
 import grpc
-from common import WITHOUT_TEACHER, DemoInBackground, emit
+from common import WITHOUT_TEACHER, emit
+from demo_runs import DemoInBackground
 
 from asyncrl.core.runtime.events import read_events
 from asyncrl.core.wire.auth import Auth, liveness_mac

@@ -24,7 +24,8 @@ from pathlib import Path
 
 import grpc
 import psutil
-from common import WITHOUT_TEACHER, DemoInBackground, emit
+from common import WITHOUT_TEACHER, emit
+from demo_runs import DemoInBackground
 
 from asyncrl.tools.processes import free_port
 

@@ -18,7 +18,8 @@ import argparse
 import functools
 from pathlib import Path
 
-from common import emit, mean_sd, run_demo, run_seeded
+from common import emit, mean_sd, run_seeded
+from demo_runs import run_demo
 
 
 def run(mode: str, seed: int, run_dir: Path, example: str, overrides: dict[str, list[str]]) -> dict:

@@ -21,7 +21,8 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from common import emit, run_demo
+from common import emit
+from demo_runs import run_demo
 
 REPO = Path(__file__).resolve().parents[1]
 DEMO = REPO / "examples" / "tiny-arith.yaml"

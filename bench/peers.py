@@ -43,7 +43,8 @@ import time
 from importlib.metadata import version
 from pathlib import Path
 
-from common import WITHOUT_TEACHER, cpu_ms_per_step, emit, mean_sd, run_demo, run_seeded, sample_cpu
+from common import WITHOUT_TEACHER, emit, mean_sd, run_seeded
+from demo_runs import cpu_ms_per_step, run_demo, sample_cpu
 
 REPO = Path(__file__).resolve().parents[1]
 PEER_VENV = Path.home() / ".cache" / "asyncrl-bench-peers"

@@ -36,7 +36,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import RESULTS, emit, run_demo
+from common import RESULTS, emit
+from demo_runs import run_demo
 from peers import peer_python, run_peer
 from real_model import EXAMPLE, draw_curves, fetch_model
 

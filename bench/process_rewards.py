@@ -37,9 +37,9 @@ from common import (
     accuracy_figures,
     emit,
     rollout_events,
-    run_demo,
     run_seeded,
 )
+from demo_runs import run_demo
 
 EXAMPLES = {
     "tiny-arith": {"result": "process_rewards", "steps": 300, "eval_every": 50,

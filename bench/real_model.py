@@ -19,7 +19,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import RESULTS, accuracy_curve, emit, mean_sd, run_demo
+from common import RESULTS, accuracy_curve, emit, mean_sd
+from demo_runs import run_demo
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = "smollm2-arithmetic"

@@ -23,7 +23,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from common import RESULTS, emit, run_demo
+from common import RESULTS, emit
+from demo_runs import run_demo
 
 ETAS = ["0", "1", "2", "4", "8", "null"]
 ALGOS = {"naive": "bypass_ppo_clip", "decoupled": "decoupled_token_is"}

@@ -19,7 +19,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import WITHOUT_TEACHER, cpu_ms_per_step, emit, run_demo
+from common import WITHOUT_TEACHER, emit
+from demo_runs import cpu_ms_per_step, run_demo
 from peers import SIZES, timings
 
 BASELINE = "demo settings"
