@@ -48,10 +48,6 @@ class StateBooks:
                                       replicas=self.registry, notify=notify, events=events, metrics=metrics)
         self.current_version = config.start_version
         """The policy version i: a committed push of i+1 moves it; versions only grow, but for a timeline reset."""
-        self.reset_to: int | None = None
-        """The version the last timeline reset went back to (None: none since this controller started). A
-        replica registering with a version above it may hold the lost timeline's weights under a number the
-        new timeline reuses: it gets a resync."""
         self.seat = LearnerSeat(learner_probe)
         self.learner: LearnerReport | None = None
         """The seated learner's last heartbeat."""

@@ -145,7 +145,6 @@ class ControllerState:
                                                            silent_s=evicted.heartbeat_age(books.clock())))
             replica = books.registry.register(address, replica_id, weight_version, engine, books.clock(), in_band,
                                               caller_host)
-            replica.force_sync = books.reset_to is not None and weight_version > books.reset_to
             if reregistered:
                 books.pushes.replica_registered(replica.replica_id)
             self.reachability.check_soon(replica)
@@ -275,7 +274,6 @@ class ControllerState:
             for replica in books.registry.all():
                 replica.force_sync = True
             books.current_version = version
-            books.reset_to = version
             self.events.write(records.TimelineReset(version=version, previous_version=previous, admitted=admitted,
                                                     prompt_index=cursor, leases_expired=len(expired)))  # fmt: skip
             books.changed(replicas=True)
