@@ -24,7 +24,9 @@ from asyncrl.push.flat import FlatWeights, adjacent_run
 from asyncrl.push.plan import PushPlan
 from asyncrl.push.rendezvous import announce, mark_unreachable, receiver_join, sender_join
 from asyncrl.push.staging import STAGING
-from asyncrl.push.store_gate import GatedStore, gated_client
+from asyncrl.push.store_client import gated_client
+from asyncrl.push.store_gate import GatedStore
+from asyncrl.push.store_rights import Member
 
 
 class BroadcastGroup(ABC):
@@ -50,15 +52,19 @@ class BroadcastGroup(ABC):
         """Drop the group's connections."""
 
 
-def store_client(address: str, key: bytes, timeout_s: float) -> TCPStore:
+def store_client(address: str, key: bytes, timeout_s: float, member: Member | None = None) -> TCPStore:
     """A client connection to the rendezvous store whose gate is at `address` (host:port, [v6]:port), proving
-    `key` there (`push.store_gate`); `SenderGone` at once when nothing listens there."""
-    return gated_client(address, key, timeout_s)
+    `key` there (the store's own, or `member`'s: `push.store_gate`); `SenderGone` at once when nothing listens
+    there."""
+    return gated_client(address, key, timeout_s, member)
 
 
-def connect_store(plan: PushPlan, timeout_s: float | None = None) -> TCPStore:
-    """A receiver's client connection to the sender's rendezvous store, within the plan's time-out."""
-    return store_client(plan.store_address, plan.store_key, plan.timeout_s if timeout_s is None else timeout_s)
+def connect_store(plan: PushPlan, rank: int = 0, timeout_s: float | None = None) -> TCPStore:
+    """A client connection to the sender's rendezvous store, within the plan's time-out: as receiver `rank`
+    (with the member key its order carries), or with the store's own key (rank 0: the controller)."""
+    member = Member(plan.group_key, rank) if rank else None
+    return store_client(plan.store_address, plan.store_key, plan.timeout_s if timeout_s is None else timeout_s,
+                        member)  # fmt: skip
 
 
 def push_store(root: TCPStore, plan: PushPlan) -> PrefixStore:
@@ -70,7 +76,7 @@ def report_unreachable(plan: PushPlan, rank: int, timeout_s: float) -> None:
     """The controller, for a receiver of `plan` whose process is gone: tell the sender through its store, so
     its join wait ends now (`rendezvous.mark_unreachable`). A store that refuses the connection (the sender is
     gone too) raises `SenderGone` at once."""
-    mark_unreachable(push_store(connect_store(plan, timeout_s), plan), rank)
+    mark_unreachable(push_store(connect_store(plan, timeout_s=timeout_s), plan), rank)
 
 
 class GlooGroup(BroadcastGroup):
@@ -224,7 +230,7 @@ def make_group(
     check_transport_here(plan)
     if rank == 0 and store is None:
         raise ValueError("rank 0 (the sender) hosts the rendezvous store and must pass it")
-    root = store if store is not None else connect_store(plan)
+    root = store if store is not None else connect_store(plan, rank)
     join_push(plan, rank, root, join_timeout_s)
     return form_group(plan, rank, root)
 
@@ -235,11 +241,19 @@ def join_push(plan: PushPlan, rank: int, root: TCPStore, join_timeout_s: float |
     `gone`: the sender's check of a receiver that does not join (`push.rendezvous.sender_join`)."""
     handshake = push_store(root, plan)
     if rank == 0:
+        open_push(root, plan)
         announce(root, plan.push_id)
         sender_join(handshake, plan.push_id, plan.world_size, join_timeout_s or plan.formation_timeout_s, gone)
     else:
         receiver_join(handshake, plan.push_id, rank, plan.timeout_s, has_group, root=root)
     return handshake
+
+
+def open_push(root: TCPStore, plan: PushPlan) -> None:
+    """The sender, before anyone hears of `plan`: its members may write their keys of it from now on
+    (`push.store_rights`; a store without a gate lets everyone write anyway)."""
+    if isinstance(root, GatedStore):
+        root.gate.open_push(plan.push_id, plan.group_key, plan.world_size)
 
 
 def host_store(host: str, port: int, timeout_s: float, key: bytes | None = None) -> GatedStore:

@@ -15,6 +15,7 @@ from asyncrl.core.wire.auth import Auth
 from asyncrl.core.wire.grpc_util import channel
 from asyncrl.push.plan import PushPlan
 from asyncrl.push.session import ReceiverAnswer, ReceiverUnreachable
+from asyncrl.push.store_rights import member_plan
 from asyncrl.v1 import rollout_pb2, rollout_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -80,10 +81,12 @@ class ReplicaChannels:
 
     def update_weights(self, address: str, plan: PushPlan, rank: int, timeout_s: float,
                        order_mac: bytes) -> ReceiverAnswer:  # fmt: skip
-        """The production `WeightNotifier`: `Rollout.UpdateWeights(plan, rank, order_mac)` on `address`;
-        returns the weight version the replica reports and the checksum of the adapter it serves."""
+        """The production `WeightNotifier`: `Rollout.UpdateWeights(plan, rank, order_mac)` on `address`, the plan
+        carrying that rank's member key (`store_rights.member_plan`), never the store's own; returns the weight
+        version the replica reports and the checksum of the adapter it serves."""
         stub = rollout_pb2_grpc.RolloutStub(self.get(address))
-        request = rollout_pb2.UpdateWeightsRequest(plan=plan.to_proto(), rank=rank, order_mac=order_mac)
+        request = rollout_pb2.UpdateWeightsRequest(plan=member_plan(plan, rank).to_proto(), rank=rank,
+                                                   order_mac=order_mac)  # fmt: skip
         try:
             response = stub.UpdateWeights(request, timeout=timeout_s)
         except grpc.RpcError as err:

@@ -61,11 +61,12 @@ class BroadcastGroups:
         self.formed = 0
         """Groups this process formed (a reused group is not counted again)."""
 
-    def _root(self, plan: PushPlan) -> TCPStore:
+    def _root(self, plan: PushPlan, rank: int) -> TCPStore:
         if self._host_store is not None:
             return self._host_store
         if self._client is None or self._client[0] != plan.store:
-            self._client = (plan.store, connect_store(plan))  # a new sender: drop the old connection
+            # A new sender or group (a member key is the group's): drop the old connection.
+            self._client = (plan.store, connect_store(plan, rank))
         return self._client[1]
 
     @contextlib.contextmanager
@@ -96,7 +97,7 @@ class BroadcastGroups:
         reuse = self._key == key and self._group is not None
         if not reuse:
             self.close()
-        root = self._root(plan)
+        root = self._root(plan, rank)
         holds_group = reuse or plan.new_group
         if rank == 0:
             # A push's handshake keys are deleted during the next push, not when it ends: the sender's
@@ -119,7 +120,7 @@ class BroadcastGroups:
             # The connection kept from an earlier push is dead (a learner restarted at the same address, as a
             # container runtime restarts it): once more over a new one.
             self._client = None
-            root = self._root(plan)
+            root = self._root(plan, rank)
             join_push(plan, rank, root, join_timeout_s, has_group=holds_group, gone=gone)
         group = self._group if reuse else form_group(plan, rank, root)
         if not reuse:
@@ -159,13 +160,14 @@ class ManifestCache:
         self._known: dict[str, tuple[tuple[TensorMeta, ...], AdapterSpec | None]] = {}
         self._lock = threading.Lock()
 
-    def resolve(self, plan: PushPlan) -> PushPlan:
+    def resolve(self, plan: PushPlan, rank: int) -> PushPlan:
+        """`plan` with the tensors its manifest lists, read as receiver `rank` when not known yet."""
         if plan.tensors or not plan.manifest_digest:
             return plan
         with self._lock:
             known = self._known.get(plan.manifest_digest)
             if known is None:
-                store = connect_store(plan, min(plan.timeout_s, 30.0))
+                store = connect_store(plan, rank, min(plan.timeout_s, 30.0))
                 known = parse_manifest(store.get(MANIFEST_KEY.format(digest=plan.manifest_digest)),
                                        plan.manifest_digest)
                 while len(self._known) >= MANIFESTS_KEPT:

@@ -24,6 +24,7 @@ dials the members that do not join or do not ack (`push.rendezvous.sender_join`,
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import time
 from collections.abc import Callable
@@ -33,6 +34,7 @@ from torch.distributed import DistStoreError
 
 from asyncrl.core.checks.validation import InvalidArgument, require
 from asyncrl.push.plan import PushPlan
+from asyncrl.push.store_rights import UNSENT_KEY
 from asyncrl.v1 import weights_pb2
 
 ORDER_KEY = "order/{group_id}/after/{push_id}"
@@ -55,7 +57,8 @@ def publish_order(root, group_id: str, after_push_id: str, plan: PushPlan, order
     key (the sender deletes it when it writes the next one, or at the commit after a push the controller
     ordered)."""
     key = order_key(group_id, after_push_id)
-    root.set(key, weights_pb2.PushOrder(plan=plan.to_proto(), order_macs=order_macs).SerializeToString())
+    published = dataclasses.replace(plan, store_key=UNSENT_KEY)  # every member reads it: no key in it
+    root.set(key, weights_pb2.PushOrder(plan=published.to_proto(), order_macs=order_macs).SerializeToString())
     return key
 
 

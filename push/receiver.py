@@ -10,9 +10,11 @@ One thread, started at the first push it follows. Every push this replica takes 
 the controller or in-band, moves it on to wait for the push after that one; a push on another group replaces
 what it follows; a failure stops following (the controller then forms a new group, through UpdateWeights).
 
-Only the push's members get through the store's gate (`push.store_gate`), and any of them could write there,
-so an order found there counts only when the controller signed it for this replica's rank. One that is not signed is refused, and the listener waits on for
-the sender's own order to replace it: a forged order can delay a push by `poll_s`, not redirect it.
+Only the push's members get through the store's gate (`push.store_gate`), each with a key of its own that
+writes only its own rank's keys (`push.store_rights`); an order found there still counts only when the
+controller signed it for this replica's rank (with the member key this replica holds for the group in place
+of the none the published plan carries). One that is not signed is refused, and the listener waits on for
+the sender's own order to replace it.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from asyncrl.push.in_band import order_key, parse_order, wait_for_order, wake_wa
 from asyncrl.push.plan import PushPlan
 from asyncrl.push.rendezvous import POLL_S, PushAborted
 from asyncrl.push.store_gate import SenderGone
+from asyncrl.push.store_rights import Member, in_band_plan
 
 log = logging.getLogger(__name__)
 
@@ -43,8 +46,9 @@ class Followed:
     """The group a replica follows, its rank there and the last push it took on it."""
 
     store: tuple[str, bytes]
-    """The learner's store: its address and key (`PushPlan.store`)."""
+    """The learner's store: its address and this replica's member key for the group (`PushPlan.store`)."""
     group_id: str
+    group_key: str
     rank: int
     after_push_id: str
     timeout_s: float
@@ -52,6 +56,10 @@ class Followed:
     @property
     def key(self) -> str:
         return order_key(self.group_id, self.after_push_id)
+
+    @property
+    def member(self) -> Member:
+        return Member(self.group_key, self.rank)
 
 
 class PushListener:
@@ -81,7 +89,7 @@ class PushListener:
         if not plan.group_id:
             return self.forget()
         with self._cond:
-            self._followed = Followed(plan.store, plan.group_id, rank, plan.push_id, plan.timeout_s)
+            self._followed = Followed(plan.store, plan.group_id, plan.group_key, rank, plan.push_id, plan.timeout_s)
             if self._thread is None and not self._closed:
                 self._thread = threading.Thread(target=self._run, name="push-listener", daemon=True)
                 self._thread.start()
@@ -146,7 +154,7 @@ class PushListener:
     def _root(self, target: Followed) -> TCPStore:
         """The connection to `target`'s store: the one kept, when it goes to the same store."""
         if self._store is None or self._store[0] != target.store:
-            client = store_client(*target.store, min(target.timeout_s, 30.0))
+            client = store_client(*target.store, min(target.timeout_s, 30.0), target.member)
             self._store = (target.store, client, target.group_id)
         return self._store[1]
 
@@ -155,7 +163,7 @@ class PushListener:
         """Wake whoever waits at `target`'s key, over a connection of its own (best effort: a store that is gone
         ends that wait by itself)."""
         try:
-            wake_waiters(store_client(*target.store, 2.0), target.key)
+            wake_waiters(store_client(*target.store, 2.0, target.member), target.key)
         except (DistError, SenderGone) as err:
             log.info("could not wake the wait at %s: %s", target.key, err)
 
@@ -172,6 +180,7 @@ class PushListener:
             plan, mac = parse_order(data, rank)
         except InvalidArgument as err:
             return self._refuse(target, data, f"an order that does not parse ({err})")
+        plan = in_band_plan(plan, target.store[1])
         if not key or not hmac.compare_digest(mac, push_order_mac(key, plan, rank)):
             return self._refuse(target, data, "an order its controller did not sign")
         if plan.group_id != target.group_id or plan.new_group:
@@ -222,7 +231,7 @@ class PushReceiver:
 
     def take(self, plan: PushPlan, rank: int) -> WeightUpdateStats:
         """Join `plan`'s push as `rank` and load the weights (an order already checked)."""
-        return self._load(self.manifests.resolve(plan), rank)
+        return self._load(self.manifests.resolve(plan, rank), rank)
 
     def take_ordered(self, plan: PushPlan, rank: int, order_mac: bytes) -> WeightUpdateStats:
         """An order from the controller (UpdateWeights): refused unless signed for this replica's rank; once

@@ -35,7 +35,7 @@ from asyncrl.core.wire.grpc_util import address_refuses
 from asyncrl.core.wire.ports import listening
 from asyncrl.core.wire.push_contract import tensor_metas
 from asyncrl.core.wire.slow_calls import said_if_slow
-from asyncrl.push.broadcast import host_store, push_store, send_weights
+from asyncrl.push.broadcast import host_store, open_push, push_store, send_weights
 from asyncrl.push.flat import FlatWeights, bind_parameters
 from asyncrl.push.groups import BroadcastGroups, publish_manifest
 from asyncrl.push.in_band import collect_acks, order_key, publish_order
@@ -223,6 +223,7 @@ class WeightPublisher:
     def _send(self, ticket: controller_pb2.BeginWeightPushResponse, weights: FlatWeights) -> Sent:
         """Order the push (in-band: into the store), broadcast it, and collect the in-band acks."""
         plan = PushPlan.from_proto(ticket.plan)
+        open_push(self.store, plan)  # before its order is published (the join opens it too, too late for that)
         if ticket.in_band:
             self._keys.order(plan, ticket)
         plan = dataclasses.replace(plan, tensors=self.metas)

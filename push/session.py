@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from asyncrl.core.wire.auth import push_ack_mac, push_order_mac
 from asyncrl.push.plan import PushOffer, PushPlan
 from asyncrl.push.protocol import Route
+from asyncrl.push.store_rights import member_plan
 
 
 @dataclass(frozen=True)
@@ -111,7 +112,8 @@ class PushSession:
         """Non-empty: an in-band push, reserved at the previous commit for its learner, which orders it through
         its store after this push of the group (no fan-out; the learner relays the acks). `begun_at` is that
         commit until the commit naming it re-dates it by the learner's own measure."""
-        self.order_macs = [push_order_mac(r.push_key, plan, r.rank) for r in receivers] if after_push_id else []
+        self.order_macs = [push_order_mac(r.push_key, member_plan(plan, r.rank), r.rank)
+                           for r in receivers] if after_push_id else []  # fmt: skip
         """In-band: each rank's signed order, in rank order."""
         self._notify, self._call_timeout_s = notify, call_timeout_s
         self._done = threading.Condition()
@@ -199,9 +201,8 @@ class PushSession:
         start = time.monotonic()
         unreachable = False
         try:
-            plan = self.plan
-            order = push_order_mac(receiver.push_key, plan, receiver.rank)
-            answer = self._notify(receiver.address, plan, receiver.rank, self._call_timeout_s, order)
+            order = push_order_mac(receiver.push_key, member_plan(self.plan, receiver.rank), receiver.rank)
+            answer = self._notify(receiver.address, self.plan, receiver.rank, self._call_timeout_s, order)
             version, checksum = answer.weight_version, answer.adapter_checksum
             ok = version == self.plan.version
             error = "" if ok else f"replica reports version {version} after a push of {self.plan.version}"

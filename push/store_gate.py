@@ -1,21 +1,25 @@
-"""The learner's push store behind a gate: only a caller that proves the store's key gets a byte through.
+"""The learner's push store behind a gate: only a caller that proves a key gets a byte through, and a member
+only the commands its rank sends.
 
 torch's TCPStore (the join handshake, the broadcast groups' rendezvous, in-band orders and acks, manifests)
 takes any command from whoever reaches its port, without credentials and without a size limit: one key
 written under a push's prefix called every push off, and a large value grows the learner. So the store
 itself listens on loopback only, and the address a plan names is its gate (`StoreGate`), which pipes a
-connection through only after this handshake (fixed sizes, at most `HANDSHAKE_S`):
+connection through only after this handshake (bounded sizes, at most `HANDSHAKE_S`):
 
-    client -> gate:  MAGIC, client nonce (16 bytes)
-    gate -> client:  gate nonce (16), HMAC(key, "gate\\n" + client nonce + gate nonce)
+    client -> gate:  MAGIC, client nonce (16 bytes), key id (8), identity length (2), identity
+    gate -> client:  KNOWN (one byte; UNKNOWN_KEY and a hang-up for a key it does not hold),
+                     gate nonce (16), HMAC(key, "gate\\n" + client nonce + gate nonce)
     client -> gate:  HMAC(key, "member\\n" + client nonce + gate nonce)
     gate -> client:  ACCEPTED (one byte), then the store's own protocol, both ways
 
-The key is 32 random bytes per store (`new_store_key`), made by the learner and carried only in the plans
-the controller sends each receiver over its authenticated channel (`WeightPushPlan.store_key`), so only the
-members of a push reach its store, and a fresh nonce on each side makes every proof good once. The gate reads
-nothing else from a caller that has not proved the key, and holds at most `MAX_UNPROVEN` such connections
-(a new one closes the oldest).
+The store's own key is 32 random bytes (`new_store_key`), made by the learner and told to the controller
+only; whoever proves it (the controller marking a receiver unreachable) is piped through as it is. A
+receiver gets a key of its own in its signed order (`store_rights.member_key`: one per group and rank, named
+by the identity it sends), and the gate reads each of its commands and passes on only those of its rank
+(`push.store_rights`). The key id (`key_id`) says which of the two a caller proves. A fresh nonce on each side
+makes every proof good once. The gate reads nothing else from a caller that has not proved a key, and holds
+at most `MAX_UNPROVEN` such connections (a new one closes the oldest).
 
 A member's TCPStore client cannot speak the handshake, so it connects to a forwarder of its own on loopback
 (`gated_client`): the forwarder makes the authenticated connection first, then accepts exactly one local
@@ -26,6 +30,7 @@ race the client for it; the member's host is trusted with the key anyway.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import datetime
 import hashlib
@@ -39,13 +44,26 @@ import threading
 from torch.distributed import DistNetworkError, TCPStore
 
 from asyncrl.push.plan import STORE_KEY_BYTES
+from asyncrl.push.store_rights import (
+    DEFER_S,
+    CommandReader,
+    Deferred,
+    Member,
+    OpenPushes,
+    Refused,
+    judge,
+    member_key,
+)
 
 log = logging.getLogger(__name__)
 
-MAGIC = b"asyncrl-push-store/1\n"
+MAGIC = b"asyncrl-push-store/2\n"
 NONCE_BYTES = 16
+KEY_ID_BYTES = 8
+MAX_IDENTITY_BYTES = 512
 MAC_BYTES = 32
 ACCEPTED = b"\x01"
+KNOWN, UNKNOWN_KEY = b"\x01", b"\x00"
 HANDSHAKE_S = 5.0
 """How long a caller has to prove the key before the gate hangs up."""
 MAX_UNPROVEN = 64
@@ -68,11 +86,17 @@ def new_store_key() -> bytes:
     return secrets.token_bytes(STORE_KEY_BYTES)
 
 
-def _mac(key: bytes, role: bytes, client_nonce: bytes, gate_nonce: bytes) -> bytes:
+def key_id(key: bytes) -> bytes:
+    """Which key a caller proves (the store's own, or the member key of the identity it names): a hash that
+    gives nothing away about the key."""
+    return hashlib.sha256(b"asyncrl-push-store key id\n" + key).digest()[:KEY_ID_BYTES]
+
+
+def handshake_mac(key: bytes, role: bytes, client_nonce: bytes, gate_nonce: bytes) -> bytes:
     return hmac.new(key, role + b"\n" + client_nonce + gate_nonce, hashlib.sha256).digest()
 
 
-class _Loop:
+class LoopThread:
     """One asyncio loop on a daemon thread: the gate's, or a process's forwarders'."""
 
     def __init__(self, name: str):
@@ -115,7 +139,7 @@ class _Relay(asyncio.Protocol):
         self.other.resume_reading()
 
 
-def _join(a: asyncio.Transport, b: asyncio.Transport, buffered: bytes = b"") -> asyncio.Future:
+def pipe(a: asyncio.Transport, b: asyncio.Transport, buffered: bytes = b"") -> asyncio.Future:
     """Pipe two open connections both ways from now on (`buffered`: what `a` already delivered, sent to `b`
     first). The future is done when either ends."""
     done = asyncio.get_running_loop().create_future()
@@ -126,7 +150,60 @@ def _join(a: asyncio.Transport, b: asyncio.Transport, buffered: bytes = b"") -> 
     return done
 
 
-def _unread(reader: asyncio.StreamReader) -> bytes:
+class _MemberRelay(_Relay):
+    """The member's end of its pipe: each command it sends reaches the store only once `store_rights.judge`
+    allows it; a command refused hangs up on the member (and counts in the gate's `refused_commands`), one
+    that writes into a push not opened yet holds the member's stream until it is (at most `DEFER_S`)."""
+
+    def __init__(self, own: asyncio.Transport, store: asyncio.Transport, done: asyncio.Future, gate: StoreGate,
+                 member: Member):  # fmt: skip
+        super().__init__(store, done)
+        self.own, self.gate, self.member = own, gate, member
+        self.reader = CommandReader()
+        self.pending: collections.deque = collections.deque()
+        self.holding = False
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            self.pending.extend(self.reader.feed(data))
+        except Refused as err:
+            return self._refuse(err)
+        self._pass_on()
+
+    def _pass_on(self) -> None:
+        while self.pending and not self.holding:
+            command, raw = self.pending[0]
+            try:
+                judge(command, self.member, self.gate.pushes)
+            except Deferred as later:
+                return self._hold(later.push_id)
+            except Refused as err:
+                return self._refuse(err)
+            self.pending.popleft()
+            self.other.write(raw)
+
+    def _hold(self, push_id: str) -> None:
+        self.holding = True
+        self.own.pause_reading()
+        asyncio.get_running_loop().create_task(self._until_open(push_id))
+
+    async def _until_open(self, push_id: str) -> None:
+        if not await self.gate.opened(push_id, DEFER_S):
+            return self._refuse(Refused(f"a write into push {push_id}, which the sender did not open within "
+                                        f"{DEFER_S:g} s"))
+        self.holding = False
+        if not self.own.is_closing():
+            self.own.resume_reading()
+            self._pass_on()
+
+    def _refuse(self, err: Refused) -> None:
+        self.gate.refuse_command(self.member, str(err))
+        self.pending.clear()
+        self.own.close()
+        self.other.close()
+
+
+def unread(reader: asyncio.StreamReader) -> bytes:
     """What a stream received beyond what was read from it before its pipe was joined: a client may send its
     first bytes at once (the member's TCPStore client on the forwarder; a member right after ACCEPTED)."""
     return bytes(getattr(reader, "_buffer", b""))
@@ -147,7 +224,13 @@ class StoreGate:
         self.refused = 0
         """Connections hung up on without the key proved (a bad greeting or proof, too slow, the oldest of too
         many); a bare connect-and-close (a check that the port listens) is not counted."""
-        self._loop = _Loop(f"push-store-gate-{self.port}")
+        self.refused_commands = 0
+        """Members hung up on for a command not theirs to send (`push.store_rights`)."""
+        self.pushes = OpenPushes()
+        """The pushes the sender opened: a member writes only into those of its group."""
+        self._opening: dict[str, list[asyncio.Future]] = {}
+        """Members' writes waiting for a push to open, by push id."""
+        self._loop = LoopThread(f"push-store-gate-{self.port}")
         self._server = self._loop.run(self._start(listener), timeout_s=10)
 
     async def _start(self, listener: socket.socket):
@@ -169,11 +252,11 @@ class StoreGate:
             self._refuse(next(iter(self._unproven)), f"the oldest of {MAX_UNPROVEN} that had not proved the key")
         self._unproven[writer] = None
         try:
-            proved = await asyncio.wait_for(self._handshake(reader, writer), HANDSHAKE_S)
+            proved: bool | None | Member = await asyncio.wait_for(self._handshake(reader, writer), HANDSHAKE_S)
         except asyncio.IncompleteReadError as err:
             # Nothing at all before the close: a check that the port listens (a TCP probe).
             proved = None if not err.partial else False
-        except (TimeoutError, ConnectionError, OSError):
+        except (TimeoutError, ConnectionError, OSError, Refused):
             proved = False
         finally:
             self._unproven.pop(writer, None)
@@ -190,23 +273,88 @@ class StoreGate:
             return
         self._open.add(store)
         try:
-            await _join(writer.transport, store.transport, _unread(reader))
+            if isinstance(proved, Member):
+                await self._join_member(writer.transport, store.transport, unread(reader), proved)
+            else:
+                await pipe(writer.transport, store.transport, unread(reader))
         finally:
             self._open.discard(store)
 
-    async def _handshake(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
-        hello = await reader.readexactly(len(MAGIC) + NONCE_BYTES)
+    def _join_member(self, own: asyncio.Transport, store: asyncio.Transport, buffered: bytes,
+                     member: Member) -> asyncio.Future:  # fmt: skip
+        done = asyncio.get_running_loop().create_future()
+        relay = _MemberRelay(own, store, done, self, member)
+        own.set_protocol(relay)
+        store.set_protocol(_Relay(own, done))
+        if buffered:
+            relay.data_received(buffered)
+        return done
+
+    async def _handshake(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool | Member:
+        """True for the store's own key, the member for a member key, False for neither."""
+        hello = await reader.readexactly(len(MAGIC) + NONCE_BYTES + KEY_ID_BYTES + 2)
         if not hmac.compare_digest(hello[:len(MAGIC)], MAGIC):
             return False
-        client_nonce, gate_nonce = hello[len(MAGIC):], secrets.token_bytes(NONCE_BYTES)
-        writer.write(gate_nonce + _mac(self._key, b"gate", client_nonce, gate_nonce))
+        client_nonce = hello[len(MAGIC):len(MAGIC) + NONCE_BYTES]
+        claimed_id = hello[len(MAGIC) + NONCE_BYTES:-2]
+        identity_bytes = int.from_bytes(hello[-2:], "big")
+        if identity_bytes > MAX_IDENTITY_BYTES:
+            return False
+        identity = await reader.readexactly(identity_bytes)
+        key, member = self._key, True
+        if not hmac.compare_digest(claimed_id, key_id(self._key)):
+            try:
+                member = Member.parse(identity)
+                key = member_key(self._key, member)
+            except Refused:
+                key = b""
+            if not key or not hmac.compare_digest(claimed_id, key_id(key)):
+                writer.write(UNKNOWN_KEY)  # a caller with an old key learns it at once (a restarted learner)
+                await writer.drain()
+                return False
+        gate_nonce = secrets.token_bytes(NONCE_BYTES)
+        writer.write(KNOWN + gate_nonce + handshake_mac(key, b"gate", client_nonce, gate_nonce))
         await writer.drain()
         proof = await reader.readexactly(MAC_BYTES)
-        if not hmac.compare_digest(proof, _mac(self._key, b"member", client_nonce, gate_nonce)):
+        if not hmac.compare_digest(proof, handshake_mac(key, b"member", client_nonce, gate_nonce)):
             return False
         writer.write(ACCEPTED)
         await writer.drain()
-        return True
+        return member
+
+    def open_push(self, push_id: str, group_key: str, world_size: int) -> None:
+        """The sender: `push_id` begins on the group at `group_key` with `world_size` ranks (its members may
+        write their keys of it from now on). Any thread."""
+        with contextlib.suppress(RuntimeError):  # the gate is closed: nobody writes any more
+            self._loop.loop.call_soon_threadsafe(self._opened_now, push_id, group_key, world_size)
+
+    def _opened_now(self, push_id: str, group_key: str, world_size: int) -> None:
+        self.pushes.open(push_id, group_key, world_size)
+        for waiter in self._opening.pop(push_id, []):
+            if not waiter.done():
+                waiter.set_result(True)
+
+    async def opened(self, push_id: str, timeout_s: float) -> bool:
+        """Whether the sender opens `push_id` within `timeout_s` (at once if it has)."""
+        if self.pushes.get(push_id) is not None:
+            return True
+        waiter = asyncio.get_running_loop().create_future()
+        self._opening.setdefault(push_id, []).append(waiter)
+        try:
+            return await asyncio.wait_for(waiter, timeout_s)
+        except TimeoutError:
+            return False
+        finally:
+            waiters = self._opening.get(push_id, [])
+            if waiter in waiters:
+                waiters.remove(waiter)
+            if not waiters:
+                self._opening.pop(push_id, None)
+
+    def refuse_command(self, member: Member, why: str) -> None:
+        self.refused_commands += 1
+        log.warning("push store gate on port %d: hung up on rank %d of %s: %s (%d members so far)", self.port,
+                    member.rank, member.group_key, why, self.refused_commands)
 
     def _refuse(self, writer: asyncio.StreamWriter, why: str) -> None:
         self.refused += 1
@@ -283,81 +431,3 @@ class GatedStore(TCPStore):
         gate = self.__dict__.get("gate")
         if gate is not None and not sys.is_finalizing():  # at exit the daemon thread simply goes
             gate.close()
-
-
-_FORWARDERS: _Loop | None = None
-_FORWARDERS_LOCK = threading.Lock()
-
-
-def _forwarders() -> _Loop:
-    global _FORWARDERS
-    with _FORWARDERS_LOCK:
-        if _FORWARDERS is None:
-            _FORWARDERS = _Loop("push-store-forwarders")
-        return _FORWARDERS
-
-
-async def _prove(host: str, port: int, key: bytes, timeout_s: float) -> tuple:
-    """An authenticated connection to the gate at host:port (StoreRefused when it does not take the key)."""
-    stream = await asyncio.wait_for(asyncio.open_connection(host, port), timeout_s)
-    reader, writer = stream
-    try:
-        client_nonce = secrets.token_bytes(NONCE_BYTES)
-        writer.write(MAGIC + client_nonce)
-        await writer.drain()
-        answer = await asyncio.wait_for(reader.readexactly(NONCE_BYTES + MAC_BYTES), HANDSHAKE_S)
-        gate_nonce, gate_mac = answer[:NONCE_BYTES], answer[NONCE_BYTES:]
-        if not hmac.compare_digest(gate_mac, _mac(key, b"gate", client_nonce, gate_nonce)):
-            raise StoreRefused(f"the store at {host}:{port} does not hold this plan's store_key")
-        writer.write(_mac(key, b"member", client_nonce, gate_nonce))
-        await writer.drain()
-        if await asyncio.wait_for(reader.read(1), HANDSHAKE_S) != ACCEPTED:
-            raise StoreRefused(f"the store at {host}:{port} refused this plan's store_key")
-    except (asyncio.IncompleteReadError, TimeoutError) as err:
-        writer.close()
-        raise StoreRefused(f"no store gate answered at {host}:{port} ({type(err).__name__})") from None
-    except BaseException:
-        writer.close()
-        raise
-    return stream
-
-
-async def _forward(host: str, port: int, key: bytes, timeout_s: float) -> int:
-    """A loopback port whose first connection is piped through an authenticated one to the gate."""
-    gate = await _prove(host, port, key, timeout_s)
-    taken = asyncio.get_running_loop().create_future()
-
-    async def accept(reader, writer):
-        if taken.done():
-            writer.close()
-            return
-        taken.set_result(None)
-        server.close()
-        await _join(writer.transport, gate[1].transport, _unread(reader))
-
-    server = await asyncio.start_server(accept, "127.0.0.1", 0)
-
-    async def expire():
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(asyncio.shield(taken), timeout_s)
-        if not taken.done():
-            taken.cancel()
-            server.close()
-            gate[1].close()
-
-    asyncio.get_running_loop().create_task(expire())
-    return server.sockets[0].getsockname()[1]
-
-
-def gated_client(address: str, key: bytes, timeout_s: float) -> TCPStore:
-    """A member's client of the store whose gate listens at `address` (host:port), proving `key`;
-    SenderGone when nothing listens there, StoreRefused when the gate does not take the key."""
-    host, port = address.rsplit(":", 1)
-    try:
-        local_port = _forwarders().run(_forward(host.strip("[]"), int(port), key, timeout_s),
-                                       timeout_s + HANDSHAKE_S)
-    except ConnectionRefusedError as err:
-        raise SenderGone(f"nothing listens at the sender's store {address}") from err
-    except (OSError, TimeoutError) as err:
-        raise DistNetworkError(f"cannot reach the store gate at {address}: {err!r}") from err
-    return TCPStore("127.0.0.1", local_port, is_master=False, timeout=datetime.timedelta(seconds=timeout_s))

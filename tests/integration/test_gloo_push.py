@@ -124,7 +124,7 @@ def kept_group_receiver(rank, plans, results):
 
     groups, manifests = BroadcastGroups(), ManifestCache()
     while (plan := plans.get(timeout=60)) is not None:
-        plan = manifests.resolve(plan)
+        plan = manifests.resolve(plan, rank)
         try:
             got = {}
             with groups.member(plan, rank) as group:
@@ -206,10 +206,10 @@ def test_a_manifest_that_does_not_match_its_digest_is_refused():
     store = host_store("127.0.0.1", 0, 30)
     digest = publish_manifest(store, tensor_metas(weights(0)))
     plan = PushPlan(push_id="p", version=1, store_address=f"127.0.0.1:{store.port}", store_key=store.key, world_size=2, transport="gloo", tensors=(), bucket_bytes=512, timeout_s=5, group_id="g", manifest_digest=digest)
-    assert ManifestCache().resolve(plan).tensors == tensor_metas(weights(0))
+    assert ManifestCache().resolve(plan, 1).tensors == tensor_metas(weights(0))
     store.set(MANIFEST_KEY.format(digest=digest), manifest_bytes(tensor_metas(weights(0)[:2]))[0])
     with pytest.raises(InvalidArgument) as refused:
-        ManifestCache().resolve(plan)
+        ManifestCache().resolve(plan, 1)
     assert refused.value.field == "plan.manifest_digest"
 
 

@@ -4,6 +4,7 @@ a flood of connections and bytes costs the learner a few MB, and the members' pu
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import hashlib
 import hmac
@@ -18,9 +19,18 @@ import torch
 from torch.distributed import DistError, TCPStore
 
 from asyncrl.core.wire.push_contract import tensor_metas
-from asyncrl.push.broadcast import host_store, make_group, push_store, receive_weights, send_weights
+from asyncrl.push.broadcast import (
+    host_store,
+    make_group,
+    open_push,
+    push_store,
+    receive_weights,
+    send_weights,
+)
 from asyncrl.push.plan import PushPlan
-from asyncrl.push.store_gate import MAGIC, MAX_UNPROVEN, NONCE_BYTES, StoreRefused, gated_client
+from asyncrl.push.store_client import gated_client
+from asyncrl.push.store_gate import MAGIC, MAX_UNPROVEN, NONCE_BYTES, StoreRefused, key_id
+from asyncrl.push.store_rights import Member, member_plan
 
 NAMED = [("w", torch.arange(12, dtype=torch.float32).reshape(3, 4)), ("b", torch.ones(5))]
 
@@ -74,8 +84,8 @@ def test_a_proof_is_good_once():
 
     def attempt(proof_for=None):
         with socket.create_connection(("127.0.0.1", store.port), timeout=5) as sock:
-            sock.sendall(MAGIC + client_nonce)
-            gate_nonce = sock.recv(NONCE_BYTES + 32, socket.MSG_WAITALL)[:NONCE_BYTES]
+            sock.sendall(MAGIC + client_nonce + key_id(store.key) + bytes(2))
+            gate_nonce = sock.recv(1 + NONCE_BYTES + 32, socket.MSG_WAITALL)[1:1 + NONCE_BYTES]
             nonce = proof_for or gate_nonce
             sock.sendall(hmac.new(store.key, b"member\n" + client_nonce + nonce, hashlib.sha256).digest())
             return gate_nonce, sock.recv(1)
@@ -148,3 +158,75 @@ def test_a_closed_gate_refuses_at_once_even_while_its_thread_is_busy():
         pass
     assert time.monotonic() - started >= 0.3  # close waited for the gate's thread to stop listening
     assert gate._server.sockets == ()
+
+
+def member_of(store, plan: PushPlan, rank: int, claimed_rank: int | None = None):
+    """A receiver's connection with the member key its order carries (`store_rights.member_plan`)."""
+    ordered = member_plan(plan, rank)
+    return gated_client(ordered.store_address, ordered.store_key, 5, Member(plan.group_key, claimed_rank or rank))
+
+
+def test_a_member_writes_only_its_own_ranks_keys_and_the_push_goes_through():
+    """A token holder who registered a replica gets a member key in its signed order. With it, it once could
+    forge a verdict, mark another rank ready or write a gigabyte into the learner; now each such command hangs
+    up on it before the store sees it, and the push of the honest members goes through."""
+    store = host_store("127.0.0.1", 0, 10)
+    plan = dataclasses.replace(plan_of(store, "push-members"), world_size=3, group_id="g1")
+    open_push(store, plan)
+    push_store(member_of(store, plan, 1), plan).set("ready/1", b"ok")  # its own key: through
+    assert push_store(store, plan).get("ready/1") == b"ok"
+    process = psutil.Process()
+    before = process.memory_info().rss
+    attacks = {
+        "a forged verdict": lambda s: push_store(s, plan).set("verdict", "abort: forged"),
+        "another rank's ready key": lambda s: push_store(s, plan).set("ready/2", b"ok"),
+        "a value of 64 MiB": lambda s: push_store(s, plan).set("ack/1", os.urandom(64 << 20)),
+        "a delete": lambda s: s.delete_key("current_push"),
+        "the next push's order": lambda s: s.set("order/g1/after/push-members", b"\x00" * 100),
+        "another group's gloo key": lambda s: s.set("group/g2//0/1", b"address"),
+    }
+    for what, attack in attacks.items():
+        member = member_of(store, plan, 1)
+        with pytest.raises(DistError):
+            attack(member)
+            member.get("ready/1")  # a set is not answered: the next command finds the connection closed
+        assert store.gate.refused_commands >= 1, what
+    assert store.gate.refused_commands == len(attacks)
+    assert not push_store(store, plan).check(["verdict"]) and not push_store(store, plan).check(["ready/2"])
+    assert (process.memory_info().rss - before) / 2**20 < 32
+    # The key of rank 1 does not prove rank 2, nor the group of another push.
+    with pytest.raises(StoreRefused, match="does not hold this plan's store_key"):
+        member_of(store, plan, 1, claimed_rank=2)
+    # The honest members (ranks 1 and 2, each with its own key) receive a push, rank 1 writing ready again.
+    got = {}
+
+    def receive(rank):
+        ordered = member_plan(plan, rank)
+        group = make_group(ordered, rank)
+        got[rank] = {name: t.clone() for bucket in receive_weights(group, ordered) for name, t in bucket}
+        group.close()
+
+    receivers = [threading.Thread(target=receive, args=(rank,)) for rank in (1, 2)]
+    for thread in receivers:
+        thread.start()
+    send_weights(make_group(plan, 0, store, join_timeout_s=10), NAMED, plan)
+    for thread in receivers:
+        thread.join(30)
+    for rank in (1, 2):
+        assert all(torch.equal(got[rank][name], tensor) for name, tensor in NAMED), rank
+
+
+def test_a_members_write_into_a_push_not_opened_yet_waits_for_it():
+    """Receivers can hear of a push (the controller's order) before the learner opens it at its gate: the
+    member's ready key is held until the push opens, then reaches the store."""
+    store = host_store("127.0.0.1", 0, 10)
+    plan = dataclasses.replace(plan_of(store, "push-later"), world_size=2, group_id="g1")
+    member = push_store(member_of(store, plan, 1), plan)
+    wrote = threading.Thread(target=member.set, args=("ready/1", b"ok"))
+    wrote.start()
+    time.sleep(0.5)
+    assert not push_store(store, plan).check(["ready/1"])
+    open_push(store, plan)
+    push_store(store, plan).wait(["ready/1"], datetime.timedelta(seconds=5))
+    wrote.join(5)
+    assert push_store(store, plan).get("ready/1") == b"ok" and store.gate.refused_commands == 0

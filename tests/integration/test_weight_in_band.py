@@ -1,5 +1,6 @@
 """The in-band order and ack keys (`push.in_band`) on a real TCPStore in this process."""
 
+import dataclasses
 import threading
 import time
 
@@ -17,6 +18,7 @@ from asyncrl.push.in_band import (
     write_ack,
 )
 from asyncrl.push.plan import PushPlan
+from asyncrl.push.store_rights import UNSENT_KEY
 from tests.conftest import TEST_STORE_KEY
 
 PLAN = PushPlan(push_id="push-v2-ab", version=2, store_address="127.0.0.1:29500", store_key=TEST_STORE_KEY, world_size=3, transport="gloo", tensors=(), bucket_bytes=1 << 20, timeout_s=30.0, group_id="group-1",
@@ -38,7 +40,9 @@ def test_a_member_waiting_after_the_last_push_gets_the_order_and_its_rank_mac(st
     waiter.join(5)
     assert key == "order/group-1/after/push-v1-cd"
     plan, mac = parse_order(got[0], 2)
-    assert plan == PLAN and mac == b"mac-2"
+    # Every member reads the order: it carries no key, and each member puts in its own for the group.
+    assert plan.store_key == UNSENT_KEY and PLAN.store_key != UNSENT_KEY
+    assert dataclasses.replace(plan, store_key=PLAN.store_key) == PLAN and mac == b"mac-2"
 
 
 def test_a_member_stops_waiting_when_told(store):

@@ -11,6 +11,7 @@ from asyncrl.core.wire.auth import push_ack_mac, push_order_mac
 from asyncrl.push.plan import PushOffer
 from asyncrl.push.protocol import PushRefused
 from asyncrl.push.session import ReceiverAck
+from asyncrl.push.store_rights import member_plan
 from tests.conftest import TEST_STORE_KEY
 from tests.fakes import TINY_TENSORS, make_state
 
@@ -48,7 +49,9 @@ def test_a_reused_group_of_followers_goes_in_band_with_signed_orders_and_no_call
     second = state.commit_push(first.push_id, sender_ok=True, reserve_next=True).next_push
     calls = len(notifier.calls)
     assert second.in_band and not second.plan.new_group and second.after_push_id == first.push_id
-    assert second.order_macs == [push_order_mac(keys[r.replica_id], second.plan, r.rank) for r in second.receivers]
+    # Each rank's order is signed over the plan with its own member key (the published plan carries none).
+    assert second.order_macs == [push_order_mac(keys[r.replica_id], member_plan(second.plan, r.rank), r.rank)
+                                 for r in second.receivers]  # fmt: skip
     result = state.commit_push(second.push_id, sender_ok=True, acks=signed_acks(second, keys), reserve_next=True)
     assert result.committed and result.current_version == 2 and sorted(result.acked) == sorted(keys)
     assert len(notifier.calls) == calls  # nobody was called for the in-band push

@@ -257,7 +257,10 @@ def test_an_unreachable_receiver_is_dead_at_once_and_the_retry_skips_it():
 
 
 def test_every_push_order_is_signed_with_the_receivers_key():
+    """Each order is signed under the receiver's push key, over the plan as that receiver gets it: with its
+    own member key of the learner's store (`store_rights.member_plan`), never the store's own."""
     from asyncrl.core.wire.auth import push_order_mac
+    from asyncrl.push.store_rights import member_plan
 
     state, _, notifier, _ = make_state()
     first = state.register("127.0.0.1:7001", "a", 0, "torch")
@@ -268,7 +271,8 @@ def test_every_push_order_is_signed_with_the_receivers_key():
     plan = session.plan
     for registration, address in ((first, "127.0.0.1:7001"), (second, "127.0.0.1:7002")):
         rank = next(r.rank for r in session.receivers if r.replica_id == registration.replica_id)
-        expected = push_order_mac(registration.push_key, plan, rank)
+        expected = push_order_mac(registration.push_key, member_plan(plan, rank), rank)
+        assert expected != push_order_mac(registration.push_key, plan, rank)
         assert notifier.orders[(address, plan.push_id)] == expected
     # A new registration (a restart) gets a new key: orders signed for the old one no longer verify.
     assert state.register("127.0.0.1:7009", "a", 1, "torch").push_key != first.push_key

@@ -7,6 +7,7 @@ import pytest
 from asyncrl.core.wire.auth import push_order_mac
 from asyncrl.push.plan import PushOffer
 from asyncrl.push.protocol import PushRefused
+from asyncrl.push.store_rights import member_plan
 from tests.conftest import TEST_STORE_KEY
 from tests.fakes import TINY_TENSORS, make_state
 from tests.unit.test_controller_in_band_push import following, signed_acks
@@ -40,8 +41,8 @@ def test_a_reserved_push_is_committed_without_a_begin():
     reserved = reserving_commit(state, keys, 2)
     assert reserved.in_band and reserved.plan.version == 3 and not reserved.plan.new_group
     assert reserved.after_push_id == events.of_kind("push_committed")[-1]["push_id"]
-    assert reserved.order_macs == [push_order_mac(keys[r.replica_id], reserved.plan, r.rank)
-                                   for r in reserved.receivers]
+    assert reserved.order_macs == [push_order_mac(keys[r.replica_id], member_plan(reserved.plan, r.rank), r.rank)
+                                   for r in reserved.receivers]  # fmt: skip
     # Reserved, not open: a resync request is not held back by it, and no time-out runs on it.
     assert state.books.pushes.open is None and not state.books.pushes.is_fresh(state.books.clock() + 1e6)
     calls = len(notifier.calls)
