@@ -19,14 +19,12 @@ from asyncrl.push.store_gate import (
     MAC_BYTES,
     MAGIC,
     NONCE_BYTES,
-    LoopThread,
     SenderGone,
     StoreRefused,
     handshake_mac,
     key_id,
-    pipe,
-    unread,
 )
+from asyncrl.push.store_pipes import LoopThread, pipe, unread
 from asyncrl.push.store_rights import Member
 
 _FORWARDERS: LoopThread | None = None

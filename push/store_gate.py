@@ -44,6 +44,7 @@ import threading
 from torch.distributed import DistNetworkError, TCPStore
 
 from asyncrl.push.plan import STORE_KEY_BYTES
+from asyncrl.push.store_pipes import LoopThread, Relay, pipe, unread
 from asyncrl.push.store_rights import (
     DEFER_S,
     CommandReader,
@@ -68,7 +69,6 @@ HANDSHAKE_S = 5.0
 """How long a caller has to prove the key before the gate hangs up."""
 MAX_UNPROVEN = 64
 """Connections the gate holds at once that have not proved the key yet; a new one closes the oldest."""
-PIPE_CHUNK = 1 << 16
 
 
 class SenderGone(ConnectionRefusedError):
@@ -96,61 +96,7 @@ def handshake_mac(key: bytes, role: bytes, client_nonce: bytes, gate_nonce: byte
     return hmac.new(key, role + b"\n" + client_nonce + gate_nonce, hashlib.sha256).digest()
 
 
-class LoopThread:
-    """One asyncio loop on a daemon thread: the gate's, or a process's forwarders'."""
-
-    def __init__(self, name: str):
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self._run, name=name, daemon=True)
-        self.thread.start()
-
-    def _run(self) -> None:
-        self.loop.run_forever()
-        self.loop.close()
-
-    def run(self, coroutine, timeout_s: float | None = None):
-        return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result(timeout_s)
-
-
-class _Relay(asyncio.Protocol):
-    """One end of a pipe: what arrives on this connection is written to `other` (the other connection's
-    transport) in the same callback, and `other`'s full write buffer pauses reading here. Cheaper than a pair
-    of stream coroutines by a loop round per message: a store command is small, and a push makes a few."""
-
-    def __init__(self, other: asyncio.Transport, done: asyncio.Future):
-        self.other, self.done = other, done
-
-    def data_received(self, data: bytes) -> None:
-        self.other.write(data)
-
-    def eof_received(self) -> bool:
-        self.other.close()
-        return False
-
-    def connection_lost(self, exc) -> None:
-        self.other.close()
-        if not self.done.done():
-            self.done.set_result(None)
-
-    def pause_writing(self) -> None:
-        self.other.pause_reading()
-
-    def resume_writing(self) -> None:
-        self.other.resume_reading()
-
-
-def pipe(a: asyncio.Transport, b: asyncio.Transport, buffered: bytes = b"") -> asyncio.Future:
-    """Pipe two open connections both ways from now on (`buffered`: what `a` already delivered, sent to `b`
-    first). The future is done when either ends."""
-    done = asyncio.get_running_loop().create_future()
-    a.set_protocol(_Relay(b, done))
-    b.set_protocol(_Relay(a, done))
-    if buffered:
-        b.write(buffered)
-    return done
-
-
-class _MemberRelay(_Relay):
+class _MemberRelay(Relay):
     """The member's end of its pipe: each command it sends reaches the store only once `store_rights.judge`
     allows it; a command refused hangs up on the member (and counts in the gate's `refused_commands`), one
     that writes into a push not opened yet holds the member's stream until it is (at most `DEFER_S`)."""
@@ -201,12 +147,6 @@ class _MemberRelay(_Relay):
         self.pending.clear()
         self.own.close()
         self.other.close()
-
-
-def unread(reader: asyncio.StreamReader) -> bytes:
-    """What a stream received beyond what was read from it before its pipe was joined: a client may send its
-    first bytes at once (the member's TCPStore client on the forwarder; a member right after ACCEPTED)."""
-    return bytes(getattr(reader, "_buffer", b""))
 
 
 class StoreGate:
@@ -285,7 +225,7 @@ class StoreGate:
         done = asyncio.get_running_loop().create_future()
         relay = _MemberRelay(own, store, done, self, member)
         own.set_protocol(relay)
-        store.set_protocol(_Relay(own, done))
+        store.set_protocol(Relay(own, done))
         if buffered:
             relay.data_received(buffered)
         return done
