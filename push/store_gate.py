@@ -115,6 +115,8 @@ class _MemberRelay(Relay):
         except Refused as err:
             return self._refuse(err)
         self._pass_on()
+        if self.holding:  # flow control may have resumed reading meanwhile: nothing more until the push opens
+            self.own.pause_reading()
 
     def _pass_on(self) -> None:
         while self.pending and not self.holding:
