@@ -34,7 +34,7 @@ from asyncrl.push.broadcast import (
 from asyncrl.push.in_band import forget_acks
 from asyncrl.push.manifest import manifest_bytes, parse_manifest
 from asyncrl.push.plan import PushPlan
-from asyncrl.push.rendezvous import SenderLost, forget
+from asyncrl.push.rendezvous import SenderLost, forget, sent_checksum
 
 MANIFEST_KEY = "manifest/{digest}"
 MANIFESTS_KEPT = 4
@@ -136,6 +136,11 @@ class BroadcastGroups:
             raise
         if not plan.group_id:
             group.close()
+
+    def sent_checksum(self, plan: PushPlan, rank: int) -> str:
+        """Receiver `rank`, after `plan`'s broadcast: the checksum the sender wrote for it (within the plan's
+        time-out; the sender deletes it during its next push, which waits for this receiver's answer)."""
+        return sent_checksum(push_store(self._root(plan, rank), plan), plan.push_id, plan.timeout_s)
 
     def close(self) -> None:
         """Leave the held group (the other members notice at their next push's handshake or broadcast)."""

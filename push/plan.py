@@ -68,6 +68,9 @@ class PushOffer:
     controller reserves it at a commit."""
     adapter: AdapterSpec | None = None
     """The tensors are a LoRA adapter of this shape (with `tensors`; a manifest says so itself)."""
+    checksum_in_store: bool = False
+    """The learner writes the checksum of what it sent into the push's store after its broadcast
+    (`broadcast.publish_checksum`), for receivers to compare before they serve."""
 
     @property
     def store(self) -> tuple[str, bytes]:
@@ -80,7 +83,8 @@ class PushOffer:
             store_address=self.store_address, store_key=self.store_key, transport=self.transport,
             tensors=encode_tensors(self.tensors), bucket_bytes=self.bucket_bytes, timeout_s=self.timeout_s,
             join_timeout_s=self.join_timeout_s, manifest_digest=self.manifest_digest, in_band=self.in_band,
-            adapter=None if self.adapter is None else self.adapter.to_proto(), **request,
+            adapter=None if self.adapter is None else self.adapter.to_proto(),
+            checksum_in_store=self.checksum_in_store, **request,
         )  # fmt: skip
 
     @classmethod
@@ -103,6 +107,7 @@ class PushOffer:
             tensors=() if msg.manifest_digest else decode_tensors(msg.tensors, "tensors"),
             bucket_bytes=msg.bucket_bytes, timeout_s=msg.timeout_s, join_timeout_s=msg.join_timeout_s,
             manifest_digest=msg.manifest_digest, in_band=msg.in_band, adapter=adapter,
+            checksum_in_store=msg.checksum_in_store,
         )  # fmt: skip
 
 
@@ -134,6 +139,9 @@ class PushPlan:
     adapter: AdapterSpec | None = None
     """The tensors are a LoRA adapter of this shape, applied to the base model the receiver loaded (from the
     plan, or from the manifest once resolved); None: the model's own weights."""
+    checksum_in_store: bool = False
+    """The sender writes the checksum of what it sent into the push's store after its broadcast: a receiver
+    compares it with what it received before it serves (`broadcast.sent_checksum`)."""
 
     @classmethod
     def from_offer(cls, offer: PushOffer, *, default_timeout_s: float, **assigned) -> PushPlan:
@@ -176,6 +184,7 @@ class PushPlan:
             tensors=encode_tensors(self.tensors), bucket_bytes=self.bucket_bytes, timeout_s=self.timeout_s, join_timeout_s=self.join_timeout_s,
             group_id=self.group_id, new_group=self.new_group, manifest_digest=self.manifest_digest,
             adapter=None if self.adapter is None or self.manifest_digest else self.adapter.to_proto(),
+            checksum_in_store=self.checksum_in_store,
         )  # fmt: skip
 
     @classmethod
@@ -206,4 +215,5 @@ class PushPlan:
             tensors=() if msg.manifest_digest else decode_tensors(msg.tensors, f"{field}.tensors"),
             bucket_bytes=msg.bucket_bytes, timeout_s=msg.timeout_s, join_timeout_s=msg.join_timeout_s,
             group_id=msg.group_id, new_group=msg.new_group, manifest_digest=msg.manifest_digest, adapter=adapter,
+            checksum_in_store=msg.checksum_in_store,
         )  # fmt: skip

@@ -24,8 +24,10 @@ from asyncrl.push.vllm_worker import WORKER_EXTENSION, plan_to_dict
 class BroadcastStream:
     """One push as it arrives at this rank (`push_contract.WeightStream`)."""
 
-    def __init__(self, group: BroadcastGroup, plan: PushPlan, storage: _Storage):
+    def __init__(self, group: BroadcastGroup, plan: PushPlan, storage: _Storage, groups: BroadcastGroups,
+                 rank: int):  # fmt: skip
         self._group, self._plan, self._storage = group, plan, storage
+        self._groups, self._rank = groups, rank
         self.device: torch.device = group.device
 
     def buckets(self) -> Iterator[list[tuple[str, torch.Tensor]]]:
@@ -39,6 +41,9 @@ class BroadcastStream:
 
     def adopted(self) -> None:
         self._storage.swap()
+
+    def sent_checksum(self) -> str:
+        return self._groups.sent_checksum(self._plan, self._rank)
 
     def drain(self) -> None:
         for _ in receive_weights(self._group, self._plan):
@@ -77,7 +82,7 @@ class BroadcastReceiving:
     @contextlib.contextmanager
     def open(self, plan: PushPlan, rank: int) -> Iterator[BroadcastStream]:
         with self.groups.member(plan, rank) as group:
-            yield BroadcastStream(group, plan, self._storage)
+            yield BroadcastStream(group, plan, self._storage, self.groups, rank)
 
     def worker_args(self, plan: PushPlan) -> dict:
         return plan_to_dict(plan)

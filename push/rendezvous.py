@@ -39,6 +39,8 @@ from torch.distributed import DistNetworkError, DistStoreError
 
 READY, NO_GROUP, UNREACHABLE = b"ok", b"no-group", b"unreachable"
 CURRENT_PUSH = "current_push"
+CHECKSUM = "checksum"
+"""In a push's store: the SHA-256 of what the sender sent (`WeightPushPlan.checksum_in_store`)."""
 POLL_S = 0.25
 """How often a receiver waiting for its verdict checks that its push is still the sender's."""
 GONE_AFTER_S = 0.25
@@ -165,9 +167,26 @@ def receiver_join(store, push_id: str, rank: int, timeout_s: float, has_group: b
         raise PushAborted(f"push {push_id} called off by the sender ({verdict})")
 
 
+def publish_checksum(store, checksum: str) -> None:
+    """Rank 0, once its broadcast is over: the checksum of what it sent, under the push's `CHECKSUM` key (no
+    member may write there: `push.store_rights`)."""
+    store.set(CHECKSUM, checksum)
+
+
+def sent_checksum(store, push_id: str, timeout_s: float) -> str:
+    """Rank > 0: the checksum the sender wrote for `push_id`, waiting up to `timeout_s` for it."""
+    try:
+        store.wait([CHECKSUM], datetime.timedelta(seconds=timeout_s))
+    except DistNetworkError as err:
+        raise SenderLost(f"push {push_id}: the sender's store went away before its checksum ({err})") from None
+    except DistStoreError:
+        raise PushAborted(f"push {push_id}: the sender wrote no checksum within {timeout_s:g} s") from None
+    return store.get(CHECKSUM).decode()
+
+
 def forget(store, world_size: int) -> None:
     """Delete a push's handshake keys, so the learner's store does not grow with every push. Only once every
     receiver answered (`push.groups` does it once the next push's broadcast is over): the sender's broadcast
     can end before a slow receiver has read the verdict."""
-    for key in [*_ready_keys(world_size), "verdict"]:
+    for key in [*_ready_keys(world_size), "verdict", CHECKSUM]:
         store.delete_key(key)

@@ -40,7 +40,7 @@ from asyncrl.push.flat import FlatWeights, bind_parameters
 from asyncrl.push.groups import BroadcastGroups, publish_manifest
 from asyncrl.push.in_band import collect_acks, order_key, publish_order
 from asyncrl.push.plan import PushOffer, PushPlan
-from asyncrl.push.rendezvous import ReceiversMissing
+from asyncrl.push.rendezvous import ReceiversMissing, publish_checksum
 from asyncrl.v1 import controller_pb2
 
 log = logging.getLogger(__name__)
@@ -127,7 +127,7 @@ class WeightPublisher:
             store_address=self.store_address, store_key=self.store.key, transport=transport_cfg.type,
             manifest_digest=publish_manifest(self.store, self.metas, adapter),
             bucket_bytes=int(transport_cfg.bucket_mb * 2**20), timeout_s=transport_cfg.timeout_s,
-            join_timeout_s=transport_cfg.join_timeout_s, in_band=transport_cfg.in_band,
+            join_timeout_s=transport_cfg.join_timeout_s, in_band=transport_cfg.in_band, checksum_in_store=True,
         )  # fmt: skip
         self._snapshot: FlatWeights | None = None
         self._background = OneAtATime("push")
@@ -193,7 +193,7 @@ class WeightPublisher:
             t_begin = time.perf_counter()
             ticket = self._ticket(version)
             begin_s = 0.0 if ticket.in_band else time.perf_counter() - t_begin
-            sent = self._send(ticket, weights) if ticket.plan.world_size > 1 else Sent()
+            sent = self._send(ticket, weights, hashing) if ticket.plan.world_size > 1 else Sent()
             t_commit = time.perf_counter()
             commit = self._commit(ticket, sent, last, t_commit - start, hashing.result())
             if commit is None or not commit.committed:
@@ -220,8 +220,9 @@ class WeightPublisher:
         with said_if_slow(f"the controller's BeginWeightPush (version {version})", logger=log):
             return self.stub.BeginWeightPush(request, timeout=self.cfg.timeout_s + 30)
 
-    def _send(self, ticket: controller_pb2.BeginWeightPushResponse, weights: FlatWeights) -> Sent:
-        """Order the push (in-band: into the store), broadcast it, and collect the in-band acks."""
+    def _send(self, ticket: controller_pb2.BeginWeightPushResponse, weights: FlatWeights, hashing) -> Sent:
+        """Order the push (in-band: into the store), broadcast it, say what was sent (its checksum, in the
+        push's store: the receivers compare before they serve), and collect the in-band acks."""
         plan = PushPlan.from_proto(ticket.plan)
         open_push(self.store, plan)  # before its order is published (the join opens it too, too late for that)
         if ticket.in_band:
@@ -233,6 +234,7 @@ class WeightPublisher:
         try:
             with self.groups.member(plan, 0, gone=gone) as group:
                 nbytes = send_weights(group, weights.named(), plan)
+                publish_checksum(push_store(self.store, plan), hashing.result())
         except Exception as err:  # noqa: BLE001 - reported to the controller, then retried
             error = f"{type(err).__name__}: {err}"
             log.warning("push %s (version %d) failed on the sender: %s", plan.push_id, plan.version, error)

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from asyncrl.core.checks.weights_checksum import WeightsChecksum
+from asyncrl.core.checks.weights_checksum import WeightsChecksum, check_as_sent, weights_checksum
 from asyncrl.core.lora.spec import AdapterSpec
 from asyncrl.core.wire.push_contract import TensorMeta
 from asyncrl.push.broadcast import receive_weights
@@ -112,6 +112,10 @@ class AsyncRLWorkerExtension:
                 refresh_cpu_gemm_of_shared_weights(model)
         if group.device.type == "cuda":
             torch.cuda.synchronize(group.device)
+        if plan.checksum_in_store:
+            # Loaded already (vLLM takes each bucket as it arrives): the push fails, and the controller leases
+            # this replica nothing until a resync replaced what it holds.
+            check_as_sent(checksum.hexdigest(), _GROUPS.sent_checksum(plan, rank), plan.version)
         return {
             "bytes": received,
             "checksum": checksum.hexdigest(),
@@ -134,6 +138,8 @@ class AsyncRLWorkerExtension:
             for views in receive_weights(group, plan):
                 received.update((name, tensor.detach().to("cpu", copy=True)) for name, tensor in views)
         named = [(meta.name, received[meta.name]) for meta in plan.tensors]
+        if plan.checksum_in_store:  # before the adapter is written where the engine loads it
+            check_as_sent(weights_checksum(named), _GROUPS.sent_checksum(plan, rank), plan.version)
         checksum = write_adapter(Path(directory), plan.adapter, named)
         return {"bytes": sum(t.numel() * t.element_size() for _, t in named), "checksum": checksum,
                 "receive_write_s": time.perf_counter() - start}

@@ -212,7 +212,7 @@ class RegisterLearnerResponse(_message.Message):
     def __init__(self, learner_key: _Optional[bytes] = ..., current_version: _Optional[int] = ...) -> None: ...
 
 class BeginWeightPushRequest(_message.Message):
-    __slots__ = ("version", "store_address", "transport", "tensors", "bucket_bytes", "timeout_s", "join_timeout_s", "manifest_digest", "learner_key", "in_band", "unused_push_id", "adapter", "store_key")
+    __slots__ = ("version", "store_address", "transport", "tensors", "bucket_bytes", "timeout_s", "join_timeout_s", "manifest_digest", "learner_key", "in_band", "unused_push_id", "adapter", "store_key", "checksum_in_store")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     STORE_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     TRANSPORT_FIELD_NUMBER: _ClassVar[int]
@@ -226,6 +226,7 @@ class BeginWeightPushRequest(_message.Message):
     UNUSED_PUSH_ID_FIELD_NUMBER: _ClassVar[int]
     ADAPTER_FIELD_NUMBER: _ClassVar[int]
     STORE_KEY_FIELD_NUMBER: _ClassVar[int]
+    CHECKSUM_IN_STORE_FIELD_NUMBER: _ClassVar[int]
     version: int
     store_address: str
     transport: str
@@ -239,7 +240,8 @@ class BeginWeightPushRequest(_message.Message):
     unused_push_id: str
     adapter: _weights_pb2.AdapterSpec
     store_key: bytes
-    def __init__(self, version: _Optional[int] = ..., store_address: _Optional[str] = ..., transport: _Optional[str] = ..., tensors: _Optional[_Iterable[_Union[_weights_pb2.TensorSpec, _Mapping]]] = ..., bucket_bytes: _Optional[int] = ..., timeout_s: _Optional[float] = ..., join_timeout_s: _Optional[float] = ..., manifest_digest: _Optional[str] = ..., learner_key: _Optional[bytes] = ..., in_band: _Optional[bool] = ..., unused_push_id: _Optional[str] = ..., adapter: _Optional[_Union[_weights_pb2.AdapterSpec, _Mapping]] = ..., store_key: _Optional[bytes] = ...) -> None: ...
+    checksum_in_store: bool
+    def __init__(self, version: _Optional[int] = ..., store_address: _Optional[str] = ..., transport: _Optional[str] = ..., tensors: _Optional[_Iterable[_Union[_weights_pb2.TensorSpec, _Mapping]]] = ..., bucket_bytes: _Optional[int] = ..., timeout_s: _Optional[float] = ..., join_timeout_s: _Optional[float] = ..., manifest_digest: _Optional[str] = ..., learner_key: _Optional[bytes] = ..., in_band: _Optional[bool] = ..., unused_push_id: _Optional[str] = ..., adapter: _Optional[_Union[_weights_pb2.AdapterSpec, _Mapping]] = ..., store_key: _Optional[bytes] = ..., checksum_in_store: _Optional[bool] = ...) -> None: ...
 
 class BeginWeightPushResponse(_message.Message):
     __slots__ = ("plan", "receivers", "in_band", "order_macs", "after_push_id", "receiver_addresses")

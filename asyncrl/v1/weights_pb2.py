@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18\x61syncrl/v1/weights.proto\x12\nasyncrl.v1\"8\n\nTensorSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05shape\x18\x02 \x03(\x03\x12\r\n\x05\x64type\x18\x03 \x01(\t\"\x82\x03\n\x0eWeightPushPlan\x12\x0f\n\x07push_id\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x03\x12\x15\n\rstore_address\x18\x03 \x01(\t\x12\x12\n\nworld_size\x18\x04 \x01(\x05\x12\x11\n\ttransport\x18\x05 \x01(\t\x12\'\n\x07tensors\x18\x06 \x03(\x0b\x32\x16.asyncrl.v1.TensorSpec\x12\x14\n\x0c\x62ucket_bytes\x18\x07 \x01(\x03\x12\x11\n\ttimeout_s\x18\x08 \x01(\x01\x12\x16\n\x0ejoin_timeout_s\x18\t \x01(\x01\x12\x10\n\x08group_id\x18\n \x01(\t\x12\x11\n\tnew_group\x18\x0b \x01(\x08\x12\x17\n\x0fmanifest_digest\x18\x0c \x01(\t\x12(\n\x07\x61\x64\x61pter\x18\x0f \x01(\x0b\x32\x17.asyncrl.v1.AdapterSpec\x12\x11\n\tstore_key\x18\x10 \x01(\x0cJ\x04\x08\r\x10\x0eJ\x04\x08\x0e\x10\x0fR\x0b\x64\x65lta_codecR\x12\x64\x65lta_base_push_id\"B\n\x0b\x41\x64\x61pterSpec\x12\x0c\n\x04rank\x18\x01 \x01(\x05\x12\r\n\x05\x61lpha\x18\x02 \x01(\x01\x12\x16\n\x0etarget_modules\x18\x03 \x03(\t\"c\n\x0eTensorManifest\x12\'\n\x07tensors\x18\x01 \x03(\x0b\x32\x16.asyncrl.v1.TensorSpec\x12(\n\x07\x61\x64\x61pter\x18\x02 \x01(\x0b\x32\x17.asyncrl.v1.AdapterSpec\"I\n\tPushOrder\x12(\n\x04plan\x18\x01 \x01(\x0b\x32\x1a.asyncrl.v1.WeightPushPlan\x12\x12\n\norder_macs\x18\x02 \x03(\x0c\"i\n\x07PushAck\x12\x0c\n\x04rank\x18\x01 \x01(\x05\x12\x16\n\x0eweight_version\x18\x02 \x01(\x03\x12\x0f\n\x07\x61\x63k_mac\x18\x03 \x01(\x0c\x12\r\n\x05\x65rror\x18\x04 \x01(\t\x12\x18\n\x10\x61\x64\x61pter_checksum\x18\x05 \x01(\tb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18\x61syncrl/v1/weights.proto\x12\nasyncrl.v1\"8\n\nTensorSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05shape\x18\x02 \x03(\x03\x12\r\n\x05\x64type\x18\x03 \x01(\t\"\x9d\x03\n\x0eWeightPushPlan\x12\x0f\n\x07push_id\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x03\x12\x15\n\rstore_address\x18\x03 \x01(\t\x12\x12\n\nworld_size\x18\x04 \x01(\x05\x12\x11\n\ttransport\x18\x05 \x01(\t\x12\'\n\x07tensors\x18\x06 \x03(\x0b\x32\x16.asyncrl.v1.TensorSpec\x12\x14\n\x0c\x62ucket_bytes\x18\x07 \x01(\x03\x12\x11\n\ttimeout_s\x18\x08 \x01(\x01\x12\x16\n\x0ejoin_timeout_s\x18\t \x01(\x01\x12\x10\n\x08group_id\x18\n \x01(\t\x12\x11\n\tnew_group\x18\x0b \x01(\x08\x12\x17\n\x0fmanifest_digest\x18\x0c \x01(\t\x12(\n\x07\x61\x64\x61pter\x18\x0f \x01(\x0b\x32\x17.asyncrl.v1.AdapterSpec\x12\x11\n\tstore_key\x18\x10 \x01(\x0c\x12\x19\n\x11\x63hecksum_in_store\x18\x11 \x01(\x08J\x04\x08\r\x10\x0eJ\x04\x08\x0e\x10\x0fR\x0b\x64\x65lta_codecR\x12\x64\x65lta_base_push_id\"B\n\x0b\x41\x64\x61pterSpec\x12\x0c\n\x04rank\x18\x01 \x01(\x05\x12\r\n\x05\x61lpha\x18\x02 \x01(\x01\x12\x16\n\x0etarget_modules\x18\x03 \x03(\t\"c\n\x0eTensorManifest\x12\'\n\x07tensors\x18\x01 \x03(\x0b\x32\x16.asyncrl.v1.TensorSpec\x12(\n\x07\x61\x64\x61pter\x18\x02 \x01(\x0b\x32\x17.asyncrl.v1.AdapterSpec\"I\n\tPushOrder\x12(\n\x04plan\x18\x01 \x01(\x0b\x32\x1a.asyncrl.v1.WeightPushPlan\x12\x12\n\norder_macs\x18\x02 \x03(\x0c\"i\n\x07PushAck\x12\x0c\n\x04rank\x18\x01 \x01(\x05\x12\x16\n\x0eweight_version\x18\x02 \x01(\x03\x12\x0f\n\x07\x61\x63k_mac\x18\x03 \x01(\x0c\x12\r\n\x05\x65rror\x18\x04 \x01(\t\x12\x18\n\x10\x61\x64\x61pter_checksum\x18\x05 \x01(\tb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,13 +34,13 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_TENSORSPEC']._serialized_start=40
   _globals['_TENSORSPEC']._serialized_end=96
   _globals['_WEIGHTPUSHPLAN']._serialized_start=99
-  _globals['_WEIGHTPUSHPLAN']._serialized_end=485
-  _globals['_ADAPTERSPEC']._serialized_start=487
-  _globals['_ADAPTERSPEC']._serialized_end=553
-  _globals['_TENSORMANIFEST']._serialized_start=555
-  _globals['_TENSORMANIFEST']._serialized_end=654
-  _globals['_PUSHORDER']._serialized_start=656
-  _globals['_PUSHORDER']._serialized_end=729
-  _globals['_PUSHACK']._serialized_start=731
-  _globals['_PUSHACK']._serialized_end=836
+  _globals['_WEIGHTPUSHPLAN']._serialized_end=512
+  _globals['_ADAPTERSPEC']._serialized_start=514
+  _globals['_ADAPTERSPEC']._serialized_end=580
+  _globals['_TENSORMANIFEST']._serialized_start=582
+  _globals['_TENSORMANIFEST']._serialized_end=681
+  _globals['_PUSHORDER']._serialized_start=683
+  _globals['_PUSHORDER']._serialized_end=756
+  _globals['_PUSHACK']._serialized_start=758
+  _globals['_PUSHACK']._serialized_end=863
 # @@protoc_insertion_point(module_scope)

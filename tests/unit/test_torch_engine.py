@@ -1,6 +1,7 @@
 """TorchEngine: cached decoding equals uncached forwards, logp_behav equals the learner's log-probs, EOS,
 in-flight weight updates over a real gloo broadcast, and rejected plans."""
 
+import dataclasses
 import threading
 
 import pytest
@@ -230,6 +231,42 @@ def test_successive_zero_copy_updates_alternate_buffers(engine, tiny_model_dir):
     # Tied embeddings (if any) still share one tensor after the rebinds.
     if engine.model.config.tie_word_embeddings:
         assert engine.model.lm_head.weight.data_ptr() == engine.model.model.embed_tokens.weight.data_ptr()
+
+
+def test_a_push_that_differs_from_what_the_learner_sent_is_never_served(engine, tiny_model_dir):
+    """The learner writes the checksum of what it sent into the push's store (where no member may write); a
+    receiver compares before its swap. Bytes altered on the way (here: one weight changed after the learner
+    hashed) are refused with the live weights untouched; the same push unaltered is served."""
+    from asyncrl.core.checks.weights_checksum import WeightsAltered
+    from asyncrl.push.broadcast import push_store
+    from asyncrl.push.rendezvous import publish_checksum
+
+    before = [t.clone() for _, t in named_weights(engine.model)]
+    sent = named_weights(load_causal_lm(tiny_model_dir.teacher))
+    altered = [(n, t.clone()) for n, t in sent]
+    altered[3][1].view(-1)[0] += 1.0
+    for version, on_the_wire in ((9, altered), (10, sent)):
+        store = host_store("127.0.0.1", 0, 30.0)
+        plan = dataclasses.replace(_plan(sent, version, store, f"checked-{version}"), checksum_in_store=True)
+
+        def send(plan=plan, store=store, on_the_wire=on_the_wire):
+            group = make_group(plan, 0, store)
+            send_weights(group, on_the_wire, plan)
+            publish_checksum(push_store(store, plan), weights_checksum(sent))
+            group.close()
+
+        sender = threading.Thread(target=send, daemon=True)
+        sender.start()
+        if on_the_wire is altered:
+            with pytest.raises(WeightsAltered, match="version 9 arrived with checksum .* not served"):
+                engine.update_weights(plan, 1)
+            assert engine.weight_version == 7
+            assert all(torch.equal(a, b) for a, (_, b) in zip(before, named_weights(engine.model)))
+        else:
+            assert engine.update_weights(plan, 1).adapter_checksum == weights_checksum(sent)
+            assert engine.weight_version == 10
+            assert all(torch.equal(a, b) for (_, a), (_, b) in zip(named_weights(engine.model), sent))
+        sender.join(30)
 
 
 def test_a_manifest_is_checked_once_and_a_different_one_again(engine, tiny_model_dir, monkeypatch):

@@ -32,3 +32,14 @@ def weights_checksum(named_tensors: Iterable[tuple[str, torch.Tensor]]) -> str:
     for name, tensor in named_tensors:
         checksum.update(name, tensor)
     return checksum.hexdigest()
+
+
+class WeightsAltered(ValueError):
+    """What a receiver got is not what the sender sent (a push altered on the way): it serves none of it."""
+
+
+def check_as_sent(received: str, sent: str, version: int) -> None:
+    """Raise WeightsAltered unless the checksum of what arrived is the one the sender wrote for the push."""
+    if received != sent:
+        raise WeightsAltered(f"the push of version {version} arrived with checksum {received[:12]}, the learner "
+                             f"sent {sent[:12]}: not served")

@@ -18,7 +18,7 @@ import time
 
 import torch
 
-from asyncrl.core.checks.weights_checksum import weights_checksum
+from asyncrl.core.checks.weights_checksum import check_as_sent, weights_checksum
 from asyncrl.core.determinism.invariant_model import use_invariant_kernels
 from asyncrl.core.determinism.modes import invariant_engines
 from asyncrl.core.engines.base import Engine, Generation, weight_source
@@ -136,6 +136,8 @@ class TorchEngine(Engine):
                 received.update((name, tensor.clone()) for name, tensor in bucket)
         received_at = time.perf_counter()
         checksum = weights_checksum((meta.name, received[meta.name]) for meta in plan.tensors)
+        if plan.checksum_in_store:
+            check_as_sent(checksum, stream.sent_checksum(), plan.version)
         merged = self._adapter.merge(plan, layers, received)
         merge_done = time.perf_counter()
         with self._weights_lock:
@@ -180,6 +182,8 @@ class TorchEngine(Engine):
         # What arrived, off the lock: the controller fails this receiver if it is not what the learner sent.
         arrived = whole if zero_copy else dict(staged)
         checksum = weights_checksum((meta.name, arrived[meta.name]) for meta in plan.tensors)
+        if plan.checksum_in_store:  # before the swap: the live weights stay as they are
+            check_as_sent(checksum, stream.sent_checksum(), plan.version)
         received = time.perf_counter()
         with self._weights_lock:
             swap_start = time.perf_counter()

@@ -98,6 +98,8 @@ def push_order_mac(key: bytes, plan, rank: int) -> bytes:
               plan.bucket_bytes, round(plan.timeout_s * 1000), round(plan.join_timeout_s * 1000), tensors_digest(plan.tensors))
     if plan.adapter is not None:  # an adapter push signs its shape too (a plan naming a manifest has none here)
         fields += (plan.adapter.rank, plan.adapter.alpha, ",".join(plan.adapter.target_modules))
+    if plan.checksum_in_store:  # a receiver that trusted a plan without it would serve unchecked weights
+        fields += ("checksum_in_store",)
     return hmac.new(key, "\n".join(map(str, fields)).encode(), "sha256").digest()
 
 

@@ -128,6 +128,7 @@ class PushOrder(Protocol):
     tensors: tuple[TensorMeta, ...]
     bucket_bytes: int
     adapter: AdapterSpec | None
+    checksum_in_store: bool
 
     @property
     def total_bytes(self) -> int: ...
@@ -151,6 +152,9 @@ class WeightStream(Protocol):
 
     def drain(self) -> None:
         """Take part and drop what arrives (a push this receiver refused: the others are not kept waiting)."""
+
+    def sent_checksum(self) -> str:
+        """After the push arrived, of a plan with `checksum_in_store`: the checksum of what the sender sent."""
 
 
 class WeightSource(Protocol):
