@@ -69,6 +69,9 @@ HANDSHAKE_S = 5.0
 """How long a caller has to prove the key before the gate hangs up."""
 MAX_UNPROVEN = 64
 """Connections the gate holds at once that have not proved the key yet; a new one closes the oldest."""
+MAX_MEMBER_CONNECTIONS = 8
+"""Connections one member key holds open at once (a receiver uses two, a third for a moment); more are refused,
+so that a member cannot make the learner hold unbounded buffers."""
 
 
 class SenderGone(ConnectionRefusedError):
@@ -172,6 +175,7 @@ class StoreGate:
         """The pushes the sender opened: a member writes only into those of its group."""
         self._opening: dict[str, list[asyncio.Future]] = {}
         """Members' writes waiting for a push to open, by push id."""
+        self._member_connections: collections.Counter[Member] = collections.Counter()
         self._loop = LoopThread(f"push-store-gate-{self.port}")
         self._server = self._loop.run(self._start(listener), timeout_s=10)
 
@@ -209,18 +213,22 @@ class StoreGate:
                 self._refuse(writer, "the key was not proved")
             return
         try:
-            _, store = await asyncio.open_connection("127.0.0.1", self._store_port)
-        except OSError:
-            writer.close()
-            return
-        self._open.add(store)
-        try:
-            if isinstance(proved, Member):
-                await self._join_member(writer.transport, store.transport, unread(reader), proved)
-            else:
-                await pipe(writer.transport, store.transport, unread(reader))
+            try:
+                _, store = await asyncio.open_connection("127.0.0.1", self._store_port)
+            except OSError:
+                writer.close()
+                return
+            self._open.add(store)
+            try:
+                if isinstance(proved, Member):
+                    await self._join_member(writer.transport, store.transport, unread(reader), proved)
+                else:
+                    await pipe(writer.transport, store.transport, unread(reader))
+            finally:
+                self._open.discard(store)
         finally:
-            self._open.discard(store)
+            if isinstance(proved, Member):
+                self._release(proved)
 
     def _join_member(self, own: asyncio.Transport, store: asyncio.Transport, buffered: bytes,
                      member: Member) -> asyncio.Future:  # fmt: skip
@@ -260,9 +268,23 @@ class StoreGate:
         proof = await reader.readexactly(MAC_BYTES)
         if not hmac.compare_digest(proof, handshake_mac(key, b"member", client_nonce, gate_nonce)):
             return False
-        writer.write(ACCEPTED)
-        await writer.drain()
+        if isinstance(member, Member):
+            if self._member_connections[member] >= MAX_MEMBER_CONNECTIONS:
+                return False
+            self._member_connections[member] += 1  # given back when its pipe ends (`_serve_one`)
+        try:
+            writer.write(ACCEPTED)
+            await writer.drain()
+        except BaseException:
+            if isinstance(member, Member):
+                self._release(member)
+            raise
         return member
+
+    def _release(self, member: Member) -> None:
+        self._member_connections[member] -= 1
+        if not self._member_connections[member]:
+            del self._member_connections[member]
 
     def open_push(self, push_id: str, group_key: str, world_size: int) -> None:
         """The sender: `push_id` begins on the group at `group_key` with `world_size` ranks (its members may

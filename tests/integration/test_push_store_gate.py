@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import gc
 import hashlib
 import hmac
 import os
@@ -29,7 +30,14 @@ from asyncrl.push.broadcast import (
 )
 from asyncrl.push.plan import PushPlan
 from asyncrl.push.store_client import gated_client
-from asyncrl.push.store_gate import MAGIC, MAX_UNPROVEN, NONCE_BYTES, StoreRefused, key_id
+from asyncrl.push.store_gate import (
+    MAGIC,
+    MAX_MEMBER_CONNECTIONS,
+    MAX_UNPROVEN,
+    NONCE_BYTES,
+    StoreRefused,
+    key_id,
+)
 from asyncrl.push.store_rights import Member, member_plan
 
 NAMED = [("w", torch.arange(12, dtype=torch.float32).reshape(3, 4)), ("b", torch.ones(5))]
@@ -230,3 +238,25 @@ def test_a_members_write_into_a_push_not_opened_yet_waits_for_it():
     push_store(store, plan).wait(["ready/1"], datetime.timedelta(seconds=5))
     wrote.join(5)
     assert push_store(store, plan).get("ready/1") == b"ok" and store.gate.refused_commands == 0
+
+
+def test_a_member_key_holds_a_bounded_number_of_connections():
+    """However many connections a member opens with its key, the gate holds at most MAX_MEMBER_CONNECTIONS of
+    them (the learner holds a bounded buffer for each); another member is not affected, and one connection
+    closed makes room again."""
+    store = host_store("127.0.0.1", 0, 10)
+    plan = dataclasses.replace(plan_of(store, "push-conns"), world_size=3, group_id="g1")
+    held = [member_of(store, plan, 1) for _ in range(MAX_MEMBER_CONNECTIONS)]
+    with pytest.raises(StoreRefused, match="refused this plan's store_key"):
+        member_of(store, plan, 1)
+    assert member_of(store, plan, 2).check(["current_push"]) is False
+    del held[0]  # its client closes, and so does its pipe through the gate
+    gc.collect()
+    deadline = time.monotonic() + 5
+    while True:
+        try:
+            member_of(store, plan, 1)
+            break
+        except StoreRefused:
+            assert time.monotonic() < deadline, "the closed connection never made room"
+            time.sleep(0.1)
