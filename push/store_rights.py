@@ -57,6 +57,8 @@ _READY = re.compile(rf"/push/(?P<push>{_NAME})//ready/(?P<rank>{_RANK})")
 _ACK = re.compile(rf"/push/(?P<push>{_NAME})//ack/(?P<rank>{_RANK})")
 _ORDER = re.compile(rf"/order/(?P<group>{_NAME})/after/(?P<push>{_NAME})")
 _READY_STATES = (b"ok", b"no-group")
+"""`rendezvous.READY` and `NO_GROUP`, and `in_band.WAKE` below: spelled here, since this module is torch-free
+(the controller imports it) and those import torch."""
 _WAKE = b"wake"
 _CURRENT_PUSH = "/current_push"
 

@@ -154,3 +154,12 @@ def test_a_plan_ordered_to_a_rank_carries_its_member_key_never_the_stores():
     assert ordered.store_key == member_key(plan.store_key, Member("group/g1/", 2))
     assert ordered.store_key not in (plan.store_key, UNSENT_KEY, member_plan(plan, 1).store_key)
     assert ordered.push_id == plan.push_id and ordered.world_size == plan.world_size
+
+
+def test_the_values_it_allows_are_the_ones_the_push_writes():
+    """The module spells the ready states and the wake itself (it stays torch-free for the controller)."""
+    from asyncrl.push import in_band, rendezvous, store_rights
+
+    assert store_rights._READY_STATES == (rendezvous.READY, rendezvous.NO_GROUP)
+    assert store_rights._WAKE == in_band.WAKE
+    assert store_rights._CURRENT_PUSH == "/" + rendezvous.CURRENT_PUSH
