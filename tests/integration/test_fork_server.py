@@ -9,6 +9,7 @@ import os
 import signal
 import sys
 import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -144,11 +145,14 @@ def test_what_a_service_left_running_is_reaped_once_it_ends(group, tmp_path):
     assert sys.platform == "linux"
 
 
-def _fork_servers() -> set[int]:
+def _fork_servers(marked: str) -> set[int]:
+    """The fork servers alive now whose environment holds `ASYNCRL_TEST_MARK=marked`: started by this test's
+    command, not by a run on the suite's other worker."""
     pids = set()
     for entry in Path("/proc").iterdir():
         try:
-            if entry.name.isdigit() and "asyncrl.tools.fork_server" in process_argv(int(entry.name)):
+            if (entry.name.isdigit() and "asyncrl.tools.fork_server" in process_argv(int(entry.name))
+                    and f"ASYNCRL_TEST_MARK={marked}".encode() in (entry / "environ").read_bytes()):
                 pids.add(int(entry.name))
         except (OSError, ValueError):  # gone meanwhile, or a title shlex cannot split
             continue
@@ -162,12 +166,13 @@ def test_asyncrl_up_starts_its_fork_server_first_and_a_refused_config_leaves_non
 
     from asyncrl.tools import spawners
 
-    before = _fork_servers()
+    mark = uuid.uuid4().hex
     refused = subprocess.run([sys.executable, "-m", "asyncrl", "up", "--config", str(tmp_path / "missing.yaml")],
-                             check=False, cwd=REPO, capture_output=True, text=True, timeout=60)  # fmt: skip
+                             check=False, cwd=REPO, capture_output=True, text=True, timeout=60,
+                             env={**os.environ, "ASYNCRL_TEST_MARK": mark})  # fmt: skip
     assert refused.returncode == 2, refused.stderr
     assert "asyncrl up: config error" in refused.stderr
-    assert _fork_servers() - before == set()
+    assert _fork_servers(mark) == set()
 
     spawners.prestart_fork_server({**os.environ, "PYTHONUNBUFFERED": "1"})
     [prestarted] = spawners._prestarted
