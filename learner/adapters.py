@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 
 from asyncrl.core.checks.config_error import ConfigError
+from asyncrl.core.checks.weights_checksum import weights_checksum
 from asyncrl.core.config.learner import LoraConfig
 from asyncrl.core.lora.files import write_adapter
 from asyncrl.core.lora.merge import merged_weight
@@ -122,7 +123,8 @@ def save_adapter(directory: Path, spec: AdapterSpec, named: list[tuple[str, torc
                  base_model_path: str = "") -> str:  # fmt: skip
     """The adapter in peft's format into `directory` (`asyncrl.core.lora.files`), its checksum written beside
     it; returns the checksum."""
-    checksum = write_adapter(directory, spec, named, base_model_path)
+    write_adapter(directory, spec, named, base_model_path)
+    checksum = weights_checksum(named)
     (directory / "checksum.txt").write_text(checksum + "\n")
     return checksum
 

@@ -36,7 +36,7 @@ from asyncrl.push.in_band import order_key, parse_order, wait_for_order, wake_wa
 from asyncrl.push.plan import PushPlan
 from asyncrl.push.rendezvous import POLL_S, PushAborted
 from asyncrl.push.store_gate import SenderGone
-from asyncrl.push.store_rights import Member, in_band_plan
+from asyncrl.push.store_rights import Member
 
 log = logging.getLogger(__name__)
 
@@ -180,7 +180,7 @@ class PushListener:
             plan, mac = parse_order(data, rank)
         except InvalidArgument as err:
             return self._refuse(target, data, f"an order that does not parse ({err})")
-        plan = in_band_plan(plan, target.store[1])
+        plan = dataclasses.replace(plan, store_key=target.store[1])  # its own key: what the controller signed
         if not key or not hmac.compare_digest(mac, push_order_mac(key, plan, rank)):
             return self._refuse(target, data, "an order its controller did not sign")
         if plan.group_id != target.group_id or plan.new_group:

@@ -33,6 +33,7 @@ import asyncio
 import collections
 import contextlib
 import datetime
+import functools
 import hashlib
 import hmac
 import logging
@@ -104,7 +105,7 @@ class _MemberRelay(Relay):
     allows it; a command refused hangs up on the member (and counts in the gate's `refused_commands`), one
     that writes into a push not opened yet holds the member's stream until it is (at most `DEFER_S`)."""
 
-    def __init__(self, own: asyncio.Transport, store: asyncio.Transport, done: asyncio.Future, gate: StoreGate,
+    def __init__(self, store: asyncio.Transport, done: asyncio.Future, *, own: asyncio.Transport, gate: StoreGate,
                  member: Member):  # fmt: skip
         super().__init__(store, done)
         self.own, self.gate, self.member = own, gate, member
@@ -220,25 +221,15 @@ class StoreGate:
                 return
             self._open.add(store)
             try:
-                if isinstance(proved, Member):
-                    await self._join_member(writer.transport, store.transport, unread(reader), proved)
-                else:
-                    await pipe(writer.transport, store.transport, unread(reader))
+                own = writer.transport
+                relay = functools.partial(_MemberRelay, own=own, gate=self, member=proved) \
+                    if isinstance(proved, Member) else Relay
+                await pipe(own, store.transport, unread(reader), relay)
             finally:
                 self._open.discard(store)
         finally:
             if isinstance(proved, Member):
                 self._release(proved)
-
-    def _join_member(self, own: asyncio.Transport, store: asyncio.Transport, buffered: bytes,
-                     member: Member) -> asyncio.Future:  # fmt: skip
-        done = asyncio.get_running_loop().create_future()
-        relay = _MemberRelay(own, store, done, self, member)
-        own.set_protocol(relay)
-        store.set_protocol(Relay(own, done))
-        if buffered:
-            relay.data_received(buffered)
-        return done
 
     async def _handshake(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool | Member:
         """True for the store's own key, the member for a member key, False for neither."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from collections.abc import Callable
 
 
 class LoopThread:
@@ -50,14 +51,17 @@ class Relay(asyncio.Protocol):
         self.other.resume_reading()
 
 
-def pipe(a: asyncio.Transport, b: asyncio.Transport, buffered: bytes = b"") -> asyncio.Future:
-    """Pipe two open connections both ways from now on (`buffered`: what `a` already delivered, sent to `b`
-    first). The future is done when either ends."""
+def pipe(a: asyncio.Transport, b: asyncio.Transport, buffered: bytes = b"",
+         relay: Callable[[asyncio.Transport, asyncio.Future], Relay] = Relay) -> asyncio.Future:  # fmt: skip
+    """Pipe two open connections both ways from now on (`buffered`: what `a` already delivered, passed on
+    first). What `a` sends goes through `relay(b, done)` (one that checks it, say), what `b` sends straight to
+    `a`. The future is done when either ends."""
     done = asyncio.get_running_loop().create_future()
-    a.set_protocol(Relay(b, done))
+    from_a = relay(b, done)
+    a.set_protocol(from_a)
     b.set_protocol(Relay(a, done))
     if buffered:
-        b.write(buffered)
+        from_a.data_received(buffered)
     return done
 
 

@@ -283,9 +283,4 @@ def member_plan(plan: PushPlan, rank: int) -> PushPlan:
 
 UNSENT_KEY = bytes(STORE_KEY_BYTES)
 """The store key of a plan the learner publishes in its store (an in-band order): none. Each member puts in
-the key it holds for the group (`in_band_plan`), which is what the controller signed for it."""
-
-
-def in_band_plan(plan: PushPlan, key: bytes) -> PushPlan:
-    """A published order's plan as its member sees it: with the member's own key for the group."""
-    return dataclasses.replace(plan, store_key=key)
+the key it holds for the group, which is what the controller signed for it (`receiver.PushListener`)."""

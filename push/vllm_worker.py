@@ -138,8 +138,9 @@ class AsyncRLWorkerExtension:
             for views in receive_weights(group, plan):
                 received.update((name, tensor.detach().to("cpu", copy=True)) for name, tensor in views)
         named = [(meta.name, received[meta.name]) for meta in plan.tensors]
+        checksum = weights_checksum(named)
         if plan.checksum_in_store:  # before the adapter is written where the engine loads it
-            check_as_sent(weights_checksum(named), _GROUPS.sent_checksum(plan, rank), plan.version)
-        checksum = write_adapter(Path(directory), plan.adapter, named)
+            check_as_sent(checksum, _GROUPS.sent_checksum(plan, rank), plan.version)
+        write_adapter(Path(directory), plan.adapter, named)
         return {"bytes": sum(t.numel() * t.element_size() for _, t in named), "checksum": checksum,
                 "receive_write_s": time.perf_counter() - start}

@@ -9,7 +9,6 @@ from pathlib import Path
 
 import torch
 
-from asyncrl.core.checks.weights_checksum import weights_checksum
 from asyncrl.core.lora.spec import AdapterSpec
 
 ADAPTER_FILE = "adapter_model.safetensors"
@@ -17,13 +16,11 @@ CONFIG_FILE = "adapter_config.json"
 
 
 def write_adapter(directory: Path, spec: AdapterSpec, named: list[tuple[str, torch.Tensor]],
-                  base_model_path: str = "") -> str:  # fmt: skip
-    """`named` (peft's saved names -> tensors) and `spec` in peft's format into `directory`; returns the
-    adapter's checksum."""
+                  base_model_path: str = "") -> None:  # fmt: skip
+    """`named` (peft's saved names -> tensors) and `spec` in peft's format into `directory`."""
     from safetensors.torch import save_file
 
     directory.mkdir(parents=True, exist_ok=True)
     save_file({name: t.detach().to("cpu").contiguous() for name, t in named}, str(directory / ADAPTER_FILE),
               metadata={"format": "pt"})
     (directory / CONFIG_FILE).write_text(json.dumps(spec.peft_config(base_model_path), indent=2))
-    return weights_checksum(named)
