@@ -71,6 +71,8 @@ class PushOffer:
     checksum_in_store: bool = False
     """The learner writes the checksum of what it sent into the push's store after its broadcast
     (`broadcast.publish_checksum`), for receivers to compare before they serve."""
+    sparse_deltas: bool = False
+    """Buckets may travel as the elements changed since the version the receivers hold (`push.deltas`)."""
 
     @property
     def store(self) -> tuple[str, bytes]:
@@ -84,7 +86,7 @@ class PushOffer:
             tensors=encode_tensors(self.tensors), bucket_bytes=self.bucket_bytes, timeout_s=self.timeout_s,
             join_timeout_s=self.join_timeout_s, manifest_digest=self.manifest_digest, in_band=self.in_band,
             adapter=None if self.adapter is None else self.adapter.to_proto(),
-            checksum_in_store=self.checksum_in_store, **request,
+            checksum_in_store=self.checksum_in_store, sparse_deltas=self.sparse_deltas, **request,
         )  # fmt: skip
 
     @classmethod
@@ -107,7 +109,7 @@ class PushOffer:
             tensors=() if msg.manifest_digest else decode_tensors(msg.tensors, "tensors"),
             bucket_bytes=msg.bucket_bytes, timeout_s=msg.timeout_s, join_timeout_s=msg.join_timeout_s,
             manifest_digest=msg.manifest_digest, in_band=msg.in_band, adapter=adapter,
-            checksum_in_store=msg.checksum_in_store,
+            checksum_in_store=msg.checksum_in_store, sparse_deltas=msg.sparse_deltas,
         )  # fmt: skip
 
 
@@ -142,6 +144,8 @@ class PushPlan:
     checksum_in_store: bool = False
     """The sender writes the checksum of what it sent into the push's store after its broadcast: a receiver
     compares it with what it received before it serves (`broadcast.sent_checksum`)."""
+    sparse_deltas: bool = False
+    """The push opens with a header and its buckets may travel as changed elements (`push.deltas`)."""
 
     @classmethod
     def from_offer(cls, offer: PushOffer, *, default_timeout_s: float, **assigned) -> PushPlan:
@@ -184,7 +188,7 @@ class PushPlan:
             tensors=encode_tensors(self.tensors), bucket_bytes=self.bucket_bytes, timeout_s=self.timeout_s, join_timeout_s=self.join_timeout_s,
             group_id=self.group_id, new_group=self.new_group, manifest_digest=self.manifest_digest,
             adapter=None if self.adapter is None or self.manifest_digest else self.adapter.to_proto(),
-            checksum_in_store=self.checksum_in_store,
+            checksum_in_store=self.checksum_in_store, sparse_deltas=self.sparse_deltas,
         )  # fmt: skip
 
     @classmethod
@@ -215,5 +219,5 @@ class PushPlan:
             tensors=() if msg.manifest_digest else decode_tensors(msg.tensors, f"{field}.tensors"),
             bucket_bytes=msg.bucket_bytes, timeout_s=msg.timeout_s, join_timeout_s=msg.join_timeout_s,
             group_id=msg.group_id, new_group=msg.new_group, manifest_digest=msg.manifest_digest, adapter=adapter,
-            checksum_in_store=msg.checksum_in_store,
+            checksum_in_store=msg.checksum_in_store, sparse_deltas=msg.sparse_deltas,
         )  # fmt: skip

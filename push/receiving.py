@@ -14,7 +14,8 @@ from collections.abc import Iterator
 
 import torch
 
-from asyncrl.push.broadcast import BroadcastGroup, receive_weights
+from asyncrl.push.broadcast import BroadcastGroup, KeptWeights, receive_weights
+from asyncrl.push.deltas import NO_BASE, Base, BaseMissing
 from asyncrl.push.flat import FlatWeights
 from asyncrl.push.groups import BroadcastGroups
 from asyncrl.push.plan import PushPlan
@@ -31,32 +32,39 @@ class BroadcastStream:
         self.device: torch.device = group.device
 
     def buckets(self) -> Iterator[list[tuple[str, torch.Tensor]]]:
-        return receive_weights(self._group, self._plan)
+        if not self._plan.sparse_deltas:
+            return receive_weights(self._group, self._plan)
+        # Deltas apply to what the last push left: it is kept here, changed in place by this one.
+        return self._storage.kept.receive(self._group, self._plan)
 
     def whole(self) -> dict[str, torch.Tensor]:
         spare = self._storage.spare(self._plan, self.device)
-        for _ in receive_weights(self._group, self._plan, into=spare):
+        for _ in receive_weights(self._group, self._plan, into=spare, base=self._storage.live_base()):
             pass
         return spare.views
 
     def adopted(self) -> None:
-        self._storage.swap()
+        self._storage.swap(self._plan.version)
 
     def sent_checksum(self) -> str:
         return self._groups.sent_checksum(self._plan, self._rank)
 
     def drain(self) -> None:
-        for _ in receive_weights(self._group, self._plan):
-            pass
+        with contextlib.suppress(BaseMissing):  # a delta dropped unapplied is what a drain does
+            for _ in receive_weights(self._group, self._plan):
+                pass
 
 
 class _Storage:
     """The double buffer of the zero-copy path: the engine's parameters are views into `live` after its first
-    whole push; the next one lands in `spare`, then the two swap roles."""
+    whole push; the next one lands in `spare`, then the two swap roles. A delta push read bucket by bucket
+    applies to `kept`, what the last one left."""
 
     def __init__(self) -> None:
         self.live: FlatWeights | None = None
+        self._live_version = NO_BASE
         self._spare: FlatWeights | None = None
+        self.kept = KeptWeights()
 
     def spare(self, plan: PushPlan, device: torch.device) -> FlatWeights:
         """Storage with the plan's layout that nothing reads (allocated on first use and when the layout
@@ -65,8 +73,12 @@ class _Storage:
             self._spare = FlatWeights(plan.tensors, plan.bucket_bytes, device)
         return self._spare
 
-    def swap(self) -> None:
+    def live_base(self) -> Base | None:
+        return None if self.live is None else Base(self.live, self._live_version)
+
+    def swap(self, version: int) -> None:
         self.live, self._spare = self._spare, self.live
+        self._live_version = version
 
 
 class BroadcastReceiving:

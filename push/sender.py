@@ -35,7 +35,8 @@ from asyncrl.core.wire.grpc_util import address_refuses
 from asyncrl.core.wire.ports import listening
 from asyncrl.core.wire.push_contract import tensor_metas
 from asyncrl.core.wire.slow_calls import said_if_slow
-from asyncrl.push.broadcast import host_store, open_push, push_store, send_weights
+from asyncrl.push.broadcast import host_store, open_push, push_store, send_delta, send_weights
+from asyncrl.push.deltas import Base
 from asyncrl.push.flat import FlatWeights, bind_parameters
 from asyncrl.push.groups import BroadcastGroups, publish_manifest
 from asyncrl.push.in_band import collect_acks, order_key, publish_order
@@ -128,7 +129,11 @@ class WeightPublisher:
             manifest_digest=publish_manifest(self.store, self.metas, adapter),
             bucket_bytes=int(transport_cfg.bucket_mb * 2**20), timeout_s=transport_cfg.timeout_s,
             join_timeout_s=transport_cfg.join_timeout_s, in_band=transport_cfg.in_band, checksum_in_store=True,
+            sparse_deltas=transport_cfg.sparse_deltas,
         )  # fmt: skip
+        self._base: Base | None = None
+        """With sparse deltas: what the last committed push sent, which every member of its group holds."""
+        self._base_group = ""
         self._snapshot: FlatWeights | None = None
         self._background = OneAtATime("push")
         self._hasher = ThreadPoolExecutor(1, thread_name_prefix="push-checksum")
@@ -202,6 +207,7 @@ class WeightPublisher:
             self._reserved = commit.next_push if commit.HasField("next_push") else None
             if ticket.plan.world_size > 1:
                 self._keys.moved_on(ticket)
+            self._keep_base(PushPlan.from_proto(ticket.plan), weights, version, held_by_all=not commit.dropped)
             return PushResult(
                 version=version, committed=True, receivers=ticket.plan.world_size - 1, acked=list(commit.acked),
                 dropped=list(commit.dropped), bytes_sent=sent.bytes_sent, broadcast_s=sent.broadcast_s,
@@ -233,7 +239,10 @@ class WeightPublisher:
         gone = receiver_gone(list(ticket.receiver_addresses)) if ticket.in_band else None
         try:
             with self.groups.member(plan, 0, gone=gone) as group:
-                nbytes = send_weights(group, weights.named(), plan)
+                if plan.sparse_deltas:
+                    nbytes = send_delta(group, weights, plan, self._base_of(plan))
+                else:
+                    nbytes = send_weights(group, weights.named(), plan)
                 publish_checksum(push_store(self.store, plan), hashing.result())
         except Exception as err:  # noqa: BLE001 - reported to the controller, then retried
             error = f"{type(err).__name__}: {err}"
@@ -248,6 +257,25 @@ class WeightPublisher:
         acks = collect_acks(push_store(self.store, plan), plan.world_size, plan.timeout_s, gone)
         return Sent(bytes_sent=nbytes, acks=acks, broadcast_s=broadcast_s,
                     acks_s=time.perf_counter() - t0 - broadcast_s)  # fmt: skip
+
+    def _base_of(self, plan: PushPlan) -> Base | None:
+        """What every receiver of `plan` holds: the last committed push's weights when `plan` goes to that
+        push's group again (a group is kept only while its membership holds; a receiver that failed a push
+        leaves it). A receiver without it still fails the push alone (`deltas.BaseMissing`)."""
+        same_group = plan.group_id and plan.group_id == self._base_group and not plan.new_group
+        return self._base if same_group else None
+
+    @torch.no_grad()
+    def _keep_base(self, plan: PushPlan, weights: FlatWeights, version: int, held_by_all: bool) -> None:
+        """After a commit: keep what it sent as the next delta's base when every receiver took it."""
+        if not (plan.sparse_deltas and plan.world_size > 1 and held_by_all and plan.group_id):
+            self._base, self._base_group = None, ""
+            return
+        if self._base is None or not self._base.weights.matches(weights.metas, weights.bucket_bytes):
+            self._base = Base(FlatWeights(weights.metas, weights.bucket_bytes, weights.buffers[0].device), version)
+        for kept, sent in zip(self._base.weights.buffers, weights.buffers):
+            kept.copy_(sent)
+        self._base.version, self._base_group = version, plan.group_id
 
     def _commit(self, ticket, sent: Sent, last: bool, learner_seconds: float, checksum: str = ""):
         """CommitWeightPush; None when the controller no longer knows the push (it restarted, or aborted it)."""

@@ -21,7 +21,7 @@ import torch
 from asyncrl.core.checks.weights_checksum import WeightsChecksum, check_as_sent, weights_checksum
 from asyncrl.core.lora.spec import AdapterSpec
 from asyncrl.core.wire.push_contract import TensorMeta
-from asyncrl.push.broadcast import receive_weights
+from asyncrl.push.broadcast import KeptWeights, receive_weights
 from asyncrl.push.groups import BroadcastGroups
 from asyncrl.push.plan import PushPlan
 
@@ -30,6 +30,9 @@ WORKER_EXTENSION = "asyncrl.push.vllm_worker.AsyncRLWorkerExtension"
 
 _GROUPS = BroadcastGroups()
 """The broadcast group this worker process keeps between pushes (one worker process per engine)."""
+_KEPT = KeptWeights()
+"""With sparse deltas: the weights of the last push in checkpoint layout (vLLM's own are repacked), to which
+the next one's changes apply."""
 
 
 def plan_to_dict(plan: PushPlan) -> dict:
@@ -94,12 +97,14 @@ class AsyncRLWorkerExtension:
             initialize_layerwise_reload(model)
             checksum = WeightsChecksum()  # of what arrives, as it arrives: the controller judges it
             try:
-                for views in receive_weights(group, plan):
+                arriving = _KEPT.receive(group, plan) if plan.sparse_deltas else receive_weights(group, plan)
+                for views in arriving:
                     for name, tensor in views:
                         checksum.update(name, tensor)
                     # The views point into staging buffers that the next bucket overwrites, while the reload
                     # keeps a layer's tensors until the whole layer has arrived (q, k and v may sit in
-                    # different buckets): copy them out.
+                    # different buckets): copy them out (the kept copy of a delta push too: a loader may change
+                    # what it is given, and the next delta applies to that copy).
                     named_tensors = [(name, tensor.clone()) for name, tensor in views]
                     # vLLM models take Hugging Face names and do their own fusing (qkv_proj, gate_up_proj).
                     model.load_weights(weights=named_tensors)
@@ -135,7 +140,7 @@ class AsyncRLWorkerExtension:
         start = time.perf_counter()
         received: dict[str, torch.Tensor] = {}
         with _GROUPS.member(plan, rank) as group:
-            for views in receive_weights(group, plan):
+            for views in _KEPT.receive(group, plan) if plan.sparse_deltas else receive_weights(group, plan):
                 received.update((name, tensor.detach().to("cpu", copy=True)) for name, tensor in views)
         named = [(meta.name, received[meta.name]) for meta in plan.tensors]
         checksum = weights_checksum(named)

@@ -212,7 +212,7 @@ class RegisterLearnerResponse(_message.Message):
     def __init__(self, learner_key: _Optional[bytes] = ..., current_version: _Optional[int] = ...) -> None: ...
 
 class BeginWeightPushRequest(_message.Message):
-    __slots__ = ("version", "store_address", "transport", "tensors", "bucket_bytes", "timeout_s", "join_timeout_s", "manifest_digest", "learner_key", "in_band", "unused_push_id", "adapter", "store_key", "checksum_in_store")
+    __slots__ = ("version", "store_address", "transport", "tensors", "bucket_bytes", "timeout_s", "join_timeout_s", "manifest_digest", "learner_key", "in_band", "unused_push_id", "adapter", "store_key", "checksum_in_store", "sparse_deltas")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     STORE_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     TRANSPORT_FIELD_NUMBER: _ClassVar[int]
@@ -227,6 +227,7 @@ class BeginWeightPushRequest(_message.Message):
     ADAPTER_FIELD_NUMBER: _ClassVar[int]
     STORE_KEY_FIELD_NUMBER: _ClassVar[int]
     CHECKSUM_IN_STORE_FIELD_NUMBER: _ClassVar[int]
+    SPARSE_DELTAS_FIELD_NUMBER: _ClassVar[int]
     version: int
     store_address: str
     transport: str
@@ -241,7 +242,8 @@ class BeginWeightPushRequest(_message.Message):
     adapter: _weights_pb2.AdapterSpec
     store_key: bytes
     checksum_in_store: bool
-    def __init__(self, version: _Optional[int] = ..., store_address: _Optional[str] = ..., transport: _Optional[str] = ..., tensors: _Optional[_Iterable[_Union[_weights_pb2.TensorSpec, _Mapping]]] = ..., bucket_bytes: _Optional[int] = ..., timeout_s: _Optional[float] = ..., join_timeout_s: _Optional[float] = ..., manifest_digest: _Optional[str] = ..., learner_key: _Optional[bytes] = ..., in_band: _Optional[bool] = ..., unused_push_id: _Optional[str] = ..., adapter: _Optional[_Union[_weights_pb2.AdapterSpec, _Mapping]] = ..., store_key: _Optional[bytes] = ..., checksum_in_store: _Optional[bool] = ...) -> None: ...
+    sparse_deltas: bool
+    def __init__(self, version: _Optional[int] = ..., store_address: _Optional[str] = ..., transport: _Optional[str] = ..., tensors: _Optional[_Iterable[_Union[_weights_pb2.TensorSpec, _Mapping]]] = ..., bucket_bytes: _Optional[int] = ..., timeout_s: _Optional[float] = ..., join_timeout_s: _Optional[float] = ..., manifest_digest: _Optional[str] = ..., learner_key: _Optional[bytes] = ..., in_band: _Optional[bool] = ..., unused_push_id: _Optional[str] = ..., adapter: _Optional[_Union[_weights_pb2.AdapterSpec, _Mapping]] = ..., store_key: _Optional[bytes] = ..., checksum_in_store: _Optional[bool] = ..., sparse_deltas: _Optional[bool] = ...) -> None: ...
 
 class BeginWeightPushResponse(_message.Message):
     __slots__ = ("plan", "receivers", "in_band", "order_macs", "after_push_id", "receiver_addresses")

@@ -17,7 +17,7 @@ class TensorSpec(_message.Message):
     def __init__(self, name: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., dtype: _Optional[str] = ...) -> None: ...
 
 class WeightPushPlan(_message.Message):
-    __slots__ = ("push_id", "version", "store_address", "world_size", "transport", "tensors", "bucket_bytes", "timeout_s", "join_timeout_s", "group_id", "new_group", "manifest_digest", "adapter", "store_key", "checksum_in_store")
+    __slots__ = ("push_id", "version", "store_address", "world_size", "transport", "tensors", "bucket_bytes", "timeout_s", "join_timeout_s", "group_id", "new_group", "manifest_digest", "adapter", "store_key", "checksum_in_store", "sparse_deltas")
     PUSH_ID_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     STORE_ADDRESS_FIELD_NUMBER: _ClassVar[int]
@@ -33,6 +33,7 @@ class WeightPushPlan(_message.Message):
     ADAPTER_FIELD_NUMBER: _ClassVar[int]
     STORE_KEY_FIELD_NUMBER: _ClassVar[int]
     CHECKSUM_IN_STORE_FIELD_NUMBER: _ClassVar[int]
+    SPARSE_DELTAS_FIELD_NUMBER: _ClassVar[int]
     push_id: str
     version: int
     store_address: str
@@ -48,7 +49,8 @@ class WeightPushPlan(_message.Message):
     adapter: AdapterSpec
     store_key: bytes
     checksum_in_store: bool
-    def __init__(self, push_id: _Optional[str] = ..., version: _Optional[int] = ..., store_address: _Optional[str] = ..., world_size: _Optional[int] = ..., transport: _Optional[str] = ..., tensors: _Optional[_Iterable[_Union[TensorSpec, _Mapping]]] = ..., bucket_bytes: _Optional[int] = ..., timeout_s: _Optional[float] = ..., join_timeout_s: _Optional[float] = ..., group_id: _Optional[str] = ..., new_group: _Optional[bool] = ..., manifest_digest: _Optional[str] = ..., adapter: _Optional[_Union[AdapterSpec, _Mapping]] = ..., store_key: _Optional[bytes] = ..., checksum_in_store: _Optional[bool] = ...) -> None: ...
+    sparse_deltas: bool
+    def __init__(self, push_id: _Optional[str] = ..., version: _Optional[int] = ..., store_address: _Optional[str] = ..., world_size: _Optional[int] = ..., transport: _Optional[str] = ..., tensors: _Optional[_Iterable[_Union[TensorSpec, _Mapping]]] = ..., bucket_bytes: _Optional[int] = ..., timeout_s: _Optional[float] = ..., join_timeout_s: _Optional[float] = ..., group_id: _Optional[str] = ..., new_group: _Optional[bool] = ..., manifest_digest: _Optional[str] = ..., adapter: _Optional[_Union[AdapterSpec, _Mapping]] = ..., store_key: _Optional[bytes] = ..., checksum_in_store: _Optional[bool] = ..., sparse_deltas: _Optional[bool] = ...) -> None: ...
 
 class AdapterSpec(_message.Message):
     __slots__ = ("rank", "alpha", "target_modules")

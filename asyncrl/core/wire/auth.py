@@ -100,6 +100,8 @@ def push_order_mac(key: bytes, plan, rank: int) -> bytes:
         fields += (plan.adapter.rank, plan.adapter.alpha, ",".join(plan.adapter.target_modules))
     if plan.checksum_in_store:  # a receiver that trusted a plan without it would serve unchecked weights
         fields += ("checksum_in_store",)
+    if plan.sparse_deltas:  # it changes how the receiver reads the stream
+        fields += ("sparse_deltas",)
     return hmac.new(key, "\n".join(map(str, fields)).encode(), "sha256").digest()
 
 

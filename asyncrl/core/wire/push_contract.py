@@ -129,6 +129,7 @@ class PushOrder(Protocol):
     bucket_bytes: int
     adapter: AdapterSpec | None
     checksum_in_store: bool
+    sparse_deltas: bool
 
     @property
     def total_bytes(self) -> int: ...
