@@ -15,6 +15,7 @@
     broadcast.py    the data plane: a broadcast group (gloo, NCCL) with rank 0 = the learner, bucket by bucket
     groups.py       the group kept across pushes while the membership holds, and the manifest in the store
     rendezvous.py   the join handshake in front of every broadcast
+    deltas.py       sparse delta buckets: what changed since the version every receiver holds
     buckets.py, flat.py, staging.py
                     the bucket layout the weights travel in, storage of that layout, reused staging buffers
 

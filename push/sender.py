@@ -207,7 +207,7 @@ class WeightPublisher:
             self._reserved = commit.next_push if commit.HasField("next_push") else None
             if ticket.plan.world_size > 1:
                 self._keys.moved_on(ticket)
-            self._keep_base(PushPlan.from_proto(ticket.plan), weights, version, held_by_all=not commit.dropped)
+            self._keep_base(ticket.plan, weights, version, held_by_all=not commit.dropped)
             return PushResult(
                 version=version, committed=True, receivers=ticket.plan.world_size - 1, acked=list(commit.acked),
                 dropped=list(commit.dropped), bytes_sent=sent.bytes_sent, broadcast_s=sent.broadcast_s,
@@ -266,8 +266,9 @@ class WeightPublisher:
         return self._base if same_group else None
 
     @torch.no_grad()
-    def _keep_base(self, plan: PushPlan, weights: FlatWeights, version: int, held_by_all: bool) -> None:
-        """After a commit: keep what it sent as the next delta's base when every receiver took it."""
+    def _keep_base(self, plan, weights: FlatWeights, version: int, held_by_all: bool) -> None:
+        """After a commit of `plan` (its `WeightPushPlan`): keep what it sent as the next delta's base when
+        every receiver took it."""
         if not (plan.sparse_deltas and plan.world_size > 1 and held_by_all and plan.group_id):
             self._base, self._base_group = None, ""
             return

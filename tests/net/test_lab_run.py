@@ -14,7 +14,7 @@ from collections.abc import Callable
 import pytest
 
 from asyncrl.core.records.controller import LeaseExpired, LeaseGranted, PushCommitted, ReplicaRegistered
-from asyncrl.core.records.learner import Step
+from asyncrl.core.records.learner import Step, WeightsPushed
 from asyncrl.core.runtime.events import read_records
 from asyncrl.tools.lab_run import LabRun, replica_host, start_lab_run
 from asyncrl.tools.netlab import Lab
@@ -61,11 +61,12 @@ def test_every_service_on_its_own_host_trains_and_audits_clean(lab, tmp_path):
 
 
 def fault_scenario(lab: Lab, tmp_path, fault: Callable[[], None], heal: Callable[[], None],
-                   after_heal: Callable[[LabRun, float], bool] = lambda run, healed: True) -> tuple[LabRun, dict]:
-    """The demo (steps enough for any machine) on its hosts: 5 steps, `fault()`, FAULT_S, `heal()`; then it
-    must make RESUMED_STEPS more steps and `after_heal(run, heal time)` must hold within RESUME_BOUND_S;
-    then it is stopped. Returns the run and its summary, audit intact."""
-    run = start_lab_run(lab, DEMO, tmp_path / "run", demo(100_000))
+                   after_heal: Callable[[LabRun, float], bool] = lambda run, healed: True,
+                   overrides: tuple[str, ...] = ()) -> tuple[LabRun, dict]:
+    """The demo (steps enough for any machine, with `overrides`) on its hosts: 5 steps, `fault()`, FAULT_S,
+    `heal()`; then it must make RESUMED_STEPS more steps and `after_heal(run, heal time)` must hold within
+    RESUME_BOUND_S; then it is stopped. Returns the run and its summary, audit intact."""
+    run = start_lab_run(lab, DEMO, tmp_path / "run", demo(100_000, *overrides))
     try:
         wait_for(lambda: steps_done(run.run_dir) >= 5, 300, "5 steps", run_dir=run.run_dir)
         fault()
@@ -81,13 +82,22 @@ def fault_scenario(lab: Lab, tmp_path, fault: Callable[[], None], heal: Callable
 
 
 def test_a_replica_cut_from_the_learner_is_left_out_of_pushes_and_resyncs_after_the_heal(lab, tmp_path):
+    """With sparse delta pushes of a bfloat16 wire: the cut replica misses versions, so its resync travels
+    whole, and deltas go on to the whole group after it."""
     cut = replica_host(2)  # `up` gives replica i the id its host has
 
-    def resynced(run, healed):
-        return any(cut in ev.acked and ev.t > healed for ev in controller_records(run, PushCommitted))
+    def pushed_since(run, healed) -> list:
+        return [ev for ev in read_records(run.run_dir, "learner")
+                if isinstance(ev, WeightsPushed) and ev.t > healed and cut in ev.acked]
+
+    def resynced_then_deltas(run, healed):
+        pushes = pushed_since(run, healed)
+        whole = max((ev.push_bytes for ev in pushes), default=0)
+        return any(ev.push_bytes < whole for ev in pushes)
 
     run, _ = fault_scenario(lab, tmp_path, lambda: lab.cut("learner", cut), lambda: lab.heal("learner", cut),
-                            after_heal=resynced)
+                            after_heal=resynced_then_deltas,
+                            overrides=("model.dtype=bfloat16", "learner.weight_transport.sparse_deltas=true"))
     # Cut between pushes, it does not join the next: called off after join_timeout_s, the others go on
     # without it. Cut mid-broadcast, the broadcast waits for it, at most weight_transport.timeout_s.
     steps = [ev.t for ev in read_records(run.run_dir, "learner") if isinstance(ev, Step)]

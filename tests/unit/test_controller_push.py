@@ -350,9 +350,13 @@ def test_the_push_order_mac_is_the_documented_text_under_the_key():
     checked = dataclasses.replace(inline, checksum_in_store=True)  # one more line, last
     assert push_order_mac(b"key", checked, 2) == hmac.new(b"key", (text + "\nchecksum_in_store").encode(),
                                                          hashlib.sha256).digest()  # fmt: skip
+    sparse = dataclasses.replace(checked, sparse_deltas=True)  # and one more after it
+    assert push_order_mac(b"key", sparse, 2) == hmac.new(
+        b"key", (text + "\nchecksum_in_store\nsparse_deltas").encode(), hashlib.sha256).digest()
     # Every field a receiver acts on is signed: changing any one changes the signature.
     for change in ({"bucket_bytes": 2048}, {"timeout_s": 61.0}, {"join_timeout_s": 3.0}, {"store_key": bytes(32)},
-                   {"tensors": (TensorMeta("w", (3, 2), "float32"),)}, {"checksum_in_store": True}):
+                   {"tensors": (TensorMeta("w", (3, 2), "float32"),)}, {"checksum_in_store": True},
+                   {"sparse_deltas": True}):
         assert push_order_mac(b"key", dataclasses.replace(inline, **change), 2) != push_order_mac(b"key", inline, 2)
 
 
