@@ -222,6 +222,7 @@ def fit_in_memory(config, model) -> tuple:
         kl_reference=learner.algo.kl.mode != "none" and not learner.lora.enabled,
         push_in_background=learner.push_in_background,
         checkpoint_background=learner.checkpoint.background, trained_only=learner.lora.enabled,
+        sparse_deltas=learner.weight_transport.sparse_deltas,
     )  # fmt: skip
     verdict = fit(plan, available_bytes(held=weight_bytes))
     if not verdict.fits:

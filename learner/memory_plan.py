@@ -47,11 +47,13 @@ class MemoryPlan:
     reference: int
     push_snapshot: int
     checkpoint_snapshot: int
+    push_base: int = 0
+    """With sparse delta pushes: the copy of the last push the next one is compared with."""
 
     @property
     def total(self) -> int:
         return (self.weights + self.gradients + self.optimizer + self.reference + self.push_snapshot
-                + self.checkpoint_snapshot)
+                + self.checkpoint_snapshot + self.push_base)
 
     @property
     def needed(self) -> int:
@@ -61,7 +63,7 @@ class MemoryPlan:
     def parts(self) -> dict[str, int]:
         return {"weights": self.weights, "gradients": self.gradients, "optimizer": self.optimizer,
                 "reference": self.reference, "push_snapshot": self.push_snapshot,
-                "checkpoint_snapshot": self.checkpoint_snapshot}
+                "checkpoint_snapshot": self.checkpoint_snapshot, "push_base": self.push_base}
 
     def describe(self) -> str:
         shown = ", ".join(f"{name.replace('_', ' ')} {size / GIB:.2f}" for name, size in self.parts().items() if size)
@@ -69,10 +71,10 @@ class MemoryPlan:
 
 
 def plan_memory(*, weight_bytes: int, trainable_bytes: int, kl_reference: bool, push_in_background: bool,
-                checkpoint_background: bool, trained_only: bool = False) -> MemoryPlan:
+                checkpoint_background: bool, trained_only: bool = False, sparse_deltas: bool = False) -> MemoryPlan:
     """The plan of a learner whose model holds `weight_bytes` (parameters and buffers), `trainable_bytes` of
     them trainable, under the given settings. `trained_only`: pushes and checkpoints copy only what trains
-    (LoRA's adapters), not every weight."""
+    (LoRA's adapters), not every weight. `sparse_deltas`: the last push is kept (a copy as the snapshot's)."""
     optimizer = 2 * trainable_bytes  # AdamW: exp_avg and exp_avg_sq, each like its parameter
     copied = trainable_bytes if trained_only else weight_bytes
     return MemoryPlan(
@@ -80,6 +82,7 @@ def plan_memory(*, weight_bytes: int, trainable_bytes: int, kl_reference: bool, 
         reference=weight_bytes if kl_reference else 0,
         push_snapshot=copied if push_in_background else 0,
         checkpoint_snapshot=copied + optimizer if checkpoint_background else 0,
+        push_base=copied if sparse_deltas else 0,
     )  # fmt: skip
 
 

@@ -27,6 +27,9 @@ def test_the_plan_adds_up_every_part_the_settings_hold():
     lean = plan_memory(weight_bytes=100, trainable_bytes=100, kl_reference=False, push_in_background=False,
                        checkpoint_background=False)
     assert lean.total == 400 and lean.parts()["reference"] == 0
+    kept = plan_memory(weight_bytes=100, trainable_bytes=100, kl_reference=False, push_in_background=False,
+                       checkpoint_background=False, sparse_deltas=True)  # the last push kept: one more copy
+    assert kept.total == 500 and kept.parts()["push_base"] == 100
 
 
 def test_a_qwen_half_billion_in_float32_needs_what_killed_it_with_the_defaults():

@@ -187,7 +187,8 @@ class MemoryPlanned(Record):
 
     KIND = "memory_plan"
     parts: dict[str, int]
-    """Bytes per part kept: weights, gradients, optimizer, reference, push_snapshot, checkpoint_snapshot."""
+    """Bytes per part kept: weights, gradients, optimizer, reference, push_snapshot, checkpoint_snapshot,
+    push_base."""
     needed: int
     """Their total with the headroom."""
     available: int
