@@ -16,13 +16,13 @@ dropped as too stale, with the audit.
 from __future__ import annotations
 
 import argparse
-import collections
 import itertools
 import statistics
 import tempfile
 from pathlib import Path
 
 from common import emit
+from network_run import groups_by_replica
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "examples" / "smollm2-arithmetic.yaml"
@@ -35,20 +35,14 @@ def overrides(steps: int, sparse: bool) -> list[str]:
 
 
 def figures(run_dir: Path, far_mbit: float) -> dict:
-    from asyncrl.core.records.learner import Step, Trained, WeightsPushed
-    from asyncrl.core.records.rollout import GroupRejected
+    from asyncrl.core.records.learner import Step, WeightsPushed
     from asyncrl.core.runtime.events import read_records
     from asyncrl.tools.audit import audit_run
 
     learner = read_records(run_dir, "learner")
     steps = [ev for ev in learner if isinstance(ev, Step)]
     pushes = [ev for ev in learner if isinstance(ev, WeightsPushed)]
-    trained, stale = collections.Counter(), collections.Counter()
-    for ev in learner:
-        if isinstance(ev, Trained):
-            trained.update(group_id.split("-lease-")[0] for group_id in ev.group_ids)
-        elif isinstance(ev, GroupRejected) and ev.reason.startswith("staleness"):
-            stale[ev.group_id.split("-lease-")[0]] += 1
+    trained, stale = groups_by_replica(learner)
     # The first pushes carry Adam's first, full-size steps; from the third on, the steady state.
     steady = pushes[2:] or pushes
     audit = audit_run(str(run_dir))

@@ -33,22 +33,30 @@ def overrides(steps: int) -> list[str]:
     return [f"rollout.replicas={REPLICAS}", f"learner.total_steps={steps}", "learner.eval_every=0"]
 
 
-def figures(run_dir: Path) -> dict:
-    from asyncrl.core.records.controller import PushCommitted
-    from asyncrl.core.records.learner import Step, Trained
+def groups_by_replica(learner: list) -> tuple[collections.Counter, collections.Counter]:
+    """From the learner's records: per replica, the groups trained and those dropped as too stale."""
+    from asyncrl.core.records.learner import Trained
     from asyncrl.core.records.rollout import GroupRejected
-    from asyncrl.core.runtime.events import read_records
-    from asyncrl.tools.audit import audit_run
 
-    learner = read_records(run_dir, "learner")
-    steps = [ev for ev in learner if isinstance(ev, Step)]
-    pushes = [ev.seconds for ev in read_records(run_dir, "controller") if isinstance(ev, PushCommitted)]
     trained, stale = collections.Counter(), collections.Counter()
     for ev in learner:
         if isinstance(ev, Trained):
             trained.update(group_id.split("-lease-")[0] for group_id in ev.group_ids)
         elif isinstance(ev, GroupRejected) and ev.reason.startswith("staleness"):
             stale[ev.group_id.split("-lease-")[0]] += 1
+    return trained, stale
+
+
+def figures(run_dir: Path) -> dict:
+    from asyncrl.core.records.controller import PushCommitted
+    from asyncrl.core.records.learner import Step
+    from asyncrl.core.runtime.events import read_records
+    from asyncrl.tools.audit import audit_run
+
+    learner = read_records(run_dir, "learner")
+    steps = [ev for ev in learner if isinstance(ev, Step)]
+    pushes = [ev.seconds for ev in read_records(run_dir, "controller") if isinstance(ev, PushCommitted)]
+    trained, stale = groups_by_replica(learner)
     audit = audit_run(str(run_dir))
     return {
         "steps_per_s": (len(steps) - 1) / (steps[-1].t - steps[0].t),
