@@ -50,6 +50,21 @@ def test_every_element_size_round_trips(dtype):
     assert torch.equal(out, new)
 
 
+@pytest.mark.parametrize(("dtype", "numel", "offset"), [(torch.bfloat16, 4003, 0), (torch.bfloat16, 4003, 1),
+                                                          (torch.uint8, 999, 0), (torch.float32, 1001, 0),
+                                                          (torch.bfloat16, 3, 0)])
+def test_the_changed_elements_are_found_word_by_word_exactly_as_element_by_element(dtype, numel, offset):
+    """Narrow elements are compared 8 bytes at a time first: the same indices, a tail that fills no word and a
+    view that does not start on a word included."""
+    g = torch.Generator().manual_seed(numel)
+    base = torch.randint(0, 100, (numel + offset,), generator=g).to(dtype)[offset:]
+    new = base.clone()
+    new[torch.randperm(numel, generator=g)[: numel // 7]] += 1
+    bits = {1: torch.uint8, 2: torch.int16, 4: torch.int32}[base.element_size()]
+    expected = torch.ne(new.view(bits), base.view(bits)).nonzero().view(-1)
+    assert torch.equal(deltas.changed(new, base), expected)
+
+
 def test_a_bucket_whose_pairs_are_no_smaller_travels_whole():
     """bfloat16 pairs take 6 bytes per change against 2 per element: from a third of the bucket on, whole."""
     base = torch.zeros(90, dtype=torch.bfloat16)
