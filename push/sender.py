@@ -123,6 +123,11 @@ class WeightPublisher:
             self.metas = tuple(dataclasses.replace(m, dtype=wire_name) if m.torch_dtype.is_floating_point else m
                                for m in self.metas)
             self._wire = FlatWeights(self.metas, self.flat.bucket_bytes, self.flat.buffers[0].device)
+        if transport_cfg.sparse_deltas and any(m.torch_dtype.itemsize >= 4 and m.torch_dtype.is_floating_point
+                                               for m in self.metas):
+            log.warning("learner.weight_transport.sparse_deltas: weights travel in 32-bit floats, where nearly every "
+                        "element changes each step, so most buckets will go whole; deltas pay with a half-precision "
+                        "wire (model.dtype: bfloat16; docs/deploy.md, \"Networks\")")
         self.groups = BroadcastGroups(self.store)
         self.offer = PushOffer(
             store_address=self.store_address, store_key=self.store.key, transport=transport_cfg.type,

@@ -120,7 +120,7 @@ def engine_matches(engine, model) -> bool:
 
 
 def test_a_learners_pushes_travel_as_deltas_while_the_group_holds_and_whole_after_a_receiver_failed(
-        tiny_model_dir, tmp_path):
+        tiny_model_dir, tmp_path, caplog):
     """Through the controller and two torch engines: version 1 forms the group and travels whole, version 2
     (three elements changed) as its changes. A replica whose weights were altered meanwhile applies version 3's
     changes to the wrong base: its checksum differs, the push fails there alone, and version 4 goes whole to a
@@ -133,6 +133,9 @@ def test_a_learners_pushes_travel_as_deltas_while_the_group_holds_and_whole_afte
         learner = load_causal_lm(tiny_model_dir.policy)
         first = next(learner.parameters())
         publisher = WeightPublisher(stub, learner, config.learner.weight_transport, config.controller.push_timeout_s)
+        # float32 weights: a few elements are changed by hand here, but a trained float32 copy changes almost
+        # everywhere, and the learner says so.
+        assert "weights travel in 32-bit floats" in caplog.text
         try:
             one = publisher.push(1)
             header = (len(publisher.flat.buffers) + 1) * 8
