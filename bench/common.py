@@ -146,8 +146,9 @@ def push_weights(engine, named: list[tuple[str, torch.Tensor]], version: int, bu
     """Push `named` into `engine` over a real gloo group (sender thread = rank 0, engine = rank 1); `adapter`:
     the `AdapterSpec` when `named` is a LoRA adapter."""
     from asyncrl.core.wire.push_contract import tensor_metas
-    from asyncrl.push.broadcast import host_store, make_group, send_weights
+    from asyncrl.push.broadcast import host_store, make_group
     from asyncrl.push.plan import PushPlan
+    from asyncrl.push.transfer import send_weights
 
     store = host_store("127.0.0.1", 0, 120)
     plan = PushPlan(push_id=f"bench-{version}", version=version, store_address=f"127.0.0.1:{store.port}", store_key=store.key, world_size=2, transport="gloo", tensors=tensor_metas(named),

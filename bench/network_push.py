@@ -45,7 +45,8 @@ def plan_for(push_id: str, store: str, store_key: bytes, world: int, transport: 
 def rank_main(args) -> None:
     """One rank of `--repeats` pushes (inside its host's namespace): prints a JSON line of its times."""
     from asyncrl.core.wire.grpc_util import address_refuses
-    from asyncrl.push.broadcast import host_store, make_group, receive_weights, send_weights
+    from asyncrl.push.broadcast import host_store, make_group
+    from asyncrl.push.transfer import receive_weights, send_weights
 
     host, port = args.store.rsplit(":", 1)
     key = bytes.fromhex(args.store_key)

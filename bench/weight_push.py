@@ -30,9 +30,10 @@ import torch
 from common import emit
 
 from asyncrl.core.wire.push_contract import TensorMeta
-from asyncrl.push.broadcast import host_store, make_group, receive_weights, send_weights
+from asyncrl.push.broadcast import host_store, make_group
 from asyncrl.push.flat import FlatWeights
 from asyncrl.push.plan import PushPlan
+from asyncrl.push.transfer import receive_weights, send_weights
 
 
 def model_like_metas(total_mb: float, hidden: int = 1024) -> tuple[TensorMeta, ...]:

@@ -12,7 +12,8 @@
     receiver.py     the replica's side: signed orders taken, in-band orders followed (`PushReceiver`)
     receiving.py    what an engine receives through (`BroadcastReceiving`, the contract's `WeightSource`)
     vllm_worker.py  the same inside vLLM's worker processes (the worker extension)
-    broadcast.py    the data plane: a broadcast group (gloo, NCCL) with rank 0 = the learner, bucket by bucket
+    broadcast.py    the data plane's groups: a broadcast group (gloo, NCCL) with rank 0 = the learner, its store
+    transfer.py     a push's bytes over a group, bucket by bucket, whole or as sparse deltas
     groups.py       the group kept across pushes while the membership holds, and the manifest in the store
     rendezvous.py   the join handshake in front of every broadcast
     deltas.py       sparse delta buckets: what changed since the version every receiver holds

@@ -13,7 +13,7 @@ so a receiver that holds the base exactly ends with exactly the sender's bytes; 
 base takes part in the broadcast, keeps nothing and fails the push (`BaseMissing`): the controller resyncs
 it with a dense push.
 
-Pure tensor functions; the broadcast in `push.broadcast` calls them.
+Pure tensor functions; `push.transfer` calls them.
 """
 
 from __future__ import annotations

@@ -14,11 +14,12 @@ from collections.abc import Iterator
 
 import torch
 
-from asyncrl.push.broadcast import BroadcastGroup, KeptWeights, receive_weights
+from asyncrl.push.broadcast import BroadcastGroup
 from asyncrl.push.deltas import NO_BASE, Base, BaseMissing
 from asyncrl.push.flat import FlatWeights
 from asyncrl.push.groups import BroadcastGroups
 from asyncrl.push.plan import PushPlan
+from asyncrl.push.transfer import KeptWeights, receive_weights
 from asyncrl.push.vllm_worker import WORKER_EXTENSION, plan_to_dict
 
 

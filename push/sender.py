@@ -35,13 +35,14 @@ from asyncrl.core.wire.grpc_util import address_refuses
 from asyncrl.core.wire.ports import listening
 from asyncrl.core.wire.push_contract import tensor_metas
 from asyncrl.core.wire.slow_calls import said_if_slow
-from asyncrl.push.broadcast import host_store, open_push, push_store, send_delta, send_weights
+from asyncrl.push.broadcast import host_store, open_push, push_store
 from asyncrl.push.deltas import Base
 from asyncrl.push.flat import FlatWeights, bind_parameters
 from asyncrl.push.groups import BroadcastGroups, publish_manifest
 from asyncrl.push.in_band import collect_acks, order_key, publish_order
 from asyncrl.push.plan import PushOffer, PushPlan
 from asyncrl.push.rendezvous import ReceiversMissing, publish_checksum
+from asyncrl.push.transfer import send_delta, send_weights
 from asyncrl.v1 import controller_pb2
 
 log = logging.getLogger(__name__)

@@ -1,5 +1,5 @@
 """Staging buffers for packing (sender) and unpacking (receiver) buckets that are not laid out in place:
-reused across pushes, leased per transfer (`push.broadcast`)."""
+reused across pushes, leased per transfer (`push.transfer`)."""
 
 from __future__ import annotations
 

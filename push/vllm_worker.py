@@ -21,9 +21,9 @@ import torch
 from asyncrl.core.checks.weights_checksum import WeightsChecksum, check_as_sent, weights_checksum
 from asyncrl.core.lora.spec import AdapterSpec
 from asyncrl.core.wire.push_contract import TensorMeta
-from asyncrl.push.broadcast import KeptWeights, receive_weights
 from asyncrl.push.groups import BroadcastGroups
 from asyncrl.push.plan import PushPlan
+from asyncrl.push.transfer import KeptWeights, receive_weights
 
 WORKER_EXTENSION = "asyncrl.push.vllm_worker.AsyncRLWorkerExtension"
 """Qualified name handed to `vllm.LLM(worker_extension_cls=...)`."""

@@ -17,8 +17,9 @@ import torch
 
 from asyncrl.core.model.sampling import SamplingParams, processed_logprobs
 from asyncrl.core.wire.push_contract import tensor_metas
-from asyncrl.push.broadcast import host_store, make_group, send_weights
+from asyncrl.push.broadcast import host_store, make_group
 from asyncrl.push.plan import PushPlan
+from asyncrl.push.transfer import send_weights
 
 # Characters of the toy vocabulary; ids 0 and 1 are the special tokens.
 TINY_SYMBOLS = list("0123456789+-*=") + [" "]

@@ -35,11 +35,12 @@ from asyncrl.core.runtime.events import read_events
 from asyncrl.core.wire.auth import liveness_mac, replica_call_mac
 from asyncrl.core.wire.grpc_util import channel as grpc_channel
 from asyncrl.learner.seat import SeatedController
-from asyncrl.push.broadcast import host_store, make_group, receive_weights, send_weights
+from asyncrl.push.broadcast import host_store, make_group
 from asyncrl.push.fanout import STORE_CLIENT_MODULE, TELL_SENDER_TIMEOUT_S, ReplicaChannels
 from asyncrl.push.plan import PushPlan
 from asyncrl.push.rendezvous import ReceiversMissing
 from asyncrl.push.session import ReceiverUnreachable
+from asyncrl.push.transfer import receive_weights, send_weights
 from asyncrl.rollout.registration_calls import RegisteredReplica
 from asyncrl.services.controller_service import SERVICE_NAME, create_server
 from asyncrl.v1 import controller_pb2 as pb

@@ -8,11 +8,12 @@ import torch
 
 from asyncrl.core.wire.push_contract import tensor_metas
 from asyncrl.push import deltas
-from asyncrl.push.broadcast import host_store, send_delta
+from asyncrl.push.broadcast import host_store
 from asyncrl.push.deltas import Base
 from asyncrl.push.flat import FlatWeights
 from asyncrl.push.groups import BroadcastGroups
 from asyncrl.push.plan import PushPlan
+from asyncrl.push.transfer import send_delta
 
 pytestmark = pytest.mark.integration
 

@@ -6,8 +6,9 @@ import pytest
 import torch
 
 from asyncrl.core.wire.push_contract import tensor_metas
-from asyncrl.push.broadcast import host_store, make_group, receive_weights, send_weights
+from asyncrl.push.broadcast import host_store, make_group
 from asyncrl.push.plan import PushPlan
+from asyncrl.push.transfer import receive_weights, send_weights
 
 pytestmark = pytest.mark.integration
 

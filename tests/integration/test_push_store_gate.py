@@ -25,8 +25,6 @@ from asyncrl.push.broadcast import (
     make_group,
     open_push,
     push_store,
-    receive_weights,
-    send_weights,
 )
 from asyncrl.push.plan import PushPlan
 from asyncrl.push.store_client import gated_client
@@ -39,6 +37,7 @@ from asyncrl.push.store_gate import (
     key_id,
 )
 from asyncrl.push.store_rights import Member, member_plan
+from asyncrl.push.transfer import receive_weights, send_weights
 
 NAMED = [("w", torch.arange(12, dtype=torch.float32).reshape(3, 4)), ("b", torch.ones(5))]
 

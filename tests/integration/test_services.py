@@ -21,8 +21,9 @@ from asyncrl.core.wire.grpc_util import channel as grpc_channel
 from asyncrl.core.wire.push_contract import tensor_metas
 from asyncrl.learner.learner_metrics import LearnerMetrics
 from asyncrl.learner.progress import LearnerProgress
-from asyncrl.push.broadcast import host_store, make_group, send_weights
+from asyncrl.push.broadcast import host_store, make_group
 from asyncrl.push.plan import PushPlan
+from asyncrl.push.transfer import send_weights
 from asyncrl.services import learner_service, rollout_service, teacher_service
 from asyncrl.v1 import (
     learner_pb2,

@@ -13,9 +13,10 @@ from asyncrl.core.engines.torch_engine import TorchEngine
 from asyncrl.core.model.modeling import load_causal_lm, named_weights, sequence_logprobs
 from asyncrl.core.model.sampling import SamplingParams
 from asyncrl.core.wire.push_contract import TensorMeta, tensor_metas
-from asyncrl.push.broadcast import host_store, make_group, send_weights
+from asyncrl.push.broadcast import host_store, make_group
 from asyncrl.push.plan import PushPlan
 from asyncrl.push.receiving import BroadcastReceiving
+from asyncrl.push.transfer import send_weights
 
 # Variable prompt lengths on purpose: left padding must not change anything.
 PROMPTS = [[1, 5, 6, 14, 7, 8, 15], [1, 9, 14, 9, 15], [1, 12, 13, 14, 4, 15], [1, 4, 15]]
