@@ -22,7 +22,7 @@ import tempfile
 from pathlib import Path
 
 from common import emit
-from network_run import groups_by_replica
+from network_run import groups_by_replica, run_in_lab
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "examples" / "smollm2-arithmetic.yaml"
@@ -62,17 +62,8 @@ def figures(run_dir: Path, far_mbit: float) -> dict:
 
 
 def lab_arm(steps: int, sparse: bool, args, root: Path) -> dict:
-    from asyncrl.tools.lab_run import replica_host, start_lab_run
-    from asyncrl.tools.netlab import Lab
-
-    with Lab() as lab:
-        run = start_lab_run(lab, EXAMPLE, root, tuple(overrides(steps, sparse)))
-        for host in ("learner", "controller", "redis", *(replica_host(i) for i in range(REPLICAS))):
-            lab.shape(host, args.far_mbit if host == replica_host(REPLICAS - 1) else args.mbit)
-        summary = run.wait(3600)
-        if summary["exit_code"] != 0:
-            raise SystemExit(f"the lab run failed:\n{run.operator_log()}")
-        return figures(root, args.far_mbit)
+    run_in_lab(EXAMPLE, root, tuple(overrides(steps, sparse)), args.mbit, args.far_mbit)
+    return figures(root, args.far_mbit)
 
 
 def main() -> None:

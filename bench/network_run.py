@@ -69,20 +69,28 @@ def figures(run_dir: Path) -> dict:
     }
 
 
-def lab_arm(steps: int, shaped: bool, relay: bool, args, root: Path) -> dict:
-    from asyncrl.tools.lab_run import replica_host, start_lab_run
+def run_in_lab(config: Path, root: Path, overrides: tuple[str, ...], mbit: float | None, far_mbit: float) -> None:
+    """`config` run to its end with every service on a host of its own (`asyncrl.tools.lab_run`); with `mbit`,
+    every service's link capped at it both ways and the last replica's at `far_mbit`. SystemExit with the
+    operator's log when the run fails."""
+    from asyncrl.tools.lab_run import OPERATOR, replica_host, start_lab_run
     from asyncrl.tools.netlab import Lab
 
     with Lab() as lab:
-        extra = ["learner.weight_transport.type=gloo-relay"] if relay else []
-        run = start_lab_run(lab, DEMO, root, (*overrides(steps), *extra))
-        if shaped:
-            for host in ("learner", "controller", "teacher", "redis", *(replica_host(i) for i in range(REPLICAS))):
-                lab.shape(host, args.far_mbit if host == replica_host(REPLICAS - 1) else args.mbit)
+        run = start_lab_run(lab, config, root, overrides)
+        if mbit is not None:
+            far = replica_host(run.config.rollout.replicas - 1)
+            for host in (name for name in lab.hosts if name != OPERATOR):
+                lab.shape(host, far_mbit if host == far else mbit)
         summary = run.wait(3600)
         if summary["exit_code"] != 0:
             raise SystemExit(f"the lab run failed:\n{run.operator_log()}")
-        return figures(root)
+
+
+def lab_arm(steps: int, shaped: bool, relay: bool, args, root: Path) -> dict:
+    extra = ("learner.weight_transport.type=gloo-relay",) if relay else ()
+    run_in_lab(DEMO, root, (*overrides(steps), *extra), args.mbit if shaped else None, args.far_mbit)
+    return figures(root)
 
 
 def main() -> None:
