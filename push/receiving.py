@@ -33,9 +33,7 @@ class BroadcastStream:
         self.device: torch.device = group.device
 
     def buckets(self) -> Iterator[list[tuple[str, torch.Tensor]]]:
-        if not self._plan.sparse_deltas:
-            return receive_weights(self._group, self._plan)
-        # Deltas apply to what the last push left: it is kept here, changed in place by this one.
+        # Deltas apply to what the last push left: it is kept there, changed in place by this one.
         return self._storage.kept.receive(self._group, self._plan)
 
     def whole(self) -> dict[str, torch.Tensor]:

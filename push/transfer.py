@@ -89,8 +89,12 @@ class KeptWeights:
 
     def receive(self, group: BroadcastGroup, plan: PushPlan) -> Iterator[list[tuple[str, torch.Tensor]]]:
         """`receive_weights` into the kept copy (views that stay valid); it counts as `plan`'s version once
-        every bucket came, and as none meanwhile."""
+        every bucket came, and as none meanwhile. A plan without sparse deltas keeps nothing: its buckets are
+        views into staging, as `receive_weights` gives them."""
         kept, self._kept = self._kept, None
+        if not plan.sparse_deltas:
+            yield from receive_weights(group, plan)
+            return
         if kept is None or not kept.weights.matches(plan.tensors, plan.bucket_bytes):
             kept = Base(FlatWeights(plan.tensors, plan.bucket_bytes, group.device), deltas.NO_BASE)
         yield from receive_weights(group, plan, into=kept.weights, base=kept)

@@ -23,7 +23,7 @@ from asyncrl.core.lora.spec import AdapterSpec
 from asyncrl.core.wire.push_contract import TensorMeta
 from asyncrl.push.groups import BroadcastGroups
 from asyncrl.push.plan import PushPlan
-from asyncrl.push.transfer import KeptWeights, receive_weights
+from asyncrl.push.transfer import KeptWeights
 
 WORKER_EXTENSION = "asyncrl.push.vllm_worker.AsyncRLWorkerExtension"
 """Qualified name handed to `vllm.LLM(worker_extension_cls=...)`."""
@@ -97,8 +97,7 @@ class AsyncRLWorkerExtension:
             initialize_layerwise_reload(model)
             checksum = WeightsChecksum()  # of what arrives, as it arrives: the controller judges it
             try:
-                arriving = _KEPT.receive(group, plan) if plan.sparse_deltas else receive_weights(group, plan)
-                for views in arriving:
+                for views in _KEPT.receive(group, plan):
                     for name, tensor in views:
                         checksum.update(name, tensor)
                     # The views point into staging buffers that the next bucket overwrites, while the reload
@@ -140,7 +139,7 @@ class AsyncRLWorkerExtension:
         start = time.perf_counter()
         received: dict[str, torch.Tensor] = {}
         with _GROUPS.member(plan, rank) as group:
-            for views in _KEPT.receive(group, plan) if plan.sparse_deltas else receive_weights(group, plan):
+            for views in _KEPT.receive(group, plan):
                 received.update((name, tensor.detach().to("cpu", copy=True)) for name, tensor in views)
         named = [(meta.name, received[meta.name]) for meta in plan.tensors]
         checksum = weights_checksum(named)
