@@ -9,6 +9,7 @@ With `learner.world_size` > 1 every rank builds its part: rank 0 the whole loop 
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import itertools
 import logging
@@ -35,7 +36,7 @@ from asyncrl.core.wire.auth import resolve_auth
 from asyncrl.core.wire.grpc_util import channel as grpc_channel
 from asyncrl.core.wire.grpc_util import wait_for_channel
 from asyncrl.core.wire.learner_secret import resolve_learner_secret
-from asyncrl.learner.adapters import inject_adapters, lora_parameters
+from asyncrl.learner.adapters import DEFAULT_RUN, inject_adapters, lora_parameters
 from asyncrl.learner.checkpoint import Checkpointer, load_checkpoint
 from asyncrl.learner.checkpoint_index import resume_path
 from asyncrl.learner.checkpoint_saver import FollowerSaves
@@ -48,7 +49,17 @@ from asyncrl.learner.memory_plan import GIB, MemoryWatch, available_bytes, fit, 
 from asyncrl.learner.progress import LearnerProgress
 from asyncrl.learner.replica_eval import BackgroundEvaluations, ReplicaEvaluator
 from asyncrl.learner.seat import SeatedController
-from asyncrl.learner.sharding import STOP, Mirror, Ranks, follow, init_ranks, leave, rank_device, shard
+from asyncrl.learner.sharding import (
+    SINGLE,
+    STOP,
+    Mirror,
+    Ranks,
+    follow,
+    init_ranks,
+    leave,
+    rank_device,
+    shard,
+)
 from asyncrl.learner.tracking import MetricSinks
 from asyncrl.learner.trainer import Trainer
 from asyncrl.push.sender import WeightPublisher
@@ -101,7 +112,7 @@ class Follower:
 
 def build_learner(config) -> Leader | Follower:
     """This rank's part of the learner, its checkpoint (if any) resumed."""
-    learner_secret = resolve_learner_secret(config.security)  # refused before anything loads when missing
+    resolve_learner_secret(config.security)  # refused before anything loads when missing
     ranks = init_ranks(config.learner.world_size, config.learner.device)
     if config.learner.threads:
         torch.set_num_threads(config.learner.threads)
@@ -135,10 +146,23 @@ def build_learner(config) -> Leader | Follower:
         mirror.refresh(model)
     if not ranks.leader:
         return Follower(trainer=trainer, ranks=ranks, mirror=mirror)
+    return leader_for(config, trainer, adapter, ranks=ranks, mirror=mirror, memory=memory, resumed=(meta, path))
+
+
+def leader_for(config, trainer: Trainer, adapter, *, ranks: Ranks = SINGLE, mirror=None, memory=None,
+               resumed=(None, None), run: str = DEFAULT_RUN, turn=contextlib.nullcontext) -> Leader:
+    """The loop of one run and its collaborators around `trainer` (its model built and resumed): its controller,
+    buffer, push, evaluations, checkpoints, metrics. `adapter`: the run's `AdapterSpec` (None: full weights);
+    `resumed`: (the checkpoint's meta, its path) or Nones; `run`/`turn`: the run's adapter and the turn it
+    takes on a base that several runs share (`learner.runs`)."""
+    model = trainer.model
+    meta, path = resumed
     full_model = model if mirror is None else mirror.module
     auth = resolve_auth(config.security)
     controller = SeatedController(controller_pb2_grpc.ControllerStub(
-        wait_for_channel(config.controller.address, 120, auth, patient=True)), learner_secret)
+        wait_for_channel(config.controller.address, 120, auth, patient=True)),
+        resolve_learner_secret(config.security))
+    sampling = SamplingParams.from_config(config.sampling)
     teacher = None
     if config.teacher.enabled and config.teacher.annotate:
         teacher = teacher_pb2_grpc.TeacherStub(wait_for_channel(config.teacher.address, 300, auth))
@@ -158,8 +182,8 @@ def build_learner(config) -> Leader | Follower:
         controller_stub=controller,
         publisher=WeightPublisher(controller, full_model, config.learner.weight_transport,
                                   config.controller.push_timeout_s, adapter=adapter,
-                                  named=None if adapter is None else lora_parameters(full_model),
-                                  wire_dtype=half),
+                                  named=None if adapter is None else lora_parameters(full_model, run),
+                                  wire_dtype=master_weights_for(config)),
         evaluate=_as_engines_run(trainer, functools.partial(
             evaluate_held_out, full_model, task, sampling, config.learner.eval_pass_k, config.learner.eval_samples,
             config.learner.eval_samples_max, config.learner.eval_pass_k_large, episodes)),
@@ -168,7 +192,8 @@ def build_learner(config) -> Leader | Follower:
         limits=limits,
         teacher_stub=teacher,
         teacher=config.teacher,
-        checkpointer=Checkpointer(config, task.tokenizer.hf, ranks, export_model=full_model, adapter=adapter),
+        checkpointer=Checkpointer(config, task.tokenizer.hf, ranks, export_model=full_model, adapter=adapter,
+                                  run=run),
         sinks=MetricSinks(config),
         ranks=ranks,
         mirror=mirror,
@@ -176,6 +201,7 @@ def build_learner(config) -> Leader | Follower:
         memory_watch=None if memory is None else MemoryWatch(memory.plan),
         eta=config.controller.eta,
         canonical_order=seeded_sampling(config.model.determinism),
+        turn=turn,
     )
     if memory is not None:
         loop.events.write(MemoryPlanned(parts=memory.plan.parts(), needed=memory.plan.needed,

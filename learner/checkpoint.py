@@ -39,7 +39,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
 from asyncrl.core.config.file import dump_config
-from asyncrl.learner.adapters import lora_parameters, merged_state_dict, save_adapter
+from asyncrl.learner.adapters import DEFAULT_RUN, lora_parameters, merged_state_dict, save_adapter
 from asyncrl.learner.checkpoint_index import (
     COVERED,
     NOTHING_COVERED,
@@ -54,7 +54,8 @@ from asyncrl.learner.sharding import SAVE, SINGLE, STAGE, Ranks
 
 
 class Checkpointer:
-    def __init__(self, config, tokenizer, ranks: Ranks = SINGLE, export_model=None, adapter=None):
+    def __init__(self, config, tokenizer, ranks: Ranks = SINGLE, export_model=None, adapter=None,
+                 run: str = DEFAULT_RUN):
         self.config, self.cfg = config, config.learner.checkpoint
         self.tokenizer = tokenizer
         """A `transformers` tokenizer (the policy's), saved with every Hugging Face export."""
@@ -64,6 +65,8 @@ class Checkpointer:
         self.adapter = adapter
         """A LoRA learner's adapter shape (`AdapterSpec`): the adapter is saved in peft's format and the export
         is the merged policy."""
+        self.run = run
+        """Whose adapter a LoRA checkpoint exports (several runs share one base: `learner.runs`)."""
 
     def save(self, model, optimizer, meta: CheckpointMeta, covered: Covered = NOTHING_COVERED) -> Path:
         """Write a checkpoint of the live state, in line, naming what it `covered`. (The leader; every other
@@ -79,7 +82,7 @@ class Checkpointer:
         """LoRA: `adapter/` from `state` (peft name -> tensor) and the merged policy in `hf/`; else the policy
         `state` in `hf/` (only with `export_hf`). `state` None: the module's own, now."""
         if self.adapter is not None:
-            adapter = dict(lora_parameters(module)) if state is None else state
+            adapter = dict(lora_parameters(module, self.run)) if state is None else state
             save_adapter(tmp / "adapter", self.adapter, list(adapter.items()), self.config.model.path)
             state = merged_state_dict(module, self.adapter, adapter) if self.cfg.export_hf else None
         if self.cfg.export_hf:
@@ -96,7 +99,7 @@ class Checkpointer:
         exported = self.export_model or model
         hf_state = None
         if self.adapter is not None:  # the base is frozen: the merge reads it live when the copy is written
-            hf_state = _host_copy(dict(lora_parameters(exported)))
+            hf_state = _host_copy(dict(lora_parameters(exported, self.run)))
         elif self.cfg.export_hf:
             hf_state = state["model"] if exported is model else _host_copy(exported.state_dict())
         return StagedCheckpoint(meta, state, rng_state(), exported, hf_state, tmp, final, covered)

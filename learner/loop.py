@@ -8,6 +8,7 @@ or restarted, so they can get leases (and produce the data the learner waits for
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import time
@@ -56,12 +57,15 @@ class LearnerLoop:
                  ranks: Ranks = SINGLE, mirror: Mirror | None = None,
                  replica_evals: BackgroundEvaluations | None = None,
                  memory_watch: MemoryWatch | None = None, eta: int | None = None,
-                 canonical_order: bool = False):  # fmt: skip
+                 canonical_order: bool = False, turn=contextlib.nullcontext):  # fmt: skip
         """`groups_per_step`: B / G; `lookahead`: the groups held to choose each batch from (`lookahead_groups`);
         `model_path`: what a fresh start trains from (its `resumed` record); `teacher`: how `teacher_stub` is
         called (retries, time-outs); `eta`: the run's staleness bound, held at read too (`learner.stale_groups`);
-        `canonical_order`: each batch in `intake.age` order (`model.determinism`)."""
+        `canonical_order`: each batch in `intake.age` order (`model.determinism`); `turn`: held around everything
+        that runs the model (steps, evaluations, checkpoints), where several runs share one base
+        (`learner.runs`)."""
         self.config = learner
+        self.turn = turn
         self.memory_watch = memory_watch
         """The memory check after the first step (`learner.memory_plan`); None: not checked, or done."""
         self.teacher_config = teacher or TeacherConfig()
@@ -151,7 +155,8 @@ class LearnerLoop:
     def run_eval(self) -> float:
         """Evaluate the learner's own model now, in line."""
         t0 = time.perf_counter()
-        result = self.evaluate()
+        with self.turn():
+            result = self.evaluate()
         self._record_eval(self.progress.step, self.progress.version, result, time.perf_counter() - t0, by="learner")
         return result["accuracy"]
 
@@ -204,7 +209,8 @@ class LearnerLoop:
         meta = CheckpointMeta(p.step, p.version, p.data_position, time.time())
         covered, self._unacked = self._unacked, []
         groups, self._unacked_groups = self._unacked_groups, []
-        self.saver.save(self.trainer.model, self.trainer.optimizer, meta, covered, groups)
+        with self.turn():
+            self.saver.save(self.trainer.model, self.trainer.optimizer, meta, covered, groups)
         self._saved_step = p.step
 
     def resume(self, meta: CheckpointMeta, path: str) -> None:
@@ -340,7 +346,8 @@ class LearnerLoop:
         prepare_s = time.perf_counter() - t0
         if self.ranks.sharded:
             self.ranks.broadcast((STEP, batch, version))
-        metrics = train_step(self.trainer, batch, version, self.mirror)
+        with self.turn():
+            metrics = train_step(self.trainer, batch, version, self.mirror)
         if self.memory_watch is not None:
             self._refit_memory()  # before the first push's snapshot and the first checkpoint's copy exist
         metrics["teacher/learner_asked"] = float(learner_asked)

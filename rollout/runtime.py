@@ -61,7 +61,9 @@ def advertised_host(rollout_cfg, controller_host: str) -> str:
 
 
 class ReplicaRuntime:
-    def __init__(self, config, replica_id: str = ""):
+    def __init__(self, config, replica_id: str = "", engine=None):
+        """`engine`: the run's view of a model several runs share (`asyncrl.core.engines.run_adapters`); None:
+        the replica's own engine, built from the config."""
         self.config = config
         self.requested_id = replica_id
         if config.rollout.engine.threads:
@@ -69,9 +71,10 @@ class ReplicaRuntime:
         check_checkpoint(config.model.path, "model.path")
         seed = replica_seed(config.seed, replica_id)
         torch.manual_seed(seed)
-        self.engine = make_engine(config.rollout.engine, config.model.path, config.model.dtype, seed=seed,
-                                  adapters=AdapterServing.for_run(config.learner.lora, config.controller.eta),
-                                  determinism=config.model.determinism, weights=BroadcastReceiving())
+        self.engine = engine or make_engine(
+            config.rollout.engine, config.model.path, config.model.dtype, seed=seed,
+            adapters=AdapterServing.for_run(config.learner.lora, config.controller.eta),
+            determinism=config.model.determinism, weights=BroadcastReceiving())
         self.engine_lock = threading.Lock()
         self.metrics = RolloutMetrics(replica_id)
         self.session: ReplicaSession | None = None

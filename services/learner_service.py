@@ -4,6 +4,7 @@ status edge and /metrics beside it."""
 from __future__ import annotations
 
 import json
+import logging
 import signal
 import threading
 from pathlib import Path
@@ -16,10 +17,12 @@ from asyncrl.core.wire.grpc_util import build_server
 from asyncrl.core.wire.ports import listening
 from asyncrl.learner.builder import Follower, build_learner
 from asyncrl.learner.progress import LearnerProgress
+from asyncrl.learner.runs import build_run_learners
 from asyncrl.learner.seat import SeatedController
 from asyncrl.v1 import learner_pb2, learner_pb2_grpc
 
 SERVICE = "asyncrl.v1.Learner"
+log = logging.getLogger(__name__)
 
 
 class LearnerServicer(learner_pb2_grpc.LearnerServicer):
@@ -57,7 +60,10 @@ def create_server(config, progress: LearnerProgress | None = None, registry=None
 
 def serve(config) -> LearnerProgress:
     """Train for learner.total_steps, then stop. SIGTERM/SIGINT stops after the current step. With
-    learner.world_size > 1 this is one rank (under torchrun): rank 0 runs the loop, the others follow it."""
+    learner.world_size > 1 this is one rank (under torchrun): rank 0 runs the loop, the others follow it. With
+    `runs:`, every run's loop on one base (`serve_runs`); the progress returned is the first run's."""
+    if config.runs:
+        return next(iter(serve_runs(config).values()))
     built = build_learner(config)
     if isinstance(built, Follower):
         return built.run()
@@ -80,7 +86,59 @@ def serve(config) -> LearnerProgress:
         server.stop(2)
         built.close()
     built.release_followers()
+    _write_summary(config, progress)
+    return progress
+
+
+def _write_summary(config, progress: LearnerProgress) -> None:
     summary = {"step": progress.step, "version": progress.version, "consumed": progress.consumed,
                "final_eval_accuracy": progress.last_eval_accuracy}
     Path(config.run_dir, "learner-summary.json").write_text(json.dumps(summary, indent=2))
+
+
+def serve_runs(config) -> dict[str, LearnerProgress]:
+    """Several runs on one base (`asyncrl.learner.runs`): each run's status server and /metrics on its own ports,
+    its seat at its own controller, its loop on a thread of its own; returns when every run is done (a signal
+    stops each after its current step). A run whose loop fails ends alone: the others go on, and the process
+    exits non-zero at the end so that its supervisor restarts it (the failed run resumes from its checkpoint)."""
+    built = build_run_learners(config)
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    progress: dict[str, LearnerProgress] = {}
+    failed: dict[str, BaseException] = {}
+
+    def run_one(run: str, leader, cfg) -> None:
+        resumed = leader.loop.resumed
+        if resumed is not None and resumed.step >= cfg.learner.total_steps:
+            # Done before this process started (a learner restarted while other runs trained on): nothing to do.
+            print(f"asyncrl-learner run {run} finished at step {resumed.step}", flush=True)
+            leader.close()
+            return
+        server, port = create_server(cfg, leader.loop.progress, leader.metrics.registry, seat=leader.controller)
+        server.start()
+        with listening("learner.metrics_port", cfg.learner.host, cfg.learner.metrics_port):
+            metrics_port = serve_metrics(cfg.learner.host, cfg.learner.metrics_port, leader.metrics.registry)
+        print(f"asyncrl-learner run {run} listening grpc={cfg.learner.host}:{port} "
+              f"metrics={cfg.learner.host}:{metrics_port}", flush=True)
+        try:
+            leader.controller.take_seat(f"{cfg.learner.weight_transport.host}:{port}",
+                                        patience_s=2 * cfg.controller.heartbeat_timeout_s)
+            progress[run] = done = leader.loop.run(stop)
+            _write_summary(cfg, done)
+        except Exception as err:  # one run's failure is that run's alone: the others go on
+            log.exception("run %s failed", run)
+            failed[run] = err
+        finally:
+            server.stop(2)
+            leader.close()
+
+    threads = [threading.Thread(target=run_one, args=(run, leader, built.configs[run]), name=f"run-{run}")
+               for run, leader in built.leaders.items()]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    if failed:
+        raise RuntimeError(f"runs {', '.join(sorted(failed))} failed: {'; '.join(map(str, failed.values()))}")
     return progress

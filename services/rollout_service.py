@@ -11,7 +11,9 @@ import grpc
 from transformers import AutoConfig
 
 from asyncrl.core.checks.validation import InvalidArgument, check_range, check_token_ids, require
+from asyncrl.core.config.runs import run_configs
 from asyncrl.core.engines.factory import make_engine
+from asyncrl.core.engines.run_adapters import SharedTorchModel
 from asyncrl.core.lora.versions import AdapterServing
 from asyncrl.core.model.sampling import SamplingParams
 from asyncrl.core.runtime.metrics import serve_metrics
@@ -23,7 +25,7 @@ from asyncrl.push.receiver import OrderNotSigned, PushReceiver
 from asyncrl.push.receiving import BroadcastReceiving
 from asyncrl.push.rendezvous import PushAborted
 from asyncrl.rollout.rollout_metrics import RolloutMetrics
-from asyncrl.rollout.runtime import ReplicaRuntime
+from asyncrl.rollout.runtime import ReplicaRuntime, replica_seed
 from asyncrl.v1 import controller_pb2_grpc, rollout_pb2, rollout_pb2_grpc
 
 log = logging.getLogger("asyncrl.rollout")
@@ -147,8 +149,39 @@ def create_server(config, engine=None, engine_lock=None, metrics=None, replica_i
 
 
 def serve(config, replica_id: str = "") -> None:
-    """Run one replica: engine, gRPC service, controller session, heartbeats and the rollout loop."""
+    """Run one replica: engine, gRPC service, controller session, heartbeats and the rollout loop. With `runs:`,
+    one replica of every run on one shared model (`serve_runs`)."""
+    if config.runs:
+        return serve_runs(config, replica_id)
     runtime = ReplicaRuntime(config, replica_id)
+    server = _serve_replica(config, runtime)
+    wait_until_stopped(server, on_stop=runtime.stop)
+
+
+def serve_runs(config, replica_id: str = "") -> None:
+    """A replica of each run of a deployment of several LoRA runs, on one model with every run's adapters
+    (`asyncrl.core.engines.run_adapters`): per run its own runtime (registration at its controller, leases,
+    buffer stream, pushes), gRPC port and /metrics, as a replica of that run alone would have."""
+    runs = run_configs(config)
+    shared = SharedTorchModel(config.rollout.engine, config.model.path, config.model.dtype,
+                              {run: cfg.learner.lora for run, cfg in runs.items()})
+    replicas = []
+    for run, cfg in runs.items():
+        engine = shared.engine_for(run, BroadcastReceiving(), seed=replica_seed(cfg.seed, f"{replica_id}/{run}"))
+        runtime = ReplicaRuntime(cfg, replica_id, engine=engine)
+        replicas.append((_serve_replica(cfg, runtime, f" run {run}"), runtime))
+
+    def stop_all() -> None:
+        for server, runtime in replicas:
+            runtime.stop()
+            server.stop(2)
+
+    wait_until_stopped(replicas[0][0], on_stop=stop_all)
+
+
+def _serve_replica(config, runtime: ReplicaRuntime, label: str = ""):
+    """Start `runtime`'s gRPC server and /metrics, register it with its controller and start its loops; returns
+    the server."""
     controller = controller_pb2_grpc.ControllerStub(
         wait_for_channel(config.controller.address, 120, resolve_auth(config.security), patient=True)
     )
@@ -158,6 +191,6 @@ def serve(config, replica_id: str = "") -> None:
     with listening("rollout.metrics_port", config.rollout.host, config.rollout.metrics_port):
         metrics_port = serve_metrics(config.rollout.host, config.rollout.metrics_port, runtime.metrics.registry)
     runtime.start(controller, port, in_band_pushes=server.servicer.receiver.listener is not None)
-    print(f"asyncrl-rollout {runtime.replica_id} listening grpc={config.rollout.host}:{port} "
+    print(f"asyncrl-rollout {runtime.replica_id}{label} listening grpc={config.rollout.host}:{port} "
           f"metrics={config.rollout.host}:{metrics_port}", flush=True)  # fmt: skip
-    wait_until_stopped(server, on_stop=runtime.stop)
+    return server

@@ -10,8 +10,9 @@ import sys
 
 from pydantic import ValidationError
 
-from asyncrl.core.checks.config_error import ConfigError, refusal_line
+from asyncrl.core.checks.config_error import ConfigError, refusal_line, validation_line
 from asyncrl.core.config.file import load_config
+from asyncrl.core.config.runs import run_configs
 from asyncrl.core.config.schema import AsyncRLConfig
 from asyncrl.core.runtime.metrics import package_version
 from asyncrl.tools.torch_logs import quiet_torch_cpp_logs
@@ -49,8 +50,21 @@ def _pinned(config, role: str):
 def _controller(args):
     from asyncrl.services.controller_service import serve
 
-    serve(_pinned(_config(args), "controller"))
+    serve(_pinned(_run_config(_config(args), args.run), "controller"))
     _exit_now()
+
+
+def _run_config(config: AsyncRLConfig, run: str) -> AsyncRLConfig:
+    """The config of `run` in a deployment of several runs (`runs:`); `config` itself for a single run."""
+    if not config.runs:
+        if run:
+            raise ConfigError(f"--run {run}: the config lists no runs (`runs:`)")
+        return config
+    runs = run_configs(config)
+    if run not in runs:
+        raise ConfigError(f"--run: each run of this deployment has a controller of its own; name one of "
+                          f"{', '.join(runs)}" + (f" (not {run!r})" if run else ""))
+    return runs[run]
 
 
 def _rollout(args):
@@ -102,7 +116,9 @@ def _exit_now(code: int = 0) -> None:
 def _check(args):
     from asyncrl.core.config.preflight import preflight
 
-    preflight(_config(args))
+    config = _config(args)
+    for run_config in run_configs(config).values() or [config]:  # every run of a deployment of several
+        preflight(run_config)
     print(f"asyncrl check: {args.config} can run (checkpoints, task, reward)", flush=True)
 
 
@@ -202,7 +218,8 @@ def build_parser() -> argparse.ArgumentParser:
     with_config("up", _up, "run the whole system locally (Redis + all services) until the learner finishes",
                 config_required=False).add_argument(
         "--resume", metavar="RUN_DIR", default="", help="continue RUN_DIR from its latest checkpoint")
-    with_config("controller", _controller, "run the controller service")
+    with_config("controller", _controller, "run the controller service").add_argument(
+        "--run", default="", help="in a deployment of several runs (`runs:`), the run whose controller this is")
     with_config("rollout", _rollout, "run one rollout replica").add_argument(
         "--replica-id", default="", help="stable replica id (default: assigned by the controller)")
     with_config("teacher", _teacher, "run the teacher service")
@@ -258,14 +275,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _one_line(err: Exception) -> str:
-    if isinstance(err, ValidationError):
-        # A check across sections (empty location) names its keys in its message.
-        return "; ".join(
-            ".".join(str(p) for p in e["loc"]) + ": " * bool(e["loc"]) + e["msg"].removeprefix("Value error, ")
-            for e in err.errors()
-        )
-    return str(err)
-
+    return validation_line(err) if isinstance(err, ValidationError) else str(err)
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -53,7 +53,8 @@ def _walk(model: type[BaseModel], prefix: str, out: list[str], sections: list) -
         if item is not None and item is not model:
             # A list of sections (e.g. reward.components): its row, then the item's fields under key[].
             sections.append((f"{key}[]", item, item.__doc__ or f"One item of `{key}`."))
-        default = json.dumps(field.get_default(call_default_factory=True), default=str)
+        default = "required" if field.is_required() else json.dumps(field.get_default(call_default_factory=True),
+                                                                    default=str)
         rows.append(f"| `{key}` | `{_cell(_type_name(field.annotation))}` | `{_cell(default)}` | "
                     f"{_cell(field.description or '')} |")
     if rows:

@@ -22,11 +22,13 @@ from pathlib import Path
 from asyncrl.core.checks.config_error import ConfigError, refusal_of
 from asyncrl.core.config.file import dump_config, load_config
 from asyncrl.core.config.preflight import preflight, preflight_files
+from asyncrl.core.config.runs import PORT_STRIDE, run_configs
 from asyncrl.core.config.schema import AsyncRLConfig
 from asyncrl.core.records import Record
 from asyncrl.core.records.learner import Eval, Step
 from asyncrl.core.runtime.events import EventLog, read_records
 from asyncrl.core.wire.grpc_util import wait_for_channel
+from asyncrl.core.wire.ports import why_not_listenable
 from asyncrl.tools.models_ready import ensure_models
 from asyncrl.tools.plot_later import plot_later
 from asyncrl.tools.port_plan import REPLICA_PORTS, check_ports, planned_ports, replica_port
@@ -54,11 +56,13 @@ PICKED_PORTS = ("controller.port", "controller.status_port", "teacher.port")
 
 def pick_free_ports(cfg: AsyncRLConfig, keys: list[str]) -> None:
     """Set each of `keys` to a distinct free port, none of them a port the run's processes listen on otherwise
-    (a port the config fixes inside the kernel's ephemeral range may well be free when `up` picks)."""
+    (a port the config fixes inside the kernel's ephemeral range may well be free when `up` picks). With
+    `runs:`, a port free for every run: run i listens at the port + PORT_STRIDE * i."""
     chosen = {p.port for p in planned_ports(cfg) if p.key not in keys}
+    offsets = [PORT_STRIDE * i for i in range(max(1, len(cfg.runs)))]
     for key in keys:
         section = _section(cfg, key)
-        setattr(section, _field(key), distinct_free_port(section.host, chosen))
+        setattr(section, _field(key), distinct_free_port(section.host, chosen, offsets))
 
 
 def _section(cfg: AsyncRLConfig, key: str):
@@ -69,14 +73,17 @@ def _field(key: str) -> str:
     return key.split(".")[1]
 
 
-def distinct_free_port(host: str, chosen: set[int]) -> int:
-    """A free port not among `chosen` (added to it): the kernel may hand the port it just freed out again, and
-    a run whose teacher got its controller's port refused to start."""
-    port = free_port(host)
-    while port in chosen:
+def distinct_free_port(host: str, chosen: set[int], offsets: list[int] = (0,)) -> int:
+    """A free port not among `chosen` (added to it, with its `offsets`): the kernel may hand the port it just
+    freed out again, and a run whose teacher got its controller's port refused to start. Every port + offset
+    must be free too (the runs of a deployment of several)."""
+    while True:
         port = free_port(host)
-    chosen.add(port)
-    return port
+        wanted = [port + offset for offset in offsets]
+        if wanted[-1] <= 65535 and not chosen & set(wanted) and not any(
+                why_not_listenable(host, p) for p in wanted[1:]):
+            chosen.update(wanted)
+            return port
 
 
 def claim_run_dir(template: str) -> str:
@@ -258,9 +265,10 @@ def stop_run(cfg: AsyncRLConfig, group: ProcessGroup) -> None:
     """The learner first: it ends its step and records what is left while the services it talks to run."""
     group.stop(("learner",))
     if cfg.buffer.type == "redis":
-        closed = close_learner_log(cfg)
-        if closed:
-            print(f"[up] {closed}", flush=True)
+        for run, run_cfg in (run_configs(cfg) or {"": cfg}).items():
+            closed = close_learner_log(run_cfg)
+            if closed:
+                print(f"[up] {f'run {run}: ' if run else ''}{closed}", flush=True)
     group.stop_all()
 
 
@@ -276,10 +284,13 @@ def start_and_supervise(cfg: AsyncRLConfig, group: ProcessGroup, check_task: boo
     run_learner_secret(cfg)
     # Everything starts at once: the replicas and the learner wait for the controller themselves, and their
     # start-up (loading torch, transformers and a model) is most of a run's first seconds.
-    argv = ["controller", *args]
-    env = redis_role_env(cfg, "controller")
-    restartable = {"controller": Restartable(group.start_cli("controller", argv, env), argv, env,
-                                             cfg.controller.max_restarts)}
+    runs = run_configs(cfg)
+    restartable = {}
+    for run in runs or [""]:  # with `runs:`, a controller per run
+        name = f"controller-{run}" if run else "controller"
+        argv = ["controller", *args, *(["--run", run] if run else [])]
+        env = redis_role_env(cfg, "controller", run)
+        restartable[name] = Restartable(group.start_cli(name, argv, env), argv, env, cfg.controller.max_restarts)
     engines = 0
     if cfg.teacher.enabled:
         env = {**vllm_cpu_binding(cfg.teacher.engine, engines), **redis_role_env(cfg, "teacher")}
@@ -304,11 +315,13 @@ def start_and_supervise(cfg: AsyncRLConfig, group: ProcessGroup, check_task: boo
                           [*argv, "--set", "learner.checkpoint.resume_from=latest"], env, cfg.learner.max_restarts)
     if check_task:
         checked(group, group.start_cli("check", ["check", *args], redis_role_env(cfg, "check")))
-    print(f"[up] started the controller, {'the teacher, ' if cfg.teacher.enabled else ''}{cfg.rollout.replicas} "
+    controllers = f"{len(runs)} controllers (one per run)" if runs else "the controller"
+    print(f"[up] started {controllers}, {'the teacher, ' if cfg.teacher.enabled else ''}{cfg.rollout.replicas} "
           f"rollout replicas and the learner (logs in {run_dir / 'logs'})", flush=True)
-    wait_for_channel(cfg.controller.address, 60, auth)
-    print(f"[up] controller grpc {cfg.controller.address}, status page "
-          f"http://{cfg.controller.host}:{cfg.controller.status_port}/", flush=True)
+    for run, run_cfg in (runs or {"": cfg}).items():
+        wait_for_channel(run_cfg.controller.address, 60, auth)
+        print(f"[up] {f'run {run}: ' if run else ''}controller grpc {run_cfg.controller.address}, status page "
+              f"http://{run_cfg.controller.host}:{run_cfg.controller.status_port}/", flush=True)
     return Supervisor(cfg, group, learner, restartable).run()
 
 
@@ -335,7 +348,18 @@ def checked(group: ProcessGroup, check: Child) -> None:
 
 def finish(cfg: AsyncRLConfig) -> None:
     """Audit and a summary of the run, printed and written to <run_dir>/summary.json; the plot is drawn by a
-    process of its own that outlives `up` (`plot_later`)."""
+    process of its own that outlives `up` (`plot_later`). With `runs:`, each run's in its own directory, and
+    the deployment's summary.json lists them."""
+    runs = run_configs(cfg)
+    if not runs:
+        finish_run(cfg)
+        return
+    summaries = {run: finish_run(run_cfg, f"run {run}: ") for run, run_cfg in runs.items()}
+    Path(cfg.run_dir, "summary.json").write_text(json.dumps({"run_dir": cfg.run_dir, "runs": summaries}, indent=2))
+
+
+def finish_run(cfg: AsyncRLConfig, label: str = "") -> dict:
+    """One run's audit, summary (<run_dir>/summary.json, returned) and plot; its lines start with `label`."""
     from asyncrl.tools.audit import audit_run, surviving
 
     events = surviving(read_records(cfg.run_dir, "learner"))
@@ -345,13 +369,14 @@ def finish(cfg: AsyncRLConfig) -> None:
     summary = {"run_dir": cfg.run_dir, **accuracy, "audit": report.as_dict(), "plot": str(plot)}
     Path(cfg.run_dir, "summary.json").write_text(json.dumps(summary, indent=2))
     if line:
-        print(f"[up] {line}", flush=True)
+        print(f"[up] {label}{line}", flush=True)
     verdict = "OK" if report.ok else "INCOMPLETE" if report.intact else "FAILED"
-    print(f"[up] audit {verdict}: {report.headline()}", flush=True)
+    print(f"[up] {label}audit {verdict}: {report.headline()}", flush=True)
     for reason in report.failures():
-        print(f"[up]   {'failed' if verdict == 'FAILED' else 'why'}: {reason}", flush=True)
-    print(f"[up] plot {plot} (drawn in the next seconds; {Path(cfg.run_dir) / 'logs' / 'plot.log'} says why "
-          "if it does not appear)", flush=True)
+        print(f"[up] {label}  {'failed' if verdict == 'FAILED' else 'why'}: {reason}", flush=True)
+    print(f"[up] {label}plot {plot} (drawn in the next seconds; {Path(cfg.run_dir) / 'logs' / 'plot.log'} says "
+          "why if it does not appear)", flush=True)
+    return summary
 
 
 def accuracy_summary(events: list[Record]) -> tuple[dict, str | None]:

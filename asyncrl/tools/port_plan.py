@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from asyncrl.core.checks.config_error import ConfigError
+from asyncrl.core.config.runs import run_configs
 from asyncrl.core.config.schema import AsyncRLConfig
 from asyncrl.core.wire.ports import why_not_listenable
 
@@ -49,7 +50,12 @@ def replica_port(rollout, field: str, index: int) -> int:
 
 
 def planned_ports(cfg: AsyncRLConfig) -> list[PlannedPort]:
-    """Every nonzero port the processes `up` starts for `cfg` listen on (after `resolve` picked its own)."""
+    """Every nonzero port the processes `up` starts for `cfg` listen on (after `resolve` picked its own); with
+    `runs:`, every run's (`asyncrl.core.config.runs`: run i at the deployment's ports + PORT_STRIDE * i)."""
+    runs = run_configs(cfg)
+    if runs:
+        return [PlannedPort(p.key, f"run {run}: {p.owner}", p.host, p.port)
+                for run, run_cfg in runs.items() for p in planned_ports(run_cfg)]
     c, t, r, lr = cfg.controller, cfg.teacher, cfg.rollout, cfg.learner
     wanted = [("controller.port", "the controller", c.host, c.port),
               ("controller.status_port", "the controller", c.host, c.status_port),

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from asyncrl.core.buffer.redis_connection import redis_password
 from asyncrl.core.buffer.redis_users import ROLES, acl_line, role_password, user_name
+from asyncrl.core.config.runs import run_configs
 from asyncrl.core.config.schema import AsyncRLConfig
 from asyncrl.core.wire.auth import Auth, MissingToken, new_token, resolve_auth
 from asyncrl.core.wire.learner_secret import MissingLearnerSecret, resolve_learner_secret
@@ -45,20 +46,28 @@ def start_run_redis(group, cfg: AsyncRLConfig, host: str = "127.0.0.1", port: in
     """The redis-server of a run `up` starts (its URL): the run's admin password (`local_redis_password`) and
     one user per role (`asyncrl.core.buffer.redis_users`), whose passwords `redis_role_env` hands out."""
     admin = local_redis_password(cfg)
-    users = [acl_line(role, role_password(admin, role), cfg.buffer, cfg.controller.state_key) for role in ROLES]
+    runs = run_configs(cfg)
+    if not runs:
+        users = [acl_line(role, role_password(admin, role), cfg.buffer, cfg.controller.state_key) for role in ROLES]
+    else:  # the learner and the replicas serve every run; each run's controller reaches its own keys only
+        scopes = [(run_cfg.buffer, run_cfg.controller.state_key) for run_cfg in runs.values()]
+        users = [acl_line(role, role_password(admin, role), *scopes[0], *scopes[1:]) for role in ROLES
+                 if role != "controller"]
+        users += [acl_line("controller", role_password(admin, f"controller-{run}"), *scope, run=run)
+                  for run, scope in zip(runs, scopes)]
     return start_local_redis(group, Path(cfg.run_dir) / "redis", host=host, port=port, password=admin, users=users)
 
 
-def redis_role_env(cfg: AsyncRLConfig, role: str) -> dict[str, str]:
+def redis_role_env(cfg: AsyncRLConfig, role: str, run: str = "") -> dict[str, str]:
     """What a process of `role` is told about the run's Redis when `up` runs it: its own user and password for
-    the roles that use Redis, nothing (not the admin password `up` holds) for the others. Empty for a Redis
+    the roles that use Redis (`run`: a run's controller in a deployment of several runs), nothing (not the admin password `up` holds) for the others. Empty for a Redis
     the user runs (`buffer.redis_url` given): the configured credentials then go to every role as they are."""
     if not (Path(cfg.run_dir) / "redis").is_dir():
         return {}
     if role not in ROLES:
         return {cfg.buffer.username_env: "", cfg.buffer.password_env: ""}
-    return {cfg.buffer.username_env: user_name(role),
-            cfg.buffer.password_env: role_password(local_redis_password(cfg), role)}
+    return {cfg.buffer.username_env: user_name(role, run),
+            cfg.buffer.password_env: role_password(local_redis_password(cfg), f"{role}-{run}" if run else role)}
 
 
 def local_redis_password(cfg: AsyncRLConfig) -> str:

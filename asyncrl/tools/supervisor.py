@@ -16,6 +16,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
+from asyncrl.core.config.runs import run_configs
 from asyncrl.core.config.schema import AsyncRLConfig
 from asyncrl.core.records.learner import Eval, LearnerDied, Step
 from asyncrl.core.runtime.events import EventLog, EventTail
@@ -46,7 +47,11 @@ class Supervisor:
     def __init__(self, cfg: AsyncRLConfig, group: ProcessGroup, learner: Restartable,
                  restartable: dict[str, Restartable], vmstat: str = "/proc/vmstat"):  # fmt: skip
         self.cfg, self.group, self.learner, self.restartable = cfg, group, learner, restartable
-        self.progress = Progress(cfg)
+        runs = run_configs(cfg)
+        self.progress = [Progress(run_cfg, f"{run}: ") for run, run_cfg in runs.items()] or [Progress(cfg)]
+        """One per run (`runs:`: the learner trains several)."""
+        self.learner_dirs = [run_cfg.run_dir for run_cfg in runs.values()] or [cfg.run_dir]
+        """Where the learner keeps its event logs: one per run."""
         self.redis_restarts = 0
         self.vmstat = vmstat
         """Where the kernel counts its out-of-memory kills."""
@@ -57,12 +62,12 @@ class Supervisor:
     def run(self) -> int:
         """Supervise until the learner finishes; returns the run's exit code."""
         while True:
-            self.progress.poll()
+            self._poll()
             learner = self.learner.child
             if not learner.alive():
                 code = learner.proc.returncode
                 if code == 0 or not self._restart_learner(code):
-                    self.progress.poll()
+                    self._poll()
                     return code
             for child in self.group.failed():
                 if child is not self.learner.child and not self._restart(child):
@@ -70,6 +75,10 @@ class Supervisor:
                           flush=True)
                     return 1
             self.group.wait_for_an_exit(1.0)
+
+    def _poll(self) -> None:
+        for progress in self.progress:
+            progress.poll()
 
     def _restart_learner(self, code: int) -> bool:
         now = oom_kills(self.vmstat)
@@ -85,8 +94,11 @@ class Supervisor:
         for setting in verdict.turn_off:
             self.learner.argv += ["--set", f"{setting}=false"]
             self.turned_off.add(setting)
-        ckpt = latest_checkpoint(self.cfg.run_dir)
-        start = f"its checkpoint {ckpt.name}" if ckpt is not None else "the base model (no checkpoint yet)"
+        if len(self.learner_dirs) > 1:
+            start = "each run's latest checkpoint"
+        else:
+            ckpt = latest_checkpoint(self.cfg.run_dir)
+            start = f"its checkpoint {ckpt.name}" if ckpt is not None else "the base model (no checkpoint yet)"
         print(f"[up] learner exited with {code}, {action}; restarting it from {start} "
               f"({self.learner.restarts + 1}/{self.learner.max_restarts})", flush=True)
         self.learner.restart(self.group)
@@ -100,12 +112,13 @@ class Supervisor:
         return learner.push_in_background
 
     def _record(self, record) -> None:
-        """Into the learner's event log (its writer is dead; a restarted one appends after)."""
-        log = EventLog(self.cfg.run_dir, "learner")
-        try:
-            log.write(record)
-        finally:
-            log.close()
+        """Into the learner's event log, each run's (its writer is dead; a restarted one appends after)."""
+        for run_dir in self.learner_dirs:
+            log = EventLog(run_dir, "learner")
+            try:
+                log.write(record)
+            finally:
+                log.close()
 
     def _restart(self, child: Child) -> bool:
         if child.name == "redis" and self.redis_restarts < self.cfg.buffer.local_max_restarts:
@@ -142,8 +155,10 @@ def _busy(ev: Step) -> str:
 class Progress:
     """Prints one line per learner step / eval from the learner's event log."""
 
-    def __init__(self, cfg: AsyncRLConfig):
+    def __init__(self, cfg: AsyncRLConfig, label: str = ""):
         self.cfg = cfg
+        self.label = label
+        """Before each line (a run's name when the learner trains several)."""
         self.tail = EventTail(cfg.run_dir, "learner", from_end=bool(cfg.learner.checkpoint.resume_from))
         self.start = time.time()
         self.first_eval: float | None = None
@@ -155,14 +170,14 @@ class Progress:
         if self.steps_seen == 0 and now - self._said_waiting >= 5.0:
             # Until the first step the log is silent: say what the run is waiting for.
             self._said_waiting = now
-            print(f"[{now - self.start:6.0f}s] waiting for the first learner step (the replicas generate the first "
+            print(f"[{now - self.start:6.0f}s] {self.label}waiting for the first learner step (the replicas generate the first "
                   f"batch of {self.cfg.learner.batch_size} trajectories)", flush=True)
         for ev in self.tail.poll():
             elapsed = time.time() - self.start
             if isinstance(ev, Step):
                 self.steps_seen += 1
                 m = ev.metrics
-                print(f"[{elapsed:6.0f}s] step {ev.step:3d}/{self.cfg.learner.total_steps} "
+                print(f"[{elapsed:6.0f}s] {self.label}step {ev.step:3d}/{self.cfg.learner.total_steps} "
                       f"v{ev.version:<3d} reward {m['reward/mean']:.3f} "
                       f"staleness mean {m['staleness/mean']:.2f} max {m['staleness/max']} "
                       f"train {1e3 * m['time/step_s']:.0f} ms{_busy(ev)}, push wait {1e3 * ev.push_wait_s:.0f} ms",
@@ -170,7 +185,7 @@ class Progress:
             elif isinstance(ev, Eval):
                 if self.first_eval is None:
                     self.first_eval = ev.accuracy
-                print(f"[{elapsed:6.0f}s] eval  step {ev.step:3d}: greedy accuracy {ev.accuracy:.3f} "
+                print(f"[{elapsed:6.0f}s] {self.label}eval  step {ev.step:3d}: greedy accuracy {ev.accuracy:.3f} "
                       f"(start {self.first_eval:.3f})", flush=True)
 
 

@@ -7,6 +7,10 @@ replica holds cannot read the controller's state or keys, write the controller's
 | `asyncrl-learner` | the stream, the dead letters | stream commands (read, ack, delete, dead-letter) |
 | `asyncrl-controller` | its state (`controller.state_key`), the write counters | hashes, MGET and DEL of counters |
 
+In a deployment of several runs (`runs:`) the learner's and the replicas' users reach every run's keys (they
+serve every run), and each run's controller has a user of its own (`asyncrl-controller-<run>`) that reaches only
+its run's: one run's controller cannot read or change another's state.
+
 The default user keeps the run's admin password (`asyncrl up` and the operator's tools). A process logs in as
 the user its environment names (`buffer.username_env`) with that user's password (`buffer.password_env`); `up`
 derives each user's password from the admin one (`role_password`) and gives each role only its own.
@@ -27,15 +31,19 @@ CONNECTION = "+ping +multi +exec +discard"
 ignores: Redis 7.0 has no such command to allow.)"""
 
 
-def user_name(role: str) -> str:
-    return f"asyncrl-{role}"
+def user_name(role: str, run: str = "") -> str:
+    """`role`'s user; in a deployment of several runs (`runs:`) each run's controller has its own (`run`)."""
+    return f"asyncrl-{role}-{run}" if run else f"asyncrl-{role}"
 
 
-def rules(role: str, buffer: BufferConfig, state_key: str) -> str:
-    """The ACL rules of `role`'s user (keys, channels, commands), without its password."""
-    stream, dead, counters = buffer.stream, buffer.dead_letter_stream, f"{buffer.stream}:written:*"
-    keys = {"rollout": [stream, counters, dead], "learner": [stream, dead],
-            "controller": [f"{state_key}:*", counters]}[role]
+def rules(role: str, buffer: BufferConfig, state_key: str, *others: tuple[BufferConfig, str]) -> str:
+    """The ACL rules of `role`'s user (keys, channels, commands), without its password; `others`: the (buffer,
+    state key) of the other runs it works for (a deployment's learner and replicas serve every run)."""
+    keys = []
+    for buf, key in ((buffer, state_key), *others):
+        stream, dead, counters = buf.stream, buf.dead_letter_stream, f"{buf.stream}:written:*"
+        keys += {"rollout": [stream, counters, dead], "learner": [stream, dead],
+                 "controller": [f"{key}:*", counters]}[role]
     commands = {"rollout": "+xadd +incrby +expire", "learner": "+@stream",
                 "controller": "+@hash +mget +del"}[role]
     return " ".join(["resetkeys", *(f"~{k}" for k in keys), "resetchannels", "-@all", CONNECTION, commands])
@@ -47,8 +55,9 @@ def role_password(admin_password: str, role: str) -> str:
     return hmac.new(admin_password.encode(), f"asyncrl-redis-user\n{role}".encode(), "sha256").hexdigest()
 
 
-def acl_line(role: str, password: str, buffer: BufferConfig, state_key: str) -> str:
+def acl_line(role: str, password: str, buffer: BufferConfig, state_key: str, *others: tuple[BufferConfig, str],
+             run: str = "") -> str:  # fmt: skip
     """`role`'s `user` directive for redis.conf (or `--user` on redis-server's command line): the password as
-    its SHA-256, so the file holds no secret that logs in."""
+    its SHA-256, so the file holds no secret that logs in. `others`, `run`: see `rules`, `user_name`."""
     digest = hashlib.sha256(password.encode()).hexdigest()
-    return f"user {user_name(role)} reset on #{digest} {rules(role, buffer, state_key)}"
+    return f"user {user_name(role, run)} reset on #{digest} {rules(role, buffer, state_key, *others)}"

@@ -17,3 +17,10 @@ def refusal_of(command: str, line: str) -> str | None:
     """The message of `refusal_line(command, ...)`, or None for any other line."""
     prefix = refusal_line(command, "")
     return line.removeprefix(prefix) if line.startswith(prefix) else None
+
+
+def validation_line(err) -> str:
+    """A pydantic `ValidationError` as one line: each error's key path, then its message (a check across
+    sections, with no path, names its keys in its message)."""
+    return "; ".join(".".join(str(p) for p in e["loc"]) + ": " * bool(e["loc"]) + e["msg"].removeprefix("Value error, ")
+                     for e in err.errors())

@@ -8,6 +8,7 @@ from pathlib import Path
 import yaml
 
 from asyncrl.core.checks.config_error import ConfigError
+from asyncrl.core.config.runs import run_configs
 from asyncrl.core.config.schema import AsyncRLConfig
 
 
@@ -38,7 +39,9 @@ def load_config(path: str | Path, overrides: list[str] | None = None) -> AsyncRL
             node[parts[-1]] = yaml.safe_load(value)
         except yaml.YAMLError as err:
             raise ConfigError(f"--set {key}: {value!r} is not a YAML value: {_one_line(err)}") from None
-    return AsyncRLConfig.model_validate(raw)
+    config = AsyncRLConfig.model_validate(raw)
+    run_configs(config)  # a deployment of several runs: each run's config validates too
+    return config
 
 
 def _one_line(err: Exception) -> str:

@@ -22,6 +22,7 @@ from asyncrl.core.config.data import RewardConfig, TaskConfig
 from asyncrl.core.config.environment import EnvironmentConfig
 from asyncrl.core.config.learner import LearnerConfig, TrackingConfig
 from asyncrl.core.config.rollout import EngineConfig, RolloutConfig, SamplingConfig
+from asyncrl.core.config.run_spec import RunSpec
 from asyncrl.core.determinism.modes import Determinism
 from asyncrl.core.model.sources import SOURCES
 
@@ -267,6 +268,10 @@ class AsyncRLConfig(Section):
     """Authentication of every gRPC call."""
     launch: LaunchConfig = LaunchConfig()
     """How `asyncrl up` starts processes on one machine."""
+    runs: list[RunSpec] = Field(default_factory=list)
+    """Several LoRA runs trained at once on this config's base model, sharing its replicas and its learner's copy
+    of the base: each entry a run of its own (name, share of the replicas, its own task, reward, η, batch size,
+    learning rate, adapter...; docs/lora.md). Empty: the config is one run."""
 
     def _check_uniform_groups_teach_nothing(self) -> None:
         """sampling.drop_uniform_groups drops what has no signal only when the rewards are the whole signal."""

@@ -1,0 +1,171 @@
+"""Several runs' adapters served from one torch model: a replica of a deployment of several LoRA runs.
+
+`SharedTorchModel` holds the base once, with an adapter bank (`asyncrl.core.lora.row_adapters`) of
+`SLOTS_PER_RUN` slots per run; `engine_for(run)` is that run's `Engine`, which the run's replica runtime uses
+as if it had the model alone. A run's engine serves its newest adapter: each `generate` call is pinned to the
+slot live when it starts and every token it samples carries that slot's version (as vLLM pins a batch to its
+adapter), so a push never changes a batch's weights halfway. A push is received off every lock, loaded into a
+slot of the run's that no batch is pinned to (it waits for one when every slot is pinned: at most the length
+of a batch), then made live by one assignment. Forwards of all runs take one lock per decode step, so runs'
+batches interleave step by step on the cores. Before its first push a run's batches run on the base (slot
+0), the policy a LoRA run starts from (B = 0).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+
+import torch
+
+from asyncrl.core.checks.weights_checksum import check_as_sent, weights_checksum
+from asyncrl.core.engines.base import Engine, Generation, weight_source
+from asyncrl.core.engines.torch_decode import generate_with_model
+from asyncrl.core.lora.row_adapters import BASE_SLOT, AdapterBank
+from asyncrl.core.model.modeling import eos_token_ids, load_causal_lm, pad_token_id
+from asyncrl.core.model.prompt_sharing import shared_prompt_logprobs
+from asyncrl.core.model.sampling import SamplingParams
+from asyncrl.core.wire.push_contract import PushOrder, WeightSource, WeightUpdateStats
+
+log = logging.getLogger(__name__)
+
+SLOTS_PER_RUN = 3
+"""A run's live adapter, the one a batch that started before the last push still runs on, and the next push's:
+with three a push waits for a slot only when two batches of the run overlap a push (a replica runs one at a time)."""
+
+
+class SharedTorchModel:
+    """One base model and an adapter bank for `runs` (run name -> its `LoraConfig`)."""
+
+    def __init__(self, engine_cfg, model_path: str, dtype: str, runs: dict):
+        if engine_cfg.threads > 0:
+            torch.set_num_threads(engine_cfg.threads)
+        self.max_batch_size = engine_cfg.max_batch_size
+        self.model = load_causal_lm(model_path, dtype, engine_cfg.device)
+        self.model.requires_grad_(False)
+        self.eos_ids, self.pad_id = eos_token_ids(self.model), pad_token_id(self.model)
+        self.device = next(self.model.parameters()).device
+        targets = sorted({t for lora in runs.values() for t in lora.target_modules})
+        self.bank = AdapterBank(self.model, targets, slots=SLOTS_PER_RUN * len(runs),
+                                max_rank=max(lora.rank for lora in runs.values()))
+        self.slots = {run: list(range(1 + SLOTS_PER_RUN * i, 1 + SLOTS_PER_RUN * (i + 1)))
+                      for i, run in enumerate(runs)}
+        """Run -> the bank slots that are its own."""
+        self.step_lock = threading.Lock()
+        """Held for each forward (a decode step of any run's batch, a scoring pass)."""
+
+    def engine_for(self, run: str, weights: WeightSource | None, seed: int = 0) -> RunEngine:
+        """Run `run`'s engine on this model (its pushes through `weights`)."""
+        return RunEngine(self, self.slots[run], weights, seed)
+
+
+class RunEngine(Engine):
+    """One run's view of a `SharedTorchModel`: its slots, its version, its pushes (see the module's docstring)."""
+
+    def __init__(self, shared: SharedTorchModel, slots: list[int], weights: WeightSource | None, seed: int):
+        self._shared = shared
+        self._own = slots
+        self._weights = weights
+        self._generator = torch.Generator(device=shared.device).manual_seed(seed)
+        self._state = threading.Condition()
+        self._live = (BASE_SLOT, 0, "")
+        """(slot, version, checksum) served now."""
+        self._pins: dict[int, int] = {}
+        """Slot -> the batches running on it."""
+        self._update_lock = threading.Lock()
+
+    @property
+    def weight_version(self) -> int:
+        return self._live[1]
+
+    @property
+    def adapter_checksum(self) -> str:
+        return self._live[2]
+
+    @contextlib.contextmanager
+    def _pinned(self):
+        """The live (slot, version), kept from being overwritten while the caller's batch runs on it."""
+        with self._state:
+            slot, version, _ = self._live
+            self._pins[slot] = self._pins.get(slot, 0) + 1
+        try:
+            yield slot, version
+        finally:
+            with self._state:
+                self._pins[slot] -= 1
+                self._state.notify_all()
+
+    def generate(self, prompts: list[list[int]], params: SamplingParams, n: int = 1,
+                 seeds: list[int] | None = None) -> list[list[Generation]]:
+        shared = self._shared
+        with self._pinned() as (slot, version):
+            @contextlib.contextmanager
+            def step():
+                with shared.step_lock:
+                    yield version
+
+            return generate_with_model(shared.model, prompts, params, n, eos_ids=shared.eos_ids,
+                                       pad_id=shared.pad_id, max_batch_size=shared.max_batch_size,
+                                       generator=self._generator, step_guard=step, seeds=seeds,
+                                       bank=shared.bank, adapter_slots=[slot] * len(prompts))
+
+    def score(self, sequences: list[list[int]], response_starts: list[int]) -> list[list[float]]:
+        shared, out = self._shared, []
+        with self._pinned() as (slot, _version):
+            for lo in range(0, len(sequences), shared.max_batch_size):
+                seqs = sequences[lo : lo + shared.max_batch_size]
+                starts = response_starts[lo : lo + shared.max_batch_size]
+                with shared.step_lock, torch.no_grad(), shared.bank.rows([slot] * len(seqs)):
+                    logp, _ = shared_prompt_logprobs(shared.model, seqs, starts, pad_id=shared.pad_id)
+                rows = logp.cpu().tolist()
+                out.extend(row[: len(seq) - start] for row, seq, start in zip(rows, seqs, starts))
+        return out
+
+    def update_weights(self, plan: PushOrder, rank: int) -> WeightUpdateStats:
+        with self._update_lock:
+            return self._update(plan, rank)
+
+    def _update(self, plan: PushOrder, rank: int) -> WeightUpdateStats:
+        started = time.perf_counter()
+        source = weight_source(self._weights, plan)
+        if plan.adapter is None:
+            self._drain(source, plan, rank)
+            raise ValueError(f"push {plan.push_id} carries full weights; a run of a deployment of several runs "
+                             "serves its adapter on the shared base and takes adapter pushes only")
+        received: dict[str, torch.Tensor] = {}
+        with source.open(plan, rank) as stream:
+            for bucket in stream.buckets():
+                received.update((name, tensor.clone()) for name, tensor in bucket)
+        checksum = weights_checksum((meta.name, received[meta.name]) for meta in plan.tensors)
+        if plan.checksum_in_store:
+            check_as_sent(checksum, stream.sent_checksum(), plan.version)
+        with self._state:  # a slot of the run's that is neither live nor under a running batch
+            self._state.wait_for(lambda: self._free_slot() is not None)
+            slot = self._free_slot()
+        self._shared.bank.load(slot, plan.adapter, received, where=f"adapter push {plan.push_id}")
+        with self._state:
+            self._live = (slot, plan.version, checksum)
+        log.info("adapter v%d live in slot %d (checksum %s): %.2f MB, %.3fs", plan.version, slot, checksum[:12],
+                 plan.total_bytes / 2**20, time.perf_counter() - started)
+        return WeightUpdateStats(version=plan.version, load_s=time.perf_counter() - started, pause_s=0.0,
+                                 bytes_received=plan.total_bytes, adapter_checksum=checksum)
+
+    def _free_slot(self) -> int | None:
+        live = self._live[0]
+        return next((s for s in self._own if s != live and not self._pins.get(s)), None)
+
+    @staticmethod
+    def _drain(source: WeightSource, plan: PushOrder, rank: int) -> None:
+        """Take part in a push refused before it was received, so the sender and the others are not left
+        waiting for this rank."""
+        try:
+            with source.open(plan, rank) as stream:
+                stream.drain()
+        except Exception as err:  # noqa: BLE001 - the refusal raised by the caller matters more
+            log.warning("could not drain the refused push %s: %s", plan.push_id, err)
+
+    def close(self) -> None:
+        if self._weights is not None:
+            self._weights.close()

@@ -1,0 +1,104 @@
+"""Several LoRA runs on one base, end to end (`examples/multi-lora.yaml`: four runs, two replicas, one learner):
+every run trains to its last step with a clean audit of its own; each push carries that run's adapter alone and
+every replica is verified serving it; each run keeps its own η; one model per replica process serves all four;
+and the learner killed with SIGKILL mid-run comes back with every run resumed from its own checkpoint."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from asyncrl.core.runtime.events import read_events
+from tests.e2e.test_system import REPO
+from tests.run_helpers import steps_done, wait_for
+
+pytestmark = pytest.mark.e2e
+
+CONFIG = REPO / "examples" / "multi-lora.yaml"
+RUNS = [spec["name"] for spec in yaml.safe_load(CONFIG.read_text())["runs"]]
+STEPS, SAVE_EVERY, KILL_AFTER = 16, 4, 6
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("multi-lora") / "run"
+    overrides = [f"run_dir={run_dir}", f"learner.total_steps={STEPS}", f"learner.checkpoint.save_every={SAVE_EVERY}",
+                 f"learner.eval_every={SAVE_EVERY * 2}"]
+    env = {k: v for k, v in os.environ.items() if k not in ("ASYNCRL_TOKEN", "ASYNCRL_LEARNER_SECRET")}
+    argv = [sys.executable, "-m", "asyncrl", "up", "--config", str(CONFIG),
+            *[a for o in overrides for a in ("--set", o)]]
+    proc = subprocess.Popen(argv, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**env, "PYTHONUNBUFFERED": "1"})
+    try:
+        first = run_dir / RUNS[0]
+        wait_for(lambda: steps_done(first) >= KILL_AFTER, 300, f"{KILL_AFTER} steps of run {RUNS[0]}")
+        marker = f"learner --config {run_dir / 'config.resolved.yaml'}"
+        [pid] = subprocess.run(["pgrep", "-f", marker], check=False, capture_output=True, text=True).stdout.split()
+        os.kill(int(pid), signal.SIGKILL)
+        out, _ = proc.communicate(timeout=600)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, out[-4000:]
+    return run_dir, out
+
+
+def test_every_run_trains_to_its_end_with_a_clean_audit_of_its_own(runs):
+    run_dir, out = runs
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert list(summary["runs"]) == RUNS
+    for run in RUNS:
+        assert f"[up] run {run}: audit OK" in out
+        own = summary["runs"][run]
+        assert own["run_dir"] == str(run_dir / run) and own["last_step"] == STEPS and own["audit"]["ok"]
+        assert json.loads((run_dir / run / "summary.json").read_text()) == own
+
+
+def test_each_push_carries_its_runs_adapter_alone_and_every_replica_serves_it(runs):
+    run_dir, _ = runs
+    sizes = {}
+    for run in RUNS:
+        pushes = [e for e in read_events(run_dir / run, "learner") if e["kind"] == "push" and e["receivers"]]
+        assert {p["version"] for p in pushes} >= set(range(1, STEPS + 1))
+        assert len({p["push_bytes"] for p in pushes}) == 1
+        sizes[run] = pushes[0]["push_bytes"]
+        committed = [e for e in read_events(run_dir / run, "controller") if e["kind"] == "push_committed"]
+        assert committed and all(e["dropped"] == [] for e in committed)
+    # Rank 16 on every projection, rank 4: the adapter's bytes scale with its rank.
+    assert sizes["lr-2e-4"] == sizes["lr-4e-4"] == sizes["sync"] == 4 * sizes["rank-4"]
+
+
+def test_each_run_keeps_its_own_staleness_bound(runs):
+    run_dir, _ = runs
+    for run in RUNS:
+        eta = 0 if run == "sync" else 2
+        steps = [e for e in read_events(run_dir / run, "learner") if e["kind"] == "step"]
+        assert max(e["staleness/max"] for e in steps) <= eta
+    assert max(e["staleness/max"] for e in read_events(run_dir / "lr-2e-4", "learner")
+               if e["kind"] == "step") == 2  # the asynchronous runs did run ahead
+
+
+def test_one_process_per_replica_serves_every_run(runs):
+    run_dir, _ = runs
+    for replica in (0, 1):
+        log = (run_dir / "logs" / f"rollout-{replica}.log").read_text()
+        assert all(f"asyncrl-rollout replica-{replica} run {run} listening" in log for run in RUNS)
+    assert sorted(p.name for p in (run_dir / "logs").glob("rollout-*.log")) == ["rollout-0.log", "rollout-1.log"]
+
+
+def test_the_killed_learner_comes_back_with_every_run_resumed_from_its_own_checkpoint(runs):
+    run_dir, out = runs
+    assert "[up] learner exited with -9" in out and "restarting it from each run's latest checkpoint" in out
+    for run in RUNS:
+        events = read_events(run_dir / run, "learner")
+        at = max((i for i, e in enumerate(events) if e["kind"] == "resumed"), default=None)
+        assert at is not None, run
+        from_step = events[at]["from_step"]
+        # Back at its checkpoint (a multiple of SAVE_EVERY), then on to the end, each step after the other.
+        assert from_step % SAVE_EVERY == 0
+        assert [e["step"] for e in events[at:] if e["kind"] == "step"] == list(range(from_step + 1, STEPS + 1))

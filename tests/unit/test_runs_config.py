@@ -1,0 +1,120 @@
+"""A deployment of several LoRA runs (`runs:`): each run's config derived from the deployment's and its overrides
+(`asyncrl.core.config.runs`), against hand-written values; what a run may not set, and what the deployment
+needs, refused naming the key."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+from pydantic import ValidationError
+
+from asyncrl.core.buffer.redis_users import rules, user_name
+from asyncrl.core.checks.config_error import ConfigError
+from asyncrl.core.config.file import load_config
+from asyncrl.core.config.runs import PORT_STRIDE, run_configs
+from asyncrl.core.config.schema import AsyncRLConfig
+from asyncrl.tools.cli import main
+from asyncrl.tools.port_plan import planned_ports
+
+BASE = {"run_dir": "runs/d", "model": {"path": "m"}, "learner": {"lora": {"enabled": True}, "port": 7000},
+        "controller": {"port": 6000, "status_port": 0}}
+
+
+def deployment(runs, **sections) -> AsyncRLConfig:
+    tree = {**BASE, **sections, "runs": runs}
+    return AsyncRLConfig.model_validate(tree)
+
+
+def test_each_run_gets_its_own_directory_keys_and_ports_and_its_overrides():
+    cfg = deployment([{"name": "a"},
+                      {"name": "b", "weight": 2, "overrides": {"learner": {"lr": 1e-3, "lora": {"rank": 4}},
+                                                               "task": {"num_digits": 3}, "controller": {"eta": 0},
+                                                               "seed": 5}}])
+    a, b = run_configs(cfg).values()
+    assert (a.run_dir, b.run_dir) == ("runs/d/a", "runs/d/b")
+    assert (a.buffer.stream, b.buffer.stream) == ("asyncrl:trajectories:a", "asyncrl:trajectories:b")
+    assert (a.buffer.dead_letter_stream, b.buffer.dead_letter_stream) == ("asyncrl:dead-letters:a",
+                                                                          "asyncrl:dead-letters:b")
+    assert (a.controller.state_key, b.controller.state_key) == ("asyncrl:controller:a", "asyncrl:controller:b")
+    # Fixed ports move by the stride; a port left at 0 (picked free) stays 0.
+    assert (a.controller.port, b.controller.port) == (6000, 6000 + PORT_STRIDE)
+    assert (a.learner.port, b.learner.port) == (7000, 7000 + PORT_STRIDE)
+    assert a.controller.status_port == b.controller.status_port == 0
+    # The overrides are b's alone; what a run does not set is the deployment's.
+    assert (a.learner.lr, b.learner.lr) == (cfg.learner.lr, 1e-3)
+    assert (a.learner.lora.rank, b.learner.lora.rank) == (16, 4)
+    assert b.learner.lora.enabled and b.learner.lora.alpha == cfg.learner.lora.alpha
+    assert (a.task.num_digits, b.task.num_digits) == (2, 3)
+    assert (a.controller.eta, b.controller.eta, b.seed) == (cfg.controller.eta, 0, 5)
+    assert a.runs == b.runs == []
+    assert run_configs(AsyncRLConfig.model_validate({"model": {"path": "m"}})) == {}
+
+
+@pytest.mark.parametrize(("overrides", "message"), [
+    ({"model": {"path": "other"}}, "model: shared by every run of the deployment"),
+    ({"rollout": {"replicas": 4}}, "rollout: shared by every run"),
+    ({"learner": {"device": "cuda"}}, "learner.device: shared by every run"),
+    ({"controller": {"port": 1}}, "controller.port: shared by every run"),
+    ({"learner": {"lora": {"enabled": False}}}, "learner.lora.enabled: every run"),
+    ({"learner": 3}, "learner: a section"),
+])
+def test_a_run_may_set_only_its_own_keys(overrides, message):
+    with pytest.raises(ValidationError, match=message):
+        deployment([{"name": "a", "overrides": overrides}])
+
+
+def test_a_runs_own_config_error_names_the_run_and_the_key():
+    cfg = deployment([{"name": "a"}, {"name": "b", "overrides": {"learner": {"batch_size": 12}}}])
+    with pytest.raises(ConfigError, match=r"runs\[1\] \(b\): learner.batch_size \(12\) must be a multiple of "
+                                          r"sampling.group_size \(8\)"):
+        run_configs(cfg)
+
+
+@pytest.mark.parametrize(("runs", "sections", "message"), [
+    ([{"name": "a"}, {"name": "a"}], {}, "runs: each run needs a name of its own; a appear"),
+    ([{"name": "a"}], {"learner": {"lora": {"enabled": False}}}, "needs learner.lora.enabled: true"),
+    ([{"name": "a"}], {"rollout": {"engine": {"type": "vllm"}}, "learner": {"lora": {"enabled": True}}},
+     "needs rollout.engine.type: torch"),
+    ([{"name": "a"}], {"teacher": {"enabled": True, "model_path": "t"}}, "needs teacher.enabled: false"),
+])
+def test_what_a_deployment_of_several_runs_needs_is_named(runs, sections, message):
+    cfg = deployment(runs, **sections)
+    with pytest.raises(ConfigError, match=message):
+        run_configs(cfg)
+
+
+@pytest.mark.parametrize("name", ["A", "1a", "a_b", "a" * 32, ""])
+def test_run_names_are_what_keys_and_paths_can_hold(name):
+    with pytest.raises(ValidationError, match="runs.0.name"):
+        deployment([{"name": name}])
+
+
+def test_loading_a_file_checks_every_runs_config(tmp_path):
+    path = tmp_path / "d.yaml"
+    path.write_text(yaml.safe_dump({**BASE, "runs": [{"name": "a", "overrides": {"learner": {"batch_size": 7}}}]}))
+    with pytest.raises(ConfigError, match=r"runs\[0\] \(a\): learner.batch_size"):
+        load_config(path)
+
+
+def test_a_runs_controller_is_named_on_the_command_line(tmp_path, capsys):
+    path = tmp_path / "d.yaml"
+    path.write_text(yaml.safe_dump({**BASE, "runs": [{"name": "a"}, {"name": "b"}]}))
+    assert main(["controller", "--config", str(path)]) == 2
+    assert "--run: each run of this deployment has a controller of its own; name one of a, b" in capsys.readouterr().err
+    assert main(["controller", "--config", str(path), "--run", "c"]) == 2
+    assert "name one of a, b (not 'c')" in capsys.readouterr().err
+
+
+def test_every_runs_ports_are_planned_and_redis_users_reach_only_their_runs_keys():
+    cfg = deployment([{"name": "a"}, {"name": "b"}], rollout={"replicas": 2, "port": 9000})
+    ports = {(p.owner, p.key): p.port for p in planned_ports(cfg)}
+    assert ports[("run a: the controller", "controller.port")] == 6000
+    assert ports[("run b: the controller", "controller.port")] == 6100
+    assert ports[("run b: replica-1", "rollout.port")] == 9101
+    a, b = run_configs(cfg).values()
+    shared = rules("learner", a.buffer, a.controller.state_key, (b.buffer, b.controller.state_key))
+    assert shared.startswith("resetkeys ~asyncrl:trajectories:a ~asyncrl:dead-letters:a "
+                             "~asyncrl:trajectories:b ~asyncrl:dead-letters:b ")
+    own = rules("controller", b.buffer, b.controller.state_key)
+    assert own.startswith("resetkeys ~asyncrl:controller:b:* ~asyncrl:trajectories:b:written:* ")
+    assert user_name("controller", "b") == "asyncrl-controller-b"
