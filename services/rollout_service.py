@@ -164,7 +164,8 @@ def serve_runs(config, replica_id: str = "") -> None:
     buffer stream, pushes), gRPC port and /metrics, as a replica of that run alone would have."""
     runs = run_configs(config)
     shared = SharedTorchModel(config.rollout.engine, config.model.path, config.model.dtype,
-                              {run: cfg.learner.lora for run, cfg in runs.items()})
+                              {run: cfg.learner.lora for run, cfg in runs.items()},
+                              {spec.name: spec.weight for spec in config.runs})
     replicas = []
     for run, cfg in runs.items():
         engine = shared.engine_for(run, BroadcastReceiving(), seed=replica_seed(cfg.seed, f"{replica_id}/{run}"))

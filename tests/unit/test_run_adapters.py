@@ -5,7 +5,9 @@ refuses full weights without disturbing the others."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -13,7 +15,7 @@ import torch
 
 from asyncrl.core.checks.weights_checksum import weights_checksum
 from asyncrl.core.config.schema import EngineConfig
-from asyncrl.core.engines.run_adapters import SLOTS_PER_RUN, SharedTorchModel
+from asyncrl.core.engines.run_adapters import SLOTS_PER_RUN, FairSteps, SharedTorchModel
 from asyncrl.core.model.modeling import load_causal_lm, named_weights, sequence_logprobs
 from asyncrl.core.model.sampling import SamplingParams
 from asyncrl.core.wire.push_contract import tensor_metas
@@ -134,20 +136,17 @@ def test_a_batch_keeps_the_adapter_it_started_on_while_pushes_land(shared, learn
     push(engine, v1, specs["a"], 1)
     eos_ids, shared_model.eos_ids = shared_model.eos_ids, [-1]  # never stop early: the batch runs all its steps
     started, pushed = threading.Event(), threading.Event()
-    real_lock = shared_model.step_lock
+    real_step = shared_model.steps.step
 
-    class SlowSteps:
-        """The shared model's step lock, each step held back until the pushes are done (after the first)."""
+    @contextlib.contextmanager
+    def slow_step(run):
+        """Each forward held back until the pushes are done."""
+        started.set()
+        pushed.wait(30)
+        with real_step(run):
+            yield
 
-        def __enter__(self):
-            started.set()
-            pushed.wait(30)
-            return real_lock.__enter__()
-
-        def __exit__(self, *exc):
-            return real_lock.__exit__(*exc)
-
-    shared_model.step_lock = SlowSteps()
+    shared_model.steps.step = slow_step
     out = {}
     batch = threading.Thread(target=lambda: out.update(gens=engine.generate(
         PROMPTS, SamplingParams(max_new_tokens=8), n=2)))
@@ -157,7 +156,7 @@ def test_a_batch_keeps_the_adapter_it_started_on_while_pushes_land(shared, learn
         assert push(engine, perturb(model, "a", version), specs["a"], version).version == version
     pushed.set()
     batch.join(60)
-    shared_model.step_lock = real_lock
+    shared_model.steps.step = real_step
     gens = [g for group in out["gens"] for g in group]
     assert all(set(g.weight_version) == {1} for g in gens)
     # Sampled from version 1's adapter: its log-probs, recomputed with v1 loaded on the learner's side.
@@ -185,3 +184,43 @@ def test_full_weights_are_refused_and_the_run_serves_on(shared, learner, tiny_mo
         push(engines["a"], full, None, 2)
     assert engines["a"].weight_version == 1 and engines["a"].adapter_checksum == weights_checksum(sent)
     assert engines["b"].weight_version == 0
+
+
+def run_batches(steps: FairSteps, plan: dict[str, int], hold_s: float = 0.02) -> list[str]:
+    """Each run of `plan` runs one batch of that many forwards on a thread of its own, each forward held
+    `hold_s`; the order the forwards were granted in."""
+    order, lock = [], threading.Lock()
+
+    def batch(run: str, n: int) -> None:
+        with steps.batch(run):
+            for _ in range(n):
+                with steps.step(run):
+                    with lock:
+                        order.append(run)
+                    time.sleep(hold_s)
+
+    threads = [threading.Thread(target=batch, args=item) for item in plan.items()]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    return order
+
+
+def test_runs_get_forwards_by_their_weights_while_each_has_a_batch():
+    order = run_batches(FairSteps({"a": 2.0, "b": 1.0}), {"a": 40, "b": 40})
+    while_both = order[:45]  # a's 40 take about the first 60 forwards: both ask throughout these
+    a, b = while_both.count("a"), while_both.count("b")
+    assert len(order) == 80 and abs(a - 2 * b) <= 4, "".join(order)
+
+
+def test_a_run_without_a_batch_lends_its_share_and_comes_back_level():
+    """c runs alone first (a has nothing to do), then a joins: a gets no credit for the forwards it lent and the
+    two alternate from then on."""
+    steps = FairSteps({"a": 1.0, "c": 1.0})
+    alone = run_batches(steps, {"c": 20})
+    assert alone == ["c"] * 20
+    both = run_batches(steps, {"a": 10, "c": 10})
+    assert both.count("a") == both.count("c") == 10
+    first_ten = both[:10]
+    assert 4 <= first_ten.count("a") <= 6, "".join(both)  # level, not 20 forwards of a in a row

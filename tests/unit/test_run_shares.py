@@ -1,11 +1,11 @@
-"""Weighted fair shares of the replicas among runs (`controller.run_shares`), as tables: which run each lease
-goes to, one trajectory group per lease, given which runs may take one."""
+"""Weighted fair shares of the replicas among runs (`asyncrl.core.engines.run_shares`), as tables: which run
+each grant goes to (8 units of work each), given which runs ask."""
 
 from __future__ import annotations
 
 import pytest
 
-from asyncrl.controller.run_shares import RunShares
+from asyncrl.core.engines.run_shares import RunShares
 
 
 def picks(shares: RunShares, rounds: list[set[str]]) -> str:
@@ -31,6 +31,8 @@ AB = {"a", "b"}
     ({"a": 1, "b": 1}, [{"a"}] * 4, "aaaa"),
     # b back after lending its share: it does not claim the four it lent, turn by turn again
     ({"a": 1, "b": 1}, [{"a"}] * 4 + [AB] * 4, "aaaaabab"),
+    # a alone, then a pause with nobody asking, then b comes back: level with where a stood, not four behind
+    ({"a": 1, "b": 1}, [{"a"}] * 4 + [set()] + [{"b"}] + [AB] * 4, "aaaa.babab"),
     # nobody may take work
     ({"a": 1, "b": 1}, [set()] * 2, ".."),
     # a name no run has is ignored

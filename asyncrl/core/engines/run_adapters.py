@@ -6,9 +6,12 @@ as if it had the model alone. A run's engine serves its newest adapter: each `ge
 slot live when it starts and every token it samples carries that slot's version (as vLLM pins a batch to its
 adapter), so a push never changes a batch's weights halfway. A push is received off every lock, loaded into a
 slot of the run's that no batch is pinned to (it waits for one when every slot is pinned: at most the length
-of a batch), then made live by one assignment. Forwards of all runs take one lock per decode step, so runs'
-batches interleave step by step on the cores. Before its first push a run's batches run on the base (slot
+of a batch), then made live by one assignment. Before its first push a run's batches run on the base (slot
 0), the policy a LoRA run starts from (B = 0).
+
+The runs' batches take turns on the model one forward (a decode step) at a time, by weighted fair shares
+(`FairSteps`, `runs[].weight`): while several runs have a batch under way each gets forwards in proportion to
+its weight; a run with none (its learner behind, its η reached) lends its share and comes back level.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import torch
 
 from asyncrl.core.checks.weights_checksum import check_as_sent, weights_checksum
 from asyncrl.core.engines.base import Engine, Generation, weight_source
+from asyncrl.core.engines.run_shares import RunShares
 from asyncrl.core.engines.torch_decode import generate_with_model
 from asyncrl.core.lora.row_adapters import BASE_SLOT, AdapterBank
 from asyncrl.core.model.modeling import eos_token_ids, load_causal_lm, pad_token_id
@@ -36,10 +40,60 @@ SLOTS_PER_RUN = 3
 with three a push waits for a slot only when two batches of the run overlap a push (a replica runs one at a time)."""
 
 
-class SharedTorchModel:
-    """One base model and an adapter bank for `runs` (run name -> its `LoraConfig`)."""
+class FairSteps:
+    """The shared model's forwards, one at a time, handed to the runs by weighted fair shares (`RunShares`)."""
 
-    def __init__(self, engine_cfg, model_path: str, dtype: str, runs: dict):
+    def __init__(self, weights: dict[str, float]):
+        self._shares = RunShares(weights)
+        self._state = threading.Condition()
+        self._batches: dict[str, int] = dict.fromkeys(weights, 0)
+        """Run -> its batches under way (a run with one asks for forwards, between its steps too)."""
+        self._ready: dict[str, int] = dict.fromkeys(weights, 0)
+        """Run -> its forwards waiting for a turn now."""
+        self._held = False
+        self.granted: dict[str, int] = dict.fromkeys(weights, 0)
+        """Run -> forwards granted so far."""
+
+    @contextlib.contextmanager
+    def batch(self, run: str):
+        """Inside, `run` has a batch under way: it keeps its place in the shares between its steps."""
+        with self._state:
+            self._batches[run] += 1
+        try:
+            yield
+        finally:
+            with self._state:
+                self._batches[run] -= 1
+                self._state.notify_all()
+
+    @contextlib.contextmanager
+    def step(self, run: str):
+        """One forward of `run`'s, once it is the asking run furthest behind its share among those ready."""
+        with self._state:
+            self._ready[run] += 1
+            self._state.wait_for(lambda: not self._held and self._next() == run)
+            self._ready[run] -= 1
+            self._held = True
+            self._shares.granted(run, 1)
+            self.granted[run] += 1
+        try:
+            yield
+        finally:
+            with self._state:
+                self._held = False
+                self._state.notify_all()
+
+    def _next(self) -> str | None:
+        ready = [run for run, n in self._ready.items() if n]
+        asking = ready + [run for run, n in self._batches.items() if n]
+        return self._shares.pick(asking, among=ready)
+
+
+class SharedTorchModel:
+    """One base model and an adapter bank for `runs` (run name -> its `LoraConfig`); `weights`: run -> its share
+    of the forwards (equal when None)."""
+
+    def __init__(self, engine_cfg, model_path: str, dtype: str, runs: dict, weights: dict[str, float] | None = None):
         if engine_cfg.threads > 0:
             torch.set_num_threads(engine_cfg.threads)
         self.max_batch_size = engine_cfg.max_batch_size
@@ -53,20 +107,21 @@ class SharedTorchModel:
         self.slots = {run: list(range(1 + SLOTS_PER_RUN * i, 1 + SLOTS_PER_RUN * (i + 1)))
                       for i, run in enumerate(runs)}
         """Run -> the bank slots that are its own."""
-        self.step_lock = threading.Lock()
-        """Held for each forward (a decode step of any run's batch, a scoring pass)."""
+        self.steps = FairSteps(weights or dict.fromkeys(runs, 1.0))
+        """Each forward (a decode step of a run's batch, a scoring pass) takes a turn here."""
 
     def engine_for(self, run: str, weights: WeightSource | None, seed: int = 0) -> RunEngine:
         """Run `run`'s engine on this model (its pushes through `weights`)."""
-        return RunEngine(self, self.slots[run], weights, seed)
+        return RunEngine(self, run, weights, seed)
 
 
 class RunEngine(Engine):
     """One run's view of a `SharedTorchModel`: its slots, its version, its pushes (see the module's docstring)."""
 
-    def __init__(self, shared: SharedTorchModel, slots: list[int], weights: WeightSource | None, seed: int):
+    def __init__(self, shared: SharedTorchModel, run: str, weights: WeightSource | None, seed: int):
         self._shared = shared
-        self._own = slots
+        self._run = run
+        self._own = shared.slots[run]
         self._weights = weights
         self._generator = torch.Generator(device=shared.device).manual_seed(seed)
         self._state = threading.Condition()
@@ -99,11 +154,11 @@ class RunEngine(Engine):
 
     def generate(self, prompts: list[list[int]], params: SamplingParams, n: int = 1,
                  seeds: list[int] | None = None) -> list[list[Generation]]:
-        shared = self._shared
-        with self._pinned() as (slot, version):
+        shared, run = self._shared, self._run
+        with self._pinned() as (slot, version), shared.steps.batch(run):
             @contextlib.contextmanager
             def step():
-                with shared.step_lock:
+                with shared.steps.step(run):
                     yield version
 
             return generate_with_model(shared.model, prompts, params, n, eos_ids=shared.eos_ids,
@@ -117,7 +172,7 @@ class RunEngine(Engine):
             for lo in range(0, len(sequences), shared.max_batch_size):
                 seqs = sequences[lo : lo + shared.max_batch_size]
                 starts = response_starts[lo : lo + shared.max_batch_size]
-                with shared.step_lock, torch.no_grad(), shared.bank.rows([slot] * len(seqs)):
+                with shared.steps.step(self._run), torch.no_grad(), shared.bank.rows([slot] * len(seqs)):
                     logp, _ = shared_prompt_logprobs(shared.model, seqs, starts, pad_id=shared.pad_id)
                 rows = logp.cpu().tolist()
                 out.extend(row[: len(seq) - start] for row, seq, start in zip(rows, seqs, starts))

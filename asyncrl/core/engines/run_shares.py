@@ -1,14 +1,14 @@
-"""Which run's work a replica gets next when several runs share the replicas: weighted fair shares.
+"""Whose work a shared model runs next when several runs share the replicas: weighted fair shares.
 
-Each run has a weight (equal by default) and a virtual time: the trajectories it was granted divided by its
-weight. The next lease goes to the run with the smallest virtual time among those that may take one now
-(under their own η, their learner not behind); ties go to the run added first. Over time each run that keeps
-asking gets capacity in proportion to its weight, and a run that may not take work lends its share to the
-others (no replica waits while any run has work).
+Each run has a weight (`runs[].weight`, equal by default) and a virtual time: the work it was granted (decode
+steps, `run_adapters.FairSteps`) divided by its weight. The next grant goes to the run with the smallest
+virtual time among those asking (a run with a batch under way; its learner behind or its η reached, it has
+none); ties go to the run added first. Over time each run that keeps asking gets capacity in proportion to
+its weight, and a run that has no work lends its share to the others (nothing waits while any run has work).
 
 A run that could not take work for a while (its learner behind, or just added) comes back at the virtual time
 of the runs that kept going, never below it: it does not claim the capacity it lent, so its return never
-starves another run. Pure: no clock, no lock, no network (`ControllerState` calls it under its lock).
+starves another run. Pure: no clock, no lock, no network (its caller holds the lock).
 """
 
 from __future__ import annotations
@@ -21,9 +21,12 @@ class RunShares:
         self._weight: dict[str, float] = {}
         """Run -> its weight, in the order runs were added."""
         self._virtual: dict[str, float] = {}
-        """Run -> trajectories granted / weight, raised to the floor when it comes back."""
+        """Run -> work granted / weight, raised to the floor when it comes back."""
         self._asking: set[str] = set()
         """The runs that could take work at the last pick."""
+        self._system = 0.0
+        """The virtual time of the last grant (where its run stood before it): where a run comes back when none
+        of the runs that were asking still is."""
         for run, weight in (weights or {}).items():
             self.add(run, weight)
 
@@ -42,21 +45,23 @@ class RunShares:
         self._virtual.pop(run, None)
         self._asking.discard(run)
 
-    def pick(self, admissible: Iterable[str]) -> str | None:
-        """The run whose work the next lease carries, among `admissible` (the runs that may take one now); None
-        when none may. Runs not added are ignored."""
+    def pick(self, admissible: Iterable[str], among: Iterable[str] | None = None) -> str | None:
+        """The run whose work goes next, among `admissible` (the runs asking now), or only among `among` (those
+        of them ready this instant: a run between two steps of its batch is asking, not ready); None when none
+        is. Runs not added are ignored."""
         asking = [run for run in self._weight if run in set(admissible)]
-        floor = min((self._virtual[r] for r in asking if r in self._asking), default=None)
-        if floor is not None:
-            for run in asking:
-                if run not in self._asking:  # back after lending its share: no credit for the time away
-                    self._virtual[run] = max(self._virtual[run], floor)
+        floor = min((self._virtual[r] for r in asking if r in self._asking), default=self._system)
+        for run in asking:
+            if run not in self._asking:  # back after lending its share: no credit for the time away
+                self._virtual[run] = max(self._virtual[run], floor)
         self._asking = set(asking)
-        return min(asking, key=lambda r: self._virtual[r], default=None)
+        ready = asking if among is None else [run for run in asking if run in set(among)]
+        return min(ready, key=lambda r: self._virtual[r], default=None)
 
-    def granted(self, run: str, trajectories: int) -> None:
-        """`run` got a lease for `trajectories`: its virtual time moves by trajectories / weight."""
-        self._virtual[run] += trajectories / self._weight[run]
+    def granted(self, run: str, work: float) -> None:
+        """`run` was granted `work`: its virtual time moves by work / weight."""
+        self._system = self._virtual[run]
+        self._virtual[run] += work / self._weight[run]
 
     def shares(self) -> dict[str, float]:
         """Run -> the fraction of the replicas' capacity it is owed while every run asks."""
