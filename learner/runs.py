@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from dataclasses import dataclass
 
 import torch
 
@@ -41,52 +40,63 @@ class SharedBase:
         self._serving = 0
 
     @contextlib.contextmanager
-    def turn(self, run: str):
-        """Inside, the model is `run`'s alone (its adapter active, the only one with gradients). Turns are
-        granted in the order they were asked for (a ticket lock): no run can be passed over while it waits."""
+    def exclusive(self):
+        """Inside, nothing else uses the model. Granted in the order asked for (a ticket lock): no run can be
+        passed over while it waits."""
         with self._queue:
             ticket = self._next_ticket
             self._next_ticket += 1
             self._queue.wait_for(lambda: self._serving == ticket)
         try:
-            with run_active(self.model, run):
-                yield
+            yield
         finally:
             with self._queue:
                 self._serving += 1
                 self._queue.notify_all()
 
+    @contextlib.contextmanager
+    def turn(self, run: str):
+        """Inside, the model is `run`'s alone: its adapter active, the only one with gradients."""
+        with self.exclusive(), run_active(self.model, run):
+            yield
 
-@dataclass(frozen=True)
+
 class RunLearners:
-    """The learner of a deployment of several runs: one base, a `Leader` per run (in `runs:` order)."""
+    """The learner of a deployment of several runs: one base, a `Leader` per run, runs added while it trains."""
 
-    base: SharedBase
-    leaders: dict[str, Leader]
-    configs: dict
-    """Run name -> its config (`asyncrl.core.config.runs.run_config`)."""
+    def __init__(self, config):
+        resolve_learner_secret(config.security)  # refused before anything loads when missing
+        if config.learner.threads:
+            torch.set_num_threads(config.learner.threads)
+        torch.manual_seed(config.seed)
+        check_checkpoint(config.model.path, "model.path")
+        self.base = SharedBase(load_causal_lm(config.model.path, config.model.dtype,
+                                              rank_device(config.learner.device)))
+        self.leaders: dict[str, Leader] = {}
+        self.configs: dict = {}
+        """Run name -> its config (`asyncrl.core.config.runs.run_config`)."""
 
-
-def build_run_learners(config) -> RunLearners:
-    """The base loaded once, every run's adapter injected, then each run's trainer, resumed from its own latest
-    checkpoint (`learner.checkpoint.resume_from` of the run), and its loop."""
-    configs = run_configs(config)
-    resolve_learner_secret(config.security)  # refused before anything loads when missing
-    if config.learner.threads:
-        torch.set_num_threads(config.learner.threads)
-    torch.manual_seed(config.seed)
-    check_checkpoint(config.model.path, "model.path")
-    model = load_causal_lm(config.model.path, config.model.dtype, rank_device(config.learner.device))
-    specs = {run: inject_adapters(model, cfg.learner.lora, run=run) for run, cfg in configs.items()}
-    base = SharedBase(model)
-    leaders = {}
-    for run, cfg in configs.items():
+    def add(self, run: str, cfg) -> Leader:
+        """Run `run`'s adapter injected into the base (while no other run uses it), its trainer resumed from its
+        own latest checkpoint (`learner.checkpoint.resume_from` of the run), and its loop."""
+        model = self.base.model
+        with self.base.exclusive():  # peft adds the adapter's modules to every targeted layer
+            spec = inject_adapters(model, cfg.learner.lora, run=run)
         dump_config(cfg, f"{cfg.run_dir}/config.learner.resolved.yaml")
-        with base.turn(run):  # the trainer's optimizer takes the parameters that train now: this run's adapter
+        with self.base.turn(run):  # the trainer's optimizer takes the parameters that train now: this run's adapter
             trainer = Trainer(model, cfg.learner, SamplingParams.from_config(cfg.sampling), pad_token_id(model),
                               SINGLE)
             path = resume_path(cfg.learner.checkpoint, cfg.run_dir)
             meta = load_checkpoint(path, model, trainer.optimizer) if path else None
-        leaders[run] = leader_for(cfg, trainer, specs[run], resumed=(meta, path), run=run,
-                                  turn=lambda run=run: base.turn(run))
-    return RunLearners(base=base, leaders=leaders, configs=configs)
+        self.leaders[run] = leader_for(cfg, trainer, spec, resumed=(meta, path), run=run,
+                                       turn=lambda: self.base.turn(run))
+        self.configs[run] = cfg
+        return self.leaders[run]
+
+
+def build_run_learners(config) -> RunLearners:
+    """The base loaded once, then every run of `config` added (`RunLearners.add`)."""
+    learners = RunLearners(config)
+    for run, cfg in run_configs(config).items():
+        learners.add(run, cfg)
+    return learners

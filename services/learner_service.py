@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import json
 import logging
+import queue
 import signal
 import threading
 from pathlib import Path
 
 import grpc
 
+from asyncrl.core.config.runs import run_configs
 from asyncrl.core.runtime.metrics import serve_metrics
 from asyncrl.core.wire.auth import MAX_CHALLENGE, resolve_auth
 from asyncrl.core.wire.grpc_util import build_server
@@ -58,12 +60,12 @@ def create_server(config, progress: LearnerProgress | None = None, registry=None
     return server, port
 
 
-def serve(config) -> LearnerProgress:
+def serve(config, reload=None) -> LearnerProgress:
     """Train for learner.total_steps, then stop. SIGTERM/SIGINT stops after the current step. With
     learner.world_size > 1 this is one rank (under torchrun): rank 0 runs the loop, the others follow it. With
     `runs:`, every run's loop on one base (`serve_runs`); the progress returned is the first run's."""
     if config.runs:
-        return next(iter(serve_runs(config).values()))
+        return next(iter(serve_runs(config, reload or (lambda: config)).values()), LearnerProgress())
     built = build_learner(config)
     if isinstance(built, Follower):
         return built.run()
@@ -96,19 +98,24 @@ def _write_summary(config, progress: LearnerProgress) -> None:
     Path(config.run_dir, "learner-summary.json").write_text(json.dumps(summary, indent=2))
 
 
-def serve_runs(config) -> dict[str, LearnerProgress]:
+def serve_runs(config, reload) -> dict[str, LearnerProgress]:
     """Several runs on one base (`asyncrl.learner.runs`): each run's status server and /metrics on its own ports,
-    its seat at its own controller, its loop on a thread of its own; returns when every run is done (a signal
-    stops each after its current step). A run whose loop fails ends alone: the others go on, and the process
-    exits non-zero at the end so that its supervisor restarts it (the failed run resumes from its checkpoint)."""
-    built = build_run_learners(config)
-    stop = threading.Event()
+    its seat at its own controller, its loop on a thread of its own; returns when every run is done. SIGHUP
+    reads the config again (`reload`): a run added joins (its adapter, trainer and loop), a removed one stops
+    after its current step and checkpoints; SIGTERM/SIGINT stop each after its current step. A run whose loop
+    fails ends alone: the others go on, and the process exits non-zero at the end so that its supervisor
+    restarts it (each run resumes from its own checkpoint)."""
+    signals: queue.SimpleQueue = queue.SimpleQueue()  # first: a SIGHUP while the base loads waits, not kills
+    signal.signal(signal.SIGHUP, lambda *_: signals.put("reload"))
     for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
+        signal.signal(sig, lambda *_: signals.put("stop"))
+    learners = build_run_learners(config)
     progress: dict[str, LearnerProgress] = {}
     failed: dict[str, BaseException] = {}
+    stops: dict[str, threading.Event] = {}
+    threads: dict[str, threading.Thread] = {}
 
-    def run_one(run: str, leader, cfg) -> None:
+    def run_one(run: str, leader, cfg, stop: threading.Event) -> None:
         resumed = leader.loop.resumed
         if resumed is not None and resumed.step >= cfg.learner.total_steps:
             # Done before this process started (a learner restarted while other runs trained on): nothing to do.
@@ -133,12 +140,34 @@ def serve_runs(config) -> dict[str, LearnerProgress]:
             server.stop(2)
             leader.close()
 
-    threads = [threading.Thread(target=run_one, args=(run, leader, built.configs[run]), name=f"run-{run}")
-               for run, leader in built.leaders.items()]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    def start(run: str) -> None:
+        stops[run] = threading.Event()
+        threads[run] = threading.Thread(target=run_one, name=f"run-{run}",
+                                        args=(run, learners.leaders[run], learners.configs[run], stops[run]))
+        threads[run].start()
+
+    for run in learners.leaders:
+        start(run)
+    while any(thread.is_alive() for thread in threads.values()):
+        try:
+            what = signals.get(timeout=1.0)
+        except queue.Empty:
+            continue
+        if what == "stop":
+            for stop in stops.values():
+                stop.set()
+            continue
+        try:
+            runs = run_configs(reload())
+            for run in [r for r in stops if r not in runs]:
+                log.info("run %s removed: it stops after its current step", run)
+                stops[run].set()
+            for run, cfg in runs.items():
+                if run not in learners.leaders:
+                    learners.add(run, cfg)
+                    start(run)
+        except Exception:  # a config `asyncrl runs` checked before writing it: a failure here is not the others'
+            log.exception("reading the runs again failed; the runs go on as they were")
     if failed:
         raise RuntimeError(f"runs {', '.join(sorted(failed))} failed: {'; '.join(map(str, failed.values()))}")
     return progress

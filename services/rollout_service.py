@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import logging
 import math
+import queue
+import signal
 import threading
 
 import grpc
 from transformers import AutoConfig
 
 from asyncrl.core.checks.validation import InvalidArgument, check_range, check_token_ids, require
-from asyncrl.core.config.runs import run_configs
+from asyncrl.core.config.runs import bank_shape, run_configs
 from asyncrl.core.engines.factory import make_engine
 from asyncrl.core.engines.run_adapters import SharedTorchModel
 from asyncrl.core.lora.versions import AdapterServing
@@ -148,36 +150,54 @@ def create_server(config, engine=None, engine_lock=None, metrics=None, replica_i
     return server, port
 
 
-def serve(config, replica_id: str = "") -> None:
+def serve(config, replica_id: str = "", reload=None) -> None:
     """Run one replica: engine, gRPC service, controller session, heartbeats and the rollout loop. With `runs:`,
-    one replica of every run on one shared model (`serve_runs`)."""
+    one replica of every run on one shared model (`serve_runs`; `reload` reads the config again)."""
     if config.runs:
-        return serve_runs(config, replica_id)
+        return serve_runs(config, replica_id, reload or (lambda: config))
     runtime = ReplicaRuntime(config, replica_id)
     server = _serve_replica(config, runtime)
     wait_until_stopped(server, on_stop=runtime.stop)
 
 
-def serve_runs(config, replica_id: str = "") -> None:
+def serve_runs(config, replica_id: str, reload) -> None:
     """A replica of each run of a deployment of several LoRA runs, on one model with every run's adapters
     (`asyncrl.core.engines.run_adapters`): per run its own runtime (registration at its controller, leases,
-    buffer stream, pushes), gRPC port and /metrics, as a replica of that run alone would have."""
-    runs = run_configs(config)
-    shared = SharedTorchModel(config.rollout.engine, config.model.path, config.model.dtype,
-                              {run: cfg.learner.lora for run, cfg in runs.items()},
-                              {spec.name: spec.weight for spec in config.runs})
-    replicas = []
-    for run, cfg in runs.items():
-        engine = shared.engine_for(run, BroadcastReceiving(), seed=replica_seed(cfg.seed, f"{replica_id}/{run}"))
-        runtime = ReplicaRuntime(cfg, replica_id, engine=engine)
-        replicas.append((_serve_replica(cfg, runtime, f" run {run}"), runtime))
+    buffer stream, pushes), gRPC port and /metrics, as a replica of that run alone would have. SIGHUP reads the
+    config again (`reload`): a run added gets its slots and replica, a removed one stops and frees them; the
+    other runs go on untouched. SIGTERM/SIGINT stop every run's."""
+    signals: queue.SimpleQueue = queue.SimpleQueue()  # first: a SIGHUP while the model loads waits, not kills
+    signal.signal(signal.SIGHUP, lambda *_: signals.put("reload"))
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: signals.put("stop"))
+    shared = SharedTorchModel(config.rollout.engine, config.model.path, config.model.dtype, bank_shape(config))
+    tenants: dict[str, tuple] = {}
 
-    def stop_all() -> None:
-        for server, runtime in replicas:
+    def sync(cfg) -> None:
+        runs, weights = run_configs(cfg), {spec.name: spec.weight for spec in cfg.runs}
+        for run in [r for r in tenants if r not in runs]:
+            server, runtime = tenants.pop(run)
             runtime.stop()
-            server.stop(2)
+            server.stop(2).wait()
+            shared.remove_run(run)
+            log.info("run %s removed from this replica", run)
+        for run, run_cfg in runs.items():
+            if run not in tenants:
+                shared.add_run(run, weights[run])
+                engine = shared.engine_for(run, BroadcastReceiving(), seed=replica_seed(run_cfg.seed,
+                                                                                        f"{replica_id}/{run}"))
+                runtime = ReplicaRuntime(run_cfg, replica_id, engine=engine)
+                tenants[run] = (_serve_replica(run_cfg, runtime, f" run {run}"), runtime)
 
-    wait_until_stopped(replicas[0][0], on_stop=stop_all)
+    sync(config)
+    while signals.get() == "reload":
+        try:
+            sync(reload())
+        except Exception:  # a config `asyncrl runs` checked before writing it: a failure here is not the others'
+            log.exception("reading the runs again failed; this replica serves on as it was")
+    for server, runtime in tenants.values():
+        runtime.stop()
+        server.stop(5).wait()
 
 
 def _serve_replica(config, runtime: ReplicaRuntime, label: str = ""):

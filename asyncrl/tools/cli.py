@@ -70,7 +70,7 @@ def _run_config(config: AsyncRLConfig, run: str) -> AsyncRLConfig:
 def _rollout(args):
     from asyncrl.services.rollout_service import serve
 
-    serve(_pinned(_config(args), "rollout"), replica_id=args.replica_id)
+    serve(_pinned(_config(args), "rollout"), replica_id=args.replica_id, reload=lambda: _config(args))
     _exit_now()
 
 
@@ -95,7 +95,7 @@ def _learner(args):
             argv += ["--set", override]
         print(f"asyncrl learner: starting {config.learner.world_size} ranks with torchrun", flush=True)
         os.execv(sys.executable, argv)
-    serve(config)
+    serve(config, reload=lambda: _config(args))
     _exit_now()
 
 
@@ -194,6 +194,26 @@ def _bench(args):
     return run(args.name, args.args)
 
 
+def _runs(args):
+    from asyncrl.tools import runs_cli
+
+    if args.action != "list" and not args.name:
+        raise ConfigError(f"NAME: the run to {args.action} is required")
+    if args.action == "add":
+        runs_cli.add_run(args.run_dir, args.name, args.weight, args.set)
+        print(f"asyncrl runs: run {args.name} added to {args.run_dir} (`asyncrl up` starts it within a second)")
+    elif args.action == "remove":
+        runs_cli.remove_run(args.run_dir, args.name)
+        print(f"asyncrl runs: run {args.name} removed from {args.run_dir} (it stops after its current step)")
+    else:
+        rows = runs_cli.list_runs(args.run_dir)
+        print(f"{'run':<20} {'weight':>6} {'state':<9} {'step':>11} {'accuracy':>8}")
+        for row in rows:
+            acc = "" if row["eval_accuracy"] is None else f"{row['eval_accuracy']:.3f}"
+            print(f"{row['name']:<20} {row['weight']:>6g} {row['state']:<9} "
+                  f"{row['step']:>5}/{row['total_steps']:<5} {acc:>8}")
+
+
 def _grafana_dashboard(args):
     from asyncrl.tools.dashboard import render
 
@@ -256,6 +276,15 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("args", nargs=argparse.REMAINDER, help="its arguments (after --)")
     bench.add_argument("--report", action="store_true", help="only regenerate docs/results.md")
     bench.set_defaults(fn=_bench)
+    runs = sub.add_parser("runs", help="list, add or remove the runs of a live deployment of several LoRA runs "
+                          "(`runs:`; docs/lora.md)")
+    runs.add_argument("action", choices=["list", "add", "remove"])
+    runs.add_argument("run_dir", metavar="RUN_DIR", help="the deployment's run directory (`asyncrl up` prints it)")
+    runs.add_argument("name", nargs="?", default="", metavar="NAME", help="the run to add or remove")
+    runs.add_argument("--weight", type=float, default=1.0, help="add: the run's share of the replicas")
+    runs.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                      help="add: one of the run's own settings, e.g. --set learner.lr=1e-4 (repeatable)")
+    runs.set_defaults(fn=_runs)
     sub.add_parser("grafana-dashboard", help="print the Grafana dashboard (deploy/grafana/dashboards/asyncrl.json)"
                    ).set_defaults(fn=_grafana_dashboard)
     return parser

@@ -29,6 +29,7 @@ from asyncrl.core.records.learner import Eval, Step
 from asyncrl.core.runtime.events import EventLog, read_records
 from asyncrl.core.wire.grpc_util import wait_for_channel
 from asyncrl.core.wire.ports import why_not_listenable
+from asyncrl.tools.live_runs import controller_name
 from asyncrl.tools.models_ready import ensure_models
 from asyncrl.tools.plot_later import plot_later
 from asyncrl.tools.port_plan import REPLICA_PORTS, check_ports, planned_ports, replica_port
@@ -265,7 +266,7 @@ def stop_run(cfg: AsyncRLConfig, group: ProcessGroup) -> None:
     """The learner first: it ends its step and records what is left while the services it talks to run."""
     group.stop(("learner",))
     if cfg.buffer.type == "redis":
-        for run, run_cfg in (run_configs(cfg) or {"": cfg}).items():
+        for run, run_cfg in (run_configs(cfg, removed=True) or {"": cfg}).items():
             closed = close_learner_log(run_cfg)
             if closed:
                 print(f"[up] {f'run {run}: ' if run else ''}{closed}", flush=True)
@@ -287,10 +288,7 @@ def start_and_supervise(cfg: AsyncRLConfig, group: ProcessGroup, check_task: boo
     runs = run_configs(cfg)
     restartable = {}
     for run in runs or [""]:  # with `runs:`, a controller per run
-        name = f"controller-{run}" if run else "controller"
-        argv = ["controller", *args, *(["--run", run] if run else [])]
-        env = redis_role_env(cfg, "controller", run)
-        restartable[name] = Restartable(group.start_cli(name, argv, env), argv, env, cfg.controller.max_restarts)
+        start_controller(cfg, group, restartable, run)
     engines = 0
     if cfg.teacher.enabled:
         env = {**vllm_cpu_binding(cfg.teacher.engine, engines), **redis_role_env(cfg, "teacher")}
@@ -322,7 +320,16 @@ def start_and_supervise(cfg: AsyncRLConfig, group: ProcessGroup, check_task: boo
         wait_for_channel(run_cfg.controller.address, 60, auth)
         print(f"[up] {f'run {run}: ' if run else ''}controller grpc {run_cfg.controller.address}, status page "
               f"http://{run_cfg.controller.host}:{run_cfg.controller.status_port}/", flush=True)
-    return Supervisor(cfg, group, learner, restartable).run()
+    return Supervisor(cfg, group, learner, restartable,
+                      start_controller=lambda run: start_controller(cfg, group, restartable, run)).run()
+
+
+def start_controller(cfg: AsyncRLConfig, group: ProcessGroup, restartable: dict, run: str = "") -> None:
+    """Start the controller (with `runs:`, run `run`'s: its own Redis user) and add it to `restartable`."""
+    name = controller_name(run) if run else "controller"
+    argv = ["controller", "--config", str(Path(cfg.run_dir) / "config.resolved.yaml"), *(["--run", run] if run else [])]
+    env = redis_role_env(cfg, "controller", run)
+    restartable[name] = Restartable(group.start_cli(name, argv, env), argv, env, cfg.controller.max_restarts)
 
 
 CHECK_TIMEOUT_S = 300.0
@@ -350,7 +357,7 @@ def finish(cfg: AsyncRLConfig) -> None:
     """Audit and a summary of the run, printed and written to <run_dir>/summary.json; the plot is drawn by a
     process of its own that outlives `up` (`plot_later`). With `runs:`, each run's in its own directory, and
     the deployment's summary.json lists them."""
-    runs = run_configs(cfg)
+    runs = run_configs(cfg, removed=True)
     if not runs:
         finish_run(cfg)
         return

@@ -45,17 +45,38 @@ def run_learner_secret(cfg: AsyncRLConfig) -> None:
 def start_run_redis(group, cfg: AsyncRLConfig, host: str = "127.0.0.1", port: int = 0) -> str:
     """The redis-server of a run `up` starts (its URL): the run's admin password (`local_redis_password`) and
     one user per role (`asyncrl.core.buffer.redis_users`), whose passwords `redis_role_env` hands out."""
-    admin = local_redis_password(cfg)
-    runs = run_configs(cfg)
+    users = redis_users(cfg, local_redis_password(cfg))
+    return start_local_redis(group, Path(cfg.run_dir) / "redis", host=host, port=port,
+                             password=local_redis_password(cfg), users=users)
+
+
+def redis_users(cfg: AsyncRLConfig, admin: str) -> list[str]:
+    """The `user` directives of a run's Redis: one user per role; with `runs:`, the learner's and the replicas'
+    reach every run's keys (a removed run's too: its last records and its audit read them) and each run's
+    controller has its own (`asyncrl.core.buffer.redis_users`)."""
+    runs = run_configs(cfg, removed=True)
     if not runs:
-        users = [acl_line(role, role_password(admin, role), cfg.buffer, cfg.controller.state_key) for role in ROLES]
-    else:  # the learner and the replicas serve every run; each run's controller reaches its own keys only
-        scopes = [(run_cfg.buffer, run_cfg.controller.state_key) for run_cfg in runs.values()]
-        users = [acl_line(role, role_password(admin, role), *scopes[0], *scopes[1:]) for role in ROLES
-                 if role != "controller"]
-        users += [acl_line("controller", role_password(admin, f"controller-{run}"), *scope, run=run)
-                  for run, scope in zip(runs, scopes)]
-    return start_local_redis(group, Path(cfg.run_dir) / "redis", host=host, port=port, password=admin, users=users)
+        return [acl_line(role, role_password(admin, role), cfg.buffer, cfg.controller.state_key) for role in ROLES]
+    scopes = [(run_cfg.buffer, run_cfg.controller.state_key) for run_cfg in runs.values()]
+    users = [acl_line(role, role_password(admin, role), *scopes[0], *scopes[1:]) for role in ROLES
+             if role != "controller"]
+    return users + [acl_line("controller", role_password(admin, f"controller-{run}"), *scope, run=run)
+                    for run, scope in zip(runs, scopes)]
+
+
+def refresh_redis_users(cfg: AsyncRLConfig) -> None:
+    """Set the users of the redis-server `up` started to `cfg`'s (runs added or removed while it lives); each
+    user's change is one `ACL SETUSER`, atomic for the connections it already has."""
+    if not (Path(cfg.run_dir) / "redis").is_dir():
+        return  # a Redis the user runs: its users are the user's to manage
+    import redis
+
+    client = redis.Redis.from_url(cfg.buffer.redis_url, password=local_redis_password(cfg), username=None)
+    try:
+        for line in redis_users(cfg, local_redis_password(cfg)):
+            client.execute_command("ACL", "SETUSER", *line.split()[1:])
+    finally:
+        client.close()
 
 
 def redis_role_env(cfg: AsyncRLConfig, role: str, run: str = "") -> dict[str, str]:

@@ -22,6 +22,7 @@ from asyncrl.core.records.learner import Eval, LearnerDied, Step
 from asyncrl.core.runtime.events import EventLog, EventTail
 from asyncrl.learner.checkpoint_index import latest_checkpoint
 from asyncrl.tools.learner_deaths import MEMORY_SETTINGS, judge, oom_kills
+from asyncrl.tools.live_runs import LiveRuns
 from asyncrl.tools.processes import Child, ProcessGroup
 from asyncrl.tools.run_secrets import start_run_redis
 
@@ -45,13 +46,17 @@ class Restartable:
 
 class Supervisor:
     def __init__(self, cfg: AsyncRLConfig, group: ProcessGroup, learner: Restartable,
-                 restartable: dict[str, Restartable], vmstat: str = "/proc/vmstat"):  # fmt: skip
+                 restartable: dict[str, Restartable], vmstat: str = "/proc/vmstat", start_controller=None):  # fmt: skip
+        """`start_controller(run)`: how `up` starts a run's controller, for runs added while the deployment
+        lives (`asyncrl.tools.live_runs`; with `runs:` only)."""
         self.cfg, self.group, self.learner, self.restartable = cfg, group, learner, restartable
         runs = run_configs(cfg)
         self.progress = [Progress(run_cfg, f"{run}: ") for run, run_cfg in runs.items()] or [Progress(cfg)]
         """One per run (`runs:`: the learner trains several)."""
         self.learner_dirs = [run_cfg.run_dir for run_cfg in runs.values()] or [cfg.run_dir]
         """Where the learner keeps its event logs: one per run."""
+        self.live = None if not runs else LiveRuns(cfg, group, restartable, start_controller, self._added)
+        """Runs added and removed while the deployment lives."""
         self.redis_restarts = 0
         self.vmstat = vmstat
         """Where the kernel counts its out-of-memory kills."""
@@ -77,8 +82,14 @@ class Supervisor:
             self.group.wait_for_an_exit(1.0)
 
     def _poll(self) -> None:
+        if self.live is not None:
+            self.live.poll()
         for progress in self.progress:
             progress.poll()
+
+    def _added(self, run: str, run_cfg: AsyncRLConfig) -> None:
+        self.progress.append(Progress(run_cfg, f"{run}: "))
+        self.learner_dirs.append(run_cfg.run_dir)
 
     def _restart_learner(self, code: int) -> bool:
         now = oom_kills(self.vmstat)

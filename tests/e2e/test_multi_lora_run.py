@@ -1,7 +1,8 @@
 """Several LoRA runs on one base, end to end (`examples/multi-lora.yaml`: four runs, two replicas, one learner):
 every run trains to its last step with a clean audit of its own; each push carries that run's adapter alone and
-every replica is verified serving it; each run keeps its own η; one model per replica process serves all four;
-and the learner killed with SIGKILL mid-run comes back with every run resumed from its own checkpoint."""
+every replica is verified serving it; each run keeps its own η; one model per replica process serves them all;
+the learner killed with SIGKILL mid-run comes back with every run resumed from its own checkpoint; and a run
+added (`asyncrl runs add`) and one removed (`asyncrl runs remove`) while the others train leave them untouched."""
 
 from __future__ import annotations
 
@@ -21,15 +22,18 @@ from tests.run_helpers import steps_done, wait_for
 pytestmark = pytest.mark.e2e
 
 CONFIG = REPO / "examples" / "multi-lora.yaml"
-RUNS = [spec["name"] for spec in yaml.safe_load(CONFIG.read_text())["runs"]]
-STEPS, SAVE_EVERY, KILL_AFTER = 16, 4, 6
+LISTED = [spec["name"] for spec in yaml.safe_load(CONFIG.read_text())["runs"]]
+REMOVED, ADDED = "lr-4e-4", "late"
+RUNS = [run for run in LISTED if run != REMOVED]
+"""The runs that train to their end (the listed ones but the one removed)."""
+STEPS, SAVE_EVERY, KILL_AFTER, CHANGE_AFTER, ADDED_STEPS = 40, 4, 6, 12, 10
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("multi-lora") / "run"
     overrides = [f"run_dir={run_dir}", f"learner.total_steps={STEPS}", f"learner.checkpoint.save_every={SAVE_EVERY}",
-                 f"learner.eval_every={SAVE_EVERY * 2}"]
+                 f"learner.eval_every={SAVE_EVERY * 2}", "rollout.max_runs=5"]
     env = {k: v for k, v in os.environ.items() if k not in ("ASYNCRL_TOKEN", "ASYNCRL_LEARNER_SECRET")}
     argv = [sys.executable, "-m", "asyncrl", "up", "--config", str(CONFIG),
             *[a for o in overrides for a in ("--set", o)]]
@@ -41,6 +45,11 @@ def runs(tmp_path_factory):
         marker = f"learner --config {run_dir / 'config.resolved.yaml'}"
         [pid] = subprocess.run(["pgrep", "-f", marker], check=False, capture_output=True, text=True).stdout.split()
         os.kill(int(pid), signal.SIGKILL)
+        wait_for(lambda: steps_done(first) >= CHANGE_AFTER + KILL_AFTER, 300, f"run {RUNS[0]} back after the kill")
+        cli = [sys.executable, "-m", "asyncrl", "runs"]
+        subprocess.run([*cli, "add", str(run_dir), ADDED, "--set", f"learner.total_steps={ADDED_STEPS}",
+                        "--set", "learner.lora.rank=8"], cwd=REPO, check=True, timeout=60)
+        subprocess.run([*cli, "remove", str(run_dir), REMOVED], cwd=REPO, check=True, timeout=60)
         out, _ = proc.communicate(timeout=600)
     finally:
         proc.kill()
@@ -51,11 +60,12 @@ def runs(tmp_path_factory):
 def test_every_run_trains_to_its_end_with_a_clean_audit_of_its_own(runs):
     run_dir, out = runs
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert list(summary["runs"]) == RUNS
-    for run in RUNS:
+    assert list(summary["runs"]) == [*LISTED, ADDED]
+    for run in [*RUNS, ADDED]:
         assert f"[up] run {run}: audit OK" in out
         own = summary["runs"][run]
-        assert own["run_dir"] == str(run_dir / run) and own["last_step"] == STEPS and own["audit"]["ok"]
+        assert own["run_dir"] == str(run_dir / run) and own["audit"]["ok"]
+        assert own["last_step"] == (ADDED_STEPS if run == ADDED else STEPS)
         assert json.loads((run_dir / run / "summary.json").read_text()) == own
 
 
@@ -70,7 +80,7 @@ def test_each_push_carries_its_runs_adapter_alone_and_every_replica_serves_it(ru
         committed = [e for e in read_events(run_dir / run, "controller") if e["kind"] == "push_committed"]
         assert committed and all(e["dropped"] == [] for e in committed)
     # Rank 16 on every projection, rank 4: the adapter's bytes scale with its rank.
-    assert sizes["lr-2e-4"] == sizes["lr-4e-4"] == sizes["sync"] == 4 * sizes["rank-4"]
+    assert sizes["lr-2e-4"] == sizes["sync"] == 4 * sizes["rank-4"]
 
 
 def test_each_run_keeps_its_own_staleness_bound(runs):
@@ -102,3 +112,22 @@ def test_the_killed_learner_comes_back_with_every_run_resumed_from_its_own_check
         # Back at its checkpoint (a multiple of SAVE_EVERY), then on to the end, each step after the other.
         assert from_step % SAVE_EVERY == 0
         assert [e["step"] for e in events[at:] if e["kind"] == "step"] == list(range(from_step + 1, STEPS + 1))
+
+
+def test_a_run_added_and_one_removed_while_the_others_train(runs):
+    """The added run trains its own steps with its own adapter on every replica; the removed one stops after its
+    step with nothing lost (its audit intact, incomplete), and its controller is stopped while the others train."""
+    run_dir, out = runs
+    assert f"[up] run {ADDED} added: its controller is starting" in out
+    assert f"[up] run {REMOVED} removed: its learner stopped it, its controller is stopped" in out
+    removed = json.loads((run_dir / REMOVED / "summary.json").read_text())
+    assert removed["audit"]["intact"] and removed["audit"]["lost"] == [] and removed["last_step"] < STEPS
+    pushes = [e for e in read_events(run_dir / ADDED, "learner") if e["kind"] == "push" and e["receivers"]]
+    assert {p["version"] for p in pushes} >= set(range(1, ADDED_STEPS + 1))
+    assert all(sorted(p["acked"]) == ["replica-0", "replica-1"] for p in pushes)
+    sizes = {run: next(e["push_bytes"] for e in read_events(run_dir / run, "learner") if e["kind"] == "push")
+             for run in (ADDED, "lr-2e-4")}
+    assert sizes["lr-2e-4"] == 2 * sizes[ADDED]  # rank 8 against the deployment's 16
+    for replica in (0, 1):
+        log = (run_dir / "logs" / f"rollout-{replica}.log").read_text()
+        assert f"replica-{replica} run {ADDED} listening" in log and f"run {REMOVED} removed from this replica" in log

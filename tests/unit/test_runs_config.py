@@ -11,7 +11,7 @@ from pydantic import ValidationError
 from asyncrl.core.buffer.redis_users import rules, user_name
 from asyncrl.core.checks.config_error import ConfigError
 from asyncrl.core.config.file import load_config
-from asyncrl.core.config.runs import PORT_STRIDE, run_configs
+from asyncrl.core.config.runs import PORT_STRIDE, BankShape, bank_shape, check_change, run_configs
 from asyncrl.core.config.schema import AsyncRLConfig
 from asyncrl.tools.cli import main
 from asyncrl.tools.port_plan import planned_ports
@@ -118,3 +118,33 @@ def test_every_runs_ports_are_planned_and_redis_users_reach_only_their_runs_keys
     own = rules("controller", b.buffer, b.controller.state_key)
     assert own.startswith("resetkeys ~asyncrl:controller:b:* ~asyncrl:trajectories:b:written:* ")
     assert user_name("controller", "b") == "asyncrl-controller-b"
+
+
+@pytest.mark.parametrize(("before", "after", "sections", "message"), [
+    # a new run whose rank the replicas' slots cannot hold
+    ([{"name": "a"}], [{"name": "a"}, {"name": "b", "overrides": {"learner": {"lora": {"rank": 32}}}}],
+     {"rollout": {"max_runs": 2}}, "run 'b': learner.lora.rank 32 is above the 16"),
+    # more active runs than the banks have slots for
+    ([{"name": "a"}], [{"name": "a"}, {"name": "b"}], {}, "rollout.max_runs: the replicas hold adapter slots for 1"),
+    # a new run adapting a module the banks do not
+    ([{"name": "a"}], [{"name": "a"}, {"name": "b", "overrides": {"learner": {"lora": {"target_modules": ["lm_x"]}}}}],
+     {"rollout": {"max_runs": 2}, "learner": {"lora": {"enabled": True, "target_modules": ["q_proj"]}}},
+     r"run 'b': learner.lora.target_modules \['lm_x'\] are not among the modules the replicas adapt \(q_proj"),
+    # a run's settings changed live, an entry dropped, a removed run back
+    ([{"name": "a"}], [{"name": "a", "weight": 3}], {}, "run 'a' cannot change while the deployment lives"),
+    ([{"name": "a"}, {"name": "b"}], [{"name": "a"}], {}, "a run's entry stays"),
+    ([{"name": "a"}, {"name": "b", "removed": True}], [{"name": "a"}, {"name": "b"}], {}, "run 'b' cannot change"),
+])
+def test_a_live_change_the_deployment_cannot_make_is_refused_naming_why(before, after, sections, message):
+    with pytest.raises(ConfigError, match=message):
+        check_change(deployment(before, **sections), deployment(after, **sections))
+
+
+def test_a_live_change_adds_runs_and_removes_them_keeping_their_places():
+    before = deployment([{"name": "a"}, {"name": "b"}], rollout={"max_runs": 3})
+    after = deployment([{"name": "a"}, {"name": "b", "removed": True}, {"name": "c"}, {"name": "d"}],
+                 rollout={"max_runs": 3})
+    assert check_change(before, after) == ["c", "d"]
+    assert list(run_configs(after)) == ["a", "c", "d"] and list(run_configs(after, removed=True)) == ["a", "b", "c", "d"]
+    assert run_configs(after)["d"].controller.port == 6000 + 3 * PORT_STRIDE  # its place in the list, b's kept
+    assert bank_shape(before) == BankShape(runs=3, max_rank=16, targets=tuple(before.learner.lora.target_modules))

@@ -116,6 +116,12 @@ class RolloutConfig(PinnedSection):
     you expect (the largest model, the longest responses). 0 = never."""
     process_rewards: ProcessRewardConfig = ProcessRewardConfig()
     """Training-free process rewards computed on the replica, off the learner's path."""
+    max_runs: int = Field(0, ge=0)
+    """With `runs:`, the runs each replica holds adapter slots for, so that runs added while the deployment
+    lives fit (`asyncrl runs add`); 0: the runs the config lists when the replica starts."""
+    max_lora_rank: int = Field(0, ge=0)
+    """With `runs:`, the largest adapter rank a replica's slots hold (memory: rank x (in + out) per targeted
+    module and slot); 0: the largest rank among the runs the config lists."""
     leases_per_batch: int = Field(8, ge=1)
     """Groups generated together in one engine call: one held lease plus up to this many-1 more that are
     admissible at once (same staleness rule). Bigger engine batches spread each forward's fixed cost over more

@@ -40,6 +40,9 @@ class RunSpec(Section):
     Redis keys, its adapter's name and the `run` label of its metrics."""
     weight: float = Field(1.0, gt=0)
     """The run's share of the replicas' capacity against the other runs' weights (equal: fair shares)."""
+    removed: bool = False
+    """Taken out of the deployment (`asyncrl runs remove`): it trains no more and its share of the replicas
+    goes to the others. The entry stays, so the runs after it keep their ports and it its run directory."""
     overrides: dict[str, Any] = Field(default_factory=dict)
     """The run's own settings, as a partial config over the deployment's: `seed`, `task`, `reward`, `sampling`,
     `tracking`, and of `controller` and `learner` the keys a run owns (η, batch size, learning rate, adapter,

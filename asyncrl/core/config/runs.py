@@ -12,6 +12,7 @@ What the runs share (the model, the replicas' engine, Redis, security) stays the
 from __future__ import annotations
 
 import copy
+from dataclasses import dataclass
 
 from pydantic import ValidationError
 
@@ -26,13 +27,75 @@ RUN_PORTS = ("controller.port", "controller.status_port", "learner.port", "learn
 """The ports each run's own processes (its controller) or tenants (in the learner and the replicas) listen on."""
 
 
-def run_configs(cfg: AsyncRLConfig) -> dict[str, AsyncRLConfig]:
-    """Run name -> that run's whole config, in the order of `runs`; {} for a deployment of one run. ConfigError
-    naming the key when the deployment cannot host several runs or a run's config does not validate."""
+def run_configs(cfg: AsyncRLConfig, removed: bool = False) -> dict[str, AsyncRLConfig]:
+    """Run name -> that run's whole config, in the order of `runs`, the removed ones left out unless `removed`;
+    {} for a deployment of one run. ConfigError naming the key when the deployment cannot host several runs
+    or a run's config does not validate."""
     if not cfg.runs:
         return {}
     _check_deployment(cfg)
-    return {spec.name: run_config(cfg, index) for index, spec in enumerate(cfg.runs)}
+    every = {spec.name: run_config(cfg, index) for index, spec in enumerate(cfg.runs)}
+    _check_capacity(cfg, every)
+    return {spec.name: every[spec.name] for spec in cfg.runs if removed or not spec.removed}
+
+
+@dataclass(frozen=True)
+class BankShape:
+    """What each replica's adapter bank holds (`asyncrl.core.engines.run_adapters`)."""
+
+    runs: int
+    """Runs it has slots for."""
+    max_rank: int
+    targets: tuple[str, ...]
+    """The modules it can adapt: the deployment's `learner.lora.target_modules` and every run's."""
+
+
+def bank_shape(cfg: AsyncRLConfig) -> BankShape:
+    """The bank a replica builds for `cfg` (`rollout.max_runs`, `rollout.max_lora_rank`, or the runs listed)."""
+    every = run_configs(cfg, removed=True)
+    active = sum(not spec.removed for spec in cfg.runs)
+    targets = dict.fromkeys(cfg.learner.lora.target_modules)
+    for run_cfg in every.values():
+        targets.update(dict.fromkeys(run_cfg.learner.lora.target_modules))
+    return BankShape(runs=cfg.rollout.max_runs or active,
+                     max_rank=cfg.rollout.max_lora_rank or max(c.learner.lora.rank for c in every.values()),
+                     targets=tuple(targets))
+
+
+def check_change(before: AsyncRLConfig, after: AsyncRLConfig) -> list[str]:
+    """The runs `after` adds to the live deployment `before` (ConfigError naming the key when the change cannot be
+    made live: a run's settings changed, a removed run back, or a new run that the replicas' banks, built for
+    `before`, cannot hold)."""
+    before_specs = {spec.name: spec for spec in before.runs}
+    after_specs = {spec.name: spec for spec in after.runs}
+    shared = before.model_dump(mode="json", exclude={"runs"}), after.model_dump(mode="json", exclude={"runs"})
+    if shared[0] != shared[1]:
+        raise ConfigError("runs: only the runs may change while the deployment lives; the shared settings differ "
+                          "(stop it, and start again with them)")
+    if [name for name in before_specs if name not in after_specs]:
+        raise ConfigError("runs: a run's entry stays once it was in the deployment (`asyncrl runs remove` marks "
+                          "it removed)")
+    for name, spec in before_specs.items():
+        now = after_specs[name]
+        if now.model_copy(update={"removed": spec.removed}) != spec or (spec.removed and not now.removed):
+            raise ConfigError(f"runs: run {name!r} cannot change while the deployment lives (only be removed); add "
+                              "a run under another name instead")
+    added = [name for name in after_specs if name not in before_specs]
+    shape, configs = bank_shape(before), run_configs(after)
+    if len(configs) > shape.runs:
+        raise ConfigError(f"rollout.max_runs: the replicas hold adapter slots for {shape.runs} runs, and "
+                          f"{len(configs)} would be active; start the deployment with a larger rollout.max_runs")
+    for name in added:
+        lora = configs[name].learner.lora
+        if lora.rank > shape.max_rank:
+            raise ConfigError(f"runs: run {name!r}: learner.lora.rank {lora.rank} is above the {shape.max_rank} "
+                              "the replicas' slots hold (rollout.max_lora_rank, set when the deployment starts)")
+        outside = [t for t in lora.target_modules if t not in shape.targets]
+        if outside:
+            raise ConfigError(f"runs: run {name!r}: learner.lora.target_modules {outside} are not among the "
+                              f"modules the replicas adapt ({', '.join(shape.targets)}: the deployment's "
+                              "learner.lora.target_modules and its runs')")
+    return added
 
 
 def run_config(cfg: AsyncRLConfig, index: int) -> AsyncRLConfig:
@@ -77,6 +140,17 @@ def _check_deployment(cfg: AsyncRLConfig) -> None:
     for ok, need in needs:
         if not ok:
             raise ConfigError(f"runs: a deployment of several runs needs {need}")
+
+
+def _check_capacity(cfg: AsyncRLConfig, every: dict[str, AsyncRLConfig]) -> None:
+    """The runs fit the replicas' banks when `rollout.max_runs` / `rollout.max_lora_rank` bound them."""
+    active = sum(not spec.removed for spec in cfg.runs)
+    if cfg.rollout.max_runs and active > cfg.rollout.max_runs:
+        raise ConfigError(f"rollout.max_runs: {active} runs are active, above {cfg.rollout.max_runs}")
+    for name, run_cfg in every.items():
+        if cfg.rollout.max_lora_rank and run_cfg.learner.lora.rank > cfg.rollout.max_lora_rank:
+            raise ConfigError(f"runs: run {name!r}: learner.lora.rank {run_cfg.learner.lora.rank} is above "
+                              f"rollout.max_lora_rank ({cfg.rollout.max_lora_rank})")
 
 
 def _merge(tree: dict, overrides: dict) -> None:

@@ -24,6 +24,7 @@ import time
 import torch
 
 from asyncrl.core.checks.weights_checksum import check_as_sent, weights_checksum
+from asyncrl.core.config.runs import BankShape
 from asyncrl.core.engines.base import Engine, Generation, weight_source
 from asyncrl.core.engines.run_shares import RunShares
 from asyncrl.core.engines.torch_decode import generate_with_model
@@ -43,16 +44,31 @@ with three a push waits for a slot only when two batches of the run overlap a pu
 class FairSteps:
     """The shared model's forwards, one at a time, handed to the runs by weighted fair shares (`RunShares`)."""
 
-    def __init__(self, weights: dict[str, float]):
-        self._shares = RunShares(weights)
+    def __init__(self):
+        self._shares = RunShares()
         self._state = threading.Condition()
-        self._batches: dict[str, int] = dict.fromkeys(weights, 0)
+        self._batches: dict[str, int] = {}
         """Run -> its batches under way (a run with one asks for forwards, between its steps too)."""
-        self._ready: dict[str, int] = dict.fromkeys(weights, 0)
+        self._ready: dict[str, int] = {}
         """Run -> its forwards waiting for a turn now."""
         self._held = False
-        self.granted: dict[str, int] = dict.fromkeys(weights, 0)
+        self.granted: dict[str, int] = {}
         """Run -> forwards granted so far."""
+
+    def add(self, run: str, weight: float = 1.0) -> None:
+        """`run` shares the forwards from now on, level with the runs asking (`RunShares.add`)."""
+        with self._state:
+            self._shares.add(run, weight)
+            self._batches[run] = self._ready[run] = 0
+            self.granted.setdefault(run, 0)
+
+    def remove(self, run: str) -> None:
+        """`run` asks no more (its batches are over): its share goes to the others."""
+        with self._state:
+            self._shares.remove(run)
+            self._batches.pop(run, None)
+            self._ready.pop(run, None)
+            self._state.notify_all()
 
     @contextlib.contextmanager
     def batch(self, run: str):
@@ -90,10 +106,10 @@ class FairSteps:
 
 
 class SharedTorchModel:
-    """One base model and an adapter bank for `runs` (run name -> its `LoraConfig`); `weights`: run -> its share
-    of the forwards (equal when None)."""
+    """One base model and an adapter bank of the deployment's `shape` (`asyncrl.core.config.runs.bank_shape`);
+    runs join (`add_run`) and leave (`remove_run`) while it serves."""
 
-    def __init__(self, engine_cfg, model_path: str, dtype: str, runs: dict, weights: dict[str, float] | None = None):
+    def __init__(self, engine_cfg, model_path: str, dtype: str, shape: BankShape):
         if engine_cfg.threads > 0:
             torch.set_num_threads(engine_cfg.threads)
         self.max_batch_size = engine_cfg.max_batch_size
@@ -101,17 +117,32 @@ class SharedTorchModel:
         self.model.requires_grad_(False)
         self.eos_ids, self.pad_id = eos_token_ids(self.model), pad_token_id(self.model)
         self.device = next(self.model.parameters()).device
-        targets = sorted({t for lora in runs.values() for t in lora.target_modules})
-        self.bank = AdapterBank(self.model, targets, slots=SLOTS_PER_RUN * len(runs),
-                                max_rank=max(lora.rank for lora in runs.values()))
-        self.slots = {run: list(range(1 + SLOTS_PER_RUN * i, 1 + SLOTS_PER_RUN * (i + 1)))
-                      for i, run in enumerate(runs)}
+        self.bank = AdapterBank(self.model, shape.targets, slots=SLOTS_PER_RUN * shape.runs, max_rank=shape.max_rank)
+        self._free = list(range(1, SLOTS_PER_RUN * shape.runs + 1))
+        self.slots: dict[str, list[int]] = {}
         """Run -> the bank slots that are its own."""
-        self.steps = FairSteps(weights or dict.fromkeys(runs, 1.0))
+        self.steps = FairSteps()
         """Each forward (a decode step of a run's batch, a scoring pass) takes a turn here."""
 
+    def add_run(self, run: str, weight: float = 1.0) -> None:
+        """Give `run` slots of its own (ValueError when the bank has none left: `rollout.max_runs`)."""
+        if run in self.slots:
+            raise ValueError(f"run {run!r} already has slots in this replica's bank")
+        if len(self._free) < SLOTS_PER_RUN:
+            raise ValueError(f"run {run!r}: this replica's adapter bank is full ({self.bank.slots // SLOTS_PER_RUN} "
+                             "runs: rollout.max_runs)")
+        self.slots[run], self._free = self._free[:SLOTS_PER_RUN], self._free[SLOTS_PER_RUN:]
+        for slot in self.slots[run]:
+            self.bank.clear(slot)
+        self.steps.add(run, weight)
+
+    def remove_run(self, run: str) -> None:
+        """`run` left (its engine closed, no batch of it running): its slots are free for another."""
+        self.steps.remove(run)
+        self._free += self.slots.pop(run, [])
+
     def engine_for(self, run: str, weights: WeightSource | None, seed: int = 0) -> RunEngine:
-        """Run `run`'s engine on this model (its pushes through `weights`)."""
+        """Run `run`'s engine on this model (its pushes through `weights`); `add_run` first."""
         return RunEngine(self, run, weights, seed)
 
 
