@@ -170,7 +170,9 @@ def serve_runs(config, replica_id: str, reload) -> None:
     signal.signal(signal.SIGHUP, lambda *_: signals.put("reload"))
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: signals.put("stop"))
-    shared = SharedTorchModel(config.rollout.engine, config.model.path, config.model.dtype, bank_shape(config))
+    shape = bank_shape(config)
+    shared = SharedTorchModel(config.rollout.engine, config.model.path, config.model.dtype, shape.runs,
+                              shape.max_rank, shape.targets)
     tenants: dict[str, tuple] = {}
 
     def sync(cfg) -> None:

@@ -32,7 +32,11 @@ RUNS = {"a": SimpleNamespace(rank=4, alpha=8.0, dropout=0.0, target_modules=["q_
 
 @pytest.fixture()
 def shared(tiny_model_dir):
-    model = SharedTorchModel(EngineConfig(threads=1, max_batch_size=8), str(tiny_model_dir.policy), "float32", RUNS)
+    targets = sorted({t for lora in RUNS.values() for t in lora.target_modules})
+    model = SharedTorchModel(EngineConfig(threads=1, max_batch_size=8), str(tiny_model_dir.policy), "float32",
+                             runs=len(RUNS), max_rank=4, targets=targets)
+    for run in RUNS:
+        model.add_run(run)
     engines = {run: model.engine_for(run, BroadcastReceiving(), seed=i) for i, run in enumerate(RUNS)}
     yield model, engines
     for engine in engines.values():
@@ -186,6 +190,13 @@ def test_full_weights_are_refused_and_the_run_serves_on(shared, learner, tiny_mo
     assert engines["b"].weight_version == 0
 
 
+def fair_steps(weights: dict[str, float]) -> FairSteps:
+    steps = FairSteps()
+    for run, weight in weights.items():
+        steps.add(run, weight)
+    return steps
+
+
 def run_batches(steps: FairSteps, plan: dict[str, int], hold_s: float = 0.02) -> list[str]:
     """Each run of `plan` runs one batch of that many forwards on a thread of its own, each forward held
     `hold_s`; the order the forwards were granted in."""
@@ -208,7 +219,7 @@ def run_batches(steps: FairSteps, plan: dict[str, int], hold_s: float = 0.02) ->
 
 
 def test_runs_get_forwards_by_their_weights_while_each_has_a_batch():
-    order = run_batches(FairSteps({"a": 2.0, "b": 1.0}), {"a": 40, "b": 40})
+    order = run_batches(fair_steps({"a": 2.0, "b": 1.0}), {"a": 40, "b": 40})
     while_both = order[:45]  # a's 40 take about the first 60 forwards: both ask throughout these
     a, b = while_both.count("a"), while_both.count("b")
     assert len(order) == 80 and abs(a - 2 * b) <= 4, "".join(order)
@@ -217,10 +228,23 @@ def test_runs_get_forwards_by_their_weights_while_each_has_a_batch():
 def test_a_run_without_a_batch_lends_its_share_and_comes_back_level():
     """c runs alone first (a has nothing to do), then a joins: a gets no credit for the forwards it lent and the
     two alternate from then on."""
-    steps = FairSteps({"a": 1.0, "c": 1.0})
+    steps = fair_steps({"a": 1.0, "c": 1.0})
     alone = run_batches(steps, {"c": 20})
     assert alone == ["c"] * 20
     both = run_batches(steps, {"a": 10, "c": 10})
     assert both.count("a") == both.count("c") == 10
     first_ten = both[:10]
     assert 4 <= first_ten.count("a") <= 6, "".join(both)  # level, not 20 forwards of a in a row
+
+
+def test_a_run_that_leaves_frees_its_slots_for_the_next_and_a_full_bank_refuses_more(shared):
+    model, engines = shared
+    with pytest.raises(ValueError, match="adapter bank is full"):
+        model.add_run("c")
+    engines["b"].close()
+    freed = model.slots["b"]
+    model.remove_run("b")
+    model.add_run("c")
+    assert model.slots["c"] == freed and all(model.bank.ranks[slot] == 0 for slot in freed)
+    with pytest.raises(ValueError, match="already has slots"):
+        model.add_run("a")

@@ -24,7 +24,6 @@ import time
 import torch
 
 from asyncrl.core.checks.weights_checksum import check_as_sent, weights_checksum
-from asyncrl.core.config.runs import BankShape
 from asyncrl.core.engines.base import Engine, Generation, weight_source
 from asyncrl.core.engines.run_shares import RunShares
 from asyncrl.core.engines.torch_decode import generate_with_model
@@ -106,10 +105,11 @@ class FairSteps:
 
 
 class SharedTorchModel:
-    """One base model and an adapter bank of the deployment's `shape` (`asyncrl.core.config.runs.bank_shape`);
-    runs join (`add_run`) and leave (`remove_run`) while it serves."""
+    """One base model and an adapter bank with slots for `runs` runs' adapters of rank up to `max_rank` on the
+    modules `targets` name (the deployment's `asyncrl.core.config.runs.bank_shape`); runs join (`add_run`) and
+    leave (`remove_run`) while it serves."""
 
-    def __init__(self, engine_cfg, model_path: str, dtype: str, shape: BankShape):
+    def __init__(self, engine_cfg, model_path: str, dtype: str, runs: int, max_rank: int, targets):
         if engine_cfg.threads > 0:
             torch.set_num_threads(engine_cfg.threads)
         self.max_batch_size = engine_cfg.max_batch_size
@@ -117,8 +117,8 @@ class SharedTorchModel:
         self.model.requires_grad_(False)
         self.eos_ids, self.pad_id = eos_token_ids(self.model), pad_token_id(self.model)
         self.device = next(self.model.parameters()).device
-        self.bank = AdapterBank(self.model, shape.targets, slots=SLOTS_PER_RUN * shape.runs, max_rank=shape.max_rank)
-        self._free = list(range(1, SLOTS_PER_RUN * shape.runs + 1))
+        self.bank = AdapterBank(self.model, targets, slots=SLOTS_PER_RUN * runs, max_rank=max_rank)
+        self._free = list(range(1, SLOTS_PER_RUN * runs + 1))
         self.slots: dict[str, list[int]] = {}
         """Run -> the bank slots that are its own."""
         self.steps = FairSteps()
