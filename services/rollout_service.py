@@ -172,7 +172,7 @@ def serve_runs(config, replica_id: str, reload) -> None:
         signal.signal(sig, lambda *_: signals.put("stop"))
     shape = bank_shape(config)
     shared = SharedTorchModel(config.rollout.engine, config.model.path, config.model.dtype, shape.runs,
-                              shape.max_rank, shape.targets)
+                              shape.max_rank, shape.targets, seed=replica_seed(config.seed, replica_id))
     tenants: dict[str, tuple] = {}
 
     def sync(cfg) -> None:
@@ -186,8 +186,7 @@ def serve_runs(config, replica_id: str, reload) -> None:
         for run, run_cfg in runs.items():
             if run not in tenants:
                 shared.add_run(run, weights[run])
-                engine = shared.engine_for(run, BroadcastReceiving(), seed=replica_seed(run_cfg.seed,
-                                                                                        f"{replica_id}/{run}"))
+                engine = shared.engine_for(run, BroadcastReceiving())
                 runtime = ReplicaRuntime(run_cfg, replica_id, engine=engine)
                 tenants[run] = (_serve_replica(run_cfg, runtime, f" run {run}"), runtime)
 

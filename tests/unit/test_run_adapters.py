@@ -5,7 +5,6 @@ refuses full weights without disturbing the others."""
 
 from __future__ import annotations
 
-import contextlib
 import threading
 import time
 from types import SimpleNamespace
@@ -15,7 +14,7 @@ import torch
 
 from asyncrl.core.checks.weights_checksum import weights_checksum
 from asyncrl.core.config.schema import EngineConfig
-from asyncrl.core.engines.run_adapters import SLOTS_PER_RUN, FairSteps, SharedTorchModel
+from asyncrl.core.engines.run_adapters import SLOTS_PER_RUN, DecodeCall, MergedDecodes, SharedTorchModel
 from asyncrl.core.model.modeling import load_causal_lm, named_weights, sequence_logprobs
 from asyncrl.core.model.sampling import SamplingParams
 from asyncrl.core.wire.push_contract import tensor_metas
@@ -37,7 +36,7 @@ def shared(tiny_model_dir):
                              runs=len(RUNS), max_rank=4, targets=targets)
     for run in RUNS:
         model.add_run(run)
-    engines = {run: model.engine_for(run, BroadcastReceiving(), seed=i) for i, run in enumerate(RUNS)}
+    engines = {run: model.engine_for(run, BroadcastReceiving()) for run in RUNS}
     yield model, engines
     for engine in engines.values():
         engine.close()
@@ -140,17 +139,15 @@ def test_a_batch_keeps_the_adapter_it_started_on_while_pushes_land(shared, learn
     push(engine, v1, specs["a"], 1)
     eos_ids, shared_model.eos_ids = shared_model.eos_ids, [-1]  # never stop early: the batch runs all its steps
     started, pushed = threading.Event(), threading.Event()
-    real_step = shared_model.steps.step
+    real_decode = shared_model.decode_batch
 
-    @contextlib.contextmanager
-    def slow_step(run):
-        """Each forward held back until the pushes are done."""
+    def slow_decode(calls):
+        """The batch held back until the pushes are done (its calls pinned already)."""
         started.set()
         pushed.wait(30)
-        with real_step(run):
-            yield
+        real_decode(calls)
 
-    shared_model.steps.step = slow_step
+    shared_model.decode_batch = slow_decode
     out = {}
     batch = threading.Thread(target=lambda: out.update(gens=engine.generate(
         PROMPTS, SamplingParams(max_new_tokens=8), n=2)))
@@ -160,7 +157,7 @@ def test_a_batch_keeps_the_adapter_it_started_on_while_pushes_land(shared, learn
         assert push(engine, perturb(model, "a", version), specs["a"], version).version == version
     pushed.set()
     batch.join(60)
-    shared_model.steps.step = real_step
+    shared_model.decode_batch = real_decode
     gens = [g for group in out["gens"] for g in group]
     assert all(set(g.weight_version) == {1} for g in gens)
     # Sampled from version 1's adapter: its log-probs, recomputed with v1 loaded on the learner's side.
@@ -190,51 +187,124 @@ def test_full_weights_are_refused_and_the_run_serves_on(shared, learner, tiny_mo
     assert engines["b"].weight_version == 0
 
 
-def fair_steps(weights: dict[str, float]) -> FairSteps:
-    steps = FairSteps()
+class FakeDecoder:
+    """A `decode_batch` that records each batch's calls, and holds the first until released."""
+
+    def __init__(self):
+        self.batches, self.release, self.first = [], threading.Event(), threading.Event()
+
+    def __call__(self, calls):
+        self.batches.append([c.prompts[0][0] for c in calls])
+        if len(self.batches) == 1:
+            self.first.set()
+            assert self.release.wait(10)
+        if any(c.prompts[0][0] < 0 for c in calls):
+            raise RuntimeError("a poisoned batch")
+        for c in calls:
+            c.result = [[c.prompts[0][0]]] * len(c.prompts)
+
+
+SAMPLED = SamplingParams(max_new_tokens=4)
+
+
+def call(run, tag, rows=8, params=SAMPLED):
+    return DecodeCall(run, [[tag]] * rows, params, 1, None, 1, 0)
+
+
+def decode_all(decodes, decoder, calls, first):
+    """`first` decoded (and held), then `calls` queued behind it one after another; every result."""
+    results = {}
+
+    def one(c):
+        try:
+            results[c.prompts[0][0]] = decodes.decode(c, decoder)
+        except RuntimeError as err:
+            results[c.prompts[0][0]] = str(err)
+
+    threads = [threading.Thread(target=one, args=(first,))]
+    threads[0].start()
+    assert decoder.first.wait(10)
+    for c in calls:
+        threads.append(threading.Thread(target=one, args=(c,)))
+        threads[-1].start()
+        while c not in decodes._waiting:  # queued in this order
+            time.sleep(0.001)
+    decoder.release.set()
+    for thread in threads:
+        thread.join(10)
+    return results
+
+
+def merged(weights, max_rows=64):
+    decodes = MergedDecodes(max_rows)
     for run, weight in weights.items():
-        steps.add(run, weight)
-    return steps
+        decodes.add(run, weight)
+    return decodes
 
 
-def run_batches(steps: FairSteps, plan: dict[str, int], hold_s: float = 0.02) -> list[str]:
-    """Each run of `plan` runs one batch of that many forwards on a thread of its own, each forward held
-    `hold_s`; the order the forwards were granted in."""
-    order, lock = [], threading.Lock()
+def test_calls_waiting_together_are_decoded_as_one_batch_while_they_fit():
+    decoder = FakeDecoder()
+    results = decode_all(merged({"a": 1, "b": 1, "c": 1}, max_rows=16), decoder,
+                         [call("b", 2), call("c", 3), call("a", 4)], first=call("a", 1))
+    # a's first call alone (nothing else waited). b and c come back level with a (no credit for the time they
+    # asked for nothing), a goes first among equals: a and b fill 16 rows, c's call is the next batch.
+    assert decoder.batches == [[1], [4, 2], [3]]
+    assert results == {t: [[t]] * 8 for t in (1, 2, 3, 4)}
 
-    def batch(run: str, n: int) -> None:
-        with steps.batch(run):
-            for _ in range(n):
-                with steps.step(run):
-                    with lock:
-                        order.append(run)
-                    time.sleep(hold_s)
 
-    threads = [threading.Thread(target=batch, args=item) for item in plan.items()]
+def test_calls_that_sample_differently_are_not_merged_and_a_failure_stays_in_its_batch():
+    decoder = FakeDecoder()
+    greedy = SamplingParams(max_new_tokens=4, greedy=True)
+    results = decode_all(merged({"a": 1, "b": 1, "c": 1}), decoder,
+                         [call("b", -2), call("c", 3, params=greedy), call("a", 4)], first=call("a", 1))
+    assert decoder.batches == [[1], [4, -2], [3]]
+    assert results[-2] == results[4] == "a poisoned batch" and results[3] == [[3]] * 8
+
+
+def test_when_not_all_fit_the_runs_go_by_their_weights():
+    """a (weight 2) and b always have a call waiting and one call fills a batch: two of a's to one of b's."""
+    decoder = FakeDecoder()
+    decodes = merged({"a": 2, "b": 1}, max_rows=8)
+    queued = [call(run, 10 + 2 * i + (run == "b")) for i in range(6) for run in ("a", "b")]  # a even, b odd
+    decode_all(decodes, decoder, queued, first=call("b", 1))
+    order = ["a" if t % 2 == 0 else "b" for (t,) in decoder.batches[1:]]
+    assert "".join(order[:9]) == "abaabaaba"  # b had its turn first: level, then two of a's to one of b's
+
+
+def test_two_runs_decoded_together_sample_what_each_would_alone(shared, learner):
+    shared_model, engines = shared
+    model, specs = learner
+    for version, run in ((1, "a"), (1, "b")):
+        push(engines[run], perturb(model, run, 7 if run == "a" else 8), specs[run], version)
+    params = SamplingParams(max_new_tokens=6, greedy=True)
+    alone = {run: engines[run].generate(PROMPTS, params) for run in engines}
+    assert alone["a"] != alone["b"]  # the adapters differ enough to change greedy answers
+    release, out = threading.Event(), {}
+    real = shared_model.decode_batch
+
+    def gated(calls):
+        release.wait(10)
+        real(calls)
+
+    shared_model.decode_batch = gated
+    blocker = threading.Thread(target=lambda: out.update(first=engines["a"].generate(PROMPTS[:1], params)))
+    blocker.start()
+    time.sleep(0.2)  # the blocker's decode holds the model: the next two calls wait together
+    threads = [threading.Thread(target=lambda r=r: out.update({r: engines[r].generate(PROMPTS, params)}))
+               for r in engines]
     for thread in threads:
         thread.start()
-    for thread in threads:
+    while len(shared_model.decodes._waiting) < 2:
+        time.sleep(0.001)
+    release.set()
+    for thread in [blocker, *threads]:
         thread.join(30)
-    return order
-
-
-def test_runs_get_forwards_by_their_weights_while_each_has_a_batch():
-    order = run_batches(fair_steps({"a": 2.0, "b": 1.0}), {"a": 40, "b": 40})
-    while_both = order[:45]  # a's 40 take about the first 60 forwards: both ask throughout these
-    a, b = while_both.count("a"), while_both.count("b")
-    assert len(order) == 80 and abs(a - 2 * b) <= 4, "".join(order)
-
-
-def test_a_run_without_a_batch_lends_its_share_and_comes_back_level():
-    """c runs alone first (a has nothing to do), then a joins: a gets no credit for the forwards it lent and the
-    two alternate from then on."""
-    steps = fair_steps({"a": 1.0, "c": 1.0})
-    alone = run_batches(steps, {"c": 20})
-    assert alone == ["c"] * 20
-    both = run_batches(steps, {"a": 10, "c": 10})
-    assert both.count("a") == both.count("c") == 10
-    first_ten = both[:10]
-    assert 4 <= first_ten.count("a") <= 6, "".join(both)  # level, not 20 forwards of a in a row
+    shared_model.decode_batch = real
+    assert shared_model.decodes.merged[-1] == ("a", "b")
+    for run in engines:
+        assert [[g.token_ids for g in group] for group in out[run]] == [[g.token_ids for g in group]
+                                                                        for group in alone[run]]
+        assert all(set(g.weight_version) == {1} for group in out[run] for g in group)
 
 
 def test_a_run_that_leaves_frees_its_slots_for_the_next_and_a_full_bank_refuses_more(shared):

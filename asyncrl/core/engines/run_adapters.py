@@ -9,9 +9,12 @@ slot of the run's that no batch is pinned to (it waits for one when every slot i
 of a batch), then made live by one assignment. Before its first push a run's batches run on the base (slot
 0), the policy a LoRA run starts from (B = 0).
 
-The runs' batches take turns on the model one forward (a decode step) at a time, by weighted fair shares
-(`FairSteps`, `runs[].weight`): while several runs have a batch under way each gets forwards in proportion to
-its weight; a run with none (its learner behind, its η reached) lends its share and comes back level.
+Runs' batches that wait at the same time are decoded as one (`MergedDecodes`): each row through its own
+run's adapter, one forward per step for all of them, so the per-step cost is spread over every run's rows
+(bench/mixed_adapters.py). Calls join a merged batch while their rows fit `rollout.engine.max_batch_size` and
+they sample alike (the same sampling parameters and group size); which runs' calls go first when not all fit
+is decided by weighted fair shares (`RunShares`, `runs[].weight`): a run that has nothing to decode (its
+learner behind, its η reached) lends its share and comes back level.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import contextlib
 import logging
 import threading
 import time
+from dataclasses import dataclass
 
 import torch
 
@@ -40,68 +44,98 @@ SLOTS_PER_RUN = 3
 with three a push waits for a slot only when two batches of the run overlap a push (a replica runs one at a time)."""
 
 
-class FairSteps:
-    """The shared model's forwards, one at a time, handed to the runs by weighted fair shares (`RunShares`)."""
+@dataclass(eq=False)
+class DecodeCall:
+    """One run's `generate` call, waiting to be decoded (alone or merged with others')."""
 
-    def __init__(self):
+    run: str
+    prompts: list[list[int]]
+    params: SamplingParams
+    n: int
+    seeds: list[int] | None
+    slot: int
+    version: int
+    result: list[list[Generation]] | None = None
+    error: BaseException | None = None
+    done: bool = False
+
+    @property
+    def rows(self) -> int:
+        return len(self.prompts) * self.n
+
+    def merges_with(self, other: DecodeCall) -> bool:
+        """Both sample alike, so one decode serves both."""
+        return (self.params, self.n, self.seeds is None) == (other.params, other.n, other.seeds is None)
+
+
+class MergedDecodes:
+    """One decode at a time over the shared model, each made of the waiting calls that fit together."""
+
+    def __init__(self, max_rows: int):
+        self.max_rows = max_rows
+        """Rows one merged decode takes at most (a first call larger than this is decoded alone)."""
         self._shares = RunShares()
         self._state = threading.Condition()
-        self._batches: dict[str, int] = {}
-        """Run -> its batches under way (a run with one asks for forwards, between its steps too)."""
-        self._ready: dict[str, int] = {}
-        """Run -> its forwards waiting for a turn now."""
-        self._held = False
-        self.granted: dict[str, int] = {}
-        """Run -> forwards granted so far."""
+        self._waiting: list[DecodeCall] = []
+        self._decoding = False
+        self.merged: list[tuple[str, ...]] = []
+        """The runs of each decode so far, in order (the last 1000)."""
 
     def add(self, run: str, weight: float = 1.0) -> None:
-        """`run` shares the forwards from now on, level with the runs asking (`RunShares.add`)."""
         with self._state:
             self._shares.add(run, weight)
-            self._batches[run] = self._ready[run] = 0
-            self.granted.setdefault(run, 0)
 
     def remove(self, run: str) -> None:
-        """`run` asks no more (its batches are over): its share goes to the others."""
         with self._state:
             self._shares.remove(run)
-            self._batches.pop(run, None)
-            self._ready.pop(run, None)
-            self._state.notify_all()
 
-    @contextlib.contextmanager
-    def batch(self, run: str):
-        """Inside, `run` has a batch under way: it keeps its place in the shares between its steps."""
+    def decode(self, call: DecodeCall, decode_batch) -> list[list[Generation]]:
+        """`call`'s result, decoded by whichever caller finds the model free next (`decode_batch(calls)` fills
+        each call's result), merged with the calls that fit."""
         with self._state:
-            self._batches[run] += 1
-        try:
-            yield
-        finally:
+            self._waiting.append(call)
+        while True:
             with self._state:
-                self._batches[run] -= 1
-                self._state.notify_all()
+                self._state.wait_for(lambda: call.done or not self._decoding)
+                if call.done:
+                    break
+                batch = self._take()
+                self._decoding = True
+            try:
+                decode_batch(batch)
+            except Exception as err:  # noqa: BLE001 - every call of the batch fails with it, none hangs
+                for each in batch:
+                    each.error = err
+            finally:
+                with self._state:
+                    for each in batch:
+                        if each.result is None and each.error is None:
+                            each.error = RuntimeError("the decode this call was part of did not finish")
+                        each.done = True
+                    self._decoding = False
+                    self.merged = [*self.merged[-999:], tuple(each.run for each in batch)]
+                    self._state.notify_all()
+        if call.error is not None:
+            raise call.error
+        return call.result
 
-    @contextlib.contextmanager
-    def step(self, run: str):
-        """One forward of `run`'s, once it is the asking run furthest behind its share among those ready."""
-        with self._state:
-            self._ready[run] += 1
-            self._state.wait_for(lambda: not self._held and self._next() == run)
-            self._ready[run] -= 1
-            self._held = True
-            self._shares.granted(run, 1)
-            self.granted[run] += 1
-        try:
-            yield
-        finally:
-            with self._state:
-                self._held = False
-                self._state.notify_all()
-
-    def _next(self) -> str | None:
-        ready = [run for run, n in self._ready.items() if n]
-        asking = ready + [run for run, n in self._batches.items() if n]
-        return self._shares.pick(asking, among=ready)
+    def _take(self) -> list[DecodeCall]:
+        """The next batch: the first waiting call of the run furthest behind its share, then, by the same order,
+        calls that sample alike while their rows fit (taken from the waiting list)."""
+        batch: list[DecodeCall] = []
+        rows = 0
+        while True:
+            fits = [c for c in self._waiting if not batch or (c.merges_with(batch[0]) and rows + c.rows <= self.max_rows)]
+            if not fits:
+                return batch
+            # Asking: every run with a call waiting or in this batch (the shares' floor); chosen among those that fit.
+            asking = {c.run for c in self._waiting} | {c.run for c in batch}
+            run = self._shares.pick(asking, among={c.run for c in fits})
+            call = next(c for c in fits if c.run == run)
+            self._waiting.remove(call)
+            self._shares.granted(run, call.rows)
+            batch.append(call)
+            rows += call.rows
 
 
 class SharedTorchModel:
@@ -109,7 +143,7 @@ class SharedTorchModel:
     modules `targets` name (the deployment's `asyncrl.core.config.runs.bank_shape`); runs join (`add_run`) and
     leave (`remove_run`) while it serves."""
 
-    def __init__(self, engine_cfg, model_path: str, dtype: str, runs: int, max_rank: int, targets):
+    def __init__(self, engine_cfg, model_path: str, dtype: str, runs: int, max_rank: int, targets, seed: int = 0):
         if engine_cfg.threads > 0:
             torch.set_num_threads(engine_cfg.threads)
         self.max_batch_size = engine_cfg.max_batch_size
@@ -121,8 +155,11 @@ class SharedTorchModel:
         self._free = list(range(1, SLOTS_PER_RUN * runs + 1))
         self.slots: dict[str, list[int]] = {}
         """Run -> the bank slots that are its own."""
-        self.steps = FairSteps()
-        """Each forward (a decode step of a run's batch, a scoring pass) takes a turn here."""
+        self.decodes = MergedDecodes(self.max_batch_size)
+        """Every run's generate calls, decoded one merged batch at a time."""
+        self.forward_lock = threading.Lock()
+        """Held by each decode and each scoring pass."""
+        self._generator = torch.Generator(device=self.device).manual_seed(seed)
 
     def add_run(self, run: str, weight: float = 1.0) -> None:
         """Give `run` slots of its own (ValueError when the bank has none left: `rollout.max_runs`)."""
@@ -134,27 +171,45 @@ class SharedTorchModel:
         self.slots[run], self._free = self._free[:SLOTS_PER_RUN], self._free[SLOTS_PER_RUN:]
         for slot in self.slots[run]:
             self.bank.clear(slot)
-        self.steps.add(run, weight)
+        self.decodes.add(run, weight)
 
     def remove_run(self, run: str) -> None:
         """`run` left (its engine closed, no batch of it running): its slots are free for another."""
-        self.steps.remove(run)
+        self.decodes.remove(run)
         self._free += self.slots.pop(run, [])
 
-    def engine_for(self, run: str, weights: WeightSource | None, seed: int = 0) -> RunEngine:
+    def engine_for(self, run: str, weights: WeightSource | None) -> RunEngine:
         """Run `run`'s engine on this model (its pushes through `weights`); `add_run` first."""
-        return RunEngine(self, run, weights, seed)
+        return RunEngine(self, run, weights)
+
+    @torch.no_grad()
+    def decode_batch(self, calls: list[DecodeCall]) -> None:
+        """Decode `calls` as one batch (each prompt through its call's slot) and hand each call its rows, every
+        token tagged with the version its call was pinned to."""
+        first = calls[0]
+        prompts = [p for call in calls for p in call.prompts]
+        seeds = None if first.seeds is None else [s for call in calls for s in call.seeds]
+        with self.forward_lock:
+            out = generate_with_model(self.model, prompts, first.params, first.n, eos_ids=self.eos_ids,
+                                      pad_id=self.pad_id, max_batch_size=self.max_batch_size,
+                                      generator=self._generator, seeds=seeds, bank=self.bank,
+                                      adapter_slots=[call.slot for call in calls for _ in call.prompts])
+        at = 0
+        for call in calls:
+            call.result, at = out[at : at + len(call.prompts)], at + len(call.prompts)
+            for group in call.result:
+                for gen in group:
+                    gen.weight_version = [call.version] * len(gen.weight_version)
 
 
 class RunEngine(Engine):
     """One run's view of a `SharedTorchModel`: its slots, its version, its pushes (see the module's docstring)."""
 
-    def __init__(self, shared: SharedTorchModel, run: str, weights: WeightSource | None, seed: int):
+    def __init__(self, shared: SharedTorchModel, run: str, weights: WeightSource | None):
         self._shared = shared
         self._run = run
         self._own = shared.slots[run]
         self._weights = weights
-        self._generator = torch.Generator(device=shared.device).manual_seed(seed)
         self._state = threading.Condition()
         self._live = (BASE_SLOT, 0, "")
         """(slot, version, checksum) served now."""
@@ -185,17 +240,10 @@ class RunEngine(Engine):
 
     def generate(self, prompts: list[list[int]], params: SamplingParams, n: int = 1,
                  seeds: list[int] | None = None) -> list[list[Generation]]:
-        shared, run = self._shared, self._run
-        with self._pinned() as (slot, version), shared.steps.batch(run):
-            @contextlib.contextmanager
-            def step():
-                with shared.steps.step(run):
-                    yield version
-
-            return generate_with_model(shared.model, prompts, params, n, eos_ids=shared.eos_ids,
-                                       pad_id=shared.pad_id, max_batch_size=shared.max_batch_size,
-                                       generator=self._generator, step_guard=step, seeds=seeds,
-                                       bank=shared.bank, adapter_slots=[slot] * len(prompts))
+        shared = self._shared
+        with self._pinned() as (slot, version):
+            call = DecodeCall(self._run, prompts, params, n, seeds, slot, version)
+            return shared.decodes.decode(call, shared.decode_batch)
 
     def score(self, sequences: list[list[int]], response_starts: list[int]) -> list[list[float]]:
         shared, out = self._shared, []
@@ -203,7 +251,7 @@ class RunEngine(Engine):
             for lo in range(0, len(sequences), shared.max_batch_size):
                 seqs = sequences[lo : lo + shared.max_batch_size]
                 starts = response_starts[lo : lo + shared.max_batch_size]
-                with shared.steps.step(self._run), torch.no_grad(), shared.bank.rows([slot] * len(seqs)):
+                with shared.forward_lock, torch.no_grad(), shared.bank.rows([slot] * len(seqs)):
                     logp, _ = shared_prompt_logprobs(shared.model, seqs, starts, pad_id=shared.pad_id)
                 rows = logp.cpu().tolist()
                 out.extend(row[: len(seq) - start] for row, seq, start in zip(rows, seqs, starts))
