@@ -67,7 +67,10 @@ class Trainer:
         self.pad_id = pad_id
         self.ranks = ranks
         # Only what trains has optimizer state (with LoRA: the adapters; `learner.adapters`).
-        self.optimizer = adamw([p for p in model.parameters() if p.requires_grad], learner_cfg, ranks.sharded)
+        self.trained = [p for p in model.parameters() if p.requires_grad]
+        """What this trainer trains: every weight, or its run's adapter. Its gradients alone are clipped and
+        unscaled; another run's on the same base (`learner.runs`) keep theirs from their last step."""
+        self.optimizer = adamw(self.trained, learner_cfg, ranks.sharded)
         self.lora = learner_cfg.lora.enabled
         self.lora_dropout = self.lora and learner_cfg.lora.dropout > 0
         """Adapter dropout: the proximal and reference forwards then run in eval mode (no dropout), unfused."""
@@ -130,11 +133,12 @@ class Trainer:
 
     @torch.no_grad()
     def weights_finite(self) -> bool:
-        """Every weight (this rank's shard of it) finite, on every rank. Runs after every step, so it is one
+        """Every weight it trains (this rank's shard of it) finite, on every rank (a frozen base cannot become
+        non-finite). Runs after every step, so it is one
         fused norm over all tensors (a couple of kernels where checking tensor by tensor launches two per
         tensor: a small model's GPU step is bound by its launches), and the exact check tensor by tensor only
         when that norm is not finite (a norm also overflows from finite weights beyond about 1e19)."""
-        local = [p.to_local() if hasattr(p, "to_local") else p for p in self.model.parameters()]
+        local = [p.to_local() if hasattr(p, "to_local") else p for p in self.trained]
         finite = not local or bool(torch.isfinite(torch.nn.utils.get_total_norm(local)))
         if not finite:
             finite = bool(torch.stack([t.isfinite().all() for t in local]).all())
@@ -354,8 +358,8 @@ class Trainer:
                     weighted[key] += 0.0 if spare else float(value)
             loss = self.ranks.sum(local_loss)
             mb_metrics = self._mean_over_parts(weighted, real)
-        self.loss_scale.unscale_(self.model.parameters())
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.max_grad_norm)
+        self.loss_scale.unscale_(self.trained)
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.trained, self.cfg.max_grad_norm)
         if hasattr(grad_norm, "full_tensor"):
             grad_norm = grad_norm.full_tensor()
         # The skip decision must be the same on every rank.

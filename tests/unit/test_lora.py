@@ -256,7 +256,8 @@ def test_the_merged_export_computes_what_the_adapted_policy_computes(tiny_model_
 
 def test_runs_on_one_base_each_train_as_if_alone(tiny_model_dir):
     """Two runs' adapters (other ranks, targets and learning rates) on one base, their steps interleaved: each
-    run's adapter ends bit for bit where the same run trained alone on its own copy of the base ends; the base
+    run's adapter ends bit for bit where the same run trained alone on its own copy of the base ends, its
+    gradients clipped by their own norm (the other run's, still set from its last step, not counted); the base
     never moves; each run's optimizer holds its own adapter only."""
     from asyncrl.learner.adapters import inject_adapters, lora_parameters, run_active
     from asyncrl.learner.trainer import Trainer
@@ -268,7 +269,7 @@ def test_runs_on_one_base_each_train_as_if_alone(tiny_model_dir):
 
     def trainer(model, run):
         lora, lr, _ = runs[run]
-        cfg = LearnerConfig.model_validate({"lr": lr, "lora": {"enabled": True, **vars(lora)},
+        cfg = LearnerConfig.model_validate({"lr": lr, "lora": {"enabled": True, **vars(lora)}, "max_grad_norm": 0.01,
                                             "algo": {"preset": "decoupled_token_is",
                                                      "kl": {"mode": "loss", "coef": 0.1}}})
         with run_active(model, run):
@@ -284,10 +285,11 @@ def test_runs_on_one_base_each_train_as_if_alone(tiny_model_dir):
     for run, t in trainers.items():
         assert {id(p) for g in t.optimizer.param_groups for p in g["params"]} == {
             id(p) for _, p in lora_parameters(shared, run)}
+    norms = {run: [] for run in runs}
     for step in range(3):
         for run, t in trainers.items():
             with run_active(shared, run):
-                t.step(batch(prompt=runs[run][2]), version=step + 1)
+                norms[run].append(t.step(batch(prompt=runs[run][2]), version=step + 1)["opt/grad_norm"])
     assert all(torch.equal(p, frozen[n]) for n, p in shared.named_parameters() if n in frozen)
 
     ids = torch.tensor([[1, 5, 6, 14, 3, 4]])
@@ -297,8 +299,8 @@ def test_runs_on_one_base_each_train_as_if_alone(tiny_model_dir):
         torch.manual_seed(seed)
         inject_adapters(alone, runs[run][0], run)
         t = trainer(alone, run)
-        for step in range(3):
-            t.step(batch(prompt=runs[run][2]), version=step + 1)
+        alone_norms = [t.step(batch(prompt=runs[run][2]), version=step + 1)["opt/grad_norm"] for step in range(3)]
+        assert norms[run] == alone_norms and min(alone_norms) > 0.01  # every step clipped, by its own norm
         for (name, got), (_, want) in zip(lora_parameters(shared, run), lora_parameters(alone, run), strict=True):
             assert torch.equal(got, want), (run, name)
         with torch.no_grad(), run_active(shared, run):
