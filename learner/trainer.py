@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import itertools
 import logging
 import math
@@ -25,7 +26,7 @@ from collections import defaultdict
 import torch
 
 from asyncrl.core.model.modeling import sequence_logprobs
-from asyncrl.core.model.prompt_sharing import shared_prompt_logprobs, why_nothing_shared
+from asyncrl.core.model.prompt_sharing import shared_prompt_logprobs, usable_layouts, why_nothing_shared
 from asyncrl.core.model.sampling import SamplingParams
 from asyncrl.learner.adapters import adapters_disabled
 from asyncrl.learner.algos import build_advantages, objective_units, policy_objective
@@ -86,7 +87,8 @@ class Trainer:
         self.replay = RoutingReplay(model, learner_cfg.routing_replay)
         self.shares_prompts = learner_cfg.share_prompts and self._why_not_shared(model, ranks) is None
         """A group's prompt runs once per forward (`learner.share_prompts`, where it applies)."""
-        self.forward_logprobs = shared_prompt_logprobs if self.shares_prompts else sequence_logprobs
+        self.forward_logprobs = (functools.partial(shared_prompt_logprobs, layouts=usable_layouts(model))
+                                 if self.shares_prompts else sequence_logprobs)
         """(model, sequences, response_starts, params, pad_id) -> ([N, T] log-probs, mask): every forward."""
         self.in_parts = ranks.sharded or learner_cfg.microbatch_tokens > 0
         """Mini-batches trained in parts (ranks, micro-batches): denominators come from the whole mini-batch."""

@@ -116,11 +116,18 @@ def choose_layout(model, sequences: list[list[int]], response_starts: list[int])
     return _choose(model, sequences, response_starts)[0]
 
 
-def _choose(model, sequences, response_starts) -> tuple[str, list[list[packing.Tree]] | None]:
-    """`choose_layout`, with the plan of packed rows it costed when it chose them."""
+def usable_layouts(model) -> list[str]:
+    """The layouts `model` can run (`why_not_layouts`). A caller that forwards one model many times computes
+    this once and hands it over: the check walks every module of the model (activation checkpointing)."""
+    return [layout for layout in LAYOUTS if layout not in why_not_layouts(model)]
+
+
+def _choose(model, sequences, response_starts, layouts=None) -> tuple[str, list[list[packing.Tree]] | None]:
+    """`choose_layout` among `layouts` (None: `usable_layouts`), with the plan of packed rows it costed when it
+    chose them."""
     distinct, prompt_of = distinct_prompts([seq[:start] for seq, start in zip(sequences, response_starts)])
     response_lengths = [len(seq) - start for seq, start in zip(sequences, response_starts)]
-    layouts = [layout for layout in LAYOUTS if layout not in why_not_layouts(model)]
+    layouts = usable_layouts(model) if layouts is None else layouts
     if len(distinct) == len(sequences) or not all(response_lengths) or layouts == ["whole"]:
         return "whole", None
     prompt_lengths, width = [len(p) for p in distinct], packing.model_width(model)
@@ -131,31 +138,32 @@ def _choose(model, sequences, response_starts) -> tuple[str, list[list[packing.T
 
 
 def shared_prompt_logprobs(model, sequences: list[list[int]], response_starts: list[int],
-                           params: SamplingParams | None = None,
-                           pad_id: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+                           params: SamplingParams | None = None, pad_id: int = 0,
+                           layouts: list[str] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """`sequence_logprobs(model, sequences, response_starts, params, pad_id)` ([N, T] log-probs and mask;
     differentiable when grad is enabled) with one forward per distinct prompt, in the layout that costs least
-    (`choose_layout`)."""
+    (`choose_layout`) among `layouts` (None: `usable_layouts(model)`)."""
     check_response_starts(sequences, response_starts)
-    layout, plan = _choose(model, sequences, response_starts)
+    layout, plan = _choose(model, sequences, response_starts, layouts)
     if layout == "packed":
         return packing.packed_logprobs(model, sequences, response_starts, params, pad_id, plan=plan)
     if layout == "kv_copy":
-        return kv_copy_logprobs(model, sequences, response_starts, params, pad_id)
+        return kv_copy_logprobs(model, sequences, response_starts, params, pad_id, checked=True)
     return sequence_logprobs(model, sequences, response_starts, params, pad_id=pad_id)
 
 
 def kv_copy_logprobs(model, sequences: list[list[int]], response_starts: list[int],
-                     params: SamplingParams | None = None, pad_id: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+                     params: SamplingParams | None = None, pad_id: int = 0,
+                     checked: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """`sequence_logprobs` from a prefill of the distinct prompts whose KV cache is copied to the rows that
     continue them, then one forward of the responses. Falls back to one forward of every whole sequence when
     no prompt is shared, a response is empty, the model cannot share (`why_not_shared`) or returns no KV
-    cache it can copy."""
+    cache it can copy. `checked`: the caller knows the model can share."""
     check_response_starts(sequences, response_starts)
     prompts = [seq[:start] for seq, start in zip(sequences, response_starts)]
     distinct, rows = distinct_prompts(prompts)
     responses = [seq[start:] for seq, start in zip(sequences, response_starts)]
-    if len(distinct) == len(sequences) or not all(responses) or why_not_shared(model) is not None:
+    if len(distinct) == len(sequences) or not all(responses) or (not checked and why_not_shared(model) is not None):
         return sequence_logprobs(model, sequences, response_starts, params, pad_id=pad_id)
     device = next(model.parameters()).device
     base = model.base_model
