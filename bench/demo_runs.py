@@ -16,13 +16,16 @@ from asyncrl.tools.processes import process_argv
 
 
 def run_demo(run_dir: Path, overrides: list[str], timeout_s: float = 1800,
-             cpu_samples: list | None = None, example: str = "tiny-arith") -> list[dict]:
+             cpu_samples: list | None = None, example: str = "tiny-arith", memory_peaks: dict | None = None,
+             events_dir: Path | None = None, config: Path | None = None) -> list[dict]:
     """`asyncrl up` on examples/<example>.yaml (the demo's) with `--set` overrides, into `run_dir`; returns the learner's
     events (raises SystemExit with the output's tail when the run fails). With `cpu_samples` (a list), the CPU
-    time of every process of the run is sampled into it every half second (`sample_cpu`)."""
+    time of every process of the run is sampled into it every half second (`sample_cpu`); with `memory_peaks` (a
+    dict), each role's peak resident memory (`sample_memory`). `events_dir`: where the learner's events are
+    (a run of a deployment of several: `run_dir/<run>`); `config`: a config file instead of the example's."""
     repo = Path(__file__).resolve().parents[1]
     argv = [sys.executable, "-m", "asyncrl", "--log-level", "WARNING", "up",
-            "--config", str(repo / "examples" / f"{example}.yaml"), "--set", f"run_dir={run_dir}"]
+            "--config", str(config or repo / "examples" / f"{example}.yaml"), "--set", f"run_dir={run_dir}"]
     for override in overrides:
         argv += ["--set", override]
     with tempfile.TemporaryFile("w+") as output:
@@ -31,6 +34,9 @@ def run_demo(run_dir: Path, overrides: list[str], timeout_s: float = 1800,
         while proc.poll() is None and time.monotonic() < deadline:
             if cpu_samples is not None:
                 cpu_samples.append(sample_cpu(proc.pid))
+            if memory_peaks is not None:
+                for role, peak in sample_memory(proc.pid).items():
+                    memory_peaks[role] = max(memory_peaks.get(role, 0), peak)
             time.sleep(0.5)
         if proc.poll() is None:
             proc.kill()
@@ -38,7 +44,7 @@ def run_demo(run_dir: Path, overrides: list[str], timeout_s: float = 1800,
         tail = output.read()[-3000:]
     if proc.wait() != 0:
         raise SystemExit(f"asyncrl up {' '.join(overrides)} failed:\n{tail}")
-    return [json.loads(line) for line in (run_dir / "events" / "learner.jsonl").read_text().splitlines()]
+    return [json.loads(line) for line in ((events_dir or run_dir) / "events" / "learner.jsonl").read_text().splitlines()]
 
 
 class DemoInBackground:
@@ -66,10 +72,9 @@ class DemoInBackground:
         return self._result["events"]
 
 
-def sample_cpu(root_pid: int) -> tuple[float, dict[str, float]]:
-    """(time, role -> CPU seconds used so far) over the process tree under `root_pid`, from /proc (Linux):
-    roles are the `asyncrl` subcommands (learner, rollout, teacher, controller, check), `redis-server`, `up`'s fork
-    server and `up`."""
+def _process_tree(root_pid: int) -> list[tuple[int, str]]:
+    """(pid, role) of every process under `root_pid`, from /proc (Linux): roles are the `asyncrl` subcommands
+    (learner, rollout, teacher, controller, check), `redis-server`, `up`'s fork server and `up`."""
     children: dict[int, list[int]] = {}
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
@@ -78,21 +83,45 @@ def sample_cpu(root_pid: int) -> tuple[float, dict[str, float]]:
             except (OSError, IndexError, ValueError):
                 continue
             children.setdefault(parent, []).append(int(entry.name))
-    ticks, used, todo = os.sysconf("SC_CLK_TCK"), {}, [root_pid]
+    out, todo = [], [root_pid]
     while todo:
         pid = todo.pop()
         todo += children.get(pid, [])
         try:
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
             argv = process_argv(pid) or [""]  # a zombie's is empty
         except OSError:
             continue  # exited meanwhile
         role = next((argv[i + 1] for i, a in enumerate(argv[:-1]) if a.endswith("asyncrl.tools.cli")), "")
         if "asyncrl.tools.fork_server" in argv:
             role = "fork-server"
-        role = "redis-server" if "redis-server" in argv[0] else role if role not in ("", "--log-level") else "up"
+        out.append((pid, "redis-server" if "redis-server" in argv[0] else role if role not in ("", "--log-level")
+                    else "up"))
+    return out
+
+
+def sample_cpu(root_pid: int) -> tuple[float, dict[str, float]]:
+    """(time, role -> CPU seconds used so far) over the process tree under `root_pid` (`_process_tree`)."""
+    ticks, used = os.sysconf("SC_CLK_TCK"), {}
+    for pid, role in _process_tree(root_pid):
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
         used[role] = used.get(role, 0.0) + (int(fields[11]) + int(fields[12])) / ticks
     return time.time(), used
+
+
+def sample_memory(root_pid: int) -> dict[str, int]:
+    """Role -> the largest peak resident memory (VmHWM, bytes) of one process of that role under `root_pid`."""
+    peaks: dict[str, int] = {}
+    for pid, role in _process_tree(root_pid):
+        try:
+            status = Path(f"/proc/{pid}/status").read_text()
+        except OSError:
+            continue
+        kib = next((int(line.split()[1]) for line in status.splitlines() if line.startswith("VmHWM:")), 0)
+        peaks[role] = max(peaks.get(role, 0), kib * 1024)
+    return peaks
 
 
 def cpu_ms_per_step(samples: list, start_t: float, end_t: float, steps: int) -> dict[str, float]:

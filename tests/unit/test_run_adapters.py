@@ -318,3 +318,28 @@ def test_a_run_that_leaves_frees_its_slots_for_the_next_and_a_full_bank_refuses_
     assert model.slots["c"] == freed and all(model.bank.ranks[slot] == 0 for slot in freed)
     with pytest.raises(ValueError, match="already has slots"):
         model.add_run("a")
+
+
+def test_runs_that_ask_again_right_after_their_batch_are_decoded_together():
+    """Each run's next call comes a moment after its last batch ended (its results written, leases taken): the
+    free model waits that moment (MERGE_WINDOW of a decode) for the runs of the last batch, so two runs do not
+    take turns alone."""
+    decodes = merged({"a": 1, "b": 1})
+
+    def slow(calls):
+        time.sleep(0.04)
+        for c in calls:
+            c.result = [[c.prompts[0][0]]]
+
+    def run(name):
+        for i in range(12):
+            decodes.decode(call(name, i, rows=1), slow)
+            time.sleep(0.003)  # writing the results, asking for the next leases
+
+    threads = [threading.Thread(target=run, args=(name,)) for name in ("a", "b")]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    together = sum(len(runs) == 2 for runs in decodes.merged)
+    assert together >= 9 and len(decodes.merged) <= 15, decodes.merged

@@ -68,6 +68,12 @@ class DecodeCall:
         return (self.params, self.n, self.seeds is None) == (other.params, other.n, other.seeds is None)
 
 
+MERGE_WINDOW = 0.25
+"""Of the last decode's duration: how long a free model waits for the calls of the runs of the last batch that
+have none waiting yet. The run whose batch just ended asks again within milliseconds (its results written, its
+next leases taken); without the wait two runs would take turns alone and never merge."""
+
+
 class MergedDecodes:
     """One decode at a time over the shared model, each made of the waiting calls that fit together."""
 
@@ -80,6 +86,8 @@ class MergedDecodes:
         self._decoding = False
         self.merged: list[tuple[str, ...]] = []
         """The runs of each decode so far, in order (the last 1000)."""
+        self._last_s = 0.0
+        """How long the last decode took."""
 
     def add(self, run: str, weight: float = 1.0) -> None:
         with self._state:
@@ -94,13 +102,20 @@ class MergedDecodes:
         each call's result), merged with the calls that fit."""
         with self._state:
             self._waiting.append(call)
+            self._state.notify_all()
         while True:
             with self._state:
                 self._state.wait_for(lambda: call.done or not self._decoding)
+                deadline = time.monotonic() + MERGE_WINDOW * self._last_s
+                while not (call.done or self._decoding) and self._missing() and time.monotonic() < deadline:
+                    self._state.wait(max(0.0, deadline - time.monotonic()))
                 if call.done:
                     break
+                if self._decoding:  # another caller took the model meanwhile
+                    continue
                 batch = self._take()
                 self._decoding = True
+            started = time.monotonic()
             try:
                 decode_batch(batch)
             except Exception as err:  # noqa: BLE001 - every call of the batch fails with it, none hangs
@@ -113,11 +128,17 @@ class MergedDecodes:
                             each.error = RuntimeError("the decode this call was part of did not finish")
                         each.done = True
                     self._decoding = False
+                    self._last_s = time.monotonic() - started
                     self.merged = [*self.merged[-999:], tuple(each.run for each in batch)]
                     self._state.notify_all()
         if call.error is not None:
             raise call.error
         return call.result
+
+    def _missing(self) -> bool:
+        """A run of the last batch has no call waiting (it is about to ask again)."""
+        last = self.merged[-1] if self.merged else ()
+        return bool(set(last) - {c.run for c in self._waiting})
 
     def _take(self) -> list[DecodeCall]:
         """The next batch: the first waiting call of the run furthest behind its share, then, by the same order,

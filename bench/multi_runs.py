@@ -1,0 +1,148 @@
+"""Several LoRA runs on one base against the same runs one after another (`runs:`, docs/lora.md).
+
+K LoRA runs (rank 16 on every projection, η 2), alike but for their seeds, of one base config:
+  together : one deployment trains the K runs at once, its replicas and its learner shared, the runs' waiting
+             batches decoded as one (`runs:`, rollout.engine.max_batch_size K times the run's batch);
+  in_turn  : the K runs one after another, each a LoRA run of its own deployment: what a user without several
+             runs per deployment does.
+Both arms start from the same YAML (the base example with `SETUPS`' overrides), the learner pinned to core 0 and
+the replicas to core 1 (on two cores, the stand-in for a learner and replicas on devices of their own).
+Figures, each arm in the same sitting:
+  - aggregate learner steps per second: K x steps over the wall time from each deployment's first lease to its
+    last step (summed over the in-turn runs), so start-up is left out of both;
+  - the learner's busy share (the bound: a learner busy all the time cannot step faster), over that wall time;
+  - peak resident memory (VmHWM) of the learner process and of the replica process;
+  - each run's held-out greedy accuracy after its last step (equal samples: the same steps of the same B).
+Setups (`--setups`):
+  demo-gen     : the demo, one replica taking one group per engine call: one run alone leaves its learner idle
+                 most of the time (generation-bound);
+  demo-learner : the demo with eight optimizer steps per batch: one run alone keeps its learner busy;
+  smollm2-gen  : SmolLM2-135M-Instruct on reasoning-gym sums, one replica taking one group per engine call.
+
+    .venv/bin/python bench/multi_runs.py [--runs 4] [--setups demo-gen demo-learner smollm2-gen] [--steps N]
+    (or: asyncrl bench multi_runs)
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+import yaml
+from common import emit, mean_sd
+from demo_runs import run_demo
+
+from asyncrl.core.runtime.events import read_events
+
+REPO = Path(__file__).resolve().parents[1]
+LORA = ["learner.lora.enabled=true", "learner.lora.rank=16", "learner.lora.alpha=32", "controller.eta=2",
+        "learner.cpus=[0]", "rollout.cpus=[1]", "learner.threads=1", "rollout.engine.threads=1",
+        "teacher.enabled=false", "learner.algo.opd.enabled=false"]
+"""Every setup's runs: LoRA on the base, the learner and the replicas on cores of their own, no teacher."""
+SETUPS = {
+    "demo-gen": ("tiny-arith", 60, ["learner.lr=2.0e-4", "rollout.replicas=1", "rollout.leases_per_batch=1"]),
+    "demo-learner": ("tiny-arith", 60, ["learner.lr=2.0e-4", "rollout.replicas=2", "learner.minibatches=8"]),
+    "smollm2-gen": ("smollm2-arithmetic", 6, ["learner.lr=1.0e-4", "rollout.replicas=1",
+                                              "rollout.leases_per_batch=1"]),
+}
+"""Setup -> (base example, default steps per run, its overrides)."""
+
+
+def wall_and_busy(run_dirs: list[Path]) -> tuple[float, float, int]:
+    """(seconds from the first lease granted to the last step, over `run_dirs` together; the learner's busy
+    seconds in them; the steps)."""
+    leases = [e["t"] for d in run_dirs for e in read_events(d, "controller") if e["kind"] == "lease_granted"]
+    steps = [e for d in run_dirs for e in read_events(d, "learner") if e["kind"] == "step"]
+    return max(e["t"] for e in steps) - min(leases), sum(e["time/step_s"] for e in steps), len(steps)
+
+
+def final_accuracy(run_dir: Path) -> float:
+    return [e["accuracy"] for e in read_events(run_dir, "learner") if e["kind"] == "eval"][-1]
+
+
+def base_config(tmp: Path, example: str, runs: int) -> tuple[Path, Path]:
+    """(the base example as one run, the same with `runs` runs alike but for their seeds), written under `tmp`."""
+    tree = yaml.safe_load((REPO / "examples" / f"{example}.yaml").read_text())
+    tmp.mkdir(parents=True, exist_ok=True)
+    alone, together = tmp / "alone.yaml", tmp / "together.yaml"
+    alone.write_text(yaml.safe_dump(tree))
+    batch = tree.get("rollout", {}).get("engine", {}).get("max_batch_size", 64)
+    tree.setdefault("rollout", {}).setdefault("engine", {})["max_batch_size"] = batch * runs
+    tree["runs"] = [{"name": f"seed-{i}", "overrides": {"seed": i}} for i in range(runs)]
+    together.write_text(yaml.safe_dump(tree))
+    return alone, together
+
+
+def arm_figures(dirs: list[Path], walls_busies: list[tuple[float, float, int]], peaks: dict) -> dict:
+    wall = sum(w for w, _, _ in walls_busies)
+    steps = sum(n for _, _, n in walls_busies)
+    return {"wall_s": wall, "steps": steps, "steps_per_s": steps / wall,
+            "learner_busy": sum(b for _, b, _ in walls_busies) / wall,
+            "learner_peak_mib": peaks["learner"] / 2**20, "replica_peak_mib": peaks["rollout"] / 2**20,
+            "final_accuracies": [final_accuracy(d) for d in dirs]}
+
+
+def together(tmp: Path, config: Path, runs: int, steps: int, extra: list[str]) -> dict:
+    run_dir, peaks = tmp / "together", {}
+    run_demo(run_dir, [*LORA, *extra, f"learner.total_steps={steps}", f"learner.eval_every={steps}"],
+             config=config, memory_peaks=peaks, events_dir=run_dir / "seed-0", timeout_s=3600)
+    dirs = [run_dir / f"seed-{i}" for i in range(runs)]
+    return arm_figures(dirs, [wall_and_busy(dirs)], peaks)
+
+
+def in_turn(tmp: Path, config: Path, runs: int, steps: int, extra: list[str]) -> dict:
+    dirs, measured, peaks = [], [], {}
+    for i in range(runs):
+        run_dir = tmp / f"alone-{i}"
+        run_demo(run_dir, [*LORA, *extra, f"seed={i}", f"learner.total_steps={steps}", f"learner.eval_every={steps}"],
+                 config=config, memory_peaks=peaks, timeout_s=3600)
+        dirs.append(run_dir)
+        measured.append(wall_and_busy([run_dir]))
+        wall, busy, n = measured[-1]
+        print(f"in_turn run {i}: {n / wall:.2f} steps/s, learner busy {busy / wall:.0%}", file=sys.stderr, flush=True)
+    figures = arm_figures(dirs, measured, peaks)
+    figures["learner_busy_alone"] = [round(b / w, 3) for w, b, _ in measured]
+    return figures
+
+
+def compare(one: dict, many: dict) -> dict:
+    mean_alone, sd_alone = mean_sd(one["final_accuracies"])
+    mean_many, sd_many = mean_sd(many["final_accuracies"])
+    return {"throughput_ratio": round(many["steps_per_s"] / one["steps_per_s"], 3),
+            "learner_memory_ratio": round(many["learner_peak_mib"] / one["learner_peak_mib"], 3),
+            "replica_memory_ratio": round(many["replica_peak_mib"] / one["replica_peak_mib"], 3),
+            "learner_busy_alone_median": statistics.median(one["learner_busy_alone"]),
+            "accuracy": {"together_mean": round(mean_many, 4), "together_sd": round(sd_many, 4),
+                         "in_turn_mean": round(mean_alone, 4), "in_turn_sd": round(sd_alone, 4)}}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--runs", type=int, default=4)
+    parser.add_argument("--setups", nargs="+", default=list(SETUPS), choices=list(SETUPS))
+    parser.add_argument("--steps", type=int, default=0, help="steps per run (0: the setup's own)")
+    args = parser.parse_args()
+    results = {}
+    with tempfile.TemporaryDirectory(prefix="asyncrl-bench-", ignore_cleanup_errors=True) as tmp:
+        for name in args.setups:
+            example, default_steps, extra = SETUPS[name]
+            steps = args.steps or default_steps
+            alone, many = base_config(Path(tmp) / name, example, args.runs)
+            arms = {"in_turn": in_turn(Path(tmp) / name, alone, args.runs, steps, extra),
+                    "together": together(Path(tmp) / name, many, args.runs, steps, extra)}
+            results[name] = {"example": example, "steps": steps, "overrides": extra, **arms,
+                             **compare(arms["in_turn"], arms["together"])}
+            print(f"{name}: together {arms['together']['steps_per_s']:.2f} steps/s against "
+                  f"{arms['in_turn']['steps_per_s']:.2f} ({results[name]['throughput_ratio']}x)",
+                  file=sys.stderr, flush=True)
+    emit("multi_runs", {"runs": args.runs, "lora": LORA, "setups": results},
+         {f"{name}: {arm}": results[name][arm]["steps_per_s"] for name in results for arm in ("in_turn", "together")},
+         "aggregate learner steps / s",
+         f"{args.runs} LoRA runs on one base, together against one after another (same sitting)")
+
+
+if __name__ == "__main__":
+    main()
