@@ -45,7 +45,7 @@ LORA = ["learner.lora.enabled=true", "learner.lora.rank=16", "learner.lora.alpha
 SETUPS = {
     "demo-gen": ("tiny-arith", 60, ["learner.lr=2.0e-4", "rollout.replicas=1", "rollout.leases_per_batch=1"]),
     "demo-learner": ("tiny-arith", 60, ["learner.lr=2.0e-4", "rollout.replicas=2", "learner.minibatches=8"]),
-    "smollm2-gen": ("smollm2-arithmetic", 6, ["learner.lr=1.0e-4", "rollout.replicas=1",
+    "smollm2-gen": ("smollm2-arithmetic", 4, ["learner.lr=1.0e-4", "rollout.replicas=1",
                                               "rollout.leases_per_batch=1"]),
 }
 """Setup -> (base example, default steps per run, its overrides)."""
