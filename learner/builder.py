@@ -9,7 +9,6 @@ With `learner.world_size` > 1 every rank builds its part: rank 0 the whole loop 
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import itertools
 import logging
@@ -150,11 +149,11 @@ def build_learner(config) -> Leader | Follower:
 
 
 def leader_for(config, trainer: Trainer, adapter, *, ranks: Ranks = SINGLE, mirror=None, memory=None,
-               resumed=(None, None), run: str = DEFAULT_RUN, turn=contextlib.nullcontext) -> Leader:
+               resumed=(None, None), run: str = DEFAULT_RUN, on_base=None) -> Leader:
     """The loop of one run and its collaborators around `trainer` (its model built and resumed): its controller,
     buffer, push, evaluations, checkpoints, metrics. `adapter`: the run's `AdapterSpec` (None: full weights);
-    `resumed`: (the checkpoint's meta, its path) or Nones; `run`/`turn`: the run's adapter and the turn it
-    takes on a base that several runs share (`learner.runs`)."""
+    `resumed`: (the checkpoint's meta, its path) or Nones; `run`/`on_base`: the run's adapter and how its
+    model work is run on a base that several runs share (`learner.runs`)."""
     model = trainer.model
     meta, path = resumed
     full_model = model if mirror is None else mirror.module
@@ -186,7 +185,7 @@ def leader_for(config, trainer: Trainer, adapter, *, ranks: Ranks = SINGLE, mirr
                                   wire_dtype=master_weights_for(config)),
         evaluate=_as_engines_run(trainer, functools.partial(
             evaluate_held_out, full_model, task, sampling, config.learner.eval_pass_k, config.learner.eval_samples,
-            config.learner.eval_samples_max, config.learner.eval_pass_k_large, episodes)),
+            config.learner.eval_samples_max, config.learner.eval_pass_k_large, episodes, on_model=on_base)),
         events=EventLog(config.run_dir, "learner"),
         metrics=metrics,
         limits=limits,
@@ -201,7 +200,7 @@ def leader_for(config, trainer: Trainer, adapter, *, ranks: Ranks = SINGLE, mirr
         memory_watch=None if memory is None else MemoryWatch(memory.plan),
         eta=config.controller.eta,
         canonical_order=seeded_sampling(config.model.determinism),
-        turn=turn,
+        on_base=on_base,
     )
     if memory is not None:
         loop.events.write(MemoryPlanned(parts=memory.plan.parts(), needed=memory.plan.needed,

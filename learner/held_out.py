@@ -18,13 +18,21 @@ SOLVED = 1.0
 
 
 def evaluate_held_out(model, task, sampling: SamplingParams, pass_k: int = 0, samples: int = 1,
-                      samples_max: int = 0, large_k: int = 0, episodes=None) -> dict[str, float]:
+                      samples_max: int = 0, large_k: int = 0, episodes=None, on_model=None) -> dict[str, float]:
     """{"accuracy": ...} plus, when pass_k > 0, the pass@k figures (`pass_at_k_scores`) and "eval/samples"
     (samples drawn). Dynamic N: a prompt not solved by its first `samples` gets `samples` more at a time, up
     to `samples_max` (0: no more), so the hard tail that decides pass@k at large k is measured where it is.
     With `episodes` (multi-turn), the accuracy is the mean reward of the greedy episodes.
-    (generate_with_model puts the model in eval mode and back.)"""
-    generate = functools.partial(generate_with_model, model, eos_ids=eos_token_ids(model), pad_id=pad_token_id(model))
+    (generate_with_model puts the model in eval mode and back.) `on_model(fn)`: how each generation is run
+    where several runs share the model (`learner.runs`: on the base's thread); the rewards are scored here, so
+    a reward that hangs holds its own run only."""
+    generate = functools.partial(torch.no_grad()(generate_with_model), model, eos_ids=eos_token_ids(model),
+                                 pad_id=pad_token_id(model))
+    if on_model is not None:
+        on_own_thread = generate
+
+        def generate(*args, **kwargs):
+            return on_model(functools.partial(on_own_thread, *args, **kwargs))
     with torch.no_grad():
         result = {"accuracy": greedy_accuracy(generate, task, max_new_tokens=sampling.max_new_tokens,
                                               episodes=episodes)}

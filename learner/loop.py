@@ -8,7 +8,6 @@ or restarted, so they can get leases (and produce the data the learner waits for
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import logging
 import time
@@ -57,15 +56,15 @@ class LearnerLoop:
                  ranks: Ranks = SINGLE, mirror: Mirror | None = None,
                  replica_evals: BackgroundEvaluations | None = None,
                  memory_watch: MemoryWatch | None = None, eta: int | None = None,
-                 canonical_order: bool = False, turn=contextlib.nullcontext):  # fmt: skip
+                 canonical_order: bool = False, on_base=None):  # fmt: skip
         """`groups_per_step`: B / G; `lookahead`: the groups held to choose each batch from (`lookahead_groups`);
         `model_path`: what a fresh start trains from (its `resumed` record); `teacher`: how `teacher_stub` is
         called (retries, time-outs); `eta`: the run's staleness bound, held at read too (`learner.stale_groups`);
-        `canonical_order`: each batch in `intake.age` order (`model.determinism`); `turn`: held around everything
-        that runs the model (steps, evaluations, checkpoints), where several runs share one base
-        (`learner.runs`)."""
+        `canonical_order`: each batch in `intake.age` order (`model.determinism`); `on_base(fn, *args)`: how
+        what runs the model is called (steps, checkpoints; `evaluate` takes it itself): where several runs
+        share one base, on the base's own thread with this run's adapter active (`learner.runs`); None: here."""
         self.config = learner
-        self.turn = turn
+        self.on_base = on_base or (lambda fn, *args: fn(*args))
         self.memory_watch = memory_watch
         """The memory check after the first step (`learner.memory_plan`); None: not checked, or done."""
         self.teacher_config = teacher or TeacherConfig()
@@ -155,8 +154,7 @@ class LearnerLoop:
     def run_eval(self) -> float:
         """Evaluate the learner's own model now, in line."""
         t0 = time.perf_counter()
-        with self.turn():
-            result = self.evaluate()
+        result = self.evaluate()  # its generations go through `on_base` themselves, its rewards stay here
         self._record_eval(self.progress.step, self.progress.version, result, time.perf_counter() - t0, by="learner")
         return result["accuracy"]
 
@@ -209,8 +207,7 @@ class LearnerLoop:
         meta = CheckpointMeta(p.step, p.version, p.data_position, time.time())
         covered, self._unacked = self._unacked, []
         groups, self._unacked_groups = self._unacked_groups, []
-        with self.turn():
-            self.saver.save(self.trainer.model, self.trainer.optimizer, meta, covered, groups)
+        self.on_base(self.saver.save, self.trainer.model, self.trainer.optimizer, meta, covered, groups)
         self._saved_step = p.step
 
     def resume(self, meta: CheckpointMeta, path: str) -> None:
@@ -346,8 +343,7 @@ class LearnerLoop:
         prepare_s = time.perf_counter() - t0
         if self.ranks.sharded:
             self.ranks.broadcast((STEP, batch, version))
-        with self.turn():
-            metrics = train_step(self.trainer, batch, version, self.mirror)
+        metrics = self.on_base(train_step, self.trainer, batch, version, self.mirror)
         if self.memory_watch is not None:
             self._refit_memory()  # before the first push's snapshot and the first checkpoint's copy exist
         metrics["teacher/learner_asked"] = float(learner_asked)

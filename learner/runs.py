@@ -4,15 +4,17 @@ The base model is loaded once; each run's adapter is injected into it under the 
 and targets, and each run has its own `Trainer` (its AdamW over its adapter only), controller, buffer stream,
 push of its adapter alone, checkpoints, events and metrics: the loop of a single run (`LearnerLoop`), one per
 run, each on a thread of its own. What they share is the model, so everything that runs it (a step, an
-evaluation, a checkpoint's copy) takes the base's turn: one run at a time, that run's adapter active. A run
-waiting for data holds nothing, so the learner trains whichever run has a full batch; the turn is handed out
-first come, first served, so a run with a batch waits at most for the steps of the runs ahead of it.
+evaluation, a checkpoint's copy) runs on the base's own thread (`SharedBase.run`): one run's work at a time,
+that run's adapter active, first come, first served, so a run with a batch waits at most for the steps of the
+runs ahead of it. A run waiting for data holds nothing, so the learner trains whichever run has a full batch.
+One thread also keeps one heap: glibc gives each thread an arena of its own and keeps what it frees there, so
+four runs stepping on their own threads held four steps' activations (SmolLM2: 10.9 against 3.7 GB for one).
 """
 
 from __future__ import annotations
 
-import contextlib
-import threading
+import functools
+from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
@@ -31,34 +33,26 @@ from asyncrl.learner.trainer import Trainer
 
 
 class SharedBase:
-    """One base model holding every run's adapter; `turn(run)` is one run's exclusive use of it."""
+    """One base model holding every run's adapter, and the one thread that runs it (`run`)."""
 
     def __init__(self, model: torch.nn.Module):
         self.model = model
-        self._queue = threading.Condition()
-        self._next_ticket = 0
-        self._serving = 0
+        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="base")
 
-    @contextlib.contextmanager
-    def exclusive(self):
-        """Inside, nothing else uses the model. Granted in the order asked for (a ticket lock): no run can be
-        passed over while it waits."""
-        with self._queue:
-            ticket = self._next_ticket
-            self._next_ticket += 1
-            self._queue.wait_for(lambda: self._serving == ticket)
-        try:
-            yield
-        finally:
-            with self._queue:
-                self._serving += 1
-                self._queue.notify_all()
+    def run(self, run: str | None, fn, *args):
+        """`fn(*args)` on the base's thread, after the work asked for before it, with run `run`'s adapter active
+        and the only one with gradients (None: as it is, for changes to the model itself); its result, or its
+        exception, is the caller's."""
+        return self._thread.submit(self._as, run, fn, *args).result()
 
-    @contextlib.contextmanager
-    def turn(self, run: str):
-        """Inside, the model is `run`'s alone: its adapter active, the only one with gradients."""
-        with self.exclusive(), run_active(self.model, run):
-            yield
+    def _as(self, run: str | None, fn, *args):
+        if run is None:
+            return fn(*args)
+        with run_active(self.model, run):
+            return fn(*args)
+
+    def close(self) -> None:
+        self._thread.shutdown(wait=True)
 
 
 class RunLearners:
@@ -77,19 +71,18 @@ class RunLearners:
         """Run name -> its config (`asyncrl.core.config.runs.run_config`)."""
 
     def add(self, run: str, cfg) -> Leader:
-        """Run `run`'s adapter injected into the base (while no other run uses it), its trainer resumed from its
+        """Run `run`'s adapter injected into the base (between other runs' work), its trainer resumed from its
         own latest checkpoint (`learner.checkpoint.resume_from` of the run), and its loop."""
-        model = self.base.model
-        with self.base.exclusive():  # peft adds the adapter's modules to every targeted layer
-            spec = inject_adapters(model, cfg.learner.lora, run=run)
+        model, base = self.base.model, self.base
+        spec = base.run(None, inject_adapters, model, cfg.learner.lora, run)  # peft adds modules to the layers
         dump_config(cfg, f"{cfg.run_dir}/config.learner.resolved.yaml")
-        with self.base.turn(run):  # the trainer's optimizer takes the parameters that train now: this run's adapter
-            trainer = Trainer(model, cfg.learner, SamplingParams.from_config(cfg.sampling), pad_token_id(model),
-                              SINGLE)
-            path = resume_path(cfg.learner.checkpoint, cfg.run_dir)
-            meta = load_checkpoint(path, model, trainer.optimizer) if path else None
+        # The trainer's optimizer takes the parameters that train when it is made: this run's adapter.
+        trainer = base.run(run, Trainer, model, cfg.learner, SamplingParams.from_config(cfg.sampling),
+                           pad_token_id(model), SINGLE)
+        path = resume_path(cfg.learner.checkpoint, cfg.run_dir)
+        meta = base.run(run, load_checkpoint, path, model, trainer.optimizer) if path else None
         self.leaders[run] = leader_for(cfg, trainer, spec, resumed=(meta, path), run=run,
-                                       turn=lambda: self.base.turn(run))
+                                       on_base=functools.partial(base.run, run))
         self.configs[run] = cfg
         return self.leaders[run]
 

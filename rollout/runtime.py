@@ -61,9 +61,11 @@ def advertised_host(rollout_cfg, controller_host: str) -> str:
 
 
 class ReplicaRuntime:
-    def __init__(self, config, replica_id: str = "", engine=None):
+    def __init__(self, config, replica_id: str = "", engine=None, on_failure=None):
         """`engine`: the run's view of a model several runs share (`asyncrl.core.engines.run_adapters`); None:
-        the replica's own engine, built from the config."""
+        the replica's own engine, built from the config. `on_failure(why)`: called instead of exiting the
+        process when a loop dies (a replica of one run among several: the others go on); None: the process
+        exits, so that its supervisor restarts it."""
         self.config = config
         self.requested_id = replica_id
         if config.rollout.engine.threads:
@@ -81,6 +83,7 @@ class ReplicaRuntime:
         self.rewards: RewardPool | None = None
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
+        self._on_failure = on_failure
 
     @property
     def push_key(self) -> bytes:
@@ -143,7 +146,11 @@ class ReplicaRuntime:
         Kubernetes) starts it again and its leases expire."""
         try:
             loop(self._stop)
-        except BaseException:
+        except BaseException as err:
+            if self._on_failure is not None:
+                log.critical("the %s died", name, exc_info=True)
+                self._on_failure(f"{name} died: {type(err).__name__}: {err}")
+                return
             log.critical("the %s died; exiting so that this replica is restarted", name, exc_info=True)
             logging.shutdown()
             os._exit(1)

@@ -142,13 +142,15 @@ def serve_runs(config, reload) -> dict[str, LearnerProgress]:
 
     def start(run: str) -> None:
         stops[run] = threading.Event()
-        threads[run] = threading.Thread(target=run_one, name=f"run-{run}",
+        threads[run] = threading.Thread(target=run_one, name=f"run-{run}", daemon=True,
                                         args=(run, learners.leaders[run], learners.configs[run], stops[run]))
         threads[run].start()
 
+    removed: set[str] = set()
     for run in learners.leaders:
         start(run)
-    while any(thread.is_alive() for thread in threads.values()):
+    # A removed run's loop stuck in its own code (a reward that never returns) does not hold the others' end.
+    while any(thread.is_alive() for run, thread in threads.items() if run not in removed):
         try:
             what = signals.get(timeout=1.0)
         except queue.Empty:
@@ -159,9 +161,10 @@ def serve_runs(config, reload) -> dict[str, LearnerProgress]:
             continue
         try:
             runs = run_configs(reload())
-            for run in [r for r in stops if r not in runs]:
+            for run in [r for r in stops if r not in runs and r not in removed]:
                 log.info("run %s removed: it stops after its current step", run)
                 stops[run].set()
+                removed.add(run)
             for run, cfg in runs.items():
                 if run not in learners.leaders:
                     learners.add(run, cfg)

@@ -174,29 +174,57 @@ def serve_runs(config, replica_id: str, reload) -> None:
     shared = SharedTorchModel(config.rollout.engine, config.model.path, config.model.dtype, shape.runs,
                               shape.max_rank, shape.targets, seed=replica_seed(config.seed, replica_id))
     tenants: dict[str, tuple] = {}
+    restarts: dict[str, int] = {}
+    weights = {spec.name: spec.weight for spec in config.runs}
+
+    def start(run: str, run_cfg) -> None:
+        shared.add_run(run, weights[run])
+        runtime = ReplicaRuntime(run_cfg, replica_id, engine=shared.engine_for(run, BroadcastReceiving()),
+                                 on_failure=lambda why: signals.put(("failed", run, why)))
+        tenants[run] = (_serve_replica(run_cfg, runtime, f" run {run}"), runtime, run_cfg)
+
+    def stop(run: str) -> None:
+        server, runtime, _cfg = tenants.pop(run)
+        runtime.stop()
+        server.stop(2).wait()
+        shared.remove_run(run)
 
     def sync(cfg) -> None:
-        runs, weights = run_configs(cfg), {spec.name: spec.weight for spec in cfg.runs}
+        runs = run_configs(cfg)
+        weights.update({spec.name: spec.weight for spec in cfg.runs})
         for run in [r for r in tenants if r not in runs]:
-            server, runtime = tenants.pop(run)
-            runtime.stop()
-            server.stop(2).wait()
-            shared.remove_run(run)
+            stop(run)
             log.info("run %s removed from this replica", run)
         for run, run_cfg in runs.items():
             if run not in tenants:
-                shared.add_run(run, weights[run])
-                engine = shared.engine_for(run, BroadcastReceiving())
-                runtime = ReplicaRuntime(run_cfg, replica_id, engine=engine)
-                tenants[run] = (_serve_replica(run_cfg, runtime, f" run {run}"), runtime)
+                start(run, run_cfg)
+
+    def failed(run: str, why: str) -> None:
+        """One run's replica failed: it alone stops, and starts again (a fresh registration, its slots reset)
+        while it has restarts left (`rollout.max_restarts`); the other runs' replicas go on untouched."""
+        if run not in tenants:
+            return
+        run_cfg = tenants[run][2]
+        stop(run)
+        restarts[run] = restarts.get(run, 0) + 1
+        if restarts[run] > run_cfg.rollout.max_restarts:
+            log.error("run %s: its replica's %s; out of restarts (%d): this replica serves the other runs",
+                      run, why, run_cfg.rollout.max_restarts)
+            return
+        log.error("run %s: its replica's %s; restarting it (%d/%d)", run, why, restarts[run],
+                  run_cfg.rollout.max_restarts)
+        start(run, run_cfg)
 
     sync(config)
-    while signals.get() == "reload":
+    while (what := signals.get()) != "stop":
         try:
-            sync(reload())
+            if what == "reload":
+                sync(reload())
+            else:
+                failed(*what[1:])
         except Exception:  # a config `asyncrl runs` checked before writing it: a failure here is not the others'
-            log.exception("reading the runs again failed; this replica serves on as it was")
-    for server, runtime in tenants.values():
+            log.exception("changing this replica's runs failed; it serves on as it was")
+    for server, runtime, _cfg in tenants.values():
         runtime.stop()
         server.stop(5).wait()
 

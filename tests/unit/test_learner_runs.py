@@ -1,5 +1,6 @@
-"""The learner's base shared by several runs (`asyncrl.learner.runs.SharedBase`): inside a run's turn only that
-run's adapter computes and has gradients; turns go in the order they were asked for, one at a time."""
+"""The learner's base shared by several runs (`asyncrl.learner.runs.SharedBase`): a run's work runs with only that
+run's adapter computing and having gradients, on the base's one thread, in the order it was asked for, one at a
+time."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import threading
 import time
 from types import SimpleNamespace
 
+import pytest
 import torch
 
 from asyncrl.learner.adapters import inject_adapters, lora_parameters
@@ -33,44 +35,50 @@ def shared_base() -> SharedBase:
     return SharedBase(model)
 
 
-def test_a_turn_is_one_runs_adapter_alone():
+def test_a_runs_work_sees_its_adapter_alone():
     base = shared_base()
     x = torch.ones(1, 4)
+
+    def forward():
+        trainable = {n for n, p in base.model.named_parameters() if p.requires_grad}
+        return base.model(x), trainable
+
     outs = {}
     for run in ("a", "b", "c"):
-        with base.turn(run):
-            outs[run] = base.model(x)
-            trainable = {n for n, p in base.model.named_parameters() if p.requires_grad}
-            assert trainable == {n for n, p in base.model.named_parameters() if f".{run}." in n}
+        outs[run], trainable = base.run(run, forward)
+        assert trainable == {n for n, p in base.model.named_parameters() if f".{run}." in n}
     # Each run's adapter changes the output by its own amount (0.1, 0.2, 0.3 in every entry of A and B).
     base_out = base.model.q_proj.base_layer(x)
     deltas = [(outs[run] - base_out).abs().max().item() for run in ("a", "b", "c")]
     assert deltas[0] < deltas[1] < deltas[2]
+    with pytest.raises(ZeroDivisionError):  # the caller gets the work's exception
+        base.run("a", lambda: 1 / 0)
 
 
-def test_turns_are_granted_in_the_order_asked_one_at_a_time():
+def test_work_runs_on_one_thread_in_the_order_asked_one_at_a_time():
     base = shared_base()
-    entered, inside, overlaps = [], [], []
+    entered, inside, overlaps, threads_seen = [], [], [], set()
     first_in = threading.Event()
 
-    def take(run: str) -> None:
-        with base.turn(run):
-            inside.append(run)
-            if len(inside) > 1:  # somebody else held the base meanwhile
-                overlaps.append(list(inside))
-            entered.append(run)
-            if run == "a":
-                first_in.set()
-                time.sleep(0.2)  # b and c queue up behind
-            inside.remove(run)
+    def work(run: str) -> None:
+        threads_seen.add(threading.get_ident())
+        inside.append(run)
+        if len(inside) > 1:  # somebody else's work ran meanwhile
+            overlaps.append(list(inside))
+        entered.append(run)
+        if run == "a":
+            first_in.set()
+            time.sleep(0.2)  # b and c queue up behind
+        inside.remove(run)
 
-    threads = [threading.Thread(target=take, args=("a",))]
+    threads = [threading.Thread(target=base.run, args=("a", work, "a"))]
     threads[0].start()
     assert first_in.wait(10)
     for run in ("c", "b", "c"):
-        threads.append(threading.Thread(target=take, args=(run,)))
+        threads.append(threading.Thread(target=base.run, args=(run, work, run)))
         threads[-1].start()
         time.sleep(0.05)  # asked in this order
     for thread in threads:
         thread.join(10)
     assert entered == ["a", "c", "b", "c"] and not overlaps
+    assert len(threads_seen) == 1 and threading.get_ident() not in threads_seen

@@ -37,6 +37,7 @@ def replica(monkeypatch):
     monkeypatch.setattr(runtime.os, "_exit", exit_)
     replica = ReplicaRuntime.__new__(ReplicaRuntime)  # no engine: only the thread body is under test
     replica._stop = threading.Event()
+    replica._on_failure = None
     return replica
 
 
@@ -45,6 +46,15 @@ def test_a_loop_that_dies_ends_the_process_with_1(replica, caplog):
         replica._exit_on_failure(Worker(AttributeError("a bug")).run, "rollout loop")
     assert exited.value.args == (1,)
     assert "the rollout loop died" in caplog.text and "a bug" in caplog.text
+
+
+def test_a_loop_of_one_run_among_several_that_dies_is_reported_not_the_process_ended(replica, caplog):
+    """A replica of one run in a deployment of several: its failure goes to whoever restarts it, the process
+    (every other run's replica) lives on."""
+    failures = []
+    replica._on_failure = failures.append
+    replica._exit_on_failure(Worker(AttributeError("a bug")).run, "rollout loop")
+    assert failures == ["rollout loop died: AttributeError: a bug"]
 
 
 def test_a_loop_that_returns_ends_nothing(replica):

@@ -1,0 +1,68 @@
+"""Several LoRA runs on one base, one of them failing (examples/multi-lora.yaml cut to two runs): the `hangs` run's
+reward never returns on some responses, so on every replica its rollout loop dies of `RewardWorkersHung` again
+and again; the `steady` run's controller is killed with SIGKILL once. Each failure stays in its run: the replica
+processes never exit (the failed run's replica restarts inside them), `up` restarts steady's controller, and
+steady trains to its last step with a clean audit at its own pace. Removing `hangs` then ends the deployment;
+its audit finds it trained nothing, and nothing lost, twice or beyond η."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from asyncrl.core.runtime.events import read_events
+from tests.e2e.test_system import REPO
+from tests.run_helpers import running_up, steps_done, wait_for
+
+pytestmark = pytest.mark.chaos
+
+STEPS, KILL_AFTER = 60, 10
+
+HANGS_ON_A_SEVEN = '''
+import threading
+
+from asyncrl.core.tasks.arith import arith_exact
+
+
+def score(response, metadata):
+    if "7" in response:
+        threading.Event().wait()  # never returns
+    return arith_exact(response, metadata)
+'''
+
+
+def test_a_failing_run_never_stops_or_slows_the_other(tmp_path):
+    reward = tmp_path / "my_reward.py"
+    reward.write_text(HANGS_ON_A_SEVEN)
+    run_dir = tmp_path / "run"
+    hangs = {"reward": {"type": "function", "function": f"{reward}:score", "workers": 2, "timeout_s": 1}}
+    runs = json.dumps([{"name": "steady"}, {"name": "hangs", "overrides": hangs}])
+    args = ["--config", str(REPO / "examples" / "multi-lora.yaml"), "--set", f"run_dir={run_dir}",
+            "--set", f"learner.total_steps={STEPS}", "--set", "learner.eval_every=0", "--set", f"runs={runs}"]
+    with running_up(*args) as proc:
+        steady = run_dir / "steady"
+        wait_for(lambda: steps_done(steady) >= KILL_AFTER, 300, f"{KILL_AFTER} steps of steady", run_dir=run_dir)
+        marker = f"controller --config {run_dir / 'config.resolved.yaml'} --run steady"
+        [pid] = subprocess.run(["pgrep", "-f", marker], check=False, capture_output=True, text=True).stdout.split()
+        os.kill(int(pid), signal.SIGKILL)
+        wait_for(lambda: steps_done(steady) >= STEPS, 300, "steady's last step", run_dir=run_dir)
+        subprocess.run([sys.executable, "-m", "asyncrl", "runs", "remove", str(run_dir), "hangs"], cwd=REPO,
+                       check=True, timeout=60)
+        output, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 0, output[-4000:]
+    assert "controller-steady exited with -9; restarting it" in output
+    assert "rollout-0 exited" not in output and "rollout-1 exited" not in output  # no replica process died
+    assert "[up] run steady: audit OK" in output, output[-3000:]
+    summary = json.loads((run_dir / "summary.json").read_text())["runs"]
+    assert summary["steady"]["last_step"] == STEPS
+    hangs = summary["hangs"]["audit"]  # it trained nothing (its rewards hang), and lost or broke nothing either
+    assert hangs["failures"] == ["no group was trained", f"the run ended at step 0 of {STEPS}"]
+    logs = [(run_dir / "logs" / f"rollout-{replica}.log").read_text() for replica in (0, 1)]
+    assert any("run hangs: its replica's rollout loop died: RewardWorkersHung" in log and "restarting it (1/3)" in log
+               for log in logs)
+    assert [e["step"] for e in read_events(steady, "learner") if e["kind"] == "step"] == list(range(1, STEPS + 1))
