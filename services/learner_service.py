@@ -24,6 +24,8 @@ from asyncrl.learner.seat import SeatedController
 from asyncrl.v1 import learner_pb2, learner_pb2_grpc
 
 SERVICE = "asyncrl.v1.Learner"
+REMOVED_GRACE_S = 30.0
+"""How long the learner waits, once the other runs are done, for a removed run to finish its last step."""
 log = logging.getLogger(__name__)
 
 
@@ -171,6 +173,8 @@ def serve_runs(config, reload) -> dict[str, LearnerProgress]:
                     start(run)
         except Exception:  # a config `asyncrl runs` checked before writing it: a failure here is not the others'
             log.exception("reading the runs again failed; the runs go on as they were")
+    for run in removed:  # a removed run still checkpointing gets the time to finish; one stuck is left behind
+        threads[run].join(timeout=REMOVED_GRACE_S)
     if failed:
         raise RuntimeError(f"runs {', '.join(sorted(failed))} failed: {'; '.join(map(str, failed.values()))}")
     return progress

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from asyncrl.core.runtime.events import read_records
 from asyncrl.tools.audit import AuditReport, check_eta
 from asyncrl.tools.lease_load import controller_process, run_load
@@ -17,6 +19,7 @@ from tests.conftest import TEST_AUTH, TEST_LEARNER_SECRET
 REPLICAS, SECONDS = 500, 15.0
 
 
+@pytest.mark.alone  # it asserts a latency: a whole-system test beside it (four runs' processes) moved it past
 def test_hundreds_of_held_replicas_leave_heartbeats_responsive_and_admission_exact(tmp_path):
     raw = {"run_dir": str(tmp_path), "learner": {"batch_size": 64}, "sampling": {"group_size": 8},
            "controller": {"port": 0, "status_port": 0, "eta": 2, "state_store": "none", "max_replicas": 2048,
