@@ -71,12 +71,7 @@ def serve(config, reload=None) -> LearnerProgress:
     built = build_learner(config)
     if isinstance(built, Follower):
         return built.run()
-    server, port = create_server(config, built.loop.progress, built.metrics.registry, seat=built.controller)
-    server.start()
-    with listening("learner.metrics_port", config.learner.host, config.learner.metrics_port):
-        metrics_port = serve_metrics(config.learner.host, config.learner.metrics_port, built.metrics.registry)
-    print(f"asyncrl-learner listening grpc={config.learner.host}:{port} "
-          f"metrics={config.learner.host}:{metrics_port}", flush=True)
+    server, port = _status_edge(config, built)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
@@ -92,6 +87,17 @@ def serve(config, reload=None) -> LearnerProgress:
     built.release_followers()
     _write_summary(config, progress)
     return progress
+
+
+def _status_edge(config, leader, label: str = ""):
+    """`leader`'s status server (started) and /metrics on `config`'s ports; (the server, its port)."""
+    server, port = create_server(config, leader.loop.progress, leader.metrics.registry, seat=leader.controller)
+    server.start()
+    with listening("learner.metrics_port", config.learner.host, config.learner.metrics_port):
+        metrics_port = serve_metrics(config.learner.host, config.learner.metrics_port, leader.metrics.registry)
+    print(f"asyncrl-learner{label} listening grpc={config.learner.host}:{port} "
+          f"metrics={config.learner.host}:{metrics_port}", flush=True)
+    return server, port
 
 
 def _write_summary(config, progress: LearnerProgress) -> None:
@@ -124,12 +130,7 @@ def serve_runs(config, reload) -> dict[str, LearnerProgress]:
             print(f"asyncrl-learner run {run} finished at step {resumed.step}", flush=True)
             leader.close()
             return
-        server, port = create_server(cfg, leader.loop.progress, leader.metrics.registry, seat=leader.controller)
-        server.start()
-        with listening("learner.metrics_port", cfg.learner.host, cfg.learner.metrics_port):
-            metrics_port = serve_metrics(cfg.learner.host, cfg.learner.metrics_port, leader.metrics.registry)
-        print(f"asyncrl-learner run {run} listening grpc={cfg.learner.host}:{port} "
-              f"metrics={cfg.learner.host}:{metrics_port}", flush=True)
+        server, port = _status_edge(cfg, leader, f" run {run}")
         try:
             leader.controller.take_seat(f"{cfg.learner.weight_transport.host}:{port}",
                                         patience_s=2 * cfg.controller.heartbeat_timeout_s)

@@ -11,10 +11,8 @@ import os
 import tempfile
 from pathlib import Path
 
-import yaml
-
 from asyncrl.core.checks.config_error import ConfigError
-from asyncrl.core.config.file import dump_config, load_config
+from asyncrl.core.config.file import dump_config, load_config, set_keys
 from asyncrl.core.config.run_spec import RunSpec
 from asyncrl.core.config.runs import check_change, run_configs
 from asyncrl.core.config.schema import AsyncRLConfig
@@ -58,7 +56,7 @@ def list_runs(run_dir: str) -> list[dict]:
 def add_run(run_dir: str, name: str, weight: float, overrides: list[str]) -> AsyncRLConfig:
     """Add run `name` with `overrides` ("key=value", the run's own keys) to the live deployment."""
     before = deployment(run_dir)
-    spec = RunSpec(name=name, weight=weight, overrides=_tree(overrides))
+    spec = RunSpec(name=name, weight=weight, overrides=set_keys({}, overrides))
     after = before.model_copy(update={"runs": [*before.runs, spec]})
     after = AsyncRLConfig.model_validate(after.model_dump(mode="json"))
     check_change(before, after)
@@ -80,21 +78,6 @@ def remove_run(run_dir: str, name: str) -> AsyncRLConfig:
     check_change(before, after)
     _write(resolved_path(run_dir), after)
     return after
-
-
-def _tree(overrides: list[str]) -> dict:
-    """`key=value` pairs (values as YAML) as a nested mapping."""
-    tree: dict = {}
-    for item in overrides:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise ConfigError(f"--set: {item!r} is not KEY=VALUE (e.g. learner.lr=1e-4)")
-        node = tree
-        *path, last = key.split(".")
-        for part in path:
-            node = node.setdefault(part, {})
-        node[last] = yaml.safe_load(value)
-    return tree
 
 
 def _write(path: Path, cfg: AsyncRLConfig) -> None:

@@ -47,7 +47,7 @@ def test_the_run_plot_draws_the_busy_share_where_the_log_has_it(tmp_path, monkey
 
 
 def test_the_final_accuracy_line_names_its_steps_and_a_run_that_trained_past_its_last_evaluation():
-    from asyncrl.tools.launcher import accuracy_summary
+    from asyncrl.tools.run_summary import accuracy_summary
 
     def evaluation(step, accuracy):
         return Eval(step=step, version=step, accuracy=accuracy, seconds=1.0, by="learner")

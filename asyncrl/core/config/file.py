@@ -25,11 +25,19 @@ def load_config(path: str | Path, overrides: list[str] | None = None) -> AsyncRL
     raw = {} if raw is None else raw
     if not isinstance(raw, dict):
         raise ConfigError(f"--config: {str(path)!r} must hold a mapping of sections, not a {type(raw).__name__}")
-    for item in overrides or []:
+    config = AsyncRLConfig.model_validate(set_keys(raw, overrides or []))
+    run_configs(config)  # a deployment of several runs: each run's config validates too
+    return config
+
+
+def set_keys(tree: dict, overrides: list[str]) -> dict:
+    """`tree` (a config as nested mappings) with each dotted `key=value` of `overrides` set in it, the value
+    parsed as YAML (ConfigError naming `--set` for one that is not KEY=VALUE into a section); returns `tree`."""
+    for item in overrides:
         key, sep, value = item.partition("=")
         if not sep or not key:
             raise ConfigError(f"--set: {item!r} is not KEY=VALUE (e.g. learner.total_steps=5)")
-        node = raw
+        node = tree
         parts = key.split(".")
         for depth, part in enumerate(parts[:-1]):
             node = node.setdefault(part, {})
@@ -39,9 +47,7 @@ def load_config(path: str | Path, overrides: list[str] | None = None) -> AsyncRL
             node[parts[-1]] = yaml.safe_load(value)
         except yaml.YAMLError as err:
             raise ConfigError(f"--set {key}: {value!r} is not a YAML value: {_one_line(err)}") from None
-    config = AsyncRLConfig.model_validate(raw)
-    run_configs(config)  # a deployment of several runs: each run's config validates too
-    return config
+    return tree
 
 
 def _one_line(err: Exception) -> str:

@@ -20,6 +20,7 @@ from asyncrl.core.config.base import PinnedSection, Section
 from asyncrl.core.config.controller import ControllerConfig
 from asyncrl.core.config.data import RewardConfig, TaskConfig
 from asyncrl.core.config.environment import EnvironmentConfig
+from asyncrl.core.config.launch import LaunchConfig
 from asyncrl.core.config.learner import LearnerConfig, TrackingConfig
 from asyncrl.core.config.rollout import EngineConfig, RolloutConfig, SamplingConfig
 from asyncrl.core.config.run_spec import RunSpec
@@ -227,14 +228,6 @@ class SecurityConfig(Section):
     with a certificate for asyncrl.internal)."""
 
 
-class LaunchConfig(Section):
-    services: Literal["fork", "spawn"] = "fork"
-    """How `asyncrl up` starts the services on this machine. fork: from one fork server that imported torch,
-    transformers and the services' modules once (a run's first step in half the time on two cores, where five
-    interpreters importing them at once take 2.5-3 times as long as one); spawn: each in a fresh interpreter.
-    Containers and Kubernetes start each service themselves, whatever this says."""
-
-
 class AsyncRLConfig(Section):
     run_dir: str = "runs/{time}"
     """Where logs, event logs (JSONL), plots and the resolved config go; "{time}" expands at start."""
@@ -269,9 +262,7 @@ class AsyncRLConfig(Section):
     launch: LaunchConfig = LaunchConfig()
     """How `asyncrl up` starts processes on one machine."""
     runs: list[RunSpec] = Field(default_factory=list)
-    """Several LoRA runs trained at once on this config's base model, sharing its replicas and its learner's copy
-    of the base: each entry a run of its own (name, share of the replicas, its own task, reward, η, batch size,
-    learning rate, adapter...; docs/lora.md). Empty: the config is one run."""
+    """Several LoRA runs at once on this config's base, its replicas and learner shared (docs/lora.md)."""
 
     def _check_uniform_groups_teach_nothing(self) -> None:
         """sampling.drop_uniform_groups drops what has no signal only when the rewards are the whole signal."""
