@@ -57,9 +57,6 @@ class SharedBase:
         finally:
             trim_heap()
 
-    def close(self) -> None:
-        self._thread.shutdown(wait=True)
-
 
 def trim_heap() -> None:
     """Give the heap's free pages back (glibc `malloc_trim`): one run's freed activations otherwise stay in the

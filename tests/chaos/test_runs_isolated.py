@@ -16,6 +16,7 @@ import sys
 import pytest
 
 from asyncrl.core.runtime.events import read_events
+from tests.chaos.test_hung_reward import HANGS_ON_A_SEVEN
 from tests.e2e.test_system import REPO
 from tests.run_helpers import running_up, steps_done, wait_for
 
@@ -23,17 +24,6 @@ pytestmark = pytest.mark.chaos
 
 STEPS, KILL_AFTER = 60, 10
 
-HANGS_ON_A_SEVEN = '''
-import threading
-
-from asyncrl.core.tasks.arith import arith_exact
-
-
-def score(response, metadata):
-    if "7" in response:
-        threading.Event().wait()  # never returns
-    return arith_exact(response, metadata)
-'''
 
 
 def test_a_failing_run_never_stops_or_slows_the_other(tmp_path):

@@ -19,10 +19,10 @@ from asyncrl.core.model.modeling import load_causal_lm, named_weights, sequence_
 from asyncrl.core.model.sampling import SamplingParams
 from asyncrl.core.wire.push_contract import tensor_metas
 from asyncrl.learner.adapters import inject_adapters, lora_parameters, run_active
-from asyncrl.push.broadcast import host_store, make_group
+from asyncrl.push.broadcast import host_store
 from asyncrl.push.plan import PushPlan
 from asyncrl.push.receiving import BroadcastReceiving
-from asyncrl.push.transfer import send_weights
+from tests.unit.test_torch_engine import _sender
 
 PROMPTS = [[1, 5, 6, 14, 7, 8, 15], [1, 9, 14, 9, 15], [1, 4, 15]]
 RUNS = {"a": SimpleNamespace(rank=4, alpha=8.0, dropout=0.0, target_modules=["q_proj", "v_proj", "down_proj"]),
@@ -65,17 +65,7 @@ def push(engine, named, spec, version, plan_changes=None):
                     store_key=store.key, world_size=2, transport="gloo", tensors=tensor_metas(named),
                     bucket_bytes=1 << 20, timeout_s=30.0, adapter=spec, **(plan_changes or {}))
     errors = []
-
-    def send():
-        try:
-            group = make_group(plan, 0, store)
-            send_weights(group, named, plan)
-            group.close()
-        except Exception as err:  # noqa: BLE001 - surfaced by the test
-            errors.append(err)
-
-    sender = threading.Thread(target=send, daemon=True)
-    sender.start()
+    sender = _sender(named, plan, store, errors)
     try:
         return engine.update_weights(plan, 1)
     finally:

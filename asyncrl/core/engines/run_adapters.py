@@ -30,10 +30,9 @@ import torch
 from asyncrl.core.checks.weights_checksum import check_as_sent, weights_checksum
 from asyncrl.core.engines.base import Engine, Generation, weight_source
 from asyncrl.core.engines.run_shares import RunShares
-from asyncrl.core.engines.torch_decode import generate_with_model
+from asyncrl.core.engines.torch_decode import generate_with_model, score_in_batches
 from asyncrl.core.lora.row_adapters import BASE_SLOT, AdapterBank
 from asyncrl.core.model.modeling import eos_token_ids, load_causal_lm, pad_token_id
-from asyncrl.core.model.prompt_sharing import shared_prompt_logprobs
 from asyncrl.core.model.sampling import SamplingParams
 from asyncrl.core.wire.push_contract import PushOrder, WeightSource, WeightUpdateStats
 
@@ -267,16 +266,16 @@ class RunEngine(Engine):
             return shared.decodes.decode(call, shared.decode_batch)
 
     def score(self, sequences: list[list[int]], response_starts: list[int]) -> list[list[float]]:
-        shared, out = self._shared, []
+        shared = self._shared
         with self._pinned() as (slot, _version):
-            for lo in range(0, len(sequences), shared.max_batch_size):
-                seqs = sequences[lo : lo + shared.max_batch_size]
-                starts = response_starts[lo : lo + shared.max_batch_size]
-                with shared.forward_lock, torch.no_grad(), shared.bank.rows([slot] * len(seqs)):
-                    logp, _ = shared_prompt_logprobs(shared.model, seqs, starts, pad_id=shared.pad_id)
-                rows = logp.cpu().tolist()
-                out.extend(row[: len(seq) - start] for row, seq, start in zip(rows, seqs, starts))
-        return out
+
+            @contextlib.contextmanager
+            def guard(rows: int):
+                with shared.forward_lock, shared.bank.rows([slot] * rows):
+                    yield
+
+            return score_in_batches(shared.model, sequences, response_starts, shared.max_batch_size,
+                                    shared.pad_id, guard)
 
     def update_weights(self, plan: PushOrder, rank: int) -> WeightUpdateStats:
         with self._update_lock:

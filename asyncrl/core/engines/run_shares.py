@@ -1,7 +1,7 @@
 """Whose work a shared model runs next when several runs share the replicas: weighted fair shares.
 
 Each run has a weight (`runs[].weight`, equal by default) and a virtual time: the work it was granted (decode
-steps, `run_adapters.FairSteps`) divided by its weight. The next grant goes to the run with the smallest
+rows, `run_adapters.MergedDecodes`) divided by its weight. The next grant goes to the run with the smallest
 virtual time among those asking (a run with a batch under way; its learner behind or its η reached, it has
 none); ties go to the run added first. Over time each run that keeps asking gets capacity in proportion to
 its weight, and a run that has no work lends its share to the others (nothing waits while any run has work).

@@ -28,7 +28,7 @@ from asyncrl.core.determinism.seeds import sample_seed
 from asyncrl.core.engines.base import Generation
 from asyncrl.core.lora.row_adapters import AdapterBank
 from asyncrl.core.model.modeling import distinct_prompts
-from asyncrl.core.model.prompt_sharing import left_pad, shared_head, why_not_shared
+from asyncrl.core.model.prompt_sharing import left_pad, shared_head, shared_prompt_logprobs, why_not_shared
 from asyncrl.core.model.routing import RoutedExperts, RouterHooks, id_dtype
 from asyncrl.core.model.sampling import SamplingParams, sample_tokens
 
@@ -236,3 +236,18 @@ def generate_with_model(
         if was_training:
             model.train()
     return results
+
+
+def score_in_batches(model, sequences: list[list[int]], response_starts: list[int], max_batch_size: int,
+                     pad_id: int, guard: Callable[[int], AbstractContextManager]) -> list[list[float]]:
+    """Per-token log-probs of each sequence's response (`Engine.score`), `max_batch_size` sequences per forward,
+    each forward inside `guard(rows)` (the engine's lock; an adapter bank's rows). A group's samples share their
+    prompt: it runs once (the teacher scores whole groups)."""
+    out: list[list[float]] = []
+    for lo in range(0, len(sequences), max_batch_size):
+        seqs, starts = sequences[lo : lo + max_batch_size], response_starts[lo : lo + max_batch_size]
+        with guard(len(seqs)), torch.no_grad():
+            logp, _ = shared_prompt_logprobs(model, seqs, starts, pad_id=pad_id)
+        rows = logp.cpu().tolist()
+        out.extend(row[: len(seq) - start] for row, seq, start in zip(rows, seqs, starts))
+    return out

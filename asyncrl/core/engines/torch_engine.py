@@ -23,7 +23,7 @@ from asyncrl.core.determinism.invariant_model import use_invariant_kernels
 from asyncrl.core.determinism.modes import invariant_engines
 from asyncrl.core.engines.base import Engine, Generation, weight_source
 from asyncrl.core.engines.merged_adapter import MergedAdapter
-from asyncrl.core.engines.torch_decode import generate_with_model
+from asyncrl.core.engines.torch_decode import generate_with_model, score_in_batches
 from asyncrl.core.model.modeling import (
     check_weight_metas,
     copy_weights_,
@@ -33,7 +33,6 @@ from asyncrl.core.model.modeling import (
     rebind_parameters,
     weight_slots,
 )
-from asyncrl.core.model.prompt_sharing import shared_prompt_logprobs
 from asyncrl.core.model.routing import install_hooks
 from asyncrl.core.model.sampling import SamplingParams
 from asyncrl.core.wire.push_contract import PushOrder, WeightSource, WeightUpdateStats
@@ -105,18 +104,8 @@ class TorchEngine(Engine):
         )
 
     def score(self, sequences: list[list[int]], response_starts: list[int]) -> list[list[float]]:
-        out: list[list[float]] = []
-        for lo in range(0, len(sequences), self.max_batch_size):
-            seqs, starts = (
-                sequences[lo : lo + self.max_batch_size],
-                response_starts[lo : lo + self.max_batch_size],
-            )
-            with self._weights_lock, torch.no_grad():
-                # A group's samples share their prompt: it runs once (the teacher scores whole groups).
-                logp, _ = shared_prompt_logprobs(self.model, seqs, starts, pad_id=self.pad_id)
-            rows = logp.cpu().tolist()
-            out.extend(row[: len(seq) - start] for row, seq, start in zip(rows, seqs, starts))
-        return out
+        return score_in_batches(self.model, sequences, response_starts, self.max_batch_size, self.pad_id,
+                                lambda _rows: self._weights_lock)
 
     def update_weights(self, plan: PushOrder, rank: int) -> WeightUpdateStats:
         with self._update_lock:
