@@ -25,6 +25,12 @@ pytestmark = pytest.mark.chaos
 STEPS, KILL_AFTER = 60, 10
 
 
+def restarted_on_a_hang(run_dir) -> bool:
+    """A replica process restarted hangs' replica inside it after its rollout loop died of the hung reward."""
+    logs = [path.read_text() for path in (run_dir / "logs").glob("rollout-*.log")]
+    return any("run hangs: its replica's rollout loop died: RewardWorkersHung" in log and "restarting it (1/3)" in log
+               for log in logs)
+
 
 def test_a_failing_run_never_stops_or_slows_the_other(tmp_path):
     reward = tmp_path / "my_reward.py"
@@ -41,6 +47,9 @@ def test_a_failing_run_never_stops_or_slows_the_other(tmp_path):
         [pid] = subprocess.run(["pgrep", "-f", marker], check=False, capture_output=True, text=True).stdout.split()
         os.kill(int(pid), signal.SIGKILL)
         wait_for(lambda: steps_done(steady) >= STEPS, 300, "steady's last step", run_dir=run_dir)
+        # Steady's 60 steps take about as long as hangs' first batch and its three 1-s reward time-outs: its
+        # removal waits for that restart, or a slower machine would remove it before it ever failed.
+        wait_for(lambda: restarted_on_a_hang(run_dir), 120, "a restart of hangs' replica", run_dir=run_dir)
         subprocess.run([sys.executable, "-m", "asyncrl", "runs", "remove", str(run_dir), "hangs"], cwd=REPO,
                        check=True, timeout=60)
         output, _ = proc.communicate(timeout=300)
@@ -52,7 +61,4 @@ def test_a_failing_run_never_stops_or_slows_the_other(tmp_path):
     assert summary["steady"]["last_step"] == STEPS
     hangs = summary["hangs"]["audit"]  # it trained nothing (its rewards hang), and lost or broke nothing either
     assert hangs["failures"] == ["no group was trained", f"the run ended at step 0 of {STEPS}"]
-    logs = [(run_dir / "logs" / f"rollout-{replica}.log").read_text() for replica in (0, 1)]
-    assert any("run hangs: its replica's rollout loop died: RewardWorkersHung" in log and "restarting it (1/3)" in log
-               for log in logs)
     assert [e["step"] for e in read_events(steady, "learner") if e["kind"] == "step"] == list(range(1, STEPS + 1))
