@@ -126,8 +126,13 @@ def test_the_exported_checkpoint_is_the_final_policy(resumed_run):
 @pytest.mark.vllm
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm is not installed")
 def test_vllm_loads_the_exported_checkpoint_and_generates(resumed_run):
+    """vLLM serves the learner's export as transformers computes it (a LoRA run's merged export is the same
+    format: tests/e2e/test_lora_run.py checks it is the adapted policy)."""
+    from transformers import AutoModelForCausalLM
+
     from asyncrl.core.config.schema import EngineConfig
     from asyncrl.core.engines.factory import make_engine
+    from asyncrl.core.model.modeling import sequence_logprobs
     from asyncrl.core.model.sampling import SamplingParams
     from asyncrl.core.model.tokenizer import ModelTokenizer
 
@@ -139,9 +144,15 @@ def test_vllm_loads_the_exported_checkpoint_and_generates(resumed_run):
     engine = make_engine(EngineConfig(type="vllm", max_model_len=128, max_batch_size=8), str(hf_dir), "float32")
     try:
         [[greedy]] = engine.generate([prompt], SamplingParams(max_new_tokens=4, greedy=True), n=1)
+        [scored] = engine.score([prompt + greedy.token_ids], [len(prompt)])
     finally:
         engine.close()
     text = tokenizer.decode_response(greedy.token_ids)
     print(f"vLLM greedy answer: {text!r}")
     assert greedy.token_ids and len(greedy.logp_behav) == len(greedy.token_ids)
     assert text.strip(), "vLLM generated nothing before the end-of-turn token"
+    exported = AutoModelForCausalLM.from_pretrained(str(hf_dir), dtype=torch.float32).eval()
+    with torch.no_grad():
+        [want], _ = sequence_logprobs(exported, [prompt + greedy.token_ids], [len(prompt)], None,
+                                      pad_id=tokenizer.pad_id)
+    assert torch.allclose(torch.tensor(scored), want[: len(scored)], atol=1e-4), (torch.tensor(scored), want)

