@@ -169,6 +169,7 @@ def leader_for(config, trainer: Trainer, adapter, *, ranks: Ranks = SINGLE, mirr
     limits = checkpoint_limits(config.model.path, config.sampling, config.reward, config.environment,
                                config.controller.difficulty)
     episodes = Episodes.for_run(config, task, limits.max_sequence_tokens)
+    held_out = task.eval_prompts()[: config.learner.eval_prompts or None]
     metrics = LearnerMetrics()
     groups_per_step = config.learner.batch_size // config.sampling.group_size
     loop = LearnerLoop(
@@ -185,7 +186,8 @@ def leader_for(config, trainer: Trainer, adapter, *, ranks: Ranks = SINGLE, mirr
                                   wire_dtype=master_weights_for(config)),
         evaluate=_as_engines_run(trainer, functools.partial(
             evaluate_held_out, full_model, task, sampling, config.learner.eval_pass_k, config.learner.eval_samples,
-            config.learner.eval_samples_max, config.learner.eval_pass_k_large, episodes, on_model=on_base)),
+            config.learner.eval_samples_max, config.learner.eval_pass_k_large, episodes, on_model=on_base,
+            prompts=held_out)),
         events=EventLog(config.run_dir, "learner"),
         metrics=metrics,
         limits=limits,
@@ -196,7 +198,7 @@ def leader_for(config, trainer: Trainer, adapter, *, ranks: Ranks = SINGLE, mirr
         sinks=MetricSinks(config),
         ranks=ranks,
         mirror=mirror,
-        replica_evals=_replica_evals(config, controller, task, sampling, auth, episodes),
+        replica_evals=_replica_evals(config, controller, task, held_out, sampling, auth, episodes),
         memory_watch=None if memory is None else MemoryWatch(memory.plan),
         eta=config.controller.eta,
         canonical_order=seeded_sampling(config.model.determinism),
@@ -263,10 +265,12 @@ def fit_in_memory(config, model) -> tuple:
     return config, verdict
 
 
-def _replica_evals(config, controller, task, sampling, auth, episodes) -> BackgroundEvaluations | None:
-    """Evaluations on a rollout replica (`learner.eval_by: replica`), else None (the learner evaluates)."""
+def _replica_evals(config, controller, task, held_out, sampling, auth, episodes) -> BackgroundEvaluations | None:
+    """Evaluations of `held_out` on a rollout replica (`learner.eval_by: replica`), else None (the learner
+    evaluates)."""
     if config.learner.eval_by != "replica":
         return None
     evaluator = ReplicaEvaluator(controller, functools.partial(grpc_channel, auth=auth), task, sampling.max_new_tokens,
-                                 config.rollout.engine.max_batch_size, config.learner.eval_timeout_s, episodes)
+                                 config.rollout.engine.max_batch_size, config.learner.eval_timeout_s, episodes,
+                                 prompts=held_out)
     return BackgroundEvaluations(evaluator)

@@ -18,14 +18,17 @@ SOLVED = 1.0
 
 
 def evaluate_held_out(model, task, sampling: SamplingParams, pass_k: int = 0, samples: int = 1,
-                      samples_max: int = 0, large_k: int = 0, episodes=None, on_model=None) -> dict[str, float]:
+                      samples_max: int = 0, large_k: int = 0, episodes=None, on_model=None,
+                      prompts=None) -> dict[str, float]:
     """{"accuracy": ...} plus, when pass_k > 0, the pass@k figures (`pass_at_k_scores`) and "eval/samples"
     (samples drawn). Dynamic N: a prompt not solved by its first `samples` gets `samples` more at a time, up
     to `samples_max` (0: no more), so the hard tail that decides pass@k at large k is measured where it is.
     With `episodes` (multi-turn), the accuracy is the mean reward of the greedy episodes.
     (generate_with_model puts the model in eval mode and back.) `on_model(fn)`: how each generation is run
     where several runs share the model (`learner.runs`: on the base's thread); the rewards are scored here, so
-    a reward that hangs holds its own run only."""
+    a reward that hangs holds its own run only. `prompts`: the held-out prompts to evaluate (the first
+    `learner.eval_prompts`; None: the whole held-out set)."""
+    prompts = task.eval_prompts() if prompts is None else prompts
     generate = functools.partial(torch.no_grad()(generate_with_model), model, eos_ids=eos_token_ids(model),
                                  pad_id=pad_token_id(model))
     if on_model is not None:
@@ -34,10 +37,8 @@ def evaluate_held_out(model, task, sampling: SamplingParams, pass_k: int = 0, sa
         def generate(*args, **kwargs):
             return on_model(functools.partial(on_own_thread, *args, **kwargs))
     with torch.no_grad():
-        result = {"accuracy": greedy_accuracy(generate, task, max_new_tokens=sampling.max_new_tokens,
-                                              episodes=episodes)}
+        result = {"accuracy": greedy_accuracy(generate, task, prompts, sampling.max_new_tokens, episodes)}
         if pass_k:
-            prompts = task.eval_prompts()
 
             def draw(indices: list[int]) -> list[int]:
                 groups = generate([prompts[i].token_ids for i in indices], sampling, samples)

@@ -38,9 +38,10 @@ class ReplicaEvaluation:
 
 class ReplicaEvaluator:
     def __init__(self, controller_stub, dial, task, max_new_tokens: int, max_prompts: int, timeout_s: float,
-                 episodes=None):
-        """`episodes` (multi-turn runs): the evaluation plays greedy episodes, one Generate call per round."""
-        self.episodes = episodes
+                 episodes=None, prompts=None):
+        """`episodes` (multi-turn runs): the evaluation plays greedy episodes, one Generate call per round.
+        `prompts`: the held-out prompts evaluated (None: the task's whole held-out set)."""
+        self.episodes, self.prompts = episodes, prompts
         self.controller = controller_stub
         self.dial = dial
         """address -> a gRPC channel that carries the run's token (and TLS)."""
@@ -74,7 +75,7 @@ class ReplicaEvaluator:
                         groups.append([sequence])
                 return groups
 
-            rewards = greedy_rewards(generate, self.task, max_new_tokens=self.max_new_tokens, episodes=self.episodes)
+            rewards = greedy_rewards(generate, self.task, self.prompts, self.max_new_tokens, self.episodes)
         finally:
             channel.close()
         span = (min(versions), max(versions)) if versions else (replica.weight_version, replica.weight_version)

@@ -21,6 +21,7 @@ from asyncrl.core.config.file import load_config
 from asyncrl.core.runtime.events import read_events
 from asyncrl.tools.models_ready import ensure_models
 from asyncrl.tools.processes import free_port
+from tests.e2e.test_agent_run import EVAL_PROMPTS
 from tests.run_helpers import REPO, running_up, steps_done, wait_for
 
 pytestmark = [pytest.mark.chaos, pytest.mark.example_model("tool-agent")]
@@ -58,7 +59,7 @@ def kill_the_server_mid_run(tmp_path, start_server, overrides: list[str], steps:
     port = free_port()
     run_dir = tmp_path / "run"
     args = ["--config", str(REPO / "examples/tool-agent.yaml")]
-    for override in (f"run_dir={run_dir}", f"learner.total_steps={steps}", "learner.eval_every=0",
+    for override in (f"run_dir={run_dir}", f"learner.total_steps={steps}", "learner.eval_every=0", EVAL_PROMPTS,
                      *[o.format(port=port, tmp=tmp_path) for o in overrides]):
         args += ["--set", override]
     log = (tmp_path / "server.log").open("w")

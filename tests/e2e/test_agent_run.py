@@ -19,6 +19,9 @@ from tests.e2e.test_system import AGENT_CONFIG, asyncrl_up, no_process_left
 
 pytestmark = [pytest.mark.e2e, pytest.mark.example_model("tool-agent")]
 
+EVAL_PROMPTS = "learner.eval_prompts=40"
+"""A fifth of the agent demo's held-out set: its multi-turn evaluations were a quarter of these runs' time."""
+
 
 def check_agent_run(run_dir, summary: dict, steps: int, spans_versions: bool = True) -> list[dict]:
     audit = summary["audit"]
@@ -37,7 +40,7 @@ def check_agent_run(run_dir, summary: dict, steps: int, spans_versions: bool = T
 
 def test_the_agent_demo_trains_on_multi_turn_episodes_with_turn_scores_and_hard_groups(tmp_path):
     run_dir = tmp_path / "run"
-    summary = asyncrl_up(run_dir, "learner.total_steps=30", "learner.eval_every=10", *AGENT_TURN_SCORES,
+    summary = asyncrl_up(run_dir, "learner.total_steps=30", "learner.eval_every=10", EVAL_PROMPTS, *AGENT_TURN_SCORES,
                          *HARD_GROUPS, timeout_s=900, config=AGENT_CONFIG)
     check_agent_run(run_dir, summary, steps=30)
     evals = [ev["step"] for ev in read_events(run_dir, "learner") if ev["kind"] == "eval"]
@@ -53,5 +56,5 @@ def test_the_agent_demo_runs_on_vllm_replicas(tmp_path):
     between two turns of an episode depends on timing; in 20 steps on one replica it may not.)"""
     run_dir = tmp_path / "run"
     summary = asyncrl_up(run_dir, "rollout.engine.type=vllm", "rollout.replicas=1", "learner.total_steps=10",
-                         "learner.eval_every=0", timeout_s=1200, config=AGENT_CONFIG)
+                         "learner.eval_every=0", EVAL_PROMPTS, timeout_s=1200, config=AGENT_CONFIG)
     check_agent_run(run_dir, summary, steps=10, spans_versions=False)

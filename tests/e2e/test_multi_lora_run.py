@@ -33,7 +33,7 @@ STEPS, SAVE_EVERY, KILL_AFTER, CHANGE_AFTER, ADDED_STEPS = 40, 4, 6, 12, 10
 def runs(tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("multi-lora") / "run"
     overrides = [f"run_dir={run_dir}", f"learner.total_steps={STEPS}", f"learner.checkpoint.save_every={SAVE_EVERY}",
-                 f"learner.eval_every={SAVE_EVERY * 2}", "rollout.max_runs=5"]
+                 f"learner.eval_every={SAVE_EVERY * 2}", "learner.eval_prompts=40", "rollout.max_runs=5"]
     env = {k: v for k, v in os.environ.items() if k not in ("ASYNCRL_TOKEN", "ASYNCRL_LEARNER_SECRET")}
     argv = [sys.executable, "-m", "asyncrl", "up", "--config", str(CONFIG),
             *[a for o in overrides for a in ("--set", o)]]

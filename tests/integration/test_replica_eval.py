@@ -80,6 +80,11 @@ def test_a_replica_evaluates_the_held_out_set_as_its_engine_does(fleet):
     result = evaluator(config, stub).evaluate()
     assert result.replica_id == "r0" and result.versions == (0, 0)
     assert result.accuracy == greedy_accuracy(engine, task, max_new_tokens=MAX_NEW_TOKENS)
+    # `learner.eval_prompts`: the first few held-out prompts only.
+    first = task.eval_prompts()[:3]
+    few = ReplicaEvaluator(stub, functools.partial(grpc_channel, auth=TEST_AUTH), task, MAX_NEW_TOKENS, CHUNK,
+                           timeout_s=60, prompts=first).evaluate()
+    assert few.accuracy == greedy_accuracy(engine, task, first, MAX_NEW_TOKENS)
 
 
 def test_in_the_background_and_back_as_an_error_when_no_replica_can_run_it(fleet):

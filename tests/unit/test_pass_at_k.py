@@ -121,3 +121,25 @@ def test_dynamic_n_samples_more_only_where_nothing_was_solved():
     assert solved == [3, 1, 0] and drawn == [4, 12, 16]
     rounds.clear()
     assert draw_until_solved(draw, 3, samples=4, samples_max=0) == ([3, 0, 0], [4, 4, 4])  # off: one round
+
+
+def test_an_evaluation_of_the_first_held_out_prompts_generates_for_those_alone(tiny_model_dir):
+    """`learner.eval_prompts`: the learner's evaluation generates for the prompts it is given, in one call."""
+    from asyncrl.core.model.modeling import load_causal_lm
+    from asyncrl.core.model.sampling import SamplingParams
+    from asyncrl.core.tasks import task_for_run
+    from asyncrl.learner.held_out import evaluate_held_out
+
+    task = task_for_run(tiny_model_dir.config)
+    first = task.eval_prompts()[:3]
+    generated: list[int] = []
+
+    def on_model(generate):
+        groups = generate()
+        generated.append(len(groups))
+        return groups
+
+    model = load_causal_lm(str(tiny_model_dir.policy))
+    result = evaluate_held_out(model, task, SamplingParams(max_new_tokens=4), on_model=on_model, prompts=first)
+    assert generated == [3]  # one call, a group for each of the three prompts
+    assert result["accuracy"] in {0.0, 1 / 3, 2 / 3, 1.0}

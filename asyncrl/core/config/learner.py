@@ -174,6 +174,9 @@ class LearnerConfig(PinnedSection):
     """torch intra-op threads (0 = torch default)."""
     eval_every: int = Field(10, ge=0)
     """Greedy-accuracy evaluation on the held-out set every this many steps (0 = only first and last)."""
+    eval_prompts: int = Field(0, ge=0)
+    """Each evaluation uses the first this many held-out prompts (0 = all of them): a cheaper figure on a large
+    held-out set, the same prompts every time."""
     eval_pass_k: int = Field(0, ge=0)
     """Also estimate pass@k on the held-out set with `eval_samples` samples per prompt (0 = off)."""
     eval_samples: int = Field(8, ge=1)

@@ -26,8 +26,9 @@ RUN_KEYS: dict[str, frozenset[str] | None] = {
     "tracking": None,
     "controller": frozenset({"eta", "difficulty", "max_hold_s", "lease_ttl_s"}),
     "learner": frozenset({"batch_size", "minibatches", "total_steps", "lr", "weight_decay", "max_grad_norm",
-                          "microbatch_tokens", "eval_every", "eval_pass_k", "eval_samples", "eval_samples_max",
-                          "eval_pass_k_large", "checkpoint", "oldest_first", "stale_groups", "algo", "lora"}),
+                          "microbatch_tokens", "eval_every", "eval_prompts", "eval_pass_k", "eval_samples",
+                          "eval_samples_max", "eval_pass_k_large", "checkpoint", "oldest_first", "stale_groups",
+                          "algo", "lora"}),
 }
 """Section -> the keys of it a run may set (None: the whole section). Everything else is the deployment's."""
 
