@@ -23,8 +23,8 @@ _PUSH_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 12
 
 
 class ControllerMetrics:
-    def __init__(self, registry: CollectorRegistry | None = None):
-        self.registry = registry or service_registry("controller")
+    def __init__(self, registry: CollectorRegistry | None = None, run: str = ""):
+        self.registry = registry or service_registry("controller", run)
         r = self.registry
         self.current_version = Gauge(PREFIX + "current_version", "Committed policy version i.", registry=r)
         self.admitted_trajectories = Gauge(

@@ -170,7 +170,7 @@ def leader_for(config, trainer: Trainer, adapter, *, ranks: Ranks = SINGLE, mirr
                                config.controller.difficulty)
     episodes = Episodes.for_run(config, task, limits.max_sequence_tokens)
     held_out = task.eval_prompts()[: config.learner.eval_prompts or None]
-    metrics = LearnerMetrics()
+    metrics = LearnerMetrics(config.run_name)
     groups_per_step = config.learner.batch_size // config.sampling.group_size
     loop = LearnerLoop(
         learner=config.learner,

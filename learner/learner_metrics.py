@@ -23,8 +23,8 @@ _DIAGNOSTIC_FIGURES = STEP_METRICS - {"reward/mean", "staleness/mean"}
 
 
 class LearnerMetrics:
-    def __init__(self):
-        self.registry = r = service_registry("learner")
+    def __init__(self, run: str = ""):
+        self.registry = r = service_registry("learner", run)
         self.step = Gauge("asyncrl_learner_step", "Learner steps done", registry=r)
         self.version = Gauge("asyncrl_learner_version", "Policy version published", registry=r)
         self.consumed = Counter("asyncrl_learner_trajectories_consumed", "Trajectories trained on", registry=r)

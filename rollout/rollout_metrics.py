@@ -19,8 +19,8 @@ _LABEL = ["replica"]
 
 
 class RolloutMetrics:
-    def __init__(self, replica_id: str = ""):
-        self.registry = r = service_registry("rollout")
+    def __init__(self, replica_id: str = "", run: str = ""):
+        self.registry = r = service_registry("rollout", run)
         self._families = {
             "groups_written": Counter("asyncrl_rollout_groups_written", "Trajectory groups written", _LABEL,
                                       registry=r),

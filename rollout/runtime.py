@@ -78,7 +78,7 @@ class ReplicaRuntime:
             adapters=AdapterServing.for_run(config.learner.lora, config.controller.eta),
             determinism=config.model.determinism, weights=BroadcastReceiving())
         self.engine_lock = threading.Lock()
-        self.metrics = RolloutMetrics(replica_id)
+        self.metrics = RolloutMetrics(replica_id, config.run_name)
         self.session: ReplicaSession | None = None
         self.rewards: RewardPool | None = None
         self._stop = threading.Event()

@@ -21,6 +21,7 @@ import logging
 
 import grpc
 
+from asyncrl.controller.controller_metrics import ControllerMetrics
 from asyncrl.controller.held_request import await_lease_ends, hold
 from asyncrl.controller.key_seal import KeySeal
 from asyncrl.controller.persistence import lease_write_counts, make_store
@@ -348,7 +349,7 @@ def create_server(
         learner_secret=learner_secret,
         lease_writes=lease_write_counts(config.buffer, store) if check_replicas else None,
         gone=address_refuses if check_replicas else None,
-        store=store, run_id=str(run_dir),
+        store=store, run_id=str(run_dir), metrics=ControllerMetrics(run=config.run_name),
     )
     servicer = ControllerServicer(state)
     with listening("controller.port", config.controller.host, config.controller.port):

@@ -136,7 +136,12 @@ def serve_runs(config, reload) -> dict[str, LearnerProgress]:
                                         patience_s=2 * cfg.controller.heartbeat_timeout_s)
             progress[run] = done = leader.loop.run(stop)
             _write_summary(cfg, done)
+            if run in removed:
+                log.info("run %s stopped at step %d: its replicas may drop it", run, done.step)
         except Exception as err:  # one run's failure is that run's alone: the others go on
+            if run in removed:  # out of the deployment: nothing to restart it for
+                log.warning("run %s, removed, ended with an error: %s", run, err)
+                return
             log.exception("run %s failed", run)
             failed[run] = err
         finally:

@@ -52,6 +52,7 @@ class LiveRuns:
                 print(f"[up] the runs in {self.path} were not applied: {err}", flush=True)
         for run, run_cfg in list(self.retiring.items()):
             if learner_closed_its_log(run_cfg.run_dir):
+                self._signal_replicas()  # only now: the run's last push went to them
                 self.restartable.pop(controller_name(run), None)
                 self.group.stop((controller_name(run),))
                 del self.retiring[run]
@@ -73,8 +74,17 @@ class LiveRuns:
         for run in removed:
             self.retiring[run] = before[run]
             print(f"[up] run {run} removed: it stops after its current step", flush=True)
-        for child in self.group.children:  # the learner and the replicas read the runs again
-            if child.name == "learner" or child.name.startswith("rollout-"):
+        # The learner reads the runs again now; the replicas for an added run now, for a removed one once its
+        # learner has stopped it (`poll`): dropped earlier, they would refuse its last step's push.
+        self._signal(lambda name: name == "learner" or (bool(added) and name.startswith("rollout-")))
+
+    def _signal_replicas(self) -> None:
+        self._signal(lambda name: name.startswith("rollout-"))
+
+    def _signal(self, which) -> None:
+        """SIGHUP to the children `which(name)` picks: they read the runs again."""
+        for child in self.group.children:
+            if which(child.name):
                 child.proc.send_signal(signal.SIGHUP)
 
     def _stat(self) -> tuple[int, int]:

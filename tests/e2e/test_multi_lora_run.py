@@ -1,20 +1,25 @@
 """Several LoRA runs on one base, end to end (`examples/multi-lora.yaml`: four runs, two replicas, one learner):
 every run trains to its last step with a clean audit of its own; each push carries that run's adapter alone and
 every replica is verified serving it; each run keeps its own η; one model per replica process serves them all;
-the learner killed with SIGKILL mid-run comes back with every run resumed from its own checkpoint; and a run
-added (`asyncrl runs add`) and one removed (`asyncrl runs remove`) while the others train leave them untouched."""
+the learner killed with SIGKILL mid-run comes back with every run resumed from its own checkpoint; a run
+added (`asyncrl runs add`) and one removed (`asyncrl runs remove`) while the others train leave them untouched;
+and every series a run's services expose on /metrics carries `run="<name>"`."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
+import urllib.request
 
 import pytest
 import yaml
 
+from asyncrl.core.config.file import load_config
+from asyncrl.core.config.runs import run_configs
 from asyncrl.core.runtime.events import read_events
 from tests.e2e.test_system import REPO
 from tests.run_helpers import steps_done, wait_for
@@ -42,6 +47,7 @@ def runs(tmp_path_factory):
     try:
         first = run_dir / RUNS[0]
         wait_for(lambda: steps_done(first) >= KILL_AFTER, 300, f"{KILL_AFTER} steps of run {RUNS[0]}")
+        scraped = scrape_every_run(run_dir)
         marker = f"learner --config {run_dir / 'config.resolved.yaml'}"
         [pid] = subprocess.run(["pgrep", "-f", marker], check=False, capture_output=True, text=True).stdout.split()
         os.kill(int(pid), signal.SIGKILL)
@@ -54,11 +60,25 @@ def runs(tmp_path_factory):
     finally:
         proc.kill()
     assert proc.returncode == 0, out[-4000:]
-    return run_dir, out
+    return run_dir, out, scraped
+
+
+def scrape_every_run(run_dir) -> dict[tuple[str, str], str]:
+    """(service, run) -> the text of that run's /metrics: its controller's status page, its learner's and
+    replica-0's endpoints (the ports the services printed)."""
+    logs = run_dir / "logs"
+    printed = {(service, run): port for log in ("learner.log", "rollout-0.log")
+               for service, run, port in re.findall(r"asyncrl-(learner|rollout)(?: replica-0)? run (\S+) "
+                                                    r"listening grpc=\S+ metrics=[\d.]+:(\d+)",
+                                                    (logs / log).read_text())}
+    for run, cfg in run_configs(load_config(run_dir / "config.resolved.yaml")).items():
+        printed["controller", run] = cfg.controller.status_port
+    return {key: urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+            for key, port in printed.items()}
 
 
 def test_every_run_trains_to_its_end_with_a_clean_audit_of_its_own(runs):
-    run_dir, out = runs
+    run_dir, out, _ = runs
     summary = json.loads((run_dir / "summary.json").read_text())
     assert list(summary["runs"]) == [*LISTED, ADDED]
     for run in [*RUNS, ADDED]:
@@ -70,7 +90,7 @@ def test_every_run_trains_to_its_end_with_a_clean_audit_of_its_own(runs):
 
 
 def test_each_push_carries_its_runs_adapter_alone_and_every_replica_serves_it(runs):
-    run_dir, _ = runs
+    run_dir, _, _ = runs
     sizes = {}
     for run in RUNS:
         pushes = [e for e in read_events(run_dir / run, "learner") if e["kind"] == "push" and e["receivers"]]
@@ -84,7 +104,7 @@ def test_each_push_carries_its_runs_adapter_alone_and_every_replica_serves_it(ru
 
 
 def test_each_run_keeps_its_own_staleness_bound(runs):
-    run_dir, _ = runs
+    run_dir, _, _ = runs
     for run in RUNS:
         eta = 0 if run == "sync" else 2
         steps = [e for e in read_events(run_dir / run, "learner") if e["kind"] == "step"]
@@ -94,7 +114,7 @@ def test_each_run_keeps_its_own_staleness_bound(runs):
 
 
 def test_one_process_per_replica_serves_every_run(runs):
-    run_dir, _ = runs
+    run_dir, _, _ = runs
     for replica in (0, 1):
         log = (run_dir / "logs" / f"rollout-{replica}.log").read_text()
         assert all(f"asyncrl-rollout replica-{replica} run {run} listening" in log for run in RUNS)
@@ -102,7 +122,7 @@ def test_one_process_per_replica_serves_every_run(runs):
 
 
 def test_the_killed_learner_comes_back_with_every_run_resumed_from_its_own_checkpoint(runs):
-    run_dir, out = runs
+    run_dir, out, _ = runs
     assert "[up] learner exited with -9" in out and "restarting it from each run's latest checkpoint" in out
     for run in RUNS:
         events = read_events(run_dir / run, "learner")
@@ -117,11 +137,14 @@ def test_the_killed_learner_comes_back_with_every_run_resumed_from_its_own_check
 def test_a_run_added_and_one_removed_while_the_others_train(runs):
     """The added run trains its own steps with its own adapter on every replica; the removed one stops after its
     step with nothing lost (its audit intact, incomplete), and its controller is stopped while the others train."""
-    run_dir, out = runs
+    run_dir, out, _ = runs
     assert f"[up] run {ADDED} added: its controller is starting" in out
     assert f"[up] run {REMOVED} removed: its learner stopped it, its controller is stopped" in out
     removed = json.loads((run_dir / REMOVED / "summary.json").read_text())
     assert removed["audit"]["intact"] and removed["audit"]["lost"] == [] and removed["last_step"] < STEPS
+    # Its last step's push reached the replicas: they drop a removed run only once its learner stopped it.
+    committed = [e["version"] for e in read_events(run_dir / REMOVED, "controller") if e["kind"] == "push_committed"]
+    assert max(committed) == removed["last_step"]
     pushes = [e for e in read_events(run_dir / ADDED, "learner") if e["kind"] == "push" and e["receivers"]]
     assert {p["version"] for p in pushes} >= set(range(1, ADDED_STEPS + 1))
     assert all(sorted(p["acked"]) == ["replica-0", "replica-1"] for p in pushes)
@@ -131,3 +154,15 @@ def test_a_run_added_and_one_removed_while_the_others_train(runs):
     for replica in (0, 1):
         log = (run_dir / "logs" / f"rollout-{replica}.log").read_text()
         assert f"replica-{replica} run {ADDED} listening" in log and f"run {REMOVED} removed from this replica" in log
+
+
+def test_every_series_a_run_exposes_is_labelled_with_its_run(runs):
+    _, _, scraped = runs
+    assert {key for key in scraped} == {(service, run) for service in ("controller", "learner", "rollout")
+                                        for run in LISTED}
+    for (service, run), text in scraped.items():
+        samples = [line for line in text.splitlines() if line and not line.startswith("#")]
+        [info] = [line for line in samples if line.startswith("asyncrl_service_info{")]
+        assert f'service="{service}"' in info, (service, run)
+        assert all(f'run="{run}"' in line for line in samples), (service, run)
+    assert re.search(r'asyncrl_learner_step\{run="' + RUNS[0] + r'"\} [1-9]', scraped["learner", RUNS[0]])

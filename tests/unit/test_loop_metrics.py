@@ -10,6 +10,7 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from asyncrl.controller.controller_metrics import ControllerMetrics
+from asyncrl.core.runtime.metrics import service_registry
 from asyncrl.learner.learner_metrics import LearnerMetrics
 from asyncrl.rollout.rollout_metrics import RolloutMetrics
 
@@ -91,3 +92,16 @@ def test_learner_step_series():
     # Only the diagnostic families; a per-layer list is not a scalar.
     names = {dict(labels)["name"] for n, labels in got if n == "asyncrl_learner_diagnostic"}
     assert names == {"rc/kl_k3", "rc/ratio_max", "loss/clip_frac", "opt/grad_norm"}
+
+
+def test_every_series_of_a_named_run_carries_its_run_label():
+    """`run_name` (each run of `runs:`): the label on every series, the filtered /metrics?name[]= included."""
+    metrics = LearnerMetrics("lr-2e-4")
+    metrics.step.set(3)
+    labelled = samples(metrics.registry)
+    assert labelled[("asyncrl_learner_step", (("run", "lr-2e-4"),))] == 3
+    assert all(dict(labels).get("run") == "lr-2e-4" for _, labels in labelled)
+    wanted = generate_latest(metrics.registry.restricted_registry(["asyncrl_learner_step"])).decode()
+    assert [line for line in wanted.splitlines() if not line.startswith("#")] == [
+        'asyncrl_learner_step{run="lr-2e-4"} 3.0']
+    assert all("run" not in dict(labels) for _, labels in samples(service_registry("learner")))

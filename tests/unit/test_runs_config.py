@@ -47,6 +47,7 @@ def test_each_run_gets_its_own_directory_keys_and_ports_and_its_overrides():
     assert (a.task.num_digits, b.task.num_digits) == (2, 3)
     assert (a.controller.eta, b.controller.eta, b.seed) == (cfg.controller.eta, 0, 5)
     assert a.runs == b.runs == []
+    assert (a.run_name, b.run_name, cfg.run_name) == ("a", "b", "")  # the `run` label of their metrics
     assert run_configs(AsyncRLConfig.model_validate({"model": {"path": "m"}})) == {}
 
 
@@ -57,6 +58,7 @@ def test_each_run_gets_its_own_directory_keys_and_ports_and_its_overrides():
     ({"controller": {"port": 1}}, "controller.port: shared by every run"),
     ({"learner": {"lora": {"enabled": False}}}, "learner.lora.enabled: every run"),
     ({"learner": 3}, "learner: a section"),
+    ({"run_name": "other"}, "run_name: made from the run's `name`"),
 ])
 def test_a_run_may_set_only_its_own_keys(overrides, message):
     with pytest.raises(ValidationError, match=message):

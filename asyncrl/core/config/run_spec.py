@@ -53,6 +53,8 @@ class RunSpec(Section):
     @classmethod
     def _only_run_keys(cls, overrides: dict[str, Any]) -> dict[str, Any]:
         for section, value in overrides.items():
+            if section in ("run_name", "run_dir"):
+                raise ValueError(f"{section}: made from the run's `name`")
             if section not in RUN_KEYS:
                 raise ValueError(f"{section}: shared by every run of the deployment; a run may set "
                                  f"{', '.join(RUN_KEYS)}")

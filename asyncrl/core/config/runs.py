@@ -106,6 +106,7 @@ def run_config(cfg: AsyncRLConfig, index: int) -> AsyncRLConfig:
     tree["runs"] = []
     _merge(tree, copy.deepcopy(spec.overrides))
     tree["run_dir"] = f"{cfg.run_dir}/{spec.name}"
+    tree["run_name"] = spec.name
     tree["buffer"]["stream"] = f"{cfg.buffer.stream}:{spec.name}"
     tree["buffer"]["dead_letter_stream"] = f"{cfg.buffer.dead_letter_stream}:{spec.name}"
     tree["controller"]["state_key"] = f"{cfg.controller.state_key}:{spec.name}"

@@ -23,7 +23,7 @@ from asyncrl.core.config.environment import EnvironmentConfig
 from asyncrl.core.config.launch import LaunchConfig
 from asyncrl.core.config.learner import LearnerConfig, TrackingConfig
 from asyncrl.core.config.rollout import EngineConfig, RolloutConfig, SamplingConfig
-from asyncrl.core.config.run_spec import RunSpec
+from asyncrl.core.config.run_spec import RUN_NAME, RunSpec
 from asyncrl.core.determinism.modes import Determinism
 from asyncrl.core.model.sources import SOURCES
 
@@ -233,6 +233,9 @@ class AsyncRLConfig(Section):
     """Where logs, event logs (JSONL), plots and the resolved config go; "{time}" expands at start."""
     seed: int = 0
     """Global seed (sampling, initialisation)."""
+    run_name: str = Field("", pattern=f"^$|{RUN_NAME}")
+    """The label `run="<name>"` on every series this run's services expose on /metrics (empty: none). Each run of
+    `runs:` is named by its entry; a deployment of one run may be named too, for one Prometheus over several."""
     model: ModelConfig = ModelConfig()
     """The policy checkpoint."""
     tiny_model: TinyModelConfig = TinyModelConfig()

@@ -1,8 +1,9 @@
 """Prometheus metrics: each service keeps its own CollectorRegistry (several services can share a test
 process) and serves it on /metrics on its own port.
 
-`service_registry(service)` is where a service's registry starts: the process, platform and garbage-collector
-collectors, and `asyncrl_service_info{service, version}`. `RpcMetrics` are the per-RPC series every gRPC server
+`service_registry(service, run)` is where a service's registry starts: the process, platform and garbage-collector
+collectors, and `asyncrl_service_info{service, version}`; a named run's registry (`run_name`, each run of
+`runs:`) adds `run="<name>"` to every series it exposes, so one Prometheus tells the runs apart. `RpcMetrics` are the per-RPC series every gRPC server
 keeps (through the guard interceptor, `asyncrl.core.wire.auth`), named as the gRPC ecosystem names them:
 `grpc_server_started_total`, `grpc_server_handled_total{grpc_code}` and `grpc_server_handling_seconds`, each
 labelled `grpc_service` and `grpc_method`; refused calls (UNAUTHENTICATED, INVALID_ARGUMENT) count too. Only
@@ -13,6 +14,7 @@ method names cannot grow the registry.
 
 from __future__ import annotations
 
+import copy
 import functools
 import importlib
 import importlib.metadata
@@ -34,10 +36,35 @@ _RPC_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
                 60.0, 300.0)
 
 
-def service_registry(service: str) -> CollectorRegistry:
+class RunRegistry(CollectorRegistry):
+    """A registry whose every exposed sample carries `run="<name>"` (prometheus_client has no constant labels)."""
+
+    def __init__(self, run: str):
+        super().__init__()
+        self.run = run
+
+    def collect(self):
+        for metric in super().collect():
+            labelled = copy.copy(metric)  # a copy: some collectors (platform) hand out the same objects each time
+            labelled.samples = [s._replace(labels={**s.labels, "run": self.run}) for s in metric.samples]
+            yield labelled
+
+    def restricted_registry(self, names):
+        """`/metrics?name[]=...` reads the collectors directly: the names filter this registry's output instead."""
+        wanted = set(names)
+        return _Filtered(lambda: (m for m in self.collect() if m.name in wanted or
+                                  any(s.name in wanted for s in m.samples)))
+
+
+class _Filtered:
+    def __init__(self, collect):
+        self.collect = collect
+
+
+def service_registry(service: str, run: str = "") -> CollectorRegistry:
     """A registry for one service: process (CPU, memory, open files), platform and GC collectors, and an
-    info series naming the service and the package version."""
-    registry = CollectorRegistry()
+    info series naming the service and the package version; with `run`, each series labelled `run`."""
+    registry = RunRegistry(run) if run else CollectorRegistry()
     for collector in (PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR):
         registry.register(collector)
     Gauge("asyncrl_service_info", "The service behind this endpoint (always 1).", ["service", "version"],
