@@ -51,15 +51,15 @@ class DemoInBackground:
     """`run_demo` on a thread of its own, for a benchmark that acts on the run while it trains: `done` is set
     once the run ended; `events()` waits for it and returns the learner's events (SystemExit when it failed)."""
 
-    def __init__(self, run_dir: Path, overrides: list[str]):
+    def __init__(self, run_dir: Path, overrides: list[str], **run_demo_args):
         self.done = threading.Event()
         self._result: dict = {}
-        self._thread = threading.Thread(target=self._run, args=(run_dir, overrides))
+        self._thread = threading.Thread(target=self._run, args=(run_dir, overrides), kwargs=run_demo_args)
         self._thread.start()
 
-    def _run(self, run_dir: Path, overrides: list[str]) -> None:
+    def _run(self, run_dir: Path, overrides: list[str], **run_demo_args) -> None:
         try:
-            self._result["events"] = run_demo(run_dir, overrides)
+            self._result["events"] = run_demo(run_dir, overrides, **run_demo_args)
         except SystemExit as failed:
             self._result["error"] = str(failed)
         finally:

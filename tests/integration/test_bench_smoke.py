@@ -2,7 +2,7 @@
 and one that broke (an argument its code gained, a receiver that never joined) says nothing until someone
 runs it. Each writes its JSON into a temporary results directory (`ASYNCRL_RESULTS_DIR`), never into
 docs/results/. The ones that train whole demo runs (async_speedup, dash, the ablations, the chaos soak,
-consumption_staleness, eval_offload, routing_replay) or load vLLM (engine_throughput, update_pause) take
+consumption_staleness, eval_offload, routing_replay, multi_runs, run_changes) or load vLLM (engine_throughput, update_pause) take
 minutes and are left to their own runs; controller_leases takes half a minute or more."""
 
 from __future__ import annotations
