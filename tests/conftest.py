@@ -44,25 +44,32 @@ EXAMPLE_MODELS = ("tiny-arith", "tool-agent", "tiny-moe", "word-problems")
 CHAIN_OPENERS = ("tests/e2e/test_vllm_engine.py", "tests/e2e/test_vllm_lora.py")
 """Whole-system tests that need no example model (they build random tiny checkpoints of their own): they open
 the chain while the other worker builds the example models, so no build runs beside a build."""
+ALONE_WHOLE_SYSTEM = ("tests/chaos/test_soak.py", "tests/chaos/test_paused_replica.py",
+                      "tests/chaos/test_fake_replica.py")
+"""The whole-system files marked `alone` (collection checks the list): a work unit of their own, the last. In
+the chain, at its end, they kept its worker waiting for the lock while the other worker ran every unit left
+(flock lets new shared holders past a waiting exclusive one): now that worker takes units off the other first."""
 
 
-def chain_rank(item) -> tuple[bool, int]:
+def chain_rank(item) -> int:
     """Where a whole-system test comes in the chain: by the model it runs on, in EXAMPLE_MODELS order (the
     demo's unless it is marked `example_model(name)`), so none waits for a build that a test on an earlier
-    model could have run beside; tests marked `alone` last, when the other worker has nothing left (one that
-    came earlier waited for the build beside it to end, then left that worker idle while it ran)."""
+    model could have run beside."""
     marker = item.get_closest_marker("example_model")
-    return item.get_closest_marker("alone") is not None, EXAMPLE_MODELS.index(marker.args[0]) if marker else 0
+    return EXAMPLE_MODELS.index(marker.args[0]) if marker else 0
 
 
 def pytest_xdist_make_scheduler(config, log):
     """Under `pytest -n` (scripts/test.sh): the whole-system tests (e2e, chaos) are one work unit, run in order
-    on one worker; every other test file is a unit of its own (its module's fixtures built once). Two whole runs
-    side by side took longer than one after the other: each keeps both cores busy (load 7 on two cores)."""
+    on one worker, those marked `alone` another; every other test file is a unit of its own (its module's
+    fixtures built once). Two whole runs side by side took longer than one after the other: each keeps both
+    cores busy (load 7 on two cores)."""
     from xdist.scheduler import LoadScopeScheduling
 
     class WholeSystemOnOneWorker(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
+            if nodeid.startswith(ALONE_WHOLE_SYSTEM):
+                return "whole-system-alone"
             return "whole-system" if nodeid.startswith(WHOLE_SYSTEM) else nodeid.split("::", 1)[0]
 
     return WholeSystemOnOneWorker(config, log)
@@ -71,13 +78,24 @@ def pytest_xdist_make_scheduler(config, log):
 def pytest_collection_modifyitems(config, items):
     """The whole-system unit is the suite's long pole: it goes first, to one worker from the start, opened by
     the tests that need no example model, then the others (`chain_rank`); the example models' builds go to the
-    other worker, then the unit and integration tests (scripts/test.sh passes `--no-loadscope-reorder`, which
-    keeps this order). Two builds side by side (torch's threads on two cores) took 3.5 times as long as one."""
+    other worker, then the unit and integration tests, and the whole-system tests marked `alone` last
+    (scripts/test.sh passes `--no-loadscope-reorder`, which keeps this order). Two builds side by side (torch's
+    threads on two cores) took 3.5 times as long as one."""
+    for item in items:
+        in_list = item.nodeid.startswith(ALONE_WHOLE_SYSTEM)
+        if item.nodeid.startswith(WHOLE_SYSTEM) and in_list != (item.get_closest_marker("alone") is not None):
+            raise pytest.UsageError(f"{item.nodeid}: a whole-system test is marked `alone` exactly when its file is "
+                                    "in tests/conftest.py's ALONE_WHOLE_SYSTEM")
     if os.environ.get("PYTEST_XDIST_WORKER"):
         order = (CHAIN_OPENERS, WHOLE_SYSTEM, (BUILDS_FILE,))
-        items.sort(key=lambda item: (next((rank for rank, prefixes in enumerate(order)
-                                           if item.nodeid.startswith(prefixes)), len(order)),
-                                     chain_rank(item) if item.nodeid.startswith(WHOLE_SYSTEM) else (False, 0)))
+
+        def rank(item) -> tuple[int, int]:
+            if item.nodeid.startswith(ALONE_WHOLE_SYSTEM):
+                return len(order) + 1, 0
+            first = next((at for at, prefixes in enumerate(order) if item.nodeid.startswith(prefixes)), len(order))
+            return first, chain_rank(item) if item.nodeid.startswith(WHOLE_SYSTEM) else 0
+
+        items.sort(key=rank)
 
 
 @pytest.hookimpl(wrapper=True)
