@@ -3,9 +3,8 @@
 - `create_server(config, run_dir=None, notify=None, check_replicas=True) -> (server, port)`: the asyncio gRPC
   server (`asyncrl.core.wire.grpc_aio`), not started: a held AcquireLease(s)/AwaitLeases is a suspended coroutine,
   the other calls run on a small thread pool. Its state is `server.controller_state` (reaper running; `close()`
-  it after `server.stop`); `server.release_held()` answers held requests UNAVAILABLE at once. `notify` replaces
-  the `Rollout.UpdateWeights` fan-out and `check_replicas=False` skips registration challenges (tests, simulated
-  replicas).
+  it after `server.stop`); `server.release_held()` answers held requests UNAVAILABLE at once. `notify` replaces the
+  `Rollout.UpdateWeights` fan-out; `check_replicas=False` skips registration challenges (simulated replicas).
 - `serve(config)`: the process: gRPC and the status page until SIGTERM/SIGINT.
 
 Status codes (`controller_messages`): a malformed field is INVALID_ARGUMENT naming it; a learner-only call without
