@@ -46,9 +46,9 @@ CHAIN_OPENERS = ("tests/e2e/test_vllm_engine.py", "tests/e2e/test_vllm_lora.py")
 the chain while the other worker builds the example models, so no build runs beside a build."""
 ALONE_WHOLE_SYSTEM = ("tests/chaos/test_soak.py", "tests/chaos/test_paused_replica.py",
                       "tests/chaos/test_fake_replica.py")
-"""The whole-system files marked `alone` (collection checks the list): a work unit of their own, the last. In
-the chain, at its end, they kept its worker waiting for the lock while the other worker ran every unit left
-(flock lets new shared holders past a waiting exclusive one): now that worker takes units off the other first."""
+"""The whole-system files marked `alone` (collection checks the list): a work unit of their own, the last, so
+that the chain's worker, once its chain is done, takes unit and integration files off the other worker
+before the alone tests hold both."""
 
 
 def chain_rank(item) -> int:

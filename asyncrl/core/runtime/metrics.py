@@ -1,15 +1,16 @@
 """Prometheus metrics: each service keeps its own CollectorRegistry (several services can share a test
 process) and serves it on /metrics on its own port.
 
-`service_registry(service, run)` is where a service's registry starts: the process, platform and garbage-collector
-collectors, and `asyncrl_service_info{service, version}`; a named run's registry (`run_name`, each run of
-`runs:`) adds `run="<name>"` to every series it exposes, so one Prometheus tells the runs apart. `RpcMetrics` are the per-RPC series every gRPC server
-keeps (through the guard interceptor, `asyncrl.core.wire.auth`), named as the gRPC ecosystem names them:
-`grpc_server_started_total`, `grpc_server_handled_total{grpc_code}` and `grpc_server_handling_seconds`, each
-labelled `grpc_service` and `grpc_method`; refused calls (UNAUTHENTICATED, INVALID_ARGUMENT) count too. Only
-methods some server of the project serves get labels of their own (`known_methods`): any other path a caller
-names, with or without the token, counts under `grpc_service="unknown", grpc_method="unknown"`, so made-up
-method names cannot grow the registry.
+`service_registry(service, run)` is where a service's registry starts: the process, platform and
+garbage-collector collectors, and `asyncrl_service_info{service, version}`; a named run's registry (`run_name`,
+each run of `runs:`) adds `run="<name>"` to every series it exposes, so one Prometheus tells the runs apart.
+`RpcMetrics` are the per-RPC series every gRPC server keeps (through the guard interceptor,
+`asyncrl.core.wire.auth`), named as the gRPC ecosystem names them: `grpc_server_started_total`,
+`grpc_server_handled_total{grpc_code}` and `grpc_server_handling_seconds`, each labelled `grpc_service` and
+`grpc_method`; refused calls (UNAUTHENTICATED, INVALID_ARGUMENT) count too. Only methods some server of the
+project serves get labels of their own (`known_methods`): any other path a caller names, with or without the
+token, counts under `grpc_service="unknown", grpc_method="unknown"`, so made-up method names cannot grow the
+registry.
 """
 
 from __future__ import annotations
