@@ -63,14 +63,22 @@ def runs(tmp_path_factory):
     return run_dir, out, scraped
 
 
+def printed_metrics_ports(run_dir) -> dict[tuple[str, str], str]:
+    """(service, run) -> the /metrics port the learner and replica-0 printed for that run."""
+    return {(service, run): port for log in ("learner.log", "rollout-0.log")
+            for service, run, port in re.findall(r"asyncrl-(learner|rollout)(?: replica-0)? run (\S+) "
+                                                 r"listening grpc=\S+ metrics=[\d.]+:(\d+)",
+                                                 (run_dir / "logs" / log).read_text())}
+
+
 def scrape_every_run(run_dir) -> dict[tuple[str, str], str]:
     """(service, run) -> the text of that run's /metrics: its controller's status page, its learner's and
-    replica-0's endpoints (the ports the services printed)."""
-    logs = run_dir / "logs"
-    printed = {(service, run): port for log in ("learner.log", "rollout-0.log")
-               for service, run, port in re.findall(r"asyncrl-(learner|rollout)(?: replica-0)? run (\S+) "
-                                                    r"listening grpc=\S+ metrics=[\d.]+:(\d+)",
-                                                    (logs / log).read_text())}
+    replica-0's endpoints (the ports the services printed, once each listed run's are)."""
+    def every_runs() -> dict | None:
+        ports = printed_metrics_ports(run_dir)
+        return ports if len(ports) == 2 * len(LISTED) else None
+
+    printed = wait_for(every_runs, 60, "every run's learner and replica-0 listening", run_dir=run_dir)
     for run, cfg in run_configs(load_config(run_dir / "config.resolved.yaml")).items():
         printed["controller", run] = cfg.controller.status_port
     return {key: urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
