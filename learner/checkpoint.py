@@ -30,6 +30,7 @@ import json
 import pickle
 import random
 import shutil
+import threading
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -51,6 +52,10 @@ from asyncrl.learner.checkpoint_index import (
     read_meta,
 )
 from asyncrl.learner.sharding import SAVE, SINGLE, STAGE, Ranks
+
+_ONE_EXPORT_AT_A_TIME = threading.Lock()
+"""A merged export holds a host copy of the whole policy until it is written: the runs sharing one base
+(`learner.runs`), whose checkpoints are written on threads of their own, write theirs one after another."""
 
 
 class Checkpointer:
@@ -84,8 +89,11 @@ class Checkpointer:
         if self.adapter is not None:
             adapter = dict(lora_parameters(module, self.run)) if state is None else state
             save_adapter(tmp / "adapter", self.adapter, list(adapter.items()), self.config.model.path)
-            state = merged_state_dict(module, self.adapter, adapter) if self.cfg.export_hf else None
-        if self.cfg.export_hf:
+        if not self.cfg.export_hf:
+            return
+        with _ONE_EXPORT_AT_A_TIME:
+            if self.adapter is not None:
+                state = merged_state_dict(module, self.adapter, adapter)
             export_hf(module, self.tokenizer, tmp / "hf", state)
 
     def stage(self, model, optimizer, meta: CheckpointMeta, covered: Covered = NOTHING_COVERED) -> StagedCheckpoint:

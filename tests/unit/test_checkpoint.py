@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import threading
+import time
+from types import SimpleNamespace
+
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from asyncrl.core.model.modeling import load_causal_lm, named_weights, sequence_logprobs
+from asyncrl.learner import checkpoint
 from asyncrl.learner.checkpoint import Checkpointer, load_checkpoint
 from asyncrl.learner.checkpoint_index import CheckpointMeta, latest_checkpoint, list_checkpoints, read_meta
 from asyncrl.push.flat import bind_parameters
@@ -161,3 +166,27 @@ def test_tensor_subclasses_are_staged_one_by_one():
     copied = _host_copy({"a": a, "b": b, "a_again": a})
     assert torch.equal(copied["a"], torch.ones(3)) and torch.equal(copied["b"], torch.zeros(3))
     assert copied["a"] is copied["a_again"] and copied["a"] is not copied["b"]
+
+
+def test_the_exports_of_runs_sharing_a_base_are_written_one_at_a_time(monkeypatch, tmp_path):
+    """Each merged export holds a host copy of the whole policy while it is written: the runs' checkpoint
+    writers (each on a thread of its own, `learner.runs`) take turns, so at most one copy exists."""
+    in_flight, most, count = [0], [0], threading.Lock()
+
+    def slow_export(module, tokenizer, directory, state):
+        with count:
+            in_flight[0] += 1
+            most[0] = max(most[0], in_flight[0])
+        time.sleep(0.1)
+        with count:
+            in_flight[0] -= 1
+
+    monkeypatch.setattr(checkpoint, "export_hf", slow_export)
+    config = SimpleNamespace(learner=SimpleNamespace(checkpoint=SimpleNamespace(export_hf=True)))
+    writers = [threading.Thread(target=Checkpointer(config, None, run=f"run-{i}")._write_exports,
+                                args=(None, tmp_path)) for i in range(3)]
+    for writer in writers:
+        writer.start()
+    for writer in writers:
+        writer.join()
+    assert most == [1]
