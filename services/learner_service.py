@@ -122,6 +122,8 @@ def serve_runs(config, reload) -> dict[str, LearnerProgress]:
     failed: dict[str, BaseException] = {}
     stops: dict[str, threading.Event] = {}
     threads: dict[str, threading.Thread] = {}
+    removed: set[str] = set()
+    """Runs taken out of the deployment: stopped after their step; an error of theirs fails nothing."""
 
     def run_one(run: str, leader, cfg, stop: threading.Event) -> None:
         resumed = leader.loop.resumed
@@ -154,7 +156,6 @@ def serve_runs(config, reload) -> dict[str, LearnerProgress]:
                                         args=(run, learners.leaders[run], learners.configs[run], stops[run]))
         threads[run].start()
 
-    removed: set[str] = set()
     for run in learners.leaders:
         start(run)
     # A removed run's loop stuck in its own code (a reward that never returns) does not hold the others' end.

@@ -74,11 +74,11 @@ def printed_metrics_ports(run_dir) -> dict[tuple[str, str], str]:
 def scrape_every_run(run_dir) -> dict[tuple[str, str], str]:
     """(service, run) -> the text of that run's /metrics: its controller's status page, its learner's and
     replica-0's endpoints (the ports the services printed, once each listed run's are)."""
-    def every_runs() -> dict | None:
+    def all_printed() -> dict | None:
         ports = printed_metrics_ports(run_dir)
         return ports if len(ports) == 2 * len(LISTED) else None
 
-    printed = wait_for(every_runs, 60, "every run's learner and replica-0 listening", run_dir=run_dir)
+    printed = wait_for(all_printed, 60, "every run's learner and replica-0 listening", run_dir=run_dir)
     for run, cfg in run_configs(load_config(run_dir / "config.resolved.yaml")).items():
         printed["controller", run] = cfg.controller.status_port
     return {key: urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
