@@ -51,6 +51,7 @@ from asyncrl.learner.checkpoint_index import (
     list_checkpoints,
     read_meta,
 )
+from asyncrl.learner.heap import trim_heap
 from asyncrl.learner.sharding import SAVE, SINGLE, STAGE, Ranks
 
 _ONE_EXPORT_AT_A_TIME = threading.Lock()
@@ -95,6 +96,8 @@ class Checkpointer:
             if self.adapter is not None:
                 state = merged_state_dict(module, self.adapter, adapter)
             export_hf(module, self.tokenizer, tmp / "hf", state)
+            del state
+            trim_heap()  # the merged copy, freed on this checkpoint thread, would stay in its arena
 
     def stage(self, model, optimizer, meta: CheckpointMeta, covered: Covered = NOTHING_COVERED) -> StagedCheckpoint:
         """A copy in host memory of everything a checkpoint holds, taken now, for `write` to put on disk later

@@ -13,7 +13,6 @@ four runs stepping on their own threads held four steps' activations (SmolLM2: 1
 
 from __future__ import annotations
 
-import ctypes
 import functools
 from concurrent.futures import ThreadPoolExecutor
 
@@ -29,6 +28,7 @@ from asyncrl.learner.adapters import inject_adapters, run_active
 from asyncrl.learner.builder import Leader, leader_for
 from asyncrl.learner.checkpoint import load_checkpoint
 from asyncrl.learner.checkpoint_index import resume_path
+from asyncrl.learner.heap import trim_heap
 from asyncrl.learner.sharding import SINGLE, rank_device
 from asyncrl.learner.trainer import Trainer
 
@@ -56,26 +56,6 @@ class SharedBase:
                 return fn(*args)
         finally:
             trim_heap()
-
-
-def trim_heap() -> None:
-    """Give the heap's free pages back (glibc `malloc_trim`): one run's freed activations otherwise stay in the
-    heap, cut up, and the next run's step, of other shapes, takes more (bench/shared_base_memory.py: four runs
-    peaked at 1.71x one run's memory untrimmed, 1.26x trimmed). A no-op where glibc is not the allocator."""
-    if _LIBC is not None:
-        _LIBC.malloc_trim(0)
-
-
-def _glibc():
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-        libc.malloc_trim  # noqa: B018 - present only in glibc
-    except (OSError, AttributeError):
-        return None
-    return libc
-
-
-_LIBC = _glibc()
 
 
 class RunLearners:

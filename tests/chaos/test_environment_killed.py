@@ -26,7 +26,7 @@ from tests.run_helpers import REPO, running_up, steps_done, wait_for
 
 pytestmark = [pytest.mark.chaos, pytest.mark.example_model("tool-agent")]
 
-STEPS, KILL_AT, DOWN_S = 24, 8, 6.0
+STEPS, KILL_AT, DOWN_S = 16, 8, 6.0
 AGENT_EXAMPLE = REPO / "examples" / "tool-agent.yaml"
 
 

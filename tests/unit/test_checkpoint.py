@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+import weakref
 from types import SimpleNamespace
 
 import torch
@@ -190,3 +191,24 @@ def test_the_exports_of_runs_sharing_a_base_are_written_one_at_a_time(monkeypatc
     for writer in writers:
         writer.join()
     assert most == [1]
+
+
+def test_a_merged_export_is_freed_and_the_heap_trimmed_before_the_next_one(monkeypatch, tmp_path):
+    """The merged copy is freed on the checkpoint thread that wrote it, where glibc would keep it in that
+    thread's arena: once it is gone the heap is trimmed, before another run's export may start."""
+    copies, trims = [], []
+
+    def merged(module, spec, adapter):
+        state = {"w": torch.zeros(4)}
+        copies.append(weakref.ref(state["w"]))
+        return state
+
+    monkeypatch.setattr(checkpoint, "save_adapter", lambda *args: None)
+    monkeypatch.setattr(checkpoint, "merged_state_dict", merged)
+    monkeypatch.setattr(checkpoint, "export_hf", lambda module, tokenizer, directory, state: None)
+    monkeypatch.setattr(checkpoint, "trim_heap", lambda: trims.append(
+        (copies[-1]() is None, checkpoint._ONE_EXPORT_AT_A_TIME.locked())))
+    config = SimpleNamespace(learner=SimpleNamespace(checkpoint=SimpleNamespace(export_hf=True)),
+                             model=SimpleNamespace(path=""))
+    Checkpointer(config, None, adapter=object(), run="run-0")._write_exports(None, tmp_path, {"a": torch.zeros(1)})
+    assert trims == [(True, True)]
