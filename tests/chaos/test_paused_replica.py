@@ -4,8 +4,8 @@ until the learner calls it off or the controller declares it dead; the run goes 
 push could wait out the push's whole time-out (120 s), and once the replica resumed it worked through the
 UpdateWeights calls that had queued up for pushes long over, each waiting up to 60 s for a verdict that would
 never come, so it missed every push after them and was held back again and again. Now the stall is bounded
-by the pause, and the resumed replica takes the next push. The run is stopped (Ctrl-C) once it has, and its audit must find
-nothing wrong but that it ended early."""
+by the pause, and the resumed replica takes the next push. The run is stopped (Ctrl-C) once it has, and its
+audit must find nothing wrong but that it ended early."""
 
 from __future__ import annotations
 
