@@ -33,6 +33,18 @@ _GROUPS = BroadcastGroups()
 _KEPT = KeptWeights()
 """With sparse deltas: the weights of the last push in checkpoint layout (vLLM's own are repacked), to which
 the next one's changes apply."""
+_RUN_GROUPS: dict[str, tuple[BroadcastGroups, KeptWeights]] = {}
+"""In a replica of several runs: each run's group and kept weights, so one run's push never drops another's
+group (each run's learner sends over a group of its own)."""
+
+
+def _groups_of(run: str) -> tuple[BroadcastGroups, KeptWeights]:
+    """The group and kept weights adapter pushes of `run` come through ("": the replica's only run)."""
+    if not run:
+        return _GROUPS, _KEPT
+    if run not in _RUN_GROUPS:
+        _RUN_GROUPS[run] = (BroadcastGroups(), KeptWeights())
+    return _RUN_GROUPS[run]
 
 
 def plan_to_dict(plan: PushPlan) -> dict:
@@ -129,22 +141,29 @@ class AsyncRLWorkerExtension:
         }
 
 
-    def asyncrl_receive_adapter(self, plan_data: dict, rank: int, directory: str) -> dict:
-        """Join an adapter push as `rank` and write the adapter in peft's format into `directory`, where the
-        engine's LoRA loader reads it (`VLLMEngine`); the model itself is not touched, so generation goes on
-        meanwhile. Returns the adapter's checksum and figures."""
+    def asyncrl_leave_run(self, run: str) -> None:
+        """`run` left this replica: leave the group its pushes came through."""
+        groups, _kept = _RUN_GROUPS.pop(run, (None, None))
+        if groups is not None:
+            groups.close()
+
+    def asyncrl_receive_adapter(self, plan_data: dict, rank: int, directory: str, run: str = "") -> dict:
+        """Join an adapter push of `run` as `rank` and write the adapter in peft's format into `directory`, where
+        the engine's LoRA loader reads it (`VLLMAdapters`); the model itself is not touched, so generation goes
+        on meanwhile. Returns the adapter's checksum and figures."""
         from asyncrl.core.lora.files import write_adapter
 
         plan = plan_from_dict(plan_data)
+        groups, kept = _groups_of(run)
         start = time.perf_counter()
         received: dict[str, torch.Tensor] = {}
-        with _GROUPS.member(plan, rank) as group:
-            for views in _KEPT.receive(group, plan):
+        with groups.member(plan, rank) as group:
+            for views in kept.receive(group, plan):
                 received.update((name, tensor.detach().to("cpu", copy=True)) for name, tensor in views)
         named = [(meta.name, received[meta.name]) for meta in plan.tensors]
         checksum = weights_checksum(named)
         if plan.checksum_in_store:  # before the adapter is written where the engine loads it
-            check_as_sent(checksum, _GROUPS.sent_checksum(plan, rank), plan.version)
+            check_as_sent(checksum, groups.sent_checksum(plan, rank), plan.version)
         write_adapter(Path(directory), plan.adapter, named)
         return {"bytes": sum(t.numel() * t.element_size() for _, t in named), "checksum": checksum,
                 "receive_write_s": time.perf_counter() - start}

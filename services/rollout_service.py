@@ -14,8 +14,7 @@ from transformers import AutoConfig
 
 from asyncrl.core.checks.validation import InvalidArgument, check_range, check_token_ids, require
 from asyncrl.core.config.runs import bank_shape, run_configs
-from asyncrl.core.engines.factory import make_engine
-from asyncrl.core.engines.run_adapters import SharedTorchModel
+from asyncrl.core.engines.factory import make_engine, make_shared_model
 from asyncrl.core.lora.versions import AdapterServing
 from asyncrl.core.model.sampling import SamplingParams
 from asyncrl.core.runtime.metrics import serve_metrics
@@ -162,7 +161,7 @@ def serve(config, replica_id: str = "", reload=None) -> None:
 
 def serve_runs(config, replica_id: str, reload) -> None:
     """A replica of each run of a deployment of several LoRA runs, on one model with every run's adapters
-    (`asyncrl.core.engines.run_adapters`): per run its own runtime (registration at its controller, leases,
+    (`make_shared_model`: torch or vLLM): per run its own runtime (registration at its controller, leases,
     buffer stream, pushes), gRPC port and /metrics, as a replica of that run alone would have. SIGHUP reads the
     config again (`reload`): a run added gets its slots and replica, a removed one stops and frees them; the
     other runs go on untouched. SIGTERM/SIGINT stop every run's."""
@@ -170,9 +169,8 @@ def serve_runs(config, replica_id: str, reload) -> None:
     signal.signal(signal.SIGHUP, lambda *_: signals.put("reload"))
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: signals.put("stop"))
-    shape = bank_shape(config)
-    shared = SharedTorchModel(config.rollout.engine, config.model.path, config.model.dtype, shape.runs,
-                              shape.max_rank, shape.targets, seed=replica_seed(config.seed, replica_id))
+    shared = make_shared_model(config.rollout.engine, config.model.path, config.model.dtype, bank_shape(config),
+                               BroadcastReceiving.vllm_worker_extension, seed=replica_seed(config.seed, replica_id))
     tenants: dict[str, tuple] = {}
     restarts: dict[str, int] = {}
     weights = {spec.name: spec.weight for spec in config.runs}
@@ -227,6 +225,7 @@ def serve_runs(config, replica_id: str, reload) -> None:
     for server, runtime, _cfg in tenants.values():
         runtime.stop()
         server.stop(5).wait()
+    shared.close()
 
 
 def _serve_replica(config, runtime: ReplicaRuntime, label: str = ""):

@@ -41,7 +41,7 @@ WHOLE_SYSTEM = ("tests/e2e/", "tests/chaos/")
 BUILDS_FILE = "tests/integration/test_example_models.py"
 EXAMPLE_MODELS = ("tiny-arith", "tool-agent", "tiny-moe", "word-problems")
 """The examples whose models BUILDS_FILE builds, in its order: the demo's first, which most runs use."""
-CHAIN_OPENERS = ("tests/e2e/test_vllm_engine.py", "tests/e2e/test_vllm_lora.py")
+CHAIN_OPENERS = ("tests/e2e/test_vllm_engine.py", "tests/e2e/test_vllm_lora.py", "tests/e2e/test_vllm_runs.py")
 """Whole-system tests that need no example model (they build random tiny checkpoints of their own): they open
 the chain while the other worker builds the example models, so no build runs beside a build."""
 ALONE_WHOLE_SYSTEM = ("tests/chaos/test_soak.py", "tests/chaos/test_paused_replica.py",

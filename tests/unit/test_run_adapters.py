@@ -14,7 +14,8 @@ import torch
 
 from asyncrl.core.checks.weights_checksum import weights_checksum
 from asyncrl.core.config.schema import EngineConfig
-from asyncrl.core.engines.run_adapters import SLOTS_PER_RUN, DecodeCall, MergedDecodes, SharedTorchModel
+from asyncrl.core.engines.merged_decodes import DecodeCall, MergedDecodes
+from asyncrl.core.engines.run_adapters import SLOTS_PER_RUN, SharedTorchModel
 from asyncrl.core.model.modeling import load_causal_lm, named_weights, sequence_logprobs
 from asyncrl.core.model.sampling import SamplingParams
 from asyncrl.core.wire.push_contract import tensor_metas

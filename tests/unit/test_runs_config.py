@@ -75,14 +75,20 @@ def test_a_runs_own_config_error_names_the_run_and_the_key():
 @pytest.mark.parametrize(("runs", "sections", "message"), [
     ([{"name": "a"}, {"name": "a"}], {}, "runs: each run needs a name of its own; a appear"),
     ([{"name": "a"}], {"learner": {"lora": {"enabled": False}}}, "needs learner.lora.enabled: true"),
-    ([{"name": "a"}], {"rollout": {"engine": {"type": "vllm"}}, "learner": {"lora": {"enabled": True}}},
-     "needs rollout.engine.type: torch"),
+    ([{"name": "a"}], {"learner": {"lora": {"enabled": True}, "eval_by": "replica"}}, "needs learner.eval_by: learner"),
     ([{"name": "a"}], {"teacher": {"enabled": True, "model_path": "t"}}, "needs teacher.enabled: false"),
 ])
 def test_what_a_deployment_of_several_runs_needs_is_named(runs, sections, message):
     cfg = deployment(runs, **sections)
     with pytest.raises(ConfigError, match=message):
         run_configs(cfg)
+
+
+def test_a_deployment_on_vllm_keeps_loaded_the_versions_each_runs_eta_needs():
+    cfg = deployment([{"name": "a"}, {"name": "b", "overrides": {"controller": {"eta": 5}}}],
+                     rollout={"engine": {"type": "vllm"}})
+    assert list(run_configs(cfg)) == ["a", "b"]
+    assert bank_shape(cfg).versions_kept == 5 + 2  # η + 1 versions, and one for a batch started before a push
 
 
 @pytest.mark.parametrize("name", ["A", "1a", "a_b", "a" * 32, ""])

@@ -18,6 +18,7 @@ from pydantic import ValidationError
 
 from asyncrl.core.checks.config_error import ConfigError, validation_line
 from asyncrl.core.config.schema import AsyncRLConfig
+from asyncrl.core.lora.versions import AdapterServing
 
 PORT_STRIDE = 100
 """Run i's fixed ports are the deployment's + PORT_STRIDE * i (room for 100 replicas counting up from each)."""
@@ -41,13 +42,15 @@ def run_configs(cfg: AsyncRLConfig, removed: bool = False) -> dict[str, AsyncRLC
 
 @dataclass(frozen=True)
 class BankShape:
-    """What each replica's adapter bank holds (`asyncrl.core.engines.run_adapters`)."""
+    """What each replica's adapter bank holds (`asyncrl.core.engines.run_adapters`, `vllm_runs`)."""
 
     runs: int
     """Runs it has slots for."""
     max_rank: int
     targets: tuple[str, ...]
     """The modules it can adapt: the deployment's `learner.lora.target_modules` and every run's."""
+    versions_kept: int = 4
+    """A run's adapter versions a vLLM engine keeps loaded at once: the most any run needs (η + 2)."""
 
 
 def bank_shape(cfg: AsyncRLConfig) -> BankShape:
@@ -59,7 +62,9 @@ def bank_shape(cfg: AsyncRLConfig) -> BankShape:
         targets.update(dict.fromkeys(run_cfg.learner.lora.target_modules))
     return BankShape(runs=cfg.rollout.max_runs or active,
                      max_rank=cfg.rollout.max_lora_rank or max(c.learner.lora.rank for c in every.values()),
-                     targets=tuple(targets))
+                     targets=tuple(targets),
+                     versions_kept=max(AdapterServing.for_run(c.learner.lora, c.controller.eta).versions_kept
+                                       for c in every.values()))
 
 
 def check_change(before: AsyncRLConfig, after: AsyncRLConfig) -> list[str]:
@@ -131,7 +136,6 @@ def _check_deployment(cfg: AsyncRLConfig) -> None:
         raise ConfigError(f"runs: each run needs a name of its own; {', '.join(twice)} appear more than once")
     needs = [
         (cfg.learner.lora.enabled, "learner.lora.enabled: true (the runs train adapters on one frozen base)"),
-        (cfg.rollout.engine.type == "torch", "rollout.engine.type: torch (vLLM's per-run adapters are not built)"),
         (cfg.learner.world_size == 1, "learner.world_size: 1"),
         (cfg.model.determinism == "off", "model.determinism: off (the runs' steps interleave on one base)"),
         (not cfg.teacher.enabled, "teacher.enabled: false"),

@@ -9,12 +9,15 @@ push implements it), so no engine imports a transport.
 
 from __future__ import annotations
 
+import logging
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
 from asyncrl.core.model.routing import RoutedExperts
 from asyncrl.core.model.sampling import SamplingParams
 from asyncrl.core.wire.push_contract import PushOrder, WeightSource, WeightUpdateStats
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -47,6 +50,19 @@ def weight_source(weights: WeightSource | None, plan: PushOrder) -> WeightSource
         raise RuntimeError(f"weight push {plan.push_id}: this engine was built without a weight source "
                            "(make_engine(..., weights=...)) and takes no pushes")
     return weights
+
+
+def refuse_full_weights(source: WeightSource, plan: PushOrder, rank: int) -> None:
+    """Refuse `plan`, a full-weights push to one run of a deployment of several runs (ValueError), after taking
+    part in it as `rank` without keeping anything, so that the sender and the other receivers are not left
+    waiting for this one."""
+    try:
+        with source.open(plan, rank) as stream:
+            stream.drain()
+    except Exception as err:  # noqa: BLE001 - the refusal below matters more
+        log.warning("could not drain the refused push %s: %s", plan.push_id, err)
+    raise ValueError(f"push {plan.push_id} carries full weights; a run of a deployment of several runs serves its "
+                     "adapter on the shared base and takes adapter pushes only")
 
 
 class Engine(ABC):

@@ -9,12 +9,10 @@ slot of the run's that no batch is pinned to (it waits for one when every slot i
 of a batch), then made live by one assignment. Before its first push a run's batches run on the base (slot
 0), the policy a LoRA run starts from (B = 0).
 
-Runs' batches that wait at the same time are decoded as one (`MergedDecodes`): each row through its own
-run's adapter, one forward per step for all of them, so the per-step cost is spread over every run's rows
-(bench/mixed_adapters.py). Calls join a merged batch while their rows fit `rollout.engine.max_batch_size` and
-they sample alike (the same sampling parameters and group size); which runs' calls go first when not all fit
-is decided by weighted fair shares (`RunShares`, `runs[].weight`): a run that has nothing to decode (its
-learner behind, its η reached) lends its share and comes back level.
+Runs' batches that wait at the same time are decoded as one (`asyncrl.core.engines.merged_decodes`), each row
+through its own run's slot. The torch decode samples a batch with one set of settings, so calls merge when
+they sample alike (the same sampling parameters and group size) and their rows fit
+`rollout.engine.max_batch_size`.
 """
 
 from __future__ import annotations
@@ -23,13 +21,12 @@ import contextlib
 import logging
 import threading
 import time
-from dataclasses import dataclass
 
 import torch
 
 from asyncrl.core.checks.weights_checksum import check_as_sent, weights_checksum
-from asyncrl.core.engines.base import Engine, Generation, weight_source
-from asyncrl.core.engines.run_shares import RunShares
+from asyncrl.core.engines.base import Engine, Generation, refuse_full_weights, weight_source
+from asyncrl.core.engines.merged_decodes import DecodeCall, MergedDecodes
 from asyncrl.core.engines.torch_decode import generate_with_model, score_in_batches
 from asyncrl.core.lora.row_adapters import BASE_SLOT, AdapterBank
 from asyncrl.core.model.modeling import eos_token_ids, load_causal_lm, pad_token_id
@@ -41,121 +38,6 @@ log = logging.getLogger(__name__)
 SLOTS_PER_RUN = 3
 """A run's live adapter, the one a batch that started before the last push still runs on, and the next push's:
 with three a push waits for a slot only when two batches of the run overlap a push (a replica runs one at a time)."""
-
-
-@dataclass(eq=False)
-class DecodeCall:
-    """One run's `generate` call, waiting to be decoded (alone or merged with others')."""
-
-    run: str
-    prompts: list[list[int]]
-    params: SamplingParams
-    n: int
-    seeds: list[int] | None
-    slot: int
-    version: int
-    result: list[list[Generation]] | None = None
-    error: BaseException | None = None
-    done: bool = False
-
-    @property
-    def rows(self) -> int:
-        return len(self.prompts) * self.n
-
-    def merges_with(self, other: DecodeCall) -> bool:
-        """Both sample alike, so one decode serves both."""
-        return (self.params, self.n, self.seeds is None) == (other.params, other.n, other.seeds is None)
-
-
-MERGE_WINDOW = 0.25
-"""Of the last decode's duration: how long a free model waits for the calls of the runs of the last batch that
-have none waiting yet. The run whose batch just ended asks again within milliseconds (its results written, its
-next leases taken); without the wait two runs would take turns alone and never merge."""
-
-
-class MergedDecodes:
-    """One decode at a time over the shared model, each made of the waiting calls that fit together."""
-
-    def __init__(self, max_rows: int):
-        self.max_rows = max_rows
-        """Rows one merged decode takes at most (a first call larger than this is decoded alone)."""
-        self._shares = RunShares()
-        self._state = threading.Condition()
-        self._waiting: list[DecodeCall] = []
-        self._decoding = False
-        self.merged: list[tuple[str, ...]] = []
-        """The runs of each decode so far, in order (the last 1000)."""
-        self._last_s = 0.0
-        """How long the last decode took."""
-
-    def add(self, run: str, weight: float = 1.0) -> None:
-        with self._state:
-            self._shares.add(run, weight)
-
-    def remove(self, run: str) -> None:
-        with self._state:
-            self._shares.remove(run)
-
-    def decode(self, call: DecodeCall, decode_batch) -> list[list[Generation]]:
-        """`call`'s result, decoded by whichever caller finds the model free next (`decode_batch(calls)` fills
-        each call's result), merged with the calls that fit."""
-        with self._state:
-            self._waiting.append(call)
-            self._state.notify_all()
-        while True:
-            with self._state:
-                self._state.wait_for(lambda: call.done or not self._decoding)
-                deadline = time.monotonic() + MERGE_WINDOW * self._last_s
-                while not (call.done or self._decoding) and self._missing() and time.monotonic() < deadline:
-                    self._state.wait(max(0.0, deadline - time.monotonic()))
-                if call.done:
-                    break
-                if self._decoding:  # another caller took the model meanwhile
-                    continue
-                batch = self._take()
-                self._decoding = True
-            started = time.monotonic()
-            try:
-                decode_batch(batch)
-            except Exception as err:  # noqa: BLE001 - every call of the batch fails with it, none hangs
-                for each in batch:
-                    each.error = err
-            finally:
-                with self._state:
-                    for each in batch:
-                        if each.result is None and each.error is None:
-                            each.error = RuntimeError("the decode this call was part of did not finish")
-                        each.done = True
-                    self._decoding = False
-                    self._last_s = time.monotonic() - started
-                    self.merged = [*self.merged[-999:], tuple(each.run for each in batch)]
-                    self._state.notify_all()
-        if call.error is not None:
-            raise call.error
-        return call.result
-
-    def _missing(self) -> bool:
-        """A run of the last batch has no call waiting (it is about to ask again)."""
-        last = self.merged[-1] if self.merged else ()
-        return bool(set(last) - {c.run for c in self._waiting})
-
-    def _take(self) -> list[DecodeCall]:
-        """The next batch: the first waiting call of the run furthest behind its share, then, by the same order,
-        calls that sample alike while their rows fit (taken from the waiting list)."""
-        batch: list[DecodeCall] = []
-        rows = 0
-        while True:
-            fits = [c for c in self._waiting if not batch or (c.merges_with(batch[0]) and rows + c.rows <= self.max_rows)]
-            if not fits:
-                return batch
-            # Asking: every run with a call waiting or in this batch (the shares' floor); chosen among those that fit.
-            asking = {c.run for c in self._waiting} | {c.run for c in batch}
-            run = self._shares.pick(asking, among={c.run for c in fits})
-            call = next(c for c in fits if c.run == run)
-            self._waiting.remove(call)
-            self._shares.granted(run, call.rows)
-            batch.append(call)
-            rows += call.rows
 
 
 class SharedTorchModel:
@@ -198,6 +80,9 @@ class SharedTorchModel:
         self.decodes.remove(run)
         self._free += self.slots.pop(run, [])
 
+    def close(self) -> None:
+        """Nothing to release beyond what the runs' engines release (the model is freed with this object)."""
+
     def engine_for(self, run: str, weights: WeightSource | None) -> RunEngine:
         """Run `run`'s engine on this model (its pushes through `weights`); `add_run` first."""
         return RunEngine(self, run, weights)
@@ -213,7 +98,7 @@ class SharedTorchModel:
             out = generate_with_model(self.model, prompts, first.params, first.n, eos_ids=self.eos_ids,
                                       pad_id=self.pad_id, max_batch_size=self.max_batch_size,
                                       generator=self._generator, seeds=seeds, bank=self.bank,
-                                      adapter_slots=[call.slot for call in calls for _ in call.prompts])
+                                      adapter_slots=[call.adapter for call in calls for _ in call.prompts])
         at = 0
         for call in calls:
             call.result, at = out[at : at + len(call.prompts)], at + len(call.prompts)
@@ -285,9 +170,7 @@ class RunEngine(Engine):
         started = time.perf_counter()
         source = weight_source(self._weights, plan)
         if plan.adapter is None:
-            self._drain(source, plan, rank)
-            raise ValueError(f"push {plan.push_id} carries full weights; a run of a deployment of several runs "
-                             "serves its adapter on the shared base and takes adapter pushes only")
+            refuse_full_weights(source, plan, rank)
         received: dict[str, torch.Tensor] = {}
         with source.open(plan, rank) as stream:
             for bucket in stream.buckets():
@@ -309,16 +192,6 @@ class RunEngine(Engine):
     def _free_slot(self) -> int | None:
         live = self._live[0]
         return next((s for s in self._own if s != live and not self._pins.get(s)), None)
-
-    @staticmethod
-    def _drain(source: WeightSource, plan: PushOrder, rank: int) -> None:
-        """Take part in a push refused before it was received, so the sender and the others are not left
-        waiting for this rank."""
-        try:
-            with source.open(plan, rank) as stream:
-                stream.drain()
-        except Exception as err:  # noqa: BLE001 - the refusal raised by the caller matters more
-            log.warning("could not drain the refused push %s: %s", plan.push_id, err)
 
     def close(self) -> None:
         if self._weights is not None:

@@ -57,7 +57,9 @@ def _batch_invariant(on_gpu: bool) -> None:
 class VLLMEngine(Engine):
     def __init__(self, engine_cfg, model_path: str, dtype: str, seed: int = 0, version: int = 0,
                  adapters: AdapterServing | None = None, determinism: str = "off",
-                 weights: WeightSource | None = None):  # fmt: skip
+                 weights: WeightSource | None = None, worker_extension: str = ""):  # fmt: skip
+        """`worker_extension`: the worker's push class when pushes come to engines built over this one
+        (`vllm_runs`) rather than through `weights`."""
         from vllm import LLM
         from vllm.platforms import current_platform
 
@@ -66,7 +68,7 @@ class VLLMEngine(Engine):
         self._version = version
         self._weights_checksum = ""  # of the full weights the last full push brought
         self._request_seeds = random.Random(seed)
-        self._checkpoint_shapes = checkpoint_tensor_shapes(model_path)
+        self.checkpoint_shapes = checkpoint_tensor_shapes(model_path)
         self._num_experts = checkpoint_num_experts(model_path)
         self._on_gpu = current_platform.is_cuda_alike()
         if invariant_engines(determinism):
@@ -84,7 +86,7 @@ class VLLMEngine(Engine):
             max_model_len=engine_cfg.max_model_len,
             max_num_seqs=engine_cfg.max_batch_size,
             logprobs_mode="processed_logprobs",
-            worker_extension_cls="" if weights is None else weights.vllm_worker_extension,
+            worker_extension_cls=worker_extension if weights is None else weights.vllm_worker_extension,
             enable_return_routed_experts=self.returns_routed_experts,
             **(VLLMAdapters.engine_args(adapters) if adapters is not None else {}),
             **({} if self._on_gpu else _whole_prefills(engine_cfg)),
@@ -98,12 +100,14 @@ class VLLMEngine(Engine):
         # One batch of requests in the engine at a time: results are collected by draining the engine.
         self._batch_lock = threading.Lock()
         # vLLM's client sockets are not thread-safe: every send to the engine core holds this lock.
-        self._control_lock = threading.Lock()
+        self.control_lock = threading.Lock()
         self._batch_running = False
         self._waiting_since: float | None = None  # a generate()/score() queued behind an update
-        self.adapters = None if adapters is None else VLLMAdapters(self._llm, adapters, self._checkpoint_shapes,
-                                                                   self._control_lock)
-        """A LoRA run's adapters (`vllm_adapters`); None: pushes carry full weights."""
+        self.adapters = None
+        """A LoRA run's adapters (`vllm_adapters`); None: pushes carry full weights, or several runs share the
+        engine and each run's engine keeps its own (`vllm_runs`)."""
+        if adapters is not None and adapters.runs == 1:
+            self.adapters = VLLMAdapters(self._llm, adapters, self.checkpoint_shapes, self.control_lock)
         self._closed = False
 
     def _kv_cache_bytes(self, engine_cfg, model_path: str, dtype: str) -> int | None:
@@ -117,6 +121,11 @@ class VLLMEngine(Engine):
     @property
     def weight_version(self) -> int:
         return self._version
+
+    @property
+    def llm(self):
+        """The `vllm.LLM` (every send to its engine core holds `control_lock`)."""
+        return self._llm
 
     @property
     def adapter_checksum(self) -> str:
@@ -135,13 +144,19 @@ class VLLMEngine(Engine):
             version_at_start = self._version if served is None else served.version
             if seeds is not None and len(seeds) != len(prompts):
                 raise ValueError(f"{len(seeds)} seeds for {len(prompts)} prompts")
-            requests = [self._sampling_params(params, n, None if seeds is None else seeds[i] % 2**31)
+            requests = [self.sampling_params(params, n, None if seeds is None else seeds[i] % 2**31)
                         for i in range(len(prompts))]
-            outputs = self._run_batch(prompts, requests, RequestOutput, lora)
+            outputs = self.run_batch(prompts, requests, RequestOutput, lora)
         pinned = self.adapters is not None
-        return [[self._to_generation(c, version_at_start, pinned) for c in out.outputs] for out in outputs]
+        return [[self.to_generation(c, version_at_start, pinned) for c in out.outputs] for out in outputs]
 
     def score(self, sequences: list[list[int]], response_starts: list[int]) -> list[list[float]]:
+        # The policy the engine serves now: with LoRA, the newest adapter (process rewards score with it).
+        with self._pinned() as (lora, _):
+            return self.score_with(sequences, response_starts, lora)
+
+    def score_with(self, sequences: list[list[int]], response_starts: list[int], lora) -> list[list[float]]:
+        """`score` with the adapter `lora` (a `LoRARequest`; None: the weights without adapter)."""
         from vllm import SamplingParams as VllmSamplingParams
         from vllm.outputs import RequestOutput
 
@@ -154,15 +169,14 @@ class VLLMEngine(Engine):
                 )
         # One throw-away generated token: vLLM needs max_tokens >= 1; the prompt log-probs are the result.
         params = VllmSamplingParams(max_tokens=1, prompt_logprobs=0, logprobs=None, detokenize=False)
-        # The policy the engine serves now: with LoRA, the newest adapter (process rewards score with it).
-        with self._pinned() as (lora, _):
-            outputs = self._run_batch(sequences, [params] * len(sequences), RequestOutput, lora)
+        outputs = self.run_batch(sequences, [params] * len(sequences), RequestOutput, lora)
         return [
             [float(out.prompt_logprobs[t][seq[t]].logprob) for t in range(start, len(seq))]
             for out, seq, start in zip(outputs, sequences, response_starts)
         ]
 
-    def _sampling_params(self, params: SamplingParams, n: int, seed: int | None = None):
+    def sampling_params(self, params: SamplingParams, n: int, seed: int | None = None):
+        """vLLM's sampling parameters for `params`, `n` samples, seeded by `seed` (None: a seed of the engine's)."""
         from vllm import SamplingParams as VllmSamplingParams
 
         return VllmSamplingParams(
@@ -183,7 +197,9 @@ class VLLMEngine(Engine):
         """`VLLMAdapters.pinned`, or (None, None) without LoRA."""
         return contextlib.nullcontext((None, None)) if self.adapters is None else self.adapters.pinned()
 
-    def _run_batch(self, token_lists: list[list[int]], params: list, output_type, lora=None) -> list:
+    def run_batch(self, token_lists: list[list[int]], params: list, output_type, lora=None) -> list:
+        """One batch of requests (`params` and `lora`, the adapter: one for all or one per request) through the
+        engine, alone in it; the outputs in the order of `token_lists`."""
         from vllm.inputs import TokensPrompt
 
         if self._closed:
@@ -193,7 +209,7 @@ class VLLMEngine(Engine):
         prompts = [TokensPrompt(prompt_token_ids=list(tokens)) for tokens in token_lists]
         self._waiting_since = time.perf_counter()
         with self._batch_lock:
-            with self._control_lock:
+            with self.control_lock:
                 self._waiting_since = None
                 self._llm.enqueue(prompts, params, lora_request=lora, use_tqdm=False)
                 self._batch_running = True
@@ -207,7 +223,8 @@ class VLLMEngine(Engine):
             raise RuntimeError(f"vLLM returned {len(finished)} results for {len(prompts)} requests")
         return finished
 
-    def _to_generation(self, completion, version_at_start: int, pinned: bool = False) -> Generation:
+    def to_generation(self, completion, version_at_start: int, pinned: bool = False) -> Generation:
+        """A vLLM completion as a `Generation`; `pinned`: every token carries `version_at_start` (an adapter's)."""
         token_ids = list(completion.token_ids)
         logp_behav = [float(step[token].logprob) for step, token in zip(completion.logprobs, token_ids)]
         routed = completion.routed_experts
@@ -237,12 +254,12 @@ class VLLMEngine(Engine):
             )
         if plan.adapter is not None:
             return self._load_adapter(plan, rank)
-        check_plan_against_checkpoint(plan, self._checkpoint_shapes, self.model_path)
+        check_plan_against_checkpoint(plan, self.checkpoint_shapes, self.model_path)
         if self.update_mode == "between":
             # Safe point between generations: hold the batch lock, so no request is in the engine.
-            with self._batch_lock, self._control_lock:
+            with self._batch_lock, self.control_lock:
                 return self._swap_weights(plan, rank, pause_scheduler=False)
-        with self._control_lock:
+        with self.control_lock:
             return self._swap_weights(plan, rank, pause_scheduler=True)
 
     def _source(self, plan: PushOrder) -> WeightSource:
@@ -253,18 +270,11 @@ class VLLMEngine(Engine):
         if self.adapters is None:
             raise ValueError(f"adapter push {plan.push_id}: this engine was not set up for LoRA adapters "
                              "(learner.lora.enabled is false in the replica's config)")
-        self.adapters.check(plan)
-        started = time.perf_counter()
-        try:
-            checksum, figures = self.adapters.load(plan, rank, self._source(plan).worker_args(plan))
-        except Exception as err:  # the worker's error arrives as a bare Exception with its message
-            raise RuntimeError(f"adapter push {plan.push_id} (version {plan.version}) failed: {err}") from err
-        with self._control_lock:
+        stats = self.adapters.push(plan, rank, self._source(plan).worker_args(plan))
+        with self.control_lock:
             self._llm.update_weight_version(str(plan.version))
             self._version = plan.version
-        return WeightUpdateStats(version=plan.version, load_s=time.perf_counter() - started, pause_s=0.0,
-                                 bytes_received=figures["bytes"], adapter_checksum=checksum,
-                                 extra={**figures, "mode": "adapter"})
+        return stats
 
     def _swap_weights(self, plan: PushOrder, rank: int, pause_scheduler: bool) -> WeightUpdateStats:
         """Receive and load the push; caller holds the control lock (and, between generations, the batch)."""
@@ -320,7 +330,7 @@ class VLLMEngine(Engine):
         if self._closed:
             return
         self._closed = True
-        with self._batch_lock, self._control_lock:
+        with self._batch_lock, self.control_lock:
             # Stops the engine-core process (and its workers) and joins them: no orphans left behind.
             self._llm.llm_engine.engine_core.shutdown(timeout=30)
             self._llm = None

@@ -60,6 +60,13 @@ class AdapterVersions:
             del self._in_use[served.version]
         return self._retirable()
 
+    def clear(self) -> list[Served]:
+        """Every loaded version, now retired (the engine serves the run no more)."""
+        gone = [self._loaded[v] for v in sorted(self._loaded)]
+        self._loaded.clear()
+        self._in_use.clear()
+        return gone
+
     def _retirable(self) -> list[Served]:
         kept = set(sorted(self._loaded)[-self.keep :])
         gone = [self._loaded[v] for v in sorted(self._loaded) if v not in kept and not self._in_use.get(v)]
@@ -75,10 +82,11 @@ VLLM_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 @dataclass(frozen=True)
 class AdapterServing:
     """What a replica's engine must be ready for in a LoRA run: adapters up to `max_rank`, `versions_kept` of them
-    loaded at once."""
+    loaded at once, for each of `runs` runs (a deployment of several LoRA runs: `asyncrl.core.config.runs`)."""
 
     max_rank: int
     versions_kept: int
+    runs: int = 1
 
     @classmethod
     def for_run(cls, lora_cfg, eta: int | None) -> AdapterServing | None:
