@@ -72,9 +72,11 @@ class DemoInBackground:
         return self._result["events"]
 
 
-def _process_tree(root_pid: int) -> list[tuple[int, str]]:
-    """(pid, role) of every process under `root_pid`, from /proc (Linux): roles are the `asyncrl` subcommands
-    (learner, rollout, teacher, controller, check), `redis-server`, `up`'s fork server and `up`."""
+def _process_tree(root_pid: int) -> list[tuple[int, str, int]]:
+    """(pid, role, owner) of every process under `root_pid`, from /proc (Linux): roles are the `asyncrl`
+    subcommands (learner, rollout, teacher, controller, check), `redis-server`, `up`'s fork server and `up`. A
+    process a service started itself (vLLM's engine core and its worker) takes that service's role, and its
+    owner is the service's process (a service's own process is its own owner)."""
     children: dict[int, list[int]] = {}
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
@@ -83,10 +85,9 @@ def _process_tree(root_pid: int) -> list[tuple[int, str]]:
             except (OSError, IndexError, ValueError):
                 continue
             children.setdefault(parent, []).append(int(entry.name))
-    out, todo = [], [root_pid]
+    out, todo = [], [(root_pid, None)]
     while todo:
-        pid = todo.pop()
-        todo += children.get(pid, [])
+        pid, service = todo.pop()
         try:
             argv = process_argv(pid) or [""]  # a zombie's is empty
         except OSError:
@@ -94,15 +95,22 @@ def _process_tree(root_pid: int) -> list[tuple[int, str]]:
         role = next((argv[i + 1] for i, a in enumerate(argv[:-1]) if a.endswith("asyncrl.tools.cli")), "")
         if "asyncrl.tools.fork_server" in argv:
             role = "fork-server"
-        out.append((pid, "redis-server" if "redis-server" in argv[0] else role if role not in ("", "--log-level")
-                    else "up"))
+        if "redis-server" in argv[0]:
+            role = "redis-server"
+        if role in ("", "--log-level"):
+            role, owner = service if service is not None else ("up", pid)
+        else:
+            owner = pid
+        out.append((pid, role, owner))
+        inherited = (role, owner) if role not in ("up", "fork-server") else None
+        todo += [(child, inherited) for child in children.get(pid, [])]
     return out
 
 
 def sample_cpu(root_pid: int) -> tuple[float, dict[str, float]]:
     """(time, role -> CPU seconds used so far) over the process tree under `root_pid` (`_process_tree`)."""
     ticks, used = os.sysconf("SC_CLK_TCK"), {}
-    for pid, role in _process_tree(root_pid):
+    for pid, role, _owner in _process_tree(root_pid):
         try:
             fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
         except OSError:
@@ -112,15 +120,19 @@ def sample_cpu(root_pid: int) -> tuple[float, dict[str, float]]:
 
 
 def sample_memory(root_pid: int) -> dict[str, int]:
-    """Role -> the largest peak resident memory (VmHWM, bytes) of one process of that role under `root_pid`."""
-    peaks: dict[str, int] = {}
-    for pid, role in _process_tree(root_pid):
+    """Role -> the largest peak resident memory (VmHWM, bytes) of one service of that role under `root_pid`:
+    its own process's and those of the processes it started (vLLM's engine core and worker), summed."""
+    services: dict[tuple[str, int], int] = {}
+    for pid, role, owner in _process_tree(root_pid):
         try:
             status = Path(f"/proc/{pid}/status").read_text()
         except OSError:
             continue
         kib = next((int(line.split()[1]) for line in status.splitlines() if line.startswith("VmHWM:")), 0)
-        peaks[role] = max(peaks.get(role, 0), kib * 1024)
+        services[role, owner] = services.get((role, owner), 0) + kib * 1024
+    peaks: dict[str, int] = {}
+    for (role, _owner), peak in services.items():
+        peaks[role] = max(peaks.get(role, 0), peak)
     return peaks
 
 

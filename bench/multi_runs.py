@@ -18,6 +18,7 @@ Setups (`--setups`):
                  most of the time (generation-bound);
   demo-learner : the demo with eight optimizer steps per batch: one run alone keeps its learner busy;
   smollm2-gen  : SmolLM2-135M-Instruct on reasoning-gym sums, one replica taking one group per engine call.
+  demo-gen-vllm: demo-gen on a vLLM replica (one engine, every run's LoRA adapters, batches merged by vLLM).
 
     .venv/bin/python bench/multi_runs.py [--runs 4] [--setups demo-gen demo-learner smollm2-gen] [--steps N]
     (or: asyncrl bench multi_runs)
@@ -26,13 +27,14 @@ Setups (`--setups`):
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import sys
 import tempfile
 from pathlib import Path
 
 import yaml
-from common import emit, mean_sd
+from common import RESULTS, emit, mean_sd, provenance
 from demo_runs import run_demo
 
 from asyncrl.core.runtime.events import read_events
@@ -47,8 +49,12 @@ SETUPS = {
     "demo-learner": ("tiny-arith", 60, ["learner.lr=2.0e-4", "rollout.replicas=2", "learner.minibatches=8"]),
     "smollm2-gen": ("smollm2-arithmetic", 4, ["learner.lr=1.0e-4", "rollout.replicas=1",
                                               "rollout.leases_per_batch=1"]),
+    "demo-gen-vllm": ("tiny-arith", 60, ["learner.lr=2.0e-4", "rollout.replicas=1", "rollout.leases_per_batch=1",
+                                         "rollout.engine.type=vllm"]),
 }
 """Setup -> (base example, default steps per run, its overrides)."""
+RESULTS_FILE = RESULTS / "multi_runs.json"
+"""Where the figures go; `--setups` measures those setups again and keeps the others' last figures."""
 
 
 def wall_and_busy(run_dirs: list[Path]) -> tuple[float, float, int]:
@@ -119,6 +125,18 @@ def compare(one: dict, many: dict) -> dict:
                          "in_turn_mean": round(mean_alone, 4), "in_turn_sd": round(sd_alone, 4)}}
 
 
+def kept_setups(runs: int) -> dict:
+    """The setups of the last results (same number of runs) that this invocation does not measure again, each
+    with the provenance of the command that measured it."""
+    if not RESULTS_FILE.is_file():
+        return {}
+    last = json.loads(RESULTS_FILE.read_text())
+    if last.get("runs") != runs:
+        return {}
+    return {name: {"provenance": last["provenance"], **setup} for name, setup in last["setups"].items()
+            if name in SETUPS}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--runs", type=int, default=4)
@@ -134,10 +152,11 @@ def main() -> None:
             arms = {"in_turn": in_turn(Path(tmp) / name, alone, args.runs, steps, extra),
                     "together": together(Path(tmp) / name, many, args.runs, steps, extra)}
             results[name] = {"example": example, "steps": steps, "overrides": extra, **arms,
-                             **compare(arms["in_turn"], arms["together"])}
+                             **compare(arms["in_turn"], arms["together"]), "provenance": provenance()}
             print(f"{name}: together {arms['together']['steps_per_s']:.2f} steps/s against "
                   f"{arms['in_turn']['steps_per_s']:.2f} ({results[name]['throughput_ratio']}x)",
                   file=sys.stderr, flush=True)
+    results = {**kept_setups(args.runs), **results}
     emit("multi_runs", {"runs": args.runs, "lora": LORA, "setups": results},
          {f"{name}: {arm}": results[name][arm]["steps_per_s"] for name in results for arm in ("in_turn", "together")},
          "aggregate learner steps / s",
