@@ -31,6 +31,7 @@ from asyncrl.core.model.sampling import SamplingParams
 from asyncrl.core.records.learner import MemoryPlanned
 from asyncrl.core.runtime.events import EventLog
 from asyncrl.core.tasks import task_for_run
+from asyncrl.core.tasks.reward_pool import RewardPool
 from asyncrl.core.wire.auth import resolve_auth
 from asyncrl.core.wire.grpc_util import channel as grpc_channel
 from asyncrl.core.wire.grpc_util import wait_for_channel
@@ -170,6 +171,8 @@ def leader_for(config, trainer: Trainer, adapter, *, ranks: Ranks = SINGLE, mirr
                                config.controller.difficulty)
     episodes = Episodes.for_run(config, task, limits.max_sequence_tokens)
     held_out = task.eval_prompts()[: config.learner.eval_prompts or None]
+    # The held-out responses are scored as a replica scores its samples: each reward bounded by reward.timeout_s.
+    rewards = RewardPool(task.reward_fn, config.reward.workers, config.reward.timeout_s)
     metrics = LearnerMetrics(config.run_name)
     groups_per_step = config.learner.batch_size // config.sampling.group_size
     loop = LearnerLoop(
@@ -187,7 +190,7 @@ def leader_for(config, trainer: Trainer, adapter, *, ranks: Ranks = SINGLE, mirr
         evaluate=_as_engines_run(trainer, functools.partial(
             evaluate_held_out, full_model, task, sampling, config.learner.eval_pass_k, config.learner.eval_samples,
             config.learner.eval_samples_max, config.learner.eval_pass_k_large, episodes, on_model=on_base,
-            prompts=held_out)),
+            prompts=held_out, score=rewards.score)),
         events=EventLog(config.run_dir, "learner"),
         metrics=metrics,
         limits=limits,
@@ -198,7 +201,7 @@ def leader_for(config, trainer: Trainer, adapter, *, ranks: Ranks = SINGLE, mirr
         sinks=MetricSinks(config),
         ranks=ranks,
         mirror=mirror,
-        replica_evals=_replica_evals(config, controller, task, held_out, sampling, auth, episodes),
+        replica_evals=_replica_evals(config, controller, task, held_out, sampling, auth, episodes, rewards),
         memory_watch=None if memory is None else MemoryWatch(memory.plan),
         eta=config.controller.eta,
         canonical_order=seeded_sampling(config.model.determinism),
@@ -265,12 +268,13 @@ def fit_in_memory(config, model) -> tuple:
     return config, verdict
 
 
-def _replica_evals(config, controller, task, held_out, sampling, auth, episodes) -> BackgroundEvaluations | None:
+def _replica_evals(config, controller, task, held_out, sampling, auth, episodes,
+                   rewards: RewardPool) -> BackgroundEvaluations | None:
     """Evaluations of `held_out` on a rollout replica (`learner.eval_by: replica`), else None (the learner
     evaluates)."""
     if config.learner.eval_by != "replica":
         return None
     evaluator = ReplicaEvaluator(controller, functools.partial(grpc_channel, auth=auth), task, sampling.max_new_tokens,
                                  config.rollout.engine.max_batch_size, config.learner.eval_timeout_s, episodes,
-                                 prompts=held_out)
+                                 prompts=held_out, score=rewards.score)
     return BackgroundEvaluations(evaluator)

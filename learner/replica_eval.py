@@ -38,10 +38,11 @@ class ReplicaEvaluation:
 
 class ReplicaEvaluator:
     def __init__(self, controller_stub, dial, task, max_new_tokens: int, max_prompts: int, timeout_s: float,
-                 episodes=None, prompts=None):
+                 episodes=None, prompts=None, score=None):
         """`episodes` (multi-turn runs): the evaluation plays greedy episodes, one Generate call per round.
-        `prompts`: the held-out prompts evaluated (None: the task's whole held-out set)."""
-        self.episodes, self.prompts = episodes, prompts
+        `prompts`: the held-out prompts evaluated (None: the task's whole held-out set). `score`: how the
+        responses are scored (`greedy_rewards`)."""
+        self.episodes, self.prompts, self.score = episodes, prompts, score
         self.controller = controller_stub
         self.dial = dial
         """address -> a gRPC channel that carries the run's token (and TLS)."""
@@ -75,7 +76,8 @@ class ReplicaEvaluator:
                         groups.append([sequence])
                 return groups
 
-            rewards = greedy_rewards(generate, self.task, self.prompts, self.max_new_tokens, self.episodes)
+            rewards = greedy_rewards(generate, self.task, self.prompts, self.max_new_tokens, self.episodes,
+                                     self.score)
         finally:
             channel.close()
         span = (min(versions), max(versions)) if versions else (replica.weight_version, replica.weight_version)

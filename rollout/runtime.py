@@ -26,6 +26,7 @@ from asyncrl.core.engines.factory import make_engine
 from asyncrl.core.lora.versions import AdapterServing
 from asyncrl.core.runtime.events import EventLog
 from asyncrl.core.tasks import task_for_run
+from asyncrl.core.tasks.reward_pool import RewardPool
 from asyncrl.core.wire.auth import resolve_auth
 from asyncrl.core.wire.grpc_util import channel
 from asyncrl.core.wire.routes import route_address
@@ -35,7 +36,6 @@ from asyncrl.rollout.episode_worker import EpisodeWorker
 from asyncrl.rollout.process_scorer import ProcessRewardScorer
 from asyncrl.rollout.registration_calls import RegisteredReplica
 from asyncrl.rollout.replica import ReplicaSession
-from asyncrl.rollout.reward_pool import RewardPool
 from asyncrl.rollout.rollout_metrics import RolloutMetrics
 from asyncrl.rollout.worker import RolloutWorker
 from asyncrl.v1.teacher_pb2_grpc import TeacherStub

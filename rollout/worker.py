@@ -23,7 +23,7 @@ from asyncrl.core.config.schema import SamplingConfig
 from asyncrl.core.determinism.seeds import prompt_seed
 from asyncrl.core.model.sampling import SamplingParams
 from asyncrl.core.records.rollout import GroupRejected, GroupSkipped, GroupWritten, ProcessRewardsScored
-from asyncrl.rollout.reward_pool import RewardWorkersHung
+from asyncrl.core.tasks.reward_pool import RewardWorkersHung
 from asyncrl.rollout.subgroups import SubGroups, lease_size
 from asyncrl.rollout.trajectories import build_group
 from asyncrl.rollout.uniform_groups import is_uniform

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import time
 
-from asyncrl.rollout.reward_pool import RewardPool
+from asyncrl.core.tasks.reward_pool import RewardPool
 
 
 def test_failures_score_zero_counted_and_logged_once(caplog):
@@ -21,7 +21,7 @@ def test_failures_score_zero_counted_and_logged_once(caplog):
         return float(len(response))
 
     pool = RewardPool(reward, workers=4, timeout_s=0.3, on_error=kinds.append)
-    with caplog.at_level(logging.ERROR, logger="asyncrl.rollout.reward_pool"):
+    with caplog.at_level(logging.ERROR, logger="asyncrl.core.tasks.reward_pool"):
         scores = pool.score([("ab", {}), ("boom", {}), ("boom", {}), ("nan", {}), ("slow", {}), ("abc", {})])
     pool.close()
     assert scores == [2.0, 0.0, 0.0, 0.0, 0.0, 3.0]
@@ -39,7 +39,7 @@ def test_once_every_worker_is_held_by_a_call_that_never_returns_the_pool_says_so
 
     import pytest
 
-    from asyncrl.rollout.reward_pool import RewardWorkersHung
+    from asyncrl.core.tasks.reward_pool import RewardWorkersHung
 
     release = threading.Event()
 

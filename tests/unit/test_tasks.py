@@ -1,5 +1,7 @@
 """The arith task: deterministic prompt stream, disjoint held-out set, exact reward, greedy accuracy."""
 
+import threading
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -9,6 +11,7 @@ from asyncrl.core.engines.base import Generation
 from asyncrl.core.tasks import Prompt, get_reward, get_task
 from asyncrl.core.tasks.arith import arith_exact
 from asyncrl.core.tasks.evaluate import greedy_accuracy, greedy_rewards
+from asyncrl.core.tasks.reward_pool import RewardPool, RewardWorkersHung
 
 
 def test_prompt_format_and_answer():
@@ -133,6 +136,34 @@ def test_greedy_accuracy_with_a_fake_generator():
     assert greedy_accuracy(engine_like, task) == 0.0
     with pytest.raises(ValueError, match="Engine or a generate callable"):
         greedy_accuracy(object(), task)
+
+
+def test_a_held_out_reward_past_its_time_out_scores_0_and_one_that_hangs_for_good_ends_the_evaluation():
+    """The learner scores held-out responses through a `RewardPool`, as a replica scores its samples: a slow
+    reward scores 0 after `reward.timeout_s`, and once every worker is held by one that never returns the
+    evaluation fails instead of holding its run forever."""
+    task = get_task(TaskConfig(eval_size=40))
+    prompts = task.eval_prompts()[:6]
+    correct = {p.text for p in prompts}
+    release = threading.Event()
+    hangs = {prompts[1].metadata["answer"], prompts[4].metadata["answer"]}
+
+    def reward(text, metadata):
+        if metadata["answer"] in hangs:
+            release.wait()
+        return task.reward(text, metadata)
+
+    pool = RewardPool(reward, workers=3, timeout_s=0.2)
+    try:
+        started = time.monotonic()
+        rewards = greedy_rewards(_fake_generator(task, correct), task, prompts, score=pool.score)
+        assert rewards == [1.0, 0.0, 1.0, 1.0, 0.0, 1.0] and pool.errors == 2
+        assert time.monotonic() - started < 2.0
+        with pytest.raises(RewardWorkersHung, match="reward.timeout_s"):
+            greedy_accuracy(_fake_generator(task, correct), task, prompts, score=pool.score)
+    finally:
+        release.set()
+        pool.close()
 
 
 def test_prompt_is_a_value():

@@ -141,11 +141,13 @@ class RewardConfig(Section):
     components: list[WeightedReward] = Field(default_factory=list)
     """Parts of a weighted reward."""
     workers: int = Field(4, ge=1)
-    """Threads per rollout replica that compute rewards, so a slow verifier does not hold up generation."""
+    """Threads per rollout replica (and in the learner, for its held-out evaluation) that compute rewards, so a
+    slow verifier does not hold up generation."""
     timeout_s: float = Field(30.0, gt=0)
-    """A sample whose reward takes longer gets reward 0 (counted as an error). A call that never returns
-    keeps its worker; once every worker is kept so for one more time-out, the replica exits to be restarted
-    (`RewardWorkersHung` in its log)."""
+    """A sample whose reward takes longer gets reward 0 (counted as an error), on a replica and in the learner's
+    held-out evaluation. A call that never returns keeps its worker; once every worker is kept so for one more
+    time-out, the replica exits to be restarted, or the learner's evaluation fails (`RewardWorkersHung` in its
+    log)."""
     max_abs: float = Field(1.0e6, gt=0)
     """A group with a reward that is not finite or has |reward| above this is dead-lettered, never trained on
     (on write by the replica, on read by the learner): one absurd value would dominate the advantages."""

@@ -9,8 +9,8 @@ A call past its time-out may never return (a regex that backtracks forever, a so
 cannot be stopped: it holds its worker for good. Once every worker is held by such a call, and none of them
 returns within one more time-out, no reward can be computed any more. The pool then raises
 `RewardWorkersHung` instead of scoring every later sample 0 after a time-out each (which would train on
-nothing but zeros); the replica's rollout loop dies of it, and the replica exits to be restarted with fresh
-threads (`rollout.runtime`).
+nothing but zeros): a replica's rollout loop dies of it, and the replica exits to be restarted with fresh
+threads (`rollout.runtime`); the learner's held-out evaluation fails with it (`learner.held_out`).
 """
 
 from __future__ import annotations
@@ -78,7 +78,7 @@ class RewardPool:
             raise RewardWorkersHung(
                 f"all {self._workers} reward workers (reward.workers) are held by calls that ran past "
                 f"reward.timeout_s ({self._timeout_s:g} s) and never returned: the reward function hangs on some "
-                "responses; the replica exits so that it is restarted with fresh threads")
+                "responses")
 
     def _failed(self, kind: str, key: str, detail: str = "") -> None:
         with self._lock:
