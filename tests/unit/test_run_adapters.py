@@ -243,13 +243,14 @@ def test_calls_waiting_together_are_decoded_as_one_batch_while_they_fit():
     assert results == {t: [[t]] * 8 for t in (1, 2, 3, 4)}
 
 
-def test_calls_that_sample_differently_are_not_merged_and_a_failure_stays_in_its_batch():
+def test_calls_that_sample_differently_are_not_merged_and_a_failing_call_fails_alone():
     decoder = FakeDecoder()
     greedy = SamplingParams(max_new_tokens=4, greedy=True)
     results = decode_all(merged({"a": 1, "b": 1, "c": 1}), decoder,
                          [call("b", -2), call("c", 3, params=greedy), call("a", 4)], first=call("a", 1))
-    assert decoder.batches == [[1], [4, -2], [3]]
-    assert results[-2] == results[4] == "a poisoned batch" and results[3] == [[3]] * 8
+    # The merged batch of a and b fails on b's call: each is decoded again alone, and only b's fails.
+    assert decoder.batches == [[1], [4, -2], [4], [-2], [3]]
+    assert results[-2] == "a poisoned batch" and results[4] == [[4]] * 8 and results[3] == [[3]] * 8
 
 
 def test_when_not_all_fit_the_runs_go_by_their_weights():

@@ -97,10 +97,7 @@ class MergedDecodes:
                 self._decoding = True
             started = time.monotonic()
             try:
-                decode_batch(batch)
-            except Exception as err:  # noqa: BLE001 - every call of the batch fails with it, none hangs
-                for each in batch:
-                    each.error = err
+                _decode_apart_on_failure(batch, decode_batch)
             finally:
                 with self._state:
                     for each in batch:
@@ -137,3 +134,21 @@ class MergedDecodes:
             self._shares.granted(run, call.rows)
             batch.append(call)
             rows += call.rows
+
+
+def _decode_apart_on_failure(batch: list[DecodeCall], decode_batch) -> None:
+    """`decode_batch(batch)`; when it fails, each call of a merged batch is decoded alone, so that one run's bad
+    call (a prompt its engine refuses) fails that call only, not the other runs' calls it was merged with."""
+    try:
+        decode_batch(batch)
+        return
+    except Exception as err:  # noqa: BLE001 - handed to the calls, none hangs
+        if len(batch) == 1:
+            batch[0].error = err
+            return
+    for each in batch:
+        each.result = None
+        try:
+            decode_batch([each])
+        except Exception as err:  # noqa: BLE001 - this call's own failure
+            each.error = err
