@@ -18,6 +18,7 @@ from asyncrl.core.config.schema import EngineConfig
 from asyncrl.core.model.sampling import SamplingParams
 from asyncrl.push.receiving import BroadcastReceiving
 from tests.e2e.conftest import push_named, reference_logp
+from tests.unit.test_run_adapters import perturb
 
 pytestmark = [
     pytest.mark.vllm,
@@ -60,16 +61,6 @@ def shared(tiny_qwen2_path):
     for engine in engines.values():
         engine.close()
     model.close()
-
-
-@torch.no_grad()
-def perturb(model, run: str, seed: int) -> list:
-    from asyncrl.learner.adapters import lora_parameters
-
-    g = torch.Generator().manual_seed(seed)
-    for _, p in lora_parameters(model, run):
-        p.copy_(torch.randn(p.shape, generator=g) * 0.1)
-    return [(name, p.detach().clone()) for name, p in lora_parameters(model, run)]
 
 
 def wait_until(condition, timeout_s: float = 30.0) -> None:
