@@ -18,7 +18,7 @@ from asyncrl.core.config.schema import EngineConfig
 from asyncrl.core.model.sampling import SamplingParams
 from asyncrl.push.receiving import BroadcastReceiving
 from tests.e2e.conftest import push_named, reference_logp
-from tests.unit.test_run_adapters import perturb
+from tests.unit.test_run_adapters import perturb, run_engines
 
 pytestmark = [
     pytest.mark.vllm,
@@ -54,13 +54,8 @@ def shared(tiny_qwen2_path):
     cfg = EngineConfig(type="vllm", max_model_len=128, max_batch_size=32)
     model = SharedVLLMModel(cfg, tiny_qwen2_path, "float32", runs=2, max_rank=8, versions_kept=2,
                             worker_extension=BroadcastReceiving.vllm_worker_extension)
-    for run in RUNS:
-        model.add_run(run)
-    engines = {run: model.engine_for(run, BroadcastReceiving()) for run in RUNS}
-    yield model, engines
-    for engine in engines.values():
-        engine.close()
-    model.close()
+    with run_engines(model, RUNS) as engines:
+        yield model, engines
 
 
 def wait_until(condition, timeout_s: float = 30.0) -> None:

@@ -5,6 +5,7 @@ refuses full weights without disturbing the others."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from types import SimpleNamespace
@@ -35,12 +36,23 @@ def shared(tiny_model_dir):
     targets = sorted({t for lora in RUNS.values() for t in lora.target_modules})
     model = SharedTorchModel(EngineConfig(threads=1, max_batch_size=8), str(tiny_model_dir.policy), "float32",
                              runs=len(RUNS), max_rank=4, targets=targets)
-    for run in RUNS:
+    with run_engines(model, RUNS) as engines:
+        yield model, engines
+
+
+@contextlib.contextmanager
+def run_engines(model, runs):
+    """Run -> `model`'s engine for it (each run added first, its pushes over gloo); afterwards every engine left
+    in the mapping is closed, then the model. Shared by the torch bank's tests and vLLM's."""
+    for run in runs:
         model.add_run(run)
-    engines = {run: model.engine_for(run, BroadcastReceiving()) for run in RUNS}
-    yield model, engines
-    for engine in engines.values():
-        engine.close()
+    engines = {run: model.engine_for(run, BroadcastReceiving()) for run in runs}
+    try:
+        yield engines
+    finally:
+        for engine in engines.values():
+            engine.close()
+        model.close()
 
 
 @pytest.fixture()
