@@ -62,3 +62,21 @@ def test_a_tokenizer_larger_than_the_embedding_is_refused(tmp_path):
 def test_the_demo_tokenizer_loads_unchanged(tiny_model_dir):
     tokenizer = ModelTokenizer.load(tiny_model_dir.policy)
     assert tokenizer.encode_prompt("12+34=") == [1, 5, 6, 14, 7, 8, 15]
+
+
+def test_encoding_skips_the_wrapper_only_where_the_backend_encodes_alike(tmp_path):
+    """Prompts and targets are encoded by the fast tokenizer's backend directly, and equal what transformers'
+    wrapper gives; a backend set to truncate (which the wrapper turns off per call) keeps the wrapper."""
+    from transformers import PreTrainedTokenizerFast
+
+    path, _ = custom_bpe_checkpoint(tmp_path / "ck")
+    loaded = ModelTokenizer.load(path)
+    for text in [*ROUND_TRIP_SAMPLES, *TEXTS[:3]]:
+        assert loaded.encode_prompt(text) == list(loaded.hf(text, add_special_tokens=True)["input_ids"]), text
+        assert loaded.encode_text(text) == list(loaded.hf(text, add_special_tokens=False)["input_ids"]), text
+    truncating = PreTrainedTokenizerFast.from_pretrained(str(path))
+    truncating.backend_tokenizer.enable_truncation(max_length=3)
+    long = TEXTS[0]
+    assert len(truncating.backend_tokenizer.encode(long).ids) == 3
+    assert ModelTokenizer(truncating).encode_text(long) == list(truncating(long, add_special_tokens=False)["input_ids"])
+    assert len(ModelTokenizer(truncating).encode_text(long)) > 3
