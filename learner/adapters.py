@@ -51,13 +51,13 @@ def inject_adapters(model: torch.nn.Module, cfg: LoraConfig, run: str = DEFAULT_
                                   f"{type(module).__name__}; adapters go on torch.nn.Linear modules only")
     peft_cfg = LoraConfig(r=cfg.rank, lora_alpha=cfg.alpha, lora_dropout=cfg.dropout,
                           target_modules=list(cfg.target_modules), bias="none")
-    if run in _runs(model):
+    if any(run in layer.lora_A for layer in lora_layers(model)):
         raise ValueError(f"the model already holds an adapter named {run!r}")
     model.requires_grad_(False)
     with warnings.catch_warnings():  # peft warns at a second adapter on one model: here that is the point
         warnings.filterwarnings("ignore", message="Already found a `peft_config`")
         inject_adapter_in_model(peft_cfg, model, adapter_name=run)
-    _activate(model, run)
+    activate_run(model, run)
     return spec
 
 
@@ -73,43 +73,42 @@ def lora_parameters(model: torch.nn.Module, run: str = DEFAULT_RUN) -> list[tupl
     return out
 
 
-def _lora_layers(model: torch.nn.Module) -> list:
+def lora_layers(model: torch.nn.Module) -> list:
+    """peft's LoRA layers of `model`, in module order (a walk over every module: keep it while no adapter is
+    added or dropped)."""
     from peft.tuners.lora import LoraLayer
 
     return [m for m in model.modules() if isinstance(m, LoraLayer)]
 
 
-def _runs(model: torch.nn.Module) -> set[str]:
-    return {name for layer in _lora_layers(model) for name in layer.lora_A}
-
-
-def _activate(model: torch.nn.Module, run: str) -> None:
-    """`run`'s adapter is the one forwards use; only its parameters require gradients."""
-    for layer in _lora_layers(model):
-        layer.set_adapter(run)  # peft: the active adapter trainable, the others frozen
-    for _, param in lora_parameters(model, run):
-        param.requires_grad_(True)
+def activate_run(model: torch.nn.Module, run: str, layers: list | None = None) -> None:
+    """From now on every forward and backward uses run `run`'s adapter (a module it does not target: the base),
+    and only its parameters get gradients (peft's `set_adapter`). `layers`: `lora_layers(model)`, when the
+    caller keeps them. ValueError when the model holds no adapter by that name."""
+    layers = lora_layers(model) if layers is None else layers
+    runs = {name for layer in layers for name in layer.lora_A}
+    if run not in runs:
+        raise ValueError(f"the model holds no adapter named {run!r} (it holds {sorted(runs)})")
+    for layer in layers:
+        layer.set_adapter(run)  # the active adapter trainable, the others frozen
 
 
 @contextlib.contextmanager
 def run_active(model: torch.nn.Module, run: str):
-    """Inside, every forward and backward uses run `run`'s adapter (a module it does not target: the base),
-    and only its parameters get gradients; the run active before is active again afterwards."""
-    layers = _lora_layers(model)
-    if run not in _runs(model):
-        raise ValueError(f"the model holds no adapter named {run!r} (it holds {sorted(_runs(model))})")
-    before = layers[0].active_adapters[0]
-    _activate(model, run)
+    """Inside, run `run`'s adapter is active (`activate_run`); the run active before is active again afterwards."""
+    layers = lora_layers(model)
+    before = layers[0].active_adapters[0] if layers else None
+    activate_run(model, run, layers)
     try:
         yield
     finally:
-        _activate(model, before)
+        activate_run(model, before, layers)
 
 
 @contextlib.contextmanager
 def adapters_disabled(model: torch.nn.Module):
     """The base policy for the duration (the KL reference): every LoRA layer skips its adapter."""
-    layers = _lora_layers(model)
+    layers = lora_layers(model)
     for layer in layers:
         layer.enable_adapters(False)
     try:

@@ -1,6 +1,6 @@
 """The learner's base shared by several runs (`asyncrl.learner.runs.SharedBase`): a run's work runs with only that
 run's adapter computing and having gradients, on the base's one thread, in the order it was asked for, one at a
-time."""
+time; the adapter is switched only when another run's work comes."""
 
 from __future__ import annotations
 
@@ -53,6 +53,23 @@ def test_a_runs_work_sees_its_adapter_alone():
     assert deltas[0] < deltas[1] < deltas[2]
     with pytest.raises(ZeroDivisionError):  # the caller gets the work's exception
         base.run("a", lambda: 1 / 0)
+
+
+def test_a_run_asked_again_after_a_change_to_the_model_gets_its_adapter_back():
+    """The adapter stays active between one run's calls (a switch walks every layer); work on the model itself
+    (run None: a run's adapter injected, which activates it) makes the next run's call switch again."""
+    from asyncrl.learner.adapters import activate_run
+
+    base = shared_base()
+
+    def trainable():
+        return {n for n, p in base.model.named_parameters() if p.requires_grad}
+
+    a_only = {n for n, _ in base.model.named_parameters() if ".a." in n}
+    assert base.run("a", trainable) == a_only
+    assert base.run("a", trainable) == a_only
+    base.run(None, activate_run, base.model, "c")  # as injecting run c leaves it active
+    assert base.run("a", trainable) == a_only
 
 
 def test_work_runs_on_one_thread_in_the_order_asked_one_at_a_time():
