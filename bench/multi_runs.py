@@ -11,6 +11,8 @@ Figures, each arm in the same sitting:
   - aggregate learner steps per second: K x steps over the wall time from each deployment's first lease to its
     last step (summed over the in-turn runs), so start-up is left out of both;
   - the learner's busy share (the bound: a learner busy all the time cannot step faster), over that wall time;
+  - the CPU every role's processes used in that wall time, per step, and the cores busy in all (the bound on
+    two cores: an arm that keeps both busy cannot step faster without doing less per step);
   - peak resident memory (VmHWM) of the learner process and of the replica process;
   - each run's held-out greedy accuracy after its last step (equal samples: the same steps of the same B).
 Setups (`--setups`):
@@ -57,12 +59,27 @@ RESULTS_FILE = RESULTS / "multi_runs.json"
 """Where the figures go; `--setups` measures those setups again and keeps the others' last figures."""
 
 
+def measured_window(run_dirs: list[Path]) -> tuple[float, float]:
+    """(the first lease granted, the last step) over `run_dirs` together, as wall-clock times."""
+    leases = [e["t"] for d in run_dirs for e in read_events(d, "controller") if e["kind"] == "lease_granted"]
+    steps = [e["t"] for d in run_dirs for e in read_events(d, "learner") if e["kind"] == "step"]
+    return min(leases), max(steps)
+
+
 def wall_and_busy(run_dirs: list[Path]) -> tuple[float, float, int]:
     """(seconds from the first lease granted to the last step, over `run_dirs` together; the learner's busy
     seconds in them; the steps)."""
-    leases = [e["t"] for d in run_dirs for e in read_events(d, "controller") if e["kind"] == "lease_granted"]
+    start, end = measured_window(run_dirs)
     steps = [e for d in run_dirs for e in read_events(d, "learner") if e["kind"] == "step"]
-    return max(e["t"] for e in steps) - min(leases), sum(e["time/step_s"] for e in steps), len(steps)
+    return end - start, sum(e["time/step_s"] for e in steps), len(steps)
+
+
+def cpu_in_window(samples: list[tuple[float, dict[str, float]]], start: float, end: float) -> dict[str, float]:
+    """Role -> CPU seconds its processes used from `start` to `end`: the last sample at or before `start`
+    against the first at or after `end` (`demo_runs.sample_cpu`, every half second)."""
+    before = max((s for s in samples if s[0] <= start), key=lambda s: s[0], default=samples[0])[1]
+    after = min((s for s in samples if s[0] >= end), key=lambda s: s[0], default=samples[-1])[1]
+    return {role: after[role] - before.get(role, 0.0) for role in after}
 
 
 def final_accuracy(run_dir: Path) -> float:
@@ -82,34 +99,41 @@ def base_config(tmp: Path, example: str, runs: int) -> tuple[Path, Path]:
     return alone, together
 
 
-def arm_figures(dirs: list[Path], walls_busies: list[tuple[float, float, int]], peaks: dict) -> dict:
+def arm_figures(dirs: list[Path], walls_busies: list[tuple[float, float, int]], peaks: dict,
+                cpu: dict[str, float]) -> dict:
+    """The arm's figures; `cpu`: role -> CPU seconds in the measured windows, summed over the arm's runs."""
     wall = sum(w for w, _, _ in walls_busies)
     steps = sum(n for _, _, n in walls_busies)
     return {"wall_s": wall, "steps": steps, "steps_per_s": steps / wall,
             "learner_busy": sum(b for _, b, _ in walls_busies) / wall,
+            "cores_busy": round(sum(cpu.values()) / wall, 3),
+            "cpu_ms_per_step": {role: round(1e3 * seconds / steps, 1) for role, seconds in sorted(cpu.items())
+                                if seconds > 0},
             "learner_peak_mib": peaks["learner"] / 2**20, "replica_peak_mib": peaks["rollout"] / 2**20,
             "final_accuracies": [final_accuracy(d) for d in dirs]}
 
 
 def together(tmp: Path, config: Path, runs: int, steps: int, extra: list[str]) -> dict:
-    run_dir, peaks = tmp / "together", {}
+    run_dir, peaks, samples = tmp / "together", {}, []
     run_demo(run_dir, [*LORA, *extra, f"learner.total_steps={steps}", f"learner.eval_every={steps}"],
-             config=config, memory_peaks=peaks, events_dir=run_dir / "seed-0", timeout_s=3600)
+             config=config, memory_peaks=peaks, cpu_samples=samples, events_dir=run_dir / "seed-0", timeout_s=3600)
     dirs = [run_dir / f"seed-{i}" for i in range(runs)]
-    return arm_figures(dirs, [wall_and_busy(dirs)], peaks)
+    return arm_figures(dirs, [wall_and_busy(dirs)], peaks, cpu_in_window(samples, *measured_window(dirs)))
 
 
 def in_turn(tmp: Path, config: Path, runs: int, steps: int, extra: list[str]) -> dict:
-    dirs, measured, peaks = [], [], {}
+    dirs, measured, peaks, cpu = [], [], {}, {}
     for i in range(runs):
-        run_dir = tmp / f"alone-{i}"
+        run_dir, samples = tmp / f"alone-{i}", []
         run_demo(run_dir, [*LORA, *extra, f"seed={i}", f"learner.total_steps={steps}", f"learner.eval_every={steps}"],
-                 config=config, memory_peaks=peaks, timeout_s=3600)
+                 config=config, memory_peaks=peaks, cpu_samples=samples, timeout_s=3600)
         dirs.append(run_dir)
         measured.append(wall_and_busy([run_dir]))
+        for role, seconds in cpu_in_window(samples, *measured_window([run_dir])).items():
+            cpu[role] = cpu.get(role, 0.0) + seconds
         wall, busy, n = measured[-1]
         print(f"in_turn run {i}: {n / wall:.2f} steps/s, learner busy {busy / wall:.0%}", file=sys.stderr, flush=True)
-    figures = arm_figures(dirs, measured, peaks)
+    figures = arm_figures(dirs, measured, peaks, cpu)
     figures["learner_busy_alone"] = [round(b / w, 3) for w, b, _ in measured]
     return figures
 
@@ -154,7 +178,8 @@ def main() -> None:
             results[name] = {"example": example, "steps": steps, "overrides": extra, **arms,
                              **compare(arms["in_turn"], arms["together"]), "provenance": provenance()}
             print(f"{name}: together {arms['together']['steps_per_s']:.2f} steps/s against "
-                  f"{arms['in_turn']['steps_per_s']:.2f} ({results[name]['throughput_ratio']}x)",
+                  f"{arms['in_turn']['steps_per_s']:.2f} ({results[name]['throughput_ratio']}x); cores busy "
+                  f"{arms['together']['cores_busy']} against {arms['in_turn']['cores_busy']}",
                   file=sys.stderr, flush=True)
     results = {**kept_setups(args.runs), **results}
     emit("multi_runs", {"runs": args.runs, "lora": LORA, "setups": results},
