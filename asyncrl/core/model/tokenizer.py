@@ -88,10 +88,12 @@ ROUND_TRIP_SAMPLES = (
 """Texts a checkpoint's tokenizer must encode exactly as its own tokenizer.json does."""
 
 
-def _mismatch(tokenizer, raw) -> str:
-    """The first sample `tokenizer` encodes otherwise than `raw` (its tokenizer.json), as a message; "" when none."""
+def _mismatch(tokenizer, raw, add_special_tokens: bool = False) -> str:
+    """The first sample `tokenizer` (transformers) encodes otherwise than `raw` (a `tokenizers.Tokenizer`: its
+    tokenizer.json, or its own backend), as a message; "" when none."""
     for text in ROUND_TRIP_SAMPLES:
-        got, want = list(tokenizer(text, add_special_tokens=False)["input_ids"]), raw.encode(text, add_special_tokens=False).ids
+        got = list(tokenizer(text, add_special_tokens=add_special_tokens)["input_ids"])
+        want = raw.encode(text, add_special_tokens=add_special_tokens).ids
         if got != want:
             return f"{text!r} -> {got[:12]} instead of {want[:12]}"
     return ""
@@ -141,11 +143,8 @@ def _direct_backend(tokenizer):
     backend = getattr(tokenizer, "backend_tokenizer", None) if getattr(tokenizer, "is_fast", False) else None
     if backend is None or backend.truncation is not None or backend.padding is not None:
         return None
-    for text in ROUND_TRIP_SAMPLES:
-        for special in (True, False):
-            if backend.encode(text, add_special_tokens=special).ids != list(
-                    tokenizer(text, add_special_tokens=special)["input_ids"]):
-                return None
+    if _mismatch(tokenizer, backend, add_special_tokens=True) or _mismatch(tokenizer, backend):
+        return None
     return backend
 
 
