@@ -77,11 +77,15 @@ class Leader:
     """The controller, through the learner's seat (it answers the controller's liveness challenges)."""
     metrics: LearnerMetrics
     ranks: Ranks
+    rewards: RewardPool
+    """The held-out evaluation's reward workers."""
 
     def close(self) -> None:
-        """After the loop: the sinks flushed, a push still in flight let end (bounded by its time-outs)."""
+        """After the loop: the sinks flushed, a push still in flight let end (bounded by its time-outs), the
+        reward workers let go (a run removed from a learner of several leaves no threads behind)."""
         self.loop.sinks.close()
         self.loop.publisher.close()
+        self.rewards.close()
 
     def release_followers(self) -> None:
         """Tell the other ranks to stop, after a loop that ended normally. A leader that failed mid-step leaves
@@ -212,7 +216,7 @@ def leader_for(config, trainer: Trainer, adapter, *, ranks: Ranks = SINGLE, mirr
                                         available=memory.available, given_up=list(memory.given_up)))
     if meta is not None:
         loop.resume(meta, path)
-    return Leader(loop=loop, controller=controller, metrics=metrics, ranks=ranks)
+    return Leader(loop=loop, controller=controller, metrics=metrics, ranks=ranks, rewards=rewards)
 
 
 def _as_engines_run(trainer: Trainer, evaluate):
