@@ -59,19 +59,12 @@ RESULTS_FILE = RESULTS / "multi_runs.json"
 """Where the figures go; `--setups` measures those setups again and keeps the others' last figures."""
 
 
-def measured_window(run_dirs: list[Path]) -> tuple[float, float]:
-    """(the first lease granted, the last step) over `run_dirs` together, as wall-clock times."""
+def measured(run_dirs: list[Path]) -> tuple[float, float, float, int]:
+    """(the first lease granted, the last step, as wall-clock times; the learner's busy seconds between them;
+    the steps), over `run_dirs` together."""
     leases = [e["t"] for d in run_dirs for e in read_events(d, "controller") if e["kind"] == "lease_granted"]
-    steps = [e["t"] for d in run_dirs for e in read_events(d, "learner") if e["kind"] == "step"]
-    return min(leases), max(steps)
-
-
-def wall_and_busy(run_dirs: list[Path]) -> tuple[float, float, int]:
-    """(seconds from the first lease granted to the last step, over `run_dirs` together; the learner's busy
-    seconds in them; the steps)."""
-    start, end = measured_window(run_dirs)
     steps = [e for d in run_dirs for e in read_events(d, "learner") if e["kind"] == "step"]
-    return end - start, sum(e["time/step_s"] for e in steps), len(steps)
+    return min(leases), max(e["t"] for e in steps), sum(e["time/step_s"] for e in steps), len(steps)
 
 
 def cpu_in_window(samples: list[tuple[float, dict[str, float]]], start: float, end: float) -> dict[str, float]:
@@ -99,13 +92,13 @@ def base_config(tmp: Path, example: str, runs: int) -> tuple[Path, Path]:
     return alone, together
 
 
-def arm_figures(dirs: list[Path], walls_busies: list[tuple[float, float, int]], peaks: dict,
+def arm_figures(dirs: list[Path], windows: list[tuple[float, float, float, int]], peaks: dict,
                 cpu: dict[str, float]) -> dict:
-    """The arm's figures; `cpu`: role -> CPU seconds in the measured windows, summed over the arm's runs."""
-    wall = sum(w for w, _, _ in walls_busies)
-    steps = sum(n for _, _, n in walls_busies)
+    """The arm's figures over its measured `windows` (`measured`); `cpu`: role -> CPU seconds in them."""
+    wall = sum(end - start for start, end, _, _ in windows)
+    steps = sum(n for _, _, _, n in windows)
     return {"wall_s": wall, "steps": steps, "steps_per_s": steps / wall,
-            "learner_busy": sum(b for _, b, _ in walls_busies) / wall,
+            "learner_busy": sum(busy for _, _, busy, _ in windows) / wall,
             "cores_busy": round(sum(cpu.values()) / wall, 3),
             "cpu_ms_per_step": {role: round(1e3 * seconds / steps, 1) for role, seconds in sorted(cpu.items())
                                 if seconds > 0},
@@ -118,23 +111,25 @@ def together(tmp: Path, config: Path, runs: int, steps: int, extra: list[str]) -
     run_demo(run_dir, [*LORA, *extra, f"learner.total_steps={steps}", f"learner.eval_every={steps}"],
              config=config, memory_peaks=peaks, cpu_samples=samples, events_dir=run_dir / "seed-0", timeout_s=3600)
     dirs = [run_dir / f"seed-{i}" for i in range(runs)]
-    return arm_figures(dirs, [wall_and_busy(dirs)], peaks, cpu_in_window(samples, *measured_window(dirs)))
+    window = measured(dirs)
+    return arm_figures(dirs, [window], peaks, cpu_in_window(samples, *window[:2]))
 
 
 def in_turn(tmp: Path, config: Path, runs: int, steps: int, extra: list[str]) -> dict:
-    dirs, measured, peaks, cpu = [], [], {}, {}
+    dirs, windows, peaks, cpu = [], [], {}, {}
     for i in range(runs):
         run_dir, samples = tmp / f"alone-{i}", []
         run_demo(run_dir, [*LORA, *extra, f"seed={i}", f"learner.total_steps={steps}", f"learner.eval_every={steps}"],
                  config=config, memory_peaks=peaks, cpu_samples=samples, timeout_s=3600)
         dirs.append(run_dir)
-        measured.append(wall_and_busy([run_dir]))
-        for role, seconds in cpu_in_window(samples, *measured_window([run_dir])).items():
+        windows.append(measured([run_dir]))
+        start, end, busy, n = windows[-1]
+        for role, seconds in cpu_in_window(samples, start, end).items():
             cpu[role] = cpu.get(role, 0.0) + seconds
-        wall, busy, n = measured[-1]
-        print(f"in_turn run {i}: {n / wall:.2f} steps/s, learner busy {busy / wall:.0%}", file=sys.stderr, flush=True)
-    figures = arm_figures(dirs, measured, peaks, cpu)
-    figures["learner_busy_alone"] = [round(b / w, 3) for w, b, _ in measured]
+        print(f"in_turn run {i}: {n / (end - start):.2f} steps/s, learner busy {busy / (end - start):.0%}",
+              file=sys.stderr, flush=True)
+    figures = arm_figures(dirs, windows, peaks, cpu)
+    figures["learner_busy_alone"] = [round(busy / (end - start), 3) for start, end, busy, _ in windows]
     return figures
 
 
