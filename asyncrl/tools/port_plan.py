@@ -51,22 +51,33 @@ def replica_port(rollout, field: str, index: int) -> int:
 
 def planned_ports(cfg: AsyncRLConfig) -> list[PlannedPort]:
     """Every nonzero port the processes `up` starts for `cfg` listen on (after `resolve` picked its own); with
-    `runs:`, every run's (`asyncrl.core.config.runs`: run i at the deployment's ports + PORT_STRIDE * i)."""
+    `runs:`, every run's (`asyncrl.core.config.runs`: run i at the deployment's ports + PORT_STRIDE * i) and the
+    one teacher the runs share."""
     runs = run_configs(cfg)
     if runs:
-        return [PlannedPort(p.key, f"run {run}: {p.owner}", p.host, p.port)
-                for run, run_cfg in runs.items() for p in planned_ports(run_cfg)]
+        return [*(PlannedPort(p.key, f"run {run}: {p.owner}", p.host, p.port)
+                  for run, run_cfg in runs.items() for p in _ports(run_cfg, teacher=False)),
+                *_ports(cfg, controller=False, learner=False, replicas=False)]
+    return _ports(cfg)
+
+
+def _ports(cfg: AsyncRLConfig, controller: bool = True, teacher: bool = True, learner: bool = True,
+           replicas: bool = True) -> list[PlannedPort]:
+    """The nonzero ports of the chosen processes of one run's config."""
     c, t, r, lr = cfg.controller, cfg.teacher, cfg.rollout, cfg.learner
-    wanted = [("controller.port", "the controller", c.host, c.port),
-              ("controller.status_port", "the controller", c.host, c.status_port),
-              ("learner.port", "the learner", lr.host, lr.port),
-              ("learner.metrics_port", "the learner", lr.host, lr.metrics_port),
-              ("learner.weight_transport.store_port", "the learner", lr.weight_transport.host,
-               lr.weight_transport.store_port)]
-    if t.enabled:
+    wanted = []
+    if controller:
+        wanted += [("controller.port", "the controller", c.host, c.port),
+                   ("controller.status_port", "the controller", c.host, c.status_port)]
+    if learner:
+        wanted += [("learner.port", "the learner", lr.host, lr.port),
+                   ("learner.metrics_port", "the learner", lr.host, lr.metrics_port),
+                   ("learner.weight_transport.store_port", "the learner", lr.weight_transport.host,
+                    lr.weight_transport.store_port)]
+    if teacher and t.enabled:
         wanted += [("teacher.port", "the teacher", t.host, t.port),
                    ("teacher.metrics_port", "the teacher", t.host, t.metrics_port)]
-    for i in range(r.replicas):
+    for i in range(r.replicas if replicas else 0):
         wanted += [(f"rollout.{field}", f"replica-{i}", r.host, replica_port(r, field, i)) for field in REPLICA_PORTS]
     return [PlannedPort(key, owner, host, port) for key, owner, host, port in wanted if port]
 

@@ -1,9 +1,9 @@
 """Several LoRA runs on one base, end to end (`examples/multi-lora.yaml`: four runs, two replicas, one learner):
 every run trains to its last step with a clean audit of its own; each push carries that run's adapter alone and
-every replica is verified serving it; each run keeps its own η; one model per replica process serves them all;
-the learner killed with SIGKILL mid-run comes back with every run resumed from its own checkpoint; a run
-added (`asyncrl runs add`) and one removed (`asyncrl runs remove`) while the others train leave them untouched;
-and every series a run's services expose on /metrics carries `run="<name>"`. Runs on a vLLM replica: each push
+every replica is verified serving it; each run keeps its own η; one model per replica process serves them all,
+and one teacher the runs that ask it; the learner killed with SIGKILL mid-run comes back with every run resumed
+from its own checkpoint; a run added (`asyncrl runs add`) and one removed (`asyncrl runs remove`) while the
+others train leave them untouched; and every series a run's services expose on /metrics carries `run="<name>"`. Runs on a vLLM replica: each push
 of each run loads as that run's LoRA adapter in the one engine and is served (the vLLM engine itself, each run's
 adapter against peft's: tests/e2e/test_vllm_runs.py; one run's adapters on vLLM: tests/e2e/test_vllm_lora.py)."""
 
@@ -37,13 +37,31 @@ RUNS = [run for run in LISTED if run != REMOVED]
 STEPS, SAVE_EVERY, KILL_AFTER, CHANGE_AFTER, ADDED_STEPS = 40, 4, 6, 12, 10
 
 
+DISTILS, UNANNOTATED = "lr-2e-4", "sync"
+"""The run that distils from the deployment's one teacher, and the run that has the teacher annotate nothing."""
+
+
+def with_shared_teacher(tree: dict) -> dict:
+    """`examples/multi-lora.yaml` with the demo's teacher, shared by the runs: DISTILS distils from it (OPD),
+    UNANNOTATED turns its annotation off, the others are annotated and do not distil."""
+    tree["teacher"] = {"enabled": True, "annotate": True, "model_path": "artifacts/tiny-arith/teacher",
+                       "engine": {"type": "torch", "threads": 1}}
+    for spec in tree["runs"]:
+        own = {DISTILS: {"learner": {"algo": {"opd": {"enabled": True, "mode": "advantage"}}}},
+               UNANNOTATED: {"teacher": {"annotate": False}}}.get(spec["name"], {})
+        spec["overrides"] = {**spec.get("overrides", {}), **own}
+    return tree
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("multi-lora") / "run"
+    config = run_dir.parent / "multi-lora-teacher.yaml"
+    config.write_text(yaml.safe_dump(with_shared_teacher(yaml.safe_load(CONFIG.read_text()))))
     overrides = [f"run_dir={run_dir}", f"learner.total_steps={STEPS}", f"learner.checkpoint.save_every={SAVE_EVERY}",
                  f"learner.eval_every={SAVE_EVERY * 2}", "learner.eval_prompts=40", "rollout.max_runs=5"]
     env = {k: v for k, v in os.environ.items() if k not in ("ASYNCRL_TOKEN", "ASYNCRL_LEARNER_SECRET")}
-    argv = [sys.executable, "-m", "asyncrl", "up", "--config", str(CONFIG),
+    argv = [sys.executable, "-m", "asyncrl", "up", "--config", str(config),
             *[a for o in overrides for a in ("--set", o)]]
     proc = subprocess.Popen(argv, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env={**env, "PYTHONUNBUFFERED": "1"})
@@ -122,6 +140,25 @@ def test_each_run_keeps_its_own_staleness_bound(runs):
         assert max(e["staleness/max"] for e in steps) <= eta
     assert max(e["staleness/max"] for e in read_events(run_dir / "lr-2e-4", "learner")
                if e["kind"] == "step") == 2  # the asynchronous runs did run ahead
+
+
+def test_one_teacher_serves_the_runs_that_ask_it(runs):
+    """One teacher process for the deployment; the distilling run trains every step on its annotations (none
+    missing, the learner never asking), a run that turned annotation off sends the teacher nothing."""
+    run_dir, out, scraped = runs
+    assert "4 controllers (one per run), the teacher, 2 rollout replicas" in out
+    assert [p.name for p in (run_dir / "logs").glob("teacher*.log")] == ["teacher.log"]
+    for run in RUNS:
+        steps = [e for e in read_events(run_dir / run, "learner") if e["kind"] == "step"]
+        assert all(e.get("teacher/unavailable", 0) == 0 and e.get("teacher/learner_asked", 0) == 0 for e in steps), run
+        assert all(("opd/token_frac" in e) == (run == DISTILS) for e in steps), run
+    assert max(e["opd/token_frac"] for e in read_events(run_dir / DISTILS, "learner") if e["kind"] == "step") > 0
+
+    def scored(run: str) -> float:  # groups replica-0 had annotated, on that run's /metrics
+        return sum(map(float, re.findall(r"^asyncrl_rollout_teacher_seconds_count\{.*\} (\S+)$",
+                                         scraped["rollout", run], re.MULTILINE)))
+
+    assert scored(DISTILS) > 0 and scored(UNANNOTATED) == 0
 
 
 def test_one_process_per_replica_serves_every_run(runs):

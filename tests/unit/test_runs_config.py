@@ -76,11 +76,27 @@ def test_a_runs_own_config_error_names_the_run_and_the_key():
     ([{"name": "a"}, {"name": "a"}], {}, "runs: each run needs a name of its own; a appear"),
     ([{"name": "a"}], {"learner": {"lora": {"enabled": False}}}, "needs learner.lora.enabled: true"),
     ([{"name": "a"}], {"learner": {"lora": {"enabled": True}, "eval_by": "replica"}}, "needs learner.eval_by: learner"),
-    ([{"name": "a"}], {"teacher": {"enabled": True, "model_path": "t"}}, "needs teacher.enabled: false"),
 ])
 def test_what_a_deployment_of_several_runs_needs_is_named(runs, sections, message):
     cfg = deployment(runs, **sections)
     with pytest.raises(ConfigError, match=message):
+        run_configs(cfg)
+
+
+def test_the_runs_share_the_deployments_teacher_and_each_chooses_whether_it_distils():
+    teacher = {"enabled": True, "annotate": True, "model_path": "t", "port": 7000}
+    opd = {"learner": {"algo": {"opd": {"enabled": True}}}}
+    cfg = deployment([{"name": "a", "overrides": opd}, {"name": "b", "overrides": {"teacher": {"annotate": False}}}],
+                     teacher=teacher)
+    a, b = run_configs(cfg).values()
+    assert a.teacher == cfg.teacher and b.teacher == cfg.teacher.model_copy(update={"annotate": False})
+    assert (a.learner.algo.opd.enabled, b.learner.algo.opd.enabled) == (True, False)
+    with pytest.raises(ValidationError, match=r"teacher.model_path: shared by every run of the deployment; a run "
+                                              r"may set teacher.\{annotate\}"):
+        deployment([{"name": "a", "overrides": {"teacher": {"model_path": "other"}}}], teacher=teacher)
+    cfg = deployment([{"name": "a", "overrides": {**opd, "teacher": {"annotate": False}}}], teacher=teacher)
+    with pytest.raises(ConfigError, match=r"runs\[0\] \(a\): .*learner.algo.opd.enabled needs teacher.enabled and "
+                                          r"teacher.annotate"):
         run_configs(cfg)
 
 
@@ -114,11 +130,13 @@ def test_a_runs_controller_is_named_on_the_command_line(tmp_path, capsys):
 
 
 def test_every_runs_ports_are_planned_and_redis_users_reach_only_their_runs_keys():
-    cfg = deployment([{"name": "a"}, {"name": "b"}], rollout={"replicas": 2, "port": 9000})
+    cfg = deployment([{"name": "a"}, {"name": "b"}], rollout={"replicas": 2, "port": 9000},
+                     teacher={"enabled": True, "model_path": "t", "port": 7000})
     ports = {(p.owner, p.key): p.port for p in planned_ports(cfg)}
     assert ports[("run a: the controller", "controller.port")] == 6000
     assert ports[("run b: the controller", "controller.port")] == 6100
     assert ports[("run b: replica-1", "rollout.port")] == 9101
+    assert [key for key in ports if key[1] == "teacher.port"] == [("the teacher", "teacher.port")]  # one, shared
     a, b = run_configs(cfg).values()
     shared = rules("learner", a.buffer, a.controller.state_key, (b.buffer, b.controller.state_key))
     assert shared.startswith("resetkeys ~asyncrl:trajectories:a ~asyncrl:dead-letters:a "

@@ -29,6 +29,8 @@ RUN_KEYS: dict[str, frozenset[str] | None] = {
                           "microbatch_tokens", "eval_every", "eval_prompts", "eval_pass_k", "eval_samples",
                           "eval_samples_max", "eval_pass_k_large", "checkpoint", "oldest_first", "stale_groups",
                           "algo", "lora"}),
+    # The teacher is one process the runs share; each run chooses whether its trajectories are annotated.
+    "teacher": frozenset({"annotate"}),
 }
 """Section -> the keys of it a run may set (None: the whole section). Everything else is the deployment's."""
 
@@ -46,8 +48,8 @@ class RunSpec(Section):
     goes to the others. The entry stays, so the runs after it keep their ports and it its run directory."""
     overrides: dict[str, Any] = Field(default_factory=dict)
     """The run's own settings, as a partial config over the deployment's: `seed`, `task`, `reward`, `sampling`,
-    `tracking`, and of `controller` and `learner` the keys a run owns (η, batch size, learning rate, adapter,
-    ...; docs/lora.md lists them). Any other key is the deployment's, shared by every run, and refused here."""
+    `tracking`, of `controller` and `learner` the keys a run owns (η, batch size, learning rate, adapter, ...;
+    docs/lora.md lists them), and `teacher.annotate` (whether the shared teacher annotates its trajectories). Any other key is the deployment's, shared by every run, and refused here."""
 
     @field_validator("overrides")
     @classmethod
