@@ -1,7 +1,8 @@
-"""The controller's HTTP side: a human status page, /status JSON, /metrics (Prometheus), /healthz.
+"""The controller's HTTP side: a human status page, /status JSON, /metrics (Prometheus), /healthz, and in a
+deployment of several runs /runs (every run's row, `asyncrl.controller.run_overview`), also a table on the page.
 
-`make_app(state)` builds the FastAPI app; `StatusPage` serves it with uvicorn on a background thread. The
-socket is bound before the thread starts, so port 0 works and `StatusPage.port` is known at once.
+`make_app(state, overview)` builds the FastAPI app; `StatusPage` serves it with uvicorn on a background thread.
+The socket is bound before the thread starts, so port 0 works and `StatusPage.port` is known at once.
 """
 
 from __future__ import annotations
@@ -12,26 +13,33 @@ import threading
 import time
 
 import uvicorn
-from fastapi import FastAPI
+from fastapi import FastAPI, HTTPException
 from fastapi.responses import HTMLResponse, PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from asyncrl.controller.run_overview import ROW_FIGURES, RunsOverview
 from asyncrl.controller.state import ControllerState
 from asyncrl.core.records.learner_figures import FIGURES
 
 _REFRESH_S = 2
 
 
-def make_app(state: ControllerState) -> FastAPI:
+def make_app(state: ControllerState, overview: RunsOverview | None = None) -> FastAPI:
     app = FastAPI(title="asyncrl controller", docs_url=None, redoc_url=None, openapi_url=None)
 
     @app.get("/", response_class=HTMLResponse)
     def index() -> str:
-        return render_html(state.snapshot())
+        return render_html(state.snapshot(), None if overview is None else overview.rows())
 
     @app.get("/status")
     def status() -> dict:
         return state.snapshot()
+
+    @app.get("/runs")
+    def runs() -> dict:
+        if overview is None:
+            raise HTTPException(status_code=404, detail="a single run: no runs: in its config")
+        return {"runs": overview.rows()}
 
     @app.get("/metrics")
     def metrics() -> Response:
@@ -54,10 +62,10 @@ def _adapter(replica: dict) -> str:
     return f" <small>checksum {html.escape(served[:12])} ({verdict})</small>"
 
 
-def render_html(snap: dict) -> str:
+def render_html(snap: dict, runs: list[dict] | None = None) -> str:
     """A small self-refreshing page: the learner's progress (step of total, reward, held-out accuracy,
     staleness, step time, throughput, ETA) with charts of the last steps, the admission numbers, the push in flight, the
-    replicas table."""
+    replicas table; with `runs` (a deployment of several), every run's row first."""
     esc = html.escape
     eta = "unbounded" if snap["eta"] is None else snap["eta"]
     limit = "∞" if snap["max_admissible"] is None else snap["max_admissible"]
@@ -96,6 +104,7 @@ def render_html(snap: dict) -> str:
 <style>body{{font-family:sans-serif;margin:1.5em}}table{{border-collapse:collapse}}
 td,th{{border:1px solid #ccc;padding:.2em .6em;text-align:left}}</style></head>
 <body><h1>asyncrl controller</h1>
+{runs_table(runs)}
 <p>version <b>{snap["current_version"]}</b> &middot; admitted N<sub>r</sub> = <b>{snap["admitted"]}</b>
 of at most {limit} &middot; held requests <b>{snap["held_requests"]}</b> &middot; &eta; = {eta}
 &middot; B = {snap["batch_size"]}</p>
@@ -109,6 +118,34 @@ of at most {limit} &middot; held requests <b>{snap["held_requests"]}</b> &middot
 <th>leases</th><th>heartbeat age</th><th>pushes</th></tr>{rows}</table>
 <p><a href="/status">/status</a> &middot; <a href="/metrics">/metrics</a></p>
 </body></html>"""
+
+
+def runs_table(runs: list[dict] | None) -> str:
+    """The deployment's runs, each linked to its own controller's page; "" for a single run."""
+    if runs is None:
+        return ""
+    esc = html.escape
+
+    def cell(value, fmt: str = "{}") -> str:
+        return "" if value is None else esc(fmt.format(value))
+
+    def row(r: dict) -> str:
+        name = f"<b>{esc(r['name'])}</b> (this run)" if r["this_run"] else (
+            f'<a href="{esc(r["status_url"])}">{esc(r["name"])}</a>')
+        state = esc(r["state"]) + (f" <small>unreachable: {esc(r['unreachable'])}</small>" if "unreachable" in r
+                                   else "")
+        if r.get("read_age_s") is not None:
+            state += f" <small>({r['read_age_s']:.0f} s ago)</small>"
+        step = cell(r["step"]) + (f" of {r['total_steps']}" if r["total_steps"] else "")
+        figures = "".join(f"<td>{cell(r[f.name], f.fmt)}</td>" for f in ROW_FIGURES)
+        return (f"<tr><td>{name}</td><td>{r['weight']:g}</td><td>{state}</td><td>{cell(r['version'])}</td>"
+                f"<td>{step}</td><td>{cell(r['eta'])}</td>{figures}<td>{r['replicas_alive']} of {r['replicas']}</td>"
+                "</tr>")
+
+    heads = "".join(f"<th>{esc(f.label)}</th>" for f in ROW_FIGURES)
+    return (f"<h2>runs</h2><table><tr><th>run</th><th>share</th><th>state</th><th>version</th><th>step</th>"
+            f"<th>&eta;</th>{heads}<th>replicas alive</th></tr>{''.join(map(row, runs))}</table>"
+            f"<p><a href=\"/runs\">/runs</a></p><h2>this run</h2>")
 
 
 def _difficulty_line(difficulty: dict | None) -> str:
@@ -174,7 +211,7 @@ def _duration(seconds: float) -> str:
 class StatusPage:
     """uvicorn on a daemon thread; `start()` returns the bound port once it serves, `stop()` shuts it down."""
 
-    def __init__(self, state: ControllerState, host: str, port: int):
+    def __init__(self, state: ControllerState, host: str, port: int, overview: RunsOverview | None = None):
         self.host = host
         self._socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -182,7 +219,7 @@ class StatusPage:
         # Listen now: a client that connects before uvicorn's loop runs waits in the backlog, not refused.
         self._socket.listen(128)
         self.port = self._socket.getsockname()[1]
-        config = uvicorn.Config(make_app(state), log_level="warning", access_log=False, lifespan="off")
+        config = uvicorn.Config(make_app(state, overview), log_level="warning", access_log=False, lifespan="off")
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(
             target=self._server.run, kwargs={"sockets": [self._socket]}, name="controller-status", daemon=True

@@ -17,6 +17,7 @@ from __future__ import annotations
 import functools
 import gc
 import logging
+from pathlib import Path
 
 import grpc
 
@@ -24,6 +25,7 @@ from asyncrl.controller.controller_metrics import ControllerMetrics
 from asyncrl.controller.held_request import await_lease_ends, hold
 from asyncrl.controller.key_seal import KeySeal
 from asyncrl.controller.persistence import lease_write_counts, make_store
+from asyncrl.controller.run_overview import DeploymentFile, RunsOverview
 from asyncrl.controller.state import ControllerState
 from asyncrl.controller.status_page import StatusPage
 from asyncrl.core.checks.validation import (
@@ -378,14 +380,19 @@ def create_server(
     return server, port
 
 
-def serve(config: AsyncRLConfig) -> None:
-    """Run the controller until SIGTERM/SIGINT: gRPC, the status page, the reaper."""
+def serve(config: AsyncRLConfig, deployment_file: Path | None = None) -> None:
+    """Run the controller until SIGTERM/SIGINT: gRPC, the status page, the reaper. `deployment_file`: the config
+    of the deployment of several runs this controller's run is one of (its page then shows every run)."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s controller %(levelname)s %(message)s")
     server, port = create_server(config)
     state: ControllerState = server.controller_state
     host = config.controller.host
+    overview = None
+    if deployment_file is not None:
+        overview = RunsOverview(config.run_name, state.snapshot, DeploymentFile(deployment_file))
+        overview.start()
     with listening("controller.status_port", host, config.controller.status_port):
-        page = StatusPage(state, host, config.controller.status_port)
+        page = StatusPage(state, host, config.controller.status_port, overview)
     http_port = page.start()
     server.start()
     cc = config.controller
@@ -395,6 +402,7 @@ def serve(config: AsyncRLConfig) -> None:
         state_store=cc.state_store, restored=state.restored,
     ))  # fmt: skip
     print(f"asyncrl-controller listening grpc={host}:{port} http={host}:{http_port}", flush=True)
-    wait_until_stopped(server, on_stop=lambda: (server.release_held(), page.stop()))
+    wait_until_stopped(server, on_stop=lambda: (server.release_held(), page.stop(),
+                                                overview is not None and overview.stop()))
     state.close()
     server.replica_channels.close()

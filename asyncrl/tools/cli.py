@@ -7,6 +7,7 @@ import json
 import logging
 import os
 import sys
+from pathlib import Path
 
 from pydantic import ValidationError
 
@@ -50,7 +51,8 @@ def _pinned(config, role: str):
 def _controller(args):
     from asyncrl.services.controller_service import serve
 
-    serve(_pinned(_run_config(_config(args), args.run), "controller"))
+    serve(_pinned(_run_config(_config(args), args.run), "controller"),
+          deployment_file=Path(args.config) if args.run else None)
     _exit_now()
 
 

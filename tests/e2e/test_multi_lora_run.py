@@ -3,9 +3,10 @@ every run trains to its last step with a clean audit of its own; each push carri
 every replica is verified serving it; each run keeps its own η; one model per replica process serves them all,
 and one teacher the runs that ask it; the learner killed with SIGKILL mid-run comes back with every run resumed
 from its own checkpoint; a run added (`asyncrl runs add`) and one removed (`asyncrl runs remove`) while the
-others train leave them untouched; and every series a run's services expose on /metrics carries `run="<name>"`. Runs on a vLLM replica: each push
-of each run loads as that run's LoRA adapter in the one engine and is served (the vLLM engine itself, each run's
-adapter against peft's: tests/e2e/test_vllm_runs.py; one run's adapters on vLLM: tests/e2e/test_vllm_lora.py)."""
+others train leave them untouched; each run's page lists every run; and every series a run's services expose on
+/metrics carries `run="<name>"`. Runs on a vLLM replica: each push of each run loads as that run's LoRA adapter in
+the one engine and is served (the vLLM engine itself, each run's adapter against peft's:
+tests/e2e/test_vllm_runs.py; one run's adapters on vLLM: tests/e2e/test_vllm_lora.py)."""
 
 from __future__ import annotations
 
@@ -77,11 +78,28 @@ def runs(tmp_path_factory):
         subprocess.run([*cli, "add", str(run_dir), ADDED, "--set", f"learner.total_steps={ADDED_STEPS}",
                         "--set", "learner.lora.rank=8"], cwd=REPO, check=True, timeout=60)
         subprocess.run([*cli, "remove", str(run_dir), REMOVED], cwd=REPO, check=True, timeout=60)
+        overview = read_overview(run_dir)
         out, _ = proc.communicate(timeout=600)
     finally:
         proc.kill()
     assert proc.returncode == 0, out[-4000:]
-    return run_dir, out, scraped
+    return run_dir, out, scraped, overview
+
+
+def read_overview(run_dir) -> tuple[list[dict], str]:
+    """The first run's controller's /runs and page, once they show the run added (its controller read) and the
+    one removed."""
+    port = run_configs(load_config(run_dir / "config.resolved.yaml"))[RUNS[0]].controller.status_port
+
+    def changed() -> list[dict] | None:
+        rows = json.loads(urllib.request.urlopen(f"http://127.0.0.1:{port}/runs", timeout=10).read())["runs"]
+        by_name = {row["name"]: row for row in rows}
+        added, removed = by_name.get(ADDED, {}), by_name.get(REMOVED, {})
+        serving = added.get("state") == "training" and added.get("replicas_alive") == 2
+        return rows if serving and removed.get("state") == "removed" else None
+
+    rows = wait_for(changed, 90, "the first run's page showing the run added and the one removed", run_dir=run_dir)
+    return rows, urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=10).read().decode()
 
 
 def printed_metrics_ports(run_dir) -> dict[tuple[str, str], str]:
@@ -107,7 +125,7 @@ def scrape_every_run(run_dir) -> dict[tuple[str, str], str]:
 
 
 def test_every_run_trains_to_its_end_with_a_clean_audit_of_its_own(runs):
-    run_dir, out, _ = runs
+    run_dir, out, *_ = runs
     summary = json.loads((run_dir / "summary.json").read_text())
     assert list(summary["runs"]) == [*LISTED, ADDED]
     for run in [*RUNS, ADDED]:
@@ -119,7 +137,7 @@ def test_every_run_trains_to_its_end_with_a_clean_audit_of_its_own(runs):
 
 
 def test_each_push_carries_its_runs_adapter_alone_and_every_replica_serves_it(runs):
-    run_dir, _, _ = runs
+    run_dir, *_ = runs
     sizes = {}
     for run in RUNS:
         pushes = [e for e in read_events(run_dir / run, "learner") if e["kind"] == "push" and e["receivers"]]
@@ -133,7 +151,7 @@ def test_each_push_carries_its_runs_adapter_alone_and_every_replica_serves_it(ru
 
 
 def test_each_run_keeps_its_own_staleness_bound(runs):
-    run_dir, _, _ = runs
+    run_dir, *_ = runs
     for run in RUNS:
         eta = 0 if run == "sync" else 2
         steps = [e for e in read_events(run_dir / run, "learner") if e["kind"] == "step"]
@@ -145,7 +163,7 @@ def test_each_run_keeps_its_own_staleness_bound(runs):
 def test_one_teacher_serves_the_runs_that_ask_it(runs):
     """One teacher process for the deployment; the distilling run trains every step on its annotations (none
     missing, the learner never asking), a run that turned annotation off sends the teacher nothing."""
-    run_dir, out, scraped = runs
+    run_dir, out, scraped, _ = runs
     assert "4 controllers (one per run), the teacher, 2 rollout replicas" in out
     assert [p.name for p in (run_dir / "logs").glob("teacher*.log")] == ["teacher.log"]
     for run in RUNS:
@@ -162,7 +180,7 @@ def test_one_teacher_serves_the_runs_that_ask_it(runs):
 
 
 def test_one_process_per_replica_serves_every_run(runs):
-    run_dir, _, _ = runs
+    run_dir, *_ = runs
     for replica in (0, 1):
         log = (run_dir / "logs" / f"rollout-{replica}.log").read_text()
         assert all(f"asyncrl-rollout replica-{replica} run {run} listening" in log for run in RUNS)
@@ -170,7 +188,7 @@ def test_one_process_per_replica_serves_every_run(runs):
 
 
 def test_the_killed_learner_comes_back_with_every_run_resumed_from_its_own_checkpoint(runs):
-    run_dir, out, _ = runs
+    run_dir, out, *_ = runs
     assert "[up] learner exited with -9" in out and "restarting it from each run's latest checkpoint" in out
     for run in RUNS:
         events = read_events(run_dir / run, "learner")
@@ -185,7 +203,7 @@ def test_the_killed_learner_comes_back_with_every_run_resumed_from_its_own_check
 def test_a_run_added_and_one_removed_while_the_others_train(runs):
     """The added run trains its own steps with its own adapter on every replica; the removed one stops after its
     step with nothing lost (its audit intact, incomplete), and its controller is stopped while the others train."""
-    run_dir, out, _ = runs
+    run_dir, out, *_ = runs
     assert f"[up] run {ADDED} added: its controller is starting" in out
     assert f"[up] run {REMOVED} removed: its learner stopped it, its controller is stopped" in out
     removed = json.loads((run_dir / REMOVED / "summary.json").read_text())
@@ -204,8 +222,29 @@ def test_a_run_added_and_one_removed_while_the_others_train(runs):
         assert f"replica-{replica} run {ADDED} listening" in log and f"run {REMOVED} removed from this replica" in log
 
 
+def test_each_runs_page_shows_every_run_of_the_deployment(runs):
+    """The first run's controller lists every run, read from each run's own controller: the one added while the
+    deployment lived too, the one removed marked so, each linked to its own page."""
+    run_dir, _, _, (rows, page) = runs
+    every = run_configs(load_config(run_dir / "config.resolved.yaml"), removed=True)
+    assert [row["name"] for row in rows] == [*LISTED, ADDED]
+    for row in rows:
+        run = row["name"]
+        assert row["status_url"] == f"http://127.0.0.1:{every[run].controller.status_port}/"
+        assert row["this_run"] == (run == RUNS[0]) and "unreachable" not in row, row
+        if run == REMOVED:
+            assert row["state"] == "removed"
+            continue
+        assert row["state"] in ("training", "finished") and row["replicas_alive"] == 2, row
+        assert row["version"] >= (0 if run == ADDED else 1) and row["eta"] == (0 if run == "sync" else 2), row
+        # The added run's total comes with its first step's figures; the page may read it before that.
+        assert row["step"] is not None and row["total_steps"] in ((None, ADDED_STEPS) if run == ADDED else (STEPS,))
+        if run not in (RUNS[0], REMOVED):
+            assert f'<a href="{row["status_url"]}">{run}</a>' in page
+
+
 def test_every_series_a_run_exposes_is_labelled_with_its_run(runs):
-    _, _, scraped = runs
+    _, _, scraped, _ = runs
     assert {key for key in scraped} == {(service, run) for service in ("controller", "learner", "rollout")
                                         for run in LISTED}
     for (service, run), text in scraped.items():
