@@ -93,6 +93,17 @@ def activate_run(model: torch.nn.Module, run: str, layers: list | None = None) -
         layer.set_adapter(run)  # the active adapter trainable, the others frozen
 
 
+def reset_adapter(model: torch.nn.Module, run: str) -> None:
+    """Run `run`'s adapter as a fresh one starts: B = 0 (the policy is the base again), A drawn anew (peft's
+    initialisation)."""
+    layers = [layer for layer in lora_layers(model) if run in layer.lora_A]
+    if not layers:
+        raise ValueError(f"the model holds no adapter named {run!r}")
+    with torch.no_grad():
+        for layer in layers:
+            layer.reset_lora_parameters(run, True)
+
+
 @contextlib.contextmanager
 def run_active(model: torch.nn.Module, run: str):
     """Inside, run `run`'s adapter is active (`activate_run`); the run active before is active again afterwards."""

@@ -24,7 +24,7 @@ from asyncrl.core.config.runs import run_configs
 from asyncrl.core.model.modeling import load_causal_lm, pad_token_id
 from asyncrl.core.model.sampling import SamplingParams
 from asyncrl.core.wire.learner_secret import resolve_learner_secret
-from asyncrl.learner.adapters import activate_run, inject_adapters, lora_layers
+from asyncrl.learner.adapters import activate_run, inject_adapters, lora_layers, reset_adapter
 from asyncrl.learner.builder import Leader, leader_for
 from asyncrl.learner.checkpoint import load_checkpoint
 from asyncrl.learner.checkpoint_index import resume_path
@@ -84,21 +84,38 @@ class RunLearners:
         self.leaders: dict[str, Leader] = {}
         self.configs: dict = {}
         """Run name -> its config (`asyncrl.core.config.runs.run_config`)."""
+        self.specs: dict = {}
+        """Run name -> the shape of its adapter (`AdapterSpec`)."""
 
     def add(self, run: str, cfg) -> Leader:
         """Run `run`'s adapter injected into the base (between other runs' work), its trainer resumed from its
         own latest checkpoint (`learner.checkpoint.resume_from` of the run), and its loop."""
-        model, base = self.base.model, self.base
-        spec = base.run(None, inject_adapters, model, cfg.learner.lora, run)  # peft adds modules to the layers
+        spec = self.base.run(None, inject_adapters, self.base.model, cfg.learner.lora, run)  # peft adds modules
         dump_config(cfg, f"{cfg.run_dir}/config.learner.resolved.yaml")
+        self.configs[run] = cfg
+        self.specs[run] = spec
+        return self._leader(run, cfg)
+
+    def restart(self, run: str) -> Leader:
+        """Run `run` again after its loop failed, as a learner process restarted would: its adapter and AdamW
+        from its latest checkpoint, or as the run started (B = 0, a fresh optimizer) when it has none; a new
+        loop, which takes the run back to that checkpoint. The other runs' adapters are not touched."""
+        cfg = self.configs[run]
+        checkpoint = cfg.learner.checkpoint.model_copy(update={"resume_from": "latest"})
+        cfg = cfg.model_copy(update={"learner": cfg.learner.model_copy(update={"checkpoint": checkpoint})})
+        self.base.run(run, reset_adapter, self.base.model, run)
+        return self._leader(run, cfg)
+
+    def _leader(self, run: str, cfg) -> Leader:
+        """A trainer for run `run`'s adapter (resumed when `cfg` names a checkpoint) and the run's loop."""
+        model, base = self.base.model, self.base
         # The trainer's optimizer takes the parameters that train when it is made: this run's adapter.
         trainer = base.run(run, Trainer, model, cfg.learner, SamplingParams.from_config(cfg.sampling),
                            pad_token_id(model), SINGLE)
         path = resume_path(cfg.learner.checkpoint, cfg.run_dir)
         meta = base.run(run, load_checkpoint, path, model, trainer.optimizer) if path else None
-        self.leaders[run] = leader_for(cfg, trainer, spec, resumed=(meta, path), run=run,
+        self.leaders[run] = leader_for(cfg, trainer, self.specs[run], resumed=(meta, path), run=run,
                                        on_base=functools.partial(base.run, run))
-        self.configs[run] = cfg
         return self.leaders[run]
 
 

@@ -39,6 +39,7 @@ from asyncrl.core.checks.validation import (
 )
 from asyncrl.core.config.schema import AsyncRLConfig
 from asyncrl.core.records.controller import ControllerStarted
+from asyncrl.core.runtime.announce import announce
 from asyncrl.core.runtime.events import EventLog
 from asyncrl.core.wire.auth import resolve_auth
 from asyncrl.core.wire.grpc_aio import Wakeup, build_aio_server
@@ -401,7 +402,7 @@ def serve(config: AsyncRLConfig, deployment_file: Path | None = None) -> None:
         start_version=cc.start_version, start_admitted=cc.start_admitted, start_prompt_index=cc.start_prompt_index,
         state_store=cc.state_store, restored=state.restored,
     ))  # fmt: skip
-    print(f"asyncrl-controller listening grpc={host}:{port} http={host}:{http_port}", flush=True)
+    announce(f"asyncrl-controller listening grpc={host}:{port} http={host}:{http_port}")
     wait_until_stopped(server, on_stop=lambda: (server.release_held(), page.stop(),
                                                 overview is not None and overview.stop()))
     state.close()

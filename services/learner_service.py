@@ -13,7 +13,8 @@ from pathlib import Path
 import grpc
 
 from asyncrl.core.config.runs import run_configs
-from asyncrl.core.runtime.metrics import serve_metrics
+from asyncrl.core.runtime.announce import announce
+from asyncrl.core.runtime.metrics import start_metrics
 from asyncrl.core.wire.auth import MAX_CHALLENGE, resolve_auth
 from asyncrl.core.wire.grpc_util import build_server
 from asyncrl.core.wire.ports import listening
@@ -71,33 +72,41 @@ def serve(config, reload=None) -> LearnerProgress:
     built = build_learner(config)
     if isinstance(built, Follower):
         return built.run()
-    server, port = _status_edge(config, built)
+    edge = StatusEdge(config, built)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     try:
         # The controller challenges this learner where the replicas reach it (the rendezvous store's host). A
         # predecessor it cannot challenge keeps the seat until silent for heartbeat_timeout_s: wait that out.
-        built.controller.take_seat(f"{config.learner.weight_transport.host}:{port}",
+        built.controller.take_seat(f"{config.learner.weight_transport.host}:{edge.port}",
                                    patience_s=2 * config.controller.heartbeat_timeout_s)
         progress = built.loop.run(stop)
     finally:
-        server.stop(2)
+        edge.stop()
         built.close()
     built.release_followers()
     _write_summary(config, progress)
     return progress
 
 
-def _status_edge(config, leader, label: str = ""):
-    """`leader`'s status server (started) and /metrics on `config`'s ports; (the server, its port)."""
-    server, port = create_server(config, leader.loop.progress, leader.metrics.registry, seat=leader.controller)
-    server.start()
-    with listening("learner.metrics_port", config.learner.host, config.learner.metrics_port):
-        metrics_port = serve_metrics(config.learner.host, config.learner.metrics_port, leader.metrics.registry)
-    print(f"asyncrl-learner{label} listening grpc={config.learner.host}:{port} "
-          f"metrics={config.learner.host}:{metrics_port}", flush=True)
-    return server, port
+class StatusEdge:
+    """A leader's status server and /metrics, started on `config`'s ports; `stop()` frees both ports."""
+
+    def __init__(self, config, leader, label: str = ""):
+        self.server, self.port = create_server(config, leader.loop.progress, leader.metrics.registry,
+                                               seat=leader.controller)
+        self.server.start()
+        with listening("learner.metrics_port", config.learner.host, config.learner.metrics_port):
+            self.metrics, metrics_port = start_metrics(config.learner.host, config.learner.metrics_port,
+                                                       leader.metrics.registry)
+        announce(f"asyncrl-learner{label} listening grpc={config.learner.host}:{self.port} "
+                 f"metrics={config.learner.host}:{metrics_port}")
+
+    def stop(self) -> None:
+        self.server.stop(2).wait(5)  # its port free again for a run's loop restarted in this process
+        self.metrics.shutdown()
+        self.metrics.server_close()
 
 
 def _write_summary(config, progress: LearnerProgress) -> None:
@@ -111,8 +120,9 @@ def serve_runs(config, reload) -> dict[str, LearnerProgress]:
     its seat at its own controller, its loop on a thread of its own; returns when every run is done. SIGHUP
     reads the config again (`reload`): a run added joins (its adapter, trainer and loop), a removed one stops
     after its current step and checkpoints; SIGTERM/SIGINT stop each after its current step. A run whose loop
-    fails ends alone: the others go on, and the process exits non-zero at the end so that its supervisor
-    restarts it (each run resumes from its own checkpoint)."""
+    fails is restarted alone, from its own latest checkpoint, up to `learner.max_restarts` times while the
+    others go on; one that fails past that ends alone, and the process exits non-zero at the end so that its
+    supervisor restarts it (each run resumes from its own checkpoint)."""
     signals: queue.SimpleQueue = queue.SimpleQueue()  # first: a SIGHUP while the base loads waits, not kills
     signal.signal(signal.SIGHUP, lambda *_: signals.put("reload"))
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -125,35 +135,57 @@ def serve_runs(config, reload) -> dict[str, LearnerProgress]:
     removed: set[str] = set()
     """Runs taken out of the deployment: stopped after their step; an error of theirs fails nothing."""
 
-    def run_one(run: str, leader, cfg, stop: threading.Event) -> None:
+    def run_one(run: str, stop: threading.Event) -> None:
+        """Run `run`'s loop; one that fails is built again from the run's latest checkpoint inside this process
+        (`RunLearners.restart`), at most `learner.max_restarts` times, while the other runs train on."""
+        leader, cfg = learners.leaders[run], learners.configs[run]
+        for attempt in range(cfg.learner.max_restarts + 1):
+            if attempt:
+                log.warning("run %s: its loop failed; restarting it from its latest checkpoint (%d/%d)", run,
+                            attempt, cfg.learner.max_restarts)
+                try:
+                    leader = learners.restart(run)
+                except Exception as err:  # its checkpoint unreadable, its controller gone: the run's alone
+                    log.exception("run %s could not be restarted", run)
+                    failed[run] = err
+                    return
+            try:
+                attempt_run(run, leader, cfg, stop)
+                failed.pop(run, None)
+                return
+            except Exception as err:  # one run's failure is that run's alone: the others go on
+                if run in removed:  # out of the deployment: nothing to restart it for
+                    log.warning("run %s, removed, ended with an error: %s", run, err)
+                    return
+                log.exception("run %s failed", run)
+                failed[run] = err
+                if stop.is_set():
+                    return
+
+    def attempt_run(run: str, leader, cfg, stop: threading.Event) -> None:
         resumed = leader.loop.resumed
         if resumed is not None and resumed.step >= cfg.learner.total_steps:
-            # Done before this process started (a learner restarted while other runs trained on): nothing to do.
+            # Done before this loop started (a learner restarted while other runs trained on): nothing to do.
             print(f"asyncrl-learner run {run} finished at step {resumed.step}", flush=True)
             leader.close()
             return
-        server, port = _status_edge(cfg, leader, f" run {run}")
+        edge = None
         try:
-            leader.controller.take_seat(f"{cfg.learner.weight_transport.host}:{port}",
+            edge = StatusEdge(cfg, leader, f" run {run}")
+            leader.controller.take_seat(f"{cfg.learner.weight_transport.host}:{edge.port}",
                                         patience_s=2 * cfg.controller.heartbeat_timeout_s)
             progress[run] = done = leader.loop.run(stop)
             _write_summary(cfg, done)
             if run in removed:
                 log.info("run %s stopped at step %d: its replicas may drop it", run, done.step)
-        except Exception as err:  # one run's failure is that run's alone: the others go on
-            if run in removed:  # out of the deployment: nothing to restart it for
-                log.warning("run %s, removed, ended with an error: %s", run, err)
-                return
-            log.exception("run %s failed", run)
-            failed[run] = err
         finally:
-            server.stop(2)
+            if edge is not None:
+                edge.stop()
             leader.close()
 
     def start(run: str) -> None:
         stops[run] = threading.Event()
-        threads[run] = threading.Thread(target=run_one, name=f"run-{run}", daemon=True,
-                                        args=(run, learners.leaders[run], learners.configs[run], stops[run]))
+        threads[run] = threading.Thread(target=run_one, name=f"run-{run}", daemon=True, args=(run, stops[run]))
         threads[run].start()
 
     for run in learners.leaders:

@@ -17,6 +17,7 @@ from asyncrl.core.config.runs import bank_shape, run_configs
 from asyncrl.core.engines.factory import make_engine, make_shared_model
 from asyncrl.core.lora.versions import AdapterServing
 from asyncrl.core.model.sampling import SamplingParams
+from asyncrl.core.runtime.announce import announce
 from asyncrl.core.runtime.metrics import serve_metrics
 from asyncrl.core.wire.auth import MAX_CHALLENGE, liveness_mac, resolve_auth
 from asyncrl.core.wire.grpc_util import abort_invalid, build_server, wait_for_channel, wait_until_stopped
@@ -240,6 +241,6 @@ def _serve_replica(config, runtime: ReplicaRuntime, label: str = ""):
     with listening("rollout.metrics_port", config.rollout.host, config.rollout.metrics_port):
         metrics_port = serve_metrics(config.rollout.host, config.rollout.metrics_port, runtime.metrics.registry)
     runtime.start(controller, port, in_band_pushes=server.servicer.receiver.listener is not None)
-    print(f"asyncrl-rollout {runtime.replica_id}{label} listening grpc={config.rollout.host}:{port} "
-          f"metrics={config.rollout.host}:{metrics_port}", flush=True)  # fmt: skip
+    announce(f"asyncrl-rollout {runtime.replica_id}{label} listening grpc={config.rollout.host}:{port} "
+             f"metrics={config.rollout.host}:{metrics_port}")  # fmt: skip
     return server

@@ -9,6 +9,7 @@ from transformers import AutoConfig
 from asyncrl.core.checks.validation import InvalidArgument
 from asyncrl.core.config.preflight import check_checkpoint
 from asyncrl.core.engines.factory import make_engine
+from asyncrl.core.runtime.announce import announce
 from asyncrl.core.runtime.metrics import serve_metrics
 from asyncrl.core.wire.auth import resolve_auth
 from asyncrl.core.wire.grpc_util import abort_invalid, build_server, wait_until_stopped
@@ -58,6 +59,6 @@ def serve(config) -> None:
     scorer = server.servicer.scorer
     with listening("teacher.metrics_port", config.teacher.host, config.teacher.metrics_port):
         metrics_port = serve_metrics(config.teacher.host, config.teacher.metrics_port, scorer.metrics.registry)
-    print(f"asyncrl-teacher listening grpc={config.teacher.host}:{port} "
-          f"metrics={config.teacher.host}:{metrics_port}", flush=True)  # fmt: skip
+    announce(f"asyncrl-teacher listening grpc={config.teacher.host}:{port} "
+             f"metrics={config.teacher.host}:{metrics_port}")  # fmt: skip
     wait_until_stopped(server, on_stop=scorer.close)

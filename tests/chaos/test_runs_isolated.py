@@ -1,9 +1,10 @@
-"""Several LoRA runs on one base, one of them failing (examples/multi-lora.yaml cut to two runs): the `hangs` run's
-reward never returns on some responses, so on every replica its rollout loop dies of `RewardWorkersHung` again
-and again; the `steady` run's controller is killed with SIGKILL once. Each failure stays in its run: the replica
-processes never exit (the failed run's replica restarts inside them), `up` restarts steady's controller, and
-steady trains to its last step with a clean audit at its own pace. Removing `hangs` then ends the deployment;
-its audit finds it trained nothing, and nothing lost, twice or beyond η."""
+"""Several LoRA runs on one base, some of them failing (examples/multi-lora.yaml cut to three runs): the `hangs`
+run's reward never returns on some responses, so on every replica its rollout loop dies of `RewardWorkersHung`
+again and again; the `flaky` run's reward hangs once in the learner's held-out evaluation, so its learner loop
+dies once; the `steady` run's controller is killed with SIGKILL once. Each failure stays in its run: no replica
+or learner process exits (the failed run's replica restarts inside them, flaky's loop inside the learner), `up`
+restarts steady's controller, and steady and flaky train to their last steps with a clean audit each. Removing
+`hangs` then ends the deployment; its audit finds it trained nothing, and nothing lost, twice or beyond η."""
 
 from __future__ import annotations
 
@@ -22,7 +23,24 @@ from tests.run_helpers import running_up, steps_done, wait_for
 
 pytestmark = pytest.mark.chaos
 
-STEPS, KILL_AFTER = 60, 10
+STEPS, KILL_AFTER, FLAKY_STEPS = 60, 10, 20
+
+HANGS_ONCE_IN_THE_LEARNER = '''
+import sys
+import time
+from pathlib import Path
+
+from asyncrl.core.tasks.arith import arith_exact
+
+ONCE = Path(__file__).with_suffix(".once")
+
+
+def score(response, metadata):
+    if "learner" in sys.argv and ONCE.exists():  # the learner's held-out evaluation, the first call only
+        ONCE.unlink(missing_ok=True)
+        time.sleep(30)  # past reward.timeout_s, holding the one reward worker
+    return arith_exact(response, metadata)
+'''
 
 
 def restarted_on_a_hang(run_dir) -> bool:
@@ -37,7 +55,13 @@ def test_a_failing_run_never_stops_or_slows_the_other(tmp_path):
     reward.write_text(HANGS_ON_A_SEVEN)
     run_dir = tmp_path / "run"
     hangs = {"reward": {"type": "function", "function": f"{reward}:score", "workers": 2, "timeout_s": 1}}
-    runs = json.dumps([{"name": "steady"}, {"name": "hangs", "overrides": hangs}])
+    once = tmp_path / "hangs_once.py"
+    once.write_text(HANGS_ONCE_IN_THE_LEARNER)
+    once.with_suffix(".once").touch()
+    flaky = {"reward": {"type": "function", "function": f"{once}:score", "workers": 1, "timeout_s": 1},
+             "learner": {"total_steps": FLAKY_STEPS}}
+    runs = json.dumps([{"name": "steady"}, {"name": "hangs", "overrides": hangs},
+                       {"name": "flaky", "overrides": flaky}])
     args = ["--config", str(REPO / "examples" / "multi-lora.yaml"), "--set", f"run_dir={run_dir}",
             "--set", f"learner.total_steps={STEPS}", "--set", "learner.eval_every=0", "--set", f"runs={runs}"]
     with running_up(*args) as proc:
@@ -56,9 +80,17 @@ def test_a_failing_run_never_stops_or_slows_the_other(tmp_path):
     assert proc.returncode == 0, output[-4000:]
     assert "controller-steady exited with -9; restarting it" in output
     assert "rollout-0 exited" not in output and "rollout-1 exited" not in output  # no replica process died
-    assert "[up] run steady: audit OK" in output, output[-3000:]
+    assert "learner exited" not in output  # flaky's loop was restarted inside it
+    learner_log = (run_dir / "logs" / "learner.log").read_text()
+    assert "RewardWorkersHung" in learner_log
+    assert "run flaky: its loop failed; restarting it from its latest checkpoint (1/2)" in learner_log
+    assert "(2/2)" not in learner_log
+    assert "[up] run steady: audit OK" in output and "[up] run flaky: audit OK" in output, output[-3000:]
     summary = json.loads((run_dir / "summary.json").read_text())["runs"]
-    assert summary["steady"]["last_step"] == STEPS
+    assert summary["steady"]["last_step"] == STEPS and summary["flaky"]["last_step"] == FLAKY_STEPS
+    flaky_events = read_events(run_dir / "flaky", "learner")
+    assert [e["kind"] for e in flaky_events].count("learner_started") == 2  # the loop began twice
+    assert [e["step"] for e in flaky_events if e["kind"] == "step"] == list(range(1, FLAKY_STEPS + 1))
     hangs = summary["hangs"]["audit"]  # it trained nothing (its rewards hang), and lost or broke nothing either
     assert hangs["failures"] == ["no group was trained", f"the run ended at step 0 of {STEPS}"]
     assert [e["step"] for e in read_events(steady, "learner") if e["kind"] == "step"] == list(range(1, STEPS + 1))

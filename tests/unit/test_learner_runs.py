@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from asyncrl.learner.adapters import inject_adapters, lora_parameters
+from asyncrl.learner.adapters import inject_adapters, lora_parameters, reset_adapter
 from asyncrl.learner.runs import SharedBase
 
 
@@ -99,3 +99,21 @@ def test_work_runs_on_one_thread_in_the_order_asked_one_at_a_time():
         thread.join(10)
     assert entered == ["a", "c", "b", "c"] and not overlaps
     assert len(threads_seen) == 1 and threading.get_ident() not in threads_seen
+
+
+def test_a_run_reset_starts_as_a_fresh_adapter_and_the_others_keep_theirs():
+    """A run restarted with no checkpoint gets its adapter back as a fresh one starts (B = 0: the base's output;
+    A drawn anew), the other runs' adapters untouched."""
+    base = shared_base()
+    x = torch.ones(1, 4)
+    before = {run: base.run(run, base.model, x) for run in ("a", "b", "c")}
+    base.run("b", reset_adapter, base.model, "b")
+    params = dict(lora_parameters(base.model, "b"))
+    assert sorted(name.rsplit(".", 2)[1] for name in params) == ["lora_A", "lora_B"]
+    assert all(not p.any() for name, p in params.items() if ".lora_B." in name)
+    assert all(p.abs().sum() > 0 and not torch.all(p == 0.2) for name, p in params.items() if ".lora_A." in name)
+    assert torch.equal(base.run("b", base.model, x), base.model.q_proj.base_layer(x))
+    for run in ("a", "c"):
+        assert torch.equal(base.run(run, base.model, x), before[run])
+    with pytest.raises(ValueError, match="no adapter named 'd'"):
+        reset_adapter(base.model, "d")

@@ -205,7 +205,8 @@ class LearnerConfig(PinnedSection):
     max_restarts: int = Field(2, ge=0)
     """`asyncrl up` restarts a learner that dies, at most this many times (0: a dead learner ends the run): it
     resumes from its latest checkpoint (the base model when there is none yet) and takes the run back there
-    (`Controller.ResetTimeline`; the lost steps are trained again)."""
+    (`Controller.ResetTimeline`; the lost steps are trained again). In a deployment of several runs, also how
+    many times a run whose loop fails is restarted the same way inside the learner process, alone."""
     prefetch: bool = True
     """Read the next batch's entries from the buffer, run the checks that need nothing but the entry and
     assemble the batch on a thread while the current batch trains and its weights are pushed (what depends on

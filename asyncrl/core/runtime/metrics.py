@@ -112,9 +112,15 @@ class RpcMetrics:
 
 
 def serve_metrics(host: str, port: int, registry: CollectorRegistry) -> int:
-    """Start the /metrics HTTP endpoint (port 0 = any free port); returns the bound port."""
+    """Start the /metrics HTTP endpoint (port 0 = any free port) for the process's life; returns the bound port."""
+    return start_metrics(host, port, registry)[0].server_address[1]
+
+
+def start_metrics(host: str, port: int, registry: CollectorRegistry):
+    """Start the /metrics HTTP endpoint (port 0 = any free port); returns (its server, whose `shutdown()` and
+    `server_close()` end it and free the port, the bound port)."""
     server, _thread = start_http_server(port, addr=host, registry=registry)
-    return server.server_address[1]
+    return server, server.server_address[1]
 
 
 def package_version() -> str:
