@@ -100,6 +100,16 @@ def test_the_runs_share_the_deployments_teacher_and_each_chooses_whether_it_dist
         run_configs(cfg)
 
 
+def test_each_run_plays_its_own_environment():
+    tools = {"type": "tools", "tools": ["examples/agent/tools.py:add"], "max_turns": 3}
+    cfg = deployment([{"name": "agent", "overrides": {"environment": tools}}, {"name": "direct"}])
+    agent, direct = run_configs(cfg).values()
+    assert (agent.environment.type, agent.environment.max_turns) == ("tools", 3)
+    assert direct.environment == cfg.environment and direct.environment.type == "none"
+    with pytest.raises(ConfigError, match=r"runs\[0\] \(agent\): .*environment.openenv.url: name the OpenEnv server"):
+        run_configs(deployment([{"name": "agent", "overrides": {"environment": {"type": "openenv"}}}]))
+
+
 def test_a_deployment_on_vllm_keeps_loaded_the_versions_each_runs_eta_needs():
     cfg = deployment([{"name": "a"}, {"name": "b", "overrides": {"controller": {"eta": 5}}}],
                      rollout={"engine": {"type": "vllm"}})

@@ -2,8 +2,8 @@
 
 The deployment's config holds what the runs share: the base model, the replicas and their engine, the buffer's
 Redis, the learner's device, security, launch. A run's entry names the run, gives its share of the replicas,
-and overrides only the keys a run owns (`RUN_KEYS`): its task and data, reward, sampling, η, batch size,
-learning rate, adapter and the rest of its training. Each run's whole config is derived from the two by
+and overrides only the keys a run owns (`RUN_KEYS`): its task and data, environment, reward, sampling, η,
+batch size, learning rate, adapter and the rest of its training. Each run's whole config is derived from the two by
 `asyncrl.core.config.runs.run_config`.
 """
 
@@ -24,6 +24,7 @@ RUN_KEYS: dict[str, frozenset[str] | None] = {
     "reward": None,
     "sampling": None,
     "tracking": None,
+    "environment": None,
     "controller": frozenset({"eta", "difficulty", "max_hold_s", "lease_ttl_s"}),
     "learner": frozenset({"batch_size", "minibatches", "total_steps", "lr", "weight_decay", "max_grad_norm",
                           "microbatch_tokens", "eval_every", "eval_prompts", "eval_pass_k", "eval_samples",
@@ -48,7 +49,7 @@ class RunSpec(Section):
     goes to the others. The entry stays, so the runs after it keep their ports and it its run directory."""
     overrides: dict[str, Any] = Field(default_factory=dict)
     """The run's own settings, as a partial config over the deployment's: `seed`, `task`, `reward`, `sampling`,
-    `tracking`, of `controller` and `learner` the keys a run owns (η, batch size, learning rate, adapter, ...;
+    `tracking`, `environment`, of `controller` and `learner` the keys a run owns (η, batch size, learning rate, adapter, ...;
     docs/lora.md lists them), and `teacher.annotate` (whether the shared teacher annotates its trajectories). Any other key is the deployment's, shared by every run, and refused here."""
 
     @field_validator("overrides")

@@ -138,7 +138,6 @@ def _check_deployment(cfg: AsyncRLConfig) -> None:
         (cfg.learner.lora.enabled, "learner.lora.enabled: true (the runs train adapters on one frozen base)"),
         (cfg.learner.world_size == 1, "learner.world_size: 1"),
         (cfg.model.determinism == "off", "model.determinism: off (the runs' steps interleave on one base)"),
-        (cfg.environment.type == "none", "environment.type: none (single-turn tasks)"),
         (cfg.learner.eval_by == "learner", "learner.eval_by: learner"),
     ]
     for ok, need in needs:
