@@ -45,13 +45,13 @@ def check_agent_run(run_dir, summary: dict, steps: int, spans_versions: bool = T
 
 def test_the_agent_demo_trains_on_multi_turn_episodes_with_turn_scores_and_hard_groups(tmp_path):
     run_dir = tmp_path / "run"
-    summary = asyncrl_up(run_dir, "learner.total_steps=30", "learner.eval_every=10", EVAL_PROMPTS, *AGENT_TURN_SCORES,
+    summary = asyncrl_up(run_dir, "learner.total_steps=20", "learner.eval_every=10", EVAL_PROMPTS, *AGENT_TURN_SCORES,
                          *HARD_GROUPS, timeout_s=900, config=AGENT_CONFIG)
-    check_agent_run(run_dir, summary, steps=30)
+    check_agent_run(run_dir, summary, steps=20)
     evals = [ev["step"] for ev in read_events(run_dir, "learner") if ev["kind"] == "eval"]
-    assert evals == [0, 10, 20, 30], evals
-    check_turn_scores(run_dir, steps=30)
-    check_hard_groups(run_dir, steps=30)
+    assert evals == [0, 10, 20], evals
+    check_turn_scores(run_dir, steps=20)
+    check_hard_groups(run_dir, steps=20)
 
 
 @pytest.mark.vllm
