@@ -4,10 +4,10 @@ page's table): each run's state, version, step and last figures, read from that 
 Each run has a controller of its own, and each controller's Redis user reaches only its run's keys, so the
 overview asks the other runs' controllers for their public `/status` (the one the status page serves), every
 `interval_s`, a call of at most `timeout_s` and `MAX_STATUS_BYTES` each, to the address the config gives (no
-redirect followed). A run whose controller does not answer
-keeps its last row, marked unreachable with the age of what is shown. The runs are read from the deployment's
-config file whenever it changes, so a run added while the deployment lives (`asyncrl runs add`) appears. What
-another controller answers is checked field by field: a value of the wrong type shows as missing.
+redirect followed). A run whose controller does not answer keeps its last row, marked unreachable with the age
+of what is shown. The runs are read from the deployment's config file whenever it changes, so a run added while
+the deployment lives (`asyncrl runs add`) appears. What another controller answers is checked field by field: a
+value of the wrong type shows as missing.
 """
 
 from __future__ import annotations

@@ -166,7 +166,7 @@ def serve_runs(config, reload) -> dict[str, LearnerProgress]:
         resumed = leader.loop.resumed
         if resumed is not None and resumed.step >= cfg.learner.total_steps:
             # Done before this loop started (a learner restarted while other runs trained on): nothing to do.
-            print(f"asyncrl-learner run {run} finished at step {resumed.step}", flush=True)
+            announce(f"asyncrl-learner run {run} finished at step {resumed.step}")
             leader.close()
             return
         edge = None

@@ -3,8 +3,8 @@
 The deployment's config holds what the runs share: the base model, the replicas and their engine, the buffer's
 Redis, the learner's device, security, launch. A run's entry names the run, gives its share of the replicas,
 and overrides only the keys a run owns (`RUN_KEYS`): its task and data, environment, reward, sampling, η,
-batch size, learning rate, adapter and the rest of its training. Each run's whole config is derived from the two by
-`asyncrl.core.config.runs.run_config`.
+batch size, learning rate, adapter and the rest of its training, and whether the shared teacher annotates its
+groups. Each run's whole config is derived from the two by `asyncrl.core.config.runs.run_config`.
 """
 
 from __future__ import annotations
@@ -48,9 +48,10 @@ class RunSpec(Section):
     """Taken out of the deployment (`asyncrl runs remove`): it trains no more and its share of the replicas
     goes to the others. The entry stays, so the runs after it keep their ports and it its run directory."""
     overrides: dict[str, Any] = Field(default_factory=dict)
-    """The run's own settings, as a partial config over the deployment's: `seed`, `task`, `reward`, `sampling`,
-    `tracking`, `environment`, of `controller` and `learner` the keys a run owns (η, batch size, learning rate, adapter, ...;
-    docs/lora.md lists them), and `teacher.annotate` (whether the shared teacher annotates its trajectories). Any other key is the deployment's, shared by every run, and refused here."""
+    """The run's own settings, as a partial config over the deployment's: `seed`, `task`, `environment`,
+    `reward`, `sampling`, `tracking`, of `controller` and `learner` the keys a run owns (η, batch size, learning
+    rate, adapter, ...; docs/lora.md lists them), and `teacher.annotate` (whether the shared teacher annotates
+    its groups). Any other key is the deployment's, shared by every run, and refused here."""
 
     @field_validator("overrides")
     @classmethod
