@@ -145,7 +145,8 @@ class RunsOverview:
         self._thread = threading.Thread(target=self._poll, name="runs-overview", daemon=True)
 
     def start(self) -> None:
-        self.refresh()
+        """Read the runs on the overview's thread, at once and then every `interval_s`: a controller whose
+        siblings cannot be reached starts without waiting out their time-outs."""
         self._thread.start()
 
     def stop(self) -> None:
@@ -194,5 +195,7 @@ class RunsOverview:
         return rows
 
     def _poll(self) -> None:
-        while not self._stop.wait(self.interval_s):
+        while True:
             self.refresh()
+            if self._stop.wait(self.interval_s):
+                return

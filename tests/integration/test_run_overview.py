@@ -104,3 +104,22 @@ def test_the_runs_are_read_again_when_the_deployments_file_changes(tmp_path):
     written.replace(path)  # as `asyncrl runs add` writes it: whole, in one rename
     assert [(e.name, e.status_url) for e in runs()] == [("a", "http://127.0.0.1:8080/"),
                                                         ("b", "http://127.0.0.1:8180/")]
+
+
+def test_starting_waits_for_no_other_controller(siblings):
+    """The first read runs on the overview's thread: the server that never answers does not hold the start."""
+    overview = RunsOverview("own", dict, lambda: siblings, interval_s=60, timeout_s=0.5)
+    started = time.monotonic()
+    overview.start()
+    assert time.monotonic() - started < 0.2
+    rows = wait_for_rows(overview, len(siblings))
+    assert {row["name"] for row in rows} == {entry.name for entry in siblings}
+    overview.stop()
+
+
+def wait_for_rows(overview: RunsOverview, count: int, timeout_s: float = 10.0) -> list[dict]:
+    deadline = time.monotonic() + timeout_s
+    while len(rows := overview.rows()) < count:
+        assert time.monotonic() < deadline, rows
+        time.sleep(0.05)
+    return rows
