@@ -209,10 +209,12 @@ def _duration(seconds: float) -> str:
 
 
 class StatusPage:
-    """uvicorn on a daemon thread; `start()` returns the bound port once it serves, `stop()` shuts it down."""
+    """uvicorn on a daemon thread; `start()` returns the bound port once it serves, `stop()` shuts it down. With
+    `overview` (a run of a deployment of several), its reads of the other runs start and stop with the page."""
 
     def __init__(self, state: ControllerState, host: str, port: int, overview: RunsOverview | None = None):
         self.host = host
+        self.overview = overview
         self._socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self._socket.bind((host, port))
@@ -226,6 +228,8 @@ class StatusPage:
         )
 
     def start(self, timeout_s: float = 10.0) -> int:
+        if self.overview is not None:
+            self.overview.start()
         self._thread.start()
         deadline = time.monotonic() + timeout_s
         while not self._server.started and self._thread.is_alive() and time.monotonic() < deadline:
@@ -239,3 +243,5 @@ class StatusPage:
         if self._thread.is_alive():
             self._thread.join(timeout=timeout_s)
         self._socket.close()
+        if self.overview is not None:
+            self.overview.stop()

@@ -388,10 +388,8 @@ def serve(config: AsyncRLConfig, deployment_file: Path | None = None) -> None:
     server, port = create_server(config)
     state: ControllerState = server.controller_state
     host = config.controller.host
-    overview = None
-    if deployment_file is not None:
-        overview = RunsOverview(config.run_name, state.snapshot, DeploymentFile(deployment_file))
-        overview.start()
+    overview = (None if deployment_file is None
+                else RunsOverview(config.run_name, state.snapshot, DeploymentFile(deployment_file)))
     with listening("controller.status_port", host, config.controller.status_port):
         page = StatusPage(state, host, config.controller.status_port, overview)
     http_port = page.start()
@@ -403,7 +401,6 @@ def serve(config: AsyncRLConfig, deployment_file: Path | None = None) -> None:
         state_store=cc.state_store, restored=state.restored,
     ))  # fmt: skip
     announce(f"asyncrl-controller listening grpc={host}:{port} http={host}:{http_port}")
-    wait_until_stopped(server, on_stop=lambda: (server.release_held(), page.stop(),
-                                                overview is not None and overview.stop()))
+    wait_until_stopped(server, on_stop=lambda: (server.release_held(), page.stop()))
     state.close()
     server.replica_channels.close()
