@@ -176,15 +176,16 @@ class RunsOverview:
         with self._lock:
             self._known = list(entries)
 
-    def rows(self) -> list[dict]:
-        """One row per run, in the deployment's order; another run's with `read_age_s` (how old what it shows
-        is) and, when its last read failed, `unreachable` (why)."""
+    def rows(self, own: dict | None = None) -> list[dict]:
+        """One row per run, in the deployment's order: this run's from `own` (its snapshot, when the caller has
+        one), another run's with `read_age_s` (how old what it shows is) and, when its last read failed,
+        `unreachable` (why)."""
         with self._lock:
             known, answers, failures = list(self._known), dict(self._answers), dict(self._failures)
         now, rows = time.monotonic(), []
         for entry in known:
             if entry.name == self.own:
-                rows.append(run_row(entry, self._own_snapshot(), own=True))
+                rows.append(run_row(entry, self._own_snapshot() if own is None else own, own=True))
                 continue
             answer, at = answers.get(entry.name, (None, None))
             row = run_row(entry, answer)

@@ -29,7 +29,8 @@ def make_app(state: ControllerState, overview: RunsOverview | None = None) -> Fa
 
     @app.get("/", response_class=HTMLResponse)
     def index() -> str:
-        return render_html(state.snapshot(), None if overview is None else overview.rows())
+        snap = state.snapshot()
+        return render_html(snap, None if overview is None else overview.rows(own=snap))
 
     @app.get("/status")
     def status() -> dict:
