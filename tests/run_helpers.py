@@ -16,12 +16,12 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 @contextlib.contextmanager
-def running_up(*args: str):
-    """`asyncrl up ARGS` as a subprocess of the repository root (output piped, unbuffered); killed on the way
-    out if it is still running."""
+def running_up(*args: str, env: dict[str, str] | None = None):
+    """`asyncrl up ARGS` as a subprocess of the repository root (output piped, unbuffered; `env`: its environment,
+    the test's by default); stopped with its children on the way out if it is still running."""
     proc = subprocess.Popen([sys.executable, "-m", "asyncrl", "up", *args], cwd=REPO,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                            env={**(os.environ if env is None else env), "PYTHONUNBUFFERED": "1"})
     try:
         yield proc
     finally:

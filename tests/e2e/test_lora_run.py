@@ -6,8 +6,6 @@ adapter in peft's format and a merged Hugging Face export that computes what the
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -17,7 +15,7 @@ import yaml
 from asyncrl.core.model.modeling import load_causal_lm, named_weights, sequence_logprobs
 from asyncrl.core.runtime.events import read_events
 from tests.e2e.test_system import DEMO_CONFIG, REPO
-from tests.run_helpers import kill_learner_after
+from tests.run_helpers import kill_learner_after, running_up
 
 pytestmark = pytest.mark.e2e
 
@@ -31,15 +29,9 @@ def lora_run(tmp_path_factory):
                  f"learner.eval_every={SAVE_EVERY}", "learner.lora.enabled=true", "learner.lora.rank=8",
                  "learner.lr=1.0e-3"]  # fmt: skip
     env = {k: v for k, v in os.environ.items() if k not in ("ASYNCRL_TOKEN", "ASYNCRL_LEARNER_SECRET")}
-    argv = [sys.executable, "-m", "asyncrl", "up", "--config", str(DEMO_CONFIG),
-            *[a for o in overrides for a in ("--set", o)]]
-    proc = subprocess.Popen(argv, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env={**env, "PYTHONUNBUFFERED": "1"})
-    try:
+    with running_up("--config", str(DEMO_CONFIG), *[a for o in overrides for a in ("--set", o)], env=env) as proc:
         kill_learner_after(run_dir, KILL_AFTER)
         out, _ = proc.communicate(timeout=600)
-    finally:
-        proc.kill()
     assert proc.returncode == 0 and "[up] audit OK" in out, out[-4000:]
     return run_dir
 

@@ -26,7 +26,7 @@ from asyncrl.core.config.file import load_config
 from asyncrl.core.config.runs import run_configs
 from asyncrl.core.runtime.events import read_events
 from tests.e2e.test_system import REPO
-from tests.run_helpers import steps_done, wait_for
+from tests.run_helpers import running_up, steps_done, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -62,11 +62,7 @@ def runs(tmp_path_factory):
     overrides = [f"run_dir={run_dir}", f"learner.total_steps={STEPS}", f"learner.checkpoint.save_every={SAVE_EVERY}",
                  f"learner.eval_every={SAVE_EVERY * 2}", "learner.eval_prompts=40", "rollout.max_runs=5"]
     env = {k: v for k, v in os.environ.items() if k not in ("ASYNCRL_TOKEN", "ASYNCRL_LEARNER_SECRET")}
-    argv = [sys.executable, "-m", "asyncrl", "up", "--config", str(config),
-            *[a for o in overrides for a in ("--set", o)]]
-    proc = subprocess.Popen(argv, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env={**env, "PYTHONUNBUFFERED": "1"})
-    try:
+    with running_up("--config", str(config), *[a for o in overrides for a in ("--set", o)], env=env) as proc:
         first = run_dir / RUNS[0]
         wait_for(lambda: steps_done(first) >= KILL_AFTER, 300, f"{KILL_AFTER} steps of run {RUNS[0]}")
         scraped = scrape_every_run(run_dir)
@@ -80,8 +76,6 @@ def runs(tmp_path_factory):
         subprocess.run([*cli, "remove", str(run_dir), REMOVED], cwd=REPO, check=True, timeout=60)
         overview = read_overview(run_dir)
         out, _ = proc.communicate(timeout=600)
-    finally:
-        proc.kill()
     assert proc.returncode == 0, out[-4000:]
     return run_dir, out, scraped, overview
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from asyncrl.core.runtime.events import read_events
-from tests.run_helpers import stopped_intact, wait_for
+from tests.run_helpers import running_up, stopped_intact, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -145,11 +145,9 @@ def test_a_replica_killed_mid_run_rejoins_with_current_weights(tmp_path):
     gets a lease again, it writes groups again, and the run (then stopped with SIGTERM) loses nothing. The run
     is long enough for any restart time: it is stopped once the replica is back, not when its steps run out."""
     run_dir = tmp_path / "run"
-    argv = [sys.executable, "-m", "asyncrl", "up", "--config", str(DEMO_CONFIG), "--set", f"run_dir={run_dir}",
-            "--set", "learner.total_steps=5000", "--set", "learner.eval_every=0"]
-    proc = subprocess.Popen(argv, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    try:
+    args = ["--config", str(DEMO_CONFIG), "--set", f"run_dir={run_dir}", "--set", "learner.total_steps=5000",
+            "--set", "learner.eval_every=0"]
+    with running_up(*args) as proc:
         wait_for(lambda: sum(e["kind"] == "step" for e in read_events(run_dir, "learner")) >= 10, 300,
                  "10 learner steps")
         marker = f"{run_dir / 'config.resolved.yaml'} --replica-id replica-1"
@@ -163,8 +161,6 @@ def test_a_replica_killed_mid_run_rejoins_with_current_weights(tmp_path):
         assert proc.poll() is None, proc.communicate()[0][-4000:]
         proc.send_signal(signal.SIGTERM)
         out, _ = proc.communicate(timeout=300)
-    finally:
-        proc.kill()
     assert proc.returncode == 130, out[-4000:]
     assert "[up] rollout-1 exited with -9; restarting it (1/3)" in out
     assert stopped_intact(out) and " 0 twice" in out, out[-3000:]
