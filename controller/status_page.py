@@ -11,15 +11,18 @@ import html
 import socket
 import threading
 import time
+from pathlib import Path
 
 import uvicorn
 from fastapi import FastAPI, HTTPException
 from fastapi.responses import HTMLResponse, PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from asyncrl.controller.run_overview import ROW_FIGURES, RunsOverview
+from asyncrl.controller.run_overview import ROW_FIGURES, DeploymentFile, RunsOverview
 from asyncrl.controller.state import ControllerState
+from asyncrl.core.config.controller import ControllerConfig
 from asyncrl.core.records.learner_figures import FIGURES
+from asyncrl.core.wire.ports import listening
 
 _REFRESH_S = 2
 
@@ -246,3 +249,12 @@ class StatusPage:
         self._socket.close()
         if self.overview is not None:
             self.overview.stop()
+
+
+def status_page_for(state: ControllerState, cc: ControllerConfig, run: str, deployment_file: Path | None) -> StatusPage:
+    """The controller's page on `controller.status_port` (a port it cannot bind refused naming the key); with
+    `deployment_file` (the config of the deployment of several runs that `run` is one of), every run's table."""
+    overview = (None if deployment_file is None
+                else RunsOverview(run, state.snapshot, DeploymentFile(deployment_file)))
+    with listening("controller.status_port", cc.host, cc.status_port):
+        return StatusPage(state, cc.host, cc.status_port, overview)

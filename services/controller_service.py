@@ -25,9 +25,8 @@ from asyncrl.controller.controller_metrics import ControllerMetrics
 from asyncrl.controller.held_request import await_lease_ends, hold
 from asyncrl.controller.key_seal import KeySeal
 from asyncrl.controller.persistence import lease_write_counts, make_store
-from asyncrl.controller.run_overview import DeploymentFile, RunsOverview
 from asyncrl.controller.state import ControllerState
-from asyncrl.controller.status_page import StatusPage
+from asyncrl.controller.status_page import status_page_for
 from asyncrl.core.checks.validation import (
     MAX_COUNT,
     MAX_REWARD,
@@ -382,19 +381,14 @@ def create_server(
 
 
 def serve(config: AsyncRLConfig, deployment_file: Path | None = None) -> None:
-    """Run the controller until SIGTERM/SIGINT: gRPC, the status page, the reaper. `deployment_file`: the config
-    of the deployment of several runs this controller's run is one of (its page then shows every run)."""
+    """Run the controller until SIGTERM/SIGINT: gRPC, the status page (`status_page_for`), the reaper."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s controller %(levelname)s %(message)s")
     server, port = create_server(config)
     state: ControllerState = server.controller_state
-    host = config.controller.host
-    overview = (None if deployment_file is None
-                else RunsOverview(config.run_name, state.snapshot, DeploymentFile(deployment_file)))
-    with listening("controller.status_port", host, config.controller.status_port):
-        page = StatusPage(state, host, config.controller.status_port, overview)
+    cc = config.controller
+    host, page = cc.host, status_page_for(state, cc, config.run_name, deployment_file)
     http_port = page.start()
     server.start()
-    cc = config.controller
     state.events.write(ControllerStarted(
         grpc=f"{host}:{port}", http=f"{host}:{http_port}", eta=state.eta, batch_size=state.batch_size,
         start_version=cc.start_version, start_admitted=cc.start_admitted, start_prompt_index=cc.start_prompt_index,
