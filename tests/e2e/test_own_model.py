@@ -22,6 +22,7 @@ import torch
 from asyncrl.core.records.learner import Eval, Step
 from asyncrl.core.runtime.events import read_events, read_records
 from asyncrl.tools.audit import surviving
+from tests.conftest import example_overrides
 from tests.run_helpers import kill_learner_after
 
 pytestmark = [pytest.mark.e2e, pytest.mark.example_model("word-problems")]
@@ -39,9 +40,9 @@ def cli(*args: str) -> list[str]:
 def resumed_run(tmp_path_factory):
     root = tmp_path_factory.mktemp("own-model")
     run_dir = root / "run"
-    # The example's own model paths (artifacts/word-problems/): `up` builds the model there on first use and
-    # reuses it after, as it does for a user; a clean clone builds it here (about 2 minutes on 2 cores).
-    overrides = [f"run_dir={run_dir}", f"learner.total_steps={STEPS}", f"learner.checkpoint.save_every={SAVE_EVERY}",
+    # The suite's build of the example's model (artifacts/tests/word-problems/, a shorter warm start: this run
+    # checks mechanics): `up` builds it on first use and reuses it after, as it does for a user.
+    overrides = [*example_overrides("word-problems"), f"run_dir={run_dir}", f"learner.total_steps={STEPS}", f"learner.checkpoint.save_every={SAVE_EVERY}",
                  f"learner.eval_every={SAVE_EVERY}",
                  "learner.max_restarts=0"]  # fmt: skip  (this test resumes by hand: `up --resume`)
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
