@@ -1,6 +1,6 @@
 """Several LoRA runs on one base, some of them failing (examples/multi-lora.yaml cut to three runs): the `hangs`
-run's reward never returns on some responses, so on every replica its rollout loop dies of `RewardWorkersHung`
-again and again; the `flaky` run's reward hangs once in the learner's held-out evaluation, so its learner loop
+run's reward never returns on the replicas, so on every replica its rollout loop dies of `RewardWorkersHung`
+again and again before a group is written; the `flaky` run's reward hangs once in the learner's held-out evaluation, so its learner loop
 dies once; the `steady` run's controller is killed with SIGKILL once. Each failure stays in its run: no replica
 or learner process exits (the failed run's replica restarts inside them, flaky's loop inside the learner), `up`
 restarts steady's controller, and steady and flaky train to their last steps with a clean audit each. Removing
@@ -17,13 +17,27 @@ import sys
 import pytest
 
 from asyncrl.core.runtime.events import read_events
-from tests.chaos.test_hung_reward import HANGS_ON_A_SEVEN
 from tests.e2e.test_system import REPO
 from tests.run_helpers import running_up, steps_done, wait_for
 
 pytestmark = pytest.mark.chaos
 
 STEPS, KILL_AFTER, FLAKY_STEPS = 60, 10, 20
+
+HANGS_ON_THE_REPLICAS = '''
+import sys
+import threading
+
+from asyncrl.core.tasks.arith import arith_exact
+
+
+def score(response, metadata):
+    if "rollout" in sys.argv:  # every call on a replica: its first group exhausts the workers, none is written
+        threading.Event().wait()  # never returns
+    return arith_exact(response, metadata)
+'''
+"""Not only on some responses: groups without one would be written, a first batch could fill, and hangs' learner
+would score its first evaluation with the same reward (its loop then fails in the learner as well)."""
 
 HANGS_ONCE_IN_THE_LEARNER = '''
 import sys
@@ -52,7 +66,7 @@ def restarted_on_a_hang(run_dir) -> bool:
 
 def test_a_failing_run_never_stops_or_slows_the_other(tmp_path):
     reward = tmp_path / "my_reward.py"
-    reward.write_text(HANGS_ON_A_SEVEN)
+    reward.write_text(HANGS_ON_THE_REPLICAS)
     run_dir = tmp_path / "run"
     hangs = {"reward": {"type": "function", "function": f"{reward}:score", "workers": 2, "timeout_s": 1}}
     once = tmp_path / "hangs_once.py"
@@ -71,7 +85,7 @@ def test_a_failing_run_never_stops_or_slows_the_other(tmp_path):
         [pid] = subprocess.run(["pgrep", "-f", marker], check=False, capture_output=True, text=True).stdout.split()
         os.kill(int(pid), signal.SIGKILL)
         wait_for(lambda: steps_done(steady) >= STEPS, 300, "steady's last step", run_dir=run_dir)
-        # Steady's 60 steps take about as long as hangs' first batch and its three 1-s reward time-outs: its
+        # Hangs' first group fails after its reward's time-outs, about as long as steady's 60 steps take: its
         # removal waits for that restart, or a slower machine would remove it before it ever failed.
         wait_for(lambda: restarted_on_a_hang(run_dir), 120, "a restart of hangs' replica", run_dir=run_dir)
         subprocess.run([sys.executable, "-m", "asyncrl", "runs", "remove", str(run_dir), "hangs"], cwd=REPO,
