@@ -56,15 +56,19 @@ def example_overrides(example: str) -> list[str]:
         return []
     folder = f"artifacts/tests/{example}"
     return [*SHORT_WARM_STARTS[example], f"model.path={folder}/policy", f"teacher.model_path={folder}/teacher"]
+
+
 CHAIN_OPENERS = ("tests/e2e/test_vllm_engine.py", "tests/e2e/test_vllm_lora.py", "tests/e2e/test_vllm_runs.py")
 """Whole-system tests that need no example model (they build random tiny checkpoints of their own): they open
 the chain while the other worker builds the example models, so no build runs beside a build."""
-BESIDE_CHAIN = ("tests/chaos/test_soak.py", "tests/chaos/test_paused_replica.py", "tests/chaos/test_fake_replica.py")
-"""Whole-system files that keep a core idle most of their time (a paused or killed service, a push waiting out a
-fake replica's join): a work unit of their own, right after the builds, so that the builds' worker runs them
-beside the chain. Their bounds hold there with room to spare: beside a whole-system run, the paused replica's
-longest step gap was 1.1 s (bound 18 s), the fake replica was in 2 pushes (bound 4), the soak's faults were
-recovered from within 1 s (bound 90 s)."""
+ALONE_WHOLE_SYSTEM = ("tests/chaos/test_soak.py", "tests/chaos/test_paused_replica.py",
+                      "tests/chaos/test_fake_replica.py")
+"""The whole-system files marked `alone` (collection checks the list): a work unit of their own, the last, so
+that the chain's worker, once its chain is done, takes unit and integration files off the other worker
+before the alone tests hold both."""
+AFTER_BUILDS = ("tests/e2e/test_own_model.py",)
+"""Whole-system tests on the last model built: a unit of their own that the builds' worker runs right after the
+builds, beside the chain, rather than at the chain's end (they kept the other worker idle there)."""
 
 
 def chain_rank(item) -> int:
@@ -77,15 +81,17 @@ def chain_rank(item) -> int:
 
 def pytest_xdist_make_scheduler(config, log):
     """Under `pytest -n` (scripts/test.sh): the whole-system tests (e2e, chaos) are one work unit, run in order
-    on one worker, those in BESIDE_CHAIN another; every other test file is a unit of its own (its module's
-    fixtures built once). Two whole runs that each keep both cores busy took longer side by side than one after
-    the other (load 7 on two cores); BESIDE_CHAIN's keep one idle."""
+    on one worker, those marked `alone` another; every other test file is a unit of its own (its module's
+    fixtures built once). Two whole runs side by side took longer than one after the other: each keeps both
+    cores busy (load 7 on two cores)."""
     from xdist.scheduler import LoadScopeScheduling
 
     class WholeSystemOnOneWorker(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            if nodeid.startswith(BESIDE_CHAIN):
-                return "whole-system-beside"
+            if nodeid.startswith(ALONE_WHOLE_SYSTEM):
+                return "whole-system-alone"
+            if nodeid.startswith(AFTER_BUILDS):
+                return "whole-system-after-builds"
             return "whole-system" if nodeid.startswith(WHOLE_SYSTEM) else nodeid.split("::", 1)[0]
 
     return WholeSystemOnOneWorker(config, log)
@@ -94,16 +100,24 @@ def pytest_xdist_make_scheduler(config, log):
 def pytest_collection_modifyitems(config, items):
     """The whole-system unit is the suite's long pole: it goes first, to one worker from the start, opened by
     the tests that need no example model, then the others (`chain_rank`); the example models' builds go to the
-    other worker, then BESIDE_CHAIN, then the unit and integration tests (scripts/test.sh passes
-    `--no-loadscope-reorder`, which keeps this order). Two builds side by side (torch's threads on two cores)
-    took 3.5 times as long as one."""
+    other worker, then AFTER_BUILDS, then the unit and integration tests, and the whole-system tests marked
+    `alone` last (scripts/test.sh passes `--no-loadscope-reorder`, which keeps this order). Two builds side by
+    side (torch's threads on two cores) took 3.5 times as long as one."""
+    for item in items:
+        in_list = item.nodeid.startswith(ALONE_WHOLE_SYSTEM)
+        if item.nodeid.startswith(WHOLE_SYSTEM) and in_list != (item.get_closest_marker("alone") is not None):
+            raise pytest.UsageError(f"{item.nodeid}: a whole-system test is marked `alone` exactly when its file is "
+                                    "in tests/conftest.py's ALONE_WHOLE_SYSTEM")
     if os.environ.get("PYTEST_XDIST_WORKER"):
-        order = (CHAIN_OPENERS, BESIDE_CHAIN, WHOLE_SYSTEM, (BUILDS_FILE,))
-        ranks = {CHAIN_OPENERS: 0, WHOLE_SYSTEM: 1, (BUILDS_FILE,): 2, BESIDE_CHAIN: 3}
+        order = (CHAIN_OPENERS, WHOLE_SYSTEM, (BUILDS_FILE,), AFTER_BUILDS)
 
         def rank(item) -> tuple[int, int]:
-            first = next((ranks[prefixes] for prefixes in order if item.nodeid.startswith(prefixes)), len(order))
-            return first, chain_rank(item) if first == ranks[WHOLE_SYSTEM] else 0
+            if item.nodeid.startswith(ALONE_WHOLE_SYSTEM):
+                return len(order) + 1, 0
+            if item.nodeid.startswith(AFTER_BUILDS):
+                return order.index(AFTER_BUILDS), 0
+            first = next((at for at, prefixes in enumerate(order) if item.nodeid.startswith(prefixes)), len(order))
+            return first, chain_rank(item) if item.nodeid.startswith(WHOLE_SYSTEM) else 0
 
         items.sort(key=rank)
 
