@@ -82,8 +82,9 @@ def chain_rank(item) -> int:
 def pytest_xdist_make_scheduler(config, log):
     """Under `pytest -n` (scripts/test.sh): the whole-system tests (e2e, chaos) are one work unit, run in order
     on one worker, those marked `alone` another, AFTER_BUILDS a third; every other test file is a unit of its
-    own (its module's fixtures built once). Two whole runs side by side took longer than one after the other: each keeps both
-    cores busy (load 7 on two cores)."""
+    own (its module's fixtures built once). Two whole runs side by side took longer than one after the other:
+    each keeps both cores busy (load 7 on two cores); AFTER_BUILDS's runs are small, and the chain is the
+    critical path."""
     from xdist.scheduler import LoadScopeScheduling
 
     class WholeSystemOnOneWorker(LoadScopeScheduling):

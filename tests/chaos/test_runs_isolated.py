@@ -1,10 +1,11 @@
-"""Several LoRA runs on one base, some of them failing (examples/multi-lora.yaml cut to three runs): the `hangs`
-run's reward never returns on the replicas, so on every replica its rollout loop dies of `RewardWorkersHung`
-again and again before a group is written; the `flaky` run's reward hangs once in the learner's held-out evaluation, so its learner loop
-dies once; the `steady` run's controller is killed with SIGKILL once. Each failure stays in its run: no replica
-or learner process exits (the failed run's replica restarts inside them, flaky's loop inside the learner), `up`
-restarts steady's controller, and steady and flaky train to their last steps with a clean audit each. Removing
-`hangs` then ends the deployment; its audit finds it trained nothing, and nothing lost, twice or beyond η."""
+"""Several LoRA runs on one base, some of them failing (examples/multi-lora.yaml cut to three runs): the `hangs` run's
+reward never returns on the replicas, so on every replica its rollout loop dies of `RewardWorkersHung` again and
+again before a group is written; the `flaky` run's reward hangs once in the learner's held-out evaluation, so its
+learner loop dies once; the `steady` run's controller is killed with SIGKILL once. Each failure stays in its run:
+no replica or learner process exits (the failed run's replica restarts inside them, flaky's loop inside the
+learner), `up` restarts steady's controller, and steady and flaky train to their last steps with a clean audit
+each. Removing `hangs` then ends the deployment; its audit finds it trained nothing, and nothing lost, twice or
+beyond η."""
 
 from __future__ import annotations
 
