@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from asyncrl.core.runtime.events import read_events
-from tests.run_helpers import running_up, stopped_intact, wait_for
+from tests.run_helpers import demo_args, running_up, stopped_intact, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -145,9 +145,7 @@ def test_a_replica_killed_mid_run_rejoins_with_current_weights(tmp_path):
     gets a lease again, it writes groups again, and the run (then stopped with SIGTERM) loses nothing. The run
     is long enough for any restart time: it is stopped once the replica is back, not when its steps run out."""
     run_dir = tmp_path / "run"
-    args = ["--config", str(DEMO_CONFIG), "--set", f"run_dir={run_dir}", "--set", "learner.total_steps=5000",
-            "--set", "learner.eval_every=0"]
-    with running_up(*args) as proc:
+    with running_up(*demo_args(run_dir, 5000, "learner.eval_every=0")) as proc:
         wait_for(lambda: sum(e["kind"] == "step" for e in read_events(run_dir, "learner")) >= 10, 300,
                  "10 learner steps")
         marker = f"{run_dir / 'config.resolved.yaml'} --replica-id replica-1"
