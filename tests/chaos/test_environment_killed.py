@@ -21,6 +21,7 @@ from asyncrl.core.config.file import load_config
 from asyncrl.core.runtime.events import read_events
 from asyncrl.tools.models_ready import ensure_models
 from asyncrl.tools.processes import free_port
+from tests.conftest import example_overrides
 from tests.e2e.test_agent_run import EVAL_PROMPTS
 from tests.run_helpers import REPO, running_up, steps_done, wait_for
 
@@ -59,7 +60,8 @@ def kill_the_server_mid_run(tmp_path, start_server, overrides: list[str], steps:
     port = free_port()
     run_dir = tmp_path / "run"
     args = ["--config", str(REPO / "examples/tool-agent.yaml")]
-    for override in (f"run_dir={run_dir}", f"learner.total_steps={steps}", "learner.eval_every=0", EVAL_PROMPTS,
+    for override in (*example_overrides("tool-agent"), f"run_dir={run_dir}", f"learner.total_steps={steps}",
+                     "learner.eval_every=0", EVAL_PROMPTS,
                      *[o.format(port=port, tmp=tmp_path) for o in overrides]):
         args += ["--set", override]
     log = (tmp_path / "server.log").open("w")
@@ -101,7 +103,7 @@ def test_an_openenv_server_killed_mid_run(tmp_path):
     """The agent demo's model trained over OpenEnv through a kill (the server answers as the demo's `add` tool
     does, so the demo's warm-started model plays it; a warm start over OpenEnv:
     tests/integration/test_openenv_environment.py)."""
-    example = load_config(AGENT_EXAMPLE)
+    example = load_config(AGENT_EXAMPLE, example_overrides("tool-agent"))
     ensure_models(example)  # built once for the agent tests; reused as it is here
     policy = example.model.path
     audit = kill_the_server_mid_run(tmp_path, start_openenv_server, [

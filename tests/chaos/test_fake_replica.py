@@ -25,7 +25,7 @@ from asyncrl.v1 import controller_pb2_grpc, rollout_pb2, rollout_pb2_grpc
 from tests.conftest import TEST_AUTH
 from tests.run_helpers import demo_args, running_up, steps_done, wait_for
 
-pytestmark = [pytest.mark.chaos, pytest.mark.alone]
+pytestmark = pytest.mark.chaos
 
 STEPS = 250
 

@@ -21,7 +21,7 @@ import pytest
 from asyncrl.core.runtime.events import read_events
 from tests.run_helpers import demo_args, running_up, steps_done, wait_for
 
-pytestmark = [pytest.mark.chaos, pytest.mark.alone]
+pytestmark = pytest.mark.chaos
 
 STEPS, PAUSE_S = 700, 15.0
 """STEPS: more than the run reaches before the test stops it (about 390 here)."""

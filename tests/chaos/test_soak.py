@@ -10,7 +10,7 @@ import pytest
 from asyncrl.tools.soak import soak
 from tests.run_helpers import REPO
 
-pytestmark = [pytest.mark.chaos, pytest.mark.alone]
+pytestmark = pytest.mark.chaos
 
 
 def test_random_kills_and_pauses_never_wedge_the_run_nor_lose_data(tmp_path):

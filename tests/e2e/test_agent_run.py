@@ -18,6 +18,7 @@ import pytest
 import yaml
 
 from asyncrl.core.runtime.events import read_events
+from tests.conftest import example_overrides
 from tests.e2e.test_hard_groups import HARD_GROUPS, check_hard_groups
 from tests.e2e.test_process_rewards_run import AGENT_TURN_SCORES, check_turn_scores
 from tests.e2e.test_system import AGENT_CONFIG, REPO, asyncrl_up, no_process_left
@@ -76,8 +77,9 @@ def test_two_lora_runs_on_the_agents_model_each_play_their_own_environment(tmp_p
     config.write_text(yaml.safe_dump(tree))
     run_dir, steps = tmp_path / "run", 4
     argv = [sys.executable, "-m", "asyncrl", "up", "--config", str(config)]
-    for override in (f"run_dir={run_dir}", f"learner.total_steps={steps}", "learner.eval_every=0",
-                     "learner.eval_prompts=10", "learner.batch_size=32", "rollout.leases_per_batch=4"):
+    for override in (*example_overrides("tool-agent"), f"run_dir={run_dir}", f"learner.total_steps={steps}",
+                     "learner.eval_every=0", "learner.eval_prompts=10", "learner.batch_size=32",
+                     "rollout.leases_per_batch=4"):
         argv += ["--set", override]
     env = {k: v for k, v in os.environ.items() if k not in ("ASYNCRL_TOKEN", "ASYNCRL_LEARNER_SECRET")}
     proc = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=600,

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from asyncrl.core.runtime.events import read_events
+from tests.conftest import example_overrides
 from tests.run_helpers import demo_args, running_up, stopped_intact, wait_for
 
 pytestmark = pytest.mark.e2e
@@ -30,10 +31,10 @@ AGENT_CONFIG = REPO / "examples" / "tool-agent.yaml"
 
 
 def asyncrl_up(run_dir: Path, *overrides: str, timeout_s: int, config: Path = DEMO_CONFIG) -> dict:
-    """Run `asyncrl up` on `config` (the demo's by default); returns its summary.json (after checking it
-    exited 0)."""
-    argv = [sys.executable, "-m", "asyncrl", "up", "--config", str(config),
-            "--set", f"run_dir={run_dir}", *[a for o in overrides for a in ("--set", o)]]
+    """Run `asyncrl up` on `config` (the demo's by default; an example's on the model the suite builds for it,
+    `example_overrides`); returns its summary.json (after checking it exited 0)."""
+    overrides = (*example_overrides(config.stem), f"run_dir={run_dir}", *overrides)
+    argv = [sys.executable, "-m", "asyncrl", "up", "--config", str(config), *[a for o in overrides for a in ("--set", o)]]
     # No token and no learner secret in the environment: `up` makes them for the run (local mode needs no set-up).
     env = {k: v for k, v in os.environ.items() if k not in ("ASYNCRL_TOKEN", "ASYNCRL_LEARNER_SECRET")}
     proc = subprocess.run(argv, check=False, cwd=REPO, capture_output=True, text=True, timeout=timeout_s,
