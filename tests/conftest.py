@@ -65,10 +65,10 @@ def example_overrides(example: str) -> list[str]:
 CHAIN_OPENERS = ("tests/e2e/test_vllm_engine.py", "tests/e2e/test_vllm_lora.py", "tests/e2e/test_vllm_runs.py")
 """Whole-system tests that need no example model (they build random tiny checkpoints of their own): they open
 the chain while the other worker builds the example models, so no build runs beside a build."""
-AFTER_BUILDS = ("tests/e2e/test_own_model.py", "tests/chaos/test_soak.py", "tests/chaos/test_paused_replica.py",
-                "tests/chaos/test_fake_replica.py")
+AFTER_BUILDS = ("tests/e2e/test_own_model.py", "tests/e2e/test_moe_routing_replay.py", "tests/chaos/test_soak.py",
+                "tests/chaos/test_paused_replica.py", "tests/chaos/test_fake_replica.py")
 """Whole-system tests that the builds' worker runs right after the builds, beside the chain: the runs on the
-last model built, and the chaos runs whose bounds hold with a whole run beside them (measured: a paused
+last two models built, and the chaos runs whose bounds hold with a whole run beside them (measured: a paused
 replica's longest step gap 1.1 s of a bound of 18, the fake replica in 2 pushes of 4, every soak fault
 recovered within 1 s of 90). The chain is the critical path; at its end they kept the other worker idle."""
 
