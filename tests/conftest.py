@@ -48,9 +48,10 @@ SHORT_WARM_STARTS = {
 """Examples whose runs in the suite check only mechanics (what was trained, resumed, exported, served, how many
 turns an episode took), so their model needs the example's shapes, tokenizer, task and reward but not its full
 warm start: the word-problems model with 100 + 100 supervised steps instead of 450 + 750, the agent's with 150
-steps instead of 200 and then on until 40% of its sums are solved (about 300 in all): at 150 it calls its tool
-over 2.3 to 2.5 turns an episode, which the agent runs assert is above 2 (at 70 steps: 2.05). They are built into artifacts/tests/<example>/, so the full model a user's first run
-builds in the example's own folder is never replaced by a short one, nor the other way round."""
+steps instead of 200 and then on until 40% of its sums are solved (about 300 in all): at 150 it takes 2.2-2.4
+turns an episode at most, which the agent runs assert is above 2 (at 70 steps: 2.03-2.09). They are built
+into artifacts/tests/<example>/, so the full model a user's first run builds in the example's own folder is
+never replaced by a short one, nor the other way round."""
 
 
 def example_overrides(example: str) -> list[str]:
@@ -85,7 +86,8 @@ def pytest_xdist_make_scheduler(config, log):
     """Under `pytest -n` (scripts/test.sh): the whole-system tests (e2e, chaos) are one work unit, the chain, run
     in order on one worker, AFTER_BUILDS another; every other test file is a unit of its own (its module's
     fixtures built once). Two whole runs side by side took longer than one after the other: each keeps both
-    cores busy (load 7 on two cores); AFTER_BUILDS's runs are small, and the chain is the critical path."""
+    cores busy (load 7 on two cores); AFTER_BUILDS evens the two workers out, as the chain is the critical
+    path."""
     from xdist.scheduler import LoadScopeScheduling
 
     class WholeSystemOnOneWorker(LoadScopeScheduling):

@@ -34,7 +34,8 @@ def asyncrl_up(run_dir: Path, *overrides: str, timeout_s: int, config: Path = DE
     """Run `asyncrl up` on `config` (the demo's by default; an example's on the model the suite builds for it,
     `example_overrides`); returns its summary.json (after checking it exited 0)."""
     overrides = (*example_overrides(config.stem), f"run_dir={run_dir}", *overrides)
-    argv = [sys.executable, "-m", "asyncrl", "up", "--config", str(config), *[a for o in overrides for a in ("--set", o)]]
+    argv = [sys.executable, "-m", "asyncrl", "up", "--config", str(config),
+            *[a for o in overrides for a in ("--set", o)]]
     # No token and no learner secret in the environment: `up` makes them for the run (local mode needs no set-up).
     env = {k: v for k, v in os.environ.items() if k not in ("ASYNCRL_TOKEN", "ASYNCRL_LEARNER_SECRET")}
     proc = subprocess.run(argv, check=False, cwd=REPO, capture_output=True, text=True, timeout=timeout_s,
