@@ -106,13 +106,12 @@ def pytest_collection_modifyitems(config, items):
     `--no-loadscope-reorder`, which keeps this order). Two builds side by side (torch's threads on two cores)
     took 3.5 times as long as one."""
     if os.environ.get("PYTEST_XDIST_WORKER"):
-        order = (CHAIN_OPENERS, WHOLE_SYSTEM, (BUILDS_FILE,), AFTER_BUILDS)
+        # Matched most specific first (AFTER_BUILDS and CHAIN_OPENERS lie inside WHOLE_SYSTEM), ranked by run order.
+        ranks = {AFTER_BUILDS: 3, CHAIN_OPENERS: 0, WHOLE_SYSTEM: 1, (BUILDS_FILE,): 2}
 
         def rank(item) -> tuple[int, int]:
-            if item.nodeid.startswith(AFTER_BUILDS):
-                return order.index(AFTER_BUILDS), 0
-            first = next((at for at, prefixes in enumerate(order) if item.nodeid.startswith(prefixes)), len(order))
-            return first, chain_rank(item) if item.nodeid.startswith(WHOLE_SYSTEM) else 0
+            first = next((at for prefixes, at in ranks.items() if item.nodeid.startswith(prefixes)), len(ranks))
+            return first, chain_rank(item) if first == ranks[WHOLE_SYSTEM] else 0
 
         items.sort(key=rank)
 
